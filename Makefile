@@ -1,0 +1,27 @@
+# Two commands do everything on a fresh Debian machine:
+#   make run   -> install what is missing, then serve on 127.0.0.1:8000
+#   make test  -> the same set-up, then the whole test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+EXTRAS ?= test,llm,hf
+
+.PHONY: setup run run-dev test bench clean
+setup:
+	EXTRAS=$(EXTRAS) VENV=$(VENV) bash scripts/setup.sh
+
+run: setup
+	$(VENV)/bin/linguafusion serve --host $(HOST) --port $(PORT)
+
+run-dev: setup
+	$(VENV)/bin/linguafusion serve --host 127.0.0.1 --port $(PORT) --no-auth
+
+test: setup
+	bash scripts/with-redis.sh $(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(PY) bench/file_latency.py --json bench/results/file_latency.json
+
+clean:
+	rm -rf $(VENV) .setup-stamp

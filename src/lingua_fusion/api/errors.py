@@ -1,0 +1,52 @@
+"""Map errors to HTTP: every LinguaFusionError -> its status + {"error": {code, message, details}}."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import LinguaFusionError, Overloaded
+
+log = logging.getLogger("lingua_fusion.api")
+
+
+def error_response(err: LinguaFusionError) -> JSONResponse:
+    headers = {}
+    if isinstance(err, Overloaded):
+        headers["Retry-After"] = str(max(1, int(round(err.retry_after))))
+    return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(LinguaFusionError)
+    async def _lf(request: Request, exc: LinguaFusionError) -> JSONResponse:
+        metrics = getattr(request.app.state, "metrics", None)
+        if metrics:
+            metrics.errors.labels(code=exc.code).inc()
+        if exc.status >= 500:
+            log.error("request failed: %s", exc.message)
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        request.app.state.metrics.errors.labels(code="invalid_parameter").inc()
+        details = [{"loc": list(e.get("loc", [])), "msg": e.get("msg", "")} for e in exc.errors()][:10]
+        return JSONResponse({"error": {"code": "invalid_parameter", "message": "request parameters are invalid",
+                                       "details": {"errors": details}}}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status_code, "bad_request")
+        request.app.state.metrics.errors.labels(code=code).inc()
+        return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        request.app.state.metrics.errors.labels(code="internal").inc()
+        return JSONResponse({"error": {"code": "internal", "message": "internal error; see the server log"}},
+                            status_code=500)

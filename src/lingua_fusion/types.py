@@ -1,0 +1,60 @@
+"""The vocabulary shared by every part: modalities, segments, results."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Modality(str, Enum):
+    AUDIO = "audio"
+    VIDEO = "video"
+    IMAGE = "image"
+    TEXT = "text"
+    SPEECH = "speech"  # output: synthesised audio
+    BRAILLE = "braille"  # output: braille cells
+
+    @classmethod
+    def parse(cls, value: str) -> Modality:
+        aliases = {"speech": cls.SPEECH, "slide": cls.IMAGE, "slides": cls.IMAGE}
+        v = value.strip().lower()
+        if v in aliases:
+            return aliases[v]
+        return cls(v)
+
+
+SOURCE_MODALITIES = {Modality.AUDIO, Modality.VIDEO, Modality.IMAGE, Modality.TEXT, Modality.SPEECH}
+TARGET_MODALITIES = {Modality.TEXT, Modality.SPEECH, Modality.BRAILLE}
+
+
+class Segment(BaseModel):
+    start: float
+    end: float
+    source_text: str
+    text: str
+    confidence: float | None = None
+
+
+class TranslationResult(BaseModel):
+    text: str
+    source_text: str
+    source_lang: str
+    target_lang: str
+    source_modality: str
+    target_modality: str
+    segments: list[Segment] = Field(default_factory=list)
+    models: dict[str, str] = Field(default_factory=dict)
+    latency_ms: dict[str, float] = Field(default_factory=dict)
+    pivot: str | None = None
+    low_confidence: bool = False
+    warnings: list[str] = Field(default_factory=list)
+    glossary_terms_applied: list[dict[str, str]] = Field(default_factory=list)
+    duration_s: float | None = None
+    braille: str | None = None
+    audio: bytes | None = Field(default=None, exclude=True)
+    audio_format: str | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"audio"})
