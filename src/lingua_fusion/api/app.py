@@ -15,6 +15,8 @@ from urllib.parse import quote
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException
 
 from .. import glossary as glossary_mod
 from .. import langs
@@ -154,7 +156,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             raise InvalidParameter("send multipart/form-data (a 'file' or a 'text' field plus parameters)")
         try:
             return await request.form(max_files=2, max_fields=32, max_part_size=settings.limits.max_text_chars * 4)
-        except Exception as exc:  # starlette raises MultiPartException / HTTPException on malformed bodies
+        except (MultiPartException, StarletteHTTPException, ValueError) as exc:  # malformed multipart bodies
             raise InvalidParameter(f"malformed form body: {exc}") from exc
 
     @app.post("/v1/translate", response_model=None)

