@@ -27,7 +27,7 @@ STATE_OPT = typer.Option(None, "--state-dir", envvar="LINGUAFUSION_STATE_DIR", h
 
 
 def _fail(exc: LinguaFusionError) -> None:
-    err.print(f"[red]error[/red] [{exc.code}]: {exc.message}")
+    err.print(f"error [{exc.code}]: {exc.message}", markup=False, highlight=False, style="red")
     raise typer.Exit(2 if exc.status < 500 else 1)
 
 

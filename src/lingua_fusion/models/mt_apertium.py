@@ -8,6 +8,7 @@ line, closes stdin and reads the result; a fresh process is started in the backg
 from __future__ import annotations
 
 import queue
+import re
 import shutil
 import subprocess
 import threading
@@ -108,9 +109,10 @@ class ApertiumMT:
             raise BackendError(f"apertium has no {source}-{target} pair installed")
         if not texts:
             return []
+        # a blank line is a hard boundary for Apertium; a single newline is not (transfer reorders across it)
         lines = [" ".join(t.split()) for t in texts]
-        out = self._pool(mode).run("\n".join(lines) + "\n")
-        result = out.rstrip("\n").split("\n")
+        out = self._pool(mode).run("\n\n".join(lines) + "\n")
+        result = re.split(r"\n\s*\n", out.strip("\n"))
         if len(result) != len(lines):  # never expected; fall back to one call per line
             result = [self._pool(mode).run(line + "\n").strip() for line in lines]
         return [r.strip() for r in result]

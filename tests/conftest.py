@@ -1,0 +1,158 @@
+"""Shared fixtures: real models, a real uvicorn server on a free port, synthetic speech and slides."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from lingua_fusion.config import Settings
+from lingua_fusion.engine import Engine
+
+BIN = Path(sys.executable).parent / "linguafusion"
+FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    s = Settings()
+    s.state_dir = tmp_path_factory.mktemp("engine-state")
+    e = Engine(s)
+    yield e
+    e.close()
+
+
+@dataclass
+class Server:
+    url: str
+    admin_key: str
+    state_dir: Path
+    proc: subprocess.Popen[bytes]
+
+    def key(self, *args: str) -> str:
+        out = subprocess.run([str(BIN), "keys", "create", "--state-dir", str(self.state_dir), *args],
+                             capture_output=True, text=True, timeout=60, check=True)
+        return out.stdout.strip()
+
+
+def start_server(state_dir: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    port = free_port()
+    log = open(state_dir / f"server-{port}.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([str(BIN), "serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir",
+                             str(state_dir), "--log-level", "warning", *extra], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError((state_dir / f"server-{port}.log").read_text())
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return url, proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server did not become ready in 120 s")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    state = tmp_path_factory.mktemp("server-state")
+    admin = subprocess.run([str(BIN), "keys", "create", "--admin", "--state-dir", str(state)], capture_output=True,
+                           text=True, timeout=60, check=True).stdout.strip()
+    url, proc = start_server(state)
+    yield Server(url, admin, state, proc)
+    stop_server(proc)
+
+
+# ---- synthetic media ------------------------------------------------------------------------------------------
+def piper_wav(text: str) -> bytes:
+    from lingua_fusion.models.tts import PiperTTS, to_wav
+
+    pcm, sr = _piper().synthesize(text, language="en")
+    return to_wav(pcm, sr)
+
+
+_PIPER: list[object] = []
+
+
+def _piper():  # type: ignore[no-untyped-def]
+    from lingua_fusion.models.tts import PiperTTS
+
+    if not _PIPER:
+        _PIPER.append(PiperTTS())
+    return _PIPER[0]
+
+
+def espeak_wav(text: str, voice: str = "en-us") -> bytes:
+    return subprocess.run(["espeak-ng", "-v", voice, "--stdout", text], capture_output=True, check=True,
+                          timeout=60).stdout
+
+
+def encode_audio(wav: bytes, container: str, codec: str, rate: int = 16000) -> bytes:
+    """Re-encode a WAV into another container/codec with PyAV (mp3, m4a/aac, ogg/opus, flac, webm/opus)."""
+    import av
+
+    src = av.open(io.BytesIO(wav))
+    out_buf = io.BytesIO()
+    dst = av.open(out_buf, mode="w", format=container)
+    stream = dst.add_stream(codec, rate=rate if codec != "libopus" else 48000)
+    stream.layout = "mono"
+    resampler = av.AudioResampler(format=stream.format.name if stream.format else "s16", layout="mono",
+                                  rate=stream.rate)
+    for frame in src.decode(audio=0):
+        for f in resampler.resample(frame):
+            for packet in stream.encode(f):
+                dst.mux(packet)
+    for packet in stream.encode(None):
+        dst.mux(packet)
+    dst.close()
+    src.close()
+    return out_buf.getvalue()
+
+
+def render_slide(lines: list[str], size: tuple[int, int] = (1280, 720), fmt: str = "PNG") -> bytes:
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    font = ImageFont.truetype(FONT, 48)
+    y = 80
+    for line in lines:
+        draw.text((80, y), line, fill="black", font=font)
+        y += 90
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def silence_wav(seconds: float, rate: int = 16000) -> bytes:
+    from lingua_fusion.models.tts import to_wav
+
+    return to_wav(np.zeros(int(seconds * rate), dtype=np.int16), rate)

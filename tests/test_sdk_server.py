@@ -1,0 +1,121 @@
+"""The SDK against a real uvicorn server (and in-process), as a user would call it."""
+
+from __future__ import annotations
+
+import io
+import wave
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Server, piper_wav, render_slide
+
+from lingua_fusion import AsyncMultimodalTranslator, MultimodalTranslator, TranslationResult
+from lingua_fusion.errors import AuthenticationError, EmptyInput, UnknownLanguage, UnsupportedPair
+
+
+@pytest.fixture(scope="module")
+def talk(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("media") / "talk.wav"
+    p.write_bytes(piper_wav("The bank is near the river. The meeting starts at ten."))
+    return p
+
+
+def test_readme_example_against_server(server: Server, talk: Path) -> None:
+    with MultimodalTranslator(api_key=server.key(), base_url=server.url) as translator:
+        gid = translator.upload_glossary({"bank": "orilla"})
+        assert gid.startswith("gl_")
+        result = translator.translate(input_media=str(talk), source_modality="audio", target_modality="text",
+                                      target_lang="es", enable_glossary=True)
+    assert isinstance(result, TranslationResult)
+    assert "orilla" in result.text.lower() and "río" in result.text.lower()
+    assert "bank" in result.source_text.lower()
+    assert result.glossary_terms_applied == [{"source": "bank", "target": "orilla"}]
+    assert result.source_lang == "en" and result.target_lang == "es"
+    assert result.segments and result.segments[0].start >= 0.0
+    assert result.models["asr"].startswith("whisper") and result.models["mt"] == "apertium"
+    assert result.latency_ms["total"] > 0
+
+
+def test_same_language_returns_transcript(server: Server, talk: Path) -> None:
+    t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
+    r = t.translate(input_media=str(talk), source_modality="audio", target_modality="text", target_lang="en")
+    assert r.text == r.source_text and "river" in r.text.lower()
+
+
+def test_glossary_belongs_to_its_key(server: Server) -> None:
+    a = MultimodalTranslator(api_key=server.key(), base_url=server.url)
+    gid = a.upload_glossary({"bank": "orilla"})
+    b = httpx.get(f"{server.url}/v1/glossaries/{gid}", headers={"Authorization": f"Bearer {server.key()}"})
+    assert b.status_code == 404 and b.json()["error"]["code"] == "not_found"
+
+
+def test_typed_errors_carry_server_codes(server: Server, talk: Path) -> None:
+    t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
+    with pytest.raises(UnsupportedPair) as exc:
+        t.translate(text="hello", source_lang="en", target_lang="ja")
+    assert exc.value.code == "unsupported_pair" and "en-es" in exc.value.details["served_pairs"]
+    with pytest.raises(UnknownLanguage):
+        t.translate(text="hello", target_lang="klingon")
+    with pytest.raises(AuthenticationError):
+        MultimodalTranslator(api_key="sk_wrong", base_url=server.url).translate(text="hi", target_lang="es")
+    local = MultimodalTranslator.local()
+    with pytest.raises(UnsupportedPair):
+        local.translate(text="hello", source_lang="en", target_lang="ja")
+    with pytest.raises(EmptyInput):
+        local.translate(text="   ", source_lang="en", target_lang="es")
+
+
+def test_speech_output_is_wav(server: Server) -> None:
+    t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
+    r = t.translate(text="The house is very big.", source_lang="en", target_lang="es", target_modality="speech")
+    assert r.audio is not None and r.audio_format == "wav"
+    with wave.open(io.BytesIO(r.audio)) as w:
+        assert w.getnframes() / w.getframerate() > 0.5
+    raw = httpx.post(f"{server.url}/v1/translate", headers={"Authorization": f"Bearer {server.key()}"},
+                     data={"text": "Hello.", "source_lang": "en", "target_lang": "es", "target_modality": "speech",
+                           "output_format": "wav"}, timeout=60)
+    assert raw.status_code == 200 and raw.headers["content-type"] == "audio/wav" and raw.content[:4] == b"RIFF"
+
+
+def test_braille_and_captions_over_http(server: Server, talk: Path) -> None:
+    h = {"Authorization": f"Bearer {server.key()}"}
+    r = httpx.post(f"{server.url}/v1/translate", headers=h, timeout=60,
+                   data={"text": "Good morning.", "source_lang": "en", "target_lang": "es",
+                         "target_modality": "braille", "output_format": "text"})
+    assert r.status_code == 200 and all(0x2800 <= ord(c) <= 0x28FF or c.isspace() for c in r.text.strip())
+    srt = httpx.post(f"{server.url}/v1/translate", headers=h, timeout=120,
+                     files={"file": ("talk.wav", talk.read_bytes())},
+                     data={"source_modality": "audio", "target_lang": "es", "output_format": "srt"})
+    assert srt.status_code == 200 and srt.text.startswith("1\n00:00:0") and " --> " in srt.text
+    vtt = httpx.post(f"{server.url}/v1/translate", headers=h, timeout=120,
+                     files={"file": ("slide.png", render_slide(["The house is very big"]))},
+                     data={"source_modality": "image", "target_lang": "es", "output_format": "vtt"})
+    assert vtt.status_code == 200 and vtt.text.startswith("WEBVTT") and "casa" in vtt.text.lower()
+
+
+async def test_async_client(server: Server) -> None:
+    async with AsyncMultimodalTranslator(api_key=server.key(), base_url=server.url) as t:
+        r = await t.translate(text="The house is very big.", source_lang="en", target_lang="es")
+        models = await t.models()
+    assert "casa" in r.text.lower()
+    assert any(m["task"] == "asr" for m in models["models"]) and "en-es" in models["pairs"]
+
+
+def test_models_health_and_metrics(server: Server) -> None:
+    m = httpx.get(f"{server.url}/v1/models", timeout=10).json()
+    gemma = [x for x in m["models"] if x["name"].startswith("gemma")]
+    assert gemma and gemma[0]["low_confidence"]
+    assert httpx.get(f"{server.url}/healthz", timeout=10).json() == {"status": "ok"}
+    assert httpx.get(f"{server.url}/readyz", timeout=10).json()["ready"] is True
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert 'linguafusion_stage_latency_seconds_bucket{le="0.5",stage="mt"}' in metrics
+    assert "linguafusion_requests_total" in metrics and "linguafusion_errors_total" in metrics
+
+
+def test_local_mode_matches_server(server: Server, talk: Path) -> None:
+    local = MultimodalTranslator.local()
+    r = local.translate(input_media=str(talk), source_modality="audio", target_modality="text", target_lang="es")
+    remote = MultimodalTranslator(api_key=server.key(), base_url=server.url).translate(
+        input_media=str(talk), source_modality="audio", target_modality="text", target_lang="es")
+    assert r.text == remote.text and r.source_text == remote.source_text

@@ -1,0 +1,162 @@
+"""Unit tests for lingua_fusion.media: sniffing, image and audio decoding (pure CPU, no models)."""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+import wave
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lingua_fusion.config import LimitSettings
+from lingua_fusion.errors import CorruptMedia, TooLarge, UnsupportedMedia
+from lingua_fusion.media import MediaKind, decode_audio, decode_image, sniff
+
+
+# ---- helpers -----------------------------------------------------------------------------------------------
+def image_bytes(fmt: str, size: tuple[int, int] = (16, 12), noisy: bool = False) -> bytes:
+    if noisy:
+        rng = np.random.default_rng(0)
+        img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+    else:
+        img = Image.new("RGB", size, (200, 30, 60))
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def sine_wav(seconds: float = 1.0, rate: int = 8000, channels: int = 2, freq: float = 440.0) -> bytes:
+    n = int(seconds * rate)
+    frames = bytearray()
+    for i in range(n):
+        v = int(0.5 * 32767 * math.sin(2 * math.pi * freq * i / rate))
+        frames += struct.pack("<" + "h" * channels, *([v] * channels))
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(bytes(frames))
+    return buf.getvalue()
+
+
+# ---- sniff ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("data", "container", "family"), [
+    (b"RIFF\x24\x00\x00\x00WAVEfmt ", "wav", "audio"),
+    (b"RIFF\x24\x00\x00\x00WEBPVP8 ", "webp", "image"),
+    (b"fLaC\x00\x00\x00\x22", "flac", "audio"),
+    (b"OggS\x00\x02\x00\x00", "ogg", "av"),
+    (b"ID3\x04\x00\x00\x00\x00\x00\x00", "mp3", "audio"),
+    (b"\xff\xfb\x90\x64\x00\x00", "mp3", "audio"),  # MPEG-1 layer III frame sync
+    (b"\xff\xf3\x64\xc4\x00\x00", "mp3", "audio"),  # MPEG-2 layer III frame sync
+    (b"\xff\xf1\x50\x80\x02\x1f", "aac", "audio"),  # ADTS (layer bits 00) is not mp3
+    (b"\x00\x00\x00\x20ftypisom\x00\x00\x02\x00", "mp4", "av"),
+    (b"\x00\x00\x00\x18ftypM4A \x00\x00\x00\x00", "mp4", "av"),
+    (b"\x1a\x45\xdf\xa3\x9f\x42\x86\x81\x01", "webm", "av"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "png", "image"),
+    (b"\xff\xd8\xff\xe0\x00\x10JFIF\x00", "jpeg", "image"),
+    (b"GIF89a\x01\x00\x01\x00", "gif", "image"),
+    (b"GIF87a\x01\x00\x01\x00", "gif", "image"),
+    (b"BM\x3a\x00\x00\x00", "bmp", "image"),
+    (b"II*\x00\x08\x00\x00\x00", "tiff", "image"),
+    ("Hello, world! Señor, ¿qué tal? 你好\n".encode(), "text", "text"),
+    (b"", "text", "text"),
+    (b"\x00\x01\x02\x03\xfe\xfd\xfc\x80\x81", "unknown", "unknown"),
+    (b"abc\x00def", "unknown", "unknown"),  # valid UTF-8 but has NUL -> binary
+])
+def test_sniff_magic_bytes(data: bytes, container: str, family: str) -> None:
+    assert sniff(data) == MediaKind(container, family)
+
+
+def test_sniff_real_files() -> None:
+    assert sniff(sine_wav(0.05)).container == "wav"
+    for fmt, name in [("PNG", "png"), ("JPEG", "jpeg"), ("WEBP", "webp"), ("GIF", "gif")]:
+        assert sniff(image_bytes(fmt)) == MediaKind(name, "image")
+
+
+def test_sniff_other_riff_is_unknown() -> None:
+    # a RIFF that is neither WAVE nor WEBP and holds a NUL -> unknown
+    assert sniff(b"RIFF\x00\x00\x00\x00AVI LIST").container == "unknown"
+
+
+# ---- decode_image --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
+def test_decode_image_formats(fmt: str) -> None:
+    arr = decode_image(image_bytes(fmt, (16, 12)), LimitSettings())
+    assert arr.shape == (12, 16, 3)
+    assert arr.dtype == np.uint8
+    if fmt == "PNG":  # lossless
+        assert tuple(arr[5, 5]) == (200, 30, 60)
+
+
+def test_decode_image_converts_to_rgb() -> None:
+    buf = io.BytesIO()
+    Image.new("L", (8, 8), 128).save(buf, format="PNG")
+    arr = decode_image(buf.getvalue(), LimitSettings())
+    assert arr.shape == (8, 8, 3)
+    buf = io.BytesIO()
+    Image.new("RGBA", (8, 8), (1, 2, 3, 4)).save(buf, format="PNG")
+    assert decode_image(buf.getvalue(), LimitSettings()).shape == (8, 8, 3)
+
+
+def test_decode_image_too_many_pixels() -> None:
+    with pytest.raises(TooLarge) as ei:
+        decode_image(image_bytes("PNG", (20, 20)), LimitSettings(max_image_pixels=100))
+    assert ei.value.details["limit"] == "max_image_pixels"
+    # exactly at the limit is fine
+    assert decode_image(image_bytes("PNG", (10, 10)), LimitSettings(max_image_pixels=100)).shape == (10, 10, 3)
+
+
+def test_decode_image_side_limit() -> None:
+    with pytest.raises(TooLarge):
+        decode_image(image_bytes("PNG", (64, 4)), LimitSettings(max_image_side=32))
+
+
+def test_decode_image_truncated_png() -> None:
+    data = image_bytes("PNG", (64, 64), noisy=True)
+    with pytest.raises(CorruptMedia):
+        decode_image(data[: len(data) // 2], LimitSettings())
+
+
+def test_decode_image_garbage() -> None:
+    with pytest.raises(CorruptMedia):
+        decode_image(b"this is not an image at all" * 4, LimitSettings())
+
+
+def test_decode_image_gif_unsupported() -> None:
+    with pytest.raises(UnsupportedMedia) as ei:
+        decode_image(image_bytes("GIF", (16, 16)), LimitSettings())
+    assert ei.value.status == 415
+
+
+def test_decode_image_too_small() -> None:
+    with pytest.raises(CorruptMedia, match="too small"):
+        decode_image(image_bytes("PNG", (3, 3)), LimitSettings())
+
+
+# ---- decode_audio --------------------------------------------------------------------------------------------
+def test_decode_audio_wav_resampled_to_16k_mono() -> None:
+    audio, info = decode_audio(sine_wav(1.0, rate=8000, channels=2), LimitSettings())
+    assert audio.dtype == np.float32
+    assert audio.ndim == 1
+    assert abs(audio.size - 16000) <= 200
+    assert info["duration_s"] == pytest.approx(1.0, abs=0.02)
+    assert info["declared_s"] == pytest.approx(1.0, abs=0.02)
+    assert info["has_video"] is False
+    assert str(info["codec"]).startswith("pcm_s16le")
+    peak = float(np.abs(audio).max())
+    assert 0.3 < peak <= 1.0  # the sine survives, not silence or clipped garbage
+
+
+def test_decode_audio_too_long() -> None:
+    with pytest.raises(TooLarge) as ei:
+        decode_audio(sine_wav(1.0), LimitSettings(max_media_seconds=0.5))
+    assert ei.value.details["limit"] == "max_media_seconds"
+
+
+def test_decode_audio_garbage() -> None:
+    with pytest.raises(CorruptMedia):
+        decode_audio(b"\x00\x13garbage, definitely not audio" * 50, LimitSettings())
