@@ -228,7 +228,7 @@ class Engine:
         if tgt_mod == Modality.SPEECH:
             with st.stage("tts"):
                 tts = self.registry.tts(target)
-                models["tts"] = tts.info.name
+                result.models["tts"] = tts.info.name
                 from ..models.tts import to_wav
 
                 pcm, sr = tts.synthesize(result.text, language=target)
@@ -237,7 +237,7 @@ class Engine:
         elif tgt_mod == Modality.BRAILLE:
             with st.stage("braille"):
                 br = self.registry.braille()
-                models["braille"] = br.info.name
+                result.models["braille"] = br.info.name
                 result.braille = br.translate(result.text, language=target)
         result.latency_ms = st.total()
         if self.observer is not None:

@@ -10,6 +10,25 @@ from ..config import LimitSettings
 from ..errors import CorruptMedia, NoContent, TooLarge, UnsupportedMedia
 
 SR = 16000
+_WAV_SIZE_UNKNOWN = 0x7FFF0000  # streaming writers (espeak-ng, sox, pipes) write placeholder sizes this big
+
+
+def _wav_declared_seconds(data: bytes) -> float | None:
+    """Duration the RIFF header promises (data chunk size / byte rate). FFmpeg clamps a WAV's duration to the
+    bytes present, so a truncated WAV would otherwise look complete. None when unknown or not a WAV."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return None
+    pos, byte_rate = 12, 0
+    while pos + 8 <= len(data):
+        cid, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
+        if cid == b"fmt " and size >= 16 and pos + 20 <= len(data):
+            byte_rate = int.from_bytes(data[pos + 16:pos + 20], "little")
+        elif cid == b"data":
+            if byte_rate <= 0 or size == 0 or size >= _WAV_SIZE_UNKNOWN:
+                return None
+            return size / byte_rate
+        pos += 8 + size + (size & 1)
+    return None
 
 
 def _av_error(exc: Exception, what: str) -> Exception:
@@ -30,6 +49,9 @@ def decode_audio(data: bytes, limits: LimitSettings, *, what: str = "audio") -> 
         raise _av_error(exc, what) from exc
     with container:
         declared = float(container.duration) / 1_000_000 if container.duration else None
+        header_s = _wav_declared_seconds(data)
+        if header_s is not None and (declared is None or header_s > declared):
+            declared = header_s
         if declared is not None and declared > limits.max_media_seconds:
             raise TooLarge(f"{what} lasts {declared:.0f} s; the limit is {limits.max_media_seconds:.0f} s",
                            details={"limit": "max_media_seconds", "value": round(declared, 1)})
