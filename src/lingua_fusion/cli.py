@@ -128,6 +128,33 @@ def translate(
 
 
 @app.command()
+def stream(
+    file: Path = typer.Argument(..., help="Audio (or video) file played as a live stream."),
+    to: list[str] = typer.Option(..., "--to", help="Target language(s); repeat for several."),
+    source_lang: str = typer.Option("en", "--from"),
+    slo: str = typer.Option("standard", "--slo", help="interactive | standard | batch"),
+    realtime: bool = typer.Option(False, "--realtime", help="Pace the audio at real time."),
+    chunk_ms: int = typer.Option(250, "--chunk-ms"),
+    partials: bool = typer.Option(True, "--partials/--no-partials"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON event per line."),
+    url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
+) -> None:
+    """Play FILE as a live stream and print captions as they arrive."""
+    import asyncio
+
+    from .streamclient import play_file
+
+    try:
+        code = asyncio.run(play_file(file, targets=to, source_lang=source_lang, slo=slo, realtime=realtime,
+                                     chunk_ms=chunk_ms, partials=partials, as_json=as_json, url=url,
+                                     api_key=api_key, console=err))
+    except LinguaFusionError as exc:
+        _fail(exc)
+        return
+    raise typer.Exit(code)
+
+
+@app.command()
 def models(url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
            as_json: bool = typer.Option(False, "--json")) -> None:
     """What each installed model can do: task, languages, pairs, licence, quality notes."""

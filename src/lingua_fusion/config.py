@@ -29,6 +29,10 @@ class ServerSettings(BaseModel):
     request_timeout_s: float = 300.0
     max_concurrent_requests: int = 8
     max_waiting_requests: int = 32
+    max_streams: int = 256
+    max_streams_per_key: int = 32
+    stream_idle_timeout_s: float = 60.0
+    max_ws_message_bytes: int = 4 * 1024 * 1024
 
 
 class LimitSettings(BaseModel):

@@ -98,18 +98,29 @@ def protect(text: str, terms: list[Term]) -> tuple[str, dict[str, Term]]:
 def apply_mt(texts: list[str], terms: list[Term], translate: Callable[[list[str]], list[str]]
              ) -> tuple[list[str], list[Term]]:
     """Translate ``texts`` with ``translate`` while forcing glossary terms. Returns (translations, terms applied)."""
-    if not terms:
-        return translate(texts), []
-    protected = [protect(t, terms) for t in texts]
+    outs, applied = apply_mt_batch(texts, [terms] * len(texts), translate)
+    seen: dict[str, Term] = {}
+    for used in applied:
+        for t in used:
+            seen.setdefault(t.source, t)
+    return outs, list(seen.values())
+
+
+def apply_mt_batch(texts: list[str], terms: list[list[Term]], translate: Callable[[list[str]], list[str]]
+                   ) -> tuple[list[str], list[list[Term]]]:
+    """Like ``apply_mt`` but each text has its own term list (one batch across streams, one MT call)."""
+    if not any(terms):
+        return translate(texts), [[] for _ in texts]
+    protected = [protect(t, ts) for t, ts in zip(texts, terms, strict=True)]
     out = translate([p[0] for p in protected])
-    applied: dict[str, Term] = {}
+    applied: list[list[Term]] = [[] for _ in texts]
     retry: list[int] = []
     for i, (_src, mapping) in enumerate(protected):
         result = out[i]
         if all(k in result for k in mapping):
             for k, term in mapping.items():
                 result = result.replace(k, term.target)
-                applied[term.source] = term
+                applied[i].append(term)
             out[i] = result
         else:
             retry.append(i)
@@ -122,7 +133,5 @@ def apply_mt(texts: list[str], terms: list[Term], translate: Callable[[list[str]
             subst.append(s)
         for i, r in zip(retry, translate(subst), strict=True):
             out[i] = r
-            for term in protected[i][1].values():
-                if term.target.lower() in r.lower():
-                    applied[term.source] = term
-    return out, list(applied.values())
+            applied[i] = [t for t in protected[i][1].values() if t.target.lower() in r.lower()]
+    return out, applied

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hdrh.histogram import HdrHistogram
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -21,6 +22,36 @@ class Metrics:
                              registry=self.registry)
         self.rejected = Counter("linguafusion_rejected_total", "Requests refused for overload",
                                 registry=self.registry)
+
+        self.queue_depth = Gauge("linguafusion_queue_depth", "Scheduler queue depth per model", ["model"],
+                                 registry=self.registry)
+        self.batch_size = Histogram("linguafusion_batch_size", "Items per model batch (across streams)", ["model"],
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=self.registry)
+        self.queue_wait = Histogram("linguafusion_queue_wait_seconds", "Time a work item waited for its batch",
+                                    ["model"], buckets=BUCKETS, registry=self.registry)
+        self.shed = Counter("linguafusion_shed_total", "Tentative work items shed (deadline unreachable)", ["model"],
+                            registry=self.registry)
+        self.streams_admitted = Counter("linguafusion_streams_admitted_total", "Streams admitted",
+                                        registry=self.registry)
+        self.streams_rejected = Counter("linguafusion_streams_rejected_total", "Streams refused by admission",
+                                        registry=self.registry)
+        self.active_streams = Gauge("linguafusion_active_streams", "Live streams", registry=self.registry)
+        self.caption_latency = Histogram("linguafusion_caption_latency_seconds",
+                                         "Audio end received -> committed caption sent", ["slo"], buckets=BUCKETS,
+                                         registry=self.registry)
+        self.caption_quantiles = Gauge("linguafusion_caption_latency_quantile_seconds",
+                                       "Caption latency quantiles (HdrHistogram)", ["slo", "quantile"],
+                                       registry=self.registry)
+        self._hdr: dict[str, HdrHistogram] = {}
+
+    def caption(self, slo: str, seconds: float) -> None:
+        self.caption_latency.labels(slo=slo).observe(seconds)
+        h = self._hdr.get(slo)
+        if h is None:
+            h = self._hdr[slo] = HdrHistogram(1, 600_000, 3)  # microseconds .. 10 min, in ms units
+        h.record_value(max(1, int(seconds * 1000)))
+        for label, q in (("0.5", 50.0), ("0.9", 90.0), ("0.99", 99.0), ("0.999", 99.9)):
+            self.caption_quantiles.labels(slo=slo, quantile=label).set(h.get_value_at_percentile(q) / 1000)
 
     def stage(self, name: str, seconds: float) -> None:
         self.stage_latency.labels(stage=name).observe(seconds)

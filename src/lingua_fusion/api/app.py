@@ -27,7 +27,9 @@ from ..errors import (EmptyInput, InvalidParameter, LinguaFusionError, Overloade
                       TooLarge)
 from ..observability import Metrics
 from ..state.sqlite import ApiKey, SQLiteStore
+from ..engine.hub import StreamHub
 from . import errors as error_map
+from . import ws as ws_routes
 
 log = logging.getLogger("lingua_fusion.api")
 OUTPUT_FORMATS = {"json", "srt", "vtt", "text", "wav"}
@@ -80,6 +82,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     store = SQLiteStore(settings.resolved_state_dir())
     metrics = Metrics()
     engine.observer = metrics
+    hub = StreamHub(engine.registry, settings, metrics)
     ready = threading.Event()
 
     def _warm() -> None:
@@ -104,6 +107,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             if warm_task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(warm_task, timeout=120)
+            await hub.close()
             engine.close()
             store.close()
 
@@ -114,6 +118,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     app.state.store = store
     app.state.settings = settings
     admission = Admission(settings.server.max_concurrent_requests, settings.server.max_waiting_requests, metrics)
+    app.state.hub = hub
     error_map.install(app)
 
     def auth(request: Request, scope: str = "translate") -> ApiKey:
@@ -267,5 +272,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         store.revoke_key(key_id)
         return {"key_id": key_id, "revoked": True}
 
+    def ws_auth(secret: str | None) -> ApiKey:
+        return ANONYMOUS if not settings.server.auth else store.authenticate(secret)
+
+    def ws_glossary(key: ApiKey, gid: str) -> list[glossary_mod.Term]:
+        return store.get_glossary(key.key_id, str(gid))[1]
+
+    ws_routes.install(app, hub, ws_auth, ws_glossary)
     app.state.started = time.time()
     return app

@@ -10,8 +10,14 @@ import httpx
 from ..errors import BackendError
 from ..types import TranslationResult
 from .common import MediaInput, parse_result, raise_for_error, read_input
+from .stream import RemoteStream, start_message
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def ws_url(base_url: str) -> str:
+    scheme, _, rest = base_url.partition("://")
+    return ("wss" if scheme == "https" else "ws") + "://" + rest.rstrip("/") + "/v1/streams"
 
 
 def _form(input_media: MediaInput | None, text: str | None, source_modality: str | None, target_lang: str,
@@ -74,6 +80,14 @@ class MultimodalTranslator:
                               enable_glossary, glossary_id)
         return parse_result(self._call("POST", "/v1/translate", data=fields, files=files))
 
+    def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
+               partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
+               speech: bool = False, min_confidence: float = 0.4) -> RemoteStream:
+        """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``."""
+        return RemoteStream(ws_url(self.base_url), self.api_key,
+                            start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
+                                          min_confidence))
+
     def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         return str(self._call("POST", "/v1/glossaries", **_glossary_form(terms, name))["glossary_id"])
 
@@ -114,6 +128,13 @@ class AsyncMultimodalTranslator:
         fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
                               enable_glossary, glossary_id)
         return parse_result(await self._call("POST", "/v1/translate", data=fields, files=files))
+
+    def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
+               partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
+               speech: bool = False, min_confidence: float = 0.4) -> RemoteStream:
+        return RemoteStream(ws_url(self.base_url), self.api_key,
+                            start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
+                                          min_confidence))
 
     async def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         return str((await self._call("POST", "/v1/glossaries", **_glossary_form(terms, name)))["glossary_id"])

@@ -19,6 +19,7 @@ class LocalTranslator:
         self.settings = settings or Settings()
         self.engine = engine or Engine(self.settings)
         self._glossaries: dict[str, list[glossary_mod.Term]] = {}
+        self._hub: Any = None
 
     def translate(self, input_media: MediaInput | None = None, *, target_lang: str, source_modality: str | None = None,
                   target_modality: str = "text", source_lang: str | None = None, text: str | None = None,
@@ -45,6 +46,18 @@ class LocalTranslator:
         gid = f"local_{len(self._glossaries) + 1}"
         self._glossaries[gid] = parsed
         return gid
+
+    def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
+               partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
+               speech: bool = False, min_confidence: float = 0.4) -> Any:
+        """A live stream on an in-process hub (same interface as the remote one)."""
+        from ..engine.hub import StreamHub
+        from .stream import LocalStream, start_message
+
+        if self._hub is None:
+            self._hub = StreamHub(self.engine.registry, self.settings)
+        return LocalStream(self._hub, start_message(target_langs, source_lang, slo, partials, importance,
+                                                    glossary_id, speech, min_confidence))
 
     def models(self) -> dict[str, Any]:
         return {"models": self.engine.registry.capabilities(), "pairs": self.engine.registry.served_pairs()}

@@ -1,0 +1,185 @@
+"""WebSocket live streams: ``WS /v1/streams``. Protocol in docs/streaming.md.
+
+Close codes: 4000 + the HTTP status of the error (4400 bad start message, 4401 unauthenticated, 4403 forbidden,
+4408 idle, 4413 message too large, 4429 overloaded: admission refused, or a client that stopped reading).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+from typing import Any
+
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+
+from .. import langs
+from ..engine.hub import StreamHub
+from ..engine.scheduler import SLO_CLASSES
+from ..engine.session import POLICIES, StreamSession, StreamSpec
+from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge
+
+
+def close_code(err: LinguaFusionError) -> int:
+    return 4000 + err.status if 400 <= err.status < 500 else 1011
+
+
+def parse_start(msg: dict[str, Any], hub: StreamHub, glossary: Any) -> StreamSpec:
+    if msg.get("type") != "start":
+        raise InvalidParameter("the first message must be {\"type\": \"start\", ...}")
+    source = langs.normalize(msg.get("source_lang") or "en", field="source_lang")
+    raw_targets = msg.get("target_langs") or ([msg["target_lang"]] if msg.get("target_lang") else [])
+    if not raw_targets or not isinstance(raw_targets, list) or len(raw_targets) > 8:
+        raise InvalidParameter("target_langs must list 1 to 8 languages")
+    targets = [langs.normalize(t, field="target_langs") for t in raw_targets]
+    for t in targets:
+        if t != source:
+            hub.registry.mt_route(source, t)  # raises unsupported_pair with the served pairs
+    slo = str(msg.get("slo", "standard"))
+    if slo not in SLO_CLASSES:
+        raise InvalidParameter(f"slo must be one of {sorted(SLO_CLASSES)}")
+    try:
+        importance = float(msg.get("importance", msg.get("priority", 0.5)))
+        min_conf = float(msg.get("min_confidence", 0.4))
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]") from exc
+    if not (0.0 <= importance <= 1.0 and 0.0 <= min_conf <= 1.0):
+        raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]")
+    return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
+                      partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
+                      speech=bool(msg.get("speech", False)))
+
+
+def install(app: FastAPI, hub: StreamHub, authenticate: Any, glossary_for: Any) -> None:
+    settings = hub.settings
+    per_key: dict[str, int] = {}
+
+    @app.websocket("/v1/streams")
+    async def streams(ws: WebSocket) -> None:
+        await ws.accept()
+        session: StreamSession | None = None
+        key_id = ""
+        try:
+            token = ws.headers.get("authorization", "")
+            secret = token[7:].strip() if token.lower().startswith("bearer ") else ws.query_params.get("api_key")
+            key = authenticate(secret)
+            key_id = key.key_id
+            raw = await asyncio.wait_for(ws.receive_text(), timeout=settings.server.stream_idle_timeout_s)
+            if len(raw) > 64 * 1024:
+                raise TooLarge("start message too large")
+            try:
+                msg = json.loads(raw)
+            except ValueError as exc:
+                raise InvalidParameter("the start message must be JSON") from exc
+            if not isinstance(msg, dict):
+                raise InvalidParameter("the start message must be a JSON object")
+            terms = glossary_for(key, msg.get("glossary_id")) if msg.get("glossary_id") else []
+            spec = parse_start(msg, hub, terms)
+            if per_key.get(key_id, 0) >= settings.server.max_streams_per_key:
+                raise Overloaded("this key has too many open streams", retry_after=5.0)
+            hub.admit(hub.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets, spec.partials,
+                                 POLICIES[spec.slo].step_s))
+            per_key[key_id] = per_key.get(key_id, 0) + 1
+            session = StreamSession(hub, spec)
+            hub.sessions[spec.stream_id] = session
+            await ws.send_json(session.start())
+            writer = asyncio.create_task(_write(ws, session), name="ws-writer")
+            try:
+                await _read(ws, session, settings.server.stream_idle_timeout_s,
+                            settings.server.max_ws_message_bytes)
+                await writer
+            finally:
+                if not writer.done():
+                    writer.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await writer
+        except LinguaFusionError as exc:
+            with contextlib.suppress(Exception):
+                await ws.send_json({"type": "error", "code": exc.code, "message": exc.message,
+                                    **({"details": exc.details} if exc.details else {})})
+                await ws.close(code=close_code(exc), reason=exc.code)
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await ws.send_json({"type": "error", "code": "idle_timeout", "message": "no message in time"})
+                await ws.close(code=4408, reason="idle_timeout")
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if session is not None:
+                await session.abort()
+                per_key[key_id] = max(0, per_key.get(key_id, 1) - 1)
+
+
+async def _read(ws: WebSocket, session: StreamSession, idle: float, max_bytes: int) -> None:
+    while True:
+        msg = await asyncio.wait_for(ws.receive(), timeout=idle)
+        if msg["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(msg.get("code", 1000))
+        data = msg.get("bytes")
+        if data is not None:
+            if len(data) > max_bytes:
+                raise TooLarge(f"message over {max_bytes} bytes")
+            await session.feed_audio(data)
+            continue
+        text = msg.get("text") or ""
+        if len(text) > max_bytes:
+            raise TooLarge(f"message over {max_bytes} bytes")
+        try:
+            m = json.loads(text)
+        except ValueError as exc:
+            raise InvalidParameter("messages must be JSON objects or binary PCM16 audio") from exc
+        kind = m.get("type") if isinstance(m, dict) else None
+        ts = m.get("ts") if isinstance(m, dict) else None
+        if ts is not None and not isinstance(ts, int | float):
+            raise InvalidParameter("ts must be a number of seconds")
+        if kind == "end":
+            await session.end()
+            return
+        try:
+            if kind == "audio":
+                await session.feed_audio(_b64(m.get("data")), ts)
+            elif kind == "image":
+                await session.feed_image(_b64(m.get("data")), ts)
+            elif kind == "text":
+                await session.feed_text(str(m.get("text", "")), ts)
+            else:
+                raise InvalidParameter(f"unknown message type {kind!r} (audio, image, text, end)")
+        except ClientError as exc:  # one bad message: say so, keep the stream
+            if isinstance(exc, TooLarge):
+                raise
+            await session.events.put({"type": "error", "code": exc.code, "message": exc.message})
+
+
+def _b64(value: Any) -> bytes:
+    try:
+        return base64.b64decode(str(value or ""), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidParameter("data must be base64") from exc
+
+
+async def _write(ws: WebSocket, session: StreamSession) -> None:
+    while True:
+        get = asyncio.ensure_future(session.events.get())
+        closed = asyncio.ensure_future(session.closed.wait())
+        done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+        if get in done:
+            closed.cancel()
+            event = get.result()
+            await ws.send_json(event)
+            if event["type"] == "closed":
+                await ws.close(code=1000)
+                return
+            continue
+        get.cancel()
+        # closed without a "closed" event: drain what is queued, then say why
+        while not session.events.empty():
+            await ws.send_json(session.events.get_nowait())
+        err = session.error
+        if err is not None:
+            await ws.send_json({"type": "error", "code": err.code, "message": err.message})
+            await ws.close(code=close_code(err), reason=err.code)
+        else:
+            await ws.close(code=1000)
+        return

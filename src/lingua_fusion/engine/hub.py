@@ -1,0 +1,229 @@
+"""The stream hub: every live stream's model work goes through one scheduler and one worker per model.
+
+A worker wakes when work arrives, asks the scheduler for the next batch (items from many streams), runs it in a
+thread, feeds the measured latency back into the scheduler's cost model and resolves each item's future. Shed
+items resolve to ``None``. Admission refuses a stream whose load would break admitted streams' SLOs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..config import Settings
+from ..errors import Overloaded
+from ..glossary import apply_mt_batch
+from ..models.registry import Registry
+from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, stage_deadline
+
+log = logging.getLogger("lingua_fusion.hub")
+
+# starting cost models (seconds, measured on 2 cores); refined online from every batch
+PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base": (0.15, 0.15), "mt": (0.05, 0.01), "ocr": (0.5, 0.5),
+               "tts": (0.1, 0.2)}
+
+
+@dataclass
+class _Call:
+    arg: Any
+    future: asyncio.Future[Any]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class StreamHub:
+    def __init__(self, registry: Registry, settings: Settings, metrics: Any = None, *,
+                 clock: Callable[[], float] = time.monotonic, alpha: float = 0.65, max_batch: int = 8,
+                 max_queue: int = 256) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.scheduler = Scheduler(alpha=alpha, max_batch=max_batch, max_queue=max_queue)
+        self._runners: dict[str, Callable[[list[Any]], list[Any]]] = {}
+        self._wake: dict[str, asyncio.Event] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._closing = False
+        self.sessions: dict[str, Any] = {}
+        self.batching = True  # False: one item per model call (the per-stream baseline)
+
+    # ---- model keys and runners ------------------------------------------------------------------------------
+    def asr_key(self, lang: str) -> str:
+        return "asr:tiny.en" if lang == "en" else f"asr:base:{lang}"
+
+    def _prior(self, key: str) -> CostModel:
+        for prefix, (c0, c1) in PRIOR_COSTS.items():
+            if key.startswith(prefix):
+                return CostModel(c0, c1)
+        return CostModel()
+
+    def _runner(self, key: str) -> Callable[[list[Any]], list[Any]]:
+        if key in self._runners:
+            return self._runners[key]
+        kind, _, rest = key.partition(":")
+        if kind == "asr":
+            lang = "en" if rest == "tiny.en" else rest.split(":")[1]
+
+            def run_asr(args: list[Any], lang: str = lang) -> list[Any]:
+                asr = self.registry.asr(lang)
+                return asr.transcribe_batch([a for a, _ in args], language=lang, prompts=[p for _, p in args])
+
+            fn: Callable[[list[Any]], list[Any]] = run_asr
+        elif kind == "mt":
+            src, tgt = rest.split("-")
+
+            def run_mt(args: list[Any], src: str = src, tgt: str = tgt) -> list[Any]:
+                route = self.registry.mt_route(src, tgt)
+                legs = [(self.registry.mt(leg.backend), leg) for leg in route.legs]
+
+                def translate(texts: list[str]) -> list[str]:
+                    for backend, leg in legs:
+                        texts = backend.translate(texts, leg.source, leg.target)
+                    return texts
+
+                outs, _ = apply_mt_batch([t for t, _ in args], [g for _, g in args], translate)
+                return outs
+
+            fn = run_mt
+        elif kind == "ocr":
+            def run_ocr(args: list[Any]) -> list[Any]:
+                ocr = self.registry.ocr()
+                return [ocr.recognize(img) for img in args]
+
+            fn = run_ocr
+        elif kind == "tts":
+            def run_tts(args: list[Any], lang: str = rest) -> list[Any]:
+                from ..models.tts import to_wav
+
+                tts = self.registry.tts(lang)
+                return [to_wav(*tts.synthesize(text, language=lang)) for text in args]
+
+            fn = run_tts
+        else:
+            raise ValueError(f"unknown model key {key}")
+        self._runners[key] = fn
+        self.scheduler.costs.setdefault(key, self._prior(key))
+        return fn
+
+    # ---- work ------------------------------------------------------------------------------------------------
+    async def call(self, key: str, arg: Any, *, stream_id: str, slo: str, stage: str, importance: float,
+                   tentative: bool, start: float | None = None) -> Any:
+        """Run ``arg`` on model ``key`` within the stream's SLO. Returns None if the scheduler shed it."""
+        self._runner(key)
+        now = self.clock()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        item = WorkItem(stream_id=stream_id, model=key, stage=stage, enqueued=now,
+                        deadline=stage_deadline(slo, stage, now if start is None else start),
+                        importance=importance, tentative=tentative, payload=_Call(arg, fut, now))
+        if not self.scheduler.submit(item):
+            if tentative:
+                return None
+            raise Overloaded(f"the {key} queue is full", retry_after=1.0)
+        self._ensure_worker(key)
+        self._wake[key].set()
+        if self.metrics is not None:
+            self.metrics.queue_depth.labels(model=key).set(self.scheduler.depth(key))
+        # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
+        return await asyncio.wait_for(fut, timeout=self.settings.server.request_timeout_s)
+
+    def _ensure_worker(self, key: str) -> None:
+        if key not in self._workers or self._workers[key].done():
+            self._wake.setdefault(key, asyncio.Event())
+            self._workers[key] = asyncio.create_task(self._worker(key), name=f"worker:{key}")
+
+    async def _worker(self, key: str) -> None:
+        wake = self._wake[key]
+        runner = self._runners[key]
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=0.5)
+            wake.clear()
+            while not self._closing:
+                now = self.clock()
+                if not self.batching:
+                    self.scheduler.max_batch = 1
+                batch, shed = self.scheduler.next_batch(key, now)
+                for w in shed:
+                    if not w.payload.future.done():
+                        w.payload.future.set_result(None)
+                if self.metrics is not None and shed:
+                    self.metrics.shed.labels(model=key).inc(len(shed))
+                if not batch:
+                    break
+                t0 = self.clock()
+                try:
+                    results = await asyncio.to_thread(runner, [w.payload.arg for w in batch])
+                except Exception as exc:  # a backend failure fails this batch's items, not the worker
+                    log.exception("model %s failed on a batch of %d", key, len(batch))
+                    for w in batch:
+                        if not w.payload.future.done():
+                            w.payload.future.set_exception(exc)
+                    continue
+                dt = self.clock() - t0
+                self.scheduler.observe(key, len(batch), dt)
+                if self.metrics is not None:
+                    self.metrics.batch_size.labels(model=key).observe(len(batch))
+                    self.metrics.stage("model:" + key.split(":")[0], dt)
+                    for w in batch:
+                        self.metrics.queue_wait.labels(model=key).observe(max(0.0, t0 - w.enqueued))
+                    self.metrics.queue_depth.labels(model=key).set(self.scheduler.depth(key))
+                for w, r in zip(batch, results, strict=True):
+                    if not w.payload.future.done():
+                        w.payload.future.set_result(r)
+
+    # ---- admission -------------------------------------------------------------------------------------------
+    def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool,
+               step_s: float) -> Demand:
+        asr = self.asr_key(source)
+        self._runner(asr)
+        rate = {asr: 0.3 + (1.0 / step_s if partials else 0.0)}  # ~1 utterance per 3.3 s + re-decodes
+        for t in targets:
+            if t != source:
+                key = f"mt:{source}-{t}"
+                self._runner(key)
+                rate[key] = 0.3
+        return Demand(stream_id, slo, rate)
+
+    def admit(self, demand: Demand) -> None:
+        if demand.slo not in SLO_CLASSES:
+            raise ValueError(demand.slo)
+        max_streams = self.settings.server.max_streams
+        if len(self.scheduler.admitted) >= max_streams or not self.scheduler.admit(demand):
+            if self.metrics is not None:
+                self.metrics.streams_rejected.inc()
+            raise Overloaded("no capacity for another stream at this SLO; retry later or use a looser SLO class",
+                             retry_after=5.0, details={"slo": demand.slo,
+                                                       "active_streams": len(self.scheduler.admitted)})
+        if self.metrics is not None:
+            self.metrics.streams_admitted.inc()
+            self.metrics.active_streams.set(len(self.scheduler.admitted))
+
+    def release(self, stream_id: str) -> None:
+        for w in self.scheduler.drop_stream(stream_id):
+            if not w.payload.future.done():
+                w.payload.future.set_result(None)
+        self.sessions.pop(stream_id, None)
+        if self.metrics is not None:
+            self.metrics.active_streams.set(len(self.scheduler.admitted))
+
+    def vad_probs(self, audio: np.ndarray) -> np.ndarray:
+        return self.registry.vad().probabilities(audio)
+
+    async def close(self) -> None:
+        self._closing = True
+        for ev in self._wake.values():
+            ev.set()
+        for task in list(self._workers.values()):
+            task.cancel()
+        for task in list(self._workers.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._workers.clear()
+

@@ -1,0 +1,113 @@
+"""Simultaneous commit policy for one stream's speech (pure: no models, no clock).
+
+An utterance is the audio since the last commit. While it grows, it is re-decoded every ``step_s`` (tentative
+work the scheduler may shed); the words two successive hypotheses agree on (LocalAgreement-2) are shown as the
+stable part of a ``partial``. The utterance is committed when the VAD hears ``eou_silence_s`` of silence after
+speech, or when it reaches ``max_utterance_s`` (cut at the quietest point of its last second). The committed decode
+is never shed and committed text is never retracted: later audio only ever adds new finals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SR = 16000
+WINDOW = 512  # VAD window, 32 ms
+
+
+def _key(w: str) -> str:
+    return "".join(c for c in w.lower() if c.isalnum())
+
+
+def agreed_prefix(a: list[str], b: list[str]) -> list[str]:
+    out = []
+    for x, y in zip(a, b, strict=False):
+        if _key(x) != _key(y):
+            break
+        out.append(y)
+    return out
+
+
+@dataclass
+class Decision:
+    kind: str  # "partial" | "commit" | "wait"
+    start: float = 0.0
+    end: float = 0.0
+
+
+@dataclass
+class PolicyConfig:
+    step_s: float = 1.0
+    eou_silence_s: float = 0.6
+    max_utterance_s: float = 10.0
+    speech_threshold: float = 0.5
+    min_speech_s: float = 0.25
+
+
+@dataclass
+class CommitPolicy:
+    cfg: PolicyConfig = field(default_factory=PolicyConfig)
+    utt_start: float = 0.0  # stream time where the current utterance begins
+    speech_start: float | None = None
+    last_speech_end: float = 0.0
+    speech_s: float = 0.0
+    last_partial_at: float = 0.0
+    probs: list[float] = field(default_factory=list)  # VAD probabilities of the current utterance's windows
+    prev_hyp: list[str] = field(default_factory=list)
+
+    def on_vad(self, probs: np.ndarray, t_end: float) -> Decision:
+        """Feed VAD probabilities of new windows ending at stream time ``t_end``; say what to do next."""
+        n = len(probs)
+        t0 = t_end - n * WINDOW / SR
+        for i, p in enumerate(probs):
+            self.probs.append(float(p))
+            t = t0 + (i + 1) * WINDOW / SR
+            if p >= self.cfg.speech_threshold:
+                if self.speech_start is None:
+                    self.speech_start = t - WINDOW / SR
+                self.last_speech_end = t
+                self.speech_s += WINDOW / SR
+        if self.speech_start is None:
+            # silence only: let the utterance start move with time so silence is never decoded
+            self.utt_start = max(self.utt_start, t_end - 0.3)
+            self.probs = self.probs[-10:]
+            return Decision("wait")
+        if self.speech_s >= self.cfg.min_speech_s and t_end - self.last_speech_end >= self.cfg.eou_silence_s:
+            return Decision("commit", self.utt_start, min(t_end, self.last_speech_end + 0.3))
+        if t_end - self.utt_start >= self.cfg.max_utterance_s:
+            return Decision("commit", self.utt_start, self._quietest_cut(t_end))
+        if t_end - self.last_partial_at >= self.cfg.step_s and self.speech_s >= self.cfg.min_speech_s:
+            self.last_partial_at = t_end
+            return Decision("partial", self.utt_start, t_end)
+        return Decision("wait")
+
+    def _quietest_cut(self, t_end: float) -> float:
+        last = self.probs[-int(SR / WINDOW):]  # last second
+        if not last:
+            return t_end
+        i = int(np.argmin(last))
+        return t_end - (len(last) - i - 1) * WINDOW / SR
+
+    def stable(self, hyp: list[str]) -> list[str]:
+        """LocalAgreement-2: words this hypothesis shares with the previous one."""
+        agreed = agreed_prefix(self.prev_hyp, hyp)
+        self.prev_hyp = hyp
+        return agreed
+
+    def committed(self, end: float) -> None:
+        """The utterance up to ``end`` is committed: the next one starts there."""
+        self.utt_start = end
+        self.speech_start = None
+        self.speech_s = 0.0
+        self.last_speech_end = end
+        self.last_partial_at = end
+        self.probs = []
+        self.prev_hyp = []
+
+    def flush(self, t_end: float) -> Decision:
+        """End of stream: commit whatever speech is pending."""
+        if self.speech_start is not None and self.speech_s > 0:
+            return Decision("commit", self.utt_start, t_end)
+        return Decision("wait")

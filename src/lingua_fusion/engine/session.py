@@ -1,0 +1,306 @@
+"""One live stream: its timeline, commit policy, ordered finals and bounded event queue.
+
+Input (audio / image / text with media timestamps) -> timeline -> VAD -> policy decisions. A partial decode is
+tentative (at most one in flight; the scheduler may shed it). A commit becomes a job (ASR -> gate -> MT per target)
+queued in order; the emitter awaits jobs in that order and numbers finals 1, 2, 3, ... with no gaps. Events go to a
+bounded queue: a client that stops reading gets a clear close instead of unbounded buffering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import enum
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidParameter, LinguaFusionError
+from ..glossary import Term
+from .hub import StreamHub
+from .policy import WINDOW, CommitPolicy, Decision, PolicyConfig
+from .timeline import SR, AudioTimeline
+
+POLICIES = {
+    "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0),
+    "standard": PolicyConfig(step_s=1.0, eou_silence_s=0.4, max_utterance_s=10.0),
+    "batch": PolicyConfig(step_s=3.0, eou_silence_s=0.6, max_utterance_s=15.0),
+}
+
+
+class State(enum.IntEnum):
+    OPENING = 0
+    LIVE = 1
+    DRAINING = 2
+    CLOSED = 3
+
+
+@dataclass
+class StreamSpec:
+    source_lang: str
+    targets: list[str]
+    slo: str = "standard"
+    importance: float = 0.5
+    partials: bool = True
+    glossary: list[Term] = field(default_factory=list)
+    min_confidence: float = 0.4
+    speech: bool = False
+    stream_id: str = field(default_factory=lambda: "st_" + secrets.token_hex(8))
+    resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+
+
+class SlowConsumer(LinguaFusionError):
+    status = 429
+    code = "slow_consumer"
+
+
+class StreamSession:
+    def __init__(self, hub: StreamHub, spec: StreamSpec, *, max_events: int = 256) -> None:
+        self.hub = hub
+        self.spec = spec
+        self.state = State.OPENING
+        self.timeline = AudioTimeline()
+        self.policy = CommitPolicy(POLICIES[spec.slo])
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=max_events)
+        self._jobs: asyncio.Queue[asyncio.Task[dict[str, Any] | None] | None] = asyncio.Queue(maxsize=64)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._partial: asyncio.Task[None] | None = None
+        self._vad_pos = 0  # next sample the VAD has not seen
+        self._utterance = 0
+        self._last_partial = ""
+        self._revision = 0
+        self.seq = 0
+        self.slides: list[tuple[float, str]] = []
+        self._arrivals: deque[tuple[float, float]] = deque(maxlen=4096)  # (stream time end, wall clock)
+        self._emitter: asyncio.Task[None] | None = None
+        self.closed = asyncio.Event()
+        self.error: LinguaFusionError | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+    def _to(self, state: State) -> None:
+        if state < self.state:
+            raise RuntimeError(f"illegal transition {self.state.name} -> {state.name}")
+        self.state = state
+
+    def start(self) -> dict[str, Any]:
+        self._to(State.LIVE)
+        self._emitter = asyncio.create_task(self._emit_finals(), name=f"emit:{self.spec.stream_id}")
+        return {"type": "ready", "stream_id": self.spec.stream_id, "resume_token": self.spec.resume_token,
+                "slo": self.spec.slo, "source_lang": self.spec.source_lang, "targets": self.spec.targets,
+                "partials": self.spec.partials}
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _emit(self, event: dict[str, Any]) -> None:
+        try:
+            self.events.put_nowait(event)
+        except asyncio.QueueFull:
+            self.error = SlowConsumer("the client is not reading events; the stream was closed")
+            await self.abort()
+
+    # ---- input -----------------------------------------------------------------------------------------------
+    async def feed_audio(self, pcm16: bytes, ts: float | None = None) -> None:
+        if self.state != State.LIVE:
+            raise InvalidParameter("the stream is not live")
+        if len(pcm16) % 2:
+            raise InvalidParameter("PCM16 audio must have an even number of bytes")
+        samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        if not self.timeline.write(samples, ts):
+            return
+        self._arrivals.append((self.timeline.end_s, time.monotonic()))
+        await self._run_vad()
+
+    async def _run_vad(self) -> None:
+        end = self.timeline.end
+        start = max(self._vad_pos, self.timeline.start)
+        n = (end - start) // WINDOW
+        if n <= 0:
+            return
+        audio = self.timeline.view(start / SR, (start + n * WINDOW) / SR)
+        probs = self.hub.vad_probs(np.ascontiguousarray(audio))
+        self._vad_pos = start + n * WINDOW
+        self._decide(self.policy.on_vad(probs, self._vad_pos / SR))
+
+    def _decide(self, d: Decision) -> None:
+        if d.kind == "partial" and self.spec.partials and (self._partial is None or self._partial.done()):
+            audio = self.timeline.view(d.start, d.end).copy()
+            self._partial = self._spawn(self._partial_job(audio, d, self._utterance), "partial")
+        elif d.kind == "commit":
+            audio = self.timeline.view(d.start, d.end).copy()
+            self._queue_job(self._commit_job(audio, d))
+            self.policy.committed(d.end)
+            self._utterance += 1
+            self._last_partial = ""
+            self.timeline.consume_s(d.end)
+
+    def _queue_job(self, coro: Any) -> None:
+        task = self._spawn(coro, "commit")
+        try:
+            self._jobs.put_nowait(task)
+        except asyncio.QueueFull:
+            task.cancel()
+            self.error = SlowConsumer("too many captions pending; the stream was closed")
+            self._spawn(self.abort(), "abort")
+
+    async def feed_text(self, text: str, ts: float | None = None) -> None:
+        if self.state != State.LIVE:
+            raise InvalidParameter("the stream is not live")
+        t = self.timeline.end_s if ts is None or self.timeline.origin is None else ts - self.timeline.origin
+        self._queue_job(self._translate_job(text.strip(), t, t, confidence=1.0, wall_ref=time.monotonic()))
+
+    async def feed_image(self, data: bytes, ts: float | None = None) -> None:
+        from ..media import decode_image
+
+        image = decode_image(data, self.hub.settings.limits)
+        t = self.timeline.end_s if ts is None or self.timeline.origin is None else ts - self.timeline.origin
+        self._spawn(self._ocr_job(image, t), "ocr")
+
+    async def end(self) -> None:
+        """The client finished sending: flush pending speech, let every committed caption out, then close."""
+        if self.state != State.LIVE:
+            return
+        self._to(State.DRAINING)
+        self._decide(self.policy.flush(self.timeline.end_s))
+        await self._jobs.put(None)
+
+    async def abort(self) -> None:
+        if self.state == State.CLOSED:
+            return
+        self.state = State.CLOSED
+        for task in list(self._tasks):
+            task.cancel()
+        if self._emitter is not None and self._emitter is not asyncio.current_task():
+            self._emitter.cancel()
+        self.hub.release(self.spec.stream_id)
+        self.closed.set()
+
+    # ---- jobs --------------------------------------------------------------------------------------------------
+    def _prompt(self) -> str | None:
+        """Words on the current slide, as ASR context (hot words)."""
+        return self.slides[-1][1][:200] if self.slides else None
+
+    async def _partial_job(self, audio: np.ndarray, d: Decision, utterance: int) -> None:
+        res = await self.hub.call(self.hub.asr_key(self.spec.source_lang), (audio, self._prompt()),
+                                  stream_id=self.spec.stream_id, slo=self.spec.slo, stage="asr",
+                                  importance=self.spec.importance, tentative=True)
+        if res is None or utterance != self._utterance or self.state != State.LIVE:
+            return
+        text, conf = res
+        stable = self.policy.stable(text.split())
+        kind = "partial"
+        if self._last_partial and not text.startswith(self._last_partial):
+            kind = "revision"
+            self._revision += 1
+        self._last_partial = text
+        await self._emit({"type": kind, "start": round(d.start, 3), "end": round(d.end, 3), "source_text": text,
+                          "stable_text": " ".join(stable), "confidence": conf, "revision": self._revision})
+
+    async def _commit_job(self, audio: np.ndarray, d: Decision) -> dict[str, Any] | None:
+        wall_ref = self._arrival_of(d.end)
+        res = await self.hub.call(self.hub.asr_key(self.spec.source_lang), (audio, self._prompt()),
+                                  stream_id=self.spec.stream_id, slo=self.spec.slo, stage="asr",
+                                  importance=self.spec.importance, tentative=False, start=wall_ref)
+        if res is None:
+            return None
+        text, conf = res
+        asr_ms = (time.monotonic() - wall_ref) * 1000
+        if not text.strip():
+            return None
+        if conf < self.spec.min_confidence:
+            return {"type": "final", "start": round(d.start, 3), "end": round(d.end, 3), "source_text": "",
+                    "text": "", "translations": {t: "" for t in self.spec.targets}, "confidence": conf,
+                    "gated": ["asr"], "note": f"speech confidence {conf:.2f} below {self.spec.min_confidence}",
+                    "_wall_ref": wall_ref}
+        return await self._translate_job(text, d.start, d.end, confidence=conf, wall_ref=wall_ref, asr_ms=asr_ms)
+
+    async def _translate_job(self, text: str, start: float, end: float, *, confidence: float, wall_ref: float,
+                             asr_ms: float = 0.0) -> dict[str, Any] | None:
+        if not text:
+            return None
+        src = self.spec.source_lang
+        t0 = time.monotonic()
+
+        async def one(target: str) -> str:
+            if target == src:
+                return text
+            out = await self.hub.call(f"mt:{src}-{target}", (text, self.spec.glossary),
+                                      stream_id=self.spec.stream_id, slo=self.spec.slo, stage="mt",
+                                      importance=self.spec.importance, tentative=False, start=wall_ref)
+            return str(out or "")
+
+        outs = await asyncio.gather(*(one(t) for t in self.spec.targets))
+        translations = dict(zip(self.spec.targets, outs, strict=True))
+        slides = [s for t, s in self.slides if start - 0.5 <= t <= end] or ([self.slides[-1][1]] if self.slides else [])
+        return {"type": "final", "start": round(start, 3), "end": round(end, 3), "source_text": text,
+                "text": translations[self.spec.targets[0]], "translations": translations,
+                "confidence": confidence, "slides": slides,
+                "latency_ms": {"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
+                "_wall_ref": wall_ref}
+
+    async def _ocr_job(self, image: np.ndarray, t: float) -> None:
+        lines = await self.hub.call("ocr", image, stream_id=self.spec.stream_id, slo=self.spec.slo, stage="ocr",
+                                    importance=self.spec.importance, tentative=True)
+        if lines:
+            text = " ".join(ln.text for ln in lines)
+            self.slides.append((t, text))
+            del self.slides[:-32]
+            await self._emit({"type": "slide", "t": round(t, 3), "source_text": text})
+
+    def _arrival_of(self, t: float) -> float:
+        for end, wall in self._arrivals:
+            if end >= t - 1e-3:
+                return wall
+        return time.monotonic()
+
+    async def _emit_finals(self) -> None:
+        try:
+            while True:
+                job = await self._jobs.get()
+                if job is None:
+                    break
+                try:
+                    event = await job
+                except LinguaFusionError as exc:
+                    await self._emit({"type": "error", "code": exc.code, "message": exc.message})
+                    continue
+                if event is None:
+                    continue
+                wall_ref = event.pop("_wall_ref")
+                self.seq += 1
+                event["seq"] = self.seq
+                latency = time.monotonic() - wall_ref
+                event.setdefault("latency_ms", {})["caption"] = round(latency * 1000, 1)
+                if self.hub.metrics is not None:
+                    self.hub.metrics.caption(self.spec.slo, latency)
+                await self._emit(event)
+                if self.spec.speech and event["text"]:
+                    await self._speech(event)
+            await self._emit({"type": "closed", "reason": "end of stream", "finals": self.seq,
+                              "timeline": {"late_dropped": self.timeline.stats.late_dropped,
+                                           "reordered": self.timeline.stats.reordered,
+                                           "gap_seconds": round(self.timeline.stats.gap_seconds, 3)}})
+        finally:
+            self.state = State.CLOSED
+            self.hub.release(self.spec.stream_id)
+            self.closed.set()
+
+    async def _speech(self, event: dict[str, Any]) -> None:
+        target = self.spec.targets[0]
+        wav = await self.hub.call(f"tts:{target}", event["text"], stream_id=self.spec.stream_id, slo=self.spec.slo,
+                                  stage="tts", importance=self.spec.importance, tentative=False)
+        if wav:
+            await self._emit({"type": "speech", "seq": event["seq"], "lang": target, "format": "wav",
+                              "audio_base64": base64.b64encode(wav).decode("ascii")})
+
+    async def wait_closed(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.closed.wait(), timeout)

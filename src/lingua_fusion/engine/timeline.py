@@ -1,0 +1,89 @@
+"""A stream's audio on its own clock: time 0 is the first audio sample.
+
+Chunks carry media timestamps (seconds on the client's clock). A chunk is written where its timestamp says:
+a gap becomes silence (not a shift), a late or out-of-order chunk inside the reorder window lands in its place,
+one older than the window (or before audio already consumed) is dropped and counted. Memory is bounded: audio
+before ``consumed`` is released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SR = 16000
+
+
+@dataclass
+class TimelineStats:
+    chunks: int = 0
+    late_dropped: int = 0
+    reordered: int = 0
+    gap_seconds: float = 0.0
+
+
+class AudioTimeline:
+    def __init__(self, *, reorder_window_s: float = 2.0, max_buffer_s: float = 60.0) -> None:
+        self.reorder_window = reorder_window_s
+        self.max_buffer = int(max_buffer_s * SR)
+        self.origin: float | None = None  # client timestamp of stream time 0
+        self.start = 0  # sample index (stream time) of buf[0]
+        self.buf = np.zeros(0, dtype=np.float32)
+        self.end = 0  # furthest sample written
+        self.stats = TimelineStats()
+
+    @property
+    def end_s(self) -> float:
+        return self.end / SR
+
+    def write(self, samples: np.ndarray, ts: float | None = None) -> bool:
+        """Place ``samples`` at client time ``ts`` (None: right after the furthest sample). False if dropped."""
+        self.stats.chunks += 1
+        if ts is None:
+            pos = self.end
+        else:
+            if self.origin is None:
+                self.origin = ts - self.end / SR
+            pos = int(round((ts - self.origin) * SR))
+        if self.origin is None:
+            self.origin = 0.0
+        n = len(samples)
+        if pos + n <= self.start or self.end - pos > self.reorder_window * SR:
+            self.stats.late_dropped += 1
+            return False
+        if pos < self.start:  # partly before consumed audio: keep the part after it
+            samples = samples[self.start - pos:]
+            pos = self.start
+            n = len(samples)
+        if pos < self.end:
+            self.stats.reordered += 1
+        elif pos > self.end:
+            self.stats.gap_seconds += (pos - self.end) / SR
+        need = pos + n - self.start
+        if need > len(self.buf):
+            if need > self.max_buffer:
+                # never grow without bound: release the oldest audio (the caller consumes long before this)
+                self.consume(pos + n - self.max_buffer)
+                need = pos + n - self.start
+            grown = np.zeros(need, dtype=np.float32)
+            grown[: len(self.buf)] = self.buf
+            self.buf = grown
+        self.buf[pos - self.start: pos - self.start + n] = samples
+        self.end = max(self.end, pos + n)
+        return True
+
+    def view(self, t0: float, t1: float | None = None) -> np.ndarray:
+        a = max(self.start, int(round(t0 * SR)))
+        b = self.end if t1 is None else min(self.end, int(round(t1 * SR)))
+        if b <= a:
+            return np.zeros(0, dtype=np.float32)
+        return self.buf[a - self.start: b - self.start]
+
+    def consume(self, upto_sample: int) -> None:
+        upto = min(max(upto_sample, self.start), self.end)
+        self.buf = self.buf[upto - self.start:].copy()
+        self.start = upto
+
+    def consume_s(self, t: float) -> None:
+        self.consume(int(round(t * SR)))

@@ -1,0 +1,65 @@
+"""``linguafusion stream``: play a file as a live stream (optionally paced at real time) and print events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import Settings
+from .media import decode_audio
+
+
+async def play_file(path: Path, *, targets: list[str], source_lang: str, slo: str, realtime: bool, chunk_ms: int,
+                    partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any) -> int:
+    from .sdk import LocalTranslator, MultimodalTranslator
+
+    audio, _info = decode_audio(path.read_bytes(), Settings().limits, what=path.name)
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
+    step = int(16000 * chunk_ms / 1000) * 2
+    async with client.stream(targets, source_lang=source_lang, slo=slo, partials=partials) as s:
+        t0 = time.monotonic()
+
+        async def send() -> None:
+            for i, off in enumerate(range(0, len(pcm), step)):
+                ts = off / 2 / 16000
+                if realtime:
+                    delay = t0 + ts - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                await s.send_audio(pcm[off:off + step], ts)
+                if not realtime and i % 8 == 0:
+                    await asyncio.sleep(0)
+            await s.end()
+
+        sender = asyncio.create_task(send())
+        finals = 0
+        try:
+            async for ev in s:
+                data = ev.model_dump(exclude_none=True)
+                if ev.type == "final":
+                    finals += 1
+                    if realtime and ev.end is not None:
+                        data["latency_s"] = round(time.monotonic() - t0 - ev.end, 3)
+                if as_json:
+                    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+                    sys.stdout.flush()
+                elif ev.type == "final":
+                    sys.stdout.write(f"[{ev.start:7.2f}-{ev.end:7.2f}] #{ev.seq} {ev.text}\n")
+                    sys.stdout.flush()
+                elif ev.type in ("partial", "revision"):
+                    console.print(f"  ... {data.get('source_text', '')}", style="dim", markup=False)
+                elif ev.type == "error":
+                    console.print(f"error [{data.get('code')}]: {data.get('message')}", markup=False, style="red")
+        finally:
+            if not sender.done():
+                sender.cancel()
+            else:
+                sender.result()
+    return 0
