@@ -156,3 +156,19 @@ def silence_wav(seconds: float, rate: int = 16000) -> bytes:
     from lingua_fusion.models.tts import to_wav
 
     return to_wav(np.zeros(int(seconds * rate), dtype=np.int16), rate)
+
+
+def talk_wav(sentences: list[str], pause_s: float = 0.6) -> bytes:
+    """Sentences spoken by Piper with a pause between them, as in a talk (Piper alone pauses only ~0.2 s)."""
+    import wave
+
+    from lingua_fusion.models.tts import to_wav
+
+    parts: list[np.ndarray] = []
+    rate = 22050
+    for s in sentences:
+        with wave.open(io.BytesIO(piper_wav(s))) as w:
+            rate = w.getframerate()
+            parts.append(np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16))
+        parts.append(np.zeros(int(pause_s * rate), dtype=np.int16))
+    return to_wav(np.concatenate(parts), rate)

@@ -183,7 +183,9 @@ class StreamHub:
                step_s: float) -> Demand:
         asr = self.asr_key(source)
         self._runner(asr)
-        rate = {asr: 0.3 + (1.0 / step_s if partials else 0.0)}  # ~1 utterance per 3.3 s + re-decodes
+        # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use what is
+        # left and are shed first, so they count at a quarter of their rate
+        rate = {asr: 0.3 + (0.25 / step_s if partials else 0.0)}
         for t in targets:
             if t != source:
                 key = f"mt:{source}-{t}"

@@ -56,32 +56,46 @@ class CommitPolicy:
     last_partial_at: float = 0.0
     probs: list[float] = field(default_factory=list)  # VAD probabilities of the current utterance's windows
     prev_hyp: list[str] = field(default_factory=list)
+    _t_last: float = 0.0  # end time of the last VAD window seen
 
-    def on_vad(self, probs: np.ndarray, t_end: float) -> Decision:
-        """Feed VAD probabilities of new windows ending at stream time ``t_end``; say what to do next."""
+    def on_vad(self, probs: np.ndarray, t_end: float) -> list[Decision]:
+        """Feed VAD probabilities of new windows ending at stream time ``t_end``; say what to do, in order.
+
+        Windows are judged one by one, so a large chunk holding several utterances yields several commits.
+        """
+        out: list[Decision] = []
         n = len(probs)
         t0 = t_end - n * WINDOW / SR
         for i, p in enumerate(probs):
             self.probs.append(float(p))
             t = t0 + (i + 1) * WINDOW / SR
+            self._t_last = t
             if p >= self.cfg.speech_threshold:
                 if self.speech_start is None:
                     self.speech_start = t - WINDOW / SR
                 self.last_speech_end = t
                 self.speech_s += WINDOW / SR
+            d = self._check(t)
+            if d is not None:
+                out.append(d)
+                self.committed(d.end)
         if self.speech_start is None:
-            # silence only: let the utterance start move with time so silence is never decoded
+            # silence only: let the utterance start follow time so silence is never decoded
             self.utt_start = max(self.utt_start, t_end - 0.3)
             self.probs = self.probs[-10:]
-            return Decision("wait")
-        if self.speech_s >= self.cfg.min_speech_s and t_end - self.last_speech_end >= self.cfg.eou_silence_s:
-            return Decision("commit", self.utt_start, min(t_end, self.last_speech_end + 0.3))
-        if t_end - self.utt_start >= self.cfg.max_utterance_s:
-            return Decision("commit", self.utt_start, self._quietest_cut(t_end))
-        if t_end - self.last_partial_at >= self.cfg.step_s and self.speech_s >= self.cfg.min_speech_s:
+        elif t_end - self.last_partial_at >= self.cfg.step_s and self.speech_s >= self.cfg.min_speech_s:
             self.last_partial_at = t_end
-            return Decision("partial", self.utt_start, t_end)
-        return Decision("wait")
+            out.append(Decision("partial", self.utt_start, t_end))
+        return out
+
+    def _check(self, t: float) -> Decision | None:
+        if self.speech_start is None:
+            return None
+        if self.speech_s >= self.cfg.min_speech_s and t - self.last_speech_end >= self.cfg.eou_silence_s:
+            return Decision("commit", self.utt_start, min(t, self.last_speech_end + 0.2))
+        if t - self.utt_start >= self.cfg.max_utterance_s:
+            return Decision("commit", self.utt_start, self._quietest_cut(t))
+        return None
 
     def _quietest_cut(self, t_end: float) -> float:
         last = self.probs[-int(SR / WINDOW):]  # last second
@@ -98,6 +112,8 @@ class CommitPolicy:
 
     def committed(self, end: float) -> None:
         """The utterance up to ``end`` is committed: the next one starts there."""
+        after = int(round(max(0.0, self._t_last - end) * SR / WINDOW))
+        keep = self.probs[len(self.probs) - after:] if after and self.probs else []
         self.utt_start = end
         self.speech_start = None
         self.speech_s = 0.0
@@ -105,6 +121,16 @@ class CommitPolicy:
         self.last_partial_at = end
         self.probs = []
         self.prev_hyp = []
+        # windows already seen after the cut belong to the next utterance
+        for j, p in enumerate(keep):
+            if p >= self.cfg.speech_threshold:
+                t = end + (j + 1) * WINDOW / SR
+                if self.speech_start is None:
+                    self.speech_start = t - WINDOW / SR
+                self.last_speech_end = t
+                self.speech_s += WINDOW / SR
+        self.probs = list(keep)
+
 
     def flush(self, t_end: float) -> Decision:
         """End of stream: commit whatever speech is pending."""

@@ -128,7 +128,8 @@ class StreamSession:
         audio = self.timeline.view(start / SR, (start + n * WINDOW) / SR)
         probs = self.hub.vad_probs(np.ascontiguousarray(audio))
         self._vad_pos = start + n * WINDOW
-        self._decide(self.policy.on_vad(probs, self._vad_pos / SR))
+        for d in self.policy.on_vad(probs, self._vad_pos / SR):
+            self._decide(d)
 
     def _decide(self, d: Decision) -> None:
         if d.kind == "partial" and self.spec.partials and (self._partial is None or self._partial.done()):
@@ -137,7 +138,6 @@ class StreamSession:
         elif d.kind == "commit":
             audio = self.timeline.view(d.start, d.end).copy()
             self._queue_job(self._commit_job(audio, d))
-            self.policy.committed(d.end)
             self._utterance += 1
             self._last_partial = ""
             self.timeline.consume_s(d.end)
@@ -169,7 +169,10 @@ class StreamSession:
         if self.state != State.LIVE:
             return
         self._to(State.DRAINING)
-        self._decide(self.policy.flush(self.timeline.end_s))
+        flush = self.policy.flush(self.timeline.end_s)
+        self._decide(flush)
+        if flush.kind == "commit":
+            self.policy.committed(flush.end)
         await self._jobs.put(None)
 
     async def abort(self) -> None:
