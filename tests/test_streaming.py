@@ -1,0 +1,217 @@
+"""Live streams end to end: real server, real WebSocket, real models."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jiwer
+import numpy as np
+import pytest
+from conftest import BIN, Server, render_slide, start_server, stop_server, talk_wav
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from lingua_fusion import MultimodalTranslator
+from lingua_fusion.errors import Overloaded, UnsupportedPair
+
+SENTENCES = ["Good morning everyone and welcome to the quarterly review.", "The new office will open in the spring.",
+             "Please send me the report before Friday.", "We need more time to finish the project."]
+
+
+def pcm16(wav_bytes: bytes) -> bytes:
+    from lingua_fusion.config import LimitSettings
+    from lingua_fusion.media import decode_audio
+
+    audio, _ = decode_audio(wav_bytes, LimitSettings())
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+@pytest.fixture(scope="module")
+def talk(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("stream-media") / "talk.wav"
+    p.write_bytes(talk_wav(SENTENCES))
+    return p
+
+
+@pytest.fixture(scope="module")
+def open_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url, proc = start_server(tmp_path_factory.mktemp("noauth"), "--no-auth")
+    yield url
+    stop_server(proc)
+
+
+def _norm(s: str) -> str:
+    return jiwer.RemovePunctuation()(s.lower()).strip()
+
+
+def test_cli_stream_realtime_json(open_server: str, talk: Path) -> None:
+    p = subprocess.run([str(BIN), "stream", str(talk), "--to", "es", "--realtime", "--json", "--url", open_server,
+                        "--slo", "interactive"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    events = [json.loads(line) for line in p.stdout.splitlines()]
+    assert {e["type"] for e in events} <= {"partial", "revision", "final", "metrics", "closed", "slide"}
+    assert events[-1]["type"] == "closed"
+    finals = [e for e in events if e["type"] == "final"]
+    assert [f["seq"] for f in finals] == list(range(1, len(finals) + 1))  # unique, gap-free
+    assert len(finals) == len(SENTENCES)  # one caption per spoken sentence (pauses are 0.6 s)
+    assert finals[0]["start"] < 0.5
+    for a, b in zip(finals, finals[1:], strict=False):
+        assert a["start"] < a["end"] <= b["start"] < b["end"]  # on the stream's timeline, in order
+    spoken = " ".join(f["source_text"] for f in finals)
+    assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(spoken)) <= 0.15, spoken
+    assert "proyecto" in finals[-1]["text"].lower()
+    assert any(e["type"] in ("partial", "revision") for e in events)
+    assert all(f["latency_s"] < 5 for f in finals)  # measured by the client: audio end spoken -> caption received
+    metrics = httpx.get(open_server + "/metrics", timeout=10).text
+    assert 'linguafusion_caption_latency_quantile_seconds{quantile="0.99",slo="interactive"}' in metrics
+    assert "linguafusion_batch_size_count" in metrics and "linguafusion_queue_depth" in metrics
+
+
+async def test_sdk_stream_timeline_reorder_gap_and_two_targets(server: Server, talk: Path) -> None:
+    audio = pcm16(talk.read_bytes())
+    chunk = 16000 * 2 // 4  # 250 ms
+    chunks = [(i / 2 / 16000, audio[i:i + chunk]) for i in range(0, len(audio), chunk)]
+    chunks[3], chunks[4] = chunks[4], chunks[3]  # out of order, inside the reorder window
+    t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
+    events = []
+    async with t.stream(["es", "ca"], slo="standard", partials=False) as s:
+        assert s.ready["type"] == "ready" and s.ready["stream_id"].startswith("st_")
+        for ts, data in chunks:
+            # media clock starts at 100 s; a 1 s gap in the pause after the first sentence (at 3.0 s)
+            await s.send_audio(data, ts=100.0 + ts + (1.0 if ts >= 3.0 else 0.0))
+        await s.end()
+        async for ev in s:
+            events.append(ev)
+    finals = [e for e in events if e.type == "final"]
+    assert len(finals) == len(SENTENCES)
+    assert all(set(f.translations or {}) == {"es", "ca"} for f in finals)
+    assert "proyecto" in (finals[-1].translations or {})["es"].lower()
+    assert "projecte" in (finals[-1].translations or {})["ca"].lower()
+    assert finals[0].start is not None and finals[0].start < 0.5  # time 0 = first sample, not the media clock
+    closed = events[-1]
+    assert closed.type == "closed"
+    stats = closed.model_extra["timeline"]  # type: ignore[index]
+    # gap_seconds counts silence inserted when a chunk skipped ahead: the 1 s gap plus the 0.25 s the swapped chunk
+    # left open until its late twin filled it
+    assert stats["reordered"] >= 1 and 1.2 <= stats["gap_seconds"] <= 1.3 and stats["late_dropped"] == 0
+    assert finals[1].start is not None and finals[1].start >= 3.9  # the gap shifted nothing: it is silence
+
+
+async def test_slides_and_text_in_a_stream(server: Server, talk: Path) -> None:
+    t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
+    events = []
+    async with t.stream(["es"], partials=False) as s:
+        await s.send_image(render_slide(["Quarterly review", "Spring office"]), ts=0.0)
+        await asyncio.sleep(3.0)  # OCR of one slide takes ~0.5-2 s on 2 cores
+        await s.send_audio(pcm16(talk_wav(SENTENCES[:1])), ts=0.0)
+        await s.send_text("The house is very big.")
+        await s.end()
+        async for ev in s:
+            events.append(ev)
+    slide = [e for e in events if e.type == "slide"]
+    assert slide and "quarterly" in (slide[0].source_text or "").lower()
+    finals = [e for e in events if e.type == "final"]
+    assert [f.seq for f in finals] == [1, 2]
+    assert any("Quarterly review" in " ".join(f.model_extra.get("slides", [])) for f in finals)  # type: ignore[union-attr]
+    assert any("casa" in (f.text or "").lower() for f in finals)
+
+
+async def test_stream_errors_and_close_codes(server: Server) -> None:
+    ws_url = server.url.replace("http://", "ws://") + "/v1/streams"
+    async def first(start: dict[str, object], headers: dict[str, str] | None) -> tuple[dict[str, object], int]:
+        async with connect(ws_url, additional_headers=headers) as ws:
+            await ws.send(json.dumps(start))
+            msg = json.loads(await ws.recv())
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            return msg, closed.value.rcvd.code if closed.value.rcvd else -1
+
+    auth = {"Authorization": f"Bearer {server.key()}"}
+    msg, code = await first({"type": "start", "target_langs": ["xx"]}, auth)
+    assert msg["code"] == "unknown_language" and code == 4400
+    msg, code = await first({"type": "start", "source_lang": "en", "target_langs": ["ja"]}, auth)
+    assert msg["code"] == "unsupported_pair" and code == 4422
+    msg, code = await first({"type": "start", "target_langs": ["es"]}, None)
+    assert msg["code"] == "unauthenticated" and code == 4401
+    msg, code = await first({"type": "start", "target_langs": ["es"], "slo": "instant"}, auth)
+    assert msg["code"] == "invalid_parameter" and code == 4400
+    t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
+    with pytest.raises(UnsupportedPair):
+        async with t.stream(["ja"]):
+            pass
+    # a bad message inside a live stream is reported and the stream goes on
+    async with t.stream(["es"], partials=False) as s:
+        await s._ws.send(json.dumps({"type": "audio", "data": "not base64!"}))
+        await s.send_text("The house is very big.")
+        await s.end()
+        got = [ev async for ev in s]
+    assert got[0].type == "error" and got[0].model_extra["code"] == "invalid_parameter"  # type: ignore[index]
+    assert any(e.type == "final" and "casa" in (e.text or "") for e in got)
+
+
+async def test_admission_refuses_beyond_capacity(tmp_path: Path) -> None:
+    url, proc = start_server(tmp_path, "--no-auth", env={"LINGUAFUSION_SERVER__MAX_STREAMS": "1"})
+    try:
+        t = MultimodalTranslator(base_url=url)
+        async with t.stream(["es"], partials=False) as first:
+            with pytest.raises(Overloaded) as exc:
+                async with t.stream(["es"]):
+                    pass
+            assert exc.value.code == "overloaded"
+            await first.send_text("The house is very big.")
+            await first.end()
+            finals = [e async for e in first if e.type == "final"]
+        assert finals and "casa" in (finals[0].text or "")
+        rejected = httpx.get(url + "/metrics", timeout=10).text
+        assert "linguafusion_streams_rejected_total 1.0" in rejected
+    finally:
+        stop_server(proc)
+
+
+async def test_concurrent_streams_batch_across_streams(open_server: str, talk: Path) -> None:
+    audio = pcm16(talk.read_bytes())
+    t = MultimodalTranslator(base_url=open_server)
+
+    async def one() -> list[str]:
+        async with t.stream(["es"], partials=False, slo="batch") as s:
+            await s.send_audio(audio, ts=0.0)
+            await s.end()
+            return [e.source_text or "" async for e in s if e.type == "final"]
+
+    results = await asyncio.gather(*(one() for _ in range(4)))
+    for finals in results:
+        assert len(finals) == len(SENTENCES)
+        assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(" ".join(finals))) <= 0.15
+    metrics = httpx.get(open_server + "/metrics", timeout=10).text
+    count = _metric(metrics, 'linguafusion_batch_size_count{model="asr:tiny.en"}')
+    ones = _metric(metrics, 'linguafusion_batch_size_bucket{le="1.0",model="asr:tiny.en"}')
+    assert count > ones  # some Whisper batches held more than one stream's utterance
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def test_local_stream_without_server(talk: Path) -> None:
+    local = MultimodalTranslator.local()
+    async with local.stream(["es"], partials=False) as s:
+        await s.send_audio(pcm16(talk_wav(SENTENCES[:2])), ts=0.0)
+        await s.end()
+        finals = [e async for e in s if e.type == "final"]
+    assert [f.seq for f in finals] == [1, 2] and "oficina" in (finals[1].text or "").lower()
+    local.close()
+
+
+def _wav_seconds(b: bytes) -> float:
+    with wave.open(io.BytesIO(b)) as w:
+        return w.getnframes() / w.getframerate()
