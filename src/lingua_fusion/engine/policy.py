@@ -91,6 +91,12 @@ class CommitPolicy:
     def _check(self, t: float) -> Decision | None:
         if self.speech_start is None:
             return None
+        if self.speech_s < self.cfg.min_speech_s and t - self.last_speech_end >= self.cfg.eou_silence_s:
+            # a click or breath too short to be a word: forget it instead of holding the utterance open
+            self.speech_start = None
+            self.speech_s = 0.0
+            self.utt_start = max(self.utt_start, t - 0.3)
+            return None
         if self.speech_s >= self.cfg.min_speech_s and t - self.last_speech_end >= self.cfg.eou_silence_s:
             return Decision("commit", self.utt_start, min(t, self.last_speech_end + 0.2))
         if t - self.utt_start >= self.cfg.max_utterance_s:

@@ -10,8 +10,10 @@ Work items from every stream queue per model. ``next_batch(model, now)``:
 
 from __future__ import annotations
 
+import heapq
 import itertools
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +72,64 @@ class CostModel:
     def max_batch_within(self, seconds: float, cap: int) -> int:
         if self.c1 <= 0:
             return cap
-        return max(1, min(cap, int((seconds - self.c0) / self.c1)))
+        return max(1, min(cap, int((seconds - self.c0) / self.c1 + 1e-9)))
+
+
+class ModelQueue:
+    """One model's queued items, in FIFO lanes keyed by (importance, budget, tentative).
+
+    Within a lane, items share importance and budget, so their score order is their arrival order: the best
+    candidates are always at the lane heads, and choosing a batch costs O(lanes x max_batch), not O(queue).
+    """
+
+    def __init__(self) -> None:
+        self.lanes: dict[tuple[float, float, bool], deque[WorkItem]] = {}
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[WorkItem]:
+        for lane in self.lanes.values():
+            yield from lane
+
+    def append(self, item: WorkItem) -> None:
+        key = (item.importance, round(item.deadline - item.enqueued, 3), item.tentative)
+        self.lanes.setdefault(key, deque()).append(item)
+        self._n += 1
+
+    def remove(self, item: WorkItem) -> None:
+        key = (item.importance, round(item.deadline - item.enqueued, 3), item.tentative)
+        self.lanes[key].remove(item)
+        self._n -= 1
+
+    def remove_where(self, pred: Callable[[WorkItem], bool]) -> list[WorkItem]:
+        out: list[WorkItem] = []
+        for key, lane in list(self.lanes.items()):
+            keep = deque(w for w in lane if not pred(w))
+            if len(keep) != len(lane):
+                out += [w for w in lane if pred(w)]
+                self.lanes[key] = keep
+        self._n -= len(out)
+        return out
+
+    def shed_expired(self, ready: float) -> list[WorkItem]:
+        """Tentative items that cannot meet their deadline (lane heads: deadlines are FIFO within a lane)."""
+        out: list[WorkItem] = []
+        for (_imp, _budget, tentative), lane in self.lanes.items():
+            if not tentative:
+                continue
+            while lane and lane[0].deadline < ready:
+                out.append(lane.popleft())
+        self._n -= len(out)
+        return out
+
+    def candidates(self, k: int) -> list[WorkItem]:
+        return [w for lane in self.lanes.values() for w in itertools.islice(lane, k)]
+
+    def take(self, items: list[WorkItem]) -> None:
+        for w in items:
+            self.remove(w)
 
 
 @dataclass
@@ -101,7 +160,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.target_utilisation = target_utilisation
         self.costs: dict[str, CostModel] = costs or {}
-        self.queues: dict[str, list[WorkItem]] = defaultdict(list)
+        self.queues: dict[str, ModelQueue] = defaultdict(ModelQueue)
         self.admitted: dict[str, Demand] = {}
         self.stats = SchedulerStats()
 
@@ -133,16 +192,19 @@ class Scheduler:
     def drop_stream(self, stream_id: str) -> list[WorkItem]:
         dropped = []
         for q in self.queues.values():
-            dropped += [w for w in q if w.stream_id == stream_id]
-            q[:] = [w for w in q if w.stream_id != stream_id]
+            dropped += q.remove_where(lambda w: w.stream_id == stream_id)
         self.admitted.pop(stream_id, None)
         return dropped
 
     # ---- batching -------------------------------------------------------------------------------------------
     def score(self, item: WorkItem, now: float) -> float:
-        budget = max(1e-3, item.deadline - item.enqueued)
-        slack = item.deadline - now - self.cost(item.model).predict(1)
-        risk = min(1.0, max(0.0, 1.0 - slack / budget))
+        return self._score(item, now + self.cost(item.model).predict(1))
+
+    def _score(self, item: WorkItem, ready: float) -> float:
+        """``ready`` = now + predicted single-item latency. risk = 1 - slack / budget, clamped to [0, 1]."""
+        budget = item.deadline - item.enqueued
+        risk = (ready - item.enqueued) / budget if budget > 1e-3 else 1.0
+        risk = 0.0 if risk < 0.0 else 1.0 if risk > 1.0 else risk
         return self.alpha * item.importance + (1 - self.alpha) * risk
 
     def next_batch(self, model: str, now: float) -> tuple[list[WorkItem], list[WorkItem]]:
@@ -151,21 +213,26 @@ class Scheduler:
         if not q:
             return [], []
         cm = self.cost(model)
-        shed = [w for w in q if w.tentative and now + cm.predict(1) > w.deadline]
-        if shed:
-            q[:] = [w for w in q if not (w.tentative and now + cm.predict(1) > w.deadline)]
-            self.stats.shed += len(shed)
+        ready = now + cm.predict(1)
+        shed = q.shed_expired(ready)
+        self.stats.shed += len(shed)
         if not q:
             return [], shed
-        ordered = sorted(q, key=lambda w: (-self.score(w, now), w.deadline, w.seq))
+        top = heapq.nsmallest(self.max_batch, q.candidates(self.max_batch),
+                              key=lambda w: (-self._score(w, ready), w.deadline, w.seq))
         take = 1
-        for b in range(min(self.max_batch, len(ordered)), 1, -1):
-            if now + cm.predict(b) <= min(w.deadline for w in ordered[:b]):
+        tightest = top[0].deadline
+        prefix_min = []
+        for w in top:
+            tightest = min(tightest, w.deadline)
+            prefix_min.append(tightest)
+        c0, c1 = cm.c0, cm.c1
+        for b in range(len(top), 1, -1):
+            if now + c0 + c1 * b <= prefix_min[b - 1]:
                 take = b
                 break
-        batch = ordered[:take]
-        chosen = {w.seq for w in batch}
-        q[:] = [w for w in q if w.seq not in chosen]
+        batch = top[:take]
+        q.take(batch)
         self.stats.batches += 1
         self.stats.batch_sizes[take] += 1
         return batch, shed

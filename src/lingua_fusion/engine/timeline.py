@@ -64,7 +64,10 @@ class AudioTimeline:
         if need > len(self.buf):
             if need > self.max_buffer:
                 # never grow without bound: release the oldest audio (the caller consumes long before this)
-                self.consume(pos + n - self.max_buffer)
+                cut = pos + n - self.max_buffer
+                self.consume(cut)
+                if self.start < min(cut, pos):  # a gap longer than the buffer: release its silence too
+                    self.start = min(cut, pos)
                 need = pos + n - self.start
             grown = np.zeros(need, dtype=np.float32)
             grown[: len(self.buf)] = self.buf
