@@ -141,3 +141,38 @@ def test_gemma_is_labelled_low_confidence(engine: Engine) -> None:
     assert r.low_confidence and r.models["mt"].startswith("gemma")
     assert any("low-confidence" in w for w in r.warnings)
     assert r.text.strip()
+
+
+def test_video_file_translates_its_audio_track(engine: Engine) -> None:
+    import io
+
+    import av
+    import numpy as np
+
+    wav = piper_wav("The house is very big.")
+    src = av.open(io.BytesIO(wav))
+    buf = io.BytesIO()
+    out = av.open(buf, mode="w", format="mp4")
+    vs = out.add_stream("mpeg4", rate=10)
+    vs.width, vs.height, vs.pix_fmt = 64, 48, "yuv420p"
+    aus = out.add_stream("aac", rate=22050)
+    aus.layout = "mono"
+    resampler = av.AudioResampler(format=aus.format.name, layout="mono", rate=22050)
+    for frame in src.decode(audio=0):
+        for f in resampler.resample(frame):
+            for packet in aus.encode(f):
+                out.mux(packet)
+    for packet in aus.encode(None):
+        out.mux(packet)
+    for i in range(20):
+        vf = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 10, dtype=np.uint8), format="rgb24")
+        for packet in vs.encode(vf):
+            out.mux(packet)
+    for packet in vs.encode(None):
+        out.mux(packet)
+    out.close()
+    src.close()
+    r = engine.translate(FileRequest(source_modality="video", data=buf.getvalue(), source_lang="en",
+                                     target_lang="es"))
+    assert "casa" in r.text.lower()
+    assert any("video frames" in w for w in r.warnings)

@@ -215,3 +215,20 @@ async def test_local_stream_without_server(talk: Path) -> None:
 def _wav_seconds(b: bytes) -> float:
     with wave.open(io.BytesIO(b)) as w:
         return w.getnframes() / w.getframerate()
+
+
+@pytest.mark.parametrize("container", ["webm", "ogg"])
+async def test_opus_stream_in_pieces(open_server: str, container: str) -> None:
+    from conftest import encode_audio
+
+    encoded = encode_audio(talk_wav(SENTENCES[:2]), container, "libopus")
+    t = MultimodalTranslator(base_url=open_server)
+    async with t.stream(["es"], partials=False, audio_format=container) as s:
+        for i in range(0, len(encoded), 4000):  # pieces as MediaRecorder would send them
+            await s.send_audio(encoded[i:i + 4000])
+        await s.end()
+        events = [e async for e in s]
+    finals = [e for e in events if e.type == "final"]
+    assert [f.seq for f in finals] == [1, 2]
+    assert "oficina" in (finals[1].text or "").lower()
+    assert any(e.type == "metrics" and e.seq == 1 for e in events)

@@ -145,14 +145,23 @@ def test_batch_never_exceeds_max_batch() -> None:
     assert sizes == [3, 3, 3, 1]
 
 
-def test_batch_of_one_when_nothing_fits() -> None:
-    s = Scheduler(max_batch=8, costs={"asr": CostModel(c0=0.1, c1=0.1)})
+def test_late_committed_work_runs_in_the_largest_batch() -> None:
+    s = Scheduler(max_batch=4, costs={"asr": CostModel(c0=0.1, c1=0.1)})
     for _ in range(5):
-        s.submit(item(deadline=0.15))  # even one item (0.2 s) misses: committed work still runs, one at a time
+        s.submit(item(deadline=0.15))  # even one item (0.2 s) misses: no deadline can be met any more
     batch, shed = s.next_batch("asr", now=0.0)
-    assert len(batch) == 1
+    assert len(batch) == 4  # so throughput decides: catch up as fast as possible (never shed: committed)
     assert shed == []
-    assert s.depth("asr") == 4
+    assert s.depth("asr") == 1
+
+
+def test_late_items_do_not_shrink_a_batch_for_items_that_can_still_make_it() -> None:
+    s = Scheduler(max_batch=8, costs={"asr": CostModel(c0=0.1, c1=0.1)})
+    s.submit(item(deadline=0.15, importance=0.9))  # hopeless already, but committed: it runs first
+    for _ in range(4):
+        s.submit(item(deadline=0.45))  # 1 + 3 fit: 0.1 + 0.1*4 = 0.5 > 0.45, 0.1 + 0.1*3 = 0.4 <= 0.45
+    batch, _ = s.next_batch("asr", now=0.0)
+    assert len(batch) == 3 and batch[0].deadline == 0.15
 
 
 def test_items_from_different_streams_batch_together() -> None:

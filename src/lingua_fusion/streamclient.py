@@ -39,14 +39,14 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str, slo: st
             await s.end()
 
         sender = asyncio.create_task(send())
-        finals = 0
+        finals: list[dict[str, Any]] = []
         try:
             async for ev in s:
                 data = ev.model_dump(exclude_none=True)
                 if ev.type == "final":
-                    finals += 1
                     if realtime and ev.end is not None:
                         data["latency_s"] = round(time.monotonic() - t0 - ev.end, 3)
+                    finals.append(data)
                 if as_json:
                     sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
                     sys.stdout.flush()
@@ -62,4 +62,9 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str, slo: st
                 sender.cancel()
             else:
                 sender.result()
+    if finals:
+        from .eval.latency import summarize
+
+        lat = summarize(finals, len(audio) / 16000)
+        console.print("latency (ms; _ca = computation-aware): " + json.dumps(lat), markup=False, style="dim")
     return 0

@@ -217,6 +217,12 @@ class StreamHub:
             self.metrics.streams_admitted.inc()
             self.metrics.active_streams.set(len(self.scheduler.admitted))
 
+    def keys_for(self, session: Any) -> list[str]:
+        """The model keys a stream uses (for its metrics events)."""
+        spec = session.spec
+        return [self.asr_key(spec.source_lang)] + [f"mt:{spec.source_lang}-{t}" for t in spec.targets
+                                                    if t != spec.source_lang]
+
     def release(self, stream_id: str) -> None:
         for w in self.scheduler.drop_stream(stream_id):
             if not w.payload.future.done():

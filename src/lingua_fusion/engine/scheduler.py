@@ -4,7 +4,7 @@ Work items from every stream queue per model. ``next_batch(model, now)``:
   1. sheds tentative work that can no longer meet its deadline (committed work is never shed),
   2. orders the rest by score = a*importance + (1-a)*risk, where risk grows as the slack to the deadline shrinks,
   3. picks the largest batch whose predicted latency (c0 + c1*b, learned online per model) still meets the tightest
-     deadline among the items it would take.
+     deadline among the items it would take that can still be met (late items do not shrink the batch).
 ``admit(demand)`` answers whether a new stream's load still lets every admitted stream meet its SLO.
 """
 
@@ -220,11 +220,14 @@ class Scheduler:
             return [], shed
         top = heapq.nsmallest(self.max_batch, q.candidates(self.max_batch),
                               key=lambda w: (-self._score(w, ready), w.deadline, w.seq))
+        # Items already past rescue (deadline < now + single-item latency) do not constrain the batch: under
+        # overload, shrinking batches to chase lost deadlines would only cut throughput and make everyone late.
         take = 1
-        tightest = top[0].deadline
+        tightest = float("inf")
         prefix_min = []
         for w in top:
-            tightest = min(tightest, w.deadline)
+            if w.deadline >= ready:
+                tightest = min(tightest, w.deadline)
             prefix_min.append(tightest)
         c0, c1 = cm.c0, cm.c1
         for b in range(len(top), 1, -1):

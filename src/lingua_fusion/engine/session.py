@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import InvalidParameter, LinguaFusionError
 from ..glossary import Term
+from ..media.stream_decoder import StreamDecoder
 from .hub import StreamHub
 from .policy import WINDOW, CommitPolicy, Decision, PolicyConfig
 from .timeline import SR, AudioTimeline
@@ -50,6 +51,7 @@ class StreamSpec:
     glossary: list[Term] = field(default_factory=list)
     min_confidence: float = 0.4
     speech: bool = False
+    audio_format: str = "pcm16"  # or "webm" / "ogg" (Opus, as MediaRecorder sends it)
     stream_id: str = field(default_factory=lambda: "st_" + secrets.token_hex(8))
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
 
@@ -80,6 +82,8 @@ class StreamSession:
         self._emitter: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.error: LinguaFusionError | None = None
+        self._decoder: StreamDecoder | None = None
+        self._pump: asyncio.Task[None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def _to(self, state: State) -> None:
@@ -90,6 +94,9 @@ class StreamSession:
     def start(self) -> dict[str, Any]:
         self._to(State.LIVE)
         self._emitter = asyncio.create_task(self._emit_finals(), name=f"emit:{self.spec.stream_id}")
+        if self.spec.audio_format != "pcm16":
+            self._decoder = StreamDecoder(self.spec.audio_format)
+            self._pump = self._spawn(self._pump_decoded(), "decode-pump")
         return {"type": "ready", "stream_id": self.spec.stream_id, "resume_token": self.spec.resume_token,
                 "slo": self.spec.slo, "source_lang": self.spec.source_lang, "targets": self.spec.targets,
                 "partials": self.spec.partials}
@@ -109,11 +116,28 @@ class StreamSession:
 
     # ---- input -----------------------------------------------------------------------------------------------
     async def feed_audio(self, pcm16: bytes, ts: float | None = None) -> None:
+        """PCM16 LE mono 16 kHz bytes, or a piece of the WebM/Ogg stream when the stream declared one."""
         if self.state != State.LIVE:
             raise InvalidParameter("the stream is not live")
+        if self._decoder is not None:
+            await asyncio.to_thread(self._decoder.feed, pcm16)
+            return
         if len(pcm16) % 2:
             raise InvalidParameter("PCM16 audio must have an even number of bytes")
-        samples = np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0
+        await self._ingest(np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0, ts)
+
+    async def _pump_decoded(self) -> None:
+        assert self._decoder is not None
+        while True:
+            item = await asyncio.to_thread(self._decoder.out.get, True, 120)
+            if item is None:
+                return
+            if isinstance(item, LinguaFusionError):
+                await self._emit({"type": "error", "code": item.code, "message": item.message})
+                continue
+            await self._ingest(item, None)
+
+    async def _ingest(self, samples: np.ndarray, ts: float | None) -> None:
         if not self.timeline.write(samples, ts):
             return
         self._arrivals.append((self.timeline.end_s, time.monotonic()))
@@ -169,6 +193,10 @@ class StreamSession:
         if self.state != State.LIVE:
             return
         self._to(State.DRAINING)
+        if self._decoder is not None and self._pump is not None:
+            self._decoder.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._pump), timeout=60)
         flush = self.policy.flush(self.timeline.end_s)
         self._decide(flush)
         if flush.kind == "commit":
@@ -181,6 +209,8 @@ class StreamSession:
         self.state = State.CLOSED
         for task in list(self._tasks):
             task.cancel()
+        if self._decoder is not None:
+            self._decoder.close()
         if self._emitter is not None and self._emitter is not asyncio.current_task():
             self._emitter.cancel()
         self.hub.release(self.spec.stream_id)
@@ -285,6 +315,8 @@ class StreamSession:
                 if self.hub.metrics is not None:
                     self.hub.metrics.caption(self.spec.slo, latency)
                 await self._emit(event)
+                await self._emit({"type": "metrics", "seq": self.seq, "latency_ms": event["latency_ms"],
+                                  "queue_depth": {k: self.hub.scheduler.depth(k) for k in self.hub.keys_for(self)}})
                 if self.spec.speech and event["text"]:
                     await self._speech(event)
             await self._emit({"type": "closed", "reason": "end of stream", "finals": self.seq,

@@ -60,6 +60,10 @@ def decode_audio(data: bytes, limits: LimitSettings, *, what: str = "audio") -> 
             raise NoContent(f"{what} has no audio track" + (" (video-only input needs the vision path)"
                                                             if has_video else ""))
         stream = container.streams.audio[0]
+        if has_video:
+            # a container's duration is its longest track: judge truncation by the audio track's own duration
+            declared = (float(stream.duration * stream.time_base)
+                        if stream.duration is not None and stream.time_base is not None else None)
         codec = stream.codec_context.name if stream.codec_context else "unknown"
         resampler = av.AudioResampler(format="flt", layout="mono", rate=SR)
         chunks: list[np.ndarray] = []

@@ -82,11 +82,11 @@ class MultimodalTranslator:
 
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
-               speech: bool = False, min_confidence: float = 0.4) -> RemoteStream:
+               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16") -> RemoteStream:
         """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``."""
         return RemoteStream(ws_url(self.base_url), self.api_key,
                             start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
-                                          min_confidence))
+                                          min_confidence, audio_format))
 
     def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         return str(self._call("POST", "/v1/glossaries", **_glossary_form(terms, name))["glossary_id"])
@@ -131,10 +131,10 @@ class AsyncMultimodalTranslator:
 
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
-               speech: bool = False, min_confidence: float = 0.4) -> RemoteStream:
+               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16") -> RemoteStream:
         return RemoteStream(ws_url(self.base_url), self.api_key,
                             start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
-                                          min_confidence))
+                                          min_confidence, audio_format))
 
     async def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         return str((await self._call("POST", "/v1/glossaries", **_glossary_form(terms, name)))["glossary_id"])

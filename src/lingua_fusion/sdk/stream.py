@@ -29,10 +29,11 @@ class StreamEvent(BaseModel):
 
 
 def start_message(target_langs: list[str], source_lang: str, slo: str, partials: bool, importance: float,
-                  glossary_id: str | None, speech: bool, min_confidence: float) -> dict[str, Any]:
+                  glossary_id: str | None, speech: bool, min_confidence: float,
+                  audio_format: str = "pcm16") -> dict[str, Any]:
     msg: dict[str, Any] = {"type": "start", "source_lang": source_lang, "target_langs": target_langs, "slo": slo,
                            "partials": partials, "importance": importance, "speech": speech,
-                           "min_confidence": min_confidence}
+                           "min_confidence": min_confidence, "audio_format": audio_format}
     if glossary_id:
         msg["glossary_id"] = glossary_id
     return msg

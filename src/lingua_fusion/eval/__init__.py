@@ -1,0 +1,1 @@
+"""Quality and latency evaluation."""
