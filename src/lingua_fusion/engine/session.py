@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import enum
+import re
 import secrets
 import time
 from collections import deque
@@ -95,8 +96,14 @@ class StreamSession:
         self._to(State.LIVE)
         self._emitter = asyncio.create_task(self._emit_finals(), name=f"emit:{self.spec.stream_id}")
         if self.spec.audio_format != "pcm16":
-            self._decoder = StreamDecoder(self.spec.audio_format)
-            self._pump = self._spawn(self._pump_decoded(), "decode-pump")
+            loop = asyncio.get_running_loop()
+            decoded: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+
+            def sink(item: Any) -> None:  # on the decoder thread: blocks while the stream is behind
+                asyncio.run_coroutine_threadsafe(decoded.put(item), loop).result(timeout=120)
+
+            self._decoder = StreamDecoder(self.spec.audio_format, sink)
+            self._pump = self._spawn(self._pump_decoded(decoded), "decode-pump")
         return {"type": "ready", "stream_id": self.spec.stream_id, "resume_token": self.spec.resume_token,
                 "slo": self.spec.slo, "source_lang": self.spec.source_lang, "targets": self.spec.targets,
                 "partials": self.spec.partials}
@@ -126,10 +133,9 @@ class StreamSession:
             raise InvalidParameter("PCM16 audio must have an even number of bytes")
         await self._ingest(np.frombuffer(pcm16, dtype="<i2").astype(np.float32) / 32768.0, ts)
 
-    async def _pump_decoded(self) -> None:
-        assert self._decoder is not None
+    async def _pump_decoded(self, decoded: asyncio.Queue[Any]) -> None:
         while True:
-            item = await asyncio.to_thread(self._decoder.out.get, True, 120)
+            item = await decoded.get()
             if item is None:
                 return
             if isinstance(item, LinguaFusionError):
@@ -217,6 +223,19 @@ class StreamSession:
         self.closed.set()
 
     # ---- jobs --------------------------------------------------------------------------------------------------
+    def _slide_terms(self, text: str) -> list[Term]:
+        """Names on recent slides (acronyms, capitalised words inside a line) that this utterance says: MT keeps
+        them as written instead of translating or re-spelling them (Apertium turns "Acme" into "Acmé")."""
+        names: set[str] = set()
+        for _t, slide in self.slides[-5:]:
+            for line in slide.split("  ") if "  " in slide else [slide]:
+                words = re.findall(r"[A-Za-z][A-Za-z0-9]+", line)
+                for i, w in enumerate(words):
+                    if (w.isupper() and len(w) > 1) or any(c.isdigit() for c in w) or (i > 0 and w[0].isupper()):
+                        names.add(w)
+        own = {t.source.lower() for t in self.spec.glossary}
+        return [Term(n, n) for n in sorted(names) if n.lower() not in own and re.search(rf"\b{re.escape(n)}\b", text)]
+
     def _prompt(self) -> str | None:
         """Words on the current slide, as ASR context (hot words)."""
         return self.slides[-1][1][:200] if self.slides else None
@@ -262,10 +281,13 @@ class StreamSession:
         src = self.spec.source_lang
         t0 = time.monotonic()
 
+        slide_terms = self._slide_terms(text)
+        terms = self.spec.glossary + slide_terms
+
         async def one(target: str) -> str:
             if target == src:
                 return text
-            out = await self.hub.call(f"mt:{src}-{target}", (text, self.spec.glossary),
+            out = await self.hub.call(f"mt:{src}-{target}", (text, terms),
                                       stream_id=self.spec.stream_id, slo=self.spec.slo, stage="mt",
                                       importance=self.spec.importance, tentative=False, start=wall_ref)
             return str(out or "")
@@ -275,7 +297,7 @@ class StreamSession:
         slides = [s for t, s in self.slides if start - 0.5 <= t <= end] or ([self.slides[-1][1]] if self.slides else [])
         return {"type": "final", "start": round(start, 3), "end": round(end, 3), "source_text": text,
                 "text": translations[self.spec.targets[0]], "translations": translations,
-                "confidence": confidence, "slides": slides,
+                "confidence": confidence, "slides": slides, "slide_terms": [t.source for t in slide_terms],
                 "latency_ms": {"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
                 "_wall_ref": wall_ref}
 

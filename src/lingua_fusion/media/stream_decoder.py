@@ -1,18 +1,20 @@
 """Incremental decoding of a compressed live stream (WebM/Opus, Ogg/Opus as browsers' MediaRecorder sends it).
 
 The container arrives in pieces (only the first holds the headers), so one decoder thread per stream reads from a
-bounded pipe: ``feed`` appends bytes, ``close`` ends the input, and decoded 16 kHz mono float32 blocks come out of
-``out`` (a bounded queue). PyAV is used here and nowhere else outside ``media``.
+bounded pipe: ``feed`` appends bytes, ``close`` ends the input, and each decoded 16 kHz mono float32 block (then an
+error, if any, then ``None``) is handed to ``sink``, called on the decoder thread; a sink that blocks when its
+consumer is behind gives back-pressure all the way to the client.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import CorruptMedia, InvalidParameter
+from ..errors import CorruptMedia, InvalidParameter, Overloaded
 
 SR = 16000
 FORMATS = {"webm", "ogg"}
@@ -48,18 +50,22 @@ class _Pipe:
 
 
 class StreamDecoder:
-    def __init__(self, fmt: str, *, max_seconds: float = 4 * 3600.0) -> None:
+    def __init__(self, fmt: str, sink: Callable[[np.ndarray | CorruptMedia | None], None], *,
+                 max_seconds: float = 4 * 3600.0) -> None:
         if fmt not in FORMATS:
             raise InvalidParameter(f"audio_format must be pcm16 or one of {sorted(FORMATS)}")
         self.fmt = fmt
         self._pipe = _Pipe()
-        self.out: queue.Queue[np.ndarray | Exception | None] = queue.Queue(maxsize=512)
+        self._sink = sink
         self._max_samples = int(max_seconds * SR)
         self._thread = threading.Thread(target=self._run, name=f"decode-{fmt}", daemon=True)
         self._thread.start()
 
     def feed(self, data: bytes) -> None:
-        self._pipe.put(data)
+        try:
+            self._pipe.put(data)
+        except queue.Full as exc:
+            raise Overloaded("audio arrives faster than the stream can decode it", retry_after=1.0) from exc
 
     def close(self) -> None:
         try:
@@ -82,9 +88,13 @@ class StreamDecoder:
                         total += arr.size
                         if total > self._max_samples:
                             raise CorruptMedia("stream longer than the duration limit")
-                        self.out.put(arr, timeout=60)
+                        self._sink(arr)
         except (av.error.FFmpegError, ValueError, OSError, CorruptMedia) as exc:
             err = exc if isinstance(exc, CorruptMedia) else CorruptMedia(f"cannot decode the {self.fmt} stream: {exc}")
-            self.out.put(err, timeout=60)
-        finally:
-            self.out.put(None, timeout=60)
+            self._sink(err)
+        except Exception:  # the sink gave up (consumer gone): end quietly, the stream is closing
+            return
+        try:
+            self._sink(None)
+        except Exception:
+            return
