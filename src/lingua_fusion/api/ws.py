@@ -47,12 +47,17 @@ def parse_start(msg: dict[str, Any], hub: StreamHub, glossary: Any) -> StreamSpe
         raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]") from exc
     if not (0.0 <= importance <= 1.0 and 0.0 <= min_conf <= 1.0):
         raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]")
+    offsets = msg.get("clock_offsets") or {}
+    if not isinstance(offsets, dict) or any(k not in ("image", "text") or not isinstance(v, int | float)
+                                            or abs(v) > 60 for k, v in offsets.items()):
+        raise InvalidParameter("clock_offsets maps 'image' / 'text' to seconds (|offset| <= 60)")
     audio_format = str(msg.get("audio_format", "pcm16")).lower()
     if audio_format not in {"pcm16", "webm", "ogg"}:
         raise InvalidParameter("audio_format must be pcm16, webm or ogg (Opus)")
     return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
                       partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
-                      speech=bool(msg.get("speech", False)), audio_format=audio_format)
+                      speech=bool(msg.get("speech", False)), audio_format=audio_format,
+                      clock_offsets={k: float(v) for k, v in offsets.items()})
 
 
 def install(app: FastAPI, hub: StreamHub, authenticate: Any, glossary_for: Any) -> None:

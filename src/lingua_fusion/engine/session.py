@@ -53,6 +53,8 @@ class StreamSpec:
     min_confidence: float = 0.4
     speech: bool = False
     audio_format: str = "pcm16"  # or "webm" / "ogg" (Opus, as MediaRecorder sends it)
+    # seconds added to a modality's media timestamps to bring it onto the audio clock (camera / slide skew)
+    clock_offsets: dict[str, float] = field(default_factory=dict)
     stream_id: str = field(default_factory=lambda: "st_" + secrets.token_hex(8))
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
 
@@ -181,17 +183,23 @@ class StreamSession:
             self.error = SlowConsumer("too many captions pending; the stream was closed")
             self._spawn(self.abort(), "abort")
 
+    def _place(self, modality: str, ts: float | None) -> float:
+        """Stream time of a non-audio item: its media timestamp, corrected for that modality's clock skew."""
+        if ts is None or self.timeline.origin is None:
+            return self.timeline.end_s
+        return max(0.0, ts + self.spec.clock_offsets.get(modality, 0.0) - self.timeline.origin)
+
     async def feed_text(self, text: str, ts: float | None = None) -> None:
         if self.state != State.LIVE:
             raise InvalidParameter("the stream is not live")
-        t = self.timeline.end_s if ts is None or self.timeline.origin is None else ts - self.timeline.origin
+        t = self._place("text", ts)
         self._queue_job(self._translate_job(text.strip(), t, t, confidence=1.0, wall_ref=time.monotonic()))
 
     async def feed_image(self, data: bytes, ts: float | None = None) -> None:
         from ..media import decode_image
 
         image = decode_image(data, self.hub.settings.limits)
-        t = self.timeline.end_s if ts is None or self.timeline.origin is None else ts - self.timeline.origin
+        t = self._place("image", ts)
         self._spawn(self._ocr_job(image, t), "ocr")
 
     async def end(self) -> None:

@@ -1,0 +1,86 @@
+"""StreamSession with a stand-in hub (no models): ordering, slow consumers, clock offsets, state machine."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from lingua_fusion.config import Settings
+from lingua_fusion.engine.scheduler import Scheduler
+from lingua_fusion.engine.session import SlowConsumer, State, StreamSession, StreamSpec
+
+
+class FakeHub:
+    """Translates by upper-casing; MT of text containing 'slow' takes longer, to test ordering."""
+
+    def __init__(self) -> None:
+        self.settings = Settings()
+        self.metrics = None
+        self.scheduler = Scheduler()
+        self.released: list[str] = []
+
+    async def call(self, key: str, arg: Any, **kw: Any) -> Any:
+        text, _terms = arg
+        await asyncio.sleep(0.2 if "slow" in text else 0.0)
+        return text.upper()
+
+    def keys_for(self, session: Any) -> list[str]:
+        return []
+
+    def release(self, stream_id: str) -> None:
+        self.released.append(stream_id)
+
+
+async def drain(s: StreamSession) -> list[dict[str, Any]]:
+    out = []
+    while True:
+        ev = await asyncio.wait_for(s.events.get(), timeout=5)
+        out.append(ev)
+        if ev["type"] == "closed":
+            return out
+
+
+async def test_finals_keep_input_order_even_when_later_work_finishes_first() -> None:
+    hub = FakeHub()
+    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    s.start()
+    await s.feed_text("a slow one")
+    await s.feed_text("a quick one")
+    await s.end()
+    finals = [e for e in await drain(s) if e["type"] == "final"]
+    assert [(f["seq"], f["text"]) for f in finals] == [(1, "A SLOW ONE"), (2, "A QUICK ONE")]
+    assert s.state == State.CLOSED and hub.released == [s.spec.stream_id]
+
+
+async def test_a_client_that_stops_reading_is_closed_not_buffered() -> None:
+    hub = FakeHub()
+    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]), max_events=3)  # type: ignore[arg-type]
+    s.start()
+    for i in range(6):
+        await s.feed_text(f"line {i}")
+    await asyncio.wait_for(s.closed.wait(), timeout=5)
+    assert isinstance(s.error, SlowConsumer) and s.error.code == "slow_consumer"
+    assert s.events.qsize() <= 3  # the queue never grew past its bound
+    with pytest.raises(Exception, match="not live"):
+        await s.feed_text("after close")
+
+
+async def test_clock_offsets_place_text_on_the_audio_clock() -> None:
+    hub = FakeHub()
+    spec = StreamSpec(source_lang="en", targets=["es"], clock_offsets={"text": -0.5})
+    s = StreamSession(hub, spec)  # type: ignore[arg-type]
+    s.start()
+    s.timeline.write(__import__("numpy").zeros(16000 * 2, dtype="float32"), 10.0)  # audio clock: 10.0 -> t=0
+    await s.feed_text("hello", ts=11.5)
+    await s.end()
+    final = next(e for e in await drain(s) if e["type"] == "final")
+    assert final["start"] == pytest.approx(1.0)  # 11.5 - 0.5 (skew) - 10.0 (origin)
+
+
+def test_illegal_state_transition_raises() -> None:
+    s = StreamSession(FakeHub(), StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    s.state = State.CLOSED
+    with pytest.raises(RuntimeError, match="illegal transition"):
+        s._to(State.LIVE)
