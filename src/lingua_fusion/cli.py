@@ -19,6 +19,9 @@ app = typer.Typer(help="LinguaFusion: real-time multimodal translation server, S
                   add_completion=False)
 keys_app = typer.Typer(help="Manage API keys in the server's state directory.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+bench_app = typer.Typer(help="Benchmarks: file latency, live load against a server, comparison of reports.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 err = Console(stderr=True)
 
 URL_OPT = typer.Option(None, "--url", envvar="LINGUAFUSION_URL", help="Server URL; without it, run in-process.")
@@ -222,14 +225,14 @@ def keys_revoke(key_id: str, state_dir: Path | None = STATE_OPT) -> None:
     err.print(f"revoked {key_id}")
 
 
-@app.command()
-def bench(
+@bench_app.command("file")
+def bench_file(
     file: Path = typer.Argument(..., help="Input file to translate repeatedly."),
     to: str = typer.Option("es", "--to"), source_lang: str | None = typer.Option(None, "--from"),
     target_modality: str = typer.Option("text", "--target-modality"),
     repeat: int = typer.Option(3, "--repeat"), json_out: Path | None = typer.Option(None, "--json"),
 ) -> None:
-    """File latency benchmark in-process: cold (first) vs warm requests, per stage, real-time factor."""
+    """File latency in-process: cold (first) vs warm requests, per stage, real-time factor."""
     from .benchfile import run_file_bench
 
     try:
@@ -238,11 +241,99 @@ def bench(
     except LinguaFusionError as exc:
         _fail(exc)
         return
+    _emit_json(report, json_out)
+
+
+def _emit_json(report: dict[str, Any], json_out: Path | None) -> None:
     text = json.dumps(report, indent=2, ensure_ascii=False)
     sys.stdout.write(text + "\n")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(text)
+
+
+@bench_app.command("load")
+def bench_load(
+    url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
+    streams: str = typer.Option("1,2,4", "--streams", help="Comma list of concurrent stream counts."),
+    mix: Path | None = typer.Option(None, "--mix", help="YAML mix of stream kinds (docs/loadgen.md)."),
+    duration: float = typer.Option(30.0, "--duration", help="Seconds of audio each stream plays."),
+    knee: bool = typer.Option(False, "--knee", help="Binary-search the largest load that meets the SLO."),
+    baseline: bool = typer.Option(False, "--baseline", help="Also run the per-stream baseline, report the ratio."),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: Path | None = typer.Option(None, "--json"), html_out: Path | None = typer.Option(None, "--html"),
+) -> None:
+    """Drive a live server with N concurrent streams paced at real time; SLO report per class."""
+    from .loadgen.mix import load_mix
+    from .loadgen.sweep import run_bench_load
+
+    if not url:
+        err.print("error: bench load needs --url (or LINGUAFUSION_URL)", markup=False)
+        raise typer.Exit(2)
+    try:
+        counts = [int(x) for x in streams.split(",") if x.strip()]
+        if not counts or min(counts) < 1:
+            raise ValueError
+    except ValueError:
+        err.print("error: --streams must be a comma list of positive integers", markup=False)
+        raise typer.Exit(2) from None
+    try:
+        report = run_bench_load(url, api_key, load_mix(mix), mix, counts, duration, seed=seed, baseline=baseline,
+                                knee=knee, console=err)
+    except LinguaFusionError as exc:
+        _fail(exc)
+        return
+    if html_out is not None:
+        from .loadgen.html import write_load_html
+
+        write_load_html(report, html_out)
+    _emit_json({k: v for k, v in report.items()}, json_out)
+
+
+@bench_app.command("compare")
+def bench_compare(a: Path = typer.Argument(...), b: Path = typer.Argument(...),
+                  tolerance: float = typer.Option(0.10, "--tolerance"),
+                  json_out: Path | None = typer.Option(None, "--json")) -> None:
+    """Difference between two reports (bench or eval JSON); exit 1 when B regresses past the tolerance."""
+    from .loadgen.sweep import compare
+
+    try:
+        res = compare(json.loads(a.read_text()), json.loads(b.read_text()), tolerance)
+    except (OSError, ValueError) as exc:
+        err.print(f"error: cannot read the reports: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    for row in res["rows"]:
+        if row["change"]:
+            flag = "  REGRESSION" if row in res["regressions"] else ""
+            sys.stdout.write(f"{row['metric']}: {row['a']:g} -> {row['b']:g} ({row['change']:+.1%}){flag}\n")
+    sys.stdout.write(f"{len(res['regressions'])} regression(s) over {res['compared']} shared metrics\n")
+    if json_out:
+        json_out.write_text(json.dumps(res, indent=2))
+    raise typer.Exit(1 if res["regressions"] else 0)
+
+
+@app.command("eval")
+def eval_cmd(
+    set_dir: str = typer.Option("builtin", "--set", help="Test set folder (see docs/eval.md) or 'builtin'."),
+    pair: str = typer.Option("en-es", "--pair", help="source-target, e.g. en-es"),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report here."),
+    html_out: Path | None = typer.Option(None, "--html", help="Write an HTML report (plots beside it)."),
+    degrade: str = typer.Option("", "--degrade", help="Comma list of studies: noise,dropout,blur,offset"),
+    a: float = typer.Option(0.6, "--a", help="Weight of WER in the joint score BLEU - a*WER*100."),
+    seed: int = typer.Option(0, "--seed"),
+    make_set: Path | None = typer.Option(None, "--make-set", help="Only write the built-in set into this folder."),
+    url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
+) -> None:
+    """Quality (BLEU, chrF, WER/CER) and latency per path on a test set; optional degradation study."""
+    from .eval.cli import run_eval
+
+    try:
+        report = run_eval(set_dir=set_dir, pair=pair, html_out=html_out, degrade=degrade, a=a, seed=seed,
+                          make_set=make_set, url=url, api_key=api_key, console=err)
+    except LinguaFusionError as exc:
+        _fail(exc)
+        return
+    _emit_json(report, json_out)
 
 
 def main() -> None:

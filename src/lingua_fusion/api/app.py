@@ -83,6 +83,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     metrics = Metrics()
     engine.observer = metrics
     hub = StreamHub(engine.registry, settings, metrics)
+    baseline_hub = StreamHub(engine.registry, settings, None)  # the per-stream design, for benchmarks only
+    baseline_hub.mode = "per-stream"
+    baseline_hub.admission = False
     ready = threading.Event()
 
     def _warm() -> None:
@@ -108,6 +111,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(warm_task, timeout=120)
             await hub.close()
+            await baseline_hub.close()
             engine.close()
             store.close()
 
@@ -278,6 +282,6 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     def ws_glossary(key: ApiKey, gid: str) -> list[glossary_mod.Term]:
         return store.get_glossary(key.key_id, str(gid))[1]
 
-    ws_routes.install(app, hub, ws_auth, ws_glossary)
+    ws_routes.install(app, {"batched": hub, "per-stream": baseline_hub}, ws_auth, ws_glossary)
     app.state.started = time.time()
     return app

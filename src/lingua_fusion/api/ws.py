@@ -19,7 +19,7 @@ from .. import langs
 from ..engine.hub import StreamHub
 from ..engine.scheduler import SLO_CLASSES
 from ..engine.session import POLICIES, StreamSession, StreamSpec
-from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge
+from ..errors import ClientError, InvalidParameter, PermissionDenied, LinguaFusionError, Overloaded, TooLarge
 
 
 def close_code(err: LinguaFusionError) -> int:
@@ -60,8 +60,10 @@ def parse_start(msg: dict[str, Any], hub: StreamHub, glossary: Any) -> StreamSpe
                       clock_offsets={k: float(v) for k, v in offsets.items()})
 
 
-def install(app: FastAPI, hub: StreamHub, authenticate: Any, glossary_for: Any) -> None:
-    settings = hub.settings
+def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossary_for: Any) -> None:
+    """``hubs``: "batched" serves every stream; "per-stream" (the benchmark baseline) serves streams whose start
+    message asks for ``"engine": "per-stream"``, for admin keys only."""
+    settings = hubs["batched"].settings
     per_key: dict[str, int] = {}
 
     @app.websocket("/v1/streams")
@@ -83,6 +85,12 @@ def install(app: FastAPI, hub: StreamHub, authenticate: Any, glossary_for: Any) 
                 raise InvalidParameter("the start message must be JSON") from exc
             if not isinstance(msg, dict):
                 raise InvalidParameter("the start message must be a JSON object")
+            engine = str(msg.get("engine", "batched"))
+            if engine not in hubs:
+                raise InvalidParameter(f"engine must be one of {sorted(hubs)}")
+            if engine != "batched" and "admin" not in key.scopes:
+                raise PermissionDenied("the per-stream baseline engine is for benchmarks: it needs an admin key")
+            hub = hubs[engine]
             terms = glossary_for(key, msg.get("glossary_id")) if msg.get("glossary_id") else []
             spec = parse_start(msg, hub, terms)
             if per_key.get(key_id, 0) >= settings.server.max_streams_per_key:

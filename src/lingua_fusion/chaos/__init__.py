@@ -1,0 +1,1 @@
+"""Fault and degradation injection (shared by the evaluation's degradation study and chaos experiments)."""

@@ -1,0 +1,234 @@
+"""Drive a live server with N concurrent streams, paced at real time, and report against the SLOs.
+
+Every stream measures caption latency itself: (wall time the final arrived - stream start) - final.end, i.e. how
+long after its audio was spoken (sent) the caption came back. A stream meets its SLO when it was admitted and its
+captions' p99 is within the class target (interactive 1 s, standard 3 s, batch 30 s); goodput counts those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from ..engine.scheduler import SLO_CLASSES
+from ..eval.latency import summarize
+from .mix import Material, Mix, StreamKind, material, slide_png
+
+WINDOW_S = 10.0
+
+
+@dataclass
+class StreamResult:
+    kind: StreamKind
+    admitted: bool = False
+    rejected_code: str | None = None
+    error: str | None = None
+    finals: list[dict[str, Any]] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    start_wall: float = 0.0
+    sent_s: float = 0.0
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Material, duration: float, offset: int,
+                     baseline: bool) -> StreamResult:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, WebSocketException
+
+    res = StreamResult(kind)
+    start = {"type": "start", "source_lang": kind.source_lang, "target_langs": kind.targets, "slo": kind.slo,
+             "importance": kind.importance, "partials": kind.partials}
+    if baseline:
+        start["engine"] = "per-stream"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    ws_url = url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/v1/streams"
+    try:
+        async with connect(ws_url, additional_headers=headers, open_timeout=30, max_size=1 << 24) as ws:
+            await ws.send(json.dumps(start))
+            first = json.loads(await asyncio.wait_for(ws.recv(), timeout=30))
+            if first.get("type") != "ready":
+                res.rejected_code = first.get("code", "error")
+                return res
+            res.admitted = True
+            res.start_wall = time.monotonic()
+
+            async def send() -> None:
+                chunk = 16000 * 2 // 4  # 250 ms
+                steps = int(duration * 4)
+                t0 = res.start_wall
+                next_text = 0
+                for k in range(steps):
+                    delay = t0 + k * 0.25 - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    ts = k * 0.25
+                    if kind.source == "text":
+                        if k % 12 == 0:  # one sentence every 3 s
+                            sentence = mat.sentences[(offset + next_text) % len(mat.sentences)]
+                            await ws.send(json.dumps({"type": "text", "ts": ts, "text": sentence}))
+                            next_text += 1
+                        continue
+                    a = (offset * chunk + k * chunk) % max(chunk, len(mat.pcm) - chunk)
+                    a -= a % 2
+                    await ws.send(json.dumps({"type": "audio", "ts": ts, "data": _b64(mat.pcm[a:a + chunk])}))
+                    if kind.slides and k % 40 == 0:
+                        sentence = mat.sentences[(offset + k // 40) % len(mat.sentences)]
+                        await ws.send(json.dumps({"type": "image", "ts": ts, "data": _b64(slide_png(sentence))}))
+                res.sent_s = steps * 0.25
+                await ws.send(json.dumps({"type": "end"}))
+
+            sender = asyncio.create_task(send())
+            try:
+                while True:
+                    raw = await asyncio.wait_for(ws.recv(), timeout=duration + 120)
+                    ev = json.loads(raw)
+                    if ev["type"] == "final":
+                        lat = time.monotonic() - res.start_wall - float(ev["end"])
+                        ev["latency_s"] = round(lat, 3)
+                        res.finals.append(ev)
+                        res.latencies.append(lat)
+                    elif ev["type"] == "error" and not res.error:
+                        res.error = ev.get("code")
+                    elif ev["type"] == "closed":
+                        break
+            finally:
+                if not sender.done():
+                    sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+    except (ConnectionClosed, WebSocketException, OSError, TimeoutError) as exc:
+        if not res.admitted:
+            res.rejected_code = res.rejected_code or type(exc).__name__
+        else:
+            res.error = res.error or type(exc).__name__
+    return res
+
+
+def _b64(b: bytes) -> str:
+    import base64
+
+    return base64.b64encode(b).decode("ascii")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A few counters from the server's /metrics (summed over labels)."""
+    want = ("process_resident_memory_bytes", "process_cpu_seconds_total", "linguafusion_shed_total",
+            "linguafusion_streams_rejected_total", "linguafusion_streams_admitted_total",
+            "linguafusion_caption_latency_seconds_count", "linguafusion_batch_size_sum",
+            "linguafusion_batch_size_count")
+    out = dict.fromkeys(want, 0.0)
+    try:
+        text = httpx.get(url.rstrip("/") + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def run_load(url: str, api_key: str | None, mix: Mix, n: int, duration: float, *, seed: int = 0,
+                   baseline: bool = False) -> dict[str, Any]:
+    kinds = mix.assign(n, seed)
+    mats: dict[str, Material] = {}
+    for k in kinds:
+        if k.source not in mats:
+            mats[k.source] = await asyncio.to_thread(material, k.source)
+    r = np.random.default_rng(seed)
+    if mix.arrival == "burst":
+        starts = [0.0] * n
+    elif mix.arrival == "ramp":
+        starts = [mix.ramp_s * i / max(1, n) for i in range(n)]
+    else:  # Poisson arrivals at rate n / ramp_s
+        starts = list(np.cumsum(r.exponential(mix.ramp_s / max(1, n), n)))
+    before = scrape(url)
+    t0 = time.monotonic()
+
+    async def launch(i: int) -> StreamResult:
+        await asyncio.sleep(starts[i])
+        return await one_stream(url, api_key, kinds[i], mats[kinds[i].source], duration, offset=i * 37,
+                                baseline=baseline)
+
+    results = await asyncio.gather(*(launch(i) for i in range(n)))
+    wall = time.monotonic() - t0
+    after = scrape(url)
+    return summarize_run(results, n, duration, wall, before, after, mats)
+
+
+def summarize_run(results: list[StreamResult], n: int, duration: float, wall: float, before: dict[str, float],
+                  after: dict[str, float], mats: dict[str, Material]) -> dict[str, Any]:
+    per_class: dict[str, Any] = {}
+    for slo in sorted({r.kind.slo for r in results}):
+        rs = [r for r in results if r.kind.slo == slo]
+        lat = [x for r in rs for x in r.latencies]
+        target = SLO_CLASSES[slo]
+        good = [r for r in rs if r.admitted and r.latencies and pct(r.latencies, 99) <= target  # type: ignore[operator]
+                and not r.error]
+        simul = [summarize(r.finals, r.sent_s) for r in rs if r.finals and r.sent_s]
+        windows = _windows(rs)
+        per_class[slo] = {
+            "target_p99_s": target, "streams": len(rs), "admitted": sum(r.admitted for r in rs),
+            "rejected": sum(r.rejected_code is not None for r in rs),
+            "rejected_codes": sorted({r.rejected_code for r in rs if r.rejected_code}),
+            "errors": sum(r.error is not None for r in rs), "goodput_streams": len(good),
+            "finals": len(lat), "caption_latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
+                                                      "p999": pct(lat, 99.9)},
+            "AL_ms": _mean([s["AL_ca"] for s in simul]), "LAAL_ms": _mean([s["LAAL_ca"] for s in simul]),
+            "EndOffset_ms": _mean([s["EndOffset_ca"] for s in simul]),
+            "windows_p99_s": windows, "stable": _stable(windows),
+            "meets_slo": bool(lat) and len(good) == len(rs),
+        }
+    cpu = after["process_cpu_seconds_total"] - before["process_cpu_seconds_total"]
+    batches = after["linguafusion_batch_size_count"] - before["linguafusion_batch_size_count"]
+    return {
+        "streams": n, "duration_s": duration, "wall_s": round(wall, 1),
+        "goodput_streams": sum(c["goodput_streams"] for c in per_class.values()),
+        "meets_slo": all(c["meets_slo"] for c in per_class.values()),
+        "classes": per_class,
+        "server": {"rss_mib": round(after["process_resident_memory_bytes"] / 2**20, 1),
+                   "cpu_cores_used": round(cpu / wall, 2) if wall else None,
+                   "shed": after["linguafusion_shed_total"] - before["linguafusion_shed_total"],
+                   "rejected": after["linguafusion_streams_rejected_total"]
+                   - before["linguafusion_streams_rejected_total"],
+                   "captions": after["linguafusion_caption_latency_seconds_count"]
+                   - before["linguafusion_caption_latency_seconds_count"],
+                   "mean_batch": round((after["linguafusion_batch_size_sum"] - before["linguafusion_batch_size_sum"])
+                                       / batches, 2) if batches else None},
+        "client_captions": sum(len(r.finals) for r in results),
+        "latencies": {slo: [round(x, 3) for r in results if r.kind.slo == slo for x in r.latencies]
+                      for slo in per_class},
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x == x]
+    return round(float(np.mean(xs)), 1) if xs else None
+
+
+def _windows(rs: list[StreamResult]) -> list[float | None]:
+    """Caption p99 per 10 s window of stream time (when the audio was spoken)."""
+    buckets: dict[int, list[float]] = {}
+    for r in rs:
+        for f, lat in zip(r.finals, r.latencies, strict=True):
+            buckets.setdefault(int(float(f["end"]) // WINDOW_S), []).append(lat)
+    return [pct(buckets[k], 99) for k in sorted(buckets)]
+
+
+def _stable(windows: list[float | None], tolerance: float = 0.10) -> bool:
+    """The last two windows agree within 10 % (a run too short for two windows is not called stable)."""
+    vals = [w for w in windows if w is not None]
+    if len(vals) < 2:
+        return False
+    a, b = vals[-2], vals[-1]
+    return abs(a - b) <= tolerance * max(a, b, 1e-9)
