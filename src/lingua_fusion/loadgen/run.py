@@ -176,7 +176,7 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
         good = [r for r in rs if r.admitted and r.latencies and pct(r.latencies, 99) <= target  # type: ignore[operator]
                 and not r.error]
         simul = [summarize(r.finals, r.sent_s) for r in rs if r.finals and r.sent_s]
-        windows = _windows(rs)
+        windows = _windows(rs, duration)
         per_class[slo] = {
             "target_p99_s": target, "streams": len(rs), "admitted": sum(r.admitted for r in rs),
             "rejected": sum(r.rejected_code is not None for r in rs),
@@ -216,12 +216,16 @@ def _mean(xs: list[float]) -> float | None:
     return round(float(np.mean(xs)), 1) if xs else None
 
 
-def _windows(rs: list[StreamResult]) -> list[float | None]:
-    """Caption p99 per 10 s window of stream time (when the audio was spoken)."""
+def _windows(rs: list[StreamResult], duration: float) -> list[float | None]:
+    """Caption p99 per full 10 s window of stream time (when the audio was spoken); a last, partial window is left
+    out (it holds the end-of-stream flush, not steady state)."""
+    full = max(1, int(duration // WINDOW_S))
     buckets: dict[int, list[float]] = {}
     for r in rs:
         for f, lat in zip(r.finals, r.latencies, strict=True):
-            buckets.setdefault(int(float(f["end"]) // WINDOW_S), []).append(lat)
+            w = int(float(f["end"]) // WINDOW_S)
+            if w < full:
+                buckets.setdefault(w, []).append(lat)
     return [pct(buckets[k], 99) for k in sorted(buckets)]
 
 

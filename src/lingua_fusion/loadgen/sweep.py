@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +102,11 @@ def compare(a: dict[str, Any], b: dict[str, Any], tolerance: float = 0.10) -> di
     rows, regressions = [], []
     for key in sorted(set(fa) & set(fb)):
         x, y = fa[key], fb[key]
-        leaf = key.rsplit(".", 1)[-1].split("[")[0]
+        parts = set(re.split(r"[.\[\]]", key))  # e.g. paths.text.bleu.score -> {"paths", "text", "bleu", ...}
         change = (y - x) / abs(x) if x else (0.0 if y == x else float("inf"))
         row = {"metric": key, "a": x, "b": y, "change": round(change, 4)}
-        worse = ((leaf in HIGHER_IS_BETTER or key.endswith(HIGHER_IS_BETTER)) and change < -tolerance) or (
-            (leaf in LOWER_IS_BETTER) and change > tolerance)
+        worse = (bool(parts & set(HIGHER_IS_BETTER)) and change < -tolerance) or (
+            bool(parts & set(LOWER_IS_BETTER)) and change > tolerance)
         if worse:
             regressions.append(row)
         rows.append(row)
