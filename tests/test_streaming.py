@@ -67,7 +67,9 @@ def test_cli_stream_realtime_json(open_server: str, talk: Path) -> None:
     spoken = " ".join(f["source_text"] for f in finals)
     assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(spoken)) <= 0.15, spoken
     assert "proyecto" in finals[-1]["text"].lower()
-    assert any(e["type"] in ("partial", "revision") for e in events)
+    partials = [e for e in events if e["type"] in ("partial", "revision")]
+    assert partials and all("text" in e and "stable_text" in e for e in partials)
+    assert any(e["text"] and e["text"] != e["source_text"] for e in partials)  # tentative Spanish, not English
     assert all(f["latency_s"] < 5 for f in finals)  # measured by the client: audio end spoken -> caption received
     metrics = httpx.get(open_server + "/metrics", timeout=10).text
     assert 'linguafusion_caption_latency_quantile_seconds{quantile="0.99",slo="interactive"}' in metrics

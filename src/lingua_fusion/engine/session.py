@@ -256,13 +256,24 @@ class StreamSession:
             return
         text, conf = res
         stable = self.policy.stable(text.split())
+        translation = text
+        target = self.spec.targets[0]
+        if text and target != self.spec.source_lang:
+            # a tentative translation of the tentative text: shed first under load, like the re-decode itself
+            out = await self.hub.call(f"mt:{self.spec.source_lang}-{target}", (text, self.spec.glossary),
+                                      stream_id=self.spec.stream_id, slo=self.spec.slo, stage="mt",
+                                      importance=self.spec.importance, tentative=True)
+            if out is None or utterance != self._utterance or self.state != State.LIVE:
+                return
+            translation = str(out)
         kind = "partial"
         if self._last_partial and not text.startswith(self._last_partial):
             kind = "revision"
             self._revision += 1
         self._last_partial = text
         await self._emit({"type": kind, "start": round(d.start, 3), "end": round(d.end, 3), "source_text": text,
-                          "stable_text": " ".join(stable), "confidence": conf, "revision": self._revision})
+                          "stable_text": " ".join(stable), "text": translation, "confidence": conf,
+                          "revision": self._revision})
 
     async def _commit_job(self, audio: np.ndarray, d: Decision) -> dict[str, Any] | None:
         wall_ref = self._arrival_of(d.end)
