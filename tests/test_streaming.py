@@ -147,6 +147,9 @@ async def test_stream_errors_and_close_codes(server: Server) -> None:
     assert msg["code"] == "unauthenticated" and code == 4401
     msg, code = await first({"type": "start", "target_langs": ["es"], "slo": "instant"}, auth)
     assert msg["code"] == "invalid_parameter" and code == 4400
+    async with connect(ws_url, additional_headers=auth) as ws:  # audio before the start message
+        await ws.send(b"\x00\x01" * 100)
+        assert json.loads(await ws.recv())["code"] == "invalid_parameter"
     t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
     with pytest.raises(UnsupportedPair):
         async with t.stream(["ja"]):

@@ -72,11 +72,18 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
         session: StreamSession | None = None
         key_id = ""
         try:
+            # read the start message before judging the key, so a refused client always gets the error event
+            # (closing first would race with the client's own first send)
+            first = await asyncio.wait_for(ws.receive(), timeout=settings.server.stream_idle_timeout_s)
+            if first["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(first.get("code", 1000))
+            raw = first.get("text")
+            if raw is None:
+                raise InvalidParameter("the first message must be the JSON start message, not binary data")
             token = ws.headers.get("authorization", "")
             secret = token[7:].strip() if token.lower().startswith("bearer ") else ws.query_params.get("api_key")
             key = authenticate(secret)
             key_id = key.key_id
-            raw = await asyncio.wait_for(ws.receive_text(), timeout=settings.server.stream_idle_timeout_s)
             if len(raw) > 64 * 1024:
                 raise TooLarge("start message too large")
             try:
