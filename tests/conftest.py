@@ -51,8 +51,9 @@ class Server:
         return out.stdout.strip()
 
 
-def start_server(state_dir: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
+def start_server(state_dir: Path, *extra: str, env: dict[str, str] | None = None,
+                 port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    port = port or free_port()
     log = open(state_dir / f"server-{port}.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([str(BIN), "serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir",
                              str(state_dir), "--log-level", "warning", *extra], stdout=log, stderr=subprocess.STDOUT,

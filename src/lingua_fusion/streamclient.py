@@ -23,7 +23,11 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str, slo: st
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
     step = int(16000 * chunk_ms / 1000) * 2
-    async with client.stream(targets, source_lang=source_lang, slo=slo, partials=partials) as s:
+    stream = client.stream(targets, source_lang=source_lang, slo=slo, partials=partials)
+    if hasattr(stream, "on_reconnect"):
+        stream.on_reconnect = lambda st: console.print(
+            f"connection lost; reconnected and resumed after caption {st.last_seq}", markup=False, style="yellow")
+    async with stream as s:
         t0 = time.monotonic()
 
         async def send() -> None:

@@ -27,6 +27,7 @@ from ..errors import (EmptyInput, InvalidParameter, LinguaFusionError, Overloade
                       TooLarge)
 from ..observability import Metrics
 from ..state.sqlite import ApiKey, SQLiteStore
+from ..state.streams import open_store
 from ..engine.hub import StreamHub
 from . import errors as error_map
 from . import ws as ws_routes
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     metrics = Metrics()
     engine.observer = metrics
     hub = StreamHub(engine.registry, settings, metrics)
+    hub.store = open_store(settings.resolved_state_dir(), settings.state.redis_url)
     baseline_hub = StreamHub(engine.registry, settings, None)  # the per-stream design, for benchmarks only
     baseline_hub.mode = "per-stream"
     baseline_hub.admission = False
@@ -112,6 +114,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
                     await asyncio.wait_for(warm_task, timeout=120)
             await hub.close()
             await baseline_hub.close()
+            hub.store.close()
             engine.close()
             store.close()
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from .. import langs
 from ..engine.hub import StreamHub
 from ..engine.scheduler import SLO_CLASSES
-from ..engine.session import POLICIES, StreamSession, StreamSpec
+from ..engine.session import POLICIES, StreamSession, StreamSpec, spec_from_dict
 from ..errors import ClientError, InvalidParameter, PermissionDenied, LinguaFusionError, Overloaded, TooLarge
 
 
@@ -60,6 +60,22 @@ def parse_start(msg: dict[str, Any], hub: StreamHub, glossary: Any) -> StreamSpe
                       clock_offsets={k: float(v) for k, v in offsets.items()})
 
 
+def _resume_spec(hub: StreamHub, resume: Any) -> tuple[StreamSpec, dict[str, Any], int]:
+    """A reconnecting client: {"stream_id", "resume_token", "last_seq"} -> the stored spec and snapshot."""
+    if not isinstance(resume, dict) or not resume.get("stream_id") or not resume.get("resume_token"):
+        raise InvalidParameter("resume needs stream_id, resume_token and last_seq")
+    store = getattr(hub, "store", None)
+    if store is None:
+        raise InvalidParameter("this engine keeps no stream log: streams cannot be resumed")
+    try:
+        last_seq = int(resume.get("last_seq", 0))
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameter("last_seq must be an integer") from exc
+    stream_id, token = str(resume["stream_id"]), str(resume["resume_token"])
+    snapshot = store.resume(stream_id, token)
+    return spec_from_dict(snapshot["spec"], stream_id, token), snapshot, last_seq
+
+
 def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossary_for: Any) -> None:
     """``hubs``: "batched" serves every stream; "per-stream" (the benchmark baseline) serves streams whose start
     message asks for ``"engine": "per-stream"``, for admin keys only."""
@@ -98,16 +114,34 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
             if engine != "batched" and "admin" not in key.scopes:
                 raise PermissionDenied("the per-stream baseline engine is for benchmarks: it needs an admin key")
             hub = hubs[engine]
-            terms = glossary_for(key, msg.get("glossary_id")) if msg.get("glossary_id") else []
-            spec = parse_start(msg, hub, terms)
+            resume = msg.get("resume")
+            snapshot: dict[str, Any] | None = None
+            if resume is not None:
+                spec, snapshot, last_seq = _resume_spec(hub, resume)
+                old = hub.sessions.get(spec.stream_id)
+                if old is not None:
+                    # the client saw the break before this server did: end the old session, then read the log
+                    # again, so nothing the old session logged meanwhile is numbered twice
+                    await old.abort()
+                    spec, snapshot, last_seq = _resume_spec(hub, resume)
+            else:
+                terms = glossary_for(key, msg.get("glossary_id")) if msg.get("glossary_id") else []
+                spec = parse_start(msg, hub, terms)
             if per_key.get(key_id, 0) >= settings.server.max_streams_per_key:
                 raise Overloaded("this key has too many open streams", retry_after=5.0)
             hub.admit(hub.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets, spec.partials,
                                  POLICIES[spec.slo].step_s))
             per_key[key_id] = per_key.get(key_id, 0) + 1
-            session = StreamSession(hub, spec)
+            session = StreamSession(hub, spec, resume=snapshot)
             hub.sessions[spec.stream_id] = session
             await ws.send_json(session.start())
+            if snapshot is not None:
+                for event in await asyncio.to_thread(session.replay, last_seq):
+                    await ws.send_json(event)  # committed finals the client missed, exactly once, in order
+                if snapshot.get("closed"):
+                    await ws.send_json({"type": "closed", "reason": "end of stream", "finals": session.seq})
+                    await ws.close(code=1000)
+                    return
             writer = asyncio.create_task(_write(ws, session), name="ws-writer")
             try:
                 await _read(ws, session, settings.server.stream_idle_timeout_s,

@@ -51,6 +51,7 @@ class StreamHub:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._closing = False
         self.sessions: dict[str, Any] = {}
+        self.store: Any = None  # StreamStore: the write-ahead log of finals (set by the server)
         # "batched": cross-stream batches on trimmed windows (the default); "unbatched": one item per call, trimmed
         # windows; "per-stream": one item per call through faster-whisper's own 30 s-window decode, as
         # whisper_streaming / WhisperLive do (the baseline the benchmark compares against)

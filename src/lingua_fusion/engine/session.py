@@ -59,15 +59,34 @@ class StreamSpec:
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
 
 
+def spec_to_dict(spec: StreamSpec) -> dict[str, Any]:
+    return {"source_lang": spec.source_lang, "targets": spec.targets, "slo": spec.slo, "importance": spec.importance,
+            "partials": spec.partials, "glossary": [[t.source, t.target] for t in spec.glossary],
+            "min_confidence": spec.min_confidence, "speech": spec.speech, "audio_format": spec.audio_format,
+            "clock_offsets": spec.clock_offsets}
+
+
+def spec_from_dict(d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
+    return StreamSpec(source_lang=d["source_lang"], targets=list(d["targets"]), slo=d["slo"],
+                      importance=float(d["importance"]), partials=bool(d["partials"]),
+                      glossary=[Term(s, t) for s, t in d.get("glossary", [])],
+                      min_confidence=float(d["min_confidence"]), speech=bool(d["speech"]),
+                      audio_format=d.get("audio_format", "pcm16"), clock_offsets=dict(d.get("clock_offsets", {})),
+                      stream_id=stream_id, resume_token=resume_token)
+
+
 class SlowConsumer(LinguaFusionError):
     status = 429
     code = "slow_consumer"
 
 
 class StreamSession:
-    def __init__(self, hub: StreamHub, spec: StreamSpec, *, max_events: int = 256) -> None:
+    def __init__(self, hub: StreamHub, spec: StreamSpec, *, max_events: int = 256,
+                 resume: dict[str, Any] | None = None) -> None:
         self.hub = hub
         self.spec = spec
+        self.store = getattr(hub, "store", None)  # write-ahead log of finals (None: not crash-safe)
+        self._resume = resume  # the stored snapshot when this session continues a stream after a restart
         self.state = State.OPENING
         self.timeline = AudioTimeline()
         self.policy = CommitPolicy(POLICIES[spec.slo])
@@ -95,6 +114,22 @@ class StreamSession:
         self.state = state
 
     def start(self) -> dict[str, Any]:
+        """Go live. Returns the ``ready`` event (with what a resuming client needs to re-send)."""
+        extra: dict[str, Any] = {}
+        if self._resume is not None:
+            snap = self._resume
+            self.seq = int(snap.get("last_seq", 0))
+            until = float(snap.get("committed_until", 0.0))
+            origin = snap.get("origin")
+            if origin is not None:
+                self.timeline.origin = float(origin)
+            self.timeline.start = self.timeline.end = int(round(until * SR))
+            self._vad_pos = self.timeline.start
+            self.policy.committed(until)
+            extra = {"resumed": True, "last_seq": self.seq, "resume_from": round(until, 3),
+                     "resume_from_ts": round(until + float(origin), 3) if origin is not None else None}
+        elif self.store is not None:
+            self.store.open_stream(self.spec.stream_id, self.spec.resume_token, {"spec": spec_to_dict(self.spec)})
         self._to(State.LIVE)
         self._emitter = asyncio.create_task(self._emit_finals(), name=f"emit:{self.spec.stream_id}")
         if self.spec.audio_format != "pcm16":
@@ -108,7 +143,7 @@ class StreamSession:
             self._pump = self._spawn(self._pump_decoded(decoded), "decode-pump")
         return {"type": "ready", "stream_id": self.spec.stream_id, "resume_token": self.spec.resume_token,
                 "slo": self.spec.slo, "source_lang": self.spec.source_lang, "targets": self.spec.targets,
-                "partials": self.spec.partials}
+                "partials": self.spec.partials, **extra}
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -351,6 +386,7 @@ class StreamSession:
                 wall_ref = event.pop("_wall_ref")
                 self.seq += 1
                 event["seq"] = self.seq
+                await self._log(event)
                 latency = time.monotonic() - wall_ref
                 event.setdefault("latency_ms", {})["caption"] = round(latency * 1000, 1)
                 if self.hub.metrics is not None:
@@ -360,6 +396,9 @@ class StreamSession:
                                   "queue_depth": {k: self.hub.scheduler.depth(k) for k in self.hub.keys_for(self)}})
                 if self.spec.speech and event["text"]:
                     await self._speech(event)
+            if self.store is not None:
+                with contextlib.suppress(LinguaFusionError):
+                    await asyncio.to_thread(self.store.close_stream, self.spec.stream_id)
             await self._emit({"type": "closed", "reason": "end of stream", "finals": self.seq,
                               "timeline": {"late_dropped": self.timeline.stats.late_dropped,
                                            "reordered": self.timeline.stats.reordered,
@@ -368,6 +407,30 @@ class StreamSession:
             self.state = State.CLOSED
             self.hub.release(self.spec.stream_id)
             self.closed.set()
+
+    async def _log(self, event: dict[str, Any]) -> None:
+        """Write a final to the write-ahead log before it is sent. A store that keeps failing does not stop the
+        captions: the final goes out marked ``durable: false`` and an error event says why."""
+        if self.store is None:
+            return
+        for attempt in range(3):
+            try:
+                await asyncio.to_thread(self.store.append_final, self.spec.stream_id, event, float(event["end"]),
+                                        self.timeline.origin)
+                return
+            except LinguaFusionError as exc:
+                if attempt == 2:
+                    event["durable"] = False
+                    await self._emit({"type": "error", "code": exc.code,
+                                      "message": f"caption {event['seq']} not logged: {exc.message}"})
+                    return
+                await asyncio.sleep(0.2 * (attempt + 1))
+
+    def replay(self, after_seq: int) -> list[dict[str, Any]]:
+        """Logged finals after ``after_seq`` (what the client missed), oldest first."""
+        if self.store is None:
+            return []
+        return [e for e in self.store.finals_after(self.spec.stream_id, after_seq) if int(e["seq"]) > after_seq]
 
     async def _speech(self, event: dict[str, Any]) -> None:
         target = self.spec.targets[0]

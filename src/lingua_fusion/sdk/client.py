@@ -48,14 +48,34 @@ def _glossary_form(terms: dict[str, str] | str | os.PathLike[str], name: str | N
     return {"files": {"file": (fname, raw, "application/octet-stream")}, "data": {"name": name or fname}}
 
 
-class MultimodalTranslator:
+class _Base:
+    """What both clients share: where the server is, the key, response checking, live streams."""
+
+    def __init__(self, api_key: str | None, base_url: str | None) -> None:
+        self.api_key = api_key or os.environ.get("LINGUAFUSION_API_KEY")
+        self.base_url = (base_url or os.environ.get("LINGUAFUSION_URL") or DEFAULT_URL).rstrip("/")
+        self._headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _check(self, r: httpx.Response) -> Any:
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        raise_for_error(r.status_code, body, r.headers)
+        return body
+
+    def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
+               partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
+               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16") -> RemoteStream:
+        """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``."""
+        return RemoteStream(ws_url(self.base_url), self.api_key,
+                            start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
+                                          min_confidence, audio_format))
+
+
+class MultimodalTranslator(_Base):
     """Client of a LinguaFusion server. ``MultimodalTranslator.local()`` runs the engine in-process instead."""
 
     def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 600.0) -> None:
-        self.api_key = api_key or os.environ.get("LINGUAFUSION_API_KEY")
-        self.base_url = (base_url or os.environ.get("LINGUAFUSION_URL") or DEFAULT_URL).rstrip("/")
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers,
+        super().__init__(api_key, base_url)
+        self._http = httpx.Client(base_url=self.base_url, headers=self._headers,
                                   timeout=httpx.Timeout(timeout, connect=10.0))
 
     @staticmethod
@@ -69,9 +89,7 @@ class MultimodalTranslator:
             r = self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
             raise BackendError(f"cannot reach {self.base_url}: {exc}") from exc
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-        raise_for_error(r.status_code, body, r.headers)
-        return body
+        return self._check(r)
 
     def translate(self, input_media: MediaInput | None = None, *, target_lang: str, source_modality: str | None = None,
                   target_modality: str = "text", source_lang: str | None = None, text: str | None = None,
@@ -79,14 +97,6 @@ class MultimodalTranslator:
         fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
                               enable_glossary, glossary_id)
         return parse_result(self._call("POST", "/v1/translate", data=fields, files=files))
-
-    def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
-               partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
-               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16") -> RemoteStream:
-        """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``."""
-        return RemoteStream(ws_url(self.base_url), self.api_key,
-                            start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
-                                          min_confidence, audio_format))
 
     def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         return str(self._call("POST", "/v1/glossaries", **_glossary_form(terms, name))["glossary_id"])
@@ -104,12 +114,10 @@ class MultimodalTranslator:
         self.close()
 
 
-class AsyncMultimodalTranslator:
+class AsyncMultimodalTranslator(_Base):
     def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 600.0) -> None:
-        self.api_key = api_key or os.environ.get("LINGUAFUSION_API_KEY")
-        self.base_url = (base_url or os.environ.get("LINGUAFUSION_URL") or DEFAULT_URL).rstrip("/")
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers,
+        super().__init__(api_key, base_url)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
                                        timeout=httpx.Timeout(timeout, connect=10.0))
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
@@ -117,9 +125,7 @@ class AsyncMultimodalTranslator:
             r = await self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
             raise BackendError(f"cannot reach {self.base_url}: {exc}") from exc
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-        raise_for_error(r.status_code, body, r.headers)
-        return body
+        return self._check(r)
 
     async def translate(self, input_media: MediaInput | None = None, *, target_lang: str,
                         source_modality: str | None = None, target_modality: str = "text",
@@ -128,13 +134,6 @@ class AsyncMultimodalTranslator:
         fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
                               enable_glossary, glossary_id)
         return parse_result(await self._call("POST", "/v1/translate", data=fields, files=files))
-
-    def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
-               partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
-               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16") -> RemoteStream:
-        return RemoteStream(ws_url(self.base_url), self.api_key,
-                            start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
-                                          min_confidence, audio_format))
 
     async def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         return str((await self._call("POST", "/v1/glossaries", **_glossary_form(terms, name)))["glossary_id"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,51 +41,136 @@ def start_message(target_langs: list[str], source_lang: str, slo: str, partials:
 
 
 class RemoteStream:
-    def __init__(self, url: str, api_key: str | None, start: dict[str, Any], open_timeout: float = 30.0) -> None:
+    """A live stream over WebSocket that survives server restarts.
+
+    Audio sent is kept in a bounded buffer (``buffer_s`` seconds). When the connection breaks (anything but the
+    server's normal close after ``closed``), the stream reconnects with backoff, resumes with its stream id, resume
+    token and the last sequence number it saw, re-sends the buffered audio the server has not committed yet, and
+    iteration goes on: every committed final arrives exactly once, in order.
+    """
+
+    def __init__(self, url: str, api_key: str | None, start: dict[str, Any], open_timeout: float = 30.0, *,
+                 reconnect: bool = True, reconnect_timeout: float = 120.0, buffer_s: float = 120.0,
+                 on_reconnect: Any = None) -> None:
         self._url = url
         self._key = api_key
         self._start = start
         self._open_timeout = open_timeout
+        self._reconnect = reconnect
+        self._reconnect_timeout = reconnect_timeout
+        self._buffer: deque[tuple[float, bytes]] = deque()
+        self._buffer_s = buffer_s
         self._ws: Any = None
+        self._lock = asyncio.Lock()
+        self._connected = asyncio.Event()
+        self._repair: asyncio.Task[None] | None = None
+        self._next_ts = 0.0
+        self._ended = False
+        self._finished = False
+        self.last_seq = 0
+        self.reconnects = 0
+        self.on_reconnect = on_reconnect
         self.ready: dict[str, Any] = {}
 
-    async def __aenter__(self) -> RemoteStream:
+    async def _open(self, resume: bool) -> None:
         from websockets.asyncio.client import connect
         from websockets.exceptions import WebSocketException
 
+        start = dict(self._start)
+        if resume:
+            start["resume"] = {"stream_id": self.ready["stream_id"], "resume_token": self.ready["resume_token"],
+                               "last_seq": self.last_seq}
         headers = {"Authorization": f"Bearer {self._key}"} if self._key else None
         try:
-            self._ws = await connect(self._url, additional_headers=headers, open_timeout=self._open_timeout,
-                                     max_size=16 * 1024 * 1024)
-            await self._ws.send(json.dumps(self._start))
-            first = json.loads(await asyncio.wait_for(self._ws.recv(), timeout=self._open_timeout))
+            ws = await connect(self._url, additional_headers=headers, open_timeout=self._open_timeout,
+                               max_size=16 * 1024 * 1024)
+            await ws.send(json.dumps(start))
+            first = json.loads(await asyncio.wait_for(ws.recv(), timeout=self._open_timeout))
         except (OSError, WebSocketException, TimeoutError) as exc:
             raise BackendError(f"cannot open a stream at {self._url}: {exc}") from exc
         if first.get("type") == "error":
-            await self._ws.close()
+            await ws.close()
             raise from_code(first.get("code", "internal"), first.get("message", "stream refused"),
                             details=first.get("details"))
-        self.ready = first
+        self._ws = ws
+        if not resume:
+            self.ready = first
+            return
+        # re-send what the server had not committed when it went away
+        since = first.get("resume_from_ts")
+        for ts, pcm in list(self._buffer):
+            if since is None or ts + len(pcm) / 32000 > since:
+                await ws.send(json.dumps({"type": "audio", "ts": ts, "data": base64.b64encode(pcm).decode()}))
+        if self._ended:
+            await ws.send(json.dumps({"type": "end"}))
+
+    async def __aenter__(self) -> RemoteStream:
+        await self._open(resume=False)
+        self._connected.set()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._finished = True
+        if self._repair is not None and not self._repair.done():
+            self._repair.cancel()
         if self._ws is not None:
             await self._ws.close()
 
+    async def _reconnect_loop(self) -> None:
+        deadline = asyncio.get_running_loop().time() + self._reconnect_timeout
+        delay = 0.25
+        while True:
+            try:
+                async with self._lock:
+                    await self._open(resume=True)
+                self.reconnects += 1
+                if self.on_reconnect is not None:
+                    self.on_reconnect(self)
+                self._connected.set()
+                return
+            except BackendError:
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    async def _broken(self) -> None:
+        """Start (or join) the one reconnection for this break, and wait for it."""
+        if not self._reconnect:
+            raise BackendError("the stream connection broke")
+        self._connected.clear()
+        if self._repair is None or self._repair.done():
+            self._repair = asyncio.create_task(self._reconnect_loop())
+        await asyncio.shield(self._repair)
+
+    async def _send(self, message: str | bytes) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        await self._connected.wait()
+        try:
+            async with self._lock:
+                await self._ws.send(message)
+        except ConnectionClosed:
+            await self._broken()  # the buffer holds the audio: the reconnection re-sends it
+
     async def send_audio(self, pcm16: bytes, ts: float | None = None) -> None:
         if ts is None:
-            await self._ws.send(pcm16)
-        else:
-            await self._ws.send(json.dumps({"type": "audio", "ts": ts, "data": base64.b64encode(pcm16).decode()}))
+            ts = self._next_ts
+        self._next_ts = ts + len(pcm16) / 32000
+        self._buffer.append((ts, pcm16))
+        while self._buffer and self._buffer[0][0] < self._next_ts - self._buffer_s:
+            self._buffer.popleft()
+        await self._send(json.dumps({"type": "audio", "ts": ts, "data": base64.b64encode(pcm16).decode()}))
 
     async def send_image(self, data: bytes, ts: float | None = None) -> None:
-        await self._ws.send(json.dumps({"type": "image", "ts": ts, "data": base64.b64encode(data).decode()}))
+        await self._send(json.dumps({"type": "image", "ts": ts, "data": base64.b64encode(data).decode()}))
 
     async def send_text(self, text: str, ts: float | None = None) -> None:
-        await self._ws.send(json.dumps({"type": "text", "ts": ts, "text": text}))
+        await self._send(json.dumps({"type": "text", "ts": ts, "text": text}))
 
     async def end(self) -> None:
-        await self._ws.send(json.dumps({"type": "end"}))
+        self._ended = True
+        await self._send(json.dumps({"type": "end"}))
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._events()
@@ -93,11 +179,22 @@ class RemoteStream:
         from websockets.exceptions import ConnectionClosed
 
         while True:
+            await self._connected.wait()
+            ws = self._ws
             try:
-                raw = await self._ws.recv()
+                raw = await ws.recv()
             except ConnectionClosed:
-                return
+                if ws is not self._ws:
+                    continue  # a reconnection already replaced this socket
+                await self._broken()
+                continue
             ev = StreamEvent.model_validate(json.loads(raw))
+            if ev.type == "final" and ev.seq is not None:
+                if ev.seq <= self.last_seq:
+                    continue  # already delivered before the break
+                self.last_seq = ev.seq
+            if ev.type == "ready":
+                continue  # a resumed stream's greeting
             yield ev
             if ev.type == "closed":
                 return

@@ -1,0 +1,198 @@
+"""Crash-safe stream state: a write-ahead log of committed finals plus a snapshot per stream.
+
+One interface, two stores (SQLite, the embedded default; Redis for shared state). A final is appended to the log
+*before* it is sent; the snapshot records what a restarted server needs to continue the stream: its spec, the digest
+of its resume token, the last sequence number logged, and ``committed_until`` (stream time up to which audio is
+covered by logged finals: a resuming client re-sends audio from there).
+
+What can be lost (see docs/reliability.md): SQLite runs in WAL mode with synchronous=NORMAL, so a killed *process*
+loses nothing that was logged (the OS has it); a power loss can lose the last transactions. Redis with
+``appendonly yes`` and ``appendfsync everysec`` can lose up to about one second of writes if Redis itself dies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import AuthenticationError, BackendError, NotFound
+from . import redis_keys
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class StreamStore(Protocol):
+    def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None: ...
+
+    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float,
+                     origin: float | None = None) -> None: ...
+
+    def resume(self, stream_id: str, token: str) -> dict[str, Any]: ...
+
+    def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]: ...
+
+    def close_stream(self, stream_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _check(snapshot: dict[str, Any] | None, stream_id: str, token: str) -> dict[str, Any]:
+    if snapshot is None:
+        raise NotFound(f"no stream {stream_id} to resume")
+    if snapshot.get("token_digest") != token_digest(token):
+        raise AuthenticationError("wrong resume token for this stream")
+    return snapshot
+
+
+class SQLiteStreamStore:
+    def __init__(self, state_dir: Path) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(state_dir / "streams.sqlite3", check_same_thread=False, timeout=10,
+                                   isolation_level=None)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS stream_snapshot (stream_id TEXT PRIMARY KEY, body TEXT, "
+                             "updated REAL)")
+            self._db.execute("CREATE TABLE IF NOT EXISTS stream_log (stream_id TEXT, seq INTEGER, body TEXT, "
+                             "PRIMARY KEY (stream_id, seq))")
+
+    def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None:
+        body = {**snapshot, "token_digest": token_digest(token), "last_seq": 0, "committed_until": 0.0,
+                "closed": False}
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO stream_snapshot VALUES (?,?,?)",
+                             (stream_id, json.dumps(body), time.time()))
+
+    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float,
+                     origin: float | None = None) -> None:
+        with self._lock:
+            row = self._db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (stream_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no stream {stream_id}")
+            snap = json.loads(row[0])
+            snap["last_seq"] = int(event["seq"])
+            snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
+            if origin is not None:
+                snap["origin"] = origin
+            self._db.execute("BEGIN")
+            try:
+                self._db.execute("INSERT INTO stream_log VALUES (?,?,?)",
+                                 (stream_id, int(event["seq"]), json.dumps(event, ensure_ascii=False)))
+                self._db.execute("UPDATE stream_snapshot SET body=?, updated=? WHERE stream_id=?",
+                                 (json.dumps(snap), time.time(), stream_id))
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK")
+                raise BackendError(f"stream log write failed: {exc}") from exc
+
+    def _snapshot(self, stream_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (stream_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def resume(self, stream_id: str, token: str) -> dict[str, Any]:
+        return _check(self._snapshot(stream_id), stream_id, token)
+
+    def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM stream_log WHERE stream_id=? AND seq>? ORDER BY seq",
+                                    (stream_id, seq)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def close_stream(self, stream_id: str) -> None:
+        snap = self._snapshot(stream_id)
+        if snap is not None:
+            snap["closed"] = True
+            with self._lock:
+                self._db.execute("UPDATE stream_snapshot SET body=? WHERE stream_id=?", (json.dumps(snap), stream_id))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class RedisStreamStore:
+    """The same store on Redis (``LINGUAFUSION_STATE__REDIS_URL``), so another node can resume a stream."""
+
+    def __init__(self, url: str, *, ttl_s: int = 24 * 3600) -> None:
+        import redis
+
+        self._r = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
+        self._ttl = ttl_s
+        self._errors = (redis.RedisError,)
+        try:
+            self._r.ping()
+        except redis.RedisError as exc:
+            raise BackendError(f"cannot reach Redis at {url}: {exc}") from exc
+
+    def _run(self, fn: Any) -> Any:
+        try:
+            return fn()
+        except self._errors as exc:
+            raise BackendError(f"Redis failed: {exc}") from exc
+
+    def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None:
+        body = {**snapshot, "token_digest": token_digest(token), "last_seq": 0, "committed_until": 0.0,
+                "closed": False}
+        key = redis_keys.stream_snapshot(stream_id)
+
+        def run() -> None:
+            pipe = self._r.pipeline(transaction=True)
+            pipe.delete(redis_keys.stream_log(stream_id))
+            pipe.set(key, json.dumps(body), ex=self._ttl)
+            pipe.execute()
+
+        self._run(run)
+
+    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float,
+                     origin: float | None = None) -> None:
+        key = redis_keys.stream_snapshot(stream_id)
+
+        def run() -> None:
+            raw = self._r.get(key)
+            if raw is None:
+                raise NotFound(f"no stream {stream_id}")
+            snap = json.loads(raw)
+            snap["last_seq"] = int(event["seq"])
+            snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
+            if origin is not None:
+                snap["origin"] = origin
+            pipe = self._r.pipeline(transaction=True)
+            pipe.rpush(redis_keys.stream_log(stream_id), json.dumps(event, ensure_ascii=False))
+            pipe.expire(redis_keys.stream_log(stream_id), self._ttl)
+            pipe.set(key, json.dumps(snap), ex=self._ttl)
+            pipe.execute()
+
+        self._run(run)
+
+    def resume(self, stream_id: str, token: str) -> dict[str, Any]:
+        raw = self._run(lambda: self._r.get(redis_keys.stream_snapshot(stream_id)))
+        return _check(json.loads(raw) if raw else None, stream_id, token)
+
+    def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]:
+        rows = self._run(lambda: self._r.lrange(redis_keys.stream_log(stream_id), 0, -1))
+        return [e for e in (json.loads(r) for r in rows) if int(e["seq"]) > seq]
+
+    def close_stream(self, stream_id: str) -> None:
+        key = redis_keys.stream_snapshot(stream_id)
+        raw = self._run(lambda: self._r.get(key))
+        if raw:
+            snap = json.loads(raw)
+            snap["closed"] = True
+            self._run(lambda: self._r.set(key, json.dumps(snap), ex=self._ttl))
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def open_store(state_dir: Path, redis_url: str | None) -> StreamStore:
+    return RedisStreamStore(redis_url) if redis_url else SQLiteStreamStore(state_dir)

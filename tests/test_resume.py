@@ -1,0 +1,121 @@
+"""Crash-safe streams: the write-ahead log (SQLite and a real Redis), and a server SIGKILLed mid-stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jiwer
+import pytest
+from conftest import BIN, free_port, start_server, stop_server, talk_wav
+
+from lingua_fusion.errors import AuthenticationError, NotFound
+from lingua_fusion.state.streams import RedisStreamStore, SQLiteStreamStore, StreamStore
+
+REDIS = os.environ.get("LINGUAFUSION_TEST_REDIS_URL")
+needs_redis = pytest.mark.skipif(REDIS is None, reason="needs the redis-server that `make test` starts")
+SENTENCES = ["Good morning everyone and welcome to the quarterly review.", "The new office will open in the spring.",
+             "Please send me the report before Friday.", "We need more time to finish the project.",
+             "The train to the airport leaves every hour.", "Thank you all for your hard work."]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=needs_redis)])
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    made: list[StreamStore] = []
+
+    def make() -> StreamStore:
+        s: StreamStore = SQLiteStreamStore(tmp_path) if request.param == "sqlite" else RedisStreamStore(REDIS or "")
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_log_survives_a_new_process_and_checks_the_token(store_factory: Any) -> None:
+    sid = f"st_test_{time.monotonic_ns()}"
+    a = store_factory()
+    a.open_stream(sid, "tok", {"spec": {"source_lang": "en"}})
+    for seq in (1, 2, 3):
+        a.append_final(sid, {"type": "final", "seq": seq, "end": seq * 2.0, "text": f"t{seq}"}, seq * 2.0, 100.0)
+    b = store_factory()  # what a restarted server opens
+    snap = b.resume(sid, "tok")
+    assert snap["last_seq"] == 3 and snap["committed_until"] == 6.0 and snap["origin"] == 100.0
+    assert snap["spec"] == {"source_lang": "en"} and not snap["closed"]
+    assert [e["seq"] for e in b.finals_after(sid, 1)] == [2, 3]
+    assert b.finals_after(sid, 3) == []
+    with pytest.raises(AuthenticationError):
+        b.resume(sid, "wrong")
+    with pytest.raises(NotFound):
+        b.resume("st_missing", "tok")
+    b.close_stream(sid)
+    assert a.resume(sid, "tok")["closed"] is True
+
+
+def _run_killed_stream(tmp_path: Path, env: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
+    state = tmp_path / "state"
+    state.mkdir()
+    talk = tmp_path / "talk.wav"
+    talk.write_bytes(talk_wav(SENTENCES))
+    port = free_port()
+    url, server = start_server(state, "--no-auth", env=env, port=port)
+    cli = subprocess.Popen([str(BIN), "stream", str(talk), "--to", "es", "--realtime", "--json", "--url", url,
+                            "--no-partials"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    first_final = threading.Event()
+
+    def read() -> None:
+        assert cli.stdout is not None
+        for line in cli.stdout:
+            lines.append(line)
+            if '"type": "final"' in line:
+                first_final.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert first_final.wait(60), "no caption before the kill"
+        time.sleep(1.5)  # mid-utterance
+        server.send_signal(signal.SIGKILL)
+        server.wait(timeout=10)
+        time.sleep(1.0)
+        url2, server = start_server(state, "--no-auth", env=env, port=port)
+        assert url2 == url
+        cli.wait(timeout=180)
+        reader.join(timeout=10)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        stop_server(server)
+    assert cli.returncode == 0, cli.stderr.read() if cli.stderr else ""
+    err = cli.stderr.read() if cli.stderr else ""
+    return [json.loads(x) for x in lines], err
+
+
+def _check(events: list[dict[str, Any]], err: str) -> None:
+    finals = [e for e in events if e["type"] == "final"]
+    assert [f["seq"] for f in finals] == list(range(1, len(finals) + 1))  # unique and gap-free
+    assert "reconnected" in err
+    spoken = " ".join(f["source_text"] for f in finals)
+    norm = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.Strip()])
+    assert jiwer.wer(norm(" ".join(SENTENCES)), norm(spoken)) <= 0.2, spoken  # the whole recording is covered
+    assert events[-1]["type"] == "closed"
+    starts = [f["start"] for f in finals]
+    assert starts == sorted(starts)
+
+
+def test_sigkill_mid_stream_sqlite(tmp_path: Path) -> None:
+    _check(*_run_killed_stream(tmp_path, {}))
+
+
+@needs_redis
+def test_sigkill_mid_stream_redis(tmp_path: Path) -> None:
+    _check(*_run_killed_stream(tmp_path, {"LINGUAFUSION_STATE__REDIS_URL": REDIS or ""}))
