@@ -60,7 +60,8 @@ def test_log_survives_a_new_process_and_checks_the_token(store_factory: Any) -> 
     assert a.resume(sid, "tok")["closed"] is True
 
 
-def _run_killed_stream(tmp_path: Path, env: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
+def _run_killed_stream(tmp_path: Path, env: dict[str, str],
+                       sig: signal.Signals = signal.SIGKILL) -> tuple[list[dict[str, Any]], str]:
     state = tmp_path / "state"
     state.mkdir()
     talk = tmp_path / "talk.wav"
@@ -84,8 +85,8 @@ def _run_killed_stream(tmp_path: Path, env: dict[str, str]) -> tuple[list[dict[s
     try:
         assert first_final.wait(60), "no caption before the kill"
         time.sleep(1.5)  # mid-utterance
-        server.send_signal(signal.SIGKILL)
-        server.wait(timeout=10)
+        server.send_signal(sig)
+        server.wait(timeout=30)
         time.sleep(1.0)
         url2, server = start_server(state, "--no-auth", env=env, port=port)
         assert url2 == url
@@ -119,3 +120,8 @@ def test_sigkill_mid_stream_sqlite(tmp_path: Path) -> None:
 @needs_redis
 def test_sigkill_mid_stream_redis(tmp_path: Path) -> None:
     _check(*_run_killed_stream(tmp_path, {"LINGUAFUSION_STATE__REDIS_URL": REDIS or ""}))
+
+
+def test_sigterm_drains_and_the_stream_moves_to_the_restarted_server(tmp_path: Path) -> None:
+    events, err = _run_killed_stream(tmp_path, {}, signal.SIGTERM)
+    _check(events, err)

@@ -72,7 +72,16 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
     app_ = create_app(settings)
     err.print(f"LinguaFusion on http://{host}:{port} (auth {'off' if no_auth else 'on'}, "
               f"state {settings.resolved_state_dir()})")
-    uvicorn.run(app_, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+    class DrainingServer(uvicorn.Server):
+        """On SIGTERM / SIGINT: drain live streams (queued captions logged and sent, clients told to reconnect)
+        before uvicorn closes the connections."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await app_.state.drain(settings.server.drain_timeout_s)
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app_, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+    DrainingServer(config).run()
 
 
 @app.command()

@@ -32,6 +32,7 @@ class ServerSettings(BaseModel):
     max_streams: int = 256
     max_streams_per_key: int = 32
     stream_idle_timeout_s: float = 60.0
+    drain_timeout_s: float = 10.0
     max_ws_message_bytes: int = 4 * 1024 * 1024
 
 

@@ -126,6 +126,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     app.state.settings = settings
     admission = Admission(settings.server.max_concurrent_requests, settings.server.max_waiting_requests, metrics)
     app.state.hub = hub
+
+    async def drain(deadline_s: float = 10.0) -> None:
+        await hub.drain(deadline_s)
+        await baseline_hub.drain(deadline_s)
+
+    app.state.drain = drain
     error_map.install(app)
 
     def auth(request: Request, scope: str = "translate") -> ApiKey:

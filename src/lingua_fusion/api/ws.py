@@ -23,6 +23,8 @@ from ..errors import ClientError, InvalidParameter, PermissionDenied, LinguaFusi
 
 
 def close_code(err: LinguaFusionError) -> int:
+    if err.code == "draining":
+        return 1012  # service restart: reconnect
     return 4000 + err.status if 400 <= err.status < 500 else 1011
 
 
@@ -129,6 +131,8 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
                 spec = parse_start(msg, hub, terms)
             if per_key.get(key_id, 0) >= settings.server.max_streams_per_key:
                 raise Overloaded("this key has too many open streams", retry_after=5.0)
+            if hub.draining:
+                raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
             hub.admit(hub.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets, spec.partials,
                                  POLICIES[spec.slo].step_s))
             per_key[key_id] = per_key.get(key_id, 0) + 1

@@ -52,11 +52,19 @@ class StreamHub:
         self._closing = False
         self.sessions: dict[str, Any] = {}
         self.store: Any = None  # StreamStore: the write-ahead log of finals (set by the server)
+        self.draining = False
         # "batched": cross-stream batches on trimmed windows (the default); "unbatched": one item per call, trimmed
         # windows; "per-stream": one item per call through faster-whisper's own 30 s-window decode, as
         # whisper_streaming / WhisperLive do (the baseline the benchmark compares against)
         self.mode = "batched"
         self.admission = True  # the per-stream baseline has no admission control (as WhisperLive / whisper_streaming)
+
+    async def drain(self, deadline_s: float) -> None:
+        """Stop admitting; let every live stream finish its queued commits, then tell its client to reconnect."""
+        self.draining = True
+        sessions = list(self.sessions.values())
+        if sessions:
+            await asyncio.gather(*(s.drain(deadline_s) for s in sessions), return_exceptions=True)
 
     # ---- model keys and runners ------------------------------------------------------------------------------
     def asr_key(self, lang: str) -> str:

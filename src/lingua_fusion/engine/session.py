@@ -80,6 +80,12 @@ class SlowConsumer(LinguaFusionError):
     code = "slow_consumer"
 
 
+class Draining(LinguaFusionError):
+    status = 503
+    code = "draining"
+    retryable = True
+
+
 class StreamSession:
     def __init__(self, hub: StreamHub, spec: StreamSpec, *, max_events: int = 256,
                  resume: dict[str, Any] | None = None) -> None:
@@ -251,6 +257,17 @@ class StreamSession:
         if flush.kind == "commit":
             self.policy.committed(flush.end)
         await self._jobs.put(None)
+
+    async def drain(self, deadline_s: float) -> None:
+        """Server shutdown: let queued commits finish (they are logged and sent) within ``deadline_s``, then close
+        with ``draining`` so the client reconnects elsewhere (or to the restarted server) and re-sends the rest."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while loop.time() < end and (self._jobs.qsize() or any(t.get_name() == "commit" and not t.done()
+                                                             for t in self._tasks)):
+            await asyncio.sleep(0.05)
+        self.error = Draining("the server is shutting down; reconnect to resume this stream")
+        await self.abort()
 
     async def abort(self) -> None:
         if self.state == State.CLOSED:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import BackendError, from_code
+from ..errors import BackendError, LinguaFusionError, from_code
 
 
 class StreamEvent(BaseModel):
@@ -128,8 +128,8 @@ class RemoteStream:
                     self.on_reconnect(self)
                 self._connected.set()
                 return
-            except BackendError:
-                if asyncio.get_running_loop().time() + delay > deadline:
+            except LinguaFusionError as exc:  # unreachable, or draining / overloaded: both retryable
+                if not exc.retryable or asyncio.get_running_loop().time() + delay > deadline:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
