@@ -58,7 +58,9 @@ def _settings(state_dir: Path | None) -> Any:
 @app.command()
 def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Option(8000, "--port"),
           no_auth: bool = typer.Option(False, "--no-auth", help="Development only: no API keys (loopback only)."),
-          state_dir: Path | None = STATE_OPT, log_level: str = typer.Option("info", "--log-level")) -> None:
+          state_dir: Path | None = STATE_OPT, log_level: str = typer.Option("info", "--log-level"),
+          chaos: bool = typer.Option(False, "--chaos", help="Allow fault injection (admin key) for experiments.")
+          ) -> None:
     """Run the server (SQLite state, in-process cache, CPU models)."""
     import uvicorn
 
@@ -69,6 +71,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
         raise typer.Exit(2)
     settings = _settings(state_dir)
     settings.server.host, settings.server.port, settings.server.auth = host, port, not no_auth
+    settings.server.chaos = chaos or settings.server.chaos
     app_ = create_app(settings)
     err.print(f"LinguaFusion on http://{host}:{port} (auth {'off' if no_auth else 'on'}, "
               f"state {settings.resolved_state_dir()})")

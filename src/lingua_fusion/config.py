@@ -33,6 +33,9 @@ class ServerSettings(BaseModel):
     max_streams_per_key: int = 32
     stream_idle_timeout_s: float = 60.0
     drain_timeout_s: float = 10.0
+    breaker_window_s: float = 5.0
+    breaker_k: int = 3
+    chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default
     max_ws_message_bytes: int = 4 * 1024 * 1024
 
 

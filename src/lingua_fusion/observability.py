@@ -43,6 +43,10 @@ class Metrics:
         self.caption_quantiles = Gauge("linguafusion_caption_latency_quantile_seconds",
                                        "Caption latency quantiles (HdrHistogram)", ["slo", "quantile"],
                                        registry=self.registry)
+        self.degradation_level = Gauge("linguafusion_degradation_level", "SLO breaker level per class (0 = normal)",
+                                       ["slo"], registry=self.registry)
+        self.breaker_transitions = Counter("linguafusion_breaker_transitions_total", "SLO breaker moves",
+                                           ["slo", "direction"], registry=self.registry)
         self._hdr: dict[str, HdrHistogram] = {}
 
     def caption(self, slo: str, seconds: float) -> None:

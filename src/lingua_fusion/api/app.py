@@ -23,7 +23,7 @@ from .. import langs
 from ..config import Settings
 from ..engine import Engine, FileRequest
 from ..engine.captions import to_srt, to_vtt
-from ..errors import (EmptyInput, InvalidParameter, LinguaFusionError, Overloaded,
+from ..errors import (EmptyInput, InvalidParameter, LinguaFusionError, Overloaded, PermissionDenied,
                       TooLarge)
 from ..observability import Metrics
 from ..state.sqlite import ApiKey, SQLiteStore
@@ -259,6 +259,36 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         key = auth(request)
         meta, terms = store.get_glossary(key.key_id, glossary_id)
         return {**meta, "terms": [{"source": t.source, "target": t.target} for t in terms]}
+
+    @app.get("/v1/admin/faults")
+    async def list_faults(request: Request) -> dict[str, Any]:
+        auth(request, "admin")
+        return {"chaos": settings.server.chaos, "faults": hub.faults,
+                "breaker": {slo: hub.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
+
+    @app.post("/v1/admin/faults")
+    async def set_fault(request: Request) -> JSONResponse:
+        """Chaos: delay a fraction of model calls. Only with an admin key on a server started with --chaos."""
+        auth(request, "admin")
+        if not settings.server.chaos:
+            raise PermissionDenied("fault injection is off: start the server with --chaos")
+        try:
+            body = await request.json()
+            model = str(body.get("model", "*"))
+            delay = float(body.get("delay_s", 0.0))
+            fraction = float(body.get("fraction", 1.0))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise InvalidParameter("send JSON {model, delay_s, fraction}") from exc
+        if not (0.0 <= delay <= 60.0 and 0.0 <= fraction <= 1.0):
+            raise InvalidParameter("delay_s must be in [0, 60] and fraction in [0, 1]")
+        hub.faults[model] = {"delay_s": delay, "fraction": fraction}
+        return JSONResponse({"faults": hub.faults}, status_code=201)
+
+    @app.delete("/v1/admin/faults")
+    async def clear_faults(request: Request) -> dict[str, Any]:
+        auth(request, "admin")
+        hub.faults.clear()
+        return {"faults": {}}
 
     @app.post("/v1/keys")
     async def create_key(request: Request) -> JSONResponse:

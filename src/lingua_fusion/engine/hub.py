@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from ..config import Settings
 from ..errors import Overloaded
 from ..glossary import apply_mt_batch
 from ..models.registry import Registry
+from .breaker import SLOBreaker, Transition
 from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, stage_deadline
 
 log = logging.getLogger("lingua_fusion.hub")
@@ -53,6 +55,11 @@ class StreamHub:
         self.sessions: dict[str, Any] = {}
         self.store: Any = None  # StreamStore: the write-ahead log of finals (set by the server)
         self.draining = False
+        self.breaker = SLOBreaker(dict(SLO_CLASSES), window_s=settings.server.breaker_window_s,
+                                  k=settings.server.breaker_k)
+        self._ticker: asyncio.Task[None] | None = None
+        self.faults: dict[str, dict[str, float]] = {}  # chaos: model prefix -> {"delay_s", "fraction"}
+        self._fault_rng = random.Random(0)
         # "batched": cross-stream batches on trimmed windows (the default); "unbatched": one item per call, trimmed
         # windows; "per-stream": one item per call through faster-whisper's own 30 s-window decode, as
         # whisper_streaming / WhisperLive do (the baseline the benchmark compares against)
@@ -153,6 +160,40 @@ class StreamHub:
         # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
         return await asyncio.wait_for(fut, timeout=self.settings.server.request_timeout_s)
 
+    def _fault_for(self, key: str) -> float | None:
+        for prefix, f in self.faults.items():
+            if (prefix == "*" or key.startswith(prefix)) and self._fault_rng.random() < f.get("fraction", 1.0):
+                return float(f.get("delay_s", 0.0))
+        return None
+
+    # ---- SLO circuit breaker -------------------------------------------------------------------------------
+    async def caption_latency(self, slo: str, seconds: float) -> None:
+        """Every committed caption's latency feeds the breaker (and the ticker closes idle windows)."""
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._tick_loop(), name="breaker")
+        await self._apply(self.breaker.record(slo, seconds, self.clock()))
+
+    async def _tick_loop(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(1.0)
+            await self._apply(self.breaker.tick(self.clock()))
+
+    async def _apply(self, transitions: list[Transition]) -> None:
+        for t in transitions:
+            down = t.to_level > t.from_level
+            log.warning("SLO breaker %s: level %d -> %d (%s, window p99 %s s)", t.slo, t.from_level, t.to_level,
+                        t.step, t.p99)
+            if self.metrics is not None:
+                self.metrics.degradation_level.labels(slo=t.slo).set(t.to_level)
+                self.metrics.breaker_transitions.labels(slo=t.slo, direction="degrade" if down else "restore").inc()
+            affected = [s for s in list(self.sessions.values()) if s.spec.slo == t.slo]
+            for s in affected:
+                await s.notify({"type": "degraded" if down else "restored", "slo": t.slo, "level": t.to_level,
+                                "step": t.step, "window_p99_s": t.p99})
+            if down and t.step == "shed_low_importance" and affected:
+                victim = min(affected, key=lambda s: s.spec.importance)
+                await victim.shed("the server is over its SLO; the least important stream was shed")
+
     def _ensure_worker(self, key: str) -> None:
         if key not in self._workers or self._workers[key].done():
             self._wake.setdefault(key, asyncio.Event())
@@ -178,6 +219,9 @@ class StreamHub:
                 if not batch:
                     break
                 t0 = self.clock()
+                fault = self._fault_for(key)
+                if fault is not None:
+                    await asyncio.sleep(fault)  # chaos: an injected model delay (server started with --chaos)
                 try:
                     results = await asyncio.to_thread(runner, [w.payload.arg for w in batch])
                 except Exception as exc:  # a backend failure fails this batch's items, not the worker
@@ -249,6 +293,10 @@ class StreamHub:
 
     async def close(self) -> None:
         self._closing = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._ticker
         for ev in self._wake.values():
             ev.set()
         for task in list(self._workers.values()):

@@ -205,7 +205,8 @@ class StreamSession:
             self._decide(d)
 
     def _decide(self, d: Decision) -> None:
-        if d.kind == "partial" and self.spec.partials and (self._partial is None or self._partial.done()):
+        if d.kind == "partial" and self.spec.partials and not self._degraded("drop_partials") and (
+                self._partial is None or self._partial.done()):
             audio = self.timeline.view(d.start, d.end).copy()
             self._partial = self._spawn(self._partial_job(audio, d, self._utterance), "partial")
         elif d.kind == "commit":
@@ -240,6 +241,8 @@ class StreamSession:
         from ..media import decode_image
 
         image = decode_image(data, self.hub.settings.limits)
+        if self._degraded("skip_vision"):
+            return  # degraded: slides are not read while the class is over its SLO
         t = self._place("image", ts)
         self._spawn(self._ocr_job(image, t), "ocr")
 
@@ -257,6 +260,20 @@ class StreamSession:
         if flush.kind == "commit":
             self.policy.committed(flush.end)
         await self._jobs.put(None)
+
+    def _degraded(self, step: str) -> bool:
+        breaker = getattr(self.hub, "breaker", None)
+        return breaker is not None and breaker.active(self.spec.slo, step)
+
+    async def notify(self, event: dict[str, Any]) -> None:
+        if self.state in (State.LIVE, State.DRAINING):
+            await self._emit(event)
+
+    async def shed(self, message: str) -> None:
+        from ..errors import Overloaded
+
+        self.error = Overloaded(message, retry_after=10.0)
+        await self.abort()
 
     async def drain(self, deadline_s: float) -> None:
         """Server shutdown: let queued commits finish (they are logged and sent) within ``deadline_s``, then close
@@ -408,6 +425,9 @@ class StreamSession:
                 event.setdefault("latency_ms", {})["caption"] = round(latency * 1000, 1)
                 if self.hub.metrics is not None:
                     self.hub.metrics.caption(self.spec.slo, latency)
+                breaker = getattr(self.hub, "caption_latency", None)
+                if breaker is not None:
+                    await breaker(self.spec.slo, latency)
                 await self._emit(event)
                 await self._emit({"type": "metrics", "seq": self.seq, "latency_ms": event["latency_ms"],
                                   "queue_depth": {k: self.hub.scheduler.depth(k) for k in self.hub.keys_for(self)}})

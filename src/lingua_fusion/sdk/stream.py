@@ -183,9 +183,12 @@ class RemoteStream:
             ws = self._ws
             try:
                 raw = await ws.recv()
-            except ConnectionClosed:
+            except ConnectionClosed as exc:
                 if ws is not self._ws:
                     continue  # a reconnection already replaced this socket
+                code = exc.rcvd.code if exc.rcvd is not None else None
+                if code is not None and 4000 <= code < 5000:
+                    return  # refused or shed by the server (its error event came first): reconnecting won't help
                 await self._broken()
                 continue
             ev = StreamEvent.model_validate(json.loads(raw))

@@ -1,0 +1,60 @@
+"""The SLO circuit breaker against a delay fault injected into a live server (--chaos, admin only)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+from conftest import Server, start_server, stop_server
+
+from lingua_fusion import MultimodalTranslator
+
+
+def test_fault_injection_needs_chaos_mode_and_an_admin_key(server: Server) -> None:
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
+    r = httpx.post(server.url + "/v1/admin/faults", json={"model": "mt", "delay_s": 1}, headers=admin, timeout=10)
+    assert r.status_code == 403 and "--chaos" in r.json()["error"]["message"]
+    user = {"Authorization": f"Bearer {server.key()}"}
+    assert httpx.get(server.url + "/v1/admin/faults", headers=user, timeout=10).status_code == 403
+
+
+async def test_breaker_trips_on_a_delay_fault_and_recovers(tmp_path: Path) -> None:
+    url, proc = start_server(tmp_path, "--no-auth", "--chaos", env={"LINGUAFUSION_SERVER__BREAKER_WINDOW_S": "2",
+                                                                    "LINGUAFUSION_SERVER__BREAKER_K": "2"})
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            r = await http.post("/v1/admin/faults", json={"model": "mt", "delay_s": 3.5})
+            assert r.status_code == 201
+            t = MultimodalTranslator(base_url=url)
+            events: list[tuple[float, str, dict[str, object]]] = []
+            async with t.stream(["es"], slo="standard", partials=False) as s:
+                t0 = time.monotonic()
+
+                async def send() -> None:
+                    cleared = False
+                    for i in range(80):
+                        await s.send_text("The house is very big.")
+                        await asyncio.sleep(0.5)
+                        if not cleared and any(k == "degraded" for _t, k, _e in events):
+                            await http.delete("/v1/admin/faults")
+                            cleared = True
+                        if any(k == "restored" for _t, k, _e in events):
+                            break
+                    await s.end()
+
+                sender = asyncio.create_task(send())
+                async for ev in s:
+                    events.append((time.monotonic() - t0, ev.type, ev.model_dump()))
+                await sender
+            metrics = (await http.get("/metrics")).text
+    finally:
+        stop_server(proc)
+    kinds = [k for _t, k, _e in events]
+    assert "degraded" in kinds and "restored" in kinds and kinds.index("degraded") < kinds.index("restored")
+    assert next(e for _t, k, e in events if k == "degraded").get("step") == "drop_partials"
+    finals = [e for _t, k, e in events if k == "final"]
+    assert [f["seq"] for f in finals] == list(range(1, len(finals) + 1))  # degrading lost no caption
+    assert 'linguafusion_breaker_transitions_total{direction="degrade",slo="standard"} 1.0' in metrics
+    assert 'linguafusion_breaker_transitions_total{direction="restore",slo="standard"} 1.0' in metrics

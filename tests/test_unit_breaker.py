@@ -1,0 +1,61 @@
+"""The SLO circuit breaker with a fake clock."""
+
+from __future__ import annotations
+
+from lingua_fusion.engine.breaker import STEPS, SLOBreaker
+
+
+def feed(b: SLOBreaker, slo: str, latency: float, t0: float, windows: int, per_window: int = 4) -> list:
+    out = []
+    for w in range(windows):
+        for i in range(per_window):
+            out += b.record(slo, latency, t0 + w * b.window_s + i * b.window_s / per_window)
+    return out
+
+
+def test_trips_after_k_breached_windows_and_not_before() -> None:
+    b = SLOBreaker({"standard": 3.0}, window_s=5.0, k=3)
+    assert feed(b, "standard", 4.0, 0.0, 3) == []  # the 3rd window only closes when time passes its end
+    trans = b.tick(15.0)
+    assert [(t.from_level, t.to_level, t.step) for t in trans] == [(0, 1, "drop_partials")]
+    assert b.active("standard", "drop_partials") and not b.active("standard", "skip_vision")
+    assert trans[0].at == 15.0 and trans[0].p99 == 4.0
+
+
+def test_one_step_at_a_time_down_the_ladder() -> None:
+    b = SLOBreaker({"interactive": 1.0}, window_s=1.0, k=2)
+    trans = feed(b, "interactive", 2.0, 0.0, 11) + b.tick(11.0)
+    assert [t.to_level for t in trans] == [1, 2, 3, 4, 5]  # every 2 breached windows, capped at the last step
+    assert [t.step for t in trans] == list(STEPS)
+    assert b.level("interactive") == len(STEPS)
+
+
+def test_restores_with_hysteresis() -> None:
+    b = SLOBreaker({"standard": 3.0}, window_s=5.0, k=3, restore_ratio=0.8)
+    feed(b, "standard", 4.0, 0.0, 3)
+    b.tick(15.0)
+    assert b.level("standard") == 1
+    # just under the target but above 0.8 x target: holds, does not restore
+    assert feed(b, "standard", 2.9, 15.0, 5) + b.tick(40.0) == []
+    assert b.level("standard") == 1
+    trans = feed(b, "standard", 1.0, 40.0, 3) + b.tick(55.0)
+    assert [(t.from_level, t.to_level) for t in trans] == [(1, 0)]
+
+
+def test_idle_windows_neither_trip_nor_restore_and_classes_are_separate() -> None:
+    b = SLOBreaker({"standard": 3.0, "batch": 30.0}, window_s=5.0, k=2)
+    feed(b, "standard", 4.0, 0.0, 1)
+    b.tick(100.0)  # many empty windows later
+    assert b.level("standard") == 0
+    feed(b, "standard", 4.0, 100.0, 2)
+    feed(b, "batch", 4.0, 100.0, 2)
+    trans = b.tick(110.0)
+    assert [t.slo for t in trans] == ["standard"] and b.level("batch") == 0
+
+
+def test_a_breached_run_is_broken_by_a_healthy_window() -> None:
+    b = SLOBreaker({"standard": 3.0}, window_s=5.0, k=3)
+    feed(b, "standard", 4.0, 0.0, 2)
+    feed(b, "standard", 1.0, 10.0, 1)
+    feed(b, "standard", 4.0, 15.0, 2)
+    assert b.tick(25.0) == [] and b.level("standard") == 0
