@@ -22,6 +22,9 @@ app.add_typer(keys_app, name="keys")
 bench_app = typer.Typer(help="Benchmarks: file latency, live load against a server, comparison of reports.",
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+chaos_app = typer.Typer(help="Chaos experiments: faults on a schedule under load, against a baseline.",
+                        no_args_is_help=True)
+app.add_typer(chaos_app, name="chaos")
 err = Console(stderr=True)
 
 URL_OPT = typer.Option(None, "--url", envvar="LINGUAFUSION_URL", help="Server URL; without it, run in-process.")
@@ -322,6 +325,27 @@ def bench_compare(a: Path = typer.Argument(...), b: Path = typer.Argument(...),
     if json_out:
         json_out.write_text(json.dumps(res, indent=2))
     raise typer.Exit(1 if res["regressions"] else 0)
+
+
+@chaos_app.command("run")
+def chaos_run(experiment: Path = typer.Argument(..., help="Experiment YAML (see examples/chaos/)."),
+              json_out: Path | None = typer.Option(None, "--json"),
+              html_out: Path | None = typer.Option(None, "--html")) -> None:
+    """Run a load against a server this command starts, inject the experiment's faults, compare with a baseline."""
+    from .chaos.experiment import run_experiment
+
+    try:
+        report = run_experiment(experiment, err)
+    except LinguaFusionError as exc:
+        _fail(exc)
+        return
+    if html_out is not None:
+        from .loadgen.html import write_load_html
+
+        runs = {"runs": [report["faulted"]],
+                **({"baseline": {"runs": [report["baseline"]]}} if "baseline" in report else {})}
+        write_load_html({**{k: v for k, v in report.items() if k not in ("baseline", "faulted")}, **runs}, html_out)
+    _emit_json(report, json_out)
 
 
 @app.command("eval")

@@ -8,7 +8,6 @@ captions' p99 is within the class target (interactive 1 s, standard 3 s, batch 3
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,8 @@ class StreamResult:
     latencies: list[float] = field(default_factory=list)
     start_wall: float = 0.0
     sent_s: float = 0.0
+    reconnects: int = 0
+    duplicates: int = 0
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -41,81 +42,73 @@ def pct(values: list[float], q: float) -> float | None:
 
 async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Material, duration: float, offset: int,
                      baseline: bool) -> StreamResult:
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, WebSocketException
+    """One stream through the SDK's RemoteStream, so a server restart mid-run is survived the way users survive it
+    (reconnect, resume, re-send); finals are counted as delivered."""
+    from ..errors import LinguaFusionError
+    from ..sdk.client import ws_url
+    from ..sdk.stream import RemoteStream, start_message
 
     res = StreamResult(kind)
-    start = {"type": "start", "source_lang": kind.source_lang, "target_langs": kind.targets, "slo": kind.slo,
-             "importance": kind.importance, "partials": kind.partials}
+    start = start_message(kind.targets, kind.source_lang, kind.slo, kind.partials, kind.importance, None, False, 0.4)
     if baseline:
         start["engine"] = "per-stream"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    ws_url = url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/v1/streams"
+    stream = RemoteStream(ws_url(url.rstrip("/")), api_key, start, reconnect_timeout=duration + 120)
     try:
-        async with connect(ws_url, additional_headers=headers, open_timeout=30, max_size=1 << 24) as ws:
-            await ws.send(json.dumps(start))
-            first = json.loads(await asyncio.wait_for(ws.recv(), timeout=30))
-            if first.get("type") != "ready":
-                res.rejected_code = first.get("code", "error")
-                return res
-            res.admitted = True
-            res.start_wall = time.monotonic()
+        await stream.__aenter__()
+    except LinguaFusionError as exc:
+        res.rejected_code = exc.code
+        return res
+    res.admitted = True
+    res.start_wall = time.monotonic()
+    try:
+        async def send() -> None:
+            chunk = 16000 * 2 // 4  # 250 ms
+            steps = int(duration * 4)
+            t0 = res.start_wall
+            next_text = 0
+            for k in range(steps):
+                delay = t0 + k * 0.25 - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                ts = k * 0.25
+                if kind.source == "text":
+                    if k % 12 == 0:  # one sentence every 3 s
+                        await stream.send_text(mat.sentences[(offset + next_text) % len(mat.sentences)], ts)
+                        next_text += 1
+                    continue
+                a = (offset * chunk + k * chunk) % max(chunk, len(mat.pcm) - chunk)
+                a -= a % 2
+                await stream.send_audio(mat.pcm[a:a + chunk], ts)
+                if kind.slides and k % 40 == 0:
+                    await stream.send_image(slide_png(mat.sentences[(offset + k // 40) % len(mat.sentences)]), ts)
+            res.sent_s = steps * 0.25
+            await stream.end()
 
-            async def send() -> None:
-                chunk = 16000 * 2 // 4  # 250 ms
-                steps = int(duration * 4)
-                t0 = res.start_wall
-                next_text = 0
-                for k in range(steps):
-                    delay = t0 + k * 0.25 - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    ts = k * 0.25
-                    if kind.source == "text":
-                        if k % 12 == 0:  # one sentence every 3 s
-                            sentence = mat.sentences[(offset + next_text) % len(mat.sentences)]
-                            await ws.send(json.dumps({"type": "text", "ts": ts, "text": sentence}))
-                            next_text += 1
-                        continue
-                    a = (offset * chunk + k * chunk) % max(chunk, len(mat.pcm) - chunk)
-                    a -= a % 2
-                    await ws.send(json.dumps({"type": "audio", "ts": ts, "data": _b64(mat.pcm[a:a + chunk])}))
-                    if kind.slides and k % 40 == 0:
-                        sentence = mat.sentences[(offset + k // 40) % len(mat.sentences)]
-                        await ws.send(json.dumps({"type": "image", "ts": ts, "data": _b64(slide_png(sentence))}))
-                res.sent_s = steps * 0.25
-                await ws.send(json.dumps({"type": "end"}))
-
-            sender = asyncio.create_task(send())
-            try:
-                while True:
-                    raw = await asyncio.wait_for(ws.recv(), timeout=duration + 120)
-                    ev = json.loads(raw)
-                    if ev["type"] == "final":
-                        lat = time.monotonic() - res.start_wall - float(ev["end"])
-                        ev["latency_s"] = round(lat, 3)
-                        res.finals.append(ev)
+        sender = asyncio.create_task(send())
+        try:
+            async def read() -> None:
+                async for ev in stream:
+                    if ev.type == "final":
+                        data = ev.model_dump(exclude_none=True)
+                        lat = time.monotonic() - res.start_wall - float(data["end"])
+                        data["latency_s"] = round(lat, 3)
+                        res.finals.append(data)
                         res.latencies.append(lat)
-                    elif ev["type"] == "error" and not res.error:
-                        res.error = ev.get("code")
-                    elif ev["type"] == "closed":
-                        break
-            finally:
-                if not sender.done():
-                    sender.cancel()
-                await asyncio.gather(sender, return_exceptions=True)
-    except (ConnectionClosed, WebSocketException, OSError, TimeoutError) as exc:
-        if not res.admitted:
-            res.rejected_code = res.rejected_code or type(exc).__name__
-        else:
-            res.error = res.error or type(exc).__name__
+                    elif ev.type == "error" and not res.error:
+                        res.error = (ev.model_extra or {}).get("code", "error")
+
+            await asyncio.wait_for(read(), timeout=duration + 300)
+        finally:
+            if not sender.done():
+                sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+    except (LinguaFusionError, TimeoutError) as exc:
+        res.error = res.error or getattr(exc, "code", type(exc).__name__)
+    finally:
+        res.reconnects = stream.reconnects
+        res.duplicates = stream.duplicates_dropped
+        await stream.__aexit__(None, None, None)
     return res
-
-
-def _b64(b: bytes) -> str:
-    import base64
-
-    return base64.b64encode(b).decode("ascii")
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -139,12 +132,19 @@ def scrape(url: str) -> dict[str, float]:
 
 
 async def run_load(url: str, api_key: str | None, mix: Mix, n: int, duration: float, *, seed: int = 0,
-                   baseline: bool = False) -> dict[str, Any]:
+                   baseline: bool = False, audio_fault: Any = None, on_start: Any = None) -> dict[str, Any]:
+    """``audio_fault``: a function float32 audio -> degraded audio (modality faults of chaos experiments);
+    ``on_start``: called once the media are ready, as the first stream starts (a chaos schedule's time zero)."""
     kinds = mix.assign(n, seed)
     mats: dict[str, Material] = {}
     for k in kinds:
         if k.source not in mats:
             mats[k.source] = await asyncio.to_thread(material, k.source)
+            if audio_fault is not None:
+                m = mats[k.source]
+                audio = np.frombuffer(m.pcm, dtype="<i2").astype(np.float32) / 32768
+                bad = np.clip(audio_fault(audio), -1, 1)
+                mats[k.source] = Material((bad * 32767).astype("<i2").tobytes(), m.reference, m.sentences)
     r = np.random.default_rng(seed)
     if mix.arrival == "burst":
         starts = [0.0] * n
@@ -154,6 +154,8 @@ async def run_load(url: str, api_key: str | None, mix: Mix, n: int, duration: fl
         starts = list(np.cumsum(r.exponential(mix.ramp_s / max(1, n), n)))
     before = scrape(url)
     t0 = time.monotonic()
+    if on_start is not None:
+        on_start()
 
     async def launch(i: int) -> StreamResult:
         await asyncio.sleep(starts[i])
@@ -206,9 +208,21 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
                    "mean_batch": round((after["linguafusion_batch_size_sum"] - before["linguafusion_batch_size_sum"])
                                        / batches, 2) if batches else None},
         "client_captions": sum(len(r.finals) for r in results),
+        "integrity": integrity(results),
         "latencies": {slo: [round(x, 3) for r in results if r.kind.slo == slo for x in r.latencies]
                       for slo in per_class},
     }
+
+
+def integrity(results: list[StreamResult]) -> dict[str, int]:
+    """Committed captions lost (gaps in seq), duplicated (sent again after a resume), reconnections."""
+    lost = 0
+    for r in results:
+        seqs = sorted(int(f["seq"]) for f in r.finals if "seq" in f)
+        if seqs:
+            lost += seqs[-1] - len(set(seqs))
+    return {"lost": lost, "duplicated": sum(r.duplicates for r in results),
+            "reconnects": sum(r.reconnects for r in results)}
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -69,6 +69,7 @@ class RemoteStream:
         self._finished = False
         self.last_seq = 0
         self.reconnects = 0
+        self.duplicates_dropped = 0  # finals the server sent again after a resume (dropped here, counted)
         self.on_reconnect = on_reconnect
         self.ready: dict[str, Any] = {}
 
@@ -194,6 +195,7 @@ class RemoteStream:
             ev = StreamEvent.model_validate(json.loads(raw))
             if ev.type == "final" and ev.seq is not None:
                 if ev.seq <= self.last_seq:
+                    self.duplicates_dropped += 1
                     continue  # already delivered before the break
                 self.last_seq = ev.seq
             if ev.type == "ready":
