@@ -240,3 +240,24 @@ async def test_opus_stream_in_pieces(open_server: str, container: str) -> None:
     assert [f.seq for f in finals] == [1, 2]
     assert "oficina" in (finals[1].text or "").lower()
     assert any(e.type == "metrics" and e.seq == 1 for e in events)
+
+
+async def test_message_flood_is_refused_and_other_streams_go_on(server: Server) -> None:
+    ws_url = server.url.replace("http://", "ws://") + "/v1/streams"
+    auth = {"Authorization": f"Bearer {server.key()}"}
+    async with connect(ws_url, additional_headers=auth) as ws:
+        await ws.send(json.dumps({"type": "start", "target_langs": ["es"], "partials": False}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+        with pytest.raises(ConnectionClosed) as closed:
+            for _ in range(400):  # far beyond 50 messages/s
+                await ws.send(b"\x00\x00" * 80)
+            while True:
+                msg = json.loads(await ws.recv())
+                if msg["type"] == "error":
+                    assert msg["code"] == "overloaded"
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4429
+    t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
+    async with t.stream(["es"], partials=False) as s:
+        await s.send_text("The house is very big.")
+        await s.end()
+        assert [e.type async for e in s if e.type == "final"] == ["final"]

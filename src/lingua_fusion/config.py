@@ -37,6 +37,7 @@ class ServerSettings(BaseModel):
     breaker_k: int = 3
     chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default
     max_ws_message_bytes: int = 4 * 1024 * 1024
+    max_ws_messages_per_s: float = 50.0  # per stream, averaged over 2 s (real time is 4-8 audio messages/s)
 
 
 class LimitSettings(BaseModel):

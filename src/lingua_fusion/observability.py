@@ -24,6 +24,9 @@ class Metrics:
         self.rejected = Counter("linguafusion_rejected_total", "Requests refused for overload",
                                 registry=self.registry)
 
+        self.queue_depth_max = Gauge("linguafusion_queue_depth_max", "Largest scheduler queue depth seen per model",
+                                     ["model"], registry=self.registry)
+        self._depth_max: dict[str, int] = {}
         self.queue_depth = Gauge("linguafusion_queue_depth", "Scheduler queue depth per model", ["model"],
                                  registry=self.registry)
         self.batch_size = Histogram("linguafusion_batch_size", "Items per model batch (across streams)", ["model"],
@@ -48,6 +51,12 @@ class Metrics:
         self.breaker_transitions = Counter("linguafusion_breaker_transitions_total", "SLO breaker moves",
                                            ["slo", "direction"], registry=self.registry)
         self._hdr: dict[str, HdrHistogram] = {}
+
+    def depth(self, model: str, depth: int) -> None:
+        self.queue_depth.labels(model=model).set(depth)
+        if depth > self._depth_max.get(model, -1):
+            self._depth_max[model] = depth
+            self.queue_depth_max.labels(model=model).set(depth)
 
     def caption(self, slo: str, seconds: float) -> None:
         self.caption_latency.labels(slo=slo).observe(seconds)

@@ -22,6 +22,8 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str, slo: st
     audio, _info = decode_audio(path.read_bytes(), Settings().limits, what=path.name)
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
+    if not realtime:
+        chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
     stream = client.stream(targets, source_lang=source_lang, slo=slo, partials=partials)
     if hasattr(stream, "on_reconnect"):

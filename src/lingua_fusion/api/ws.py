@@ -11,6 +11,7 @@ import base64
 import binascii
 import contextlib
 import json
+import time
 from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
@@ -149,7 +150,7 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
             writer = asyncio.create_task(_write(ws, session), name="ws-writer")
             try:
                 await _read(ws, session, settings.server.stream_idle_timeout_s,
-                            settings.server.max_ws_message_bytes)
+                            settings.server.max_ws_message_bytes, settings.server.max_ws_messages_per_s)
                 await writer
             finally:
                 if not writer.done():
@@ -173,9 +174,30 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
                 per_key[key_id] = max(0, per_key.get(key_id, 1) - 1)
 
 
-async def _read(ws: WebSocket, session: StreamSession, idle: float, max_bytes: int) -> None:
+class _Rate:
+    """A token bucket: ``rate`` messages per second on average, bursts up to two seconds' worth."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.capacity = rate, 2 * rate
+        self.tokens = self.capacity
+        self.t = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+async def _read(ws: WebSocket, session: StreamSession, idle: float, max_bytes: int, max_rate: float) -> None:
+    rate = _Rate(max_rate)
     while True:
         msg = await asyncio.wait_for(ws.receive(), timeout=idle)
+        if not rate.take():
+            raise Overloaded(f"more than {max_rate:g} messages per second on this stream", retry_after=1.0)
         if msg["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(msg.get("code", 1000))
         data = msg.get("bytes")

@@ -156,7 +156,7 @@ class StreamHub:
         self._ensure_worker(key)
         self._wake[key].set()
         if self.metrics is not None:
-            self.metrics.queue_depth.labels(model=key).set(self.scheduler.depth(key))
+            self.metrics.depth(key, self.scheduler.depth(key))
         # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
         return await asyncio.wait_for(fut, timeout=self.settings.server.request_timeout_s)
 
@@ -237,7 +237,7 @@ class StreamHub:
                     self.metrics.stage("model:" + key.split(":")[0], dt)
                     for w in batch:
                         self.metrics.queue_wait.labels(model=key).observe(max(0.0, t0 - w.enqueued))
-                    self.metrics.queue_depth.labels(model=key).set(self.scheduler.depth(key))
+                    self.metrics.depth(key, self.scheduler.depth(key))
                 for w, r in zip(batch, results, strict=True):
                     if not w.payload.future.done():
                         w.payload.future.set_result(r)
