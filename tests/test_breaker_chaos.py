@@ -34,7 +34,7 @@ async def test_breaker_trips_on_a_delay_fault_and_recovers(tmp_path: Path) -> No
 
                 async def send() -> None:
                     cleared = False
-                    for i in range(80):
+                    for _ in range(160):  # at most 80 s; stops as soon as the class is restored
                         await s.send_text("The house is very big.")
                         await asyncio.sleep(0.5)
                         if not cleared and any(k == "degraded" for _t, k, _e in events):
@@ -56,5 +56,10 @@ async def test_breaker_trips_on_a_delay_fault_and_recovers(tmp_path: Path) -> No
     assert next(e for _t, k, e in events if k == "degraded").get("step") == "drop_partials"
     finals = [e for _t, k, e in events if k == "final"]
     assert [f["seq"] for f in finals] == list(range(1, len(finals) + 1))  # degrading lost no caption
-    assert 'linguafusion_breaker_transitions_total{direction="degrade",slo="standard"} 1.0' in metrics
-    assert 'linguafusion_breaker_transitions_total{direction="restore",slo="standard"} 1.0' in metrics
+    def counter(direction: str) -> float:
+        name = f'linguafusion_breaker_transitions_total{{direction="{direction}",slo="standard"}} '
+        return next(float(x[len(name):]) for x in metrics.splitlines() if x.startswith(name))
+
+    # every move is counted: as many degrade as degraded events, as many restores as restored events
+    assert counter("degrade") == kinds.count("degraded") >= 1
+    assert counter("restore") == kinds.count("restored") >= 1
