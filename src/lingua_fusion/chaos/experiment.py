@@ -120,7 +120,7 @@ async def _schedule(server: ManagedServer, url: str, faults: list[dict[str, Any]
         delay = t0 + float(f.get("at", 0)) - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        entry: dict[str, Any] = {"at": round(time.monotonic() - t0, 2), **f}
+        entry: dict[str, Any] = {**f, "fired_at": round(time.monotonic() - t0, 2)}
         try:
             if f["kind"] == "model_delay":
                 async with httpx.AsyncClient(timeout=10) as http:

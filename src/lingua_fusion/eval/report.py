@@ -19,6 +19,16 @@ def _plt() -> Any:
     return plt
 
 
+def _finish(plt: Any, fig: Any, ax: Any, out: Path) -> Path:
+    """Grid, legend, tight layout, write the PNG, free the figure."""
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def plot_study(study: dict[str, Any], out: Path) -> Path:
     plt = _plt()
     rows = study["rows"]
@@ -31,12 +41,7 @@ def plot_study(study: dict[str, Any], out: Path) -> Path:
     ax.set_xlabel(study["axis"])
     ax.set_title(f"{study['study']} ({study['path']}): knee {study['knee']['from_level']} -> "
                  f"{study['knee']['to_level']} (conf {study['knee']['confidence']})")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, ax, out)
 
 
 def plot_cdf(latencies: dict[str, list[float]], out: Path, title: str) -> Path:
@@ -49,12 +54,7 @@ def plot_cdf(latencies: dict[str, list[float]], out: Path, title: str) -> Path:
     ax.set_xlabel("caption latency (s)")
     ax.set_ylabel("fraction of captions")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, ax, out)
 
 
 def plot_goodput(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
@@ -64,12 +64,7 @@ def plot_goodput(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
         ax.plot([r["streams"] for r in rows], [r["goodput_streams"] for r in rows], "o-", label=label)
     ax.set_xlabel("offered streams")
     ax.set_ylabel("streams meeting their SLO")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, ax, out)
 
 
 def write_html(path: Path, title: str, report: dict[str, Any], images: list[Path]) -> Path:
