@@ -261,3 +261,16 @@ async def test_message_flood_is_refused_and_other_streams_go_on(server: Server) 
         await s.send_text("The house is very big.")
         await s.end()
         assert [e.type async for e in s if e.type == "final"] == ["final"]
+
+
+def test_cli_stream_detects_the_spoken_language(open_server: str, tmp_path: Path) -> None:
+    from conftest import espeak_wav
+
+    wav = tmp_path / "es.wav"
+    wav.write_bytes(espeak_wav("Buenos días a todos. La casa es muy grande y tiene un jardín bonito.", "es"))
+    p = subprocess.run([str(BIN), "stream", str(wav), "--to", "en", "--json", "--url", open_server,
+                        "--no-partials"], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert "detected source language: es" in p.stderr
+    finals = [json.loads(x) for x in p.stdout.splitlines() if '"type": "final"' in x]
+    assert finals and any("house" in f["text"].lower() or "garden" in f["text"].lower() for f in finals), finals

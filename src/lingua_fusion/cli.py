@@ -149,7 +149,7 @@ def translate(
 def stream(
     file: Path = typer.Argument(..., help="Audio (or video) file played as a live stream."),
     to: list[str] = typer.Option(..., "--to", help="Target language(s); repeat for several."),
-    source_lang: str = typer.Option("en", "--from"),
+    source_lang: str | None = typer.Option(None, "--from", help="Spoken language (detected from the file if omitted)."),
     slo: str = typer.Option("standard", "--slo", help="interactive | standard | batch"),
     realtime: bool = typer.Option(False, "--realtime", help="Pace the audio at real time."),
     chunk_ms: int = typer.Option(250, "--chunk-ms"),

@@ -15,11 +15,24 @@ from .config import Settings
 from .media import decode_audio
 
 
-async def play_file(path: Path, *, targets: list[str], source_lang: str, slo: str, realtime: bool, chunk_ms: int,
+def detect_language(audio: np.ndarray, console: Any) -> str:
+    """The CLI holds the whole file, so it can tell the stream its language before the first chunk."""
+    from . import langs
+    from .models.registry import Registry
+
+    lang, prob = Registry(Settings()).asr(None).detect_language(audio)
+    console.print(f"detected source language: {lang} (p={prob:.2f}); pass --from to set it", markup=False,
+                  style="dim")
+    return langs.normalize(lang)
+
+
+async def play_file(path: Path, *, targets: list[str], source_lang: str | None, slo: str, realtime: bool, chunk_ms: int,
                     partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any) -> int:
     from .sdk import LocalTranslator, MultimodalTranslator
 
     audio, _info = decode_audio(path.read_bytes(), Settings().limits, what=path.name)
+    if source_lang is None:
+        source_lang = await asyncio.to_thread(detect_language, audio, console)
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
     if not realtime:

@@ -105,6 +105,14 @@ class WhisperASR:
             out.append((collapse_repeats(tok.decode(ids).strip()), round(min(1.0, max(0.0, conf)), 4)))
         return out
 
+    def detect_language(self, audio: np.ndarray) -> tuple[str, float]:
+        """Spoken language of (the speech in the first 30 s of) ``audio``; English-only models answer "en"."""
+        if not self.multilingual:
+            return "en", 1.0
+        with self._lock:
+            lang, prob, _all = self._model.detect_language(audio=audio[: 30 * 16000], vad_filter=True)
+        return lang, float(prob)
+
     def transcribe(self, audio: np.ndarray, *, language: str | None, task: str = "transcribe",
                    initial_prompt: str | None = None, hotwords: str | None = None) -> ASRResult:
         if not self.multilingual:
