@@ -275,6 +275,7 @@ def bench_load(
     duration: float = typer.Option(30.0, "--duration", help="Seconds of audio each stream plays."),
     knee: bool = typer.Option(False, "--knee", help="Binary-search the largest load that meets the SLO."),
     baseline: bool = typer.Option(False, "--baseline", help="Also run the per-stream baseline, report the ratio."),
+    run_all: bool = typer.Option(False, "--all", help="Run every N even past the first that misses (overload study)."),
     seed: int = typer.Option(0, "--seed"),
     json_out: Path | None = typer.Option(None, "--json"), html_out: Path | None = typer.Option(None, "--html"),
 ) -> None:
@@ -294,7 +295,7 @@ def bench_load(
         raise typer.Exit(2) from None
     try:
         report = run_bench_load(url, api_key, load_mix(mix), mix, counts, duration, seed=seed, baseline=baseline,
-                                knee=knee, console=err)
+                                knee=knee, console=err, run_all=run_all)
     except LinguaFusionError as exc:
         _fail(exc)
         return

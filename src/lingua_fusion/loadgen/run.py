@@ -116,7 +116,7 @@ def scrape(url: str) -> dict[str, float]:
     want = ("process_resident_memory_bytes", "process_cpu_seconds_total", "linguafusion_shed_total",
             "linguafusion_streams_rejected_total", "linguafusion_streams_admitted_total",
             "linguafusion_caption_latency_seconds_count", "linguafusion_batch_size_sum",
-            "linguafusion_batch_size_count")
+            "linguafusion_batch_size_count", "linguafusion_queue_depth_max")
     out = dict.fromkeys(want, 0.0)
     try:
         text = httpx.get(url.rstrip("/") + "/metrics", timeout=10).text
@@ -126,7 +126,9 @@ def scrape(url: str) -> dict[str, float]:
         if line.startswith("#"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in out:
+        if name == "linguafusion_queue_depth_max":  # a maximum over models, not a sum
+            out[name] = max(out[name], float(line.rsplit(" ", 1)[1]))
+        elif name in out:
             out[name] += float(line.rsplit(" ", 1)[1])
     return out
 
@@ -206,7 +208,8 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
                    "captions": after["linguafusion_caption_latency_seconds_count"]
                    - before["linguafusion_caption_latency_seconds_count"],
                    "mean_batch": round((after["linguafusion_batch_size_sum"] - before["linguafusion_batch_size_sum"])
-                                       / batches, 2) if batches else None},
+                                       / batches, 2) if batches else None,
+                   "max_queue_depth": after["linguafusion_queue_depth_max"]},
         "client_captions": sum(len(r.finals) for r in results),
         "integrity": integrity(results),
         "latencies": {slo: [round(x, 3) for r in results if r.kind.slo == slo for x in r.latencies]

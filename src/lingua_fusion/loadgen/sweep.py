@@ -15,7 +15,7 @@ SCHEMA = "linguafusion.bench.load/1"
 
 
 async def sweep(url: str, api_key: str | None, mix: Mix, counts: list[int], duration: float, *, seed: int,
-                baseline: bool, knee: bool, console: Any) -> dict[str, Any]:
+                baseline: bool, knee: bool, console: Any, run_all: bool = False) -> dict[str, Any]:
     """Run each N in ``counts`` (ascending) until one misses its SLO; with ``knee``, binary-search between the last
     N that met it and the first that did not."""
     runs: list[dict[str, Any]] = []
@@ -32,10 +32,12 @@ async def sweep(url: str, api_key: str | None, mix: Mix, counts: list[int], dura
     for n in sorted(counts):
         r = await run(n)
         if r["meets_slo"]:
-            last_ok = n
+            if first_bad is None:
+                last_ok = n
         else:
-            first_bad = n
-            break
+            first_bad = first_bad or n
+            if not run_all:
+                break
     if knee and first_bad is not None:
         lo, hi = last_ok, first_bad
         while hi - lo > 1:
@@ -66,13 +68,14 @@ def build_report(url: str, mix: Mix, mix_path: Path | None, counts: list[int], d
 
 
 def run_bench_load(url: str, api_key: str | None, mix: Mix, mix_path: Path | None, counts: list[int],
-                   duration: float, *, seed: int, baseline: bool, knee: bool, console: Any) -> dict[str, Any]:
+                   duration: float, *, seed: int, baseline: bool, knee: bool, console: Any,
+                   run_all: bool = False) -> dict[str, Any]:
     ours = asyncio.run(sweep(url, api_key, mix, counts, duration, seed=seed, baseline=False, knee=knee,
-                             console=console))
+                             console=console, run_all=run_all))
     base = None
     if baseline:
         base = asyncio.run(sweep(url, api_key, mix, counts, duration, seed=seed, baseline=True, knee=knee,
-                                 console=console))
+                                 console=console, run_all=run_all))
     return build_report(url, mix, mix_path, counts, duration, seed, ours, base)
 
 
