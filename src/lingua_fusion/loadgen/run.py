@@ -209,7 +209,7 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
                    - before["linguafusion_caption_latency_seconds_count"],
                    "mean_batch": round((after["linguafusion_batch_size_sum"] - before["linguafusion_batch_size_sum"])
                                        / batches, 2) if batches else None,
-                   "max_queue_depth": after["linguafusion_queue_depth_max"]},
+                   "max_queue_depth": after.get("linguafusion_queue_depth_max")},
         "client_captions": sum(len(r.finals) for r in results),
         "integrity": integrity(results),
         "latencies": {slo: [round(x, 3) for r in results if r.kind.slo == slo for x in r.latencies]
