@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import encode_audio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -36,22 +37,7 @@ def _wav(seconds: float = 0.5) -> bytes:
 
 
 def _encoded(fmt: str, codec: str) -> bytes:
-    import av
-
-    src = av.open(io.BytesIO(_wav()))
-    out = io.BytesIO()
-    dst = av.open(out, mode="w", format=fmt)
-    s = dst.add_stream(codec, rate=48000 if codec == "libopus" else 16000)
-    s.layout = "mono"
-    res = av.AudioResampler(format=s.format.name, layout="mono", rate=s.rate)
-    for frame in src.decode(audio=0):
-        for f in res.resample(frame):
-            for p in s.encode(f):
-                dst.mux(p)
-    for p in s.encode(None):
-        dst.mux(p)
-    dst.close()
-    return out.getvalue()
+    return encode_audio(_wav(), fmt, codec)
 
 
 def _png() -> bytes:

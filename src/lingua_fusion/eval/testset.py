@@ -11,7 +11,6 @@ wrote (data/en_es.tsv) spoken by Piper and rendered as slides, with our own Span
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,23 +69,16 @@ def builtin_sentences() -> list[tuple[str, str, str]]:
 
 def make_builtin(out: Path) -> Path:
     """Write the built-in en-es set (Piper speech, rendered slides, text) into ``out``."""
-    from PIL import Image, ImageDraw, ImageFont
-
+    from ..loadgen.mix import slide_png
     from ..models.tts import PiperTTS, to_wav
 
     tts = PiperTTS()
     for sub in MODALITY_DIRS:
         (out / sub).mkdir(parents=True, exist_ok=True)
-    font_path = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
-    font = ImageFont.truetype(font_path, 44) if Path(font_path).exists() else ImageFont.load_default()
     for i, en, es in builtin_sentences():
         pcm, sr = tts.synthesize(en, language="en")
         (out / "speech" / f"{i}.wav").write_bytes(to_wav(pcm, sr))
-        img = Image.new("RGB", (1280, 720), "white")
-        ImageDraw.Draw(img).text((60, 320), en, fill="black", font=font)
-        buf = io.BytesIO()
-        img.save(buf, format="PNG")
-        (out / "slides" / f"{i}.png").write_bytes(buf.getvalue())
+        (out / "slides" / f"{i}.png").write_bytes(slide_png(en, font_size=44))
         for sub in MODALITY_DIRS:
             (out / sub / f"{i}.src.txt").write_text(en + "\n", encoding="utf-8")
             (out / sub / f"{i}.es.txt").write_text(es + "\n", encoding="utf-8")

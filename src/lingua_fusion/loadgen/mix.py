@@ -139,11 +139,12 @@ def _resample(audio: np.ndarray, sr: int) -> np.ndarray:
     return np.interp(np.linspace(0, len(audio) - 1, n), np.arange(len(audio)), audio).astype(np.float32)
 
 
-def slide_png(text: str) -> bytes:
+def slide_png(text: str, font_size: int = 40) -> bytes:
+    """One line of text on a white 1280x720 slide (the load generator's and the built-in test set's slides)."""
     from PIL import Image, ImageDraw, ImageFont
 
     font_path = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
-    font: Any = ImageFont.truetype(font_path, 40) if Path(font_path).exists() else ImageFont.load_default()
+    font: Any = ImageFont.truetype(font_path, font_size) if Path(font_path).exists() else ImageFont.load_default()
     img = Image.new("RGB", (1280, 720), "white")
     ImageDraw.Draw(img).text((60, 320), text, fill="black", font=font)
     buf = io.BytesIO()
