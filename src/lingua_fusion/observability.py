@@ -50,6 +50,16 @@ class Metrics:
                                        ["slo"], registry=self.registry)
         self.breaker_transitions = Counter("linguafusion_breaker_transitions_total", "SLO breaker moves",
                                            ["slo", "direction"], registry=self.registry)
+        self.model_failures = Counter("linguafusion_model_failures_total", "Model batches that failed, by error code",
+                                      ["model", "code"], registry=self.registry)
+        self.model_retries = Counter("linguafusion_model_retries_total", "Committed work items retried", ["model"],
+                                     registry=self.registry)
+        self.model_timeouts = Counter("linguafusion_model_timeouts_total", "Model batches abandoned past their timeout",
+                                      ["model"], registry=self.registry)
+        self.store_failures = Counter("linguafusion_store_failures_total", "Stream-log writes that failed",
+                                      registry=self.registry)
+        self.unlogged_finals = Gauge("linguafusion_unlogged_finals", "Finals sent but not yet in the stream log",
+                                     registry=self.registry)
         self._hdr: dict[str, HdrHistogram] = {}
 
     def depth(self, model: str, depth: int) -> None:

@@ -63,7 +63,7 @@ def parse_start(msg: dict[str, Any], hub: StreamHub, glossary: Any) -> StreamSpe
                       clock_offsets={k: float(v) for k, v in offsets.items()})
 
 
-def _resume_spec(hub: StreamHub, resume: Any) -> tuple[StreamSpec, dict[str, Any], int]:
+async def _resume_spec(hub: StreamHub, resume: Any) -> tuple[StreamSpec, dict[str, Any], int]:
     """A reconnecting client: {"stream_id", "resume_token", "last_seq"} -> the stored spec and snapshot."""
     if not isinstance(resume, dict) or not resume.get("stream_id") or not resume.get("resume_token"):
         raise InvalidParameter("resume needs stream_id, resume_token and last_seq")
@@ -75,7 +75,7 @@ def _resume_spec(hub: StreamHub, resume: Any) -> tuple[StreamSpec, dict[str, Any
     except (TypeError, ValueError) as exc:
         raise InvalidParameter("last_seq must be an integer") from exc
     stream_id, token = str(resume["stream_id"]), str(resume["resume_token"])
-    snapshot = store.resume(stream_id, token)
+    snapshot = await hub.link.call("resume", stream_id, token) if hub.link else store.resume(stream_id, token)
     return spec_from_dict(snapshot["spec"], stream_id, token), snapshot, last_seq
 
 
@@ -120,13 +120,13 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
             resume = msg.get("resume")
             snapshot: dict[str, Any] | None = None
             if resume is not None:
-                spec, snapshot, last_seq = _resume_spec(hub, resume)
+                spec, snapshot, last_seq = await _resume_spec(hub, resume)
                 old = hub.sessions.get(spec.stream_id)
                 if old is not None:
                     # the client saw the break before this server did: end the old session, then read the log
                     # again, so nothing the old session logged meanwhile is numbered twice
                     await old.abort()
-                    spec, snapshot, last_seq = _resume_spec(hub, resume)
+                    spec, snapshot, last_seq = await _resume_spec(hub, resume)
             else:
                 terms = glossary_for(key, msg.get("glossary_id")) if msg.get("glossary_id") else []
                 spec = parse_start(msg, hub, terms)
@@ -139,9 +139,11 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
             per_key[key_id] = per_key.get(key_id, 0) + 1
             session = StreamSession(hub, spec, resume=snapshot)
             hub.sessions[spec.stream_id] = session
-            await ws.send_json(session.start())
+            await ws.send_json(await session.open())
             if snapshot is not None:
-                for event in await asyncio.to_thread(session.replay, last_seq):
+                replay = (await hub.link.call("finals_after", spec.stream_id, last_seq) if hub.link
+                          else session.replay(last_seq))
+                for event in (e for e in replay if int(e["seq"]) > last_seq):
                     await ws.send_json(event)  # committed finals the client missed, exactly once, in order
                 if snapshot.get("closed"):
                     await ws.send_json({"type": "closed", "reason": "end of stream", "finals": session.seq})

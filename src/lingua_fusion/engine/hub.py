@@ -13,16 +13,19 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..config import Settings
-from ..errors import Overloaded
+from ..errors import BackendError, LinguaFusionError, Overloaded
 from ..glossary import apply_mt_batch
 from ..models.registry import Registry
 from .breaker import SLOBreaker, Transition
+from .storelink import StoreLink
+from .faults import Fault, InjectedFault, ModelTimeout, check_outputs, garble, pick
 from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, stage_deadline
 
 log = logging.getLogger("lingua_fusion.hub")
@@ -30,6 +33,8 @@ log = logging.getLogger("lingua_fusion.hub")
 # starting cost models (seconds, measured on 2 cores); refined online from every batch
 PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base": (0.15, 0.15), "mt": (0.05, 0.01), "ocr": (0.5, 0.5),
                "tts": (0.1, 0.2)}
+MAX_HUNG = 2  # threads of one model stuck past their timeout before its calls fail fast
+COLD_TIMEOUT_S = 120.0  # a model's first batch may include loading it
 
 
 @dataclass
@@ -53,18 +58,35 @@ class StreamHub:
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._closing = False
         self.sessions: dict[str, Any] = {}
-        self.store: Any = None  # StreamStore: the write-ahead log of finals (set by the server)
+        self._store: Any = None
+        self.link: StoreLink | None = None
         self.draining = False
         self.breaker = SLOBreaker(dict(SLO_CLASSES), window_s=settings.server.breaker_window_s,
                                   k=settings.server.breaker_k)
         self._ticker: asyncio.Task[None] | None = None
-        self.faults: dict[str, dict[str, float]] = {}  # chaos: model prefix -> {"delay_s", "fraction"}
+        self.faults: dict[str, Fault] = {}  # chaos (server started with --chaos): model prefix -> fault
         self._fault_rng = random.Random(0)
+        # one thread per model key: a backend that hangs past its timeout is abandoned with its thread (which ends
+        # on its own) instead of blocking the shared executor everything else uses
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._hung: dict[str, int] = {}
+        self._warm: set[str] = set()
+        self.retries = 2  # committed work retried after a backend failure (tentative work is not)
         # "batched": cross-stream batches on trimmed windows (the default); "unbatched": one item per call, trimmed
         # windows; "per-stream": one item per call through faster-whisper's own 30 s-window decode, as
         # whisper_streaming / WhisperLive do (the baseline the benchmark compares against)
         self.mode = "batched"
         self.admission = True  # the per-stream baseline has no admission control (as WhisperLive / whisper_streaming)
+
+    @property
+    def store(self) -> Any:
+        """The StreamStore (write-ahead log of finals), set by the server; None: streams are not crash-safe."""
+        return self._store
+
+    @store.setter
+    def store(self, store: Any) -> None:
+        self._store = store
+        self.link = StoreLink(store, self.metrics) if store is not None else None
 
     async def drain(self, deadline_s: float) -> None:
         """Stop admitting; let every live stream finish its queued commits, then tell its client to reconnect."""
@@ -141,7 +163,25 @@ class StreamHub:
     # ---- work ------------------------------------------------------------------------------------------------
     async def call(self, key: str, arg: Any, *, stream_id: str, slo: str, stage: str, importance: float,
                    tentative: bool, start: float | None = None) -> Any:
-        """Run ``arg`` on model ``key`` within the stream's SLO. Returns None if the scheduler shed it."""
+        """Run ``arg`` on model ``key`` within the stream's SLO. Returns None if the scheduler shed it.
+
+        A backend failure (error, timeout, malformed output) is retried for committed work (``retries`` times, with
+        backoff) and raised as BackendError after that; tentative work fails at once."""
+        attempt = 0
+        while True:
+            try:
+                return await self._call_once(key, arg, stream_id=stream_id, slo=slo, stage=stage,
+                                             importance=importance, tentative=tentative, start=start)
+            except BackendError:
+                if tentative or attempt >= self.retries or self._closing:
+                    raise
+                attempt += 1
+                if self.metrics is not None:
+                    self.metrics.model_retries.labels(model=key).inc()
+                await asyncio.sleep(0.25 * attempt)
+
+    async def _call_once(self, key: str, arg: Any, *, stream_id: str, slo: str, stage: str, importance: float,
+                         tentative: bool, start: float | None) -> Any:
         self._runner(key)
         now = self.clock()
         loop = asyncio.get_running_loop()
@@ -160,11 +200,59 @@ class StreamHub:
         # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
         return await asyncio.wait_for(fut, timeout=self.settings.server.request_timeout_s)
 
-    def _fault_for(self, key: str) -> float | None:
-        for prefix, f in self.faults.items():
-            if (prefix == "*" or key.startswith(prefix)) and self._fault_rng.random() < f.get("fraction", 1.0):
-                return float(f.get("delay_s", 0.0))
-        return None
+    def _timeout(self, key: str, n: int) -> float:
+        base = self.settings.server.model_timeout_s
+        if key not in self._warm:
+            return max(base, COLD_TIMEOUT_S)
+        return max(base, 10 * self.scheduler.costs[key].predict(n))
+
+    async def _run_batch(self, key: str, args: list[Any]) -> list[Any]:
+        """One batch on the model's own thread, with the chaos fault (if any), a timeout and the output check."""
+        runner = self._runners[key]
+        fault = pick(self.faults, key, self._fault_rng) if self.faults else None
+        if fault is not None and fault.kind == "delay":
+            await asyncio.sleep(fault.delay_s)
+        if fault is not None and fault.kind == "error":
+            raise InjectedFault(f"chaos: injected failure of {key}")
+        hung = self._hung.get(key, 0)
+        if hung >= MAX_HUNG:
+            raise BackendError(f"{key} is not answering ({hung} calls stuck past their timeout); failing fast")
+
+        def work() -> list[Any]:
+            if fault is not None and fault.kind == "hang":
+                time.sleep(fault.delay_s)  # chaos: a wedged backend (the thread is abandoned, then ends)
+            return runner(args)
+
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{key}")
+        running = asyncio.get_running_loop().run_in_executor(pool, work)
+        timeout = self._timeout(key, len(args))
+        try:
+            results = await asyncio.wait_for(asyncio.shield(running), timeout)
+        except TimeoutError:
+            self._hung[key] = hung + 1
+            self._pools.pop(key, None)
+            pool.shutdown(wait=False)
+
+            def unstuck(f: asyncio.Future[Any]) -> None:
+                self._hung[key] = max(0, self._hung.get(key, 1) - 1)
+                if not f.cancelled():
+                    f.exception()  # retrieved: a late failure of an abandoned call is not an unhandled error
+
+            running.add_done_callback(unstuck)
+            if self.metrics is not None:
+                self.metrics.model_timeouts.labels(model=key).inc()
+            raise ModelTimeout(f"{key} did not answer a batch of {len(args)} in {timeout:.0f} s") from None
+        except LinguaFusionError:
+            raise
+        except Exception as exc:  # a library failure inside the backend
+            raise BackendError(f"{key} failed: {type(exc).__name__}: {exc}") from exc
+        if fault is not None and fault.kind == "garbage":
+            results = garble(key, results, self._fault_rng)
+        results = check_outputs(key, args, results)
+        self._warm.add(key)
+        return results
 
     # ---- SLO circuit breaker -------------------------------------------------------------------------------
     async def caption_latency(self, slo: str, seconds: float) -> None:
@@ -201,7 +289,6 @@ class StreamHub:
 
     async def _worker(self, key: str) -> None:
         wake = self._wake[key]
-        runner = self._runners[key]
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=0.5)
@@ -219,13 +306,12 @@ class StreamHub:
                 if not batch:
                     break
                 t0 = self.clock()
-                fault = self._fault_for(key)
-                if fault is not None:
-                    await asyncio.sleep(fault)  # chaos: an injected model delay (server started with --chaos)
                 try:
-                    results = await asyncio.to_thread(runner, [w.payload.arg for w in batch])
-                except Exception as exc:  # a backend failure fails this batch's items, not the worker
-                    log.exception("model %s failed on a batch of %d", key, len(batch))
+                    results = await self._run_batch(key, [w.payload.arg for w in batch])
+                except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
+                    log.warning("model %s failed on a batch of %d: %s", key, len(batch), exc.message)
+                    if self.metrics is not None:
+                        self.metrics.model_failures.labels(model=key, code=exc.code).inc()
                     for w in batch:
                         if not w.payload.future.done():
                             w.payload.future.set_exception(exc)
@@ -305,4 +391,9 @@ class StreamHub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._workers.clear()
+        for pool in self._pools.values():
+            pool.shutdown(wait=False)
+        self._pools.clear()
+        if self.link is not None:
+            self.link.close()
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidParameter, LinguaFusionError
+from ..errors import BackendError, InvalidParameter, LinguaFusionError
 from ..glossary import Term
 from ..media.stream_decoder import StreamDecoder
 from .hub import StreamHub
@@ -112,12 +112,31 @@ class StreamSession:
         self.error: LinguaFusionError | None = None
         self._decoder: StreamDecoder | None = None
         self._pump: asyncio.Task[None] | None = None
+        self._opened = False
+        # finals sent while the stream log was unavailable, oldest first, written when it answers again
+        self._unlogged: deque[dict[str, Any]] = deque()
+        self._backfill: asyncio.Task[None] | None = None
+        self.max_unlogged = 1000
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def _to(self, state: State) -> None:
         if state < self.state:
             raise RuntimeError(f"illegal transition {self.state.name} -> {state.name}")
         self.state = state
+
+    async def open(self) -> dict[str, Any]:
+        """Record the new stream in the stream log (off the event loop), then go live: the ``ready`` event."""
+        if self._resume is None and self.store is not None:
+            await self._store_call("open_stream", self.spec.stream_id, self.spec.resume_token,
+                                   {"spec": spec_to_dict(self.spec)})
+            self._opened = True
+        return self.start()
+
+    async def _store_call(self, method: str, *args: Any) -> Any:
+        link = getattr(self.hub, "link", None)
+        if link is not None:
+            return await link.call(method, *args)
+        return await asyncio.to_thread(getattr(self.store, method), *args)
 
     def start(self) -> dict[str, Any]:
         """Go live. Returns the ``ready`` event (with what a resuming client needs to re-send)."""
@@ -134,7 +153,7 @@ class StreamSession:
             self.policy.committed(until)
             extra = {"resumed": True, "last_seq": self.seq, "resume_from": round(until, 3),
                      "resume_from_ts": round(until + float(origin), 3) if origin is not None else None}
-        elif self.store is not None:
+        elif self.store is not None and not self._opened:
             self.store.open_stream(self.spec.stream_id, self.spec.resume_token, {"spec": spec_to_dict(self.spec)})
         self._to(State.LIVE)
         self._emitter = asyncio.create_task(self._emit_finals(), name=f"emit:{self.spec.stream_id}")
@@ -280,8 +299,8 @@ class StreamSession:
         with ``draining`` so the client reconnects elsewhere (or to the restarted server) and re-sends the rest."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
-        while loop.time() < end and (self._jobs.qsize() or any(t.get_name() == "commit" and not t.done()
-                                                             for t in self._tasks)):
+        while loop.time() < end and (self._jobs.qsize() or self._unlogged or any(
+                t.get_name() == "commit" and not t.done() for t in self._tasks)):
             await asyncio.sleep(0.05)
         self.error = Draining("the server is shutting down; reconnect to resume this stream")
         await self.abort()
@@ -318,6 +337,10 @@ class StreamSession:
         return self.slides[-1][1][:200] if self.slides else None
 
     async def _partial_job(self, audio: np.ndarray, d: Decision, utterance: int) -> None:
+        with contextlib.suppress(BackendError):  # tentative: a failed re-decode is just a partial not shown
+            await self._partial(audio, d, utterance)
+
+    async def _partial(self, audio: np.ndarray, d: Decision, utterance: int) -> None:
         res = await self.hub.call(self.hub.asr_key(self.spec.source_lang), (audio, self._prompt()),
                                   stream_id=self.spec.stream_id, slo=self.spec.slo, stage="asr",
                                   importance=self.spec.importance, tentative=True)
@@ -346,9 +369,15 @@ class StreamSession:
 
     async def _commit_job(self, audio: np.ndarray, d: Decision) -> dict[str, Any] | None:
         wall_ref = self._arrival_of(d.end)
-        res = await self.hub.call(self.hub.asr_key(self.spec.source_lang), (audio, self._prompt()),
-                                  stream_id=self.spec.stream_id, slo=self.spec.slo, stage="asr",
-                                  importance=self.spec.importance, tentative=False, start=wall_ref)
+        try:
+            res = await self.hub.call(self.hub.asr_key(self.spec.source_lang), (audio, self._prompt()),
+                                      stream_id=self.spec.stream_id, slo=self.spec.slo, stage="asr",
+                                      importance=self.spec.importance, tentative=False, start=wall_ref)
+        except BackendError as exc:
+            # retried and still failing: the span gets a final that says so, keeping the numbering gap-free
+            return {"type": "final", "start": round(d.start, 3), "end": round(d.end, 3), "source_text": "",
+                    "text": "", "translations": {t: "" for t in self.spec.targets}, "confidence": 0.0,
+                    "failed": ["asr"], "note": f"speech recognition failed: {exc.message}", "_wall_ref": wall_ref}
         if res is None:
             return None
         text, conf = res
@@ -371,27 +400,42 @@ class StreamSession:
 
         slide_terms = self._slide_terms(text)
         terms = self.spec.glossary + slide_terms
+        failed: list[str] = []
+        notes: list[str] = []
 
         async def one(target: str) -> str:
             if target == src:
                 return text
-            out = await self.hub.call(f"mt:{src}-{target}", (text, terms),
-                                      stream_id=self.spec.stream_id, slo=self.spec.slo, stage="mt",
-                                      importance=self.spec.importance, tentative=False, start=wall_ref)
+            try:
+                out = await self.hub.call(f"mt:{src}-{target}", (text, terms),
+                                          stream_id=self.spec.stream_id, slo=self.spec.slo, stage="mt",
+                                          importance=self.spec.importance, tentative=False, start=wall_ref)
+            except BackendError as exc:  # retried and still failing: the source text stays, the target is empty
+                failed.append(f"mt:{target}")
+                notes.append(f"translation to {target} failed: {exc.message}")
+                return ""
             return str(out or "")
 
         outs = await asyncio.gather(*(one(t) for t in self.spec.targets))
         translations = dict(zip(self.spec.targets, outs, strict=True))
         slides = [s for t, s in self.slides if start - 0.5 <= t <= end] or ([self.slides[-1][1]] if self.slides else [])
-        return {"type": "final", "start": round(start, 3), "end": round(end, 3), "source_text": text,
-                "text": translations[self.spec.targets[0]], "translations": translations,
-                "confidence": confidence, "slides": slides, "slide_terms": [t.source for t in slide_terms],
-                "latency_ms": {"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
-                "_wall_ref": wall_ref}
+        event = {"type": "final", "start": round(start, 3), "end": round(end, 3), "source_text": text,
+                 "text": translations[self.spec.targets[0]], "translations": translations,
+                 "confidence": confidence, "slides": slides, "slide_terms": [t.source for t in slide_terms],
+                 "latency_ms": {"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
+                 "_wall_ref": wall_ref}
+        if failed:
+            event["failed"] = sorted(failed)
+            event["note"] = "; ".join(notes)
+        return event
 
     async def _ocr_job(self, image: np.ndarray, t: float) -> None:
-        lines = await self.hub.call("ocr", image, stream_id=self.spec.stream_id, slo=self.spec.slo, stage="ocr",
-                                    importance=self.spec.importance, tentative=True)
+        try:
+            lines = await self.hub.call("ocr", image, stream_id=self.spec.stream_id, slo=self.spec.slo, stage="ocr",
+                                        importance=self.spec.importance, tentative=True)
+        except BackendError as exc:
+            await self._emit({"type": "error", "code": exc.code, "message": f"slide not read: {exc.message}"})
+            return
         if lines:
             text = " ".join(ln.text for ln in lines)
             self.slides.append((t, text))
@@ -432,11 +476,17 @@ class StreamSession:
                 await self._emit({"type": "metrics", "seq": self.seq, "latency_ms": event["latency_ms"],
                                   "queue_depth": {k: self.hub.scheduler.depth(k) for k in self.hub.keys_for(self)}})
                 if self.spec.speech and event["text"]:
-                    await self._speech(event)
-            if self.store is not None:
+                    try:
+                        await self._speech(event)
+                    except LinguaFusionError as exc:
+                        await self._emit({"type": "error", "code": exc.code,
+                                          "message": f"speech for caption {event['seq']} failed: {exc.message}"})
+            unlogged = await self._flush_unlogged(self.hub.settings.server.drain_timeout_s)
+            if self.store is not None and not unlogged:
                 with contextlib.suppress(LinguaFusionError):
-                    await asyncio.to_thread(self.store.close_stream, self.spec.stream_id)
+                    await self._store_call("close_stream", self.spec.stream_id)
             await self._emit({"type": "closed", "reason": "end of stream", "finals": self.seq,
+                              **({"unlogged": unlogged} if unlogged else {}),
                               "timeline": {"late_dropped": self.timeline.stats.late_dropped,
                                            "reordered": self.timeline.stats.reordered,
                                            "gap_seconds": round(self.timeline.stats.gap_seconds, 3)}})
@@ -446,22 +496,57 @@ class StreamSession:
             self.closed.set()
 
     async def _log(self, event: dict[str, Any]) -> None:
-        """Write a final to the write-ahead log before it is sent. A store that keeps failing does not stop the
-        captions: the final goes out marked ``durable: false`` and an error event says why."""
+        """Write a final to the write-ahead log before it is sent, in seq order. While the log is unavailable (Redis
+        killed, slow or cut off) captions keep flowing: the final goes out marked ``durable: false``, waits in a
+        bounded backlog, and a ``durable`` event follows once the backlog is written."""
         if self.store is None:
             return
-        for attempt in range(3):
+        if not self._unlogged:
             try:
-                await asyncio.to_thread(self.store.append_final, self.spec.stream_id, event, float(event["end"]),
-                                        self.timeline.origin)
+                await self._store_call("append_final", self.spec.stream_id, event, float(event["end"]),
+                                       self.timeline.origin)
                 return
             except LinguaFusionError as exc:
-                if attempt == 2:
-                    event["durable"] = False
-                    await self._emit({"type": "error", "code": exc.code,
-                                      "message": f"caption {event['seq']} not logged: {exc.message}"})
-                    return
-                await asyncio.sleep(0.2 * (attempt + 1))
+                await self._emit({"type": "error", "code": "state_store_unavailable",
+                                  "message": f"captions from {event['seq']} on are not yet crash-safe: {exc.message}"})
+        if len(self._unlogged) >= self.max_unlogged:
+            self.error = BackendError("the stream log has been unavailable too long; the stream was closed")
+            self._spawn(self.abort(), "abort")
+            return
+        self._unlogged.append({**event, "_origin": self.timeline.origin})
+        event["durable"] = False
+        if self.hub.metrics is not None:
+            self.hub.metrics.unlogged_finals.inc()
+        if self._backfill is None or self._backfill.done():
+            self._backfill = self._spawn(self._write_backlog(), "backfill")
+
+    async def _write_backlog(self) -> None:
+        link = getattr(self.hub, "link", None)
+        while self._unlogged:
+            if link is not None and not link.ready():
+                await asyncio.sleep(min(1.0, max(0.05, link.down_until - link.clock())))
+                continue
+            event = self._unlogged[0]
+            body = {k: v for k, v in event.items() if k != "_origin"}
+            try:
+                await self._store_call("append_final", self.spec.stream_id, body, float(body["end"]),
+                                       event["_origin"])
+            except LinguaFusionError:
+                if link is None:
+                    await asyncio.sleep(0.5)
+                continue
+            self._unlogged.popleft()
+            if self.hub.metrics is not None:
+                self.hub.metrics.unlogged_finals.dec()
+            if not self._unlogged:
+                await self._emit({"type": "durable", "through_seq": int(body["seq"])})
+
+    async def _flush_unlogged(self, timeout: float) -> int:
+        """At the end of a stream: give the backlog ``timeout`` seconds to reach the log; returns what is left."""
+        if self._backfill is not None and not self._backfill.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._backfill), timeout)
+        return len(self._unlogged)
 
     def replay(self, after_seq: int) -> list[dict[str, Any]]:
         """Logged finals after ``after_seq`` (what the client missed), oldest first."""

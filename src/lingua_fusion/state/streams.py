@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -22,6 +23,8 @@ from typing import Any, Protocol
 
 from ..errors import AuthenticationError, BackendError, NotFound
 from . import redis_keys
+
+log = logging.getLogger("lingua_fusion.state")
 
 
 def token_digest(token: str) -> str:
@@ -79,6 +82,8 @@ class SQLiteStreamStore:
             if row is None:
                 raise NotFound(f"no stream {stream_id}")
             snap = json.loads(row[0])
+            if int(snap.get("last_seq", 0)) >= int(event["seq"]):
+                return  # already logged (a retried write whose first try got through)
             snap["last_seq"] = int(event["seq"])
             snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
             if origin is not None:
@@ -123,16 +128,20 @@ class SQLiteStreamStore:
 class RedisStreamStore:
     """The same store on Redis (``LINGUAFUSION_STATE__REDIS_URL``), so another node can resume a stream."""
 
-    def __init__(self, url: str, *, ttl_s: int = 24 * 3600) -> None:
+    def __init__(self, url: str, *, ttl_s: int = 24 * 3600, timeout_s: float = 2.0) -> None:
         import redis
 
-        self._r = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=True)
+        # short socket timeouts: a stalled or cut-off Redis fails a call in seconds (the caller backs off and keeps
+        # the finals in a backlog) instead of holding a stream for the library's default of forever
+        self._r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                       decode_responses=True)
         self._ttl = ttl_s
-        self._errors = (redis.RedisError,)
+        self._errors = (redis.RedisError, OSError)
+        self._watch_error = redis.WatchError
         try:
             self._r.ping()
-        except redis.RedisError as exc:
-            raise BackendError(f"cannot reach Redis at {url}: {exc}") from exc
+        except redis.RedisError as exc:  # not fatal: streams are refused (503) until it answers
+            log.warning("Redis at %s does not answer yet: %s", url, exc)
 
     def _run(self, fn: Any) -> Any:
         try:
@@ -158,19 +167,30 @@ class RedisStreamStore:
         key = redis_keys.stream_snapshot(stream_id)
 
         def run() -> None:
-            raw = self._r.get(key)
-            if raw is None:
-                raise NotFound(f"no stream {stream_id}")
-            snap = json.loads(raw)
-            snap["last_seq"] = int(event["seq"])
-            snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
-            if origin is not None:
-                snap["origin"] = origin
-            pipe = self._r.pipeline(transaction=True)
-            pipe.rpush(redis_keys.stream_log(stream_id), json.dumps(event, ensure_ascii=False))
-            pipe.expire(redis_keys.stream_log(stream_id), self._ttl)
-            pipe.set(key, json.dumps(snap), ex=self._ttl)
-            pipe.execute()
+            # WATCH the snapshot: a retried write racing its own first try cannot log the final twice
+            for _ in range(5):
+                with self._r.pipeline(transaction=True) as pipe:
+                    try:
+                        pipe.watch(key)
+                        raw = pipe.get(key)
+                        if raw is None:
+                            raise NotFound(f"no stream {stream_id}")
+                        snap = json.loads(raw)
+                        if int(snap.get("last_seq", 0)) >= int(event["seq"]):
+                            return  # already logged
+                        snap["last_seq"] = int(event["seq"])
+                        snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
+                        if origin is not None:
+                            snap["origin"] = origin
+                        pipe.multi()
+                        pipe.rpush(redis_keys.stream_log(stream_id), json.dumps(event, ensure_ascii=False))
+                        pipe.expire(redis_keys.stream_log(stream_id), self._ttl)
+                        pipe.set(key, json.dumps(snap), ex=self._ttl)
+                        pipe.execute()
+                        return
+                    except self._watch_error:
+                        continue
+            raise BackendError(f"stream {stream_id}: the snapshot kept changing under the write")
 
         self._run(run)
 

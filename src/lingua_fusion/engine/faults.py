@@ -1,0 +1,126 @@
+"""Model backend faults: chaos injection (server started with ``--chaos``) and the output checks that catch them.
+
+A fault applies to the model keys starting with its ``model`` prefix (``asr``, ``mt``, ``ocr``, ``tts``, ``*``) and
+to a ``fraction`` of the batches run after the first ``after`` ones:
+
+  delay    the batch waits ``delay_s`` before it runs
+  error    the backend raises (the batch's items fail; committed work is retried, then reported)
+  hang     the backend blocks its thread for ``delay_s`` (default 60 s); the worker gives up after the model timeout
+  garbage  the backend returns malformed output (wrong length, wrong types, NaN confidence, control characters);
+           :func:`check_outputs` rejects it like an error
+
+:func:`check_outputs` runs on every batch, with or without chaos: a real backend that returns nonsense of this kind
+(a broken model directory, a library bug) fails its batch instead of reaching a caption.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import BackendError, InvalidParameter
+
+KINDS = ("delay", "error", "hang", "garbage")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+
+
+class ModelTimeout(BackendError):
+    code = "model_timeout"
+
+
+class MalformedOutput(BackendError):
+    code = "malformed_output"
+
+
+class InjectedFault(BackendError):
+    code = "injected_fault"
+
+
+@dataclass
+class Fault:
+    model: str = "*"
+    kind: str = "delay"
+    delay_s: float = 0.0
+    fraction: float = 1.0
+    after: int = 0  # batches that run normally before the fault starts
+    seen: int = 0  # batches this fault has looked at
+    fired: int = 0  # batches it hit
+
+    def matches(self, key: str) -> bool:
+        return self.model == "*" or key.startswith(self.model)
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_fault(body: Any) -> Fault:
+    """A fault from the admin API's JSON; raises InvalidParameter with what is wrong."""
+    if not isinstance(body, dict):
+        raise InvalidParameter("send a JSON object {model, kind, delay_s, fraction, after}")
+    try:
+        f = Fault(model=str(body.get("model", "*")), kind=str(body.get("kind", "delay")),
+                  delay_s=float(body.get("delay_s", 60.0 if body.get("kind") == "hang" else 0.0)),
+                  fraction=float(body.get("fraction", 1.0)), after=int(body.get("after", 0)))
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameter(f"bad fault field: {exc}") from exc
+    if f.kind not in KINDS:
+        raise InvalidParameter(f"kind must be one of {', '.join(KINDS)}")
+    if f.model not in ("*", "asr", "mt", "ocr", "tts") and ":" not in f.model:
+        raise InvalidParameter("model must be asr, mt, ocr, tts, * or a full model key such as mt:en-es")
+    if not (0.0 <= f.delay_s <= 600.0 and 0.0 <= f.fraction <= 1.0 and 0 <= f.after <= 10**6):
+        raise InvalidParameter("delay_s must be in [0, 600], fraction in [0, 1] and after in [0, 1e6]")
+    return f
+
+
+def pick(faults: dict[str, Fault], key: str, rng: random.Random) -> Fault | None:
+    """The fault that fires on this batch of ``key``, if any (and count it)."""
+    for f in faults.values():
+        if not f.matches(key):
+            continue
+        f.seen += 1
+        if f.seen > f.after and rng.random() < f.fraction:
+            f.fired += 1
+            return f
+    return None
+
+
+def garble(key: str, results: list[Any], rng: random.Random) -> list[Any]:
+    """What a broken backend might hand back instead of ``results``."""
+    choice = rng.randrange(4)
+    if choice == 0 or not results:
+        return results[:-1] if results else [None]  # one output short
+    if choice == 1:
+        return [None] * len(results)
+    if key.startswith("asr"):
+        return [("\x00\ufffd" * 20, float("nan"))] * len(results)
+    return ["\x00\x01\ufffd" * 20] * len(results)
+
+
+def _text_ok(text: Any, limit: int) -> bool:
+    return isinstance(text, str) and len(text) <= limit and not _CONTROL.search(text)
+
+
+def check_outputs(key: str, args: list[Any], results: Any) -> list[Any]:
+    """Reject a batch whose outputs cannot be captions: raises MalformedOutput, returns the list otherwise."""
+    if not isinstance(results, list) or len(results) != len(args):
+        raise MalformedOutput(f"{key} returned {len(results) if isinstance(results, list) else type(results).__name__}"
+                              f" outputs for {len(args)} inputs")
+    kind = key.split(":", 1)[0]
+    for arg, r in zip(args, results, strict=True):
+        if kind == "asr":
+            ok = (isinstance(r, tuple) and len(r) == 2 and _text_ok(r[0], 4000) and isinstance(r[1], (int, float))
+                  and math.isfinite(r[1]) and -1e-6 <= r[1] <= 1 + 1e-6)
+        elif kind == "mt":
+            ok = _text_ok(r, 10 * len(str(arg[0])) + 200)
+        elif kind == "ocr":
+            ok = isinstance(r, list) and all(_text_ok(getattr(x, "text", None), 4000) for x in r)
+        elif kind == "tts":
+            ok = isinstance(r, (bytes, bytearray)) and r[:4] == b"RIFF"
+        else:
+            ok = True
+        if not ok:
+            raise MalformedOutput(f"{key} returned malformed output ({str(r)[:60]!r})")
+    return results

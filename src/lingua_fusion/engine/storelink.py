@@ -1,0 +1,74 @@
+"""The async side of the stream log, shared by every stream of a hub.
+
+Store calls run on two threads of their own, so a stalled Redis blocks neither the event loop nor the executor the
+decoders use. Every call ends: the Redis client has socket timeouts, SQLite a busy timeout. After a failure the
+store is left alone for a backoff (0.5 s doubling to 5 s) and then tested by one call at a time, so a hundred
+streams do not pile a hundred timed-out writes onto a dead Redis. While it is down, sessions keep their finals in
+a bounded backlog and write them, in order, when it answers again (engine/session.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..errors import BackendError, ClientError, LinguaFusionError
+
+
+class StoreUnavailable(BackendError):
+    code = "state_store_unavailable"
+
+
+class StoreLink:
+    def __init__(self, store: Any, metrics: Any = None, *, clock: Callable[[], float] = time.monotonic,
+                 max_backoff_s: float = 5.0) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.max_backoff_s = max_backoff_s
+        self.failures = 0  # consecutive
+        self.down_until = 0.0
+        self.last_error = ""
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stream-store")
+        self._probe = asyncio.Lock()
+
+    def ok(self) -> bool:
+        return self.failures == 0
+
+    def ready(self) -> bool:
+        """Worth a try now: healthy, or down with its backoff over."""
+        return self.clock() >= self.down_until
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """``store.method(*args)`` on the store's threads; StoreUnavailable while it is down or when it fails."""
+        if not self.ready():
+            raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
+        if self.failures:
+            async with self._probe:  # recovering: one probe at a time
+                if not self.ready():
+                    raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
+                return await self._do(method, args)
+        return await self._do(method, args)
+
+    async def _do(self, method: str, args: tuple[Any, ...]) -> Any:
+        fn = getattr(self.store, method)
+        try:
+            out = await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except ClientError:
+            raise  # not found / wrong token: the store answered
+        except (LinguaFusionError, OSError) as exc:
+            self.failures += 1
+            self.last_error = getattr(exc, "message", str(exc))[:200]
+            self.down_until = self.clock() + min(self.max_backoff_s, 0.5 * 2 ** (self.failures - 1))
+            if self.metrics is not None:
+                self.metrics.store_failures.inc()
+            raise StoreUnavailable(f"the stream log is unavailable ({self.last_error})") from exc
+        self.failures = 0
+        self.down_until = 0.0
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
