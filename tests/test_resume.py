@@ -40,6 +40,43 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[An
         s.close()
 
 
+def test_a_retried_write_never_logs_a_final_twice(store_factory: Any) -> None:
+    sid = f"st_retry_{time.monotonic_ns()}"
+    a = store_factory()
+    a.open_stream(sid, "tok", {"spec": {}})
+    for seq in (1, 2, 2, 1, 3):  # a write that timed out on our side but reached the store is written again
+        a.append_final(sid, {"type": "final", "seq": seq, "end": float(seq), "text": f"t{seq}"}, float(seq))
+    assert [e["seq"] for e in a.finals_after(sid, 0)] == [1, 2, 3]
+    assert a.resume(sid, "tok")["last_seq"] == 3
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=needs_redis)])
+def test_compaction_trims_long_logs_and_drops_expired_streams(kind: str, tmp_path: Path) -> None:
+    store: Any = SQLiteStreamStore(tmp_path) if kind == "sqlite" else RedisStreamStore(REDIS or "", max_log=3)
+    try:
+        live, done = f"st_live_{time.monotonic_ns()}", f"st_done_{time.monotonic_ns()}"
+        for sid in (live, done):
+            store.open_stream(sid, "tok", {"spec": {}})
+            for seq in range(1, 8):
+                store.append_final(sid, {"type": "final", "seq": seq, "end": float(seq)}, float(seq))
+        store.close_stream(done)
+        if kind == "sqlite":
+            time.sleep(0.05)
+            store._db.execute("UPDATE stream_snapshot SET updated=0 WHERE stream_id=?", (done,))  # closed long ago
+            assert store.compact(3600.0, 3) == {"streams_dropped": 1, "finals_trimmed": 4}
+            with pytest.raises(NotFound):
+                store.resume(done, "tok")
+            assert (tmp_path / "streams.sqlite3-wal").stat().st_size == 0  # checkpointed
+        # the live stream keeps its last 3 finals, its snapshot says where the log starts, numbering goes on
+        assert [e["seq"] for e in store.finals_after(live, 0)] == [5, 6, 7]
+        snap = store.resume(live, "tok")
+        assert snap["log_from"] == 5 and snap["last_seq"] == 7
+        store.append_final(live, {"type": "final", "seq": 8, "end": 8.0}, 8.0)
+        assert store.resume(live, "tok")["last_seq"] == 8
+    finally:
+        store.close()
+
+
 def test_log_survives_a_new_process_and_checks_the_token(store_factory: Any) -> None:
     sid = f"st_test_{time.monotonic_ns()}"
     a = store_factory()

@@ -70,6 +70,9 @@ class ModelSettings(BaseModel):
 class StateSettings(BaseModel):
     state_dir: Path = Field(default_factory=default_state_dir)
     redis_url: str | None = None
+    retention_s: float = 3600.0  # closed streams stay resumable / readable this long, then compaction drops them
+    max_log_finals: int = 10_000  # a live stream's log keeps its last N finals (its snapshot holds the rest)
+    compact_interval_s: float = 300.0
 
 
 class Settings(BaseSettings):

@@ -23,8 +23,9 @@ from .. import langs
 from ..config import Settings
 from ..engine import Engine, FileRequest
 from ..engine.captions import to_srt, to_vtt
-from ..errors import (EmptyInput, InvalidParameter, LinguaFusionError, Overloaded, PermissionDenied,
-                      TooLarge)
+from ..errors import (EmptyInput, InvalidParameter, LinguaFusionError, MediaTypeMismatch, Overloaded,
+                      PermissionDenied, TooLarge)
+from ..media import sniff
 from ..observability import Metrics
 from ..state.sqlite import ApiKey, SQLiteStore
 from ..state.streams import open_store
@@ -84,7 +85,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     metrics = Metrics()
     engine.observer = metrics
     hub = StreamHub(engine.registry, settings, metrics)
-    hub.store = open_store(settings.resolved_state_dir(), settings.state.redis_url)
+    hub.store = open_store(settings.resolved_state_dir(), settings.state.redis_url,
+                           max_log=settings.state.max_log_finals, retention_s=settings.state.retention_s)
     baseline_hub = StreamHub(engine.registry, settings, None)  # the per-stream design, for benchmarks only
     baseline_hub.mode = "per-stream"
     baseline_hub.admission = False
@@ -101,14 +103,31 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         finally:
             ready.set()
 
+    async def _compact_loop() -> None:
+        """Log compaction: drop streams past their retention, trim long logs (state/streams.py)."""
+        while True:
+            await asyncio.sleep(settings.state.compact_interval_s)
+            if hub.link is None:
+                continue
+            try:
+                done = await hub.link.call("compact", settings.state.retention_s, settings.state.max_log_finals)
+                if any(done.values()):
+                    log.info("stream log compacted: %s", done)
+            except LinguaFusionError as exc:
+                log.warning("stream log compaction failed: %s", exc.message)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         warm_task = asyncio.create_task(asyncio.to_thread(_warm)) if warm else None
         if not warm:
             ready.set()
+        compactor = asyncio.create_task(_compact_loop(), name="compact")
         try:
             yield
         finally:
+            compactor.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await compactor
             if warm_task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(warm_task, timeout=120)
@@ -209,6 +228,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
                           source_lang=str(form.get("source_lang")) if form.get("source_lang") else None,
                           data=data, text=str(text) if text is not None else None, glossary=terms,
                           filename=filename)
+        if data is not None and text is None and source_modality.strip().lower() == "text" \
+                and sniff(data).family == "text":
+            try:  # sniff reads the first 4 KiB only; a bad byte after them was a 500 (UnicodeDecodeError)
+                data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MediaTypeMismatch(f"declared text but the file is not UTF-8 (byte {exc.start})",
+                                        details={"detected": "binary"}) from exc
         engine.check_pair(langs.normalize(req.source_lang) if req.source_lang else None,
                           langs.normalize(req.target_lang, field="target_lang"))
         async with admission.slot():
@@ -263,26 +289,25 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     @app.get("/v1/admin/faults")
     async def list_faults(request: Request) -> dict[str, Any]:
         auth(request, "admin")
-        return {"chaos": settings.server.chaos, "faults": hub.faults,
+        return {"chaos": settings.server.chaos, "faults": {k: f.public() for k, f in hub.faults.items()},
                 "breaker": {slo: hub.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
 
     @app.post("/v1/admin/faults")
     async def set_fault(request: Request) -> JSONResponse:
-        """Chaos: delay a fraction of model calls. Only with an admin key on a server started with --chaos."""
+        """Chaos: inject a model backend fault (delay, error, hang, garbage; see engine/faults.py) into a fraction of
+        model batches. Only with an admin key on a server started with --chaos."""
+        from ..engine.faults import parse_fault
+
         auth(request, "admin")
         if not settings.server.chaos:
             raise PermissionDenied("fault injection is off: start the server with --chaos")
         try:
             body = await request.json()
-            model = str(body.get("model", "*"))
-            delay = float(body.get("delay_s", 0.0))
-            fraction = float(body.get("fraction", 1.0))
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise InvalidParameter("send JSON {model, delay_s, fraction}") from exc
-        if not (0.0 <= delay <= 60.0 and 0.0 <= fraction <= 1.0):
-            raise InvalidParameter("delay_s must be in [0, 60] and fraction in [0, 1]")
-        hub.faults[model] = {"delay_s": delay, "fraction": fraction}
-        return JSONResponse({"faults": hub.faults}, status_code=201)
+        except ValueError as exc:
+            raise InvalidParameter("send a JSON object {model, kind, delay_s, fraction, after}") from exc
+        fault = parse_fault(body)
+        hub.faults[f"{fault.model}/{fault.kind}"] = fault
+        return JSONResponse({"faults": {k: f.public() for k, f in hub.faults.items()}}, status_code=201)
 
     @app.delete("/v1/admin/faults")
     async def clear_faults(request: Request) -> dict[str, Any]:
@@ -297,7 +322,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             body = await request.json()
         except ValueError:
             body = {}
-        scopes = tuple(body.get("scopes") or ["translate"]) if isinstance(body, dict) else ("translate",)
+        raw_scopes = body.get("scopes") if isinstance(body, dict) else None
+        if raw_scopes is not None and not isinstance(raw_scopes, list):  # e.g. a number: not iterable, was a 500
+            raise InvalidParameter("scopes must be a list of 'translate' and/or 'admin'")
+        scopes = tuple(raw_scopes or ["translate"])
         if any(s not in ("translate", "admin") for s in scopes):
             raise InvalidParameter("scopes must be 'translate' and/or 'admin'")
         secret, k = store.create_key(str(body.get("name", "")) if isinstance(body, dict) else "", scopes)

@@ -143,6 +143,11 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
             if snapshot is not None:
                 replay = (await hub.link.call("finals_after", spec.stream_id, last_seq) if hub.link
                           else session.replay(last_seq))
+                log_from = int(snapshot.get("log_from", 1))
+                if last_seq + 1 < log_from:  # compaction dropped finals this client never saw: say so
+                    await ws.send_json({"type": "error", "code": "log_compacted",
+                                        "message": f"finals {last_seq + 1}..{log_from - 1} are past the log's "
+                                                   f"retention and cannot be replayed"})
                 for event in (e for e in replay if int(e["seq"]) > last_seq):
                     await ws.send_json(event)  # committed finals the client missed, exactly once, in order
                 if snapshot.get("closed"):

@@ -43,6 +43,8 @@ class StreamStore(Protocol):
 
     def close_stream(self, stream_id: str) -> None: ...
 
+    def compact(self, retention_s: float, max_log: int) -> dict[str, int]: ...
+
     def close(self) -> None: ...
 
 
@@ -118,7 +120,39 @@ class SQLiteStreamStore:
         if snap is not None:
             snap["closed"] = True
             with self._lock:
-                self._db.execute("UPDATE stream_snapshot SET body=? WHERE stream_id=?", (json.dumps(snap), stream_id))
+                self._db.execute("UPDATE stream_snapshot SET body=?, updated=? WHERE stream_id=?",
+                                 (json.dumps(snap), time.time(), stream_id))
+
+    def compact(self, retention_s: float, max_log: int) -> dict[str, int]:
+        """Drop streams closed (or silent) for ``retention_s``; keep a live stream's last ``max_log`` finals (its
+        snapshot says where its log now starts); checkpoint the WAL file back to zero length."""
+        cutoff = time.time() - retention_s
+        with self._lock:
+            old = [r[0] for r in self._db.execute("SELECT stream_id FROM stream_snapshot WHERE updated < ?",
+                                                  (cutoff,)).fetchall()]
+            trimmed = 0
+            self._db.execute("BEGIN")
+            try:
+                for sid in old:
+                    self._db.execute("DELETE FROM stream_log WHERE stream_id=?", (sid,))
+                    self._db.execute("DELETE FROM stream_snapshot WHERE stream_id=?", (sid,))
+                long = self._db.execute("SELECT stream_id, MAX(seq), COUNT(*) FROM stream_log GROUP BY stream_id "
+                                        "HAVING COUNT(*) > ?", (max_log,)).fetchall()
+                for sid, last, _n in long:
+                    trimmed += self._db.execute("DELETE FROM stream_log WHERE stream_id=? AND seq <= ?",
+                                                (sid, last - max_log)).rowcount
+                    row = self._db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (sid,)).fetchone()
+                    if row is not None:
+                        snap = json.loads(row[0])
+                        snap["log_from"] = last - max_log + 1
+                        self._db.execute("UPDATE stream_snapshot SET body=? WHERE stream_id=?",
+                                         (json.dumps(snap), sid))
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK")
+                raise BackendError(f"stream log compaction failed: {exc}") from exc
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return {"streams_dropped": len(old), "finals_trimmed": trimmed}
 
     def close(self) -> None:
         with self._lock:
@@ -128,14 +162,17 @@ class SQLiteStreamStore:
 class RedisStreamStore:
     """The same store on Redis (``LINGUAFUSION_STATE__REDIS_URL``), so another node can resume a stream."""
 
-    def __init__(self, url: str, *, ttl_s: int = 24 * 3600, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, *, ttl_s: int = 24 * 3600, timeout_s: float = 2.0, max_log: int = 10_000,
+                 retention_s: int = 3600) -> None:
         import redis
 
         # short socket timeouts: a stalled or cut-off Redis fails a call in seconds (the caller backs off and keeps
         # the finals in a backlog) instead of holding a stream for the library's default of forever
         self._r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                        decode_responses=True)
-        self._ttl = ttl_s
+        self._ttl = ttl_s  # a stream silent this long expires (Redis drops it)
+        self._max_log = max_log
+        self._retention = retention_s  # a closed stream is kept this long (late resumes, transcript fetches)
         self._errors = (redis.RedisError, OSError)
         self._watch_error = redis.WatchError
         try:
@@ -182,8 +219,11 @@ class RedisStreamStore:
                         snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
                         if origin is not None:
                             snap["origin"] = origin
+                        # compaction: the log keeps the last max_log finals; the snapshot says where it starts
+                        snap["log_from"] = max(1, int(event["seq"]) - self._max_log + 1)
                         pipe.multi()
                         pipe.rpush(redis_keys.stream_log(stream_id), json.dumps(event, ensure_ascii=False))
+                        pipe.ltrim(redis_keys.stream_log(stream_id), -self._max_log, -1)
                         pipe.expire(redis_keys.stream_log(stream_id), self._ttl)
                         pipe.set(key, json.dumps(snap), ex=self._ttl)
                         pipe.execute()
@@ -208,11 +248,26 @@ class RedisStreamStore:
         if raw:
             snap = json.loads(raw)
             snap["closed"] = True
-            self._run(lambda: self._r.set(key, json.dumps(snap), ex=self._ttl))
+
+            def run() -> None:
+                pipe = self._r.pipeline(transaction=True)
+                pipe.set(key, json.dumps(snap), ex=self._retention)
+                pipe.expire(redis_keys.stream_log(stream_id), self._retention)
+                pipe.execute()
+
+            self._run(run)
+
+    def compact(self, retention_s: float, max_log: int) -> dict[str, int]:
+        """Nothing to sweep: Redis expires closed streams after the retention and silent ones after the TTL, and
+        every append trims the log to its last ``max_log`` finals."""
+        return {"streams_dropped": 0, "finals_trimmed": 0}
 
     def close(self) -> None:
         self._r.close()
 
 
-def open_store(state_dir: Path, redis_url: str | None) -> StreamStore:
-    return RedisStreamStore(redis_url) if redis_url else SQLiteStreamStore(state_dir)
+def open_store(state_dir: Path, redis_url: str | None, *, max_log: int = 10_000,
+               retention_s: float = 3600.0) -> StreamStore:
+    if redis_url:
+        return RedisStreamStore(redis_url, max_log=max_log, retention_s=int(retention_s))
+    return SQLiteStreamStore(state_dir)
