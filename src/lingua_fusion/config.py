@@ -73,6 +73,7 @@ class StateSettings(BaseModel):
     retention_s: float = 3600.0  # closed streams stay resumable / readable this long, then compaction drops them
     max_log_finals: int = 10_000  # a live stream's log keeps its last N finals (its snapshot holds the rest)
     compact_interval_s: float = 300.0
+    log_wait_s: float = 0.5  # a final waits this long for its log write, then goes out marked durable: false
 
 
 class Settings(BaseSettings):

@@ -127,6 +127,11 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
                     # again, so nothing the old session logged meanwhile is numbered twice
                     await old.abort()
                     spec, snapshot, last_seq = await _resume_spec(hub, resume)
+                if last_seq > int(snapshot.get("last_seq", 0)):
+                    # the server died holding finals it had sent but not logged (the log was down): number on
+                    # from what the client has, so no seq is reused; their audio, re-sent from committed_until,
+                    # is transcribed again
+                    snapshot = {**snapshot, "last_seq": last_seq}
             else:
                 terms = glossary_for(key, msg.get("glossary_id")) if msg.get("glossary_id") else []
                 spec = parse_start(msg, hub, terms)

@@ -5,13 +5,25 @@ optionally runs the load once without faults (the baseline), then runs it again 
 on their schedule, and writes one JSON (and HTML) report with both runs, the fault log and the integrity counts
 (committed captions lost / duplicated). See examples/chaos/ and docs/reliability.md.
 
-Faults (``kind``):
-  model_delay   {model: asr|mt|ocr|tts|*, delay_s, fraction}   via the server's /v1/admin/faults (needs --chaos)
-  clear_faults  {}
-  kill_server   {}                      SIGKILL, then restart on the same port and state directory
-  term_server   {}                      SIGTERM (graceful drain), then restart
-  audio_noise   {level: SNR dB}         for the whole run: the streams' audio carries white noise
-  audio_dropout {level: gaps per s}     for the whole run: 120-480 ms gaps
+Faults (``kind``), each fired ``at`` seconds after the load's first stream:
+  model_delay     {model: asr|mt|ocr|tts|*, delay_s, fraction}   via the server's /v1/admin/faults (needs --chaos)
+  model_fault     {model, fault: error|hang|garbage|delay, fraction, after, delay_s}   a broken model backend
+  clear_faults    {}
+  kill_server     {}                    SIGKILL, then restart on the same port and state directory
+  term_server     {}                    SIGTERM (graceful drain), then restart
+  audio_noise     {level: SNR dB}       for the whole run: the streams' audio carries white noise
+  audio_dropout   {level: gaps per s}   for the whole run: 120-480 ms gaps
+  redis_kill      {down_s}              SIGKILL redis-server, restart it on its append-only file after down_s
+  redis_slow      {delay_s, for_s}      every byte to and from Redis late by delay_s (through the TCP proxy)
+  redis_partition {for_s}               Redis unreachable: connections hang, nothing gets through
+  slow_reader     {count, for_s, read_after_s}   extra clients that send audio but stop reading events
+  half_open       {count, for_s}        extra clients that open a stream and go silent (a dead peer)
+  never_end       {count, send_s, for_s}   extra clients that send audio, then neither send more nor end
+
+The redis_* faults need ``store: redis`` in the experiment: the runner then starts its own redis-server (AOF on)
+behind a TCP proxy it controls (chaos/proxy.py) and points the server's stream log at the proxy. Client faults run
+beside the load; their outcome (how and when the server closed them) goes into the fault log, and the load's
+goodput against the baseline shows whether the well-behaved streams noticed.
 """
 
 from __future__ import annotations
@@ -31,8 +43,11 @@ from ..loadgen.mix import load_mix
 from ..loadgen.run import run_load
 from . import degrade
 
-FAULTS = {"model_delay", "clear_faults", "kill_server", "term_server", "audio_noise", "audio_dropout"}
+FAULTS = {"model_delay", "model_fault", "clear_faults", "kill_server", "term_server", "audio_noise", "audio_dropout",
+          "redis_kill", "redis_slow", "redis_partition", "slow_reader", "half_open", "never_end"}
 MODALITY = {"audio_noise", "audio_dropout"}
+REDIS = {"redis_kill", "redis_slow", "redis_partition"}
+CLIENTS = {"slow_reader", "half_open", "never_end"}
 
 
 def load_experiment(path: Path) -> dict[str, Any]:
@@ -48,7 +63,52 @@ def load_experiment(path: Path) -> dict[str, Any]:
     load = doc.get("load") or {}
     if int(load.get("streams", 0)) < 1 or float(load.get("duration", 0)) <= 0:
         raise InvalidParameter("load needs streams >= 1 and duration > 0")
+    if doc.get("store", "sqlite") not in ("sqlite", "redis"):
+        raise InvalidParameter("store must be sqlite or redis")
+    if any(f["kind"] in REDIS for f in doc.get("faults", [])) and doc.get("store") != "redis":
+        raise InvalidParameter("redis_* faults need `store: redis` (the runner starts Redis behind its own proxy)")
     return doc
+
+
+class ManagedStore:
+    """The stream log the experiment's server uses: its SQLite file, or a redis-server of ours behind a TCP proxy."""
+
+    def __init__(self, kind: str, state: Path) -> None:
+        self.kind = kind
+        self.state = state
+        self.redis: Any = None
+        self.proxy: Any = None
+
+    def start(self) -> dict[str, str]:
+        """Start what is needed; returns the server's environment for it."""
+        if self.kind != "redis":
+            return {}
+        from .proxy import TcpProxy
+        from .redis_server import ManagedRedis
+
+        self.redis = ManagedRedis(self.state / "redis")
+        self.redis.start()
+        self.proxy = TcpProxy("127.0.0.1", self.redis.port)
+        port = self.proxy.start()
+        return {"LINGUAFUSION_STATE__REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+
+    def logged(self, stream_id: str) -> list[int]:
+        """The seq numbers in a stream's log (read around the proxy, after the run)."""
+        from ..state.streams import RedisStreamStore, SQLiteStreamStore
+
+        store: Any = RedisStreamStore(self.redis.url) if self.kind == "redis" else SQLiteStreamStore(self.state)
+        try:
+            return [int(e["seq"]) for e in store.finals_after(stream_id, 0)]
+        except Exception:  # noqa: BLE001 - a store we cannot read reports "nothing logged"
+            return []
+        finally:
+            store.close()
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.redis is not None:
+            self.redis.stop()
 
 
 class ManagedServer:
@@ -114,19 +174,67 @@ def _audio_fault(faults: list[dict[str, Any]], seed: int) -> Any:
     return apply
 
 
+async def _clients(url: str, f: dict[str, Any]) -> list[dict[str, Any]]:
+    """Misbehaving clients beside the load (chaos/clients.py); their outcomes."""
+    from ..loadgen.mix import material
+    from ..sdk.client import ws_url
+    from ..sdk.stream import start_message
+    from . import clients
+
+    ws = ws_url(url.rstrip("/"))
+    start = start_message(["es"], "en", "standard", True, 0.5, None, False, 0.4)
+    pcm = (await asyncio.to_thread(material, "synth")).pcm
+    n, for_s = int(f.get("count", 1)), float(f.get("for_s", 30.0))
+    if f["kind"] == "slow_reader":
+        runs = [clients.slow_reader(ws, None, start, pcm, seconds=for_s, read_after_s=float(f.get("read_after_s",
+                                                                                                 for_s)))
+                for _ in range(n)]
+    elif f["kind"] == "half_open":
+        runs = [clients.half_open(ws, None, start, seconds=for_s) for _ in range(n)]
+    else:
+        runs = [clients.never_end(ws, None, start, pcm, send_s=float(f.get("send_s", 5.0)), seconds=for_s)
+                for _ in range(n)]
+    return list(await asyncio.gather(*runs))
+
+
+async def _redis_fault(store: ManagedStore, f: dict[str, Any], entry: dict[str, Any]) -> None:
+    if store.redis is None:
+        raise InvalidParameter("redis_* faults need `store: redis`")
+    if f["kind"] == "redis_kill":
+        await asyncio.to_thread(store.redis.kill)
+        await asyncio.sleep(float(f.get("down_s", 5.0)))
+        t = time.monotonic()
+        await asyncio.to_thread(store.redis.start)
+        entry["restart_s"] = round(time.monotonic() - t, 2)
+        return
+    if f["kind"] == "redis_slow":
+        store.proxy.set_mode("slow", delay_s=float(f.get("delay_s", 0.5)))
+    else:
+        store.proxy.set_mode("partition")
+    await asyncio.sleep(float(f.get("for_s", 10.0)))
+    store.proxy.set_mode("pass")
+    entry["proxy"] = store.proxy.stats()
+
+
 async def _schedule(server: ManagedServer, url: str, faults: list[dict[str, Any]], log: list[dict[str, Any]],
-                    t0: float) -> None:
+                    t0: float, store: ManagedStore | None = None) -> None:
+    """Fire the faults on time; faults that last (Redis outages, misbehaving clients) run beside the next ones."""
+    lasting: list[asyncio.Task[None]] = []
     for f in sorted((f for f in faults if f["kind"] not in MODALITY), key=lambda f: float(f.get("at", 0))):
         delay = t0 + float(f.get("at", 0)) - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         entry: dict[str, Any] = {**f, "fired_at": round(time.monotonic() - t0, 2)}
+        if f["kind"] in REDIS | CLIENTS:
+            lasting.append(asyncio.create_task(_lasting(f, entry, log, url, store, t0)))
+            continue
         try:
-            if f["kind"] == "model_delay":
+            if f["kind"] in ("model_delay", "model_fault"):
+                body = {"model": f.get("model", "*"), "kind": f.get("fault", "delay"),
+                        "delay_s": f.get("delay_s", 60.0 if f.get("fault") == "hang" else 1.0),
+                        "fraction": f.get("fraction", 1.0), "after": f.get("after", 0)}
                 async with httpx.AsyncClient(timeout=10) as http:
-                    r = await http.post(url + "/v1/admin/faults", json={"model": f.get("model", "*"),
-                                                                         "delay_s": f.get("delay_s", 1.0),
-                                                                         "fraction": f.get("fraction", 1.0)})
+                    r = await http.post(url + "/v1/admin/faults", json=body)
                 entry["status"] = r.status_code
             elif f["kind"] == "clear_faults":
                 async with httpx.AsyncClient(timeout=10) as http:
@@ -140,6 +248,20 @@ async def _schedule(server: ManagedServer, url: str, faults: list[dict[str, Any]
         except (httpx.HTTPError, OSError) as exc:
             entry["error"] = str(exc)
         log.append(entry)
+    await asyncio.gather(*lasting)
+
+
+async def _lasting(f: dict[str, Any], entry: dict[str, Any], log: list[dict[str, Any]], url: str,
+                   store: ManagedStore | None, t0: float) -> None:
+    try:
+        if f["kind"] in REDIS:
+            await _redis_fault(store or ManagedStore("sqlite", Path(".")), f, entry)
+        else:
+            entry["clients"] = await _clients(url, f)
+    except (InvalidParameter, OSError) as exc:
+        entry["error"] = str(exc)
+    entry["ended_at"] = round(time.monotonic() - t0, 2)
+    log.append(entry)
 
 
 def run_experiment(path: Path, console: Any) -> dict[str, Any]:
@@ -151,9 +273,11 @@ def run_experiment(path: Path, console: Any) -> dict[str, Any]:
     mix = load_mix(Path(load["mix"]) if load.get("mix") else None)
     n, duration, seed = int(load["streams"]), float(load["duration"]), int(doc.get("seed", 0))
     faults = list(doc.get("faults", []))
+    store = ManagedStore(str(doc.get("store", "sqlite")), server.state)
     report: dict[str, Any] = {"schema": "linguafusion.chaos/1", "name": doc.get("name", path.stem),
                               "commit": git_commit(), "machine": machine(), "experiment": doc}
     try:
+        server.env.update(store.start())
         url = server.start()
         if doc.get("baseline", True):
             console.print("baseline run (no faults)", markup=False)
@@ -164,7 +288,7 @@ def run_experiment(path: Path, console: Any) -> dict[str, Any]:
             tasks: list[asyncio.Task[None]] = []
 
             def start_schedule() -> None:  # time zero = the load's first stream
-                tasks.append(asyncio.create_task(_schedule(server, url, faults, log, time.monotonic())))
+                tasks.append(asyncio.create_task(_schedule(server, url, faults, log, time.monotonic(), store)))
 
             try:
                 res = await run_load(url, None, mix, n, duration, seed=seed,
@@ -176,11 +300,19 @@ def run_experiment(path: Path, console: Any) -> dict[str, Any]:
 
         console.print("run with faults", markup=False)
         report["faulted"] = asyncio.run(faulted())
+        server.stop()
+        # every caption a client received must be in the stream log once the run is over (the write-ahead promise)
+        f = report["faulted"]
+        f["integrity"]["missing_from_log"] = sum(
+            len(set(s["seqs"]) - set(store.logged(s["stream_id"]))) for s in f.get("streams_seen", [])
+            if s.get("stream_id"))
     finally:
         server.stop()
+        store.stop()
     f = report["faulted"]
     report["summary"] = {
         "lost": f["integrity"]["lost"], "duplicated": f["integrity"]["duplicated"],
+        "missing_from_log": f["integrity"]["missing_from_log"], "not_durable": f["integrity"]["not_durable"],
         "reconnects": f["integrity"]["reconnects"], "goodput_faulted": f["goodput_streams"],
         "goodput_baseline": report.get("baseline", {}).get("goodput_streams"),
         "captions_faulted": f["client_captions"], "captions_baseline": report.get("baseline", {}).get("client_captions"),

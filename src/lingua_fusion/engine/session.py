@@ -116,6 +116,9 @@ class StreamSession:
         # finals sent while the stream log was unavailable, oldest first, written when it answers again
         self._unlogged: deque[dict[str, Any]] = deque()
         self._backfill: asyncio.Task[None] | None = None
+        self._logged_seq = 0
+        self._log_progress = asyncio.Condition()
+        self._outage = False  # a not_durable notice went out and no durable one yet
         self.max_unlogged = 1000
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -143,7 +146,7 @@ class StreamSession:
         extra: dict[str, Any] = {}
         if self._resume is not None:
             snap = self._resume
-            self.seq = int(snap.get("last_seq", 0))
+            self.seq = self._logged_seq = int(snap.get("last_seq", 0))
             until = float(snap.get("committed_until", 0.0))
             origin = snap.get("origin")
             if origin is not None:
@@ -496,29 +499,38 @@ class StreamSession:
             self.closed.set()
 
     async def _log(self, event: dict[str, Any]) -> None:
-        """Write a final to the write-ahead log before it is sent, in seq order. While the log is unavailable (Redis
-        killed, slow or cut off) captions keep flowing: the final goes out marked ``durable: false``, waits in a
-        bounded backlog, and a ``durable`` event follows once the backlog is written."""
+        """Write a final to the write-ahead log before it is sent. Writes go through one ordered queue per stream
+        (the log stays in seq order); a final waits for its write at most ``state.log_wait_s``. While the log is
+        down or slow (Redis killed, slow, cut off) captions keep flowing: a final that could not wait goes out
+        marked ``durable: false`` (after a ``not_durable`` notice), stays queued (bounded) and is written when the
+        store answers; a ``durable`` event then says up to which seq everything is logged."""
         if self.store is None:
             return
-        if not self._unlogged:
-            try:
-                await self._store_call("append_final", self.spec.stream_id, event, float(event["end"]),
-                                       self.timeline.origin)
-                return
-            except LinguaFusionError as exc:
-                await self._emit({"type": "error", "code": "state_store_unavailable",
-                                  "message": f"captions from {event['seq']} on are not yet crash-safe: {exc.message}"})
         if len(self._unlogged) >= self.max_unlogged:
             self.error = BackendError("the stream log has been unavailable too long; the stream was closed")
             self._spawn(self.abort(), "abort")
             return
+        seq = int(event["seq"])
         self._unlogged.append({**event, "_origin": self.timeline.origin})
-        event["durable"] = False
         if self.hub.metrics is not None:
             self.hub.metrics.unlogged_finals.inc()
         if self._backfill is None or self._backfill.done():
             self._backfill = self._spawn(self._write_backlog(), "backfill")
+        link = getattr(self.hub, "link", None)
+        wait = self.hub.settings.state.log_wait_s if link is None or link.ready() else 0.0
+        try:
+            async with self._log_progress:
+                await asyncio.wait_for(self._log_progress.wait_for(lambda: self._logged_seq >= seq), wait)
+            return
+        except TimeoutError:
+            pass
+        event["durable"] = False
+        if not self._outage:
+            self._outage = True
+            why = link.last_error if link is not None and link.last_error else "the write is slow"
+            await self._emit({"type": "not_durable", "from_seq": seq, "code": "state_store_unavailable",
+                              "message": f"captions from {seq} on are sent before they are crash-safe ({why}); "
+                                         "a durable event follows when they are"})
 
     async def _write_backlog(self) -> None:
         link = getattr(self.hub, "link", None)
@@ -538,8 +550,12 @@ class StreamSession:
             self._unlogged.popleft()
             if self.hub.metrics is not None:
                 self.hub.metrics.unlogged_finals.dec()
-            if not self._unlogged:
-                await self._emit({"type": "durable", "through_seq": int(body["seq"])})
+            async with self._log_progress:
+                self._logged_seq = int(body["seq"])
+                self._log_progress.notify_all()
+            if not self._unlogged and self._outage:
+                self._outage = False
+                await self._emit({"type": "durable", "through_seq": self._logged_seq})
 
     async def _flush_unlogged(self, timeout: float) -> int:
         """At the end of a stream: give the backlog ``timeout`` seconds to reach the log; returns what is left."""

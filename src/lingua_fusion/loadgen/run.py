@@ -34,6 +34,8 @@ class StreamResult:
     sent_s: float = 0.0
     reconnects: int = 0
     duplicates: int = 0
+    stream_id: str | None = None
+    not_durable: int = 0  # finals sent while the stream log was down (written later, or lost with the server)
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -59,6 +61,7 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
         res.rejected_code = exc.code
         return res
     res.admitted = True
+    res.stream_id = stream.ready.get("stream_id")
     res.start_wall = time.monotonic()
     try:
         async def send() -> None:
@@ -94,6 +97,7 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
                         data["latency_s"] = round(lat, 3)
                         res.finals.append(data)
                         res.latencies.append(lat)
+                        res.not_durable += data.get("durable") is False
                     elif ev.type == "error" and not res.error:
                         res.error = (ev.model_extra or {}).get("code", "error")
 
@@ -212,6 +216,8 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
                    "max_queue_depth": after.get("linguafusion_queue_depth_max")},
         "client_captions": sum(len(r.finals) for r in results),
         "integrity": integrity(results),
+        "streams_seen": [{"stream_id": r.stream_id, "seqs": sorted({int(f["seq"]) for f in r.finals if "seq" in f}),
+                          "reconnects": r.reconnects, "error": r.error} for r in results if r.admitted],
         "latencies": {slo: [round(x, 3) for r in results if r.kind.slo == slo for x in r.latencies]
                       for slo in per_class},
     }
@@ -225,7 +231,7 @@ def integrity(results: list[StreamResult]) -> dict[str, int]:
         if seqs:
             lost += seqs[-1] - len(set(seqs))
     return {"lost": lost, "duplicated": sum(r.duplicates for r in results),
-            "reconnects": sum(r.reconnects for r in results)}
+            "reconnects": sum(r.reconnects for r in results), "not_durable": sum(r.not_durable for r in results)}
 
 
 def _mean(xs: list[float]) -> float | None:
