@@ -162,3 +162,44 @@ def test_sigkill_mid_stream_redis(tmp_path: Path) -> None:
 def test_sigterm_drains_and_the_stream_moves_to_the_restarted_server(tmp_path: Path) -> None:
     events, err = _run_killed_stream(tmp_path, {}, signal.SIGTERM)
     _check(events, err)
+
+
+async def test_text_sent_around_a_kill_is_translated_exactly_once(tmp_path: Path) -> None:
+    """Timestamped text (and images) are kept by the SDK like audio: after a SIGKILL what the server had not
+    logged is sent again, what it had logged is not (each sentence gives exactly one caption)."""
+    import asyncio
+
+    from lingua_fusion import MultimodalTranslator
+
+    port = free_port()
+    url, server = start_server(tmp_path, "--no-auth", port=port)
+    sentences = [f"The house number {n} is very big." for n in range(1, 9)]
+    finals: list[dict[str, Any]] = []
+    try:
+        s = MultimodalTranslator(base_url=url).stream(["es"], partials=False, slo="batch", inputs=["text"])
+        async with s:
+            async def send() -> None:
+                nonlocal server
+                for k, text in enumerate(sentences):
+                    if k == 4:  # the server dies between sentences, and again right after one is sent
+                        server.send_signal(signal.SIGKILL)
+                        await asyncio.to_thread(server.wait, 30)
+                        _url, server = await asyncio.to_thread(start_server, tmp_path, "--no-auth", port=port)
+                    await s.send_text(text, k * 0.5)
+                    if k == 6:
+                        server.send_signal(signal.SIGKILL)
+                        await asyncio.to_thread(server.wait, 30)
+                        _url, server = await asyncio.to_thread(start_server, tmp_path, "--no-auth", port=port)
+                    await asyncio.sleep(0.5)
+                await s.end()
+
+            sender = asyncio.create_task(send())
+            async for ev in s:
+                if ev.type == "final":
+                    finals.append(ev.model_dump())
+            await sender
+            assert s.reconnects >= 2
+    finally:
+        stop_server(server)
+    assert [f["seq"] for f in finals] == list(range(1, 9))
+    assert [f["source_text"] for f in finals] == sentences

@@ -84,3 +84,47 @@ def test_illegal_state_transition_raises() -> None:
     s.state = State.CLOSED
     with pytest.raises(RuntimeError, match="illegal transition"):
         s._to(State.LIVE)
+
+
+async def test_a_degraded_class_reads_fewer_frames_then_none() -> None:
+    import io
+
+    from PIL import Image
+
+    class Breaker:
+        level = 2  # drop_partials + lower_frame_rate
+
+        def active(self, slo: str, step: str) -> bool:
+            from lingua_fusion.engine.breaker import STEPS
+
+            return STEPS.index(step) < self.level
+
+    class OcrHub(FakeHub):
+        def __init__(self) -> None:
+            super().__init__()
+            self.breaker = Breaker()
+            self.ocr_calls = 0
+
+        async def call(self, key: str, arg: Any, **kw: Any) -> Any:
+            if key == "ocr":
+                self.ocr_calls += 1
+                return []
+            return await super().call(key, arg, **kw)
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 32), "white").save(buf, "PNG")
+    hub = OcrHub()
+    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    s.start()
+    s.timeline.origin = 0.0
+    for ts in (0.0, 1.0, 2.0, 6.0, 7.0):  # one frame per second of stream time
+        await s.feed_image(buf.getvalue(), ts)
+    await asyncio.sleep(0.05)
+    assert hub.ocr_calls == 2 and s.frames_dropped == 3  # lower_frame_rate: one frame per 5 s read
+    hub.breaker.level = 3  # skip_vision: no frame is read
+    await s.feed_image(buf.getvalue(), 20.0)
+    await asyncio.sleep(0.05)
+    assert hub.ocr_calls == 2 and s.frames_dropped == 4
+    await s.end()
+    closed = (await drain(s))[-1]
+    assert closed["frames_dropped"] == 4

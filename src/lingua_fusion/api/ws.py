@@ -19,7 +19,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from .. import langs
 from ..engine.hub import StreamHub
 from ..engine.scheduler import SLO_CLASSES
-from ..engine.session import POLICIES, StreamSession, StreamSpec, spec_from_dict
+from ..engine.session import INPUTS, POLICIES, StreamSession, StreamSpec, spec_from_dict
 from ..errors import ClientError, InvalidParameter, PermissionDenied, LinguaFusionError, Overloaded, TooLarge
 
 
@@ -57,10 +57,13 @@ def parse_start(msg: dict[str, Any], hub: StreamHub, glossary: Any) -> StreamSpe
     audio_format = str(msg.get("audio_format", "pcm16")).lower()
     if audio_format not in {"pcm16", "webm", "ogg"}:
         raise InvalidParameter("audio_format must be pcm16, webm or ogg (Opus)")
+    inputs = msg.get("inputs", list(INPUTS))
+    if not isinstance(inputs, list) or not inputs or any(i not in INPUTS for i in inputs):
+        raise InvalidParameter("inputs lists what the stream will send: a non-empty subset of audio, image, text")
     return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
                       partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
                       speech=bool(msg.get("speech", False)), audio_format=audio_format,
-                      clock_offsets={k: float(v) for k, v in offsets.items()})
+                      clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)))
 
 
 async def _resume_spec(hub: StreamHub, resume: Any) -> tuple[StreamSpec, dict[str, Any], int]:
@@ -140,7 +143,7 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
             if hub.draining:
                 raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
             hub.admit(hub.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets, spec.partials,
-                                 POLICIES[spec.slo].step_s))
+                                 POLICIES[spec.slo].step_s, inputs=spec.inputs))
             per_key[key_id] = per_key.get(key_id, 0) + 1
             session = StreamSession(hub, spec, resume=snapshot)
             hub.sessions[spec.stream_id] = session

@@ -53,6 +53,7 @@ class StreamHub:
         self.metrics = metrics
         self.clock = clock
         self.scheduler = Scheduler(alpha=alpha, max_batch=max_batch, max_queue=max_queue)
+        self.scheduler.batch_scale = {"mt": 4}  # Apertium translates a batch in one pipeline run: up to 32 items
         self._runners: dict[str, Callable[[list[Any]], list[Any]]] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
@@ -306,6 +307,7 @@ class StreamHub:
                 if not batch:
                     break
                 t0 = self.clock()
+                cold = key not in self._warm  # a first batch includes loading the model: not a cost sample
                 try:
                     results = await self._run_batch(key, [w.payload.arg for w in batch])
                 except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
@@ -317,7 +319,8 @@ class StreamHub:
                             w.payload.future.set_exception(exc)
                     continue
                 dt = self.clock() - t0
-                self.scheduler.observe(key, len(batch), dt)
+                if not cold:
+                    self.scheduler.observe(key, len(batch), dt)
                 if self.metrics is not None:
                     self.metrics.batch_size.labels(model=key).observe(len(batch))
                     self.metrics.stage("model:" + key.split(":")[0], dt)
@@ -330,12 +333,14 @@ class StreamHub:
 
     # ---- admission -------------------------------------------------------------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool,
-               step_s: float) -> Demand:
-        asr = self.asr_key(source)
-        self._runner(asr)
-        # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use what is
-        # left and are shed first, so they count at a quarter of their rate
-        rate = {asr: 0.3 + (0.25 / step_s if partials else 0.0)}
+               step_s: float, *, inputs: list[str] | None = None) -> Demand:
+        rate: dict[str, float] = {}
+        if inputs is None or "audio" in inputs:
+            asr = self.asr_key(source)
+            self._runner(asr)
+            # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
+            # what is left and are shed first, so they count at a quarter of their rate
+            rate[asr] = 0.3 + (0.25 / step_s if partials else 0.0)
         for t in targets:
             if t != source:
                 key = f"mt:{source}-{t}"

@@ -157,6 +157,9 @@ class Scheduler:
             raise ValueError("alpha must be in [0, 1]")
         self.alpha = alpha
         self.max_batch = max_batch
+        # larger batches for models whose per-item cost is small next to their per-call cost (Apertium runs one
+        # pipeline over the whole batch); never above max_batch when that is lowered (the per-stream baseline)
+        self.batch_scale: dict[str, int] = {}
         self.max_queue = max_queue
         self.target_utilisation = target_utilisation
         self.costs: dict[str, CostModel] = costs or {}
@@ -218,7 +221,8 @@ class Scheduler:
         self.stats.shed += len(shed)
         if not q:
             return [], shed
-        top = heapq.nsmallest(self.max_batch, q.candidates(self.max_batch),
+        cap = self.batch_cap(model)
+        top = heapq.nsmallest(cap, q.candidates(cap),
                               key=lambda w: (-self._score(w, ready), w.deadline, w.seq))
         # Items already past rescue (deadline < now + single-item latency) do not constrain the batch: under
         # overload, shrinking batches to chase lost deadlines would only cut throughput and make everyone late.
@@ -240,6 +244,9 @@ class Scheduler:
         self.stats.batch_sizes[take] += 1
         return batch, shed
 
+    def batch_cap(self, model: str) -> int:
+        return self.max_batch * self.batch_scale.get(model.split(":")[0], 1) if self.max_batch > 1 else 1
+
     def observe(self, model: str, batch: int, seconds: float) -> None:
         self.cost(model).observe(batch, seconds)
 
@@ -248,7 +255,7 @@ class Scheduler:
         """Items/s the model sustains with batches small enough for the SLO's stage budget."""
         cm = self.cost(model)
         budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(model.split(":")[0], 0.5)
-        b = cm.max_batch_within(budget / 2, self.max_batch)  # half the budget to serve, half to wait
+        b = cm.max_batch_within(budget / 2, self.batch_cap(model))  # half the budget to serve, half to wait
         return b / max(1e-6, cm.predict(b))
 
     def admit(self, demand: Demand) -> bool:

@@ -35,6 +35,10 @@ POLICIES = {
 }
 
 
+INPUTS = ("audio", "image", "text")  # what a stream may send; a stream declares a subset in its start message
+LOW_FRAME_INTERVAL_S = 5.0  # breaker step "lower_frame_rate": image frames read at most this often per stream
+
+
 class State(enum.IntEnum):
     OPENING = 0
     LIVE = 1
@@ -55,6 +59,7 @@ class StreamSpec:
     audio_format: str = "pcm16"  # or "webm" / "ogg" (Opus, as MediaRecorder sends it)
     # seconds added to a modality's media timestamps to bring it onto the audio clock (camera / slide skew)
     clock_offsets: dict[str, float] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=lambda: list(INPUTS))  # no audio: no speech capacity reserved
     stream_id: str = field(default_factory=lambda: "st_" + secrets.token_hex(8))
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
 
@@ -63,7 +68,7 @@ def spec_to_dict(spec: StreamSpec) -> dict[str, Any]:
     return {"source_lang": spec.source_lang, "targets": spec.targets, "slo": spec.slo, "importance": spec.importance,
             "partials": spec.partials, "glossary": [[t.source, t.target] for t in spec.glossary],
             "min_confidence": spec.min_confidence, "speech": spec.speech, "audio_format": spec.audio_format,
-            "clock_offsets": spec.clock_offsets}
+            "clock_offsets": spec.clock_offsets, "inputs": spec.inputs}
 
 
 def spec_from_dict(d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
@@ -72,6 +77,7 @@ def spec_from_dict(d: dict[str, Any], stream_id: str, resume_token: str) -> Stre
                       glossary=[Term(s, t) for s, t in d.get("glossary", [])],
                       min_confidence=float(d["min_confidence"]), speech=bool(d["speech"]),
                       audio_format=d.get("audio_format", "pcm16"), clock_offsets=dict(d.get("clock_offsets", {})),
+                      inputs=list(d.get("inputs", INPUTS)),
                       stream_id=stream_id, resume_token=resume_token)
 
 
@@ -113,6 +119,8 @@ class StreamSession:
         self._decoder: StreamDecoder | None = None
         self._pump: asyncio.Task[None] | None = None
         self._opened = False
+        self._last_frame_t = -1e9
+        self.frames_dropped = 0  # image frames not read because the class was degraded
         # finals sent while the stream log was unavailable, oldest first, written when it answers again
         self._unlogged: deque[dict[str, Any]] = deque()
         self._backfill: asyncio.Task[None] | None = None
@@ -191,6 +199,7 @@ class StreamSession:
         """PCM16 LE mono 16 kHz bytes, or a piece of the WebM/Ogg stream when the stream declared one."""
         if self.state != State.LIVE:
             raise InvalidParameter("the stream is not live")
+        self._declared("audio")
         if self._decoder is not None:
             await asyncio.to_thread(self._decoder.feed, pcm16)
             return
@@ -248,24 +257,34 @@ class StreamSession:
             self._spawn(self.abort(), "abort")
 
     def _place(self, modality: str, ts: float | None) -> float:
-        """Stream time of a non-audio item: its media timestamp, corrected for that modality's clock skew."""
-        if ts is None or self.timeline.origin is None:
+        """Stream time of a non-audio item: its media timestamp, corrected for that modality's clock skew. The
+        first timestamped item of any modality fixes the stream's clock origin (a text-only stream has no audio)."""
+        if ts is None:
             return self.timeline.end_s
+        if self.timeline.origin is None:
+            self.timeline.origin = ts + self.spec.clock_offsets.get(modality, 0.0) - self.timeline.end_s
         return max(0.0, ts + self.spec.clock_offsets.get(modality, 0.0) - self.timeline.origin)
 
     async def feed_text(self, text: str, ts: float | None = None) -> None:
         if self.state != State.LIVE:
             raise InvalidParameter("the stream is not live")
+        self._declared("text")
         t = self._place("text", ts)
         self._queue_job(self._translate_job(text.strip(), t, t, confidence=1.0, wall_ref=time.monotonic()))
 
     async def feed_image(self, data: bytes, ts: float | None = None) -> None:
         from ..media import decode_image
 
+        self._declared("image")
         image = decode_image(data, self.hub.settings.limits)
         if self._degraded("skip_vision"):
+            self.frames_dropped += 1
             return  # degraded: slides are not read while the class is over its SLO
         t = self._place("image", ts)
+        if self._degraded("lower_frame_rate") and t - self._last_frame_t < LOW_FRAME_INTERVAL_S:
+            self.frames_dropped += 1
+            return  # degraded: at most one frame read per LOW_FRAME_INTERVAL_S of stream time
+        self._last_frame_t = t
         self._spawn(self._ocr_job(image, t), "ocr")
 
     async def end(self) -> None:
@@ -282,6 +301,10 @@ class StreamSession:
         if flush.kind == "commit":
             self.policy.committed(flush.end)
         await self._jobs.put(None)
+
+    def _declared(self, kind: str) -> None:
+        if kind not in self.spec.inputs:
+            raise InvalidParameter(f"this stream declared inputs {self.spec.inputs}: {kind} was not among them")
 
     def _degraded(self, step: str) -> bool:
         breaker = getattr(self.hub, "breaker", None)
@@ -490,6 +513,7 @@ class StreamSession:
                     await self._store_call("close_stream", self.spec.stream_id)
             await self._emit({"type": "closed", "reason": "end of stream", "finals": self.seq,
                               **({"unlogged": unlogged} if unlogged else {}),
+                              "frames_dropped": self.frames_dropped,
                               "timeline": {"late_dropped": self.timeline.stats.late_dropped,
                                            "reordered": self.timeline.stats.reordered,
                                            "gap_seconds": round(self.timeline.stats.gap_seconds, 3)}})

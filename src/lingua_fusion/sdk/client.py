@@ -63,11 +63,13 @@ class _Base:
 
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
-               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16") -> RemoteStream:
-        """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``."""
+               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
+               inputs: list[str] | None = None) -> RemoteStream:
+        """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``. ``inputs``: what the
+        stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity."""
         return RemoteStream(ws_url(self.base_url), self.api_key,
                             start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
-                                          min_confidence, audio_format))
+                                          min_confidence, audio_format, inputs))
 
 
 class MultimodalTranslator(_Base):

@@ -49,7 +49,8 @@ class LocalTranslator:
 
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
-               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16") -> Any:
+               speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
+               inputs: list[str] | None = None) -> Any:
         """A live stream on an in-process hub (same interface as the remote one)."""
         from ..engine.hub import StreamHub
         from .stream import LocalStream, start_message
@@ -57,7 +58,7 @@ class LocalTranslator:
         if self._hub is None:
             self._hub = StreamHub(self.engine.registry, self.settings)
         return LocalStream(self._hub, start_message(target_langs, source_lang, slo, partials, importance,
-                                                    glossary_id, speech, min_confidence, audio_format))
+                                                    glossary_id, speech, min_confidence, audio_format, inputs))
 
     def models(self) -> dict[str, Any]:
         return {"models": self.engine.registry.capabilities(), "pairs": self.engine.registry.served_pairs()}

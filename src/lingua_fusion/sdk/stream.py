@@ -31,10 +31,12 @@ class StreamEvent(BaseModel):
 
 def start_message(target_langs: list[str], source_lang: str, slo: str, partials: bool, importance: float,
                   glossary_id: str | None, speech: bool, min_confidence: float,
-                  audio_format: str = "pcm16") -> dict[str, Any]:
+                  audio_format: str = "pcm16", inputs: list[str] | None = None) -> dict[str, Any]:
     msg: dict[str, Any] = {"type": "start", "source_lang": source_lang, "target_langs": target_langs, "slo": slo,
                            "partials": partials, "importance": importance, "speech": speech,
                            "min_confidence": min_confidence, "audio_format": audio_format}
+    if inputs is not None:
+        msg["inputs"] = inputs
     if glossary_id:
         msg["glossary_id"] = glossary_id
     return msg
@@ -43,9 +45,10 @@ def start_message(target_langs: list[str], source_lang: str, slo: str, partials:
 class RemoteStream:
     """A live stream over WebSocket that survives server restarts.
 
-    Audio sent is kept in a bounded buffer (``buffer_s`` seconds). When the connection breaks (anything but the
+    Audio, and text and images sent with a timestamp, are kept in a bounded buffer (the last ``buffer_s`` seconds
+    of stream time). When the connection breaks (anything but the
     server's normal close after ``closed``), the stream reconnects with backoff, resumes with its stream id, resume
-    token and the last sequence number it saw, re-sends the buffered audio the server has not committed yet, and
+    token and the last sequence number it saw, re-sends what the server has not committed yet, and
     iteration goes on: every committed final arrives exactly once, in order.
     """
 
@@ -58,7 +61,7 @@ class RemoteStream:
         self._open_timeout = open_timeout
         self._reconnect = reconnect
         self._reconnect_timeout = reconnect_timeout
-        self._buffer: deque[tuple[float, bytes]] = deque()
+        self._buffer: deque[tuple[float, float, str]] = deque()  # (ts, seconds of audio, message)
         self._buffer_s = buffer_s
         self._ws: Any = None
         self._lock = asyncio.Lock()
@@ -99,11 +102,14 @@ class RemoteStream:
             return
         # re-send what the server had not committed when it went away
         since = first.get("resume_from_ts")
-        for ts, pcm in list(self._buffer):
-            if since is None or ts + len(pcm) / 32000 > since:
-                await ws.send(json.dumps({"type": "audio", "ts": ts, "data": base64.b64encode(pcm).decode()}))
-        if self._ended:
-            await ws.send(json.dumps({"type": "end"}))
+        try:
+            for ts, dur, message in list(self._buffer):
+                if since is None or ts + dur > since:
+                    await ws.send(message)
+            if self._ended:
+                await ws.send(json.dumps({"type": "end"}))
+        except WebSocketException:
+            pass  # the stream had already ended: the server replays its last finals, says closed, and hangs up
 
     async def __aenter__(self) -> RemoteStream:
         await self._open(resume=False)
@@ -144,12 +150,15 @@ class RemoteStream:
             self._repair = asyncio.create_task(self._reconnect_loop())
         await asyncio.shield(self._repair)
 
-    async def _send(self, message: str | bytes) -> None:
+    async def _send(self, message: str, ts: float | None = None, dur: float = 0.0) -> None:
         from websockets.exceptions import ConnectionClosed
 
         await self._connected.wait()
         try:
             async with self._lock:
+                # kept under the lock: a reconnection re-sends exactly what was kept before it, and what is kept
+                # after it goes out once, here
+                self._keep(ts, dur, message)
                 await self._ws.send(message)
         except ConnectionClosed:
             await self._broken()  # the buffer holds the audio: the reconnection re-sends it
@@ -158,16 +167,23 @@ class RemoteStream:
         if ts is None:
             ts = self._next_ts
         self._next_ts = ts + len(pcm16) / 32000
-        self._buffer.append((ts, pcm16))
-        while self._buffer and self._buffer[0][0] < self._next_ts - self._buffer_s:
+        message = json.dumps({"type": "audio", "ts": ts, "data": base64.b64encode(pcm16).decode()})
+        await self._send(message, ts, len(pcm16) / 32000)
+
+    def _keep(self, ts: float | None, dur: float, message: str) -> None:
+        """Buffer a timestamped message for re-sending after a break (the last ``buffer_s`` s of stream time)."""
+        if ts is None:
+            return  # without a timestamp the server cannot tell whether it was committed: not re-sent
+        self._buffer.append((ts, dur, message))
+        newest = max(ts + dur, self._next_ts)
+        while self._buffer and self._buffer[0][0] < newest - self._buffer_s:
             self._buffer.popleft()
-        await self._send(json.dumps({"type": "audio", "ts": ts, "data": base64.b64encode(pcm16).decode()}))
 
     async def send_image(self, data: bytes, ts: float | None = None) -> None:
-        await self._send(json.dumps({"type": "image", "ts": ts, "data": base64.b64encode(data).decode()}))
+        await self._send(json.dumps({"type": "image", "ts": ts, "data": base64.b64encode(data).decode()}), ts)
 
     async def send_text(self, text: str, ts: float | None = None) -> None:
-        await self._send(json.dumps({"type": "text", "ts": ts, "text": text}))
+        await self._send(json.dumps({"type": "text", "ts": ts, "text": text}), ts)
 
     async def end(self) -> None:
         self._ended = True
@@ -220,7 +236,7 @@ class LocalStream:
 
         spec = parse_start(self._start, self._hub, [])
         self._hub.admit(self._hub.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets, spec.partials,
-                                         POLICIES[spec.slo].step_s))
+                                         POLICIES[spec.slo].step_s, inputs=spec.inputs))
         self._session = StreamSession(self._hub, spec)
         self.ready = self._session.start()
         return self
