@@ -215,11 +215,18 @@ async def _read(ws: WebSocket, session: StreamSession, idle: float, max_bytes: i
             raise Overloaded(f"more than {max_rate:g} messages per second on this stream", retry_after=1.0)
         if msg["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(msg.get("code", 1000))
+        if session.closed.is_set():
+            return  # the session ended itself (slow consumer, shed, drain): the writer says why and closes
         data = msg.get("bytes")
         if data is not None:
             if len(data) > max_bytes:
                 raise TooLarge(f"message over {max_bytes} bytes")
-            await session.feed_audio(data)
+            try:
+                await session.feed_audio(data)
+            except ClientError as exc:  # one bad frame: say so, keep the stream
+                if session.closed.is_set():
+                    return
+                await session.notify({"type": "error", "code": exc.code, "message": exc.message})
             continue
         text = msg.get("text") or ""
         if len(text) > max_bytes:
@@ -247,7 +254,10 @@ async def _read(ws: WebSocket, session: StreamSession, idle: float, max_bytes: i
         except ClientError as exc:  # one bad message: say so, keep the stream
             if isinstance(exc, TooLarge):
                 raise
-            await session.events.put({"type": "error", "code": exc.code, "message": exc.message})
+            if session.closed.is_set():
+                return
+            # never blocks: a client that sends bad messages and reads nothing is closed as a slow consumer
+            await session.notify({"type": "error", "code": exc.code, "message": exc.message})
 
 
 def _b64(value: Any) -> bytes:

@@ -364,9 +364,9 @@ class StreamSession:
 
     async def _partial_job(self, audio: np.ndarray, d: Decision, utterance: int) -> None:
         with contextlib.suppress(BackendError):  # tentative: a failed re-decode is just a partial not shown
-            await self._partial(audio, d, utterance)
+            await self._partial_decode(audio, d, utterance)
 
-    async def _partial(self, audio: np.ndarray, d: Decision, utterance: int) -> None:
+    async def _partial_decode(self, audio: np.ndarray, d: Decision, utterance: int) -> None:
         res = await self.hub.call(self.hub.asr_key(self.spec.source_lang), (audio, self._prompt()),
                                   stream_id=self.spec.stream_id, slo=self.spec.slo, stage="asr",
                                   importance=self.spec.importance, tentative=True)
