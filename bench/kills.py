@@ -113,8 +113,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         lost += (max(seqs) - len(set(seqs))) if seqs else 0
         text = " ".join(e["source_text"] for _t, e in finals.get(i, []))
         coverage.append(1 - jiwer.wer(norm(" ".join(sentences)), norm(text)))
+        got = [e["source_text"] for _t, e in finals.get(i, [])]
         per_stream.append({"kind": "text" if i >= args.streams else "audio", "captions": len(seqs),
-                           "coverage": round(coverage[-1], 3)})
+                           "coverage": round(coverage[-1], 3),
+                           **({"missing": [k for k, x in enumerate(sentences) if x not in got],
+                               "repeated": len(got) - len(set(got))} if i >= args.streams else {})})
     gaps = []
     for r in restarts:
         after = [t for fs in finals.values() for t, _e in fs if t > r]

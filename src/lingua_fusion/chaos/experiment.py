@@ -16,7 +16,7 @@ Faults (``kind``), each fired ``at`` seconds after the load's first stream:
   redis_kill      {down_s}              SIGKILL redis-server, restart it on its append-only file after down_s
   redis_slow      {delay_s, for_s}      every byte to and from Redis late by delay_s (through the TCP proxy)
   redis_partition {for_s}               Redis unreachable: connections hang, nothing gets through
-  slow_reader     {count, for_s, read_after_s}   extra clients that send audio but stop reading events
+  slow_reader     {count, for_s, read_after_s, texts_per_s}   extra clients that send but do not read events
   half_open       {count, for_s}        extra clients that open a stream and go silent (a dead peer)
   never_end       {count, send_s, for_s}   extra clients that send audio, then neither send more nor end
 
@@ -29,6 +29,7 @@ goodput against the baseline shows whether the well-behaved streams noticed.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import tempfile
 import time
@@ -186,8 +187,14 @@ async def _clients(url: str, f: dict[str, Any]) -> list[dict[str, Any]]:
     pcm = (await asyncio.to_thread(material, "synth")).pcm
     n, for_s = int(f.get("count", 1)), float(f.get("for_s", 30.0))
     if f["kind"] == "slow_reader":
-        runs = [clients.slow_reader(ws, None, start, pcm, seconds=for_s, read_after_s=float(f.get("read_after_s",
-                                                                                                 for_s)))
+        # texts_per_s > 0 adds large incompressible text captions (into the source language, no MT) so the
+        # server's event queue fills within seconds; audio alone fills it only after minutes
+        texts = float(f.get("texts_per_s", 0.0))
+        words = " ".join(secrets.token_hex(4) for _ in range(4500))
+        reader_start = start_message(["en"], "en", "standard", True, 0.5, None, False, 0.4) if texts else start
+        runs = [clients.slow_reader(ws, None, reader_start, pcm, seconds=for_s,
+                                    read_after_s=float(f.get("read_after_s", for_s)), texts_per_s=texts,
+                                    text=words if texts else "This line was sent as text.")
                 for _ in range(n)]
     elif f["kind"] == "half_open":
         runs = [clients.half_open(ws, None, start, seconds=for_s) for _ in range(n)]
