@@ -99,8 +99,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     t_start = time.monotonic()
     total = args.streams + args.text_streams
-    await asyncio.gather(killer(), *(stream(i) for i in range(total)))
-    stop_server(server)
+    try:
+        await asyncio.gather(killer(), *(stream(i) for i in range(total)))
+    finally:
+        stop_server(server)
     lost = dup = 0
     coverage = []
     per_stream: list[dict[str, Any]] = []

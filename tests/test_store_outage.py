@@ -22,6 +22,13 @@ SENTENCES = ["The house is very big.", "The dog is black.", "The weather is good
 async def test_a_redis_outage_loses_no_caption(tmp_path: Path) -> None:
     redis = ManagedRedis(tmp_path / "redis")
     redis.start()
+    try:
+        await _outage(tmp_path, redis)
+    finally:
+        redis.stop()
+
+
+async def _outage(tmp_path: Path, redis: ManagedRedis) -> None:
     url, proc = start_server(tmp_path, "--no-auth", env={"LINGUAFUSION_STATE__REDIS_URL": redis.url})
     events: list[dict[str, Any]] = []
     try:
@@ -69,4 +76,3 @@ async def test_a_redis_outage_loses_no_caption(tmp_path: Path) -> None:
         assert [e["seq"] for e in store.finals_after(stream_id, 0)] == [1, 2, 3, 4, 5, 6]
     finally:
         store.close()
-        redis.stop()

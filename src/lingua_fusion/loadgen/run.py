@@ -36,6 +36,7 @@ class StreamResult:
     duplicates: int = 0
     stream_id: str | None = None
     not_durable: int = 0  # finals sent while the stream log was down (written later, or lost with the server)
+    failed: int = 0  # finals whose ASR or MT backend kept failing (numbered, texts empty)
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -98,6 +99,7 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
                         res.finals.append(data)
                         res.latencies.append(lat)
                         res.not_durable += data.get("durable") is False
+                        res.failed += bool(data.get("failed"))
                     elif ev.type == "error" and not res.error:
                         res.error = (ev.model_extra or {}).get("code", "error")
 
@@ -231,7 +233,8 @@ def integrity(results: list[StreamResult]) -> dict[str, int]:
         if seqs:
             lost += seqs[-1] - len(set(seqs))
     return {"lost": lost, "duplicated": sum(r.duplicates for r in results),
-            "reconnects": sum(r.reconnects for r in results), "not_durable": sum(r.not_durable for r in results)}
+            "reconnects": sum(r.reconnects for r in results), "not_durable": sum(r.not_durable for r in results),
+            "failed": sum(r.failed for r in results)}
 
 
 def _mean(xs: list[float]) -> float | None:
