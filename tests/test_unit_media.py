@@ -160,3 +160,20 @@ def test_decode_audio_too_long() -> None:
 def test_decode_audio_garbage() -> None:
     with pytest.raises(CorruptMedia):
         decode_audio(b"\x00\x13garbage, definitely not audio" * 50, LimitSettings())
+
+
+@pytest.mark.parametrize("rate", [1_711_292_032, 1])
+def test_decode_audio_absurd_sample_rate_refused_fast(rate: int) -> None:
+    """Found by bench/fuzz_atheris.py: a 51-byte WAV declaring 1.7 GHz took 25 s and 1.8 GB in swresample."""
+    import time
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\x01\x00" * 8)
+    t = time.monotonic()
+    with pytest.raises(CorruptMedia) as ei:
+        decode_audio(buf.getvalue(), LimitSettings())
+    assert ei.value.details["sample_rate"] == rate and time.monotonic() - t < 2

@@ -34,7 +34,7 @@ def parse(data: bytes, *, max_terms: int, filename: str = "") -> list[Term]:
     if stripped.startswith(("{", "[")) or filename.endswith(".json"):
         try:
             obj = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
             raise InvalidParameter(f"glossary JSON is invalid: {exc}") from exc
         if isinstance(obj, dict) and "terms" in obj:
             obj = obj["terms"]
@@ -52,7 +52,10 @@ def parse(data: bytes, *, max_terms: int, filename: str = "") -> list[Term]:
         else:
             raise InvalidParameter("glossary JSON must be an object or a list")
     else:
-        rows = list(csv.reader(io.StringIO(text)))
+        try:
+            rows = list(csv.reader(io.StringIO(text, newline="")))
+        except csv.Error as exc:  # a field over csv's size limit, a stray NUL or carriage return
+            raise InvalidParameter(f"glossary CSV is malformed: {exc}") from exc
         if rows and [c.strip().lower() for c in rows[0][:2]] == ["source", "target"]:
             rows = rows[1:]
         pairs = []

@@ -64,8 +64,10 @@ def parse_fault(body: Any) -> Fault:
         f = Fault(model=str(body.get("model", "*")), kind=str(body.get("kind", "delay")),
                   delay_s=float(body.get("delay_s", 60.0 if body.get("kind") == "hang" else 0.0)),
                   fraction=float(body.get("fraction", 1.0)), after=int(body.get("after", 0)))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidParameter(f"bad fault field: {exc}") from exc
+    if not all(math.isfinite(x) for x in (f.delay_s, f.fraction)):
+        raise InvalidParameter("delay_s and fraction must be finite numbers")
     if f.kind not in KINDS:
         raise InvalidParameter(f"kind must be one of {', '.join(KINDS)}")
     if f.model not in ("*", "asr", "mt", "ocr", "tts") and ":" not in f.model:

@@ -11,6 +11,15 @@ from ..errors import CorruptMedia, NoContent, TooLarge, UnsupportedMedia
 
 SR = 16000
 _WAV_SIZE_UNKNOWN = 0x7FFF0000  # streaming writers (espeak-ng, sox, pipes) write placeholder sizes this big
+# Sample rates a frame may have. A 51-byte WAV declaring 1.7 GHz made swresample's set-up take 25 s and 1.8 GB
+# (found by bench/fuzz_atheris.py); 1 Hz turns each input sample into 16,000.
+MIN_RATE, MAX_RATE = 1_000, 768_000
+
+
+def check_rate(rate: int | None, what: str) -> None:
+    if not rate or not MIN_RATE <= rate <= MAX_RATE:
+        raise CorruptMedia(f"{what} declares a sample rate of {rate} Hz; {MIN_RATE}-{MAX_RATE} Hz are accepted",
+                           details={"sample_rate": rate})
 
 
 def _wav_declared_seconds(data: bytes) -> float | None:
@@ -71,6 +80,7 @@ def decode_audio(data: bytes, limits: LimitSettings, *, what: str = "audio") -> 
         max_samples = int(limits.max_media_seconds * SR)
         try:
             for frame in container.decode(stream):
+                check_rate(frame.sample_rate, what)
                 for out in resampler.resample(frame):
                     arr = out.to_ndarray().reshape(-1)
                     chunks.append(arr)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import CorruptMedia, InvalidParameter, Overloaded
+from .audio import check_rate
 
 SR = 16000
 FORMATS = {"webm", "ogg"}
@@ -83,6 +84,7 @@ class StreamDecoder:
                     raise CorruptMedia("the stream has no audio track")
                 resampler = av.AudioResampler(format="flt", layout="mono", rate=SR)
                 for frame in container.decode(container.streams.audio[0]):
+                    check_rate(frame.sample_rate, f"the {self.fmt} stream")
                     for res in resampler.resample(frame):
                         arr = res.to_ndarray().reshape(-1).astype(np.float32)
                         total += arr.size
