@@ -13,6 +13,9 @@ Faults (``kind``), each fired ``at`` seconds after the load's first stream:
   term_server     {}                    SIGTERM (graceful drain), then restart
   audio_noise     {level: SNR dB}       for the whole run: the streams' audio carries white noise
   audio_dropout   {level: gaps per s}   for the whole run: 120-480 ms gaps
+  frame_drops     {level: 0.05-0.25}    for the whole run: each slide frame dropped with this probability
+  slide_blur      {level: radius px}    for the whole run: slides Gaussian-blurred
+  slide_offset    {level: px}           for the whole run: slides shifted left (a moved camera)
   redis_kill      {down_s}              SIGKILL redis-server, restart it on its append-only file after down_s
   redis_slow      {delay_s, for_s}      every byte to and from Redis late by delay_s (through the TCP proxy)
   redis_partition {for_s}               Redis unreachable: connections hang, nothing gets through
@@ -44,9 +47,10 @@ from ..loadgen.mix import load_mix
 from ..loadgen.run import run_load
 from . import degrade
 
-FAULTS = {"model_delay", "model_fault", "clear_faults", "kill_server", "term_server", "audio_noise", "audio_dropout",
-          "redis_kill", "redis_slow", "redis_partition", "slow_reader", "half_open", "never_end"}
-MODALITY = {"audio_noise", "audio_dropout"}
+IMAGE = {"frame_drops", "slide_blur", "slide_offset"}
+MODALITY = {"audio_noise", "audio_dropout"} | IMAGE
+FAULTS = {"model_delay", "model_fault", "clear_faults", "kill_server", "term_server", "redis_kill", "redis_slow",
+          "redis_partition", "slow_reader", "half_open", "never_end"} | MODALITY
 REDIS = {"redis_kill", "redis_slow", "redis_partition"}
 CLIENTS = {"slow_reader", "half_open", "never_end"}
 
@@ -161,8 +165,39 @@ class ManagedServer:
                 self.proc.kill()
 
 
+def _image_fault(faults: list[dict[str, Any]], seed: int) -> Any:
+    """Camera / slide faults for the whole run (the load must send slides: a mix with ``slides: true``)."""
+    mods = [f for f in faults if f["kind"] in IMAGE]
+    if not mods:
+        return None
+
+    def apply(png: bytes, frame: int) -> bytes | None:
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        image = None
+        for f in mods:
+            level = float(f.get("level", 0.1))
+            if f["kind"] == "frame_drops":
+                if not degrade.drop_mask(1, level, seed=seed * 1_000_003 + frame)[0]:
+                    return None
+                continue
+            if image is None:
+                image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+            image = degrade.apply("blur" if f["kind"] == "slide_blur" else "offset", level, image=image)
+        if image is None:
+            return png
+        out = io.BytesIO()
+        Image.fromarray(image).save(out, "PNG")
+        return out.getvalue()
+
+    return apply
+
+
 def _audio_fault(faults: list[dict[str, Any]], seed: int) -> Any:
-    mods = [f for f in faults if f["kind"] in MODALITY]
+    mods = [f for f in faults if f["kind"] in MODALITY - IMAGE]
     if not mods:
         return None
 
@@ -175,9 +210,8 @@ def _audio_fault(faults: list[dict[str, Any]], seed: int) -> Any:
     return apply
 
 
-async def _clients(url: str, f: dict[str, Any]) -> list[dict[str, Any]]:
+async def _clients(url: str, f: dict[str, Any], pcm: bytes) -> list[dict[str, Any]]:
     """Misbehaving clients beside the load (chaos/clients.py); their outcomes."""
-    from ..loadgen.mix import material
     from ..sdk.client import ws_url
     from ..sdk.stream import start_message
     from . import clients
@@ -185,7 +219,6 @@ async def _clients(url: str, f: dict[str, Any]) -> list[dict[str, Any]]:
     ws = ws_url(url.rstrip("/"))
     # the misbehaving clients ask for little (batch class, no partials) so admission lets them in beside the load
     start = start_message(["es"], "en", "batch", False, 0.5, None, False, 0.4)
-    pcm = (await asyncio.to_thread(material, "synth")).pcm
     n, for_s = int(f.get("count", 1)), float(f.get("for_s", 30.0))
     if f["kind"] == "slow_reader":
         # texts_per_s > 0 adds large incompressible text captions (into the source language, no MT) so the
@@ -197,8 +230,9 @@ async def _clients(url: str, f: dict[str, Any]) -> list[dict[str, Any]]:
                                     read_after_s=float(f.get("read_after_s", for_s)), texts_per_s=texts,
                                     text=words if texts else "This line was sent as text.")
                 for _ in range(n)]
-    elif f["kind"] == "half_open":
-        runs = [clients.half_open(ws, None, start, seconds=for_s) for _ in range(n)]
+    elif f["kind"] == "half_open":  # it will send nothing: no speech capacity reserved for it
+        silent = start_message(["es"], "en", "batch", False, 0.5, None, False, 0.4, inputs=["text"])
+        runs = [clients.half_open(ws, None, silent, seconds=for_s) for _ in range(n)]
     else:
         runs = [clients.never_end(ws, None, start, pcm, send_s=float(f.get("send_s", 5.0)), seconds=for_s)
                 for _ in range(n)]
@@ -225,7 +259,7 @@ async def _redis_fault(store: ManagedStore, f: dict[str, Any], entry: dict[str, 
 
 
 async def _schedule(server: ManagedServer, url: str, faults: list[dict[str, Any]], log: list[dict[str, Any]],
-                    t0: float, store: ManagedStore | None = None) -> None:
+                    t0: float, store: ManagedStore | None = None, pcm: bytes = b"") -> None:
     """Fire the faults on time; faults that last (Redis outages, misbehaving clients) run beside the next ones."""
     lasting: list[asyncio.Task[None]] = []
     for f in sorted((f for f in faults if f["kind"] not in MODALITY), key=lambda f: float(f.get("at", 0))):
@@ -234,7 +268,7 @@ async def _schedule(server: ManagedServer, url: str, faults: list[dict[str, Any]
             await asyncio.sleep(delay)
         entry: dict[str, Any] = {**f, "fired_at": round(time.monotonic() - t0, 2)}
         if f["kind"] in REDIS | CLIENTS:
-            lasting.append(asyncio.create_task(_lasting(f, entry, log, url, store, t0)))
+            lasting.append(asyncio.create_task(_lasting(f, entry, log, url, store, t0, pcm)))
             continue
         try:
             if f["kind"] in ("model_delay", "model_fault"):
@@ -260,12 +294,12 @@ async def _schedule(server: ManagedServer, url: str, faults: list[dict[str, Any]
 
 
 async def _lasting(f: dict[str, Any], entry: dict[str, Any], log: list[dict[str, Any]], url: str,
-                   store: ManagedStore | None, t0: float) -> None:
+                   store: ManagedStore | None, t0: float, pcm: bytes) -> None:
     try:
         if f["kind"] in REDIS:
             await _redis_fault(store or ManagedStore("sqlite", Path(".")), f, entry)
         else:
-            entry["clients"] = await _clients(url, f)
+            entry["clients"] = await _clients(url, f, pcm)
     except (InvalidParameter, OSError) as exc:
         entry["error"] = str(exc)
     entry["ended_at"] = round(time.monotonic() - t0, 2)
@@ -294,13 +328,20 @@ def run_experiment(path: Path, console: Any) -> dict[str, Any]:
         async def faulted() -> dict[str, Any]:
             log: list[dict[str, Any]] = []
             tasks: list[asyncio.Task[None]] = []
+            pcm = b""
+            if any(f["kind"] in CLIENTS for f in faults):  # synthesised before the load, not during it
+                from ..loadgen.mix import material
+
+                pcm = (await asyncio.to_thread(material, "synth")).pcm
 
             def start_schedule() -> None:  # time zero = the load's first stream
-                tasks.append(asyncio.create_task(_schedule(server, url, faults, log, time.monotonic(), store)))
+                tasks.append(asyncio.create_task(_schedule(server, url, faults, log, time.monotonic(), store,
+                                                           pcm)))
 
             try:
                 res = await run_load(url, None, mix, n, duration, seed=seed,
-                                     audio_fault=_audio_fault(faults, seed), on_start=start_schedule)
+                                     audio_fault=_audio_fault(faults, seed), on_start=start_schedule,
+                                     image_fault=_image_fault(faults, seed))
             finally:
                 await asyncio.gather(*tasks, return_exceptions=True)
             res["faults"] = log

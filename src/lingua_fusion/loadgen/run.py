@@ -44,7 +44,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Material, duration: float, offset: int,
-                     baseline: bool) -> StreamResult:
+                     baseline: bool, image_fault: Any = None) -> StreamResult:
     """One stream through the SDK's RemoteStream, so a server restart mid-run is survived the way users survive it
     (reconnect, resume, re-send); finals are counted as delivered."""
     from ..errors import LinguaFusionError
@@ -84,7 +84,11 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
                 a -= a % 2
                 await stream.send_audio(mat.pcm[a:a + chunk], ts)
                 if kind.slides and k % 40 == 0:
-                    await stream.send_image(slide_png(mat.sentences[(offset + k // 40) % len(mat.sentences)]), ts)
+                    png: bytes | None = slide_png(mat.sentences[(offset + k // 40) % len(mat.sentences)])
+                    if image_fault is not None:
+                        png = image_fault(png, offset * 1000 + k // 40)  # None: the frame was dropped
+                    if png is not None:
+                        await stream.send_image(png, ts)
             res.sent_s = steps * 0.25
             await stream.end()
 
@@ -140,8 +144,10 @@ def scrape(url: str) -> dict[str, float]:
 
 
 async def run_load(url: str, api_key: str | None, mix: Mix, n: int, duration: float, *, seed: int = 0,
-                   baseline: bool = False, audio_fault: Any = None, on_start: Any = None) -> dict[str, Any]:
+                   baseline: bool = False, audio_fault: Any = None, on_start: Any = None,
+                   image_fault: Any = None) -> dict[str, Any]:
     """``audio_fault``: a function float32 audio -> degraded audio (modality faults of chaos experiments);
+    ``image_fault``: a function (png bytes, frame number) -> degraded png, or None to drop the frame;
     ``on_start``: called once the media are ready, as the first stream starts (a chaos schedule's time zero)."""
     kinds = mix.assign(n, seed)
     mats: dict[str, Material] = {}
@@ -168,7 +174,7 @@ async def run_load(url: str, api_key: str | None, mix: Mix, n: int, duration: fl
     async def launch(i: int) -> StreamResult:
         await asyncio.sleep(starts[i])
         return await one_stream(url, api_key, kinds[i], mats[kinds[i].source], duration, offset=i * 37,
-                                baseline=baseline)
+                                baseline=baseline, image_fault=image_fault)
 
     results = await asyncio.gather(*(launch(i) for i in range(n)))
     wall = time.monotonic() - t0
