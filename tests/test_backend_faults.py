@@ -23,7 +23,8 @@ from lingua_fusion.errors import InvalidParameter
 @pytest.fixture(scope="module")
 def chaos_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url, proc = start_server(tmp_path_factory.mktemp("faults"), "--no-auth", "--chaos",
-                             env={"LINGUAFUSION_SERVER__MODEL_TIMEOUT_S": "2"})
+                             env={"LINGUAFUSION_SERVER__MODEL_TIMEOUT_S": "3",
+                                  "LINGUAFUSION_SERVER__MODEL_TIMEOUT_FACTOR": "1"})  # give up after 3 s, load or not
     try:
         asyncio.run(_captions(url, ["Hello."]))  # the translation model has answered once (no cold timeout)
         yield url
@@ -65,14 +66,14 @@ def _finals(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def test_a_broken_translation_backend_marks_captions_and_recovers(chaos_url: str, kind: str) -> None:
     async with httpx.AsyncClient(base_url=chaos_url, timeout=10) as http:
         await http.delete("/v1/admin/faults")
-        # a hung call blocks its thread for 6 s; the server gives up on it after its model timeout (2 s here)
-        r = await http.post("/v1/admin/faults", json={"model": "mt", "kind": kind, "delay_s": 6.0})
+        # a hung call blocks its thread for 8 s; the server gives up on it after its model timeout (3 s here)
+        r = await http.post("/v1/admin/faults", json={"model": "mt", "kind": kind, "delay_s": 8.0})
         assert r.status_code == 201, r.text
 
         async def heal(i: int) -> None:
             if i == 1:  # two sentences under the fault, then the backend is healthy again
                 await http.delete("/v1/admin/faults")
-                await asyncio.sleep(6.5 if kind == "hang" else 0.5)  # abandoned hung calls end after 6 s
+                await asyncio.sleep(8.5 if kind == "hang" else 0.5)  # abandoned hung calls end after 8 s
 
         sentences = ["The house is very big.", "The dog is black.", "The weather is good today."]
         events = await _captions(chaos_url, sentences, heal)

@@ -27,7 +27,8 @@ class ServerSettings(BaseModel):
     port: int = 8000
     auth: bool = True
     request_timeout_s: float = 300.0
-    model_timeout_s: float = 30.0  # a model batch that takes longer (10x its predicted cost at least) is abandoned
+    model_timeout_s: float = 30.0  # a model batch that takes longer (and model_timeout_factor x its predicted
+    model_timeout_factor: float = 10.0  # cost) is abandoned, its items failed and retried
     max_concurrent_requests: int = 8
     max_waiting_requests: int = 32
     max_streams: int = 256

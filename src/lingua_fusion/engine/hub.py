@@ -205,7 +205,7 @@ class StreamHub:
         base = self.settings.server.model_timeout_s
         if key not in self._warm:
             return max(base, COLD_TIMEOUT_S)
-        return max(base, 10 * self.scheduler.costs[key].predict(n))
+        return max(base, self.settings.server.model_timeout_factor * self.scheduler.costs[key].predict(n))
 
     async def _run_batch(self, key: str, args: list[Any]) -> list[Any]:
         """One batch on the model's own thread, with the chaos fault (if any), a timeout and the output check."""
