@@ -144,5 +144,10 @@ def test_faults_fire_on_their_fraction_after_n_batches() -> None:
     assert not any(fired[:10]) and 400 < sum(fired) < 600
     assert pick(faults, "mt:en-es", rng) is None  # other models untouched
     assert parse_fault({"kind": "hang"}).delay_s == 60.0
+    from lingua_fusion.engine.faults import delay_of
+
+    jittery = parse_fault({"delay_s": 0.5, "jitter_s": 0.2})
+    delays = [delay_of(jittery, rng) for _ in range(2000)]
+    assert min(delays) >= 0.5 and 0.65 < sum(delays) / len(delays) < 0.75  # 0.5 s + exponential, mean 0.2 s
     with pytest.raises(InvalidParameter):
         parse_fault({"after": -1})

@@ -59,3 +59,21 @@ def test_a_breached_run_is_broken_by_a_healthy_window() -> None:
     feed(b, "standard", 1.0, 10.0, 1)
     feed(b, "standard", 4.0, 15.0, 2)
     assert b.tick(25.0) == [] and b.level("standard") == 0
+
+
+def test_a_stage_over_its_share_trips_the_class_and_restore_waits_for_it() -> None:
+    b = SLOBreaker({"standard": 3.0}, window_s=1.0, k=2, stage_share={"mt": 0.3})
+    trans = []
+    for w in range(3):  # captions within 3 s, but MT takes 1.2 s: over its 0.9 s share
+        trans += b.record("standard", 2.0, w + 0.1) + b.record("standard", 1.2, w + 0.2, stage="mt")
+    trans += b.tick(3.0)
+    assert [(t.to_level, t.stage, t.p99) for t in trans] == [(1, "mt", 1.2)]
+    # captions are healthy again but MT still breaches: no restore while a stage is over its target
+    for w in range(3, 6):
+        trans += b.record("standard", 1.0, w + 0.1) + b.record("standard", 1.2, w + 0.2, stage="mt")
+    assert b.level("standard") >= 1 and all(t.to_level >= t.from_level for t in trans)
+    b2 = SLOBreaker({"standard": 3.0}, window_s=1.0, k=2, stage_share={"mt": 0.3})
+    for w in range(4):  # MT within its share: the caption windows alone decide, nothing trips
+        b2.record("standard", 1.0, w + 0.1)
+        b2.record("standard", 0.5, w + 0.2, stage="mt")
+    assert b2.tick(10.0) == [] and b2.level("standard") == 0

@@ -84,7 +84,9 @@ async def test_pass_forwards_both_ways_and_counts(echo_port: int, proxy_threads:
         assert await _roundtrip(reader, writer, b"hello") == b"hello"
         big = os.urandom(3 * 1024 * 1024)  # more than the per-direction bound: back-pressure, not loss
         assert await _roundtrip(reader, writer, big, within=20) == big
-        s = proxy.stats()
+        deadline = time.monotonic() + 3  # bytes are counted once written on: the last chunk may still be counting
+        while (s := proxy.stats())["bytes_down"] < 5 + len(big) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert s["mode"] == "pass" and s["connections_total"] == 1 and s["connections_open"] == 1
         assert s["bytes_up"] == s["bytes_down"] == 5 + len(big)
         writer.close()

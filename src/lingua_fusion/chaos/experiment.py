@@ -6,7 +6,7 @@ on their schedule, and writes one JSON (and HTML) report with both runs, the fau
 (committed captions lost / duplicated). See examples/chaos/ and docs/reliability.md.
 
 Faults (``kind``), each fired ``at`` seconds after the load's first stream:
-  model_delay     {model: asr|mt|ocr|tts|*, delay_s, fraction}   via the server's /v1/admin/faults (needs --chaos)
+  model_delay     {model: asr|mt|ocr|tts|*, delay_s, fraction, jitter_s}   via /v1/admin/faults (needs --chaos)
   model_fault     {model, fault: error|hang|garbage|delay, fraction, after, delay_s}   a broken model backend
   clear_faults    {}
   kill_server     {}                    SIGKILL, then restart on the same port and state directory
@@ -274,7 +274,8 @@ async def _schedule(server: ManagedServer, url: str, faults: list[dict[str, Any]
             if f["kind"] in ("model_delay", "model_fault"):
                 body = {"model": f.get("model", "*"), "kind": f.get("fault", "delay"),
                         "delay_s": f.get("delay_s", 60.0 if f.get("fault") == "hang" else 1.0),
-                        "fraction": f.get("fraction", 1.0), "after": f.get("after", 0)}
+                        "fraction": f.get("fraction", 1.0), "after": f.get("after", 0),
+                        "jitter_s": f.get("jitter_s", 0.0)}
                 async with httpx.AsyncClient(timeout=10) as http:
                     r = await http.post(url + "/v1/admin/faults", json=body)
                 entry["status"] = r.status_code

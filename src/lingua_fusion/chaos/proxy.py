@@ -144,6 +144,7 @@ class TcpProxy:
         self.mode = "pass"
         self.delay_s = 0.0
         self.conns: set[_Conn] = set()
+        self._stopping = False
         self._totals = {"connections_total": 0, "bytes_up": 0, "bytes_down": 0}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
@@ -225,7 +226,7 @@ class TcpProxy:
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._totals["connections_total"] += 1
-        if self.mode == "reset":
+        if self.mode == "reset" or self._stopping:
             _reset(writer)
             return
         conn = _Conn(self, reader, writer)
@@ -233,8 +234,10 @@ class TcpProxy:
         conn.task = asyncio.get_running_loop().create_task(conn.run(), name="tcp-proxy-conn")
 
     async def _shutdown(self) -> None:
+        self._stopping = True  # a connection accepted but not yet handed to _accept is reset there
         if self._server is not None:
             self._server.close()
+        await asyncio.sleep(0.05)  # let accepted connections' callbacks run (and reset themselves)
         tasks = [c.task for c in self.conns if c.task is not None]
         for conn in list(self.conns):
             conn.kill()

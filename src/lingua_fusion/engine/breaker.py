@@ -1,9 +1,12 @@
 """The SLO circuit breaker (pure: time is passed in).
 
-Caption latencies are recorded per SLO class into fixed windows (``window_s``). At each window's end its p99 is
-compared with the class target: ``k`` breached windows in a row move the class one step down the degradation
-ladder (an idle window breaks the run); ``k`` healthy windows in a row (p99 under ``restore_ratio`` x target: hysteresis) move it one step back up.
-Every move is returned as a Transition, so the caller can count it and tell the affected streams.
+Latencies are recorded per SLO class *and stage* into fixed windows (``window_s``): ``caption`` (audio end ->
+caption sent, target = the class's p99 target) and the model stages (``asr``, ``mt``, ``ocr``, ``tts``: queue wait
+plus run of committed work, target = the stage's share of the class target, as the scheduler budgets it). At each
+window's end its p99 is compared with the target: ``k`` breached windows in a row, in any one stage, move the class
+one step down the degradation ladder (an idle window breaks the run); ``k`` healthy caption windows in a row (p99
+under ``restore_ratio`` x target: hysteresis) while no stage is breaching move it one step back up. Every move is
+returned as a Transition (with the stage that caused it), so the caller can count it and tell the affected streams.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class Transition:
     from_level: int
     to_level: int
     p99: float | None
+    stage: str = "caption"
 
     @property
     def step(self) -> str:
@@ -31,9 +35,8 @@ class Transition:
 
 
 @dataclass
-class _ClassState:
-    level: int = 0
-    window_start: float = 0.0
+class _Window:
+    start: float = 0.0
     samples: list[float] = field(default_factory=list)
     breached_run: int = 0
     healthy_run: int = 0
@@ -41,58 +44,71 @@ class _ClassState:
 
 class SLOBreaker:
     def __init__(self, targets: dict[str, float], *, window_s: float = 5.0, k: int = 3,
-                 restore_ratio: float = 0.8, min_samples: int = 1) -> None:
+                 restore_ratio: float = 0.8, min_samples: int = 1,
+                 stage_share: dict[str, float] | None = None) -> None:
         self.targets = targets
         self.window_s = window_s
         self.k = k
         self.restore_ratio = restore_ratio
         self.min_samples = min_samples
-        self._state: dict[str, _ClassState] = {}
+        self.stage_share = {"caption": 1.0, **(stage_share or {})}
+        self._level: dict[str, int] = {}
+        self._windows: dict[tuple[str, str], _Window] = {}
 
     def level(self, slo: str) -> int:
-        st = self._state.get(slo)
-        return st.level if st else 0
+        return self._level.get(slo, 0)
 
     def active(self, slo: str, step: str) -> bool:
         return self.level(slo) >= STEPS.index(step) + 1
 
-    def record(self, slo: str, latency_s: float, now: float) -> list[Transition]:
+    def target(self, slo: str, stage: str) -> float:
+        return self.targets[slo] * self.stage_share.get(stage, 1.0)
+
+    def record(self, slo: str, latency_s: float, now: float, stage: str = "caption") -> list[Transition]:
         out = self.tick(now)
-        st = self._state.setdefault(slo, _ClassState(window_start=now))
-        st.samples.append(latency_s)
+        w = self._windows.setdefault((slo, stage), _Window(start=now))
+        w.samples.append(latency_s)
         return out
 
     def tick(self, now: float) -> list[Transition]:
         """Close every window that has ended by ``now``; return the level changes."""
         out: list[Transition] = []
-        for slo, st in self._state.items():
-            while now - st.window_start >= self.window_s:
-                out += self._close_window(slo, st, st.window_start + self.window_s)
-                st.window_start += self.window_s
+        for (slo, stage), w in list(self._windows.items()):
+            while now - w.start >= self.window_s:
+                out += self._close_window(slo, stage, w, w.start + self.window_s)
+                w.start += self.window_s
         return out
 
-    def _close_window(self, slo: str, st: _ClassState, at: float) -> list[Transition]:
-        target = self.targets[slo]
-        p99 = float(np.percentile(st.samples, 99)) if len(st.samples) >= self.min_samples else None
-        st.samples = []
+    def _close_window(self, slo: str, stage: str, w: _Window, at: float) -> list[Transition]:
+        target = self.target(slo, stage)
+        p99 = float(np.percentile(w.samples, 99)) if len(w.samples) >= self.min_samples else None
+        w.samples = []
         if p99 is None:  # an idle window breaks both runs: "k windows in a row" means k windows with traffic
-            st.breached_run = st.healthy_run = 0
+            w.breached_run = w.healthy_run = 0
             return []
+        level = self.level(slo)
         if p99 > target:
-            st.breached_run += 1
-            st.healthy_run = 0
-            if st.breached_run >= self.k and st.level < len(STEPS):
-                st.breached_run = 0
-                st.level += 1
-                return [Transition(slo, at, st.level - 1, st.level, round(p99, 3))]
+            w.breached_run += 1
+            w.healthy_run = 0
+            if w.breached_run >= self.k and level < len(STEPS):
+                self._reset_runs(slo)
+                self._level[slo] = level + 1
+                return [Transition(slo, at, level, level + 1, round(p99, 3), stage)]
         elif p99 < self.restore_ratio * target:
-            st.healthy_run += 1
-            st.breached_run = 0
-            if st.healthy_run >= self.k and st.level > 0:
-                st.healthy_run = 0
-                st.level -= 1
-                return [Transition(slo, at, st.level + 1, st.level, round(p99, 3))]
+            w.healthy_run += 1
+            w.breached_run = 0
+            breaching = any(x.breached_run for (c, _s), x in self._windows.items() if c == slo)
+            if stage == "caption" and w.healthy_run >= self.k and level > 0 and not breaching:
+                self._reset_runs(slo)
+                self._level[slo] = level - 1
+                return [Transition(slo, at, level, level - 1, round(p99, 3), stage)]
         else:  # between restore_ratio x target and target: hold
-            st.breached_run = 0
-            st.healthy_run = 0
+            w.breached_run = 0
+            w.healthy_run = 0
         return []
+
+    def _reset_runs(self, slo: str) -> None:
+        """After a move, every stage of the class counts its K windows afresh."""
+        for (c, _s), x in self._windows.items():
+            if c == slo:
+                x.breached_run = x.healthy_run = 0

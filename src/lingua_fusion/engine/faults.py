@@ -3,7 +3,8 @@
 A fault applies to the model keys starting with its ``model`` prefix (``asr``, ``mt``, ``ocr``, ``tts``, ``*``) and
 to a ``fraction`` of the batches run after the first ``after`` ones:
 
-  delay    the batch waits ``delay_s`` before it runs
+  delay    the batch waits ``delay_s`` (plus ``jitter_s``: an exponential extra with that mean) before it runs; a
+           tail delay is a large ``delay_s`` on a small ``fraction``
   error    the backend raises (the batch's items fail; committed work is retried, then reported)
   hang     the backend blocks its thread for ``delay_s`` (default 60 s); the worker gives up after the model timeout
   garbage  the backend returns malformed output (wrong length, wrong types, NaN confidence, control characters);
@@ -46,6 +47,7 @@ class Fault:
     delay_s: float = 0.0
     fraction: float = 1.0
     after: int = 0  # batches that run normally before the fault starts
+    jitter_s: float = 0.0  # delay only: mean of an exponential extra delay
     seen: int = 0  # batches this fault has looked at
     fired: int = 0  # batches it hit
 
@@ -63,11 +65,12 @@ def parse_fault(body: Any) -> Fault:
     try:
         f = Fault(model=str(body.get("model", "*")), kind=str(body.get("kind", "delay")),
                   delay_s=float(body.get("delay_s", 60.0 if body.get("kind") == "hang" else 0.0)),
-                  fraction=float(body.get("fraction", 1.0)), after=int(body.get("after", 0)))
+                  fraction=float(body.get("fraction", 1.0)), after=int(body.get("after", 0)),
+                  jitter_s=float(body.get("jitter_s", 0.0)))
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidParameter(f"bad fault field: {exc}") from exc
-    if not all(math.isfinite(x) for x in (f.delay_s, f.fraction)):
-        raise InvalidParameter("delay_s and fraction must be finite numbers")
+    if not all(math.isfinite(x) for x in (f.delay_s, f.fraction, f.jitter_s)) or not 0 <= f.jitter_s <= 60:
+        raise InvalidParameter("delay_s, fraction and jitter_s (0-60) must be finite numbers")
     if f.kind not in KINDS:
         raise InvalidParameter(f"kind must be one of {', '.join(KINDS)}")
     if f.model not in ("*", "asr", "mt", "ocr", "tts") and ":" not in f.model:
@@ -87,6 +90,10 @@ def pick(faults: dict[str, Fault], key: str, rng: random.Random) -> Fault | None
             f.fired += 1
             return f
     return None
+
+
+def delay_of(f: Fault, rng: random.Random) -> float:
+    return f.delay_s + (rng.expovariate(1.0 / f.jitter_s) if f.jitter_s > 0 else 0.0)
 
 
 def garble(key: str, results: list[Any], rng: random.Random) -> list[Any]:

@@ -25,8 +25,8 @@ from ..glossary import apply_mt_batch
 from ..models.registry import Registry
 from .breaker import SLOBreaker, Transition
 from .storelink import StoreLink
-from .faults import Fault, InjectedFault, ModelTimeout, check_outputs, garble, pick
-from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, stage_deadline
+from .faults import Fault, InjectedFault, ModelTimeout, check_outputs, delay_of, garble, pick
+from .scheduler import SLO_CLASSES, STAGE_BUDGET, CostModel, Demand, Scheduler, WorkItem, stage_deadline
 
 log = logging.getLogger("lingua_fusion.hub")
 
@@ -63,7 +63,7 @@ class StreamHub:
         self.link: StoreLink | None = None
         self.draining = False
         self.breaker = SLOBreaker(dict(SLO_CLASSES), window_s=settings.server.breaker_window_s,
-                                  k=settings.server.breaker_k)
+                                  k=settings.server.breaker_k, stage_share=STAGE_BUDGET)
         self._ticker: asyncio.Task[None] | None = None
         self.faults: dict[str, Fault] = {}  # chaos (server started with --chaos): model prefix -> fault
         self._fault_rng = random.Random(0)
@@ -189,7 +189,7 @@ class StreamHub:
         fut: asyncio.Future[Any] = loop.create_future()
         item = WorkItem(stream_id=stream_id, model=key, stage=stage, enqueued=now,
                         deadline=stage_deadline(slo, stage, now if start is None else start),
-                        importance=importance, tentative=tentative, payload=_Call(arg, fut, now))
+                        importance=importance, tentative=tentative, payload=_Call(arg, fut, now), slo=slo)
         if not self.scheduler.submit(item):
             if tentative:
                 return None
@@ -212,7 +212,7 @@ class StreamHub:
         runner = self._runners[key]
         fault = pick(self.faults, key, self._fault_rng) if self.faults else None
         if fault is not None and fault.kind == "delay":
-            await asyncio.sleep(fault.delay_s)
+            await asyncio.sleep(delay_of(fault, self._fault_rng))
         if fault is not None and fault.kind == "error":
             raise InjectedFault(f"chaos: injected failure of {key}")
         hung = self._hung.get(key, 0)
@@ -256,11 +256,12 @@ class StreamHub:
         return results
 
     # ---- SLO circuit breaker -------------------------------------------------------------------------------
-    async def caption_latency(self, slo: str, seconds: float) -> None:
-        """Every committed caption's latency feeds the breaker (and the ticker closes idle windows)."""
+    async def caption_latency(self, slo: str, seconds: float, stage: str = "caption") -> None:
+        """Every committed caption's latency, and every committed item's stage latency (queue wait + run), feeds
+        the breaker (and the ticker closes idle windows)."""
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.create_task(self._tick_loop(), name="breaker")
-        await self._apply(self.breaker.record(slo, seconds, self.clock()))
+        await self._apply(self.breaker.record(slo, seconds, self.clock(), stage))
 
     async def _tick_loop(self) -> None:
         while not self._closing:
@@ -270,15 +271,15 @@ class StreamHub:
     async def _apply(self, transitions: list[Transition]) -> None:
         for t in transitions:
             down = t.to_level > t.from_level
-            log.warning("SLO breaker %s: level %d -> %d (%s, window p99 %s s)", t.slo, t.from_level, t.to_level,
-                        t.step, t.p99)
+            log.warning("SLO breaker %s: level %d -> %d (%s, %s window p99 %s s)", t.slo, t.from_level,
+                        t.to_level, t.step, t.stage, t.p99)
             if self.metrics is not None:
                 self.metrics.degradation_level.labels(slo=t.slo).set(t.to_level)
                 self.metrics.breaker_transitions.labels(slo=t.slo, direction="degrade" if down else "restore").inc()
             affected = [s for s in list(self.sessions.values()) if s.spec.slo == t.slo]
             for s in affected:
                 await s.notify({"type": "degraded" if down else "restored", "slo": t.slo, "level": t.to_level,
-                                "step": t.step, "window_p99_s": t.p99})
+                                "step": t.step, "stage": t.stage, "window_p99_s": t.p99})
             if down and t.step == "shed_low_importance" and affected:
                 victim = min(affected, key=lambda s: s.spec.importance)
                 await victim.shed("the server is over its SLO; the least important stream was shed")
@@ -330,6 +331,10 @@ class StreamHub:
                 for w, r in zip(batch, results, strict=True):
                     if not w.payload.future.done():
                         w.payload.future.set_result(r)
+                done = self.clock()
+                for w in batch:
+                    if not w.tentative and self.mode == "batched":
+                        await self.caption_latency(w.slo, done - w.enqueued, w.stage)
 
     # ---- admission -------------------------------------------------------------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool,

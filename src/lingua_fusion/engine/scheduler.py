@@ -36,6 +36,7 @@ class WorkItem:
     importance: float = 0.5  # 0..1
     tentative: bool = False  # tentative re-decodes may be shed; committed work never
     payload: Any = None
+    slo: str = "standard"
     seq: int = field(default_factory=itertools.count().__next__)
 
 
