@@ -31,6 +31,7 @@ from ..state.sqlite import ApiKey, SQLiteStore
 from ..state.streams import open_store
 from ..engine.hub import StreamHub
 from . import errors as error_map
+from . import spec
 from . import ws as ws_routes
 
 log = logging.getLogger("lingua_fusion.api")
@@ -196,7 +197,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         except (MultiPartException, StarletteHTTPException, ValueError) as exc:  # malformed multipart bodies
             raise InvalidParameter(f"malformed form body: {exc}") from exc
 
-    @app.post("/v1/translate", response_model=None)
+    @app.post("/v1/translate", response_model=None, openapi_extra=spec.body(spec.TRANSLATE))
     async def translate(request: Request) -> Response:
         key = auth(request)
         form = await read_form(request)
@@ -254,7 +255,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
             body["audio_base64"] = base64.b64encode(result.audio).decode("ascii")
         return JSONResponse(body)
 
-    @app.post("/v1/glossaries")
+    @app.post("/v1/glossaries", openapi_extra=spec.body(spec.GLOSSARY))
     async def upload_glossary(request: Request) -> JSONResponse:
         key = auth(request)
         form = await read_form(request)
@@ -292,7 +293,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         return {"chaos": settings.server.chaos, "faults": {k: f.public() for k, f in hub.faults.items()},
                 "breaker": {slo: hub.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
 
-    @app.post("/v1/admin/faults")
+    @app.post("/v1/admin/faults", openapi_extra=spec.body(spec.FAULT))
     async def set_fault(request: Request) -> JSONResponse:
         """Chaos: inject a model backend fault (delay, error, hang, garbage; see engine/faults.py) into a fraction of
         model batches. Only with an admin key on a server started with --chaos."""
@@ -315,7 +316,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
         hub.faults.clear()
         return {"faults": {}}
 
-    @app.post("/v1/keys")
+    @app.post("/v1/keys", openapi_extra=spec.body(spec.KEY))
     async def create_key(request: Request) -> JSONResponse:
         auth(request, "admin")
         try:
