@@ -203,3 +203,41 @@ async def test_text_sent_around_a_kill_is_translated_exactly_once(tmp_path: Path
         stop_server(server)
     assert [f["seq"] for f in finals] == list(range(1, 9))
     assert [f["source_text"] for f in finals] == sentences
+
+
+async def test_a_hostile_resume_is_refused_and_the_log_keeps_working(tmp_path: Path) -> None:
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from lingua_fusion import MultimodalTranslator
+
+    url, server = start_server(tmp_path, "--no-auth")
+    ws_url = url.replace("http", "ws") + "/v1/streams"
+    try:
+        t = MultimodalTranslator(base_url=url)
+        async with t.stream(["es"], partials=False, inputs=["text"]) as s:
+            await s.send_text("The house is very big.", 0.0)
+            await s.end()
+            first = [ev async for ev in s if ev.type == "final"]
+        ids = s.ready
+        for last_seq in ("9223372036854775807", "Infinity", "-1", "1e400"):
+            raw = ('{"type": "start", "resume": {"stream_id": "%s", "resume_token": "%s", "last_seq": %s}}'
+                   % (ids["stream_id"], ids["resume_token"], last_seq))
+            async with connect(ws_url, open_timeout=10) as ws:
+                await ws.send(raw)
+                reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=10))
+            assert reply["type"] == "error" and reply["code"] == "invalid_parameter", (last_seq, reply)
+        # every other stream is still logged (the store was not left mid-transaction)
+        async with t.stream(["es"], partials=False, inputs=["text"]) as s2:
+            await s2.send_text("The dog is black.", 0.0)
+            await s2.end()
+            later = [ev.model_dump(exclude_none=True) async for ev in s2 if ev.type == "final"]
+    finally:
+        stop_server(server)
+    assert len(first) == 1 and len(later) == 1 and "durable" not in later[0]
+    store = SQLiteStreamStore(tmp_path)
+    try:
+        assert [e["seq"] for e in store.finals_after(s2.ready["stream_id"], 0)] == [1]
+    finally:
+        store.close()

@@ -128,3 +128,93 @@ async def test_a_degraded_class_reads_fewer_frames_then_none() -> None:
     await s.end()
     closed = (await drain(s))[-1]
     assert closed["frames_dropped"] == 4
+
+
+class FlakyStore:
+    """A real SQLite stream log that can be switched to failing (Redis down) or to having lost the stream."""
+
+    def __init__(self, path: Any) -> None:
+        from lingua_fusion.state.streams import SQLiteStreamStore
+
+        self.real = SQLiteStreamStore(path)
+        self.down = False
+        self.lost = False
+
+    def __getattr__(self, name: str) -> Any:
+        from lingua_fusion.errors import BackendError, NotFound
+
+        fn = getattr(self.real, name)
+
+        def call(*args: Any) -> Any:
+            if self.lost and name == "append_final":
+                raise NotFound("no such stream")
+            if self.down:
+                raise BackendError("store down")
+            return fn(*args)
+
+        return call
+
+
+class StoreHub(FakeHub):
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self.store = store
+        self.link = None
+        self.settings.state.log_wait_s = 0.1
+        self.adopted: list[Any] = []
+
+    def adopt_backlog(self, stream_id: str, task: Any) -> None:
+        self.adopted.append(task)
+
+
+async def test_finals_sent_during_an_outage_are_logged_even_after_the_stream_closed(tmp_path: Any) -> None:
+    store = FlakyStore(tmp_path)
+    hub = StoreHub(store)
+    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    await s.open()
+    await s.feed_text("one", 1.0)
+    await asyncio.sleep(0.3)
+    store.down = True  # the log goes down: the next finals go out before they are logged
+    await s.feed_text("two", 2.0)
+    await s.feed_text("three", 3.0)
+    events = []
+    while len([e for e in events if e["type"] == "final"]) < 3:
+        events.append(await asyncio.wait_for(s.events.get(), timeout=5))
+    finals = [e for e in events if e["type"] == "final"]
+    assert "durable" not in finals[0] and finals[1]["durable"] is False and finals[2]["durable"] is False
+    assert any(e["type"] == "not_durable" and e["from_seq"] == 2 for e in events)
+    await s.abort()  # the client went away while the log was down
+    assert len(hub.adopted) == 1  # the writer was handed over, not cancelled
+    store.down = False
+    await asyncio.wait_for(hub.adopted[0], timeout=10)
+    assert [e["seq"] for e in store.real.finals_after(s.spec.stream_id, 0)] == [1, 2, 3]
+    snap = store.real.resume(s.spec.stream_id, s.spec.resume_token)
+    assert snap["text_until"] == 2.0 and snap["committed_until"] == 0.0  # text (3.0 - origin 1.0) has its own cursor
+
+
+async def test_a_stream_the_log_lost_stops_retrying(tmp_path: Any) -> None:
+    store = FlakyStore(tmp_path)
+    hub = StoreHub(store)
+    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    await s.open()
+    store.lost = True  # compacted away, or a Redis that came back empty
+    await s.feed_text("one", 1.0)
+    events = [await asyncio.wait_for(s.events.get(), timeout=5) for _ in range(3)]
+    await asyncio.sleep(0.3)
+    assert s._backfill is not None and s._backfill.done()  # no endless retries
+    assert any(e["type"] == "error" and e["code"] == "not_found" for e in events), events
+    assert next(e for e in events if e["type"] == "final")["durable"] is False
+    await s.abort()
+
+
+async def test_a_resumed_stream_drops_text_it_had_already_logged() -> None:
+    hub = FakeHub()
+    spec = StreamSpec(source_lang="en", targets=["es"])
+    s = StreamSession(hub, spec, resume={"last_seq": 2, "committed_until": 0.0, "origin": 0.0,  # type: ignore[arg-type]
+                                         "text_until": 6.0})
+    s.start()
+    for ts, text in ((3.0, "old one"), (6.0, "old two"), (6.0004, "new one"), (9.0, "new two")):
+        await s.feed_text(text, ts)
+    await s.end()
+    finals = [e for e in await drain(s) if e["type"] == "final"]
+    assert [(f["seq"], f["text"]) for f in finals] == [(3, "NEW ONE"), (4, "NEW TWO")]

@@ -76,6 +76,12 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
                     console.print(f"  ... {data.get('source_text', '')}", style="dim", markup=False)
                 elif ev.type == "error":
                     console.print(f"error [{data.get('code')}]: {data.get('message')}", markup=False, style="red")
+                elif ev.type in ("not_durable", "degraded"):
+                    console.print(f"{ev.type}: {data.get('message') or data}", markup=False, style="yellow")
+                elif ev.type in ("durable", "restored"):
+                    console.print(f"{ev.type}: {data}", markup=False, style="green")
+                if ev.type == "final" and data.get("failed"):
+                    console.print(f"caption {ev.seq}: {data.get('note')}", markup=False, style="red")
         finally:
             if not sender.done():
                 sender.cancel()

@@ -11,6 +11,7 @@ import base64
 import binascii
 import contextlib
 import json
+import math
 import time
 from typing import Any
 
@@ -75,11 +76,28 @@ async def _resume_spec(hub: StreamHub, resume: Any) -> tuple[StreamSpec, dict[st
         raise InvalidParameter("this engine keeps no stream log: streams cannot be resumed")
     try:
         last_seq = int(resume.get("last_seq", 0))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidParameter("last_seq must be an integer") from exc
+    if not 0 <= last_seq < 2**53:
+        raise InvalidParameter("last_seq must be an integer from 0 to 2**53")
     stream_id, token = str(resume["stream_id"]), str(resume["resume_token"])
-    snapshot = await hub.link.call("resume", stream_id, token) if hub.link else store.resume(stream_id, token)
+    await hub.wait_backlog(stream_id, STORE_WAIT_S)  # a closed session's last finals first
+    snapshot = await _store_call(hub, "resume", stream_id, token)
     return spec_from_dict(snapshot["spec"], stream_id, token), snapshot, last_seq
+
+
+STORE_WAIT_S = 10.0  # opening or resuming a stream waits this long for the stream log, then 503
+
+
+async def _store_call(hub: StreamHub, method: str, *args: Any) -> Any:
+    from ..engine.storelink import StoreUnavailable
+
+    if hub.link is None:
+        return getattr(hub.store, method)(*args)
+    try:
+        return await asyncio.wait_for(hub.link.call(method, *args), STORE_WAIT_S)
+    except TimeoutError as exc:
+        raise StoreUnavailable(f"the stream log did not answer in {STORE_WAIT_S:.0f} s; retry") from exc
 
 
 def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossary_for: Any) -> None:
@@ -149,8 +167,7 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
             hub.sessions[spec.stream_id] = session
             await ws.send_json(await session.open())
             if snapshot is not None:
-                replay = (await hub.link.call("finals_after", spec.stream_id, last_seq) if hub.link
-                          else session.replay(last_seq))
+                replay = await _store_call(hub, "finals_after", spec.stream_id, last_seq)
                 log_from = int(snapshot.get("log_from", 1))
                 if last_seq + 1 < log_from:  # compaction dropped finals this client never saw: say so
                     await ws.send_json({"type": "error", "code": "log_compacted",
@@ -237,8 +254,8 @@ async def _read(ws: WebSocket, session: StreamSession, idle: float, max_bytes: i
             raise InvalidParameter("messages must be JSON objects or binary PCM16 audio") from exc
         kind = m.get("type") if isinstance(m, dict) else None
         ts = m.get("ts") if isinstance(m, dict) else None
-        if ts is not None and not isinstance(ts, int | float):
-            raise InvalidParameter("ts must be a number of seconds")
+        if ts is not None and (not isinstance(ts, int | float) or not math.isfinite(ts)):
+            raise InvalidParameter("ts must be a finite number of seconds")
         if kind == "end":
             await session.end()
             return

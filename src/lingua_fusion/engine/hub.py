@@ -73,6 +73,8 @@ class StreamHub:
         self._hung: dict[str, int] = {}
         self._warm: set[str] = set()
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
+        # writers of finals still unlogged when their stream closed (the log was down): owned here until done
+        self.backlogs: dict[str, asyncio.Task[None]] = {}
         # "batched": cross-stream batches on trimmed windows (the default); "unbatched": one item per call, trimmed
         # windows; "per-stream": one item per call through faster-whisper's own 30 s-window decode, as
         # whisper_streaming / WhisperLive do (the baseline the benchmark compares against)
@@ -88,6 +90,18 @@ class StreamHub:
     def store(self, store: Any) -> None:
         self._store = store
         self.link = StoreLink(store, self.metrics) if store is not None else None
+
+    def adopt_backlog(self, stream_id: str, task: asyncio.Task[None]) -> None:
+        self.backlogs[stream_id] = task
+        task.add_done_callback(lambda t: self.backlogs.pop(stream_id, None) if self.backlogs.get(stream_id) is t
+                               else None)
+
+    async def wait_backlog(self, stream_id: str, timeout: float) -> None:
+        """A resume reads the log only after a closed session's last finals reached it (or ``timeout`` passed)."""
+        task = self.backlogs.get(stream_id)
+        if task is not None and not task.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), timeout)
 
     async def drain(self, deadline_s: float) -> None:
         """Stop admitting; let every live stream finish its queued commits, then tell its client to reconnect."""
@@ -232,7 +246,7 @@ class StreamHub:
         try:
             results = await asyncio.wait_for(asyncio.shield(running), timeout)
         except TimeoutError:
-            self._hung[key] = hung + 1
+            self._hung[key] = self._hung.get(key, 0) + 1  # read again: one may have returned meanwhile
             self._pools.pop(key, None)
             pool.shutdown(wait=False)
 
@@ -401,6 +415,12 @@ class StreamHub:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._workers.clear()
+        for task in list(self.backlogs.values()):
+            task.cancel()
+        for task in list(self.backlogs.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.backlogs.clear()
         for pool in self._pools.values():
             pool.shutdown(wait=False)
         self._pools.clear()

@@ -35,6 +35,7 @@ POLICIES = {
 }
 
 
+BACKLOG_AFTER_CLOSE_S = 60.0  # how long unlogged finals are still written after their stream closed
 INPUTS = ("audio", "image", "text")  # what a stream may send; a stream declares a subset in its start message
 LOW_FRAME_INTERVAL_S = 5.0  # breaker step "lower_frame_rate": image frames read at most this often per stream
 
@@ -127,6 +128,8 @@ class StreamSession:
         self._logged_seq = 0
         self._log_progress = asyncio.Condition()
         self._outage = False  # a not_durable notice went out and no durable one yet
+        self._closed_at: float | None = None
+        self._text_until = -1.0  # a resumed stream: re-sent text at or before this stream time was logged already
         self.max_unlogged = 1000
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -138,8 +141,13 @@ class StreamSession:
     async def open(self) -> dict[str, Any]:
         """Record the new stream in the stream log (off the event loop), then go live: the ``ready`` event."""
         if self._resume is None and self.store is not None:
-            await self._store_call("open_stream", self.spec.stream_id, self.spec.resume_token,
-                                   {"spec": spec_to_dict(self.spec)})
+            from .storelink import StoreUnavailable
+
+            try:
+                await asyncio.wait_for(self._store_call("open_stream", self.spec.stream_id, self.spec.resume_token,
+                                                        {"spec": spec_to_dict(self.spec)}), 10.0)
+            except TimeoutError as exc:
+                raise StoreUnavailable("the stream log did not answer in 10 s; retry") from exc
             self._opened = True
         return self.start()
 
@@ -155,6 +163,7 @@ class StreamSession:
         if self._resume is not None:
             snap = self._resume
             self.seq = self._logged_seq = int(snap.get("last_seq", 0))
+            self._text_until = float(snap.get("text_until", -1.0))
             until = float(snap.get("committed_until", 0.0))
             origin = snap.get("origin")
             if origin is not None:
@@ -270,7 +279,10 @@ class StreamSession:
             raise InvalidParameter("the stream is not live")
         self._declared("text")
         t = self._place("text", ts)
-        self._queue_job(self._translate_job(text.strip(), t, t, confidence=1.0, wall_ref=time.monotonic()))
+        if ts is not None and t <= self._text_until + 1e-6:
+            return  # re-sent after a resume, and its caption was logged before the break: not again
+        self._queue_job(self._translate_job(text.strip(), t, t, confidence=1.0, wall_ref=time.monotonic(),
+                                            modality="text"))
 
     async def feed_image(self, data: bytes, ts: float | None = None) -> None:
         from ..media import decode_image
@@ -335,8 +347,17 @@ class StreamSession:
         if self.state == State.CLOSED:
             return
         self.state = State.CLOSED
+        keep = self._backfill if self._unlogged and self._backfill is not None and not self._backfill.done() else None
         for task in list(self._tasks):
-            task.cancel()
+            if task is not keep:
+                task.cancel()
+        if keep is not None:
+            # finals already sent and not yet logged: their writer goes on (a connection drop is not a reason to
+            # lose them) until they are written or BACKLOG_AFTER_CLOSE_S pass; the hub owns it from here
+            self._closed_at = time.monotonic()
+            adopt = getattr(self.hub, "adopt_backlog", None)
+            if adopt is not None:
+                adopt(self.spec.stream_id, keep)
         if self._decoder is not None:
             self._decoder.close()
         if self._emitter is not None and self._emitter is not asyncio.current_task():
@@ -418,7 +439,7 @@ class StreamSession:
         return await self._translate_job(text, d.start, d.end, confidence=conf, wall_ref=wall_ref, asr_ms=asr_ms)
 
     async def _translate_job(self, text: str, start: float, end: float, *, confidence: float, wall_ref: float,
-                             asr_ms: float = 0.0) -> dict[str, Any] | None:
+                             asr_ms: float = 0.0, modality: str = "audio") -> dict[str, Any] | None:
         if not text:
             return None
         src = self.spec.source_lang
@@ -449,7 +470,7 @@ class StreamSession:
                  "text": translations[self.spec.targets[0]], "translations": translations,
                  "confidence": confidence, "slides": slides, "slide_terms": [t.source for t in slide_terms],
                  "latency_ms": {"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
-                 "_wall_ref": wall_ref}
+                 "_wall_ref": wall_ref, "_modality": modality}
         if failed:
             event["failed"] = sorted(failed)
             event["note"] = "; ".join(notes)
@@ -488,9 +509,10 @@ class StreamSession:
                 if event is None:
                     continue
                 wall_ref = event.pop("_wall_ref")
+                modality = event.pop("_modality", "audio")
                 self.seq += 1
                 event["seq"] = self.seq
-                await self._log(event)
+                await self._log(event, modality)
                 latency = time.monotonic() - wall_ref
                 event.setdefault("latency_ms", {})["caption"] = round(latency * 1000, 1)
                 if self.hub.metrics is not None:
@@ -522,7 +544,7 @@ class StreamSession:
             self.hub.release(self.spec.stream_id)
             self.closed.set()
 
-    async def _log(self, event: dict[str, Any]) -> None:
+    async def _log(self, event: dict[str, Any], modality: str = "audio") -> None:
         """Write a final to the write-ahead log before it is sent. Writes go through one ordered queue per stream
         (the log stays in seq order); a final waits for its write at most ``state.log_wait_s``. While the log is
         down or slow (Redis killed, slow, cut off) captions keep flowing: a final that could not wait goes out
@@ -531,11 +553,12 @@ class StreamSession:
         if self.store is None:
             return
         if len(self._unlogged) >= self.max_unlogged:
+            event["durable"] = False
             self.error = BackendError("the stream log has been unavailable too long; the stream was closed")
-            self._spawn(self.abort(), "abort")
+            await self.abort()
             return
         seq = int(event["seq"])
-        self._unlogged.append({**event, "_origin": self.timeline.origin})
+        self._unlogged.append({**event, "_origin": self.timeline.origin, "_modality": modality})
         if self.hub.metrics is not None:
             self.hub.metrics.unlogged_finals.inc()
         if self._backfill is None or self._backfill.done():
@@ -547,7 +570,8 @@ class StreamSession:
                 await asyncio.wait_for(self._log_progress.wait_for(lambda: self._logged_seq >= seq), wait)
             return
         except TimeoutError:
-            pass
+            if self._logged_seq >= seq:
+                return  # written just as the wait ran out
         event["durable"] = False
         if not self._outage:
             self._outage = True
@@ -557,19 +581,30 @@ class StreamSession:
                                          "a durable event follows when they are"})
 
     async def _write_backlog(self) -> None:
+        from ..errors import ClientError
+
         link = getattr(self.hub, "link", None)
         while self._unlogged:
+            if self._closed_at is not None and time.monotonic() - self._closed_at > BACKLOG_AFTER_CLOSE_S:
+                return  # the stream is gone and the log still does not answer: give up (counted as unlogged)
             if link is not None and not link.ready():
                 await asyncio.sleep(min(1.0, max(0.05, link.down_until - link.clock())))
                 continue
             event = self._unlogged[0]
-            body = {k: v for k, v in event.items() if k != "_origin"}
+            body = {k: v for k, v in event.items() if k not in ("_origin", "_modality")}
+            end = float(body["end"])
+            audio = event["_modality"] == "audio"
             try:
-                await self._store_call("append_final", self.spec.stream_id, body, float(body["end"]),
-                                       event["_origin"])
+                await self._store_call("append_final", self.spec.stream_id, body, end if audio else None,
+                                       event["_origin"], None if audio else end)
+            except ClientError as exc:  # the store answered: this stream is gone from it (compacted, Redis lost it)
+                self._unlogged.clear()
+                if self.state != State.CLOSED:
+                    await self._emit({"type": "error", "code": exc.code,
+                                      "message": f"the stream log lost this stream: {exc.message}"})
+                return
             except LinguaFusionError:
-                if link is None:
-                    await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5 if link is None else 0.05)
                 continue
             self._unlogged.popleft()
             if self.hub.metrics is not None:
@@ -577,9 +612,15 @@ class StreamSession:
             async with self._log_progress:
                 self._logged_seq = int(body["seq"])
                 self._log_progress.notify_all()
-            if not self._unlogged and self._outage:
+            if not self._unlogged and self._outage and self.state != State.CLOSED:
                 self._outage = False
                 await self._emit({"type": "durable", "through_seq": self._logged_seq})
+
+    async def wait_logged(self, timeout: float) -> None:
+        """Let this (closed) stream's last unlogged finals reach the log, for at most ``timeout`` seconds."""
+        if self._backfill is not None and not self._backfill.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._backfill), timeout)
 
     async def _flush_unlogged(self, timeout: float) -> int:
         """At the end of a stream: give the backlog ``timeout`` seconds to reach the log; returns what is left."""
@@ -587,12 +628,6 @@ class StreamSession:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._backfill), timeout)
         return len(self._unlogged)
-
-    def replay(self, after_seq: int) -> list[dict[str, Any]]:
-        """Logged finals after ``after_seq`` (what the client missed), oldest first."""
-        if self.store is None:
-            return []
-        return [e for e in self.store.finals_after(self.spec.stream_id, after_seq) if int(e["seq"]) > after_seq]
 
     async def _speech(self, event: dict[str, Any]) -> None:
         target = self.spec.targets[0]

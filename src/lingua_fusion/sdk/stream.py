@@ -104,7 +104,9 @@ class RemoteStream:
         since = first.get("resume_from_ts")
         try:
             for ts, dur, message in list(self._buffer):
-                if since is None or ts + dur > since:
+                # audio after what the server committed; every kept text and image (the server drops text it
+                # had already logged, and reading a slide again is harmless)
+                if dur == 0.0 or since is None or ts + dur > since:
                     await ws.send(message)
             if self._ended:
                 await ws.send(json.dumps({"type": "end"}))

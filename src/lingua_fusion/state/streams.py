@@ -34,8 +34,8 @@ def token_digest(token: str) -> str:
 class StreamStore(Protocol):
     def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None: ...
 
-    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float,
-                     origin: float | None = None) -> None: ...
+    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
+                     origin: float | None = None, text_until: float | None = None) -> None: ...
 
     def resume(self, stream_id: str, token: str) -> dict[str, Any]: ...
 
@@ -46,6 +46,19 @@ class StreamStore(Protocol):
     def compact(self, retention_s: float, max_log: int) -> dict[str, int]: ...
 
     def close(self) -> None: ...
+
+
+def _advance(snap: dict[str, Any], event: dict[str, Any], committed_until: float | None, origin: float | None,
+             text_until: float | None) -> None:
+    """The snapshot after logging ``event``: ``committed_until`` (stream time covered by audio finals: the client
+    re-sends audio after it) and ``text_until`` (the latest logged text: re-sent text up to it is dropped)."""
+    snap["last_seq"] = int(event["seq"])
+    if committed_until is not None:
+        snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
+    if text_until is not None:
+        snap["text_until"] = max(float(snap.get("text_until", -1.0)), text_until)
+    if origin is not None:
+        snap["origin"] = origin
 
 
 def _check(snapshot: dict[str, Any] | None, stream_id: str, token: str) -> dict[str, Any]:
@@ -77,8 +90,8 @@ class SQLiteStreamStore:
             self._db.execute("INSERT OR REPLACE INTO stream_snapshot VALUES (?,?,?)",
                              (stream_id, json.dumps(body), time.time()))
 
-    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float,
-                     origin: float | None = None) -> None:
+    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
+                     origin: float | None = None, text_until: float | None = None) -> None:
         with self._lock:
             row = self._db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (stream_id,)).fetchone()
             if row is None:
@@ -86,10 +99,7 @@ class SQLiteStreamStore:
             snap = json.loads(row[0])
             if int(snap.get("last_seq", 0)) >= int(event["seq"]):
                 return  # already logged (a retried write whose first try got through)
-            snap["last_seq"] = int(event["seq"])
-            snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
-            if origin is not None:
-                snap["origin"] = origin
+            _advance(snap, event, committed_until, origin, text_until)
             self._db.execute("BEGIN")
             try:
                 self._db.execute("INSERT INTO stream_log VALUES (?,?,?)",
@@ -97,8 +107,9 @@ class SQLiteStreamStore:
                 self._db.execute("UPDATE stream_snapshot SET body=?, updated=? WHERE stream_id=?",
                                  (json.dumps(snap), time.time(), stream_id))
                 self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK")
+            except Exception as exc:  # anything (an overflowing seq too): never leave the shared connection mid-transaction
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise BackendError(f"stream log write failed: {exc}") from exc
 
     def _snapshot(self, stream_id: str) -> dict[str, Any] | None:
@@ -148,8 +159,9 @@ class SQLiteStreamStore:
                         self._db.execute("UPDATE stream_snapshot SET body=? WHERE stream_id=?",
                                          (json.dumps(snap), sid))
                 self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK")
+            except Exception as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise BackendError(f"stream log compaction failed: {exc}") from exc
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return {"streams_dropped": len(old), "finals_trimmed": trimmed}
@@ -199,8 +211,8 @@ class RedisStreamStore:
 
         self._run(run)
 
-    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float,
-                     origin: float | None = None) -> None:
+    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
+                     origin: float | None = None, text_until: float | None = None) -> None:
         key = redis_keys.stream_snapshot(stream_id)
 
         def run() -> None:
@@ -215,10 +227,7 @@ class RedisStreamStore:
                         snap = json.loads(raw)
                         if int(snap.get("last_seq", 0)) >= int(event["seq"]):
                             return  # already logged
-                        snap["last_seq"] = int(event["seq"])
-                        snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
-                        if origin is not None:
-                            snap["origin"] = origin
+                        _advance(snap, event, committed_until, origin, text_until)
                         # compaction: the log keeps the last max_log finals; the snapshot says where it starts
                         snap["log_from"] = max(1, int(event["seq"]) - self._max_log + 1)
                         pipe.multi()
