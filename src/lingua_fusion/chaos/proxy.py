@@ -41,6 +41,24 @@ def _reset(writer: asyncio.StreamWriter | None) -> None:
     writer.transport.abort()
 
 
+def _reset_backlog(listener: Any) -> None:
+    """Reset every connection the kernel completed that asyncio has not accepted yet: closing the listener alone
+    leaves such a client connected to nothing, waiting forever."""
+    sock = socket.fromfd(listener.fileno(), listener.family, listener.type)  # a dup: closing it keeps the listener
+    try:
+        sock.setblocking(False)
+        while True:
+            try:
+                conn, _addr = sock.accept()
+            except OSError:  # BlockingIOError: the backlog is empty
+                return
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+    finally:
+        sock.close()
+
+
 class _Pipe:
     """One direction of a connection: ``fill`` reads chunks into a byte-bounded FIFO stamped with their due time,
     ``deliver`` writes each one out at that time, unless the connection is held (partition). b"" marks EOF."""
@@ -234,16 +252,25 @@ class TcpProxy:
         conn.task = asyncio.get_running_loop().create_task(conn.run(), name="tcp-proxy-conn")
 
     async def _shutdown(self) -> None:
-        self._stopping = True  # a connection accepted but not yet handed to _accept is reset there
-        if self._server is not None:
-            self._server.close()
-        await asyncio.sleep(0.05)  # let accepted connections' callbacks run (and reset themselves)
-        tasks = [c.task for c in self.conns if c.task is not None]
+        self._stopping = True  # from now on _accept resets every connection handed to it
         for conn in list(self.conns):
             conn.kill()
-        if tasks:
-            await asyncio.wait(tasks, timeout=3)
+        # Wait for every other task on this loop: the connections' pipes, and asyncio's hand-offs of connections it
+        # accepted already (they reach _accept and are reset). The listener stays open meanwhile: closing it first
+        # makes asyncio drop such a hand-off with its socket left open (Server._attach refuses a closed server), and
+        # that client would wait forever. An accept already scheduled makes its hand-off only when it runs: yield
+        # first, and look again after each wait.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3
+        await asyncio.sleep(0)
+        while (others := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]) \
+                and loop.time() < deadline:
+            await asyncio.wait(others, timeout=deadline - loop.time())
+            await asyncio.sleep(0)
         if self._server is not None:
+            for ts in self._server.sockets:  # connections the kernel completed that asyncio has not accepted yet
+                _reset_backlog(ts)
+            self._server.close()  # in the same step: nothing can be accepted in between
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), timeout=2)
         await asyncio.sleep(0)  # let the aborted transports' connection_lost callbacks run
