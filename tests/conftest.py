@@ -23,6 +23,11 @@ BIN = Path(sys.executable).parent / "linguafusion"
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
 
 
+# the real redis-server that `make test` (scripts/with-redis.sh) starts; the Redis cases need it
+REDIS = os.environ.get("LINGUAFUSION_TEST_REDIS_URL")
+needs_redis = pytest.mark.skipif(REDIS is None, reason="needs the redis-server that `make test` starts")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -14,13 +13,11 @@ from typing import Any
 
 import jiwer
 import pytest
-from conftest import BIN, free_port, start_server, stop_server, talk_wav
+from conftest import BIN, REDIS, free_port, needs_redis, start_server, stop_server, talk_wav
 
 from lingua_fusion.errors import AuthenticationError, NotFound
 from lingua_fusion.state.streams import RedisStreamStore, SQLiteStreamStore, StreamStore
 
-REDIS = os.environ.get("LINGUAFUSION_TEST_REDIS_URL")
-needs_redis = pytest.mark.skipif(REDIS is None, reason="needs the redis-server that `make test` starts")
 SENTENCES = ["Good morning everyone and welcome to the quarterly review.", "The new office will open in the spring.",
              "Please send me the report before Friday.", "We need more time to finish the project.",
              "The train to the airport leaves every hour.", "Thank you all for your hard work."]

@@ -33,6 +33,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from lingua_fusion.api.spec import form_body, json_body
+
 # Every operation the server has; test_spec_lists_every_operation fails when a route is added or removed.
 OPERATIONS = [
     ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/models"),
@@ -47,17 +49,17 @@ LANGS = ["en", "es", "ca", "pt", "it"]
 CSV_TERMS = r"^(source,target\n)?([a-z ]{1,12},[a-z ]{1,12}\n){1,5}$"  # negative mode sends the rest
 
 
-def _form(schema: dict[str, Any]) -> dict[str, Any]:
+def form_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"multipart/form-data": {"schema": schema},
                                           "application/x-www-form-urlencoded": {"schema": schema}}}
 
 
-def _json(schema: dict[str, Any]) -> dict[str, Any]:
+def json_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
 REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
-    ("POST", "/v1/translate"): _form({
+    ("POST", "/v1/translate"): form_body({
         "type": "object", "required": ["target_lang"], "anyOf": [{"required": ["text"]}, {"required": ["file"]}],
         "properties": {
             "text": {"type": "string", "maxLength": 200},
@@ -67,19 +69,19 @@ REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
             "source_lang": {"enum": LANGS}, "target_lang": {"enum": LANGS},
             "output_format": {"enum": ["json", "srt", "vtt", "text", "wav"]},
             "enable_glossary": {"enum": ["true", "false"]}, "glossary_id": {"type": "string"}}}),
-    ("POST", "/v1/glossaries"): _form({
+    ("POST", "/v1/glossaries"): form_body({
         "type": "object", "anyOf": [{"required": ["terms"]}, {"required": ["file"]}],
         "properties": {"file": {"type": "string", "format": "binary"},
                        "terms": {"type": "string", "pattern": CSV_TERMS},
                        "name": {"type": "string"}, "source_lang": {"enum": LANGS}, "target_lang": {"enum": LANGS}}}),
-    ("POST", "/v1/admin/faults"): _json({
+    ("POST", "/v1/admin/faults"): json_body({
         "type": "object",
         "properties": {"model": {"enum": ["*", "asr", "mt", "ocr", "tts", "mt:en-es"]},
                        "kind": {"enum": ["delay", "error", "hang", "garbage"]},
                        "delay_s": {"type": "number", "minimum": 0, "maximum": 600},
                        "fraction": {"type": "number", "minimum": 0, "maximum": 1},
                        "after": {"type": "integer", "minimum": 0, "maximum": 1_000_000}}}),
-    ("POST", "/v1/keys"): _json({
+    ("POST", "/v1/keys"): json_body({
         "type": "object",
         "properties": {"name": {"type": "string"},
                        "scopes": {"type": "array", "items": {"enum": ["translate", "admin"]}}}}),

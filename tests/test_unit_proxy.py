@@ -10,11 +10,10 @@ from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlparse
 
 import pytest
-from conftest import free_port
+from conftest import REDIS, free_port, needs_redis
 
 from lingua_fusion.chaos.proxy import TcpProxy
 
-REDIS = os.environ.get("LINGUAFUSION_TEST_REDIS_URL")
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -204,7 +203,7 @@ async def test_stop_closes_connections_and_leaves_no_thread(echo_port: int, prox
         w.close()
 
 
-@pytest.mark.skipif(REDIS is None, reason="needs the redis-server that `make test` starts")
+@needs_redis
 def test_redis_through_the_proxy(proxy_threads: None) -> None:
     import redis
     from redis.backoff import NoBackoff

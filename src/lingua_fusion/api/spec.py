@@ -14,16 +14,16 @@ ERROR = {"type": "object", "required": ["error"],
                                                  "details": {"type": "object"}}}}}
 
 
-def _form(schema: dict[str, Any]) -> dict[str, Any]:
+def form_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"multipart/form-data": {"schema": schema},
                                           "application/x-www-form-urlencoded": {"schema": schema}}}
 
 
-def _json(schema: dict[str, Any]) -> dict[str, Any]:
+def json_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
-TRANSLATE = _form({
+TRANSLATE = form_body({
     "type": "object", "required": ["target_lang"], "anyOf": [{"required": ["text"]}, {"required": ["file"]}],
     "properties": {
         "text": {"type": "string", "description": "text to translate (or send a file)"},
@@ -34,12 +34,12 @@ TRANSLATE = _form({
         "target_lang": {"type": "string", "description": "ISO 639-1"},
         "output_format": {"enum": ["json", "srt", "vtt", "text", "wav"]},
         "enable_glossary": {"enum": ["true", "false"]}, "glossary_id": {"type": "string"}}})
-GLOSSARY = _form({
+GLOSSARY = form_body({
     "type": "object", "anyOf": [{"required": ["terms"]}, {"required": ["file"]}],
     "properties": {"file": {"type": "string", "format": "binary", "description": "CSV (source,target) or JSON"},
                    "terms": {"type": "string", "description": "CSV text: source,target per line"},
                    "name": {"type": "string"}, "source_lang": {"type": "string"}, "target_lang": {"type": "string"}}})
-FAULT = _json({
+FAULT = json_body({
     "type": "object",
     "properties": {"model": {"type": "string", "description": "asr, mt, ocr, tts, * or a model key (mt:en-es)"},
                    "kind": {"enum": ["delay", "error", "hang", "garbage"]},
@@ -47,7 +47,7 @@ FAULT = _json({
                    "jitter_s": {"type": "number", "minimum": 0, "maximum": 60},
                    "fraction": {"type": "number", "minimum": 0, "maximum": 1},
                    "after": {"type": "integer", "minimum": 0, "maximum": 1_000_000}}})
-KEY = _json({
+KEY = json_body({
     "type": "object",
     "properties": {"name": {"type": "string"}, "scopes": {"type": "array", "items": {"enum": ["translate", "admin"]}}}})
 

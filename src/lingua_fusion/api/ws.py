@@ -21,6 +21,7 @@ from .. import langs
 from ..engine.hub import StreamHub
 from ..engine.scheduler import SLO_CLASSES
 from ..engine.session import INPUTS, POLICIES, StreamSession, StreamSpec, spec_from_dict
+from ..engine.storelink import STORE_WAIT_S
 from ..errors import ClientError, InvalidParameter, PermissionDenied, LinguaFusionError, Overloaded, TooLarge
 
 
@@ -86,18 +87,10 @@ async def _resume_spec(hub: StreamHub, resume: Any) -> tuple[StreamSpec, dict[st
     return spec_from_dict(snapshot["spec"], stream_id, token), snapshot, last_seq
 
 
-STORE_WAIT_S = 10.0  # opening or resuming a stream waits this long for the stream log, then 503
-
-
 async def _store_call(hub: StreamHub, method: str, *args: Any) -> Any:
-    from ..engine.storelink import StoreUnavailable
-
     if hub.link is None:
         return getattr(hub.store, method)(*args)
-    try:
-        return await asyncio.wait_for(hub.link.call(method, *args), STORE_WAIT_S)
-    except TimeoutError as exc:
-        raise StoreUnavailable(f"the stream log did not answer in {STORE_WAIT_S:.0f} s; retry") from exc
+    return await hub.link.call(method, *args, wait_s=STORE_WAIT_S)
 
 
 def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossary_for: Any) -> None:

@@ -126,14 +126,13 @@ class ManagedServer:
 
     def start(self) -> str:
         import os
-        import socket
         import subprocess
         import sys
 
         if not self.port:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self.port = int(s.getsockname()[1])
+            from .redis_server import free_port
+
+            self.port = free_port()
         exe = str(Path(sys.executable).parent / "linguafusion")
         log = open(self.state / "server.log", "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen([exe, "serve", "--host", "127.0.0.1", "--port", str(self.port), "--state-dir",

@@ -141,20 +141,17 @@ class StreamSession:
     async def open(self) -> dict[str, Any]:
         """Record the new stream in the stream log (off the event loop), then go live: the ``ready`` event."""
         if self._resume is None and self.store is not None:
-            from .storelink import StoreUnavailable
+            from .storelink import STORE_WAIT_S
 
-            try:
-                await asyncio.wait_for(self._store_call("open_stream", self.spec.stream_id, self.spec.resume_token,
-                                                        {"spec": spec_to_dict(self.spec)}), 10.0)
-            except TimeoutError as exc:
-                raise StoreUnavailable("the stream log did not answer in 10 s; retry") from exc
+            await self._store_call("open_stream", self.spec.stream_id, self.spec.resume_token,
+                                   {"spec": spec_to_dict(self.spec)}, wait_s=STORE_WAIT_S)
             self._opened = True
         return self.start()
 
-    async def _store_call(self, method: str, *args: Any) -> Any:
+    async def _store_call(self, method: str, *args: Any, wait_s: float | None = None) -> Any:
         link = getattr(self.hub, "link", None)
         if link is not None:
-            return await link.call(method, *args)
+            return await link.call(method, *args, wait_s=wait_s)
         return await asyncio.to_thread(getattr(self.store, method), *args)
 
     def start(self) -> dict[str, Any]:
@@ -615,12 +612,6 @@ class StreamSession:
             if not self._unlogged and self._outage and self.state != State.CLOSED:
                 self._outage = False
                 await self._emit({"type": "durable", "through_seq": self._logged_seq})
-
-    async def wait_logged(self, timeout: float) -> None:
-        """Let this (closed) stream's last unlogged finals reach the log, for at most ``timeout`` seconds."""
-        if self._backfill is not None and not self._backfill.done():
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._backfill), timeout)
 
     async def _flush_unlogged(self, timeout: float) -> int:
         """At the end of a stream: give the backlog ``timeout`` seconds to reach the log; returns what is left."""

@@ -22,6 +22,9 @@ class StoreUnavailable(BackendError):
     code = "state_store_unavailable"
 
 
+STORE_WAIT_S = 10.0  # opening or resuming a stream waits this long for the stream log (queue included), then 503
+
+
 class StoreLink:
     def __init__(self, store: Any, metrics: Any = None, *, clock: Callable[[], float] = time.monotonic,
                  max_backoff_s: float = 5.0) -> None:
@@ -42,8 +45,17 @@ class StoreLink:
         """Worth a try now: healthy, or down with its backoff over."""
         return self.clock() >= self.down_until
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """``store.method(*args)`` on the store's threads; StoreUnavailable while it is down or when it fails."""
+    async def call(self, method: str, *args: Any, wait_s: float | None = None) -> Any:
+        """``store.method(*args)`` on the store's threads; StoreUnavailable while it is down, when it fails, or when
+        the answer (queueing behind other streams' writes included) takes over ``wait_s``."""
+        if wait_s is None:
+            return await self._call(method, args)
+        try:
+            return await asyncio.wait_for(self._call(method, args), wait_s)
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"the stream log did not answer in {wait_s:.0f} s; retry") from exc
+
+    async def _call(self, method: str, args: tuple[Any, ...]) -> Any:
         if not self.ready():
             raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
         if self.failures:
