@@ -110,7 +110,7 @@ def overhead(max_streams: int = 51200, seconds: float = 3.0) -> dict[str, Any]:
     in time. A worker drains the scheduler with a zero-cost model. Scheduling delay = submit -> dispatched in a
     batch. Doubles N until its p99 passes 10 ms.
     """
-    from lingua_fusion.engine.scheduler import Scheduler, WorkItem
+    from lingua_fusion.serving.scheduler import Scheduler, WorkItem
 
     async def run(n: int) -> dict[str, Any]:
         sched = Scheduler(max_batch=64, max_queue=1 << 20)

@@ -16,7 +16,7 @@ import pytest
 from conftest import start_server, stop_server
 
 from lingua_fusion import MultimodalTranslator
-from lingua_fusion.engine.faults import MalformedOutput, check_outputs, garble, parse_fault, pick
+from lingua_fusion.serving.faults import MalformedOutput, check_outputs, garble, parse_fault, pick
 from lingua_fusion.errors import InvalidParameter
 
 
@@ -144,7 +144,7 @@ def test_faults_fire_on_their_fraction_after_n_batches() -> None:
     assert not any(fired[:10]) and 400 < sum(fired) < 600
     assert pick(faults, "mt:en-es", rng) is None  # other models untouched
     assert parse_fault({"kind": "hang"}).delay_s == 60.0
-    from lingua_fusion.engine.faults import delay_of
+    from lingua_fusion.serving.faults import delay_of
 
     jittery = parse_fault({"delay_s": 0.5, "jitter_s": 0.2})
     delays = [delay_of(jittery, rng) for _ in range(2000)]

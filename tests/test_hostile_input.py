@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from lingua_fusion.config import LimitSettings, Settings
-from lingua_fusion.engine.scheduler import Scheduler
+from lingua_fusion.serving.scheduler import Scheduler
 from lingua_fusion.engine.session import State, StreamSession, StreamSpec
 from lingua_fusion.errors import ClientError, LinguaFusionError
 from lingua_fusion.media import decode_audio, decode_image

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lingua_fusion.engine.policy import SR, WINDOW, CommitPolicy, Decision, PolicyConfig, agreed_prefix
+from lingua_fusion.stream.policy import SR, WINDOW, CommitPolicy, Decision, PolicyConfig, agreed_prefix
 
 W = WINDOW / SR  # 0.032 s per VAD window
 EPS = 1e-6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lingua_fusion.engine.scheduler import (
+from lingua_fusion.serving.scheduler import (
     SLO_CLASSES,
     CostModel,
     Demand,

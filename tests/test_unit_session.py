@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lingua_fusion.config import Settings
-from lingua_fusion.engine.scheduler import Scheduler
+from lingua_fusion.serving.scheduler import Scheduler
 from lingua_fusion.engine.session import SlowConsumer, State, StreamSession, StreamSpec
 
 
@@ -95,7 +95,7 @@ async def test_a_degraded_class_reads_fewer_frames_then_none() -> None:
         level = 2  # drop_partials + lower_frame_rate
 
         def active(self, slo: str, step: str) -> bool:
-            from lingua_fusion.engine.breaker import STEPS
+            from lingua_fusion.serving.breaker import STEPS
 
             return STEPS.index(step) < self.level
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+SR = 16000  # every audio path runs at 16 kHz mono float32 (Whisper's and Silero's rate)
+
 
 class Modality(str, Enum):
     AUDIO = "audio"

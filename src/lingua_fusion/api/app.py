@@ -297,7 +297,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, *
     async def set_fault(request: Request) -> JSONResponse:
         """Chaos: inject a model backend fault (delay, error, hang, garbage; see engine/faults.py) into a fraction of
         model batches. Only with an admin key on a server started with --chaos."""
-        from ..engine.faults import parse_fault
+        from ..serving.faults import parse_fault
 
         auth(request, "admin")
         if not settings.server.chaos:

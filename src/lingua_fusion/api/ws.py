@@ -19,9 +19,9 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from .. import langs
 from ..engine.hub import StreamHub
-from ..engine.scheduler import SLO_CLASSES
+from ..serving.scheduler import SLO_CLASSES
 from ..engine.session import INPUTS, POLICIES, StreamSession, StreamSpec, spec_from_dict
-from ..engine.storelink import STORE_WAIT_S
+from ..stream.storelink import STORE_WAIT_S
 from ..errors import ClientError, InvalidParameter, PermissionDenied, LinguaFusionError, Overloaded, TooLarge
 
 

@@ -23,10 +23,10 @@ from ..config import Settings
 from ..errors import BackendError, LinguaFusionError, Overloaded
 from ..glossary import apply_mt_batch
 from ..models.registry import Registry
-from .breaker import SLOBreaker, Transition
-from .storelink import StoreLink
-from .faults import Fault, InjectedFault, ModelTimeout, check_outputs, delay_of, garble, pick
-from .scheduler import SLO_CLASSES, STAGE_BUDGET, CostModel, Demand, Scheduler, WorkItem, stage_deadline
+from ..serving.breaker import SLOBreaker, Transition
+from ..stream.storelink import StoreLink
+from ..serving.faults import Fault, InjectedFault, ModelTimeout, check_outputs, delay_of, garble, pick
+from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET, CostModel, Demand, Scheduler, WorkItem, stage_deadline
 
 log = logging.getLogger("lingua_fusion.hub")
 

@@ -25,8 +25,8 @@ from ..errors import BackendError, InvalidParameter, LinguaFusionError
 from ..glossary import Term
 from ..media.stream_decoder import StreamDecoder
 from .hub import StreamHub
-from .policy import WINDOW, CommitPolicy, Decision, PolicyConfig
-from .timeline import SR, AudioTimeline
+from ..stream.policy import WINDOW, CommitPolicy, Decision, PolicyConfig
+from ..stream.timeline import SR, AudioTimeline
 
 POLICIES = {
     "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0),
@@ -141,7 +141,7 @@ class StreamSession:
     async def open(self) -> dict[str, Any]:
         """Record the new stream in the stream log (off the event loop), then go live: the ``ready`` event."""
         if self._resume is None and self.store is not None:
-            from .storelink import STORE_WAIT_S
+            from ..stream.storelink import STORE_WAIT_S
 
             await self._store_call("open_stream", self.spec.stream_id, self.spec.resume_token,
                                    {"spec": spec_to_dict(self.spec)}, wait_s=STORE_WAIT_S)

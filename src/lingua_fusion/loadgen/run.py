@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from ..engine.scheduler import SLO_CLASSES
+from ..serving.scheduler import SLO_CLASSES
 from ..eval.latency import summarize
 from .mix import Material, Mix, StreamKind, material, slide_png
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from ..config import LimitSettings
 from ..errors import CorruptMedia, NoContent, TooLarge, UnsupportedMedia
+from ..types import SR
 
-SR = 16000
 _WAV_SIZE_UNKNOWN = 0x7FFF0000  # streaming writers (espeak-ng, sox, pipes) write placeholder sizes this big
 # Sample rates a frame may have. A 51-byte WAV declaring 1.7 GHz made swresample's set-up take 25 s and 1.8 GB
 # (found by bench/fuzz_atheris.py); 1 Hz turns each input sample into 16,000.

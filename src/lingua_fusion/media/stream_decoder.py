@@ -16,8 +16,8 @@ import numpy as np
 
 from ..errors import CorruptMedia, InvalidParameter, Overloaded
 from .audio import check_rate
+from ..types import SR
 
-SR = 16000
 FORMATS = {"webm", "ogg"}
 
 

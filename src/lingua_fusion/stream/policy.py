@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from ..types import SR
 
-SR = 16000
 WINDOW = 512  # VAD window, 32 ms
 
 

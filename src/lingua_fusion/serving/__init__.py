@@ -1,0 +1,2 @@
+"""Model work across streams: the ModelPort, the executor that batches every stream's work under SLOs, the pure
+scheduler, breaker and faults. Knows nothing of sessions."""

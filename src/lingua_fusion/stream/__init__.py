@@ -1,0 +1,1 @@
+"""One live stream and the service that owns every stream: protocol, events, session, jobs, journal."""
