@@ -82,13 +82,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     from lingua_fusion.benchfile import run_file_bench
-    from lingua_fusion.engine import Engine
+    from lingua_fusion.files import FileTranslator
 
     with tempfile.TemporaryDirectory() as d:
         media = make_media(Path(d))
         report: dict[str, object] = {"schema": "linguafusion.bench.issue2/1", "machine": platform.platform(),
                                      "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        eng = Engine()  # one engine: the first call of each scenario is cold only for models not yet loaded
+        eng = FileTranslator()  # one engine: the first call of each scenario is cold only for models not yet loaded
         report["speech_to_text_es"] = run_file_bench(media["talk"], to="es", source_lang="en", repeat=args.repeat,
                                                      engine=eng)
         report["speech_to_speech_es"] = run_file_bench(media["talk"], to="es", source_lang="en",

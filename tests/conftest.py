@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from lingua_fusion.config import Settings
-from lingua_fusion.engine import Engine
+from lingua_fusion.files import FileTranslator
 
 BIN = Path(sys.executable).parent / "linguafusion"
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
@@ -35,10 +35,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FileTranslator]:
     s = Settings()
     s.state_dir = tmp_path_factory.mktemp("engine-state")
-    e = Engine(s)
+    e = FileTranslator(s)
     yield e
     e.close()
 

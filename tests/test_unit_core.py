@@ -9,7 +9,7 @@ import pytest
 from lingua_fusion import errors
 from lingua_fusion.cli import is_loopback
 from lingua_fusion.config import Settings
-from lingua_fusion.engine.captions import to_srt, to_vtt
+from lingua_fusion.files.captions import to_srt, to_vtt
 from lingua_fusion.errors import (AuthenticationError, ClientError, LinguaFusionError, NotFound, Overloaded,
                                   PermissionDenied, UnknownLanguage, UnsupportedPair, from_code)
 from lingua_fusion.glossary import Term

@@ -1,5 +1,5 @@
 """User-supplied MT model directories (LocalDirMT): a tiny random Marian model built here, in transformers and
-in CTranslate2 format, loaded from its ``linguafusion.json`` manifest and routed to by Registry and Engine.
+in CTranslate2 format, loaded from its ``linguafusion.json`` manifest and routed to by Registry and FileTranslator.
 
 Random weights translate into nonsense, so only shapes, types, determinism and routing are checked.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lingua_fusion.config import Settings
-from lingua_fusion.engine import Engine, FileRequest
+from lingua_fusion.files import FileTranslator, FileRequest
 from lingua_fusion.errors import BackendError
 from lingua_fusion.models.mt_local import MANIFEST, LocalDirMT
 
@@ -119,7 +119,7 @@ def test_registry_and_engine_route_to_user_dir(hf_dir: Path, tmp_path: Path) -> 
     settings.state_dir = tmp_path / "state"
     settings.models.user_mt_dirs = [hf_dir]
 
-    engine = Engine(settings)
+    engine = FileTranslator(settings)
     try:
         route = engine.registry.mt_route("en", "zh")
         assert route.legs[0].backend == "user:0"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .engine import Engine, FileRequest
+from .files import FileTranslator, FileRequest
 from .sdk.common import read_input
 
 
@@ -23,9 +23,9 @@ def _commit() -> str:
 
 
 def run_file_bench(path: Path, *, to: str, source_lang: str | None, target_modality: str = "text",
-                   repeat: int = 3, engine: Engine | None = None) -> dict[str, Any]:
+                   repeat: int = 3, engine: FileTranslator | None = None) -> dict[str, Any]:
     data, text, modality, name = read_input(str(path), None, None)
-    eng = engine or Engine()
+    eng = engine or FileTranslator()
     runs = []
     for _ in range(max(1, repeat) + 1):
         t = time.perf_counter()

@@ -107,7 +107,7 @@ def translate(
     """Translate a file or text, through a server (--url) or in-process."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .engine.captions import to_srt, to_vtt
+    from .files.captions import to_srt, to_vtt
     from .sdk import LocalTranslator, MultimodalTranslator
 
     if file is None and text is None:

@@ -21,8 +21,8 @@ from starlette.formparsers import MultiPartException
 from .. import glossary as glossary_mod
 from .. import langs
 from ..config import Settings
-from ..engine import Engine, FileRequest
-from ..engine.captions import to_srt, to_vtt
+from ..files import FileTranslator, FileRequest
+from ..files.captions import to_srt, to_vtt
 from ..errors import (EmptyInput, InvalidParameter, LinguaFusionError, MediaTypeMismatch, Overloaded,
                       PermissionDenied, TooLarge)
 from ..media import sniff
@@ -79,9 +79,9 @@ def _flag(value: Any) -> bool:
     return str(value).strip().lower() in {"1", "true", "yes", "on"}
 
 
-def create_app(settings: Settings | None = None, engine: Engine | None = None, *, warm: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, engine: FileTranslator | None = None, *, warm: bool = True) -> FastAPI:
     settings = settings or Settings()
-    engine = engine or Engine(settings)
+    engine = engine or FileTranslator(settings)
     store = SQLiteStore(settings.resolved_state_dir())
     metrics = Metrics()
     engine.observer = metrics

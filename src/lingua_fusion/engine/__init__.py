@@ -1,5 +1,1 @@
-"""The engine: file pipeline today; sessions, timeline, commit policy and the scheduler build on it."""
-
-from .pipeline import Engine, FileRequest
-
-__all__ = ["Engine", "FileRequest"]
+"""Being rebuilt into serving/ and stream/ (issue 9)."""

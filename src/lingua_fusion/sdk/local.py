@@ -8,16 +8,16 @@ from typing import Any
 
 from .. import glossary as glossary_mod
 from ..config import Settings
-from ..engine import Engine, FileRequest
+from ..files import FileTranslator, FileRequest
 from ..errors import NotFound
 from ..types import TranslationResult
 from .common import MediaInput, read_input
 
 
 class LocalTranslator:
-    def __init__(self, settings: Settings | None = None, engine: Engine | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, engine: FileTranslator | None = None) -> None:
         self.settings = settings or Settings()
-        self.engine = engine or Engine(self.settings)
+        self.engine = engine or FileTranslator(self.settings)
         self._glossaries: dict[str, list[glossary_mod.Term]] = {}
         self._hub: Any = None
 

@@ -54,7 +54,7 @@ class _Stages:
         return {**self.ms, "total": round((time.perf_counter() - self._t0) * 1000, 2)}
 
 
-class Engine:
+class FileTranslator:
     def __init__(self, settings: Settings | None = None, registry: Registry | None = None) -> None:
         self.settings = settings or Settings()
         self.registry = registry or Registry(self.settings)

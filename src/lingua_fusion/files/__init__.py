@@ -1,0 +1,5 @@
+"""The file path: one request (a file or a text) in, one TranslationResult out. Knows nothing of HTTP."""
+
+from .translator import FileRequest, FileTranslator
+
+__all__ = ["FileRequest", "FileTranslator"]
