@@ -1,5 +1,5 @@
 """The file path: one request (a file or a text) in, one TranslationResult out. Knows nothing of HTTP."""
 
-from .translator import FileRequest, FileTranslator
+from .translator import FileRequest, FileTranslator, ValidRequest
 
-__all__ = ["FileRequest", "FileTranslator"]
+__all__ = ["FileRequest", "FileTranslator", "ValidRequest"]

@@ -1,6 +1,8 @@
-"""File translation: decode -> recognise -> translate -> emit, one request at a time per call (thread-safe).
+"""File translation: validate -> decode -> recognise -> translate -> emit, one request per call (thread-safe).
 
-The engine knows nothing of HTTP. It raises errors from ``lingua_fusion.errors``; the API maps them to codes.
+The translator knows nothing of HTTP. ``FileTranslator.validate`` is the one place a request is checked
+(size, presence, languages, pair, modalities, the bytes against the declared modality); the API and the
+in-process SDK both go through it. It raises errors from ``lingua_fusion.errors``; the API maps them to codes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,21 @@ class FileRequest:
     filename: str = ""
 
 
+@dataclass(frozen=True)
+class ValidRequest:
+    """A FileRequest that passed ``FileTranslator.validate``: parsed modalities, normalised languages, the MT
+    route (None while the source language is unknown or equals the target), a text request's decoded text."""
+
+    request: FileRequest
+    source_modality: Modality
+    target_modality: Modality
+    target_lang: str
+    source_lang: str | None
+    route: MTRoute | None
+    text: str | None = None  # text requests only
+    container: str | None = None  # media requests only: what the bytes are (wav, mp4, png, ...)
+
+
 class _Stages:
     def __init__(self) -> None:
         self.ms: dict[str, float] = {}
@@ -60,43 +77,68 @@ class FileTranslator:
         self.registry = registry or Registry(self.settings)
         self.observer: Any = None  # set by the API: observer.stage(name, seconds)
 
-    # ---- validation -----------------------------------------------------------------------------------------
-    def _validate(self, req: FileRequest) -> tuple[Modality, Modality, str, str | None]:
+    # ---- validation: every check, before any decoding ------------------------------------------------------
+    def validate(self, req: FileRequest) -> ValidRequest:
+        """Check a request without decoding its media: size, presence, languages and pair, modalities, then
+        the bytes against the declared modality (container sniffing; a text file must be UTF-8, in limits).
+
+        The order is the one the HTTP API answered in before validation moved here (tests/test_bad_input.py).
+        """
+        limits = self.settings.limits
+        if req.data is not None and len(req.data) > limits.max_upload_bytes:
+            raise TooLarge("file exceeds the upload limit", details={"limit": "max_upload_bytes"})
+        if req.data is None and req.text is None:
+            raise EmptyInput("send a 'file' or a 'text' field")
+        if not req.target_lang:
+            raise InvalidParameter("target_lang is required", details={"field": "target_lang"})
+        source = langs.normalize(req.source_lang, field="source_lang") if req.source_lang else None
+        target = langs.normalize(req.target_lang, field="target_lang")
+        route = self.check_pair(source, target)  # fail fast, before decoding, on an unsupported pair
+        src_mod, tgt_mod = self._modalities(req)
+        if src_mod == Modality.TEXT:
+            return ValidRequest(req, src_mod, tgt_mod, target, source, route, text=self._read_text(req))
+        if not req.data:
+            raise EmptyInput("no file was sent (or it is empty)")
+        return ValidRequest(req, src_mod, tgt_mod, target, source, route,
+                            container=self._check_kind(req.data, src_mod))
+
+    @staticmethod
+    def _modalities(req: FileRequest) -> tuple[Modality, Modality]:
         try:
             src_mod = Modality.parse(req.source_modality)
             tgt_mod = Modality.parse(req.target_modality)
         except ValueError as exc:
-            raise InvalidParameter(f"unknown modality: {exc}",
-                                   details={"source_modalities": sorted(m.value for m in SOURCE_MODALITIES),
-                                            "target_modalities": sorted(m.value for m in TARGET_MODALITIES)}) from exc
+            details = {"source_modalities": sorted(m.value for m in SOURCE_MODALITIES),
+                       "target_modalities": sorted(m.value for m in TARGET_MODALITIES)}
+            raise InvalidParameter(f"unknown modality: {exc}", details=details) from exc
         if src_mod not in SOURCE_MODALITIES:
             raise InvalidParameter(f"{src_mod.value} is not an input modality")
         if tgt_mod not in TARGET_MODALITIES:
             raise InvalidParameter(f"{tgt_mod.value} is not an output modality (text, speech, braille)")
-        if src_mod == Modality.SPEECH:
-            src_mod = Modality.AUDIO
-        target = langs.normalize(req.target_lang, field="target_lang")
-        source = langs.normalize(req.source_lang, field="source_lang") if req.source_lang else None
-        return src_mod, tgt_mod, target, source
+        return (Modality.AUDIO if src_mod == Modality.SPEECH else src_mod), tgt_mod
 
     def check_pair(self, source: str | None, target: str) -> MTRoute | None:
         if source is None or source == target:
             return None
         return self.registry.mt_route(source, target)
 
-    # ---- recognise --------------------------------------------------------------------------------------------
     def _read_text(self, req: FileRequest) -> str:
         if req.text is not None:
             text = req.text
         else:
             assert req.data is not None
-            kind = sniff(req.data)
+            kind = sniff(req.data)  # reads the first 4 KiB only: a bad byte after them is caught below
             if kind.family != "text":
                 raise MediaTypeMismatch(f"declared text but the bytes look like {kind.container}",
                                         details={"detected": kind.container})
-            text = req.data.decode("utf-8", errors="strict")
-        if len(text) > self.settings.limits.max_text_chars:
-            raise TooLarge(f"text has {len(text)} characters; the limit is {self.settings.limits.max_text_chars}",
+            try:
+                text = req.data.decode("utf-8", errors="strict")
+            except UnicodeDecodeError as exc:
+                raise MediaTypeMismatch(f"declared text but the file is not UTF-8 (byte {exc.start})",
+                                        details={"detected": "binary"}) from exc
+        limit = self.settings.limits.max_text_chars
+        if len(text) > limit:
+            raise TooLarge(f"text has {len(text)} characters; the limit is {limit}",
                            details={"limit": "max_text_chars"})
         if not text.strip():
             raise EmptyInput("text is empty")
@@ -118,6 +160,7 @@ class FileTranslator:
                 raise UnsupportedMedia(f"{kind.container} is not a supported container")
         return kind.container
 
+    # ---- recognise -----------------------------------------------------------------------------------------
     def _asr(self, audio: np.ndarray, source: str | None, target: str, terms: list[Term],
              models: dict[str, str]) -> tuple[list[Segment], str, bool]:
         """Returns (segments with source text, detected language, already_in_target)."""
@@ -144,10 +187,10 @@ class FileTranslator:
         ocr = self.registry.ocr()
         models["ocr"] = ocr.info.name
         lines = ocr.recognize(image, language=source)
-        return [Segment(start=0.0, end=0.0, source_text=ln.text, text=ln.text, confidence=round(ln.confidence, 4))
-                for ln in lines if ln.text.strip()]
+        return [Segment(start=0.0, end=0.0, source_text=ln.text, text=ln.text,
+                        confidence=round(ln.confidence, 4)) for ln in lines if ln.text.strip()]
 
-    # ---- translate --------------------------------------------------------------------------------------------
+    # ---- translate -----------------------------------------------------------------------------------------
     def _translate(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str]
                    ) -> list[Term]:
         legs = [(self.registry.mt(leg.backend), leg) for leg in route.legs]
@@ -165,37 +208,36 @@ class FileTranslator:
             s.text = t
         return applied
 
-    # ---- the whole request ------------------------------------------------------------------------------------
-    def translate(self, req: FileRequest) -> TranslationResult:
+    # ---- the whole request ---------------------------------------------------------------------------------
+    def translate(self, req: FileRequest | ValidRequest) -> TranslationResult:
+        """Translate a request: a FileRequest is validated first (``validate``), a ValidRequest not again."""
         st = _Stages()
-        src_mod, tgt_mod, target, source = self._validate(req)
-        route = self.check_pair(source, target)  # fail fast, before decoding, on an unsupported pair
+        valid = req if isinstance(req, ValidRequest) else self.validate(req)
+        data, glossary = valid.request.data, valid.request.glossary
+        src_mod, tgt_mod = valid.source_modality, valid.target_modality
+        target, source, route = valid.target_lang, valid.source_lang, valid.route
         models: dict[str, str] = {}
         warnings: list[str] = []
         duration: float | None = None
         if src_mod == Modality.TEXT:
-            text = self._read_text(req)
+            assert valid.text is not None
             segs = [Segment(start=0.0, end=0.0, source_text=p.strip(), text=p.strip())
-                    for p in SENTENCE.split(text) if p.strip()]
+                    for p in SENTENCE.split(valid.text) if p.strip()]
         else:
-            if not req.data:
-                raise EmptyInput("no file was sent (or it is empty)")
-            if len(req.data) > self.settings.limits.max_upload_bytes:
-                raise TooLarge("file exceeds the upload limit", details={"limit": "max_upload_bytes"})
-            self._check_kind(req.data, src_mod)
+            assert data is not None
             if src_mod == Modality.IMAGE:
                 with st.stage("decode"):
-                    image = decode_image(req.data, self.settings.limits)
+                    image = decode_image(data, self.settings.limits)
                 with st.stage("ocr"):
                     segs = self._ocr(image, source, models)
             else:
                 with st.stage("decode"):
-                    audio, info = decode_audio(req.data, self.settings.limits, what=src_mod.value)
+                    audio, info = decode_audio(data, self.settings.limits, what=src_mod.value)
                 duration = float(info["duration_s"])  # type: ignore[arg-type]
                 if info["has_video"]:
                     warnings.append("video frames are not yet translated; the audio track was used")
                 with st.stage("asr"):
-                    segs, detected, already = self._asr(audio, source, target, req.glossary, models)
+                    segs, detected, already = self._asr(audio, source, target, glossary, models)
                 if source is None:
                     source = detected
                 if already:
@@ -215,12 +257,13 @@ class FileTranslator:
         if source != target and "mt" not in models:
             route = self.registry.mt_route(source, target)
             with st.stage("mt"):
-                applied = self._translate(segs, route, req.glossary, models)
+                applied = self._translate(segs, route, glossary, models)
             low = route.low_confidence
             if low:
                 warnings.append("low-confidence translation: the only model for this pair is a tiny LLM")
         result = TranslationResult(
-            text=" ".join(s.text for s in segs).strip(), source_text=" ".join(s.source_text for s in segs).strip(),
+            text=" ".join(s.text for s in segs).strip(),
+            source_text=" ".join(s.source_text for s in segs).strip(),
             source_lang=source, target_lang=target, source_modality=src_mod.value,
             target_modality=tgt_mod.value, segments=segs, models=models, pivot=route.pivot if route else None,
             low_confidence=low, warnings=warnings, duration_s=duration,

@@ -18,9 +18,10 @@ EXT_MODALITY = {
 MediaInput = str | os.PathLike[str] | bytes
 
 
-def read_input(input_media: MediaInput | None, text: str | None, source_modality: str | None
-               ) -> tuple[bytes | None, str | None, str, str]:
-    """Return (data, text, source_modality, filename)."""
+def read_input(input_media: MediaInput | None, text: str | None, source_modality: str | None, *,
+               decode_text: bool = True) -> tuple[bytes | None, str | None, str, str]:
+    """Return (data, text, source_modality, filename). With ``decode_text=False`` a text file comes back as
+    bytes, for FileTranslator.validate to check (UTF-8, size) like an uploaded one."""
     if text is not None:
         return None, text, source_modality or "text", ""
     if input_media is None:
@@ -35,7 +36,7 @@ def read_input(input_media: MediaInput | None, text: str | None, source_modality
     modality = source_modality or EXT_MODALITY.get(path.suffix.lower())
     if modality is None:
         raise InvalidParameter(f"cannot tell the modality of {path.name}; pass source_modality")
-    if modality == "text":
+    if modality == "text" and decode_text:
         return None, path.read_text(encoding="utf-8"), "text", path.name
     return path.read_bytes(), None, modality, path.name
 

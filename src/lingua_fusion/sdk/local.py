@@ -8,8 +8,8 @@ from typing import Any
 
 from .. import glossary as glossary_mod
 from ..config import Settings
-from ..files import FileTranslator, FileRequest
 from ..errors import NotFound
+from ..files import FileRequest, FileTranslator
 from ..types import TranslationResult
 from .common import MediaInput, read_input
 
@@ -21,10 +21,13 @@ class LocalTranslator:
         self._glossaries: dict[str, list[glossary_mod.Term]] = {}
         self._hub: Any = None
 
-    def translate(self, input_media: MediaInput | None = None, *, target_lang: str, source_modality: str | None = None,
-                  target_modality: str = "text", source_lang: str | None = None, text: str | None = None,
-                  enable_glossary: bool = False, glossary_id: str | None = None) -> TranslationResult:
-        data, text, modality, filename = read_input(input_media, text, source_modality)
+    def translate(self, input_media: MediaInput | None = None, *, target_lang: str,
+                  source_modality: str | None = None, target_modality: str = "text",
+                  source_lang: str | None = None, text: str | None = None, enable_glossary: bool = False,
+                  glossary_id: str | None = None) -> TranslationResult:
+        # FileTranslator.translate validates the request (size, modality vs bytes, UTF-8, languages, pair) as
+        # it does for the server; a text file is handed over as bytes so that it gets the same checks
+        data, text, modality, filename = read_input(input_media, text, source_modality, decode_text=False)
         terms: list[glossary_mod.Term] = []
         if enable_glossary:
             gid = glossary_id or (list(self._glossaries)[-1] if self._glossaries else None)

@@ -1,0 +1,77 @@
+"""Admin routes (an admin key): fault injection (/v1/admin/faults, with --chaos) and API keys (/v1/keys)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ..errors import InvalidParameter, PermissionDenied
+from . import spec
+from .deps import AdminKey, context
+
+router = APIRouter()
+
+
+# ---- faults: on the batched stream hub (request.app.state.hub) ---------------------------------------------
+@router.get("/v1/admin/faults")
+async def list_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
+    hub = request.app.state.hub
+    return {"chaos": context(request).settings.server.chaos,
+            "faults": {k: f.public() for k, f in hub.faults.items()},
+            "breaker": {slo: hub.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
+
+
+@router.post("/v1/admin/faults", openapi_extra=spec.body(spec.FAULT))
+async def set_fault(request: Request, _key: AdminKey) -> JSONResponse:
+    """Chaos: inject a model backend fault (delay, error, hang, garbage; see serving/faults.py) into a
+    fraction of model batches. Only with an admin key on a server started with --chaos."""
+    from ..serving.faults import parse_fault
+
+    if not context(request).settings.server.chaos:
+        raise PermissionDenied("fault injection is off: start the server with --chaos")
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise InvalidParameter("send a JSON object {model, kind, delay_s, fraction, after}") from exc
+    fault = parse_fault(body)
+    hub = request.app.state.hub
+    hub.faults[f"{fault.model}/{fault.kind}"] = fault
+    return JSONResponse({"faults": {k: f.public() for k, f in hub.faults.items()}}, status_code=201)
+
+
+@router.delete("/v1/admin/faults")
+async def clear_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
+    request.app.state.hub.faults.clear()
+    return {"faults": {}}
+
+
+# ---- API keys ----------------------------------------------------------------------------------------------
+@router.post("/v1/keys", openapi_extra=spec.body(spec.KEY))
+async def create_key(request: Request, _key: AdminKey) -> JSONResponse:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = {}
+    raw_scopes = body.get("scopes") if isinstance(body, dict) else None
+    if raw_scopes is not None and not isinstance(raw_scopes, list):  # e.g. a number: not iterable, was a 500
+        raise InvalidParameter("scopes must be a list of 'translate' and/or 'admin'")
+    scopes = tuple(raw_scopes or ["translate"])
+    if any(s not in ("translate", "admin") for s in scopes):
+        raise InvalidParameter("scopes must be 'translate' and/or 'admin'")
+    name = str(body.get("name", "")) if isinstance(body, dict) else ""
+    secret, k = context(request).store.create_key(name, scopes)
+    return JSONResponse({"api_key": secret, "key_id": k.key_id, "scopes": list(k.scopes)}, status_code=201)
+
+
+@router.get("/v1/keys")
+async def list_keys(request: Request, _key: AdminKey) -> dict[str, Any]:
+    return {"keys": [{"key_id": k.key_id, "name": k.name, "scopes": list(k.scopes), "created": k.created,
+                      "revoked": k.revoked} for k in context(request).store.list_keys()]}
+
+
+@router.delete("/v1/keys/{key_id}")
+async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str, Any]:
+    context(request).store.revoke_key(key_id)
+    return {"key_id": key_id, "revoked": True}

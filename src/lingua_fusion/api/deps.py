@@ -1,0 +1,89 @@
+"""What the REST routes share: the app context, auth (a FastAPI dependency), form reading within limits."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.formparsers import MultiPartException
+
+from ..config import Settings
+from ..errors import InvalidParameter, TooLarge
+from ..files import FileTranslator
+from ..observability import Metrics
+from ..state.sqlite import ApiKey, SQLiteStore
+from .admission import Admission
+
+ANONYMOUS = ApiKey("anonymous", "no-auth", ("translate", "admin"), 0.0, False)
+
+
+@dataclass(frozen=True)
+class AppContext:
+    """What the routes reach through ``request.app.state.ctx`` (built once in ``create_app``)."""
+
+    settings: Settings
+    translator: FileTranslator
+    store: SQLiteStore
+    metrics: Metrics
+    admission: Admission
+    ready: threading.Event  # set once the warm-up has run (/readyz)
+
+
+def context(request: Request) -> AppContext:
+    ctx: AppContext = request.app.state.ctx
+    return ctx
+
+
+# ---- auth --------------------------------------------------------------------------------------------------
+def bearer(request: Request) -> str | None:
+    h = request.headers.get("authorization", "")
+    if h.lower().startswith("bearer "):
+        return h[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def authenticate(ctx: AppContext, secret: str | None, scope: str = "translate") -> ApiKey:
+    """The key for ``secret`` if it holds ``scope``; ANONYMOUS (every scope) on a --no-auth server."""
+    if not ctx.settings.server.auth:
+        return ANONYMOUS
+    return ctx.store.authenticate(secret, scope)
+
+
+def require(scope: str) -> Callable[[Request], Awaitable[ApiKey]]:
+    """A FastAPI dependency: the request's API key, checked for ``scope`` (401 / 403 otherwise)."""
+
+    async def key(request: Request) -> ApiKey:
+        return authenticate(context(request), bearer(request), scope)
+
+    return key
+
+
+TranslateKey = Annotated[ApiKey, Depends(require("translate"))]
+AdminKey = Annotated[ApiKey, Depends(require("admin"))]
+
+
+# ---- request bodies ----------------------------------------------------------------------------------------
+async def read_form(request: Request) -> FormData:
+    """The request's form, within the HTTP limits: body size (Content-Length), parts, fields and part size."""
+    limits = context(request).settings.limits
+    limit = limits.max_upload_bytes
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit + 64 * 1024:
+        raise TooLarge(f"request body is {length} bytes; the limit is {limit}",
+                       details={"limit": "max_upload_bytes"})
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        raise InvalidParameter("send multipart/form-data (a 'file' or a 'text' field plus parameters)")
+    try:
+        return await request.form(max_files=2, max_fields=32, max_part_size=limits.max_text_chars * 4)
+    except (MultiPartException, StarletteHTTPException, ValueError) as exc:  # malformed multipart bodies
+        raise InvalidParameter(f"malformed form body: {exc}") from exc
+
+
+def flag(value: Any) -> bool:
+    return str(value).strip().lower() in {"1", "true", "yes", "on"}

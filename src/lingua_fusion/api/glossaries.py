@@ -1,0 +1,49 @@
+"""/v1/glossaries: upload, list and read a key's glossaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from .. import glossary as glossary_mod
+from .. import langs
+from ..errors import EmptyInput
+from . import spec
+from .deps import TranslateKey, context, read_form
+
+router = APIRouter()
+
+
+@router.post("/v1/glossaries", openapi_extra=spec.body(spec.GLOSSARY))
+async def upload_glossary(request: Request, key: TranslateKey) -> JSONResponse:
+    ctx = context(request)
+    form = await read_form(request)
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raw = str(form.get("terms") or "").encode("utf-8")
+        filename = ""
+    else:
+        raw = await upload.read(2_000_000)
+        filename = upload.filename or ""
+    if not raw.strip():
+        raise EmptyInput("send a glossary 'file' (CSV or JSON) or a 'terms' field")
+    terms = glossary_mod.parse(raw, max_terms=ctx.settings.limits.max_glossary_terms, filename=filename)
+    src = form.get("source_lang")
+    tgt = form.get("target_lang")
+    gid = ctx.store.put_glossary(key.key_id, str(form.get("name") or filename or "glossary"), terms,
+                                 langs.normalize(str(src)) if src else None,
+                                 langs.normalize(str(tgt)) if tgt else None)
+    return JSONResponse({"glossary_id": gid, "terms": len(terms)}, status_code=201)
+
+
+@router.get("/v1/glossaries")
+async def list_glossaries(request: Request, key: TranslateKey) -> dict[str, Any]:
+    return {"glossaries": context(request).store.list_glossaries(key.key_id)}
+
+
+@router.get("/v1/glossaries/{glossary_id}")
+async def get_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    meta, terms = context(request).store.get_glossary(key.key_id, glossary_id)
+    return {**meta, "terms": [{"source": t.source, "target": t.target} for t in terms]}

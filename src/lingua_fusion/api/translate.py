@@ -1,0 +1,71 @@
+"""POST /v1/translate: a file or a text in, JSON (or captions, text, WAV) out."""
+
+from __future__ import annotations
+
+import base64
+from urllib.parse import quote
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from .. import glossary as glossary_mod
+from ..errors import InvalidParameter
+from ..files import FileRequest
+from ..files.captions import to_srt, to_vtt
+from ..types import TranslationResult
+from . import spec
+from .deps import TranslateKey, context, flag, read_form
+
+router = APIRouter()
+OUTPUT_FORMATS = {"json", "srt", "vtt", "text", "wav"}
+
+
+@router.post("/v1/translate", response_model=None, openapi_extra=spec.body(spec.TRANSLATE))
+async def translate(request: Request, key: TranslateKey) -> Response:
+    ctx = context(request)
+    form = await read_form(request)
+    upload = form.get("file")
+    data: bytes | None = None
+    filename = ""
+    if upload is not None and not isinstance(upload, str):
+        # a bounded read: one byte over the limit is enough for FileTranslator.validate to answer too_large
+        data = await upload.read(ctx.settings.limits.max_upload_bytes + 1)
+        filename = upload.filename or ""
+    text = form.get("text")
+    fmt = str(form.get("output_format") or "json").lower()
+    if fmt not in OUTPUT_FORMATS:
+        raise InvalidParameter(f"output_format must be one of {sorted(OUTPUT_FORMATS)}")
+    terms: list[glossary_mod.Term] = []
+    if flag(form.get("enable_glossary", "false")):
+        gid = form.get("glossary_id") or ctx.store.latest_glossary(key.key_id)
+        if gid:
+            _meta, terms = ctx.store.get_glossary(key.key_id, str(gid))
+    source_modality = form.get("source_modality") or ("text" if text is not None else "audio")
+    req = FileRequest(source_modality=str(source_modality), target_lang=str(form.get("target_lang") or ""),
+                      target_modality=str(form.get("target_modality") or "text"),
+                      source_lang=str(form.get("source_lang")) if form.get("source_lang") else None,
+                      data=data, text=str(text) if text is not None else None, glossary=terms,
+                      filename=filename)
+    # every check (size, languages and pair, modality vs bytes, UTF-8): before the queue, before any decoding
+    valid = ctx.translator.validate(req)
+    async with ctx.admission.slot():
+        with anyio.fail_after(ctx.settings.server.request_timeout_s):
+            result = await anyio.to_thread.run_sync(ctx.translator.translate, valid)
+    return _render(result, fmt)
+
+
+def _render(result: TranslationResult, fmt: str) -> Response:
+    if fmt == "srt":
+        return PlainTextResponse(to_srt(result.segments), media_type="application/x-subrip")
+    if fmt == "vtt":
+        return PlainTextResponse(to_vtt(result.segments), media_type="text/vtt")
+    if fmt == "text":
+        return PlainTextResponse(result.braille if result.braille is not None else result.text)
+    if result.audio is not None and fmt == "wav":
+        return Response(result.audio, media_type="audio/wav",
+                        headers={"X-LinguaFusion-Text": quote(result.text[:2000])})
+    body = result.to_json_dict()
+    if result.audio is not None:
+        body["audio_base64"] = base64.b64encode(result.audio).decode("ascii")
+    return JSONResponse(body)
