@@ -81,8 +81,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=ROOT / "bench/results/file_latency.json")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    from lingua_fusion.benchfile import run_file_bench
     from lingua_fusion.files import FileTranslator
+    from lingua_fusion.lab.benchfile import run_file_bench
 
     with tempfile.TemporaryDirectory() as d:
         media = make_media(Path(d))

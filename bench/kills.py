@@ -34,7 +34,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     from lingua_fusion import MultimodalTranslator
     from lingua_fusion.config import LimitSettings
-    from lingua_fusion.eval.testset import builtin_sentences
+    from lingua_fusion.lab.fixtures import builtin_sentences
     from lingua_fusion.media import decode_audio
 
     sentences = [en for _i, en, _es in builtin_sentences()]

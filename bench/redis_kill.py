@@ -24,8 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from lingua_fusion.chaos.redis_server import ManagedRedis  # noqa: E402
 from lingua_fusion.errors import LinguaFusionError  # noqa: E402
+from lingua_fusion.lab.chaos.redis_server import ManagedRedis  # noqa: E402
 from lingua_fusion.state.streams import RedisStreamStore  # noqa: E402
 
 

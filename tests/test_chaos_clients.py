@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import free_port, start_server, stop_server, talk_wav
 
-from lingua_fusion.chaos.clients import half_open, never_end, slow_reader
+from lingua_fusion.lab.chaos.clients import half_open, never_end, slow_reader
 from lingua_fusion.sdk.client import ws_url
 from lingua_fusion.sdk.stream import start_message
 

@@ -50,8 +50,8 @@ def test_camera_faults_drop_blur_and_shift_slide_frames() -> None:
     import numpy as np
     from PIL import Image
 
-    from lingua_fusion.chaos.experiment import _image_fault
-    from lingua_fusion.loadgen.mix import slide_png
+    from lingua_fusion.lab.chaos.experiment import _image_fault
+    from lingua_fusion.lab.fixtures import slide_png
 
     png = slide_png("The new office will open in the spring.")
     drop = _image_fault([{"kind": "frame_drops", "level": 0.2}], seed=3)

@@ -12,7 +12,7 @@ import httpx
 from conftest import start_server, stop_server
 
 from lingua_fusion import MultimodalTranslator
-from lingua_fusion.chaos.redis_server import ManagedRedis
+from lingua_fusion.lab.chaos.redis_server import ManagedRedis
 from lingua_fusion.state.streams import RedisStreamStore
 
 SENTENCES = ["The house is very big.", "The dog is black.", "The weather is good today.", "I like the red car.",

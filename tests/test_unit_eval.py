@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lingua_fusion.chaos import degrade
 from lingua_fusion.errors import InvalidParameter
-from lingua_fusion.eval import quality
-from lingua_fusion.eval.study import knee
-from lingua_fusion.loadgen.mix import Mix, StreamKind, load_mix
-from lingua_fusion.loadgen.run import StreamResult, _stable, _windows, pct, summarize_run
-from lingua_fusion.loadgen.sweep import compare
+from lingua_fusion.lab.chaos import degrade
+from lingua_fusion.lab.eval import quality
+from lingua_fusion.lab.eval.study import knee
+from lingua_fusion.lab.loadgen.mix import Mix, StreamKind, load_mix
+from lingua_fusion.lab.loadgen.run import StreamResult, _stable, _windows, pct, summarize_run
+from lingua_fusion.lab.loadgen.sweep import compare
 
 SR = 16000
 

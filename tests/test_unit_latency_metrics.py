@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lingua_fusion.eval.latency import (average_lagging, delays_from_finals, end_offset,
+from lingua_fusion.lab.eval.latency import (average_lagging, delays_from_finals, end_offset,
                                         length_adaptive_average_lagging, summarize)
 
 

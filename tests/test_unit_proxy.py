@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 import pytest
 from conftest import REDIS, free_port, needs_redis
 
-from lingua_fusion.chaos.proxy import TcpProxy
+from lingua_fusion.lab.chaos.proxy import TcpProxy
 
 
 

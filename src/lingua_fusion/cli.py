@@ -248,7 +248,7 @@ def bench_file(
     repeat: int = typer.Option(3, "--repeat"), json_out: Path | None = typer.Option(None, "--json"),
 ) -> None:
     """File latency in-process: cold (first) vs warm requests, per stage, real-time factor."""
-    from .benchfile import run_file_bench
+    from .lab.benchfile import run_file_bench
 
     try:
         report = run_file_bench(file, to=to, source_lang=source_lang, target_modality=target_modality,
@@ -280,8 +280,8 @@ def bench_load(
     json_out: Path | None = typer.Option(None, "--json"), html_out: Path | None = typer.Option(None, "--html"),
 ) -> None:
     """Drive a live server with N concurrent streams paced at real time; SLO report per class."""
-    from .loadgen.mix import load_mix
-    from .loadgen.sweep import run_bench_load
+    from .lab.loadgen.mix import load_mix
+    from .lab.loadgen.sweep import run_bench_load
 
     if not url:
         err.print("error: bench load needs --url (or LINGUAFUSION_URL)", markup=False)
@@ -300,7 +300,7 @@ def bench_load(
         _fail(exc)
         return
     if html_out is not None:
-        from .loadgen.html import write_load_html
+        from .lab.loadgen.html import write_load_html
 
         write_load_html(report, html_out)
     _emit_json({k: v for k, v in report.items()}, json_out)
@@ -311,7 +311,7 @@ def bench_compare(a: Path = typer.Argument(...), b: Path = typer.Argument(...),
                   tolerance: float = typer.Option(0.10, "--tolerance"),
                   json_out: Path | None = typer.Option(None, "--json")) -> None:
     """Difference between two reports (bench or eval JSON); exit 1 when B regresses past the tolerance."""
-    from .loadgen.sweep import compare
+    from .lab.loadgen.sweep import compare
 
     try:
         res = compare(json.loads(a.read_text()), json.loads(b.read_text()), tolerance)
@@ -333,7 +333,7 @@ def chaos_run(experiment: Path = typer.Argument(..., help="Experiment YAML (see 
               json_out: Path | None = typer.Option(None, "--json"),
               html_out: Path | None = typer.Option(None, "--html")) -> None:
     """Run a load against a server this command starts, inject the experiment's faults, compare with a baseline."""
-    from .chaos.experiment import run_experiment
+    from .lab.chaos.experiment import run_experiment
 
     try:
         report = run_experiment(experiment, err)
@@ -341,7 +341,7 @@ def chaos_run(experiment: Path = typer.Argument(..., help="Experiment YAML (see 
         _fail(exc)
         return
     if html_out is not None:
-        from .loadgen.html import write_load_html
+        from .lab.loadgen.html import write_load_html
 
         runs = {"runs": [report["faulted"]],
                 **({"baseline": {"runs": [report["baseline"]]}} if "baseline" in report else {})}
@@ -362,7 +362,7 @@ def eval_cmd(
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
 ) -> None:
     """Quality (BLEU, chrF, WER/CER) and latency per path on a test set; optional degradation study."""
-    from .eval.cli import run_eval
+    from .lab.eval.cli import run_eval
 
     try:
         report = run_eval(set_dir=set_dir, pair=pair, html_out=html_out, degrade=degrade, a=a, seed=seed,

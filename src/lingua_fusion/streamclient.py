@@ -88,7 +88,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
             else:
                 sender.result()
     if finals:
-        from .eval.latency import summarize
+        from .lab.eval.latency import summarize
 
         lat = summarize(finals, len(audio) / 16000)
         console.print("latency (ms; _ca = computation-aware): " + json.dumps(lat), markup=False, style="dim")

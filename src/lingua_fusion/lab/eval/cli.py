@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import langs
-from ..config import Settings
-from ..errors import InvalidParameter
+from ... import langs
+from ...config import Settings
+from ...errors import InvalidParameter
+from ..fixtures import builtin_sentences
 from . import testset
 from .runner import evaluate, report
 
 
 def _translator(url: str | None, api_key: str | None) -> tuple[Any, dict[str, Any]]:
-    from ..sdk import LocalTranslator, MultimodalTranslator
+    from ...sdk import LocalTranslator, MultimodalTranslator
 
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
 
@@ -30,7 +31,7 @@ def run_eval(*, set_dir: str, pair: str, html_out: Path | None, degrade: str, a:
     if make_set is not None:
         testset.make_builtin(make_set)
         return {"schema": "linguafusion.eval.set/1", "written": str(make_set),
-                "items": len(testset.builtin_sentences())}
+                "items": len(builtin_sentences())}
     try:
         source, target = (langs.normalize(x) for x in pair.split("-", 1))
     except ValueError as exc:

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..eval.runner import git_commit, machine
+from ..fixtures import git_commit, machine
 from .mix import Mix
 from .run import run_load
 

@@ -19,14 +19,13 @@
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidParameter
+from ...errors import InvalidParameter
+from ..fixtures import builtin_sentences
 
 
 @dataclass
@@ -97,13 +96,12 @@ def _pcm(audio: np.ndarray) -> bytes:
 
 
 def material(source: str, *, pause_s: float = 0.6) -> Material:
-    from ..config import LimitSettings
-    from ..eval.testset import builtin_sentences
-    from ..media import decode_audio
+    from ...config import LimitSettings
+    from ...media import decode_audio
 
     sentences = [en for _i, en, _es in builtin_sentences()]
     if source in ("synth", "text"):
-        from ..models.tts import PiperTTS
+        from ...models.tts import PiperTTS
 
         tts = PiperTTS()
         parts = []
@@ -137,16 +135,3 @@ def _resample(audio: np.ndarray, sr: int) -> np.ndarray:
         return audio
     n = int(len(audio) * 16000 / sr)
     return np.interp(np.linspace(0, len(audio) - 1, n), np.arange(len(audio)), audio).astype(np.float32)
-
-
-def slide_png(text: str, font_size: int = 40) -> bytes:
-    """One line of text on a white 1280x720 slide (the load generator's and the built-in test set's slides)."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    font_path = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
-    font: Any = ImageFont.truetype(font_path, font_size) if Path(font_path).exists() else ImageFont.load_default()
-    img = Image.new("RGB", (1280, 720), "white")
-    ImageDraw.Draw(img).text((60, 320), text, fill="black", font=font)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .files import FileTranslator, FileRequest
-from .sdk.common import read_input
+from ..files import FileTranslator, FileRequest
+from ..sdk.common import read_input
 
 
 def _commit() -> str:

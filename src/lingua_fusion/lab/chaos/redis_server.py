@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..errors import InvalidParameter
+from ...errors import InvalidParameter
 
 
 def free_port() -> int:

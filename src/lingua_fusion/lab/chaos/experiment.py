@@ -41,8 +41,8 @@ from typing import Any
 
 import httpx
 
-from ..errors import InvalidParameter
-from ..eval.runner import git_commit, machine
+from ...errors import InvalidParameter
+from ..fixtures import git_commit, machine
 from ..loadgen.mix import load_mix
 from ..loadgen.run import run_load
 from . import degrade
@@ -99,7 +99,7 @@ class ManagedStore:
 
     def logged(self, stream_id: str) -> list[int]:
         """The seq numbers in a stream's log (read around the proxy, after the run)."""
-        from ..state.streams import RedisStreamStore, SQLiteStreamStore
+        from ...state.streams import RedisStreamStore, SQLiteStreamStore
 
         store: Any = RedisStreamStore(self.redis.url) if self.kind == "redis" else SQLiteStreamStore(self.state)
         try:
@@ -211,8 +211,8 @@ def _audio_fault(faults: list[dict[str, Any]], seed: int) -> Any:
 
 async def _clients(url: str, f: dict[str, Any], pcm: bytes) -> list[dict[str, Any]]:
     """Misbehaving clients beside the load (chaos/clients.py); their outcomes."""
-    from ..sdk.client import ws_url
-    from ..sdk.stream import start_message
+    from ...sdk.client import ws_url
+    from ...sdk.stream import start_message
     from . import clients
 
     ws = ws_url(url.rstrip("/"))

@@ -6,7 +6,8 @@
       text/ID.src.txt                                                            ID.<tgt>.txt
 
 Any of the three folders may be missing. ``make_builtin(dir)`` writes the project's own small set: sentences we
-wrote (data/en_es.tsv) spoken by Piper and rendered as slides, with our own Spanish references.
+wrote (data/en_es.tsv, read by ``lab.fixtures.builtin_sentences``) spoken by Piper and rendered as slides,
+with our own Spanish references.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidParameter
+from ...errors import InvalidParameter
+from ..fixtures import builtin_sentences, slide_png
 
 MODALITY_DIRS = {"speech": "audio", "slides": "image", "text": "text"}
 MEDIA_EXT = {"audio": (".wav", ".mp3", ".m4a", ".ogg", ".flac", ".webm"), "image": (".png", ".jpg", ".jpeg", ".webp")}
-DATA = Path(__file__).parent / "data"
 
 
 @dataclass(frozen=True)
@@ -58,19 +59,9 @@ def load(set_dir: Path, source: str, target: str) -> list[Item]:
     return items
 
 
-def builtin_sentences() -> list[tuple[str, str, str]]:
-    rows = []
-    for line in (DATA / "en_es.tsv").read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#"):
-            i, en, es = line.split("\t")
-            rows.append((i, en, es))
-    return rows
-
-
 def make_builtin(out: Path) -> Path:
     """Write the built-in en-es set (Piper speech, rendered slides, text) into ``out``."""
-    from ..loadgen.mix import slide_png
-    from ..models.tts import PiperTTS, to_wav
+    from ...models.tts import PiperTTS, to_wav
 
     tts = PiperTTS()
     for sub in MODALITY_DIRS:

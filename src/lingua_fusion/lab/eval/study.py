@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from ...config import LimitSettings
+from ...media import decode_audio, decode_image
+from ...models.tts import to_wav
 from ..chaos import degrade
-from ..config import LimitSettings
-from ..media import decode_audio, decode_image
-from ..models.tts import to_wav
 from . import quality
 from .runner import evaluate
 from .testset import Item

@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-from ..serving.scheduler import SLO_CLASSES
+from ...serving.scheduler import SLO_CLASSES
 from ..eval.latency import summarize
-from .mix import Material, Mix, StreamKind, material, slide_png
+from ..fixtures import slide_png
+from .mix import Material, Mix, StreamKind, material
 
 WINDOW_S = 10.0
 
@@ -47,9 +48,9 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
                      baseline: bool, image_fault: Any = None) -> StreamResult:
     """One stream through the SDK's RemoteStream, so a server restart mid-run is survived the way users survive it
     (reconnect, resume, re-send); finals are counted as delivered."""
-    from ..errors import LinguaFusionError
-    from ..sdk.client import ws_url
-    from ..sdk.stream import RemoteStream, start_message
+    from ...errors import LinguaFusionError
+    from ...sdk.client import ws_url
+    from ...sdk.stream import RemoteStream, start_message
 
     res = StreamResult(kind)
     start = start_message(kind.targets, kind.source_lang, kind.slo, kind.partials, kind.importance, None, False, 0.4)

@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..errors import LinguaFusionError
+from ... import __version__
+from ...errors import LinguaFusionError
+from ..fixtures import git_commit, machine
 from . import quality
 from .testset import Item
 
 SCHEMA = "linguafusion.eval/1"
 PATH_NAMES = {"audio": "speech", "image": "slides", "text": "text"}
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def machine() -> dict[str, Any]:
-    import os
-
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
 
 
 def evaluate(items: list[Item], source: str, target: str, translate: Callable[..., Any],
