@@ -18,6 +18,7 @@ run-dev: setup
 	$(VENV)/bin/linguafusion serve --host 127.0.0.1 --port $(PORT) --no-auth
 
 test: setup
+	$(VENV)/bin/ruff check src tests bench
 	bash scripts/with-redis.sh $(PY) -m pytest -q -p no:cacheprovider
 
 bench: setup

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,8 +37,11 @@ def p(values: list[float], q: float) -> float:
     return float(np.percentile(values, q))
 
 
-async def run_streams(hub: Any, pcm: bytes, n: int, seconds: float, slo: str, partials: bool) -> dict[str, Any]:
-    from lingua_fusion.engine.session import StreamSession, StreamSpec
+async def run_streams(service: Any, pcm: bytes, n: int, seconds: float, slo: str, partials: bool) -> dict[str, Any]:
+    """``n`` sessions of ``service`` (admission bypassed: capacity is what is measured), each fed real speech at
+    real time in 250 ms chunks; the caption latency of every final."""
+    from lingua_fusion.stream.protocol import StreamSpec
+    from lingua_fusion.stream.session import StreamSession
 
     lat: list[float] = []
     chunk = 16000 * 2 // 4  # 250 ms
@@ -47,7 +49,7 @@ async def run_streams(hub: Any, pcm: bytes, n: int, seconds: float, slo: str, pa
 
     async def one(i: int) -> None:
         spec = StreamSpec(source_lang="en", targets=["es"], slo=slo, partials=partials)
-        s = StreamSession(hub, spec)
+        s = StreamSession(spec, service.executor, service, service.settings)
         s.start()
         await asyncio.sleep(i * 0.25 / max(1, n) * 4)  # stagger starts over the first second
         offset = (i * 7919 * chunk) % len(pcm) // chunk * chunk
@@ -55,7 +57,7 @@ async def run_streams(hub: Any, pcm: bytes, n: int, seconds: float, slo: str, pa
 
         async def drain() -> None:
             while True:
-                ev = await s.events.get()
+                ev = (await s.events.get()).to_wire()
                 if ev["type"] == "final":
                     lat.append(ev["latency_ms"]["caption"] / 1000)
                 if ev["type"] == "closed":
@@ -73,7 +75,7 @@ async def run_streams(hub: Any, pcm: bytes, n: int, seconds: float, slo: str, pa
 
     t = time.monotonic()
     await asyncio.gather(*(one(i) for i in range(n)))
-    stats = hub.scheduler.stats
+    stats = service.executor.scheduler.stats
     return {"streams": n, "finals": len(lat), "caption_p50_s": round(p(lat, 50), 3),
             "caption_p90_s": round(p(lat, 90), 3), "caption_p99_s": round(p(lat, 99), 3),
             "caption_max_s": round(max(lat) if lat else float("nan"), 3), "wall_s": round(time.monotonic() - t, 1),
@@ -83,15 +85,15 @@ async def run_streams(hub: Any, pcm: bytes, n: int, seconds: float, slo: str, pa
 
 async def capacity(mode: str, pcm: bytes, counts: list[int], seconds: float, slo: str, partials: bool,
                    registry: Any, settings: Any) -> dict[str, Any]:
-    from lingua_fusion.engine.hub import StreamHub
+    from lingua_fusion.serving.executor import Executor
+    from lingua_fusion.stream.service import StreamService
 
     rows = []
     best = 0
     for n in counts:
-        hub = StreamHub(registry, settings)
-        hub.mode = mode
-        row = await run_streams(hub, pcm, n, seconds, slo, partials)
-        await hub.close()
+        service = StreamService(Executor(registry, settings, mode=mode), settings)
+        row = await run_streams(service, pcm, n, seconds, slo, partials)
+        await service.close()
         row["meets_slo"] = bool(row["finals"]) and row["caption_p99_s"] <= TARGET[slo]
         rows.append(row)
         print(f"  {mode:10s} n={n:3d} p50={row['caption_p50_s']:.2f}s p99={row['caption_p99_s']:.2f}s "
@@ -143,7 +145,7 @@ def overhead(max_streams: int = 51200, seconds: float = 3.0) -> dict[str, Any]:
                     batch, _ = sched.next_batch("asr", now)
                     delays.extend(now - w.enqueued for w in batch)
                     await asyncio.sleep(0)  # zero-cost model call, but yield like a real await
-                    sched.observe("asr", len(batch), time.perf_counter() - now)  # as the hub's workers do
+                    sched.observe("asr", len(batch), time.perf_counter() - now)  # as the executor's workers do
 
         cpu0 = time.process_time()
         worker = asyncio.create_task(work())

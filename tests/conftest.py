@@ -99,7 +99,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 # ---- synthetic media ------------------------------------------------------------------------------------------
 def piper_wav(text: str) -> bytes:
-    from lingua_fusion.models.tts import PiperTTS, to_wav
+    from lingua_fusion.models.tts import to_wav
 
     pcm, sr = _piper().synthesize(text, language="en")
     return to_wav(pcm, sr)

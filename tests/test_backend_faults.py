@@ -8,7 +8,6 @@ import asyncio
 import math
 import random
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,8 +15,8 @@ import pytest
 from conftest import start_server, stop_server
 
 from lingua_fusion import MultimodalTranslator
-from lingua_fusion.serving.faults import MalformedOutput, check_outputs, garble, parse_fault, pick
-from lingua_fusion.errors import InvalidParameter
+from lingua_fusion.errors import InvalidParameter, MalformedOutput
+from lingua_fusion.serving.faults import check_outputs, garble, parse_fault, pick
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import BIN, Server, piper_wav, render_slide, silence_wav, start_server, stop_server
 
 pytestmark = pytest.mark.slow

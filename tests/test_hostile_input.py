@@ -11,15 +11,16 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import encode_audio
+from fakes import session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lingua_fusion.config import LimitSettings, Settings
-from lingua_fusion.serving.scheduler import Scheduler
-from lingua_fusion.engine.session import State, StreamSession, StreamSpec
+from lingua_fusion.config import LimitSettings
 from lingua_fusion.errors import ClientError, LinguaFusionError
 from lingua_fusion.media import decode_audio, decode_image
+from lingua_fusion.stream.protocol import StreamSpec
+from lingua_fusion.stream.session import State, StreamSession
 
 LIMITS = LimitSettings(max_media_seconds=30, max_image_pixels=4_000_000)
 
@@ -87,33 +88,6 @@ def test_random_bytes_are_client_errors(data: bytes) -> None:
             assert isinstance(exc, ClientError)
 
 
-class _Hub:
-    def __init__(self) -> None:
-        self.settings = Settings()
-        self.metrics = None
-        self.scheduler = Scheduler()
-
-    async def call(self, key: str, arg: Any, **kw: Any) -> Any:
-        if key.startswith("asr"):
-            return ("hello there", 0.9)
-        await asyncio.sleep(0)
-        return str(arg[0]).upper()
-
-    def asr_key(self, lang: str) -> str:
-        return "asr:x"
-
-    def vad_probs(self, audio: np.ndarray) -> np.ndarray:
-        n = len(audio) // 512
-        # loud samples are speech: the machine controls where utterances are
-        return (np.abs(audio[: n * 512]).reshape(n, 512).mean(axis=1) > 0.05).astype(np.float32)
-
-    def keys_for(self, session: Any) -> list[str]:
-        return []
-
-    def release(self, stream_id: str) -> None:
-        pass
-
-
 class ProtocolMachine(RuleBasedStateMachine):
     """Open / send (in order, reordered, duplicated, with gaps) / text / end, on one session; invariants after
     every step: finals numbered 1..N with no gap and never changed once sent, queues within their bounds."""
@@ -123,8 +97,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
 
         async def open_stream() -> StreamSession:  # tasks need the running loop
-            s = StreamSession(_Hub(), StreamSpec(source_lang="en", targets=["es"], partials=False),  # type: ignore[arg-type]
-                              max_events=10_000)
+            s = session(spec=StreamSpec(source_lang="en", targets=["es"], partials=False), max_events=10_000)
             s.start()
             return s
 
@@ -139,7 +112,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def collect(self) -> None:
         self.run(asyncio.sleep(0.01))
         while not self.session.events.empty():
-            self.seen.append(self.session.events.get_nowait())
+            self.seen.append(self.session.events.get_nowait().to_wire())
 
     @precondition(lambda self: self.session.state == State.LIVE)
     @rule(loud=st.booleans(), seconds=st.sampled_from([0.25, 0.5, 1.0]), gap=st.sampled_from([0.0, 0.0, 0.3, 1.5]))
@@ -188,11 +161,15 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @invariant()
     def queues_stay_bounded(self) -> None:
-        assert self.session.events.qsize() <= 10_000 and self.session._jobs.qsize() <= 64
+        assert self.session.events.qsize() <= 10_000 and self.session._pending.qsize() <= 64
         assert len(self.session.timeline.buf) <= self.session.timeline.max_buffer
 
     def teardown(self) -> None:
-        self.run(self.session.abort())
+        async def settle() -> None:  # close, and let the cancelled tasks finish before the loop closes
+            self.session.abort()
+            await asyncio.gather(*self.session._tasks, self.session._emitter, return_exceptions=True)
+
+        self.run(settle())
         self.loop.close()
 
 

@@ -6,7 +6,7 @@ import jiwer
 import sacrebleu
 from conftest import encode_audio, espeak_wav, piper_wav, render_slide
 
-from lingua_fusion.files import FileTranslator, FileRequest
+from lingua_fusion.files import FileRequest, FileTranslator
 from lingua_fusion.glossary import Term
 
 SPEECH = [

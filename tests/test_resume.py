@@ -219,8 +219,8 @@ async def test_a_hostile_resume_is_refused_and_the_log_keeps_working(tmp_path: P
             first = [ev async for ev in s if ev.type == "final"]
         ids = s.ready
         for last_seq in ("9223372036854775807", "Infinity", "-1", "1e400"):
-            raw = ('{"type": "start", "resume": {"stream_id": "%s", "resume_token": "%s", "last_seq": %s}}'
-                   % (ids["stream_id"], ids["resume_token"], last_seq))
+            raw = ('{"type": "start", "resume": {"stream_id": "' + ids["stream_id"] + '", "resume_token": "'
+                   + ids["resume_token"] + '", "last_seq": ' + str(last_seq) + "}}")
             async with connect(ws_url, open_timeout=10) as ws:
                 await ws.send(raw)
                 reply = json.loads(await asyncio.wait_for(ws.recv(), timeout=10))

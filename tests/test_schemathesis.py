@@ -49,15 +49,6 @@ LANGS = ["en", "es", "ca", "pt", "it"]
 CSV_TERMS = r"^(source,target\n)?([a-z ]{1,12},[a-z ]{1,12}\n){1,5}$"  # negative mode sends the rest
 
 
-def form_body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"required": True, "content": {"multipart/form-data": {"schema": schema},
-                                          "application/x-www-form-urlencoded": {"schema": schema}}}
-
-
-def json_body(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
-
-
 REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/translate"): form_body({
         "type": "object", "required": ["target_lang"], "anyOf": [{"required": ["text"]}, {"required": ["file"]}],

@@ -9,9 +9,18 @@ import pytest
 from lingua_fusion import errors
 from lingua_fusion.cli import is_loopback
 from lingua_fusion.config import Settings
+from lingua_fusion.errors import (
+    AuthenticationError,
+    ClientError,
+    LinguaFusionError,
+    NotFound,
+    Overloaded,
+    PermissionDenied,
+    UnknownLanguage,
+    UnsupportedPair,
+    from_code,
+)
 from lingua_fusion.files.captions import to_srt, to_vtt
-from lingua_fusion.errors import (AuthenticationError, ClientError, LinguaFusionError, NotFound, Overloaded,
-                                  PermissionDenied, UnknownLanguage, UnsupportedPair, from_code)
 from lingua_fusion.glossary import Term
 from lingua_fusion.langs import guess_text_language, normalize
 from lingua_fusion.models.registry import Registry
@@ -77,11 +86,14 @@ def test_error_statuses() -> None:
     expected = {"bad_request": 400, "empty_input": 400, "invalid_parameter": 400, "unknown_language": 400,
                 "media_type_mismatch": 415, "unsupported_media": 415, "corrupt_media": 422,
                 "unsupported_pair": 422, "no_content": 422, "too_large": 413, "not_found": 404,
-                "unauthenticated": 401, "forbidden": 403, "overloaded": 429, "backend_unavailable": 503,
-                "internal": 500}
+                "unauthenticated": 401, "forbidden": 403, "overloaded": 429, "slow_consumer": 429, "draining": 503,
+                "backend_unavailable": 503, "model_timeout": 503, "malformed_output": 503, "injected_fault": 503,
+                "state_store_unavailable": 503, "internal": 500}
     assert {c.code: c.status for c in ERROR_CLASSES} == expected
-    assert errors.BackendError.retryable
-    assert all(issubclass(c, ClientError) for c in ERROR_CLASSES if 400 <= c.status < 500 and c is not Overloaded)
+    assert errors.BackendError.retryable and errors.Draining.retryable and errors.StoreUnavailable.retryable
+    assert not errors.SlowConsumer.retryable  # a client too slow to read would be too slow again
+    assert all(issubclass(c, ClientError) for c in ERROR_CLASSES
+               if 400 <= c.status < 500 and c not in (Overloaded, errors.SlowConsumer))
 
 
 def test_to_dict_without_details() -> None:

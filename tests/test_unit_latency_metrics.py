@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from lingua_fusion.lab.eval.latency import (average_lagging, delays_from_finals, end_offset,
-                                        length_adaptive_average_lagging, summarize)
+from lingua_fusion.lab.eval.latency import (
+    average_lagging,
+    delays_from_finals,
+    end_offset,
+    length_adaptive_average_lagging,
+    summarize,
+)
 
 
 def test_al_hand_computed() -> None:

@@ -15,7 +15,6 @@ from conftest import REDIS, free_port, needs_redis
 from lingua_fusion.lab.chaos.proxy import TcpProxy
 
 
-
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):

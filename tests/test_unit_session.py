@@ -1,4 +1,5 @@
-"""StreamSession with a stand-in hub (no models): ordering, slow consumers, clock offsets, state machine."""
+"""StreamSession on fakes of its ports (tests/fakes.py; no models): ordering, slow consumers, clock offsets, the
+state machine, degraded classes, the journal during a stream-log outage."""
 
 from __future__ import annotations
 
@@ -6,57 +7,28 @@ import asyncio
 from typing import Any
 
 import pytest
+from fakes import FakeOwner, FakePort, drain, session
 
 from lingua_fusion.config import Settings
-from lingua_fusion.serving.scheduler import Scheduler
-from lingua_fusion.engine.session import SlowConsumer, State, StreamSession, StreamSpec
-
-
-class FakeHub:
-    """Translates by upper-casing; MT of text containing 'slow' takes longer, to test ordering."""
-
-    def __init__(self) -> None:
-        self.settings = Settings()
-        self.metrics = None
-        self.scheduler = Scheduler()
-        self.released: list[str] = []
-
-    async def call(self, key: str, arg: Any, **kw: Any) -> Any:
-        text, _terms = arg
-        await asyncio.sleep(0.2 if "slow" in text else 0.0)
-        return text.upper()
-
-    def keys_for(self, session: Any) -> list[str]:
-        return []
-
-    def release(self, stream_id: str) -> None:
-        self.released.append(stream_id)
-
-
-async def drain(s: StreamSession) -> list[dict[str, Any]]:
-    out = []
-    while True:
-        ev = await asyncio.wait_for(s.events.get(), timeout=5)
-        out.append(ev)
-        if ev["type"] == "closed":
-            return out
+from lingua_fusion.errors import SlowConsumer
+from lingua_fusion.stream.protocol import StreamSpec
+from lingua_fusion.stream.session import State
 
 
 async def test_finals_keep_input_order_even_when_later_work_finishes_first() -> None:
-    hub = FakeHub()
-    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    owner = FakeOwner()
+    s = session(owner=owner)
     s.start()
     await s.feed_text("a slow one")
     await s.feed_text("a quick one")
     await s.end()
     finals = [e for e in await drain(s) if e["type"] == "final"]
     assert [(f["seq"], f["text"]) for f in finals] == [(1, "A SLOW ONE"), (2, "A QUICK ONE")]
-    assert s.state == State.CLOSED and hub.released == [s.spec.stream_id]
+    assert s.state == State.CLOSED and s.spec.stream_id in owner.released_ids
 
 
 async def test_a_client_that_stops_reading_is_closed_not_buffered() -> None:
-    hub = FakeHub()
-    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]), max_events=3)  # type: ignore[arg-type]
+    s = session(max_events=3)
     s.start()
     for i in range(6):
         await s.feed_text(f"line {i}")
@@ -68,9 +40,7 @@ async def test_a_client_that_stops_reading_is_closed_not_buffered() -> None:
 
 
 async def test_clock_offsets_place_text_on_the_audio_clock() -> None:
-    hub = FakeHub()
-    spec = StreamSpec(source_lang="en", targets=["es"], clock_offsets={"text": -0.5})
-    s = StreamSession(hub, spec)  # type: ignore[arg-type]
+    s = session(spec=StreamSpec(source_lang="en", targets=["es"], clock_offsets={"text": -0.5}))
     s.start()
     s.timeline.write(__import__("numpy").zeros(16000 * 2, dtype="float32"), 10.0)  # audio clock: 10.0 -> t=0
     await s.feed_text("hello", ts=11.5)
@@ -80,7 +50,7 @@ async def test_clock_offsets_place_text_on_the_audio_clock() -> None:
 
 
 def test_illegal_state_transition_raises() -> None:
-    s = StreamSession(FakeHub(), StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    s = session()
     s.state = State.CLOSED
     with pytest.raises(RuntimeError, match="illegal transition"):
         s._to(State.LIVE)
@@ -91,40 +61,21 @@ async def test_a_degraded_class_reads_fewer_frames_then_none() -> None:
 
     from PIL import Image
 
-    class Breaker:
-        level = 2  # drop_partials + lower_frame_rate
-
-        def active(self, slo: str, step: str) -> bool:
-            from lingua_fusion.serving.breaker import STEPS
-
-            return STEPS.index(step) < self.level
-
-    class OcrHub(FakeHub):
-        def __init__(self) -> None:
-            super().__init__()
-            self.breaker = Breaker()
-            self.ocr_calls = 0
-
-        async def call(self, key: str, arg: Any, **kw: Any) -> Any:
-            if key == "ocr":
-                self.ocr_calls += 1
-                return []
-            return await super().call(key, arg, **kw)
-
     buf = io.BytesIO()
     Image.new("RGB", (64, 32), "white").save(buf, "PNG")
-    hub = OcrHub()
-    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    port, owner = FakePort(), FakeOwner()
+    owner.steps = {"drop_partials", "lower_frame_rate"}  # breaker level 2
+    s = session(port, owner)
     s.start()
     s.timeline.origin = 0.0
     for ts in (0.0, 1.0, 2.0, 6.0, 7.0):  # one frame per second of stream time
         await s.feed_image(buf.getvalue(), ts)
     await asyncio.sleep(0.05)
-    assert hub.ocr_calls == 2 and s.frames_dropped == 3  # lower_frame_rate: one frame per 5 s read
-    hub.breaker.level = 3  # skip_vision: no frame is read
+    assert port.count("ocr") == 2 and s.frames_dropped == 3  # lower_frame_rate: one frame per 5 s read
+    owner.steps.add("skip_vision")  # level 3: no frame is read
     await s.feed_image(buf.getvalue(), 20.0)
     await asyncio.sleep(0.05)
-    assert hub.ocr_calls == 2 and s.frames_dropped == 4
+    assert port.count("ocr") == 2 and s.frames_dropped == 4
     await s.end()
     closed = (await drain(s))[-1]
     assert closed["frames_dropped"] == 4
@@ -155,22 +106,12 @@ class FlakyStore:
         return call
 
 
-class StoreHub(FakeHub):
-    def __init__(self, store: Any) -> None:
-        super().__init__()
-        self.store = store
-        self.link = None
-        self.settings.state.log_wait_s = 0.1
-        self.adopted: list[Any] = []
-
-    def adopt_backlog(self, stream_id: str, task: Any) -> None:
-        self.adopted.append(task)
-
-
 async def test_finals_sent_during_an_outage_are_logged_even_after_the_stream_closed(tmp_path: Any) -> None:
     store = FlakyStore(tmp_path)
-    hub = StoreHub(store)
-    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    settings = Settings()
+    settings.state.log_wait_s = 0.1
+    s = session(store=store, settings=settings)
+    log = s.journal.log  # type: ignore[union-attr]
     await s.open()
     await s.feed_text("one", 1.0)
     await asyncio.sleep(0.3)
@@ -179,14 +120,15 @@ async def test_finals_sent_during_an_outage_are_logged_even_after_the_stream_clo
     await s.feed_text("three", 3.0)
     events = []
     while len([e for e in events if e["type"] == "final"]) < 3:
-        events.append(await asyncio.wait_for(s.events.get(), timeout=5))
+        events.append((await asyncio.wait_for(s.events.get(), timeout=5)).to_wire())
     finals = [e for e in events if e["type"] == "final"]
     assert "durable" not in finals[0] and finals[1]["durable"] is False and finals[2]["durable"] is False
     assert any(e["type"] == "not_durable" and e["from_seq"] == 2 for e in events)
-    await s.abort()  # the client went away while the log was down
-    assert len(hub.adopted) == 1  # the writer was handed over, not cancelled
+    s.abort()  # the client went away while the log was down
+    writer = log._orphans.get(s.spec.stream_id)
+    assert writer is not None and not writer.done()  # the writer was handed over, not cancelled
     store.down = False
-    await asyncio.wait_for(hub.adopted[0], timeout=10)
+    await asyncio.wait_for(log.settled(s.spec.stream_id), timeout=10)
     assert [e["seq"] for e in store.real.finals_after(s.spec.stream_id, 0)] == [1, 2, 3]
     snap = store.real.resume(s.spec.stream_id, s.spec.resume_token)
     assert snap["text_until"] == 2.0 and snap["committed_until"] == 0.0  # text (3.0 - origin 1.0) has its own cursor
@@ -194,24 +136,22 @@ async def test_finals_sent_during_an_outage_are_logged_even_after_the_stream_clo
 
 async def test_a_stream_the_log_lost_stops_retrying(tmp_path: Any) -> None:
     store = FlakyStore(tmp_path)
-    hub = StoreHub(store)
-    s = StreamSession(hub, StreamSpec(source_lang="en", targets=["es"]))  # type: ignore[arg-type]
+    settings = Settings()
+    settings.state.log_wait_s = 0.1
+    s = session(store=store, settings=settings)
     await s.open()
     store.lost = True  # compacted away, or a Redis that came back empty
     await s.feed_text("one", 1.0)
-    events = [await asyncio.wait_for(s.events.get(), timeout=5) for _ in range(3)]
+    events = [(await asyncio.wait_for(s.events.get(), timeout=5)).to_wire() for _ in range(3)]
     await asyncio.sleep(0.3)
-    assert s._backfill is not None and s._backfill.done()  # no endless retries
+    assert s.journal is not None and s.journal.pending == 0  # no endless retries
     assert any(e["type"] == "error" and e["code"] == "not_found" for e in events), events
     assert next(e for e in events if e["type"] == "final")["durable"] is False
-    await s.abort()
+    s.abort()
 
 
 async def test_a_resumed_stream_drops_text_it_had_already_logged() -> None:
-    hub = FakeHub()
-    spec = StreamSpec(source_lang="en", targets=["es"])
-    s = StreamSession(hub, spec, resume={"last_seq": 2, "committed_until": 0.0, "origin": 0.0,  # type: ignore[arg-type]
-                                         "text_until": 6.0})
+    s = session(resume={"last_seq": 2, "committed_until": 0.0, "origin": 0.0, "text_until": 6.0})
     s.start()
     for ts, text in ((3.0, "old one"), (6.0, "old two"), (6.0004, "new one"), (9.0, "new two")):
         await s.feed_text(text, ts)

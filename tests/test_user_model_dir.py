@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from lingua_fusion.config import Settings
-from lingua_fusion.files import FileTranslator, FileRequest
 from lingua_fusion.errors import BackendError
+from lingua_fusion.files import FileRequest, FileTranslator
 from lingua_fusion.models.mt_local import MANIFEST, LocalDirMT
 
 pytest.importorskip("torch")

@@ -17,7 +17,13 @@ Map (code -> HTTP status):
         AuthenticationError         401 unauthenticated
         PermissionDenied            403 forbidden
       Overloaded                    429 overloaded (retryable, carries retry_after)
+      SlowConsumer                  429 slow_consumer  (a stream's client stopped reading its events)
+      Draining                      503 draining       (the server is shutting down: resume elsewhere; retryable)
       BackendError                  503 backend_unavailable (retryable)
+        ModelTimeout                503 model_timeout
+        MalformedOutput             503 malformed_output
+        InjectedFault               503 injected_fault (chaos)
+        StoreUnavailable            503 state_store_unavailable (the stream log)
 
 Foreign exceptions (PyAV, PIL, onnxruntime, subprocess) are translated where they occur with
 ``raise ... from exc``. Each error knows its HTTP status, a stable machine-readable ``code`` and
@@ -118,10 +124,37 @@ class Overloaded(LinguaFusionError):
         self.retry_after = retry_after
 
 
+class SlowConsumer(LinguaFusionError):
+    status = 429
+    code = "slow_consumer"
+
+
+class Draining(LinguaFusionError):
+    status = 503
+    code = "draining"
+    retryable = True
+
+
 class BackendError(LinguaFusionError):
     status = 503
     code = "backend_unavailable"
     retryable = True
+
+
+class ModelTimeout(BackendError):
+    code = "model_timeout"
+
+
+class MalformedOutput(BackendError):
+    code = "malformed_output"
+
+
+class InjectedFault(BackendError):
+    code = "injected_fault"
+
+
+class StoreUnavailable(BackendError):
+    code = "state_store_unavailable"
 
 
 _BY_CODE: dict[str, type[LinguaFusionError]] = {}

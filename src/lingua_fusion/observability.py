@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hdrh.histogram import HdrHistogram
-from prometheus_client import CollectorRegistry, ProcessCollector, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 

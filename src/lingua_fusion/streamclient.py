@@ -30,7 +30,8 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
                     partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any) -> int:
     from .sdk import LocalTranslator, MultimodalTranslator
 
-    audio, _info = decode_audio(path.read_bytes(), Settings().limits, what=path.name)
+    data = await asyncio.to_thread(path.read_bytes)
+    audio, _info = decode_audio(data, Settings().limits, what=path.name)
     if source_lang is None:
         source_lang = await asyncio.to_thread(detect_language, audio, console)
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()

@@ -14,13 +14,13 @@ from .deps import AdminKey, context
 router = APIRouter()
 
 
-# ---- faults: on the batched stream hub (request.app.state.hub) ---------------------------------------------
+# ---- faults: on the live streams' model executor (request.app.state.streams) -------------------------------
 @router.get("/v1/admin/faults")
 async def list_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
-    hub = request.app.state.hub
+    streams = request.app.state.streams
     return {"chaos": context(request).settings.server.chaos,
-            "faults": {k: f.public() for k, f in hub.faults.items()},
-            "breaker": {slo: hub.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
+            "faults": {k: f.public() for k, f in streams.executor.faults.items()},
+            "breaker": {slo: streams.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
 
 
 @router.post("/v1/admin/faults", openapi_extra=spec.body(spec.FAULT))
@@ -36,14 +36,14 @@ async def set_fault(request: Request, _key: AdminKey) -> JSONResponse:
     except ValueError as exc:
         raise InvalidParameter("send a JSON object {model, kind, delay_s, fraction, after}") from exc
     fault = parse_fault(body)
-    hub = request.app.state.hub
-    hub.faults[f"{fault.model}/{fault.kind}"] = fault
-    return JSONResponse({"faults": {k: f.public() for k, f in hub.faults.items()}}, status_code=201)
+    faults = request.app.state.streams.executor.faults
+    faults[f"{fault.model}/{fault.kind}"] = fault
+    return JSONResponse({"faults": {k: f.public() for k, f in faults.items()}}, status_code=201)
 
 
 @router.delete("/v1/admin/faults")
 async def clear_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
-    request.app.state.hub.faults.clear()
+    request.app.state.streams.executor.faults.clear()
     return {"faults": {}}
 
 

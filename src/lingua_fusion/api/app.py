@@ -1,11 +1,11 @@
 """The FastAPI application: wiring only. ``create_app`` builds the settings, the FileTranslator, the stores,
-the metrics and the stream hubs, and installs the lifespan, the error map and the routers:
+the metrics and the StreamService, and installs the lifespan, the error map and the routers:
 
 - ``health.py``: /healthz, /readyz, /metrics, /v1/models
 - ``translate.py``: POST /v1/translate
 - ``glossaries.py``: /v1/glossaries
 - ``admin.py``: /v1/admin/faults, /v1/keys
-- ``ws.py``: /v1/streams (installed by ``_install_streams``)
+- ``ws.py``: /v1/streams over the StreamService (built by ``_install_streams``)
 
 Routes reach the translator, store, settings and metrics through ``request.app.state.ctx``
 (``deps.AppContext``).
@@ -25,12 +25,14 @@ from fastapi.responses import Response
 
 from .. import glossary as glossary_mod
 from ..config import Settings
-from ..engine.hub import StreamHub
 from ..errors import LinguaFusionError
 from ..files import FileTranslator
 from ..observability import Metrics
-from ..state.sqlite import ApiKey, SQLiteStore
+from ..serving.executor import Executor
+from ..state.sqlite import SQLiteStore
 from ..state.streams import open_store
+from ..stream.journal import StreamLog
+from ..stream.service import KeyQuota, Principal, StreamService
 from . import admin, glossaries, health, translate
 from . import errors as error_map
 from . import ws as ws_routes
@@ -109,28 +111,28 @@ async def _count_requests(request: Request, call_next: Callable[[Request], Await
     return response
 
 
-# ---- live streams: rebuilt in issue 9 (stream/service.py) --------------------------------------------------
 def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslator, metrics: Metrics,
                      store: SQLiteStore) -> StreamsLifetime:
-    """Build the stream hubs, set ``app.state.hub`` and ``app.state.drain``, install /v1/streams; return the
-    streams' lifetime (the compaction loop while serving; the hubs and the stream log closed after)."""
-    hub = StreamHub(translator.registry, settings, metrics)
-    hub.store = open_store(settings.resolved_state_dir(), settings.state.redis_url,
+    """Build the StreamService (and the per-stream baseline it hands admin benchmark streams to), set
+    ``app.state.streams`` and ``app.state.drain``, install /v1/streams; return the streams' lifetime (the
+    compaction loop while serving; the services and the stream log closed after)."""
+    log_store = open_store(settings.resolved_state_dir(), settings.state.redis_url,
                            max_log=settings.state.max_log_finals, retention_s=settings.state.retention_s)
-    # the per-stream design, for benchmarks only
-    baseline_hub = StreamHub(translator.registry, settings, None)
-    baseline_hub.mode = "per-stream"
-    baseline_hub.admission = False
+    quota = KeyQuota(settings.server.max_streams_per_key)
+    baseline = StreamService(Executor(translator.registry, settings, mode="per-stream"), settings, quota=quota)
+
+    def glossary_for(who: Principal, gid: str) -> list[glossary_mod.Term]:
+        return store.get_glossary(who.key_id, gid)[1]
+
+    service = StreamService(Executor(translator.registry, settings, metrics), settings,
+                            log=StreamLog(log_store, metrics), metrics=metrics, glossary_for=glossary_for,
+                            quota=quota, baseline=baseline)
 
     async def _compact_loop() -> None:
-        """Log compaction: drop streams past their retention, trim long logs (state/streams.py)."""
         while True:
             await asyncio.sleep(settings.state.compact_interval_s)
-            if hub.link is None:
-                continue
             try:
-                done = await hub.link.call("compact", settings.state.retention_s,
-                                           settings.state.max_log_finals)
+                done = await service.compact()
                 if any(done.values()):
                     log.info("stream log compacted: %s", done)
             except LinguaFusionError as exc:
@@ -145,24 +147,14 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
             compactor.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await compactor
-            await hub.close()
-            await baseline_hub.close()
-            hub.store.close()
+            await service.close()
 
-    app.state.hub = hub
+    app.state.streams = service
+    app.state.drain = service.drain
 
-    async def drain(deadline_s: float = 10.0) -> None:
-        await hub.drain(deadline_s)
-        await baseline_hub.drain(deadline_s)
+    def authenticate(secret: str | None) -> Principal:
+        key = ANONYMOUS if not settings.server.auth else store.authenticate(secret)
+        return Principal(key.key_id, "admin" in key.scopes)
 
-    app.state.drain = drain
-
-    def ws_auth(secret: str | None) -> ApiKey:
-        return ANONYMOUS if not settings.server.auth else store.authenticate(secret)
-
-    def ws_glossary(key: ApiKey, gid: str) -> list[glossary_mod.Term]:
-        return store.get_glossary(key.key_id, str(gid))[1]
-
-    ws_routes.install(app, {"batched": hub, "per-stream": baseline_hub}, ws_auth, ws_glossary)
+    ws_routes.install(app, service, authenticate)
     return lifetime
-# ---- end of live streams -----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""WebSocket live streams: ``WS /v1/streams``. Protocol in docs/streaming.md.
+"""WebSocket live streams: ``WS /v1/streams``. Protocol in docs/streaming.md, close codes in stream/protocol.py.
 
-Close codes: 4000 + the HTTP status of the error (4400 bad start message, 4401 unauthenticated, 4403 forbidden,
-4408 idle, 4413 message too large, 4429 overloaded: admission refused, or a client that stopped reading).
+The route only moves bytes: read the start message -> StreamService.open -> a reader task feeding the session and
+a writer sending its events. Opening, resuming, quotas, admission and replay are the service's.
 """
 
 from __future__ import annotations
@@ -13,169 +13,38 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
-from .. import langs
-from ..engine.hub import StreamHub
-from ..serving.scheduler import SLO_CLASSES
-from ..engine.session import INPUTS, POLICIES, StreamSession, StreamSpec, spec_from_dict
-from ..stream.storelink import STORE_WAIT_S
-from ..errors import ClientError, InvalidParameter, PermissionDenied, LinguaFusionError, Overloaded, TooLarge
+from ..config import Settings
+from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge
+from ..stream.events import Event
+from ..stream.protocol import MAX_START_BYTES, close_code
+from ..stream.service import Principal, StreamService, error_event
+from ..stream.session import StreamSession
 
 
-def close_code(err: LinguaFusionError) -> int:
-    if err.code == "draining":
-        return 1012  # service restart: reconnect
-    return 4000 + err.status if 400 <= err.status < 500 else 1011
-
-
-def parse_start(msg: dict[str, Any], hub: StreamHub, glossary: Any) -> StreamSpec:
-    if msg.get("type") != "start":
-        raise InvalidParameter("the first message must be {\"type\": \"start\", ...}")
-    source = langs.normalize(msg.get("source_lang") or "en", field="source_lang")
-    raw_targets = msg.get("target_langs") or ([msg["target_lang"]] if msg.get("target_lang") else [])
-    if not raw_targets or not isinstance(raw_targets, list) or len(raw_targets) > 8:
-        raise InvalidParameter("target_langs must list 1 to 8 languages")
-    targets = [langs.normalize(t, field="target_langs") for t in raw_targets]
-    for t in targets:
-        if t != source:
-            hub.registry.mt_route(source, t)  # raises unsupported_pair with the served pairs
-    slo = str(msg.get("slo", "standard"))
-    if slo not in SLO_CLASSES:
-        raise InvalidParameter(f"slo must be one of {sorted(SLO_CLASSES)}")
-    try:
-        importance = float(msg.get("importance", msg.get("priority", 0.5)))
-        min_conf = float(msg.get("min_confidence", 0.4))
-    except (TypeError, ValueError) as exc:
-        raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]") from exc
-    if not (0.0 <= importance <= 1.0 and 0.0 <= min_conf <= 1.0):
-        raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]")
-    offsets = msg.get("clock_offsets") or {}
-    if not isinstance(offsets, dict) or any(k not in ("image", "text") or not isinstance(v, int | float)
-                                            or abs(v) > 60 for k, v in offsets.items()):
-        raise InvalidParameter("clock_offsets maps 'image' / 'text' to seconds (|offset| <= 60)")
-    audio_format = str(msg.get("audio_format", "pcm16")).lower()
-    if audio_format not in {"pcm16", "webm", "ogg"}:
-        raise InvalidParameter("audio_format must be pcm16, webm or ogg (Opus)")
-    inputs = msg.get("inputs", list(INPUTS))
-    if not isinstance(inputs, list) or not inputs or any(i not in INPUTS for i in inputs):
-        raise InvalidParameter("inputs lists what the stream will send: a non-empty subset of audio, image, text")
-    return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
-                      partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
-                      speech=bool(msg.get("speech", False)), audio_format=audio_format,
-                      clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)))
-
-
-async def _resume_spec(hub: StreamHub, resume: Any) -> tuple[StreamSpec, dict[str, Any], int]:
-    """A reconnecting client: {"stream_id", "resume_token", "last_seq"} -> the stored spec and snapshot."""
-    if not isinstance(resume, dict) or not resume.get("stream_id") or not resume.get("resume_token"):
-        raise InvalidParameter("resume needs stream_id, resume_token and last_seq")
-    store = getattr(hub, "store", None)
-    if store is None:
-        raise InvalidParameter("this engine keeps no stream log: streams cannot be resumed")
-    try:
-        last_seq = int(resume.get("last_seq", 0))
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidParameter("last_seq must be an integer") from exc
-    if not 0 <= last_seq < 2**53:
-        raise InvalidParameter("last_seq must be an integer from 0 to 2**53")
-    stream_id, token = str(resume["stream_id"]), str(resume["resume_token"])
-    await hub.wait_backlog(stream_id, STORE_WAIT_S)  # a closed session's last finals first
-    snapshot = await _store_call(hub, "resume", stream_id, token)
-    return spec_from_dict(snapshot["spec"], stream_id, token), snapshot, last_seq
-
-
-async def _store_call(hub: StreamHub, method: str, *args: Any) -> Any:
-    if hub.link is None:
-        return getattr(hub.store, method)(*args)
-    return await hub.link.call(method, *args, wait_s=STORE_WAIT_S)
-
-
-def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossary_for: Any) -> None:
-    """``hubs``: "batched" serves every stream; "per-stream" (the benchmark baseline) serves streams whose start
-    message asks for ``"engine": "per-stream"``, for admin keys only."""
-    settings = hubs["batched"].settings
-    per_key: dict[str, int] = {}
+def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | None], Principal]) -> None:
+    settings = service.settings
 
     @app.websocket("/v1/streams")
     async def streams(ws: WebSocket) -> None:
         await ws.accept()
         session: StreamSession | None = None
-        key_id = ""
         try:
-            # read the start message before judging the key, so a refused client always gets the error event
-            # (closing first would race with the client's own first send)
-            first = await asyncio.wait_for(ws.receive(), timeout=settings.server.stream_idle_timeout_s)
-            if first["type"] == "websocket.disconnect":
-                raise WebSocketDisconnect(first.get("code", 1000))
-            raw = first.get("text")
-            if raw is None:
-                raise InvalidParameter("the first message must be the JSON start message, not binary data")
-            token = ws.headers.get("authorization", "")
-            secret = token[7:].strip() if token.lower().startswith("bearer ") else ws.query_params.get("api_key")
-            key = authenticate(secret)
-            key_id = key.key_id
-            if len(raw) > 64 * 1024:
-                raise TooLarge("start message too large")
-            try:
-                msg = json.loads(raw)
-            except ValueError as exc:
-                raise InvalidParameter("the start message must be JSON") from exc
-            if not isinstance(msg, dict):
-                raise InvalidParameter("the start message must be a JSON object")
-            engine = str(msg.get("engine", "batched"))
-            if engine not in hubs:
-                raise InvalidParameter(f"engine must be one of {sorted(hubs)}")
-            if engine != "batched" and "admin" not in key.scopes:
-                raise PermissionDenied("the per-stream baseline engine is for benchmarks: it needs an admin key")
-            hub = hubs[engine]
-            resume = msg.get("resume")
-            snapshot: dict[str, Any] | None = None
-            if resume is not None:
-                spec, snapshot, last_seq = await _resume_spec(hub, resume)
-                old = hub.sessions.get(spec.stream_id)
-                if old is not None:
-                    # the client saw the break before this server did: end the old session, then read the log
-                    # again, so nothing the old session logged meanwhile is numbered twice
-                    await old.abort()
-                    spec, snapshot, last_seq = await _resume_spec(hub, resume)
-                if last_seq > int(snapshot.get("last_seq", 0)):
-                    # the server died holding finals it had sent but not logged (the log was down): number on
-                    # from what the client has, so no seq is reused; their audio, re-sent from committed_until,
-                    # is transcribed again
-                    snapshot = {**snapshot, "last_seq": last_seq}
-            else:
-                terms = glossary_for(key, msg.get("glossary_id")) if msg.get("glossary_id") else []
-                spec = parse_start(msg, hub, terms)
-            if per_key.get(key_id, 0) >= settings.server.max_streams_per_key:
-                raise Overloaded("this key has too many open streams", retry_after=5.0)
-            if hub.draining:
-                raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
-            hub.admit(hub.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets, spec.partials,
-                                 POLICIES[spec.slo].step_s, inputs=spec.inputs))
-            per_key[key_id] = per_key.get(key_id, 0) + 1
-            session = StreamSession(hub, spec, resume=snapshot)
-            hub.sessions[spec.stream_id] = session
-            await ws.send_json(await session.open())
-            if snapshot is not None:
-                replay = await _store_call(hub, "finals_after", spec.stream_id, last_seq)
-                log_from = int(snapshot.get("log_from", 1))
-                if last_seq + 1 < log_from:  # compaction dropped finals this client never saw: say so
-                    await ws.send_json({"type": "error", "code": "log_compacted",
-                                        "message": f"finals {last_seq + 1}..{log_from - 1} are past the log's "
-                                                   f"retention and cannot be replayed"})
-                for event in (e for e in replay if int(e["seq"]) > last_seq):
-                    await ws.send_json(event)  # committed finals the client missed, exactly once, in order
-                if snapshot.get("closed"):
-                    await ws.send_json({"type": "closed", "reason": "end of stream", "finals": session.seq})
-                    await ws.close(code=1000)
-                    return
+            msg, who = await _start(ws, authenticate, settings)
+            opened = await service.open(msg, who)
+            session = opened.session
+            for event in opened.greeting:
+                await _send(ws, event)
+            if opened.finished:
+                await ws.close(code=1000)
+                return
             writer = asyncio.create_task(_write(ws, session), name="ws-writer")
             try:
-                await _read(ws, session, settings.server.stream_idle_timeout_s,
-                            settings.server.max_ws_message_bytes, settings.server.max_ws_messages_per_s)
+                await _read(ws, session, settings)
                 await writer
             finally:
                 if not writer.done():
@@ -184,8 +53,7 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
                         await writer
         except LinguaFusionError as exc:
             with contextlib.suppress(Exception):
-                await ws.send_json({"type": "error", "code": exc.code, "message": exc.message,
-                                    **({"details": exc.details} if exc.details else {})})
+                await _send(ws, error_event(exc))
                 await ws.close(code=close_code(exc), reason=exc.code)
         except TimeoutError:
             with contextlib.suppress(Exception):
@@ -195,8 +63,38 @@ def install(app: FastAPI, hubs: dict[str, StreamHub], authenticate: Any, glossar
             pass
         finally:
             if session is not None:
-                await session.abort()
-                per_key[key_id] = max(0, per_key.get(key_id, 1) - 1)
+                session.abort()
+
+
+async def _start(ws: WebSocket, authenticate: Callable[[str | None], Principal], settings: Settings
+                 ) -> tuple[dict[str, Any], Principal]:
+    # read the start message before judging the key, so a refused client always gets the error event (closing
+    # first would race with the client's own first send)
+    first = await asyncio.wait_for(ws.receive(), timeout=settings.server.stream_idle_timeout_s)
+    if first["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(first.get("code", 1000))
+    raw = first.get("text")
+    if raw is None:
+        raise InvalidParameter("the first message must be the JSON start message, not binary data")
+    token = ws.headers.get("authorization", "")
+    who = authenticate(token[7:].strip() if token.lower().startswith("bearer ") else ws.query_params.get("api_key"))
+    if len(raw) > MAX_START_BYTES:
+        raise TooLarge("start message too large")
+    msg = _json(raw, "the start message must be JSON")
+    if not isinstance(msg, dict):
+        raise InvalidParameter("the start message must be a JSON object")
+    return msg, who
+
+
+def _json(raw: str, message: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidParameter(message) from exc
+
+
+async def _send(ws: WebSocket, event: Event) -> None:
+    await ws.send_json(event.to_wire())
 
 
 class _Rate:
@@ -217,57 +115,59 @@ class _Rate:
         return True
 
 
-async def _read(ws: WebSocket, session: StreamSession, idle: float, max_bytes: int, max_rate: float) -> None:
-    rate = _Rate(max_rate)
+async def _read(ws: WebSocket, session: StreamSession, settings: Settings) -> None:
+    idle, max_bytes = settings.server.stream_idle_timeout_s, settings.server.max_ws_message_bytes
+    rate = _Rate(settings.server.max_ws_messages_per_s)
     while True:
         msg = await asyncio.wait_for(ws.receive(), timeout=idle)
         if not rate.take():
-            raise Overloaded(f"more than {max_rate:g} messages per second on this stream", retry_after=1.0)
+            raise Overloaded(f"more than {rate.rate:g} messages per second on this stream", retry_after=1.0)
         if msg["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(msg.get("code", 1000))
         if session.closed.is_set():
             return  # the session ended itself (slow consumer, shed, drain): the writer says why and closes
         data = msg.get("bytes")
-        if data is not None:
-            if len(data) > max_bytes:
-                raise TooLarge(f"message over {max_bytes} bytes")
-            try:
-                await session.feed_audio(data)
-            except ClientError as exc:  # one bad frame: say so, keep the stream
-                if session.closed.is_set():
-                    return
-                await session.notify({"type": "error", "code": exc.code, "message": exc.message})
-            continue
         text = msg.get("text") or ""
-        if len(text) > max_bytes:
+        if len(data if data is not None else text) > max_bytes:
             raise TooLarge(f"message over {max_bytes} bytes")
-        try:
-            m = json.loads(text)
-        except ValueError as exc:
-            raise InvalidParameter("messages must be JSON objects or binary PCM16 audio") from exc
-        kind = m.get("type") if isinstance(m, dict) else None
-        ts = m.get("ts") if isinstance(m, dict) else None
-        if ts is not None and (not isinstance(ts, int | float) or not math.isfinite(ts)):
-            raise InvalidParameter("ts must be a finite number of seconds")
-        if kind == "end":
+        m = None if data is not None else _message(text)  # a malformed message ends the stream (4400)
+        if m is not None and m.get("type") == "end":
             await session.end()
             return
         try:
-            if kind == "audio":
-                await session.feed_audio(_b64(m.get("data")), ts)
-            elif kind == "image":
-                await session.feed_image(_b64(m.get("data")), ts)
-            elif kind == "text":
-                await session.feed_text(str(m.get("text", "")), ts)
+            if m is None:
+                await session.feed_audio(data)
             else:
-                raise InvalidParameter(f"unknown message type {kind!r} (audio, image, text, end)")
-        except ClientError as exc:  # one bad message: say so, keep the stream
+                await _feed(session, m)
+        except (ClientError, Overloaded) as exc:  # one bad message or one image too many: say so, keep the stream
             if isinstance(exc, TooLarge):
                 raise
             if session.closed.is_set():
                 return
             # never blocks: a client that sends bad messages and reads nothing is closed as a slow consumer
-            await session.notify({"type": "error", "code": exc.code, "message": exc.message})
+            session.notify(error_event(exc))
+
+
+def _message(text: str) -> dict[str, Any]:
+    m = _json(text, "messages must be JSON objects or binary PCM16 audio")
+    if not isinstance(m, dict):
+        m = {"type": None}  # an unknown message: an error event, the stream goes on
+    ts = m.get("ts")
+    if ts is not None and (not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts)):
+        raise InvalidParameter("ts must be a finite number of seconds")
+    return m
+
+
+async def _feed(session: StreamSession, m: dict[str, Any]) -> None:
+    kind, ts = m.get("type"), m.get("ts")
+    if kind == "audio":
+        await session.feed_audio(_b64(m.get("data")), ts)
+    elif kind == "image":
+        await session.feed_image(_b64(m.get("data")), ts)
+    elif kind == "text":
+        await session.feed_text(str(m.get("text", "")), ts)
+    else:
+        raise InvalidParameter(f"unknown message type {kind!r} (audio, image, text, end)")
 
 
 def _b64(value: Any) -> bytes:
@@ -285,19 +185,18 @@ async def _write(ws: WebSocket, session: StreamSession) -> None:
         if get in done:
             closed.cancel()
             event = get.result()
-            await ws.send_json(event)
-            if event["type"] == "closed":
+            await _send(ws, event)
+            if event.TYPE == "closed":
                 await ws.close(code=1000)
                 return
             continue
         get.cancel()
         # closed without a "closed" event: drain what is queued, then say why
         while not session.events.empty():
-            await ws.send_json(session.events.get_nowait())
-        err = session.error
-        if err is not None:
-            await ws.send_json({"type": "error", "code": err.code, "message": err.message})
-            await ws.close(code=close_code(err), reason=err.code)
+            await _send(ws, session.events.get_nowait())
+        if session.error is not None:
+            await _send(ws, error_event(session.error))
+            await ws.close(code=close_code(session.error), reason=session.error.code)
         else:
             await ws.close(code=1000)
         return

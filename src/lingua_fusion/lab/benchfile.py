@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..files import FileTranslator, FileRequest
+from ..files import FileRequest, FileTranslator
 from ..sdk.common import read_input
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import CorruptMedia, InvalidParameter, Overloaded
-from .audio import check_rate
 from ..types import SR
+from .audio import check_rate
 
 FORMATS = {"webm", "ogg"}
 

@@ -70,7 +70,8 @@ class TesseractBackend:
             if len(f) < 12 or not f[11].strip() or float(f[10]) < 0:
                 continue
             x, y, w, h = (float(v) for v in f[6:10])
-            rows.setdefault((int(f[2]), int(f[3]), int(f[4])), []).append((f[11], float(f[10]) / 100, (x, y, x + w, y + h)))
+            word = (f[11], float(f[10]) / 100, (x, y, x + w, y + h))
+            rows.setdefault((int(f[2]), int(f[3]), int(f[4])), []).append(word)
         lines = []
         for words in rows.values():
             text = " ".join(w[0] for w in words)

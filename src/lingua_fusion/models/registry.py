@@ -184,6 +184,23 @@ class Registry:
                               details={"source_lang": source, "target_lang": target,
                                        "served_pairs": self.served_pairs()})
 
+    def route_translator(self, route: MTRoute) -> Callable[[list[str]], list[str]]:
+        """One function that runs a batch of texts through every leg of ``route`` (a pivot is two legs)."""
+        legs = [(self.mt(leg.backend), leg) for leg in route.legs]
+
+        def translate(texts: list[str]) -> list[str]:
+            for backend, leg in legs:
+                texts = backend.translate(texts, leg.source, leg.target)
+            return texts
+
+        return translate
+
+    def speak_wav(self, text: str, language: str) -> bytes:
+        """Speech for ``text`` as a WAV file, in the voice for ``language``."""
+        from .tts import to_wav
+
+        return to_wav(*self.tts(language).synthesize(text, language=language))
+
     # ---- capabilities ---------------------------------------------------------------------------------------
     def capabilities(self) -> list[dict[str, Any]]:
         from ..langs import KNOWN

@@ -19,7 +19,7 @@ class LocalTranslator:
         self.settings = settings or Settings()
         self.engine = engine or FileTranslator(self.settings)
         self._glossaries: dict[str, list[glossary_mod.Term]] = {}
-        self._hub: Any = None
+        self._streams: Any = None
 
     def translate(self, input_media: MediaInput | None = None, *, target_lang: str,
                   source_modality: str | None = None, target_modality: str = "text",
@@ -54,14 +54,26 @@ class LocalTranslator:
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
                inputs: list[str] | None = None) -> Any:
-        """A live stream on an in-process hub (same interface as the remote one)."""
-        from ..engine.hub import StreamHub
+        """A live stream on an in-process StreamService (same interface and behaviour as the remote one)."""
         from .stream import LocalStream, start_message
 
-        if self._hub is None:
-            self._hub = StreamHub(self.engine.registry, self.settings)
-        return LocalStream(self._hub, start_message(target_langs, source_lang, slo, partials, importance,
-                                                    glossary_id, speech, min_confidence, audio_format, inputs))
+        return LocalStream(self.streams(), start_message(target_langs, source_lang, slo, partials, importance,
+                                                         glossary_id, speech, min_confidence, audio_format, inputs))
+
+    def streams(self) -> Any:
+        """This translator's StreamService (made on first use): every in-process stream goes through it."""
+        from ..serving.executor import Executor
+        from ..stream.service import StreamService
+
+        if self._streams is None:
+            self._streams = StreamService(Executor(self.engine.registry, self.settings), self.settings,
+                                          glossary_for=lambda _who, gid: self._glossary(gid))
+        return self._streams
+
+    def _glossary(self, gid: str) -> list[glossary_mod.Term]:
+        if gid not in self._glossaries:
+            raise NotFound(f"no glossary {gid}")
+        return self._glossaries[gid]
 
     def models(self) -> dict[str, Any]:
         return {"models": self.engine.registry.capabilities(), "pairs": self.engine.registry.served_pairs()}

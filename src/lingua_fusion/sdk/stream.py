@@ -224,27 +224,27 @@ class RemoteStream:
 
 
 class LocalStream:
-    """The same interface over an in-process hub (``MultimodalTranslator.local().stream(...)``)."""
+    """The same interface over an in-process StreamService (``MultimodalTranslator.local().stream(...)``): the same
+    opening, admission, breaker notices, shedding and drain as a WebSocket stream."""
 
-    def __init__(self, hub: Any, start: dict[str, Any]) -> None:
-        self._hub = hub
+    def __init__(self, service: Any, start: dict[str, Any]) -> None:
+        self._service = service
         self._start = start
         self._session: Any = None
+        self._greeting: list[Any] = []
         self.ready: dict[str, Any] = {}
 
     async def __aenter__(self) -> LocalStream:
-        from ..api.ws import parse_start
-        from ..engine.session import POLICIES, StreamSession
+        from ..stream.service import Principal
 
-        spec = parse_start(self._start, self._hub, [])
-        self._hub.admit(self._hub.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets, spec.partials,
-                                         POLICIES[spec.slo].step_s, inputs=spec.inputs))
-        self._session = StreamSession(self._hub, spec)
-        self.ready = self._session.start()
+        opened = await self._service.open(self._start, Principal("local", admin=True))
+        self._session = opened.session
+        self._greeting = opened.greeting[1:]
+        self.ready = opened.greeting[0].to_wire()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._session.abort()
+        self._session.abort()
 
     async def send_audio(self, pcm16: bytes, ts: float | None = None) -> None:
         await self._session.feed_audio(pcm16, ts)
@@ -262,8 +262,24 @@ class LocalStream:
         return self._events()
 
     async def _events(self) -> AsyncIterator[StreamEvent]:
+        from ..stream.service import error_event
+
+        for ev in self._greeting:
+            yield StreamEvent.model_validate(ev.to_wire())
+        session = self._session
         while True:
-            ev = await self._session.events.get()
-            yield StreamEvent.model_validate(ev)
-            if ev["type"] == "closed":
+            get = asyncio.ensure_future(session.events.get())
+            closed = asyncio.ensure_future(session.closed.wait())
+            done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                get.cancel()
+                while not session.events.empty():
+                    yield StreamEvent.model_validate(session.events.get_nowait().to_wire())
+                if session.error is not None:  # shed, drained, too slow: the error event a WebSocket client gets
+                    yield StreamEvent.model_validate(error_event(session.error).to_wire())
+                return
+            closed.cancel()
+            ev = get.result()
+            yield StreamEvent.model_validate(ev.to_wire())
+            if ev.TYPE == "closed":
                 return

@@ -22,22 +22,14 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import BackendError, InvalidParameter
+import numpy as np
+
+from ..errors import InvalidParameter, MalformedOutput
+from .keys import ModelKey
+from .ports import AsrOutput
 
 KINDS = ("delay", "error", "hang", "garbage")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
-
-
-class ModelTimeout(BackendError):
-    code = "model_timeout"
-
-
-class MalformedOutput(BackendError):
-    code = "malformed_output"
-
-
-class InjectedFault(BackendError):
-    code = "injected_fault"
 
 
 @dataclass
@@ -104,7 +96,7 @@ def garble(key: str, results: list[Any], rng: random.Random) -> list[Any]:
     if choice == 1:
         return [None] * len(results)
     if key.startswith("asr"):
-        return [("\x00\ufffd" * 20, float("nan"))] * len(results)
+        return [AsrOutput("\x00\ufffd" * 20, float("nan"))] * len(results)
     return ["\x00\x01\ufffd" * 20] * len(results)
 
 
@@ -112,24 +104,23 @@ def _text_ok(text: Any, limit: int) -> bool:
     return isinstance(text, str) and len(text) <= limit and not _CONTROL.search(text)
 
 
-def check_outputs(key: str, args: list[Any], results: Any) -> list[Any]:
+def check_outputs(key: ModelKey, args: list[Any], results: Any) -> list[Any]:
     """Reject a batch whose outputs cannot be captions: raises MalformedOutput, returns the list otherwise."""
     if not isinstance(results, list) or len(results) != len(args):
         raise MalformedOutput(f"{key} returned {len(results) if isinstance(results, list) else type(results).__name__}"
                               f" outputs for {len(args)} inputs")
-    kind = key.split(":", 1)[0]
     for arg, r in zip(args, results, strict=True):
-        if kind == "asr":
-            ok = (isinstance(r, tuple) and len(r) == 2 and _text_ok(r[0], 4000) and isinstance(r[1], (int, float))
-                  and math.isfinite(r[1]) and -1e-6 <= r[1] <= 1 + 1e-6)
-        elif kind == "mt":
-            ok = _text_ok(r, 10 * len(str(arg[0])) + 200)
-        elif kind == "ocr":
+        if key.task == "asr":
+            ok = (isinstance(r, AsrOutput) and _text_ok(r.text, 4000) and isinstance(r.confidence, (int, float))
+                  and math.isfinite(r.confidence) and -1e-6 <= r.confidence <= 1 + 1e-6)
+        elif key.task == "mt":
+            ok = _text_ok(r, 10 * len(arg.text) + 200)
+        elif key.task == "ocr":
             ok = isinstance(r, list) and all(_text_ok(getattr(x, "text", None), 4000) for x in r)
-        elif kind == "tts":
+        elif key.task == "tts":
             ok = isinstance(r, (bytes, bytearray)) and r[:4] == b"RIFF"
         else:
-            ok = True
+            ok = isinstance(r, np.ndarray) and bool(np.all(np.isfinite(r)))
         if not ok:
             raise MalformedOutput(f"{key} returned malformed output ({str(r)[:60]!r})")
     return results

@@ -107,7 +107,7 @@ class SQLiteStreamStore:
                 self._db.execute("UPDATE stream_snapshot SET body=?, updated=? WHERE stream_id=?",
                                  (json.dumps(snap), time.time(), stream_id))
                 self._db.execute("COMMIT")
-            except Exception as exc:  # anything (an overflowing seq too): never leave the shared connection mid-transaction
+            except Exception as exc:  # anything (an overflowing seq too): never leave the connection mid-transaction
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise BackendError(f"stream log write failed: {exc}") from exc

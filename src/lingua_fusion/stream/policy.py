@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from ..types import SR
 
 WINDOW = 512  # VAD window, 32 ms

@@ -4,7 +4,7 @@ Store calls run on two threads of their own, so a stalled Redis blocks neither t
 decoders use. Every call ends: the Redis client has socket timeouts, SQLite a busy timeout. After a failure the
 store is left alone for a backoff (0.5 s doubling to 5 s) and then tested by one call at a time, so a hundred
 streams do not pile a hundred timed-out writes onto a dead Redis. While it is down, sessions keep their finals in
-a bounded backlog and write them, in order, when it answers again (engine/session.py).
+a bounded backlog and write them, in order, when it answers again (stream/journal.py).
 """
 
 from __future__ import annotations
@@ -13,15 +13,11 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
-from ..errors import BackendError, ClientError, LinguaFusionError
+from ..errors import ClientError, LinguaFusionError, StoreUnavailable
 
-
-class StoreUnavailable(BackendError):
-    code = "state_store_unavailable"
-
-
+T = TypeVar("T")
 STORE_WAIT_S = 10.0  # opening or resuming a stream waits this long for the stream log (queue included), then 503
 
 
@@ -45,28 +41,27 @@ class StoreLink:
         """Worth a try now: healthy, or down with its backoff over."""
         return self.clock() >= self.down_until
 
-    async def call(self, method: str, *args: Any, wait_s: float | None = None) -> Any:
-        """``store.method(*args)`` on the store's threads; StoreUnavailable while it is down, when it fails, or when
-        the answer (queueing behind other streams' writes included) takes over ``wait_s``."""
+    async def call(self, fn: Callable[..., T], *args: Any, wait_s: float | None = None) -> T:
+        """``fn(*args)`` (a method of the store) on the store's threads; StoreUnavailable while it is down, when it
+        fails, or when the answer (queueing behind other streams' writes included) takes over ``wait_s``."""
         if wait_s is None:
-            return await self._call(method, args)
+            return await self._call(fn, args)
         try:
-            return await asyncio.wait_for(self._call(method, args), wait_s)
+            return await asyncio.wait_for(self._call(fn, args), wait_s)
         except TimeoutError as exc:
             raise StoreUnavailable(f"the stream log did not answer in {wait_s:.0f} s; retry") from exc
 
-    async def _call(self, method: str, args: tuple[Any, ...]) -> Any:
+    async def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         if not self.ready():
             raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
         if self.failures:
             async with self._probe:  # recovering: one probe at a time
                 if not self.ready():
                     raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
-                return await self._do(method, args)
-        return await self._do(method, args)
+                return await self._do(fn, args)
+        return await self._do(fn, args)
 
-    async def _do(self, method: str, args: tuple[Any, ...]) -> Any:
-        fn = getattr(self.store, method)
+    async def _do(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         try:
             out = await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         except ClientError:

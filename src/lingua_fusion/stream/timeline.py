@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from ..types import SR
 
+from ..types import SR
 
 
 @dataclass

@@ -7,8 +7,8 @@ Audio is 16 kHz mono float32; images are RGB uint8 arrays.
 from __future__ import annotations
 
 import numpy as np
-from ...types import SR
 
+from ...types import SR
 
 
 def rng(seed: int) -> np.random.Generator:

@@ -365,6 +365,7 @@ def run_experiment(path: Path, console: Any) -> dict[str, Any]:
         "failed_finals": f["integrity"]["failed"],
         "reconnects": f["integrity"]["reconnects"], "goodput_faulted": f["goodput_streams"],
         "goodput_baseline": report.get("baseline", {}).get("goodput_streams"),
-        "captions_faulted": f["client_captions"], "captions_baseline": report.get("baseline", {}).get("client_captions"),
+        "captions_faulted": f["client_captions"],
+        "captions_baseline": report.get("baseline", {}).get("client_captions"),
     }
     return report

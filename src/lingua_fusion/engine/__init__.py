@@ -1,1 +1,0 @@
-"""Being rebuilt into serving/ and stream/ (issue 9)."""

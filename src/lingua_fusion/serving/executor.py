@@ -1,0 +1,278 @@
+"""The executor: every stream's model work through one scheduler and one worker per model key (the ModelPort).
+
+A worker's step reads: next batch from the scheduler -> run it on the model's thread -> resolve each item's
+future -> observe (cost model, metrics, stage latency to the StageObserver). Shed items resolve to ``None``.
+VAD needs no scheduling (it is cheap and every caption waits on it): every stream's pending windows run in one call
+on the VAD thread. Admission refuses a stream whose load would break admitted streams' SLOs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Settings
+from ..errors import BackendError, LinguaFusionError, Overloaded
+from ..models.registry import Registry
+from .faults import Fault
+from .keys import ModelKey
+from .ports import CallContext, StageObserver
+from .runners import Runner, build_runner
+from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, stage_deadline
+from .threads import COLD_TIMEOUT_S, ModelThreads
+
+log = logging.getLogger("lingua_fusion.serving")
+
+# starting cost models (seconds, measured on 2 cores); refined online from every batch
+PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base": (0.15, 0.15), "mt": (0.05, 0.01), "ocr": (0.5, 0.5),
+               "tts": (0.1, 0.2)}
+MODES = ("batched", "unbatched", "per-stream")
+VAD_BATCH = 256  # streams' windows per VAD call
+VAD_KEY = ModelKey.vad()
+
+
+@dataclass
+class _Pending:
+    payload: Any
+    future: asyncio.Future[Any]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class Executor:
+    """Implements ``ModelPort``. ``mode``: "batched" = cross-stream batches on trimmed windows (the default);
+    "unbatched" = one item per call, trimmed windows; "per-stream" = one item per call through faster-whisper's own
+    30 s-window decode and no admission control (the baseline the benchmarks compare against)."""
+
+    def __init__(self, registry: Registry, settings: Settings, metrics: Any = None, *,
+                 clock: Callable[[], float] = time.monotonic, alpha: float = 0.65, max_batch: int = 8,
+                 max_queue: int = 256, mode: str = "batched", observer: StageObserver | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        self.registry = registry
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.mode = mode
+        self.observer = observer
+        self.scheduler = Scheduler(alpha=alpha, max_batch=max_batch if mode == "batched" else 1,
+                                   max_queue=max_queue)
+        self.scheduler.batch_scale = {"mt": 4}  # Apertium translates a batch in one pipeline run: up to 32 items
+        self.threads = ModelThreads(self._timeout, metrics)
+        self.retries = 2  # committed work retried after a backend failure (tentative work is not)
+        self._runners: dict[ModelKey, Runner] = {}
+        self._wake: dict[ModelKey, asyncio.Event] = {}
+        self._workers: dict[ModelKey, asyncio.Task[None]] = {}
+        self._vad: list[_Pending] = []
+        self._closing = False
+
+    @property
+    def faults(self) -> dict[str, Fault]:
+        """Chaos faults (server started with --chaos): "model/kind" -> fault."""
+        return self.threads.faults
+
+    # ---- ModelPort --------------------------------------------------------------------------------------------
+    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+        attempt = 0
+        while True:
+            try:
+                if key.task == "vad":
+                    return await self._submit_vad(payload)
+                return await self._submit(key, payload, ctx)
+            except BackendError:
+                if ctx.tentative or attempt >= self.retries or self._closing:
+                    raise
+                attempt += 1
+                if self.metrics is not None:
+                    self.metrics.model_retries.labels(model=str(key)).inc()
+                await asyncio.sleep(0.25 * attempt)
+
+    def depth(self, key: ModelKey) -> int:
+        return self.scheduler.depth(str(key))
+
+    async def _submit(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+        self._runner(key)
+        now = self.clock()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        item = WorkItem(stream_id=ctx.stream_id, model=str(key), stage=key.stage, enqueued=now,
+                        deadline=stage_deadline(ctx.slo, key.stage, now if ctx.start is None else ctx.start),
+                        importance=ctx.importance, tentative=ctx.tentative, payload=_Pending(payload, fut, now),
+                        slo=ctx.slo)
+        if not self.scheduler.submit(item):
+            if ctx.tentative:
+                return None
+            raise Overloaded(f"the {key} queue is full", retry_after=1.0)
+        self._ensure_worker(key)
+        self._wake[key].set()
+        if self.metrics is not None:
+            self.metrics.depth(str(key), self.scheduler.depth(str(key)))
+        # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
+        return await asyncio.wait_for(fut, timeout=self.settings.server.request_timeout_s)
+
+    async def _submit_vad(self, audio: Any) -> Any:
+        if len(self._vad) >= self.scheduler.max_queue * 4:
+            raise Overloaded("the VAD queue is full", retry_after=1.0)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._vad.append(_Pending(audio, fut))
+        self._runner(VAD_KEY)
+        self._ensure_worker(VAD_KEY)
+        self._wake[VAD_KEY].set()
+        return await asyncio.wait_for(fut, timeout=self.settings.server.request_timeout_s)
+
+    # ---- workers ----------------------------------------------------------------------------------------------
+    def _runner(self, key: ModelKey) -> Runner:
+        runner = self._runners.get(key)
+        if runner is None:
+            runner = self._runners[key] = build_runner(key, self.registry, per_stream=self.mode == "per-stream")
+            self.scheduler.costs.setdefault(str(key), _prior(str(key)))
+        return runner
+
+    def _timeout(self, key: ModelKey, n: int, warm: bool) -> float:
+        base = self.settings.server.model_timeout_s
+        if not warm:
+            return max(base, COLD_TIMEOUT_S)
+        return max(base, self.settings.server.model_timeout_factor * self.scheduler.cost(str(key)).predict(n))
+
+    def _ensure_worker(self, key: ModelKey) -> None:
+        if key not in self._workers or self._workers[key].done():
+            self._wake.setdefault(key, asyncio.Event())
+            step = self._vad_step if key == VAD_KEY else self._step
+            self._workers[key] = asyncio.create_task(self._worker(key, step), name=f"worker:{key}")
+
+    async def _worker(self, key: ModelKey, step: Callable[[ModelKey], Any]) -> None:
+        wake = self._wake[key]
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=0.5)
+            wake.clear()
+            while not self._closing and await step(key):
+                pass
+
+    async def _step(self, key: ModelKey) -> bool:
+        """One batch of ``key``. False when its queue is empty."""
+        batch, shed = self.scheduler.next_batch(str(key), self.clock())
+        for w in shed:
+            _resolve(w.payload.future, None)
+        if self.metrics is not None and shed:
+            self.metrics.shed.labels(model=str(key)).inc(len(shed))
+        if not batch:
+            return False
+        t0 = self.clock()
+        cold = key not in self.threads.warm  # a first batch includes loading the model: not a cost sample
+        try:
+            results = await self.threads.run(key, self._runners[key], [w.payload.payload for w in batch])
+        except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
+            self._failed(key, [w.payload for w in batch], exc)
+            return True
+        done = self.clock()
+        for w, r in zip(batch, results, strict=True):
+            _resolve(w.payload.future, r)
+        self._observe(key, batch, t0, done, cold)
+        return True
+
+    async def _vad_step(self, key: ModelKey) -> bool:
+        batch, self._vad = self._vad[:VAD_BATCH], self._vad[VAD_BATCH:]
+        if not batch:
+            return False
+        try:
+            results = await self.threads.run(key, self._runners[key], [p.payload for p in batch])
+        except LinguaFusionError as exc:
+            self._failed(key, batch, exc)
+            return True
+        for p, r in zip(batch, results, strict=True):
+            _resolve(p.future, r)
+        return True
+
+    def _failed(self, key: ModelKey, items: list[_Pending], exc: LinguaFusionError) -> None:
+        log.warning("model %s failed on a batch of %d: %s", key, len(items), exc.message)
+        if self.metrics is not None:
+            self.metrics.model_failures.labels(model=str(key), code=exc.code).inc()
+        for p in items:
+            if not p.future.done():
+                p.future.set_exception(exc)
+
+    def _observe(self, key: ModelKey, batch: list[WorkItem], t0: float, done: float, cold: bool) -> None:
+        if not cold:
+            self.scheduler.observe(str(key), len(batch), done - t0)
+        if self.metrics is not None:
+            self.metrics.batch_size.labels(model=str(key)).observe(len(batch))
+            self.metrics.stage("model:" + key.task, done - t0)
+            for w in batch:
+                self.metrics.queue_wait.labels(model=str(key)).observe(max(0.0, t0 - w.enqueued))
+            self.metrics.depth(str(key), self.scheduler.depth(str(key)))
+        if self.observer is not None and self.mode == "batched":
+            for w in batch:
+                if not w.tentative:
+                    self.observer.stage_done(w.slo, w.stage, done - w.enqueued)
+
+    # ---- admission -------------------------------------------------------------------------------------------
+    def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
+               inputs: list[str]) -> Demand:
+        rate: dict[str, float] = {}
+        if "audio" in inputs:
+            asr = ModelKey.asr(source)
+            self._runner(asr)
+            # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
+            # what is left and are shed first, so they count at a quarter of their rate
+            rate[str(asr)] = 0.3 + (0.25 / step_s if partials else 0.0)
+        for t in targets:
+            if t != source:
+                mt = ModelKey.mt(source, t)
+                self._runner(mt)
+                rate[str(mt)] = 0.3
+        return Demand(stream_id, slo, rate)
+
+    def admit(self, demand: Demand) -> None:
+        """Reserve capacity for a stream, or raise Overloaded (429) when admitting it would break the SLOs of the
+        streams already admitted."""
+        if demand.slo not in SLO_CLASSES:
+            raise ValueError(demand.slo)
+        if self.mode == "per-stream":  # the baseline has no admission control (as WhisperLive / whisper_streaming)
+            self.scheduler.admitted[demand.stream_id] = demand
+            return
+        if len(self.scheduler.admitted) >= self.settings.server.max_streams or not self.scheduler.admit(demand):
+            if self.metrics is not None:
+                self.metrics.streams_rejected.inc()
+            raise Overloaded("no capacity for another stream at this SLO; retry later or use a looser SLO class",
+                             retry_after=5.0, details={"slo": demand.slo,
+                                                       "active_streams": len(self.scheduler.admitted)})
+        if self.metrics is not None:
+            self.metrics.streams_admitted.inc()
+            self.metrics.active_streams.set(len(self.scheduler.admitted))
+
+    def release(self, stream_id: str) -> None:
+        """A stream ended: its queued work resolves to None and its reservation is freed."""
+        for w in self.scheduler.drop_stream(stream_id):
+            _resolve(w.payload.future, None)
+        if self.metrics is not None:
+            self.metrics.active_streams.set(len(self.scheduler.admitted))
+
+    async def close(self) -> None:
+        self._closing = True
+        for ev in self._wake.values():
+            ev.set()
+        for task in self._workers.values():
+            task.cancel()
+        for task in self._workers.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._workers.clear()
+        for p in self._vad:
+            p.future.cancel()
+        self.threads.close()
+
+
+def _prior(key: str) -> CostModel:
+    for prefix, (c0, c1) in PRIOR_COSTS.items():
+        if key.startswith(prefix):
+            return CostModel(c0, c1)
+    return CostModel()
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)

@@ -1,0 +1,79 @@
+"""The two ports between the stream wing and model serving, and the typed payloads that cross them.
+
+``ModelPort`` is how a stream asks for model work; ``StageObserver`` is how serving reports what that work cost.
+A stream never sees threads, batches or the scheduler; serving never sees a session. Tests fake these two
+Protocols (tests/fakes.py), nothing else.
+
+Contract of ``ModelPort.run(key, payload, ctx)``:
+- ``payload`` and the result have the type of the key's task (table below); the executor may batch ``payload``
+  with other streams' payloads for the same key and runs the batch on that model's own thread.
+- Tentative work (``ctx.tentative``) may be shed by the scheduler under load: ``run`` then returns ``None``. It is
+  never retried: a backend failure raises ``BackendError`` at once.
+- Committed work is never shed. A backend failure (error, timeout, malformed output) is retried with backoff and
+  raised as ``BackendError`` when it still fails; a full queue raises ``Overloaded``.
+- Every call ends: ``run`` gives up after ``server.request_timeout_s`` whatever the backend does.
+
+| task | payload | result |
+|---|---|---|
+| vad | ``np.ndarray`` 16 kHz float32 (whole 32 ms windows) | ``np.ndarray`` speech probability per window |
+| asr | ``AsrInput`` | ``AsrOutput`` |
+| mt | ``MtInput`` | ``str`` |
+| ocr | ``np.ndarray`` RGB image | ``list[OcrLine]`` in reading order |
+| tts | ``str`` | ``bytes`` (a WAV file) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..glossary import Term
+from .keys import ModelKey
+
+
+@dataclass(frozen=True)
+class AsrInput:
+    audio: np.ndarray
+    prompt: str | None = None  # context for the decoder (words on the current slide)
+
+
+@dataclass(frozen=True)
+class AsrOutput:
+    text: str
+    confidence: float  # 0..1, the least confident segment's
+
+
+@dataclass(frozen=True)
+class MtInput:
+    text: str
+    glossary: Sequence[Term] = ()  # this item's own terms: a batch mixes streams with different glossaries
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """Who asks, and how urgently: the scheduler's deadline is ``start`` + the stage's share of the SLO budget."""
+
+    stream_id: str
+    slo: str = "standard"
+    importance: float = 0.5  # 0..1: under load, less important tentative work goes first
+    tentative: bool = False
+    start: float | None = None  # when the caption's clock started (the words' arrival); None: now
+
+
+class ModelPort(Protocol):
+    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+        """Run ``payload`` on model ``key`` within ``ctx``'s SLO (contract in the module docstring)."""
+        ...
+
+    def depth(self, key: ModelKey) -> int:
+        """Items queued for ``key`` now (for a stream's ``metrics`` events)."""
+        ...
+
+
+class StageObserver(Protocol):
+    def stage_done(self, slo: str, stage: str, seconds: float) -> None:
+        """A committed item of ``stage`` took ``seconds`` from submission to result (queue wait + run)."""
+        ...

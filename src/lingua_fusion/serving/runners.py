@@ -1,0 +1,54 @@
+"""Batch runners: one function per model key that turns a list of typed payloads into a list of typed results.
+
+They run on the model's own thread (serving/threads.py), never on the event loop. ``per_stream`` is the
+benchmark baseline: one item per call through faster-whisper's own 30 s-window decode, as whisper_streaming and
+WhisperLive do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..glossary import apply_mt_batch
+from ..models.registry import Registry
+from .keys import ModelKey
+from .ports import AsrInput, AsrOutput, MtInput
+
+Runner = Callable[[list[Any]], list[Any]]
+
+
+def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False) -> Runner:
+    if key.task == "asr":
+        return _asr(registry, key.source, per_stream)
+    if key.task == "mt":
+        return _mt(registry, key.source, key.target)
+    if key.task == "ocr":
+        return lambda images: [registry.ocr().recognize(img) for img in images]
+    if key.task == "tts":
+        return lambda texts: [registry.speak_wav(text, key.source) for text in texts]
+    return lambda windows: [registry.vad().probabilities(audio) for audio in windows]
+
+
+def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
+    def run(items: list[AsrInput]) -> list[AsrOutput]:
+        asr = registry.asr(lang)
+        if per_stream:
+            out = []
+            for it in items:
+                r = asr.transcribe(it.audio, language=lang, initial_prompt=it.prompt)
+                out.append(AsrOutput(r.text, min((s.confidence for s in r.segments), default=0.0)))
+            return out
+        pairs = asr.transcribe_batch([it.audio for it in items], language=lang, prompts=[it.prompt for it in items])
+        return [AsrOutput(text, conf) for text, conf in pairs]
+
+    return run
+
+
+def _mt(registry: Registry, src: str, tgt: str) -> Runner:
+    def run(items: list[MtInput]) -> list[str]:
+        translate = registry.route_translator(registry.mt_route(src, tgt))
+        outs, _ = apply_mt_batch([it.text for it in items], [list(it.glossary) for it in items], translate)
+        return outs
+
+    return run

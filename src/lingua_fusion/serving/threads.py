@@ -1,0 +1,90 @@
+"""Model threads: each model key runs its batches on a thread of its own, with a timeout and an output check.
+
+A backend that hangs past its timeout is abandoned with its thread (which ends on its own) instead of blocking the
+executor everything else uses; after ``MAX_HUNG`` stuck threads that model fails fast. Chaos faults (server started
+with ``--chaos``) are applied here, so everything above sees them exactly as it would see a real broken backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..errors import BackendError, InjectedFault, LinguaFusionError, ModelTimeout
+from .faults import Fault, check_outputs, delay_of, garble, pick
+from .keys import ModelKey
+from .runners import Runner
+
+MAX_HUNG = 2  # threads of one model stuck past their timeout before its calls fail fast
+COLD_TIMEOUT_S = 120.0  # a model's first batch may include loading it
+
+
+class ModelThreads:
+    def __init__(self, timeout_for: Callable[[ModelKey, int, bool], float], metrics: Any = None) -> None:
+        self._timeout_for = timeout_for  # (key, batch size, warm) -> seconds
+        self.metrics = metrics
+        self.faults: dict[str, Fault] = {}  # chaos: "model/kind" -> fault
+        self._rng = random.Random(0)
+        self._pools: dict[ModelKey, ThreadPoolExecutor] = {}
+        self._hung: dict[ModelKey, int] = {}
+        self.warm: set[ModelKey] = set()
+
+    async def run(self, key: ModelKey, runner: Runner, payloads: list[Any]) -> list[Any]:
+        """One batch on ``key``'s thread. Raises BackendError (or a subclass) when the backend fails, hangs past
+        its timeout or returns output that cannot be a caption."""
+        fault = pick(self.faults, str(key), self._rng) if self.faults else None
+        if fault is not None and fault.kind == "delay":
+            await asyncio.sleep(delay_of(fault, self._rng))
+        if fault is not None and fault.kind == "error":
+            raise InjectedFault(f"chaos: injected failure of {key}")
+        hung = self._hung.get(key, 0)
+        if hung >= MAX_HUNG:
+            raise BackendError(f"{key} is not answering ({hung} calls stuck past their timeout); failing fast")
+
+        def work() -> list[Any]:
+            if fault is not None and fault.kind == "hang":
+                time.sleep(fault.delay_s)  # chaos: a wedged backend (the thread is abandoned, then ends)
+            return runner(payloads)
+
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{key}")
+        running = asyncio.get_running_loop().run_in_executor(pool, work)
+        timeout = self._timeout_for(key, len(payloads), key in self.warm)
+        try:
+            results = await asyncio.wait_for(asyncio.shield(running), timeout)
+        except TimeoutError:
+            self._abandon(key, pool, running)
+            raise ModelTimeout(f"{key} did not answer a batch of {len(payloads)} in {timeout:.0f} s") from None
+        except LinguaFusionError:
+            raise
+        except Exception as exc:  # a library failure inside the backend
+            raise BackendError(f"{key} failed: {type(exc).__name__}: {exc}") from exc
+        if fault is not None and fault.kind == "garbage":
+            results = garble(str(key), results, self._rng)
+        results = check_outputs(key, payloads, results)
+        self.warm.add(key)
+        return results
+
+    def _abandon(self, key: ModelKey, pool: ThreadPoolExecutor, running: asyncio.Future[Any]) -> None:
+        self._hung[key] = self._hung.get(key, 0) + 1  # read again: one may have returned meanwhile
+        self._pools.pop(key, None)
+        pool.shutdown(wait=False)
+
+        def unstuck(f: asyncio.Future[Any]) -> None:
+            self._hung[key] = max(0, self._hung.get(key, 1) - 1)
+            if not f.cancelled():
+                f.exception()  # retrieved: a late failure of an abandoned call is not an unhandled error
+
+        running.add_done_callback(unstuck)
+        if self.metrics is not None:
+            self.metrics.model_timeouts.labels(model=str(key)).inc()
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=False)
+        self._pools.clear()

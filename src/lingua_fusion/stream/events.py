@@ -1,0 +1,181 @@
+"""What a stream says to its client: one class per event, each with one ``to_wire()``.
+
+Fields marked internal (``INTERNAL``) carry what the engine needs about an event (when its words arrived, which
+input it came from) and never reach the wire. Optional fields (``OPTIONAL``) are left out while they are None.
+The wire format is documented in docs/streaming.md and docs/asyncapi.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+INTERNAL = {"internal": True}
+OPTIONAL = {"optional": True}
+
+
+def _opt() -> Any:
+    return field(default=None, metadata=OPTIONAL)
+
+
+@dataclass
+class Event:
+    TYPE: ClassVar[str] = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.TYPE}
+        for f in fields(self):
+            if f.metadata.get("internal"):
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("optional"):
+                continue
+            out[f.name] = value
+        return out
+
+
+@dataclass
+class Ready(Event):
+    TYPE: ClassVar[str] = "ready"
+    stream_id: str
+    resume_token: str
+    slo: str
+    source_lang: str
+    targets: list[str]
+    partials: bool
+    resumed: dict[str, Any] | None = field(default=None, metadata=INTERNAL)  # last_seq, resume_from(_ts)
+
+    def to_wire(self) -> dict[str, Any]:
+        out = super().to_wire()
+        if self.resumed is not None:
+            out.update(resumed=True, **self.resumed)
+        return out
+
+
+@dataclass
+class Partial(Event):
+    """Tentative text of the utterance being spoken (and its tentative translation into the first target)."""
+
+    TYPE: ClassVar[str] = "partial"
+    start: float
+    end: float
+    source_text: str
+    stable_text: str
+    text: str
+    confidence: float
+    revision: int
+
+
+@dataclass
+class Revision(Partial):
+    """A partial that does not extend the previous one: earlier words changed."""
+
+    TYPE: ClassVar[str] = "revision"
+
+
+@dataclass
+class Final(Event):
+    """A committed caption, numbered 1, 2, 3, ... with no gaps; logged before it is sent."""
+
+    TYPE: ClassVar[str] = "final"
+    start: float
+    end: float
+    source_text: str
+    text: str
+    translations: dict[str, str]
+    confidence: float
+    seq: int = 0
+    slides: list[str] = field(default_factory=list)
+    slide_terms: list[str] = field(default_factory=list)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    failed: list[str] | None = _opt()  # stages that failed after retries ("asr", "mt:es")
+    gated: list[str] | None = _opt()  # stages whose output was withheld (confidence below the stream's minimum)
+    note: str | None = _opt()
+    durable: bool | None = _opt()  # False: sent before it was logged (the stream log was down)
+    wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
+    modality: str = field(default="audio", metadata=INTERNAL)  # audio | text: which cursor it moves in the log
+
+
+@dataclass
+class Logged(Event):
+    """A final read back from the stream log (a resume's replay): sent as it was logged."""
+
+    body: dict[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(self.body)
+
+
+@dataclass
+class Metrics(Event):
+    TYPE: ClassVar[str] = "metrics"
+    seq: int
+    latency_ms: dict[str, float]
+    queue_depth: dict[str, int]
+
+
+@dataclass
+class Slide(Event):
+    TYPE: ClassVar[str] = "slide"
+    t: float
+    source_text: str
+
+
+@dataclass
+class Speech(Event):
+    TYPE: ClassVar[str] = "speech"
+    seq: int
+    lang: str
+    audio_base64: str
+    format: str = "wav"
+
+
+@dataclass
+class Error(Event):
+    """A problem that does not end the stream (one bad message, a slide not read), or the reason it ended."""
+
+    TYPE: ClassVar[str] = "error"
+    code: str
+    message: str
+    details: dict[str, Any] | None = _opt()
+
+
+@dataclass
+class NotDurable(Event):
+    TYPE: ClassVar[str] = "not_durable"
+    from_seq: int
+    message: str
+    code: str = "state_store_unavailable"
+
+
+@dataclass
+class Durable(Event):
+    TYPE: ClassVar[str] = "durable"
+    through_seq: int
+
+
+@dataclass
+class Degraded(Event):
+    """The SLO breaker moved this stream's class down its degradation ladder."""
+
+    TYPE: ClassVar[str] = "degraded"
+    slo: str
+    level: int
+    step: str
+    stage: str
+    window_p99_s: float | None
+
+
+@dataclass
+class Restored(Degraded):
+    TYPE: ClassVar[str] = "restored"
+
+
+@dataclass
+class Closed(Event):
+    TYPE: ClassVar[str] = "closed"
+    finals: int
+    reason: str = "end of stream"
+    unlogged: int | None = _opt()  # finals sent but never logged (the log stayed down)
+    frames_dropped: int | None = _opt()
+    timeline: dict[str, Any] | None = _opt()

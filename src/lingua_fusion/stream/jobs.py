@@ -1,0 +1,151 @@
+"""A stream's model jobs over the ModelPort: partial re-decodes, commits (ASR -> confidence gate -> MT per target),
+text translations, slides (OCR) and speech. Each returns what it made; the session decides what to do with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BackendError
+from ..glossary import Term
+from ..serving.keys import ModelKey
+from ..serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput
+from .events import Final
+from .protocol import StreamSpec
+
+MAX_SLIDES = 32  # slides a stream remembers (their words are ASR context and MT names)
+
+
+@dataclass(frozen=True)
+class Tentative:
+    """A partial re-decode's result: the source text and its tentative translation into the first target."""
+
+    text: str
+    confidence: float
+    translation: str
+
+
+class StreamJobs:
+    def __init__(self, spec: StreamSpec, port: ModelPort) -> None:
+        self.spec = spec
+        self.port = port
+        self.slides: list[tuple[float, str]] = []  # (stream time, OCR text), oldest first
+
+    def _ctx(self, tentative: bool, start: float | None = None) -> CallContext:
+        return CallContext(self.spec.stream_id, self.spec.slo, self.spec.importance, tentative, start)
+
+    def model_keys(self) -> list[ModelKey]:
+        """The model keys this stream uses (for its metrics events)."""
+        src = self.spec.source_lang
+        return [ModelKey.asr(src)] + [ModelKey.mt(src, t) for t in self.spec.targets if t != src]
+
+    async def vad(self, audio: np.ndarray) -> np.ndarray:
+        return await self.port.run(ModelKey.vad(), np.ascontiguousarray(audio), self._ctx(False))
+
+    async def partial(self, audio: np.ndarray, current: Callable[[], bool]) -> Tentative | None:
+        """Re-decode the utterance so far. None when shed, failed (a partial not shown) or no longer ``current``."""
+        try:
+            res: AsrOutput | None = await self.port.run(ModelKey.asr(self.spec.source_lang),
+                                                        AsrInput(audio, self._prompt()), self._ctx(True))
+            if res is None or not current():
+                return None
+            target = self.spec.targets[0]
+            translation = res.text
+            if res.text and target != self.spec.source_lang:
+                # a tentative translation of the tentative text: shed first under load, like the re-decode itself
+                out = await self.port.run(ModelKey.mt(self.spec.source_lang, target),
+                                          MtInput(res.text, tuple(self.spec.glossary)), self._ctx(True))
+                if out is None or not current():
+                    return None
+                translation = str(out)
+        except BackendError:
+            return None
+        return Tentative(res.text, res.confidence, translation)
+
+    async def commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float) -> Final | None:
+        """A committed utterance -> its final (unnumbered), or None when it held no words."""
+        span = {"start": round(start, 3), "end": round(end, 3), "source_text": "", "text": "",
+                "translations": {t: "" for t in self.spec.targets}, "wall_ref": wall_ref}
+        try:
+            res: AsrOutput | None = await self.port.run(ModelKey.asr(self.spec.source_lang),
+                                                        AsrInput(audio, self._prompt()), self._ctx(False, wall_ref))
+        except BackendError as exc:
+            # retried and still failing: the span gets a final that says so, keeping the numbering gap-free
+            return Final(**span, confidence=0.0, failed=["asr"], note=f"speech recognition failed: {exc.message}")
+        if res is None or not res.text.strip():
+            return None
+        if res.confidence < self.spec.min_confidence:
+            return Final(**span, confidence=res.confidence, gated=["asr"],
+                         note=f"speech confidence {res.confidence:.2f} below {self.spec.min_confidence}")
+        asr_ms = (time.monotonic() - wall_ref) * 1000
+        return await self.translate(res.text, start, end, confidence=res.confidence, wall_ref=wall_ref,
+                                    asr_ms=asr_ms)
+
+    async def translate(self, text: str, start: float, end: float, *, confidence: float, wall_ref: float,
+                        asr_ms: float = 0.0, modality: str = "audio") -> Final | None:
+        if not text:
+            return None
+        src = self.spec.source_lang
+        t0 = time.monotonic()
+        slide_terms = self._slide_terms(text)
+        terms = tuple(self.spec.glossary + slide_terms)
+        failed: list[str] = []
+        notes: list[str] = []
+
+        async def one(target: str) -> str:
+            if target == src:
+                return text
+            try:
+                out = await self.port.run(ModelKey.mt(src, target), MtInput(text, terms), self._ctx(False, wall_ref))
+            except BackendError as exc:  # retried and still failing: the source text stays, the target is empty
+                failed.append(f"mt:{target}")
+                notes.append(f"translation to {target} failed: {exc.message}")
+                return ""
+            return str(out or "")
+
+        outs = await asyncio.gather(*(one(t) for t in self.spec.targets))
+        translations = dict(zip(self.spec.targets, outs, strict=True))
+        slides = [s for t, s in self.slides if start - 0.5 <= t <= end] or ([self.slides[-1][1]] if self.slides
+                                                                              else [])
+        return Final(start=round(start, 3), end=round(end, 3), source_text=text,
+                     text=translations[self.spec.targets[0]], translations=translations, confidence=confidence,
+                     slides=slides, slide_terms=[t.source for t in slide_terms],
+                     latency_ms={"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
+                     failed=sorted(failed) or None, note="; ".join(notes) or None, wall_ref=wall_ref,
+                     modality=modality)
+
+    async def read_slide(self, image: np.ndarray, t: float) -> str | None:
+        """OCR a frame (tentative work: shed under load). Raises BackendError when the OCR backend fails."""
+        lines = await self.port.run(ModelKey.ocr(), image, self._ctx(True))
+        if not lines:
+            return None
+        text = " ".join(ln.text for ln in lines)
+        self.slides.append((t, text))
+        del self.slides[:-MAX_SLIDES]
+        return text
+
+    async def speak(self, text: str, lang: str) -> bytes | None:
+        return await self.port.run(ModelKey.tts(lang), text, self._ctx(False))
+
+    def _slide_terms(self, text: str) -> list[Term]:
+        """Names on recent slides (acronyms, capitalised words inside a line) that this utterance says: MT keeps
+        them as written instead of translating or re-spelling them (Apertium turns "Acme" into "Acmé")."""
+        names: set[str] = set()
+        for _t, slide in self.slides[-5:]:
+            for line in slide.split("  ") if "  " in slide else [slide]:
+                words = re.findall(r"[A-Za-z][A-Za-z0-9]+", line)
+                for i, w in enumerate(words):
+                    if (w.isupper() and len(w) > 1) or any(c.isdigit() for c in w) or (i > 0 and w[0].isupper()):
+                        names.add(w)
+        own = {t.source.lower() for t in self.spec.glossary}
+        return [Term(n, n) for n in sorted(names) if n.lower() not in own and re.search(rf"\b{re.escape(n)}\b", text)]
+
+    def _prompt(self) -> str | None:
+        """Words on the current slide, as ASR context (hot words)."""
+        return self.slides[-1][1][:200] if self.slides else None

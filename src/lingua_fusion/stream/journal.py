@@ -1,0 +1,176 @@
+"""The write-ahead log client of a stream: every final is logged before it is sent, and none is lost when the log
+fails.
+
+``StreamLog`` is shared by a service's streams: the store (state/streams.py), its link (stream/storelink.py:
+threads, backoff, one probe at a time) and the writers of finals still unlogged when their stream closed.
+``Journal`` is one stream's: writes go through one ordered backlog (the log stays in seq order); a final waits for
+its write at most ``state.log_wait_s``. While the log is down or slow (Redis killed, slow, cut off) captions keep
+flowing: a final that could not wait goes out marked ``durable: false`` (after a ``not_durable`` event), stays
+queued (bounded) and is written when the store answers; a ``durable`` event then says up to which seq everything is
+logged. When the stream ends with finals still unlogged, their writer is handed to the StreamLog, which owns it
+until they are written or ``BACKLOG_AFTER_CLOSE_S`` pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ClientError, LinguaFusionError
+from .events import Durable, Error, Event, Final, NotDurable
+from .storelink import STORE_WAIT_S, StoreLink
+
+BACKLOG_AFTER_CLOSE_S = 60.0  # how long unlogged finals are still written after their stream closed
+MAX_UNLOGGED = 1000  # finals a stream may have sent but not logged before it is closed
+
+
+class StreamLog:
+    """Owns its store: ``close`` closes it."""
+
+    def __init__(self, store: Any, metrics: Any = None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.link = StoreLink(store, metrics)
+        self._orphans: dict[str, asyncio.Task[None]] = {}
+
+    async def call(self, fn: Callable[..., Any], *args: Any, wait_s: float | None = STORE_WAIT_S) -> Any:
+        return await self.link.call(fn, *args, wait_s=wait_s)
+
+    def adopt(self, stream_id: str, writer: asyncio.Task[None]) -> None:
+        self._orphans[stream_id] = writer
+        writer.add_done_callback(lambda t: self._orphans.pop(stream_id, None) if self._orphans.get(stream_id) is t
+                                 else None)
+
+    async def settled(self, stream_id: str, wait_s: float = STORE_WAIT_S) -> None:
+        """A resume reads the log only after a closed stream's last finals reached it (or ``wait_s`` passed)."""
+        writer = self._orphans.get(stream_id)
+        if writer is not None and not writer.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(writer), wait_s)
+
+    async def close(self) -> None:
+        for task in self._orphans.values():
+            task.cancel()
+        for task in list(self._orphans.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._orphans.clear()
+        self.link.close()
+        self.store.close()
+
+
+@dataclass
+class _Entry:
+    final: dict[str, Any]  # the wire form, as logged
+    origin: float | None  # the stream clock's origin (media time of t=0) when it was logged
+    audio: bool  # moves committed_until (audio) or text_until (text)
+
+
+class Journal:
+    def __init__(self, log: StreamLog, stream_id: str, emit: Callable[[Event], None], *, wait_s: float,
+                 max_unlogged: int = MAX_UNLOGGED) -> None:
+        self.log = log
+        self.stream_id = stream_id
+        self._emit = emit
+        self.wait_s = wait_s
+        self.max_unlogged = max_unlogged
+        self.logged_seq = 0
+        self._unlogged: deque[_Entry] = deque()
+        self._writer: asyncio.Task[None] | None = None
+        self._progress = asyncio.Condition()
+        self._outage = False  # a not_durable event went out and no durable one yet
+        self._closed_at: float | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._unlogged)
+
+    @property
+    def full(self) -> bool:
+        return len(self._unlogged) >= self.max_unlogged
+
+    async def open(self, resume_token: str, spec: dict[str, Any]) -> None:
+        """Record a new stream (a resumed one is in the log already)."""
+        await self.log.call(self.log.store.open_stream, self.stream_id, resume_token, {"spec": spec})
+
+    async def append(self, final: Final, origin: float | None) -> None:
+        """Log ``final`` (numbered) before it is sent; marks it ``durable = False`` when it cannot wait."""
+        seq = final.seq
+        self._unlogged.append(_Entry(final.to_wire(), origin, final.modality == "audio"))
+        if self.log.metrics is not None:
+            self.log.metrics.unlogged_finals.inc()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_backlog(), name=f"journal:{self.stream_id}")
+        wait = self.wait_s if self.log.link.ready() else 0.0
+        try:
+            async with self._progress:
+                await asyncio.wait_for(self._progress.wait_for(lambda: self.logged_seq >= seq), wait)
+            return
+        except TimeoutError:
+            if self.logged_seq >= seq:
+                return  # written just as the wait ran out
+        final.durable = False
+        if not self._outage:
+            self._outage = True
+            why = self.log.link.last_error or "the write is slow"
+            self._emit(NotDurable(from_seq=seq, message=f"captions from {seq} on are sent before they are "
+                                                         f"crash-safe ({why}); a durable event follows when they are"))
+
+    async def _write_backlog(self) -> None:
+        link = self.log.link
+        while self._unlogged:
+            if self._closed_at is not None and time.monotonic() - self._closed_at > BACKLOG_AFTER_CLOSE_S:
+                return  # the stream is gone and the log still does not answer: give up (counted as unlogged)
+            if not link.ready():
+                await asyncio.sleep(min(1.0, max(0.05, link.down_until - link.clock())))
+                continue
+            entry = self._unlogged[0]
+            end = float(entry.final["end"])
+            try:
+                await link.call(self.log.store.append_final, self.stream_id, entry.final,
+                                end if entry.audio else None, entry.origin, None if entry.audio else end)
+            except ClientError as exc:  # the store answered: this stream is gone from it (compacted, Redis lost it)
+                self._unlogged.clear()
+                if self._closed_at is None:
+                    self._emit(Error(exc.code, f"the stream log lost this stream: {exc.message}"))
+                return
+            except LinguaFusionError:
+                await asyncio.sleep(0.05)
+                continue
+            self._unlogged.popleft()
+            if self.log.metrics is not None:
+                self.log.metrics.unlogged_finals.dec()
+            async with self._progress:
+                self.logged_seq = int(entry.final["seq"])
+                self._progress.notify_all()
+            if not self._unlogged and self._outage and self._closed_at is None:
+                self._outage = False
+                self._emit(Durable(through_seq=self.logged_seq))
+
+    async def finish(self, wait_s: float) -> int:
+        """The stream ended: give the backlog ``wait_s`` seconds to reach the log, then record the stream as closed
+        when nothing is left. Returns how many finals stayed unlogged."""
+        if self._writer is not None and not self._writer.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._writer), wait_s)
+        if not self._unlogged:
+            with contextlib.suppress(LinguaFusionError):
+                await self.log.call(self.log.store.close_stream, self.stream_id)
+        return len(self._unlogged)
+
+    def detach(self) -> None:
+        """The stream closed (or its client went away): a writer with finals still to log goes on, owned by the
+        StreamLog (a connection drop is not a reason to lose them); anything else stops."""
+        self._closed_at = time.monotonic()
+        writer = self._writer
+        if writer is None or writer.done():
+            return
+        if self._unlogged:
+            self.log.adopt(self.stream_id, writer)
+        else:
+            writer.cancel()

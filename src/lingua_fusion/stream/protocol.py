@@ -1,0 +1,133 @@
+"""The live-stream protocol in code: the start and resume messages, a stream's spec, SLO policies, close codes.
+
+It matches docs/streaming.md and docs/asyncapi.yaml. Close codes: 4000 + the HTTP status of the error (4400 bad
+start message, 4401 unauthenticated, 4403 forbidden, 4408 idle, 4413 message too large, 4429 overloaded: admission
+refused, or a client that stopped reading), 1012 the server is draining (reconnect and resume), 1011 server error.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import langs
+from ..errors import InvalidParameter, LinguaFusionError
+from ..glossary import Term
+from ..serving.scheduler import SLO_CLASSES
+from .policy import PolicyConfig
+
+POLICIES = {
+    "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0),
+    "standard": PolicyConfig(step_s=1.0, eou_silence_s=0.4, max_utterance_s=10.0),
+    "batch": PolicyConfig(step_s=3.0, eou_silence_s=0.6, max_utterance_s=15.0),
+}
+INPUTS = ("audio", "image", "text")  # what a stream may send; a stream declares a subset in its start message
+AUDIO_FORMATS = ("pcm16", "webm", "ogg")  # webm / ogg: Opus, as a browser's MediaRecorder sends it
+MAX_START_BYTES = 64 * 1024
+MAX_TARGETS = 8
+
+
+@dataclass
+class StreamSpec:
+    source_lang: str
+    targets: list[str]
+    slo: str = "standard"
+    importance: float = 0.5
+    partials: bool = True
+    glossary: list[Term] = field(default_factory=list)
+    min_confidence: float = 0.4
+    speech: bool = False
+    audio_format: str = "pcm16"
+    # seconds added to a modality's media timestamps to bring it onto the audio clock (camera / slide skew)
+    clock_offsets: dict[str, float] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=lambda: list(INPUTS))  # no audio: no speech capacity reserved
+    stream_id: str = field(default_factory=lambda: "st_" + secrets.token_hex(8))
+    resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+
+    @property
+    def policy(self) -> PolicyConfig:
+        return POLICIES[self.slo]
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the stream log keeps, so a resume after a restart rebuilds the same stream."""
+        return {"source_lang": self.source_lang, "targets": self.targets, "slo": self.slo,
+                "importance": self.importance, "partials": self.partials,
+                "glossary": [[t.source, t.target] for t in self.glossary], "min_confidence": self.min_confidence,
+                "speech": self.speech, "audio_format": self.audio_format, "clock_offsets": self.clock_offsets,
+                "inputs": self.inputs}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
+        return cls(source_lang=d["source_lang"], targets=list(d["targets"]), slo=d["slo"],
+                   importance=float(d["importance"]), partials=bool(d["partials"]),
+                   glossary=[Term(s, t) for s, t in d.get("glossary", [])],
+                   min_confidence=float(d["min_confidence"]), speech=bool(d["speech"]),
+                   audio_format=d.get("audio_format", "pcm16"), clock_offsets=dict(d.get("clock_offsets", {})),
+                   inputs=list(d.get("inputs", INPUTS)), stream_id=stream_id, resume_token=resume_token)
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    """A reconnecting client: the stream it had, its token, and the last final it received."""
+
+    stream_id: str
+    resume_token: str
+    last_seq: int
+
+
+def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], object], glossary: list[Term]) -> StreamSpec:
+    """A new stream's start message -> its spec. ``check_pair(source, target)`` raises ``unsupported_pair``."""
+    if msg.get("type") != "start":
+        raise InvalidParameter("the first message must be {\"type\": \"start\", ...}")
+    source = langs.normalize(msg.get("source_lang") or "en", field="source_lang")
+    raw_targets = msg.get("target_langs") or ([msg["target_lang"]] if msg.get("target_lang") else [])
+    if not raw_targets or not isinstance(raw_targets, list) or len(raw_targets) > MAX_TARGETS:
+        raise InvalidParameter(f"target_langs must list 1 to {MAX_TARGETS} languages")
+    targets = [langs.normalize(t, field="target_langs") for t in raw_targets]
+    for t in targets:
+        if t != source:
+            check_pair(source, t)
+    slo = str(msg.get("slo", "standard"))
+    if slo not in SLO_CLASSES:
+        raise InvalidParameter(f"slo must be one of {sorted(SLO_CLASSES)}")
+    try:
+        importance = float(msg.get("importance", msg.get("priority", 0.5)))
+        min_conf = float(msg.get("min_confidence", 0.4))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]") from exc
+    if not (0.0 <= importance <= 1.0 and 0.0 <= min_conf <= 1.0):
+        raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]")
+    offsets = msg.get("clock_offsets") or {}
+    if not isinstance(offsets, dict) or any(k not in ("image", "text") or not isinstance(v, int | float)
+                                            or abs(v) > 60 for k, v in offsets.items()):
+        raise InvalidParameter("clock_offsets maps 'image' / 'text' to seconds (|offset| <= 60)")
+    audio_format = str(msg.get("audio_format", "pcm16")).lower()
+    if audio_format not in AUDIO_FORMATS:
+        raise InvalidParameter("audio_format must be pcm16, webm or ogg (Opus)")
+    inputs = msg.get("inputs", list(INPUTS))
+    if not isinstance(inputs, list) or not inputs or any(i not in INPUTS for i in inputs):
+        raise InvalidParameter("inputs lists what the stream will send: a non-empty subset of audio, image, text")
+    return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
+                      partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
+                      speech=bool(msg.get("speech", False)), audio_format=audio_format,
+                      clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)))
+
+
+def parse_resume(resume: Any) -> ResumeRequest:
+    if not isinstance(resume, dict) or not resume.get("stream_id") or not resume.get("resume_token"):
+        raise InvalidParameter("resume needs stream_id, resume_token and last_seq")
+    try:
+        last_seq = int(resume.get("last_seq", 0))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidParameter("last_seq must be an integer") from exc
+    if not 0 <= last_seq < 2**53:
+        raise InvalidParameter("last_seq must be an integer from 0 to 2**53")
+    return ResumeRequest(str(resume["stream_id"]), str(resume["resume_token"]), last_seq)
+
+
+def close_code(err: LinguaFusionError) -> int:
+    if err.code == "draining":
+        return 1012  # service restart: reconnect
+    return 4000 + err.status if 400 <= err.status < 500 else 1011

@@ -1,0 +1,256 @@
+"""The StreamService: the one owner of live streams, used by the WebSocket route and by in-process streams alike.
+
+``open`` runs the whole ceremony of a stream's start (auth is the caller's): parse the start message (or the resume
+request: abort an older session of the same stream and re-read the log), per-key quota, drain check, admission,
+registration, the ``ready`` event, and for a resume the finals the client missed (exactly once, in order) with a
+notice when compaction dropped some. ``drain`` ends every stream for a shutdown. The service is also where the SLO
+breaker lives: it hears every caption's latency (StreamOwner) and every committed model stage's (StageObserver),
+and applies the breaker's transitions to its streams: notices, fewer partials and frames, shedding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Settings
+from ..errors import Draining, InvalidParameter, LinguaFusionError, Overloaded, PermissionDenied
+from ..glossary import Term
+from ..serving.breaker import SLOBreaker, Transition
+from ..serving.executor import Executor
+from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
+from .events import Closed, Degraded, Error, Event, Logged, Restored
+from .journal import StreamLog
+from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
+from .session import StreamSession
+
+log = logging.getLogger("lingua_fusion.streams")
+DRAIN_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who opens a stream: an API key's id, and whether it has admin scope."""
+
+    key_id: str
+    admin: bool = False
+
+
+@dataclass
+class KeyQuota:
+    """Open streams per API key (shared by the services of one server)."""
+
+    limit: int
+    open: dict[str, int] = field(default_factory=dict)
+
+    def take(self, key_id: str) -> None:
+        if self.open.get(key_id, 0) >= self.limit:
+            raise Overloaded("this key has too many open streams", retry_after=5.0)
+        self.open[key_id] = self.open.get(key_id, 0) + 1
+
+    def give(self, key_id: str) -> None:
+        self.open[key_id] = max(0, self.open.get(key_id, 1) - 1)
+
+
+@dataclass
+class Opened:
+    """A stream that is live: what to send first (``ready``; on a resume the finals the client missed, and
+    ``closed`` when the stream had ended already), then the session's own events."""
+
+    session: StreamSession
+    greeting: list[Event]
+    finished: bool = False
+
+
+class StreamService:
+    def __init__(self, executor: Executor, settings: Settings, *, log: StreamLog | None = None,
+                 metrics: Any = None, glossary_for: Callable[[Principal, str], list[Term]] | None = None,
+                 quota: KeyQuota | None = None, baseline: StreamService | None = None) -> None:
+        self.executor = executor
+        self.settings = settings
+        self.log = log
+        self.metrics = metrics
+        self.glossary_for = glossary_for
+        self.quota = quota or KeyQuota(settings.server.max_streams_per_key)
+        self.baseline = baseline  # serves start messages with "engine": "per-stream" (admin keys, benchmarks)
+        self.sessions: dict[str, StreamSession] = {}
+        self._owners: dict[str, str] = {}  # stream id -> key id holding the quota
+        self.draining = False
+        self.breaker = SLOBreaker(dict(SLO_CLASSES), window_s=settings.server.breaker_window_s,
+                                  k=settings.server.breaker_k, stage_share=STAGE_BUDGET)
+        self._ticker: asyncio.Task[None] | None = None
+        executor.observer = self
+
+    # ---- opening -----------------------------------------------------------------------------------------------
+    async def open(self, msg: dict[str, Any], who: Principal) -> Opened:
+        engine = str(msg.get("engine", "batched"))
+        if engine not in ("batched", "per-stream") or (engine == "per-stream" and self.baseline is None):
+            raise InvalidParameter("engine must be one of ['batched', 'per-stream']")
+        if engine == "per-stream":
+            if not who.admin:
+                raise PermissionDenied("the per-stream baseline engine is for benchmarks: it needs an admin key")
+            assert self.baseline is not None
+            return await self.baseline.open({**msg, "engine": "batched"}, who)
+        snapshot: dict[str, Any] | None = None
+        last_seq = 0
+        if msg.get("resume") is not None:
+            req = parse_resume(msg["resume"])
+            spec, snapshot = await self._resume(req)
+            last_seq = req.last_seq
+        else:
+            gid = msg.get("glossary_id")
+            terms = self.glossary_for(who, str(gid)) if gid and self.glossary_for is not None else []
+            spec = parse_start(msg, self.executor.registry.mt_route, terms)
+        if self.draining:
+            raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
+        self.quota.take(who.key_id)
+        try:
+            self.executor.admit(self.executor.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets,
+                                                     spec.partials, spec.policy.step_s, spec.inputs))
+        except BaseException:
+            self.quota.give(who.key_id)
+            raise
+        self._owners[spec.stream_id] = who.key_id
+        session = StreamSession(spec, self.executor, self, self.settings, log=self.log, resume=snapshot)
+        self.sessions[spec.stream_id] = session
+        try:
+            greeting: list[Event] = [await session.open()]
+            finished = False
+            if snapshot is not None:
+                greeting += await self._replay(spec.stream_id, last_seq, int(snapshot.get("log_from", 1)))
+                if snapshot.get("closed"):
+                    greeting.append(Closed(finals=session.seq))
+                    finished = True
+        except BaseException:
+            session.abort()
+            raise
+        return Opened(session, greeting, finished)
+
+    async def _resume(self, req: ResumeRequest) -> tuple[StreamSpec, dict[str, Any]]:
+        if self.log is None:
+            raise InvalidParameter("this engine keeps no stream log: streams cannot be resumed")
+        spec, snapshot = await self._snapshot(req)
+        old = self.sessions.get(spec.stream_id)
+        if old is not None:
+            # the client saw the break before this server did: end the old session, then read the log again, so
+            # nothing the old session logged meanwhile is numbered twice
+            old.abort()
+            spec, snapshot = await self._snapshot(req)
+        if req.last_seq > int(snapshot.get("last_seq", 0)):
+            # the server died holding finals it had sent but not logged (the log was down): number on from what
+            # the client has, so no seq is reused; their audio, re-sent from committed_until, is transcribed again
+            snapshot = {**snapshot, "last_seq": req.last_seq}
+        return spec, snapshot
+
+    async def _snapshot(self, req: ResumeRequest) -> tuple[StreamSpec, dict[str, Any]]:
+        assert self.log is not None
+        await self.log.settled(req.stream_id)  # a closed session's last finals first
+        snapshot = await self.log.call(self.log.store.resume, req.stream_id, req.resume_token)
+        return StreamSpec.from_dict(snapshot["spec"], req.stream_id, req.resume_token), snapshot
+
+    async def _replay(self, stream_id: str, last_seq: int, log_from: int) -> list[Event]:
+        assert self.log is not None
+        out: list[Event] = []
+        if last_seq + 1 < log_from:  # compaction dropped finals this client never saw: say so
+            out.append(Error("log_compacted", f"finals {last_seq + 1}..{log_from - 1} are past the log's retention "
+                                              "and cannot be replayed"))
+        logged = await self.log.call(self.log.store.finals_after, stream_id, last_seq)
+        out += [Logged(e) for e in logged if int(e["seq"]) > last_seq]  # exactly once, in order
+        return out
+
+    # ---- StreamOwner -------------------------------------------------------------------------------------------
+    def released(self, session: StreamSession) -> None:
+        stream_id = session.spec.stream_id
+        if self.sessions.get(stream_id) is not session:
+            return  # released already (or replaced by a resumed session)
+        del self.sessions[stream_id]
+        self.executor.release(stream_id)
+        owner = self._owners.pop(stream_id, None)
+        if owner is not None:
+            self.quota.give(owner)
+
+    def degraded(self, slo: str, step: str) -> bool:
+        return self.breaker.active(slo, step)
+
+    def caption_done(self, slo: str, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.caption(slo, seconds)
+        self._record(slo, seconds, "caption")
+
+    # ---- StageObserver -----------------------------------------------------------------------------------------
+    def stage_done(self, slo: str, stage: str, seconds: float) -> None:
+        self._record(slo, seconds, stage)
+
+    # ---- the SLO breaker ---------------------------------------------------------------------------------------
+    def _record(self, slo: str, seconds: float, stage: str) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._tick_loop(), name="breaker")
+        self._apply(self.breaker.record(slo, seconds, self.executor.clock(), stage))
+
+    async def _tick_loop(self) -> None:
+        """Closes idle windows (a class that went quiet is restored)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._apply(self.breaker.tick(self.executor.clock()))
+
+    def _apply(self, transitions: list[Transition]) -> None:
+        for t in transitions:
+            down = t.to_level > t.from_level
+            log.warning("SLO breaker %s: level %d -> %d (%s, %s window p99 %s s)", t.slo, t.from_level,
+                        t.to_level, t.step, t.stage, t.p99)
+            if self.metrics is not None:
+                self.metrics.degradation_level.labels(slo=t.slo).set(t.to_level)
+                self.metrics.breaker_transitions.labels(slo=t.slo, direction="degrade" if down else "restore").inc()
+            affected = [s for s in self.sessions.values() if s.spec.slo == t.slo]
+            notice = Degraded if down else Restored
+            for s in affected:
+                s.notify(notice(slo=t.slo, level=t.to_level, step=t.step, stage=t.stage, window_p99_s=t.p99))
+            if down and t.step == "shed_low_importance" and affected:
+                victim = min(affected, key=lambda s: s.spec.importance)
+                victim.fail(Overloaded("the server is over its SLO; the least important stream was shed",
+                                       retry_after=10.0))
+
+    # ---- ending --------------------------------------------------------------------------------------------------
+    async def drain(self, deadline_s: float) -> None:
+        """Stop admitting; let every live stream finish its queued commits (logged and sent) within
+        ``deadline_s``, then close it with ``draining`` so its client reconnects (here after a restart, or
+        elsewhere) and resumes."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        for _ in range(int(deadline_s / DRAIN_POLL_S) + 1):  # sessions finish on their own: look every 50 ms
+            if not any(s.busy() for s in self.sessions.values()) or loop.time() >= end:
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        for s in list(self.sessions.values()):
+            s.fail(Draining("the server is shutting down; reconnect to resume this stream"))
+        if self.baseline is not None:
+            await self.baseline.drain(max(0.0, end - loop.time()))
+
+    async def compact(self) -> dict[str, int]:
+        """Log compaction: drop streams past their retention, trim long logs (state/streams.py)."""
+        if self.log is None:
+            return {}
+        return await self.log.call(self.log.store.compact, self.settings.state.retention_s,
+                                   self.settings.state.max_log_finals, wait_s=None)
+
+    async def close(self) -> None:
+        for s in list(self.sessions.values()):
+            s.abort()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._ticker
+        await self.executor.close()
+        if self.log is not None:
+            await self.log.close()
+        if self.baseline is not None:
+            await self.baseline.close()
+
+
+def error_event(exc: LinguaFusionError) -> Error:
+    return Error(exc.code, exc.message, exc.details or None)

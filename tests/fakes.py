@@ -1,0 +1,95 @@
+"""Fakes of the stream wing's ports (serving/ports.py ModelPort, stream/session.py StreamOwner): what unit tests
+of a session use instead of models. Nothing else of the engine is faked."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from lingua_fusion.config import Settings
+from lingua_fusion.serving.keys import ModelKey
+from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext, MtInput
+from lingua_fusion.stream.journal import StreamLog
+from lingua_fusion.stream.protocol import StreamSpec
+from lingua_fusion.stream.session import StreamSession
+
+
+def loud_is_speech(audio: np.ndarray) -> np.ndarray:
+    """VAD by loudness: the test decides where utterances are."""
+    n = len(audio) // 512
+    return (np.abs(audio[: n * 512]).reshape(n, 512).mean(axis=1) > 0.05).astype(np.float32)
+
+
+class FakePort:
+    """A ModelPort: MT upper-cases (text containing 'slow' takes 0.2 s, to test ordering), ASR says ``asr_text``,
+    VAD is ``loud_is_speech``, OCR returns no lines. Every call is recorded as (key, payload, ctx)."""
+
+    def __init__(self, asr_text: str = "hello there", asr_confidence: float = 0.9,
+                 on_call: Callable[[ModelKey, Any], Any] | None = None) -> None:
+        self.asr = AsrOutput(asr_text, asr_confidence)
+        self.on_call = on_call
+        self.calls: list[tuple[ModelKey, Any, CallContext]] = []
+
+    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+        self.calls.append((key, payload, ctx))
+        if self.on_call is not None:
+            out = self.on_call(key, payload)
+            if out is not None:
+                return out
+        if key.task == "vad":
+            return loud_is_speech(payload)
+        if key.task == "asr":
+            assert isinstance(payload, AsrInput)
+            return self.asr
+        if key.task == "mt":
+            assert isinstance(payload, MtInput)
+            await asyncio.sleep(0.2 if "slow" in payload.text else 0.0)
+            return payload.text.upper()
+        if key.task == "tts":
+            return b"RIFF" + b"\0" * 40
+        return []
+
+    def depth(self, key: ModelKey) -> int:
+        return 0
+
+    def count(self, task: str) -> int:
+        return sum(1 for k, _, _ in self.calls if k.task == task)
+
+
+class FakeOwner:
+    """A StreamOwner: breaker steps switched on by hand, captions and releases recorded."""
+
+    def __init__(self) -> None:
+        self.steps: set[str] = set()
+        self.captions: list[float] = []
+        self.released_ids: list[str] = []
+
+    def degraded(self, slo: str, step: str) -> bool:
+        return step in self.steps
+
+    def caption_done(self, slo: str, seconds: float) -> None:
+        self.captions.append(seconds)
+
+    def released(self, session: StreamSession) -> None:
+        self.released_ids.append(session.spec.stream_id)
+
+
+def session(port: FakePort | None = None, owner: FakeOwner | None = None, *, store: Any = None,
+            settings: Settings | None = None, **kw: Any) -> StreamSession:
+    """A session on fakes, spec en -> es unless ``spec`` is given; ``store``: a real stream store (journal on)."""
+    spec = kw.pop("spec", None) or StreamSpec(source_lang="en", targets=["es"])
+    return StreamSession(spec, port or FakePort(), owner or FakeOwner(), settings or Settings(),
+                         log=StreamLog(store) if store is not None else None, **kw)
+
+
+async def drain(s: StreamSession, wait_s: float = 5.0) -> list[dict[str, Any]]:
+    """Every event on the wire until ``closed`` (each within ``wait_s``)."""
+    out = []
+    while True:
+        ev = (await asyncio.wait_for(s.events.get(), timeout=wait_s)).to_wire()
+        out.append(ev)
+        if ev["type"] == "closed":
+            return out
