@@ -11,12 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from conftest import start_server, stop_server
 
 from lingua_fusion import MultimodalTranslator
 from lingua_fusion.errors import InvalidParameter, MalformedOutput
 from lingua_fusion.serving.faults import check_outputs, garble, parse_fault, pick
+from lingua_fusion.serving.keys import ModelKey
+from lingua_fusion.serving.ports import AsrInput, AsrOutput, MtInput
 
 
 @pytest.fixture(scope="module")
@@ -114,25 +117,31 @@ def test_bad_fault_requests_are_refused_with_a_code(chaos_url: str) -> None:
 
 # ---- units -----------------------------------------------------------------------------------------------------
 def test_output_check_rejects_what_cannot_be_a_caption() -> None:
-    args = [("hello", [])]
-    assert check_outputs("mt:en-es", args, ["hola"]) == ["hola"]
+    mt, asr, tts = ModelKey.mt("en", "es"), ModelKey.asr("en"), ModelKey.tts("es")
+    args = [MtInput("hello")]
+    assert check_outputs(mt, args, ["hola"]) == ["hola"]
     for bad in ([], ["hola", "x"], [None], ["\x00bad"], ["x" * 500]):
         with pytest.raises(MalformedOutput):
-            check_outputs("mt:en-es", args, bad)
-    assert check_outputs("asr:tiny.en", [None], [("hi", 0.9)]) == [("hi", 0.9)]
-    for bad_asr in ([("hi", math.nan)], [("hi", 1.5)], [["hi", 0.9]], [("\ufffd", 0.5)]):
+            check_outputs(mt, args, bad)
+    audio = AsrInput(np.zeros(16000, dtype=np.float32))
+    assert check_outputs(asr, [audio], [AsrOutput("hi", 0.9)]) == [AsrOutput("hi", 0.9)]
+    for bad_asr in ([AsrOutput("hi", math.nan)], [AsrOutput("hi", 1.5)], [("hi", 0.9)], [AsrOutput("\ufffd", 0.5)]):
         with pytest.raises(MalformedOutput):
-            check_outputs("asr:tiny.en", [None], bad_asr)
+            check_outputs(asr, [audio], bad_asr)
     with pytest.raises(MalformedOutput):
-        check_outputs("tts:es", ["hola"], [b"not a wav"])
+        check_outputs(tts, ["hola"], [b"not a wav"])
+    with pytest.raises(MalformedOutput):
+        check_outputs(ModelKey.vad(), [np.zeros(512)], [np.array([np.nan])])
 
 
 def test_garbage_never_passes_the_check() -> None:
     rng = random.Random(1)
-    for key, args, good in (("mt:en-es", [("a", [])] * 3, ["b"] * 3), ("asr:base:de", [None] * 2, [("x", 0.5)] * 2)):
+    audio = AsrInput(np.zeros(16000, dtype=np.float32))
+    for key, args, good in ((ModelKey.mt("en", "es"), [MtInput("a")] * 3, ["b"] * 3),
+                            (ModelKey.asr("de"), [audio] * 2, [AsrOutput("x", 0.5)] * 2)):
         for _ in range(50):
             with pytest.raises(MalformedOutput):
-                check_outputs(key, args, garble(key, list(good), rng))
+                check_outputs(key, args, garble(str(key), list(good), rng))
 
 
 def test_faults_fire_on_their_fraction_after_n_batches() -> None:

@@ -1,0 +1,187 @@
+"""One StreamService for every stream: an in-process stream (``MultimodalTranslator.local().stream``) and a
+WebSocket stream get the same breaker notices, the same shedding and the same drain, seen on the wire.
+
+The breaker is driven through the service's own entry point for caption latencies, with a clock the test moves,
+so each window closes when the test says; models are real (Apertium translates the text that is sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from conftest import free_port
+
+from lingua_fusion.api import create_app
+from lingua_fusion.config import Settings
+from lingua_fusion.errors import Overloaded
+from lingua_fusion.sdk.local import LocalTranslator
+from lingua_fusion.serving.breaker import STEPS
+from lingua_fusion.stream.service import StreamService
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def settings_for(tmp: Path) -> Settings:
+    s = Settings(state_dir=tmp)
+    s.server.auth = False
+    s.server.breaker_window_s = 1.0
+    s.server.breaker_k = 1  # one breached window moves the class one step
+    return s
+
+
+def start(importance: float) -> dict[str, Any]:
+    return {"type": "start", "source_lang": "en", "target_langs": ["es"], "slo": "standard", "partials": False,
+            "importance": importance, "inputs": ["text"]}
+
+
+class Wire:
+    """One stream's events as its client receives them, and how it ended."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.close_code: int | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Condition()
+
+    async def add(self, event: dict[str, Any]) -> None:
+        async with self._changed:
+            self.events.append(event)
+            self._changed.notify_all()
+
+    async def until(self, pred: Any, wait_s: float = 20.0) -> dict[str, Any]:
+        async with asyncio.timeout(wait_s), self._changed:
+            await self._changed.wait_for(lambda: any(pred(e) for e in self.events))
+            return next(e for e in self.events if pred(e))
+
+    def types(self) -> list[str]:
+        return [e["type"] + (":" + e["code"] if e["type"] == "error" else "") for e in self.events]
+
+
+async def open_local(translator: LocalTranslator, msg: dict[str, Any]) -> tuple[Wire, Any]:
+    stream = translator.stream(msg["target_langs"], source_lang="en", slo=msg["slo"], partials=False,
+                               importance=msg["importance"], inputs=msg["inputs"])
+    await stream.__aenter__()
+    wire = Wire()
+    wire.events.append(stream.ready)
+
+    async def read() -> None:
+        async for ev in stream:
+            await wire.add(ev.model_dump(exclude_none=True))
+
+    wire.task = asyncio.create_task(read())
+    return wire, stream.send_text
+
+
+async def open_ws(url: str, msg: dict[str, Any]) -> tuple[Wire, Any]:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    ws = await connect(url, open_timeout=10)
+    await ws.send(json.dumps(msg))
+    wire = Wire()
+
+    async def read() -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for raw in ws:
+                await wire.add(json.loads(raw))
+        wire.close_code = ws.close_code
+
+    async def send_text(text: str, ts: float) -> None:
+        await ws.send(json.dumps({"type": "text", "text": text, "ts": ts}))
+
+    wire.task = asyncio.create_task(read())
+    return wire, send_text
+
+
+async def scenario(service: StreamService, opener: Any) -> tuple[Wire, Wire]:
+    clock = Clock()
+    service.executor.clock = clock
+    low, _ = await opener(start(0.2))
+    high, send_high = await opener(start(0.8))
+    await low.until(lambda e: e["type"] == "ready")
+    await high.until(lambda e: e["type"] == "ready")
+    service.caption_done("standard", 30.0)  # 10x the class's 3 s target
+    for _ in STEPS:  # each closed window breaches: one step down the ladder per window
+        clock.t += 1.0
+        service.caption_done("standard", 30.0)
+    await low.until(lambda e: e["type"] == "error")
+    await high.until(lambda e: e["type"] == "degraded" and e["level"] == len(STEPS))
+    await send_high("The dog is black.", 0.0)
+    await high.until(lambda e: e["type"] == "final")
+    await service.drain(5.0)
+    await high.until(lambda e: e["type"] == "error")
+    for w in (low, high):
+        assert w.task is not None
+        await asyncio.wait_for(w.task, 10)
+    return low, high
+
+
+def check(low: Wire, high: Wire) -> None:
+    ladder = [("degraded", i + 1, step) for i, step in enumerate(STEPS)]
+    for w in (low, high):
+        got = [(e["type"], e["level"], e["step"]) for e in w.events if e["type"] == "degraded"]
+        assert got == (ladder if w is high else ladder[: len(got)]) and got, w.events
+    shed = next(e for e in low.events if e["type"] == "error")
+    assert shed["code"] == "overloaded" and "shed" in shed["message"]
+    assert not any(e["type"] == "final" for e in low.events)
+    final = next(e for e in high.events if e["type"] == "final")
+    assert final["seq"] == 1 and final["text"] == "El perro es negro."
+    assert high.types()[-1] == "error:draining" and "reconnect" in high.events[-1]["message"]
+
+
+async def test_in_process_stream_gets_breaker_notices_shedding_and_drain(tmp_path: Path) -> None:
+    translator = LocalTranslator(settings_for(tmp_path))
+    service = translator.streams()
+    try:
+        low, high = await scenario(service, lambda msg: open_local(translator, msg))
+    finally:
+        await service.close()
+        translator.close()
+    check(low, high)
+    assert service.sessions == {}  # both released
+
+
+async def test_websocket_stream_gets_the_same(tmp_path: Path) -> None:
+    app = create_app(settings_for(tmp_path), warm=False)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(30):
+            while not server.started:  # noqa: ASYNC110 (uvicorn offers no event for it)
+                await asyncio.sleep(0.05)
+        service: StreamService = app.state.streams
+        low, high = await scenario(service, lambda msg: open_ws(f"ws://127.0.0.1:{port}/v1/streams", msg))
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, 30)
+    check(low, high)
+    assert low.close_code == 4429 and high.close_code == 1012  # shed: don't retry here; draining: resume
+
+
+async def test_a_failed_stream_frees_its_quota_and_admission(tmp_path: Path) -> None:
+    translator = LocalTranslator(settings_for(tmp_path))
+    service = translator.streams()
+    try:
+        wire, _ = await open_local(translator, start(0.5))
+        await wire.until(lambda e: e["type"] == "ready")
+        assert len(service.sessions) == 1 and service.quota.open["local"] == 1
+        assert len(service.executor.scheduler.admitted) == 1
+        next(iter(service.sessions.values())).fail(Overloaded("shed"))
+        await wire.until(lambda e: e["type"] == "error")
+        assert service.sessions == {} and service.quota.open["local"] == 0
+        assert service.executor.scheduler.admitted == {}
+    finally:
+        await service.close()
+        translator.close()
