@@ -1,0 +1,267 @@
+"""Continuous batching of an encoder-decoder's decoder over paged KV caches.
+
+Every ``step`` feeds one token to every running sequence (a prompt token while it is being read, then the token
+generated at the previous step), so sequences join and leave the running batch at any step and a prompt is read
+in the same steps as other sequences' generation. Self-attention keys/values go to a paged pool (one block table
+per sequence); the encoder's keys/values (cross-attention) go to a second pool, written once per audio window and
+shared by every decode of that window (a partial re-decode and the commit of the same audio read the same
+entry). When the self-attention pool is full the lowest-priority running sequence (tentative work first) is
+preempted: its blocks go back and it starts again later (greedy decoding recomputes the same tokens).
+
+The architecture is behind ``DecoderModel`` (serving/gpu/models.py has Whisper's); the engine knows layers,
+heads, and attention, nothing of a particular model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from .blocks import BlockPool
+from .paged import Gather, PagedKV
+
+Attend = Callable[..., torch.Tensor]
+
+
+class DecoderModel(Protocol):
+    n_layer: int
+    n_head: int
+    head_dim: int
+    max_positions: int
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[batch] token ids at [batch] positions -> [batch, d_model]."""
+        ...
+
+    def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
+        """Layer ``i`` on [batch, d_model]; ``self_attn(q, k, v)`` and ``cross_attn(q)`` take and give
+        [batch, heads, head_dim]."""
+        ...
+
+    def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """[batch, vocab] (with the model's suppressions; ``first`` [batch] marks each sequence's first output)."""
+        ...
+
+    def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s cross-attention keys and values of an encoder output [frames, d_model]: [frames, heads,
+        head_dim] each."""
+        ...
+
+
+@dataclass
+class Decoded:
+    tokens: list[int]
+    logprobs: list[float]
+    preempted: int  # times this sequence was preempted and recomputed
+
+
+@dataclass
+class _Seq:
+    id: int
+    prompt: list[int]
+    cross: int
+    max_new: int
+    stop: frozenset[int]
+    tentative: bool
+    importance: float
+    future: Future[Decoded]
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    pos: int = 0  # tokens fed so far
+    preempted: int = 0
+
+    @property
+    def rank(self) -> tuple[bool, float, int]:
+        """Higher ranks keep their place: committed before tentative, then importance, then age."""
+        return (not self.tentative, self.importance, -self.id)
+
+    def next_input(self) -> int:
+        return self.prompt[self.pos] if self.pos < len(self.prompt) else self.out[-1]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    steps: int
+    tokens: int  # tokens fed (prompt and generated)
+    preemptions: int
+    self_blocks_used: int
+    self_blocks: int
+    cross_blocks_used: int
+    cross_blocks: int
+    fragmentation: float
+
+
+class DecodeEngine:
+    def __init__(self, model: DecoderModel, *, blocks: int, block_size: int = 16, cross_blocks: int,
+                 cross_block_size: int = 64, max_batch: int = 256, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.max_batch = max_batch
+        self.pool = BlockPool(blocks, block_size)
+        self.kv = PagedKV(self.pool, model.n_layer, model.n_head, model.head_dim, dtype=dtype, device=device)
+        self.cross_pool = BlockPool(cross_blocks, cross_block_size)
+        self.cross = PagedKV(self.cross_pool, model.n_layer, model.n_head, model.head_dim, dtype=dtype,
+                             device=device)
+        self._cross_refs: dict[int, int] = {}
+        self._ids = itertools.count(1)
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.steps = self.tokens = self.preemptions = 0
+
+    # ---- cross-attention entries ----------------------------------------------------------------------------
+    def add_memory(self, memory: torch.Tensor) -> int | None:
+        """Write an encoder output [frames, d_model] as a cross-attention entry; None when its pool is full."""
+        cid = next(self._ids)
+        frames = memory.shape[0]
+        if not self.cross_pool.allocate(cid, frames):
+            return None
+        slots = torch.tensor([self.cross_pool.slot(cid, p) for p in range(frames)], device=self.device)
+        with torch.inference_mode():
+            for i in range(self.model.n_layer):
+                k, v = self.model.cross_kv(i, memory)
+                self.cross.write(i, slots, k, v)
+        self._cross_refs[cid] = 1  # the caller's reference
+        return cid
+
+    def retain(self, cid: int) -> None:
+        self._cross_refs[cid] += 1
+
+    def release(self, cid: int) -> None:
+        self._cross_refs[cid] -= 1
+        if self._cross_refs[cid] <= 0:
+            del self._cross_refs[cid]
+            self.cross_pool.free(cid)
+
+    # ---- sequences ------------------------------------------------------------------------------------------
+    def submit(self, prompt: list[int], cross: int, *, max_new: int, stop: frozenset[int], tentative: bool = False,
+               importance: float = 0.5) -> Future[Decoded]:
+        if not prompt:
+            raise ValueError("a sequence needs at least one prompt token")
+        fut: Future[Decoded] = Future()
+        self.retain(cross)
+        seq = _Seq(next(self._ids), list(prompt), cross, max_new, stop, tentative, importance, fut)
+        (self.waiting.appendleft if not tentative else self.waiting.append)(seq)
+        return fut
+
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def stats(self) -> EngineStats:
+        s, c = self.pool.stats(), self.cross_pool.stats()
+        return EngineStats(len(self.running), len(self.waiting), self.steps, self.tokens, self.preemptions, s.used,
+                           s.blocks, c.used, c.blocks, s.fragmentation)
+
+    def _admit(self) -> None:
+        # keep one free block per running sequence in reserve, so admission does not cause immediate preemption
+        while self.waiting and len(self.running) < self.max_batch:
+            reserve = len(self.running) + 1
+            if self.pool.stats().free <= reserve:
+                break
+            seq = self.waiting.popleft()
+            if seq.future.cancelled():
+                self.release(seq.cross)
+                continue
+            self.pool.allocate(seq.id, 0)
+            self.running.append(seq)
+
+    def _preempt(self) -> None:
+        """Give back the blocks of the lowest-ranked running sequence; it waits and starts again later."""
+        victim = min(self.running, key=lambda s: s.rank)
+        self.running.remove(victim)
+        self.pool.free(victim.id)
+        victim.out, victim.logprobs, victim.pos = [], [], 0
+        victim.preempted += 1
+        self.preemptions += 1
+        (self.waiting.appendleft if not victim.tentative else self.waiting.append)(victim)
+
+    def _slots(self) -> list[int]:
+        """One slot per running sequence for the token it reads now, preempting while the pool is short."""
+        slots: dict[int, int] = {}
+        while self.running:
+            short = False
+            for seq in self.running:
+                if seq.id in slots:
+                    continue
+                slot = self.pool.append(seq.id)
+                if slot is None:
+                    short = True
+                    break
+                slots[seq.id] = slot
+            if not short:
+                break
+            self._preempt()
+            slots = {sid: slot for sid, slot in slots.items() if sid in self.pool}
+        return [slots[s.id] for s in self.running]
+
+    # ---- one step -------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> int:
+        """Feed one token to every running sequence; finish those that stop. Returns how many were running."""
+        self._admit()
+        if not self.running:
+            return 0
+        slots = self._slots()
+        batch = self.running
+        if not batch:
+            return 0
+        dev = self.device
+        tokens = torch.tensor([s.next_input() for s in batch], device=dev)
+        positions = torch.tensor([s.pos for s in batch], device=dev)
+        slot_t = torch.tensor(slots, device=dev)
+        self_gather = Gather.build(self.pool, [s.id for s in batch], [s.pos + 1 for s in batch], dev)
+        cross_gather = Gather.build(self.cross_pool, [s.cross for s in batch],
+                                    [self.cross_pool.length(s.cross) for s in batch], dev)
+        x = self.model.embed(tokens, positions)
+        for i in range(self.model.n_layer):
+            def self_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int = i) -> torch.Tensor:
+                self.kv.write(i, slot_t, k, v)
+                return self.kv.attend(i, q[:, :, None, :], self_gather)[:, :, 0, :]
+
+            def cross_attn(q: torch.Tensor, i: int = i) -> torch.Tensor:
+                return self.cross.attend(i, q[:, :, None, :], cross_gather)[:, :, 0, :]
+
+            x = self.model.layer(i, x, self_attn, cross_attn)
+        first = torch.tensor([s.pos + 1 == len(s.prompt) for s in batch], device=dev)
+        logp = torch.log_softmax(self.model.logits(x, first).float(), dim=-1)
+        best_lp, best = logp.max(dim=-1)
+        best_l, best_lp_l = best.tolist(), best_lp.tolist()
+        self.steps += 1
+        self.tokens += len(batch)
+        keep: list[_Seq] = []
+        for seq, tok, lp in zip(batch, best_l, best_lp_l, strict=True):
+            seq.pos += 1
+            if seq.pos >= len(seq.prompt):  # this step's output is a generated token
+                if tok in seq.stop:
+                    self._finish(seq)
+                    continue
+                seq.out.append(tok)
+                seq.logprobs.append(lp)
+                if len(seq.out) >= seq.max_new or seq.pos + 1 >= self.model.max_positions:
+                    self._finish(seq)
+                    continue
+            keep.append(seq)
+        self.running = keep
+        return len(batch)
+
+    def _finish(self, seq: _Seq) -> None:
+        self.pool.free(seq.id)
+        self.release(seq.cross)
+        if not seq.future.done():
+            seq.future.set_result(Decoded(seq.out, seq.logprobs, seq.preempted))
+
+    def run(self, max_steps: int = 100_000) -> None:
+        """Step until nothing is left (tests, and the benchmark's warm-up)."""
+        for _ in range(max_steps):
+            if self.idle():
+                return
+            self.step()
+        raise RuntimeError("the decode engine did not finish")

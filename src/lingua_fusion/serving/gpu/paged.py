@@ -1,0 +1,75 @@
+"""Paged KV storage and attention over it (plain PyTorch: the reference path every faster kernel is tested against).
+
+One ``PagedKV`` holds the keys and values of every layer in flat slot arrays ``[layers, slots, heads, head_dim]``;
+which slots belong to which sequence is the BlockPool's business (serving/gpu/blocks.py). Attention gathers each
+sequence's slots through an index tensor built from its block table, masks the padding, and runs SDPA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .blocks import BlockPool
+
+
+@dataclass
+class Gather:
+    """Which slots each row of a batch reads: ``index`` [batch, max_len] (padding points at slot 0) and ``mask``
+    [batch, 1, 1, max_len] (True where a slot holds one of the row's tokens)."""
+
+    index: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def build(cls, pool: BlockPool, seqs: list[int], lengths: list[int], device: torch.device) -> Gather:
+        bs = pool.block_size
+        max_len = max(lengths)
+        n_blocks = -(-max_len // bs)
+        tables = torch.zeros(len(seqs), n_blocks, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            t = pool.table(seq)[:n_blocks]
+            tables[row, : len(t)] = torch.tensor(t, dtype=torch.long)
+        tables = tables.to(device, non_blocking=True)
+        index = (tables[:, :, None] * bs + torch.arange(bs, device=device)).reshape(len(seqs), -1)[:, :max_len]
+        lens = torch.tensor(lengths, device=device)
+        mask = (torch.arange(max_len, device=device)[None, :] < lens[:, None])
+        return cls(index * mask, mask[:, None, None, :])
+
+
+class PagedKV:
+    def __init__(self, pool: BlockPool, layers: int, heads: int, head_dim: int, *, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        slots = pool.num_blocks * pool.block_size
+        self.pool = pool
+        self.heads, self.head_dim = heads, head_dim
+        self.k = torch.zeros(layers, slots, heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros(layers, slots, heads, head_dim, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_token(layers: int, heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * layers * heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the keys/values ``[n, heads, head_dim]`` of ``n`` tokens in their ``slots`` ``[n]``."""
+        self.k[layer].index_copy_(0, slots, k.to(self.k.dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.v.dtype))
+
+    def attend(self, layer: int, q: torch.Tensor, gather: Gather) -> torch.Tensor:
+        """``q`` [batch, heads, n_q, head_dim] attends over each row's gathered slots -> same shape as ``q``."""
+        k = self.k[layer][gather.index].transpose(1, 2)  # [batch, heads, max_len, head_dim]
+        v = self.v[layer][gather.index].transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=gather.mask)
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The reference: ``k``/``v`` [batch, heads, max_len, head_dim] padded per row to ``lengths``."""
+    max_len = k.shape[2]
+    mask = torch.arange(max_len, device=q.device)[None, :] < torch.tensor(lengths, device=q.device)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])

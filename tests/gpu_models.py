@@ -1,0 +1,86 @@
+"""Tiny models of the real architectures, with random weights, for the GPU engine's CPU tests, and the dense
+reference decoding every paged / batched path is compared with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Dims:
+    n_vocab: int = 97
+    n_text_ctx: int = 64
+    n_text_state: int = 32
+    n_text_head: int = 4
+    n_text_layer: int = 2
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.query, self.key, self.value, self.out = nn.Linear(d, d), nn.Linear(d, d, bias=False), nn.Linear(d, d), \
+            nn.Linear(d, d)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.attn_ln, self.attn = nn.LayerNorm(d), Attention(d)
+        self.cross_attn_ln, self.cross_attn = nn.LayerNorm(d), Attention(d)
+        self.mlp_ln, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+
+class Decoder(nn.Module):
+    def __init__(self, dims: Dims) -> None:
+        super().__init__()
+        d = dims.n_text_state
+        self.token_embedding = nn.Embedding(dims.n_vocab, d)
+        self.positional_embedding = nn.Parameter(torch.randn(dims.n_text_ctx, d) * 0.1)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(dims.n_text_layer))
+        self.ln = nn.LayerNorm(d)
+
+
+class TinyWhisper(nn.Module):
+    """Only the decoder half: the engine's tests give it encoder outputs directly."""
+
+    def __init__(self, dims: Dims | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.dims = dims or Dims()
+        self.decoder = Decoder(self.dims)
+        self.eval()
+
+
+def _attend(attn: Attention, x: torch.Tensor, mem: torch.Tensor, heads: int, causal: bool) -> torch.Tensor:
+    t, d = x.shape
+    q = attn.query(x).view(t, heads, -1).transpose(0, 1)
+    k = attn.key(mem).view(mem.shape[0], heads, -1).transpose(0, 1)
+    v = attn.value(mem).view(mem.shape[0], heads, -1).transpose(0, 1)
+    a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return attn.out(a.transpose(0, 1).reshape(t, d))
+
+
+@torch.inference_mode()
+def reference_greedy(model: TinyWhisper, memory: torch.Tensor, prompt: list[int], max_new: int,
+                     stop: frozenset[int]) -> list[int]:
+    """One sequence, no cache: the whole decoder over every token at every step."""
+    dec, heads = model.decoder, model.dims.n_text_head
+    tokens = list(prompt)
+    out: list[int] = []
+    while len(out) < max_new and len(tokens) < model.dims.n_text_ctx:
+        ids = torch.tensor(tokens)
+        x = dec.token_embedding(ids) + dec.positional_embedding[: len(tokens)]
+        for blk in dec.blocks:
+            h = blk.attn_ln(x)
+            x = x + _attend(blk.attn, h, h, heads, causal=True)
+            x = x + _attend(blk.cross_attn, blk.cross_attn_ln(x), memory, heads, causal=False)
+            x = x + blk.mlp(blk.mlp_ln(x))
+        tok = int((dec.ln(x[-1]) @ dec.token_embedding.weight.T).argmax())
+        if tok in stop:
+            break
+        out.append(tok)
+        tokens.append(tok)
+    return out

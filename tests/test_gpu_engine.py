@@ -1,0 +1,171 @@
+"""The GPU engine's core on the CPU (torch's CPU build, tiny models with random weights): paged attention equals
+dense attention, continuous batching gives the tokens of one-at-a-time greedy decoding, preemption and recompute
+give the same output, and the block pool never leaks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from gpu_models import TinyWhisper, reference_greedy
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from lingua_fusion.serving.gpu.blocks import BlockPool
+from lingua_fusion.serving.gpu.decoder import DecodeEngine
+from lingua_fusion.serving.gpu.models import WhisperDecoder
+from lingua_fusion.serving.gpu.paged import Gather, PagedKV, dense_attention
+
+STOP = frozenset({0})
+
+
+def test_paged_attention_equals_dense_attention() -> None:
+    torch.manual_seed(1)
+    heads, dim, lengths = 4, 8, [5, 17, 1, 33]
+    pool = BlockPool(num_blocks=20, block_size=4)
+    kv = PagedKV(pool, layers=1, heads=heads, head_dim=dim, dtype=torch.float32, device="cpu")
+    dense_k = torch.zeros(len(lengths), heads, max(lengths), dim)
+    dense_v = torch.zeros_like(dense_k)
+    order = list(range(len(lengths)))
+    for seq in order:
+        assert pool.allocate(seq, 0)
+    # tokens arrive interleaved across sequences, so their blocks are not contiguous
+    for pos in range(max(lengths)):
+        for seq in order:
+            if pos < lengths[seq]:
+                k, v = torch.randn(1, heads, dim), torch.randn(1, heads, dim)
+                kv.write(0, torch.tensor([pool.append(seq)]), k, v)
+                dense_k[seq, :, pos], dense_v[seq, :, pos] = k[0], v[0]
+    q = torch.randn(len(lengths), heads, 1, dim)
+    paged = kv.attend(0, q, Gather.build(pool, order, lengths, torch.device("cpu")))
+    assert torch.allclose(paged, dense_attention(q, dense_k, dense_v, lengths), atol=1e-5)
+
+
+def _requests(n: int, seed: int) -> list[tuple[torch.Tensor, list[int]]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        memory = torch.randn(rng.randint(3, 40), 32)
+        prompt = [rng.randint(1, 96) for _ in range(rng.randint(1, 6))]
+        out.append((memory, prompt))
+    return out
+
+
+def _engine(model: TinyWhisper, blocks: int, max_batch: int = 64) -> DecodeEngine:
+    return DecodeEngine(WhisperDecoder(model), blocks=blocks, block_size=4, cross_blocks=64, cross_block_size=8,
+                        max_batch=max_batch)
+
+
+@pytest.mark.parametrize("blocks", [512, 24])  # plenty; and so few that sequences are preempted and recomputed
+def test_continuous_batching_gives_the_tokens_of_one_at_a_time_greedy(blocks: int) -> None:
+    model = TinyWhisper()
+    reqs = _requests(12, seed=blocks)
+    expected = [reference_greedy(model, mem, prompt, 20, STOP) for mem, prompt in reqs]
+    engine = _engine(model, blocks)
+    futures = []
+    for i, (mem, prompt) in enumerate(reqs):
+        cid = engine.add_memory(mem)
+        assert cid is not None
+        futures.append(engine.submit(prompt, cid, max_new=20, stop=STOP, tentative=i % 3 == 0))
+        engine.release(cid)  # the sequences hold their own references
+        if i % 4 == 3:
+            engine.step()  # sequences join while others are half way through
+    engine.run()
+    got = [f.result(timeout=0) for f in futures]
+    assert [g.tokens for g in got] == expected
+    if blocks == 24:
+        assert sum(g.preempted for g in got) > 0, "the small pool should have forced preemption"
+    stats = engine.stats()
+    assert stats.self_blocks_used == 0 and stats.cross_blocks_used == 0  # everything given back
+
+
+def test_a_cross_entry_is_shared_by_every_decode_of_its_window() -> None:
+    model = TinyWhisper()
+    mem, prompt = _requests(1, seed=3)[0]
+    engine = _engine(model, 128)
+    cid = engine.add_memory(mem)
+    assert cid is not None
+    used = engine.stats().cross_blocks_used
+    a = engine.submit(prompt, cid, max_new=10, stop=STOP, tentative=True)  # a partial re-decode
+    b = engine.submit(prompt, cid, max_new=10, stop=STOP)  # the commit of the same audio
+    assert engine.stats().cross_blocks_used == used  # written once
+    engine.run()
+    assert a.result().tokens == b.result().tokens == reference_greedy(model, mem, prompt, 10, STOP)
+    assert engine.stats().cross_blocks_used == used  # still held by the caller's reference
+    engine.release(cid)
+    assert engine.stats().cross_blocks_used == 0
+
+
+def test_the_pool_running_short_preempts_tentative_work_first() -> None:
+    model = TinyWhisper()
+    engine = _engine(model, blocks=4, max_batch=2)  # 16 slots: two sequences cannot both grow past 8 tokens
+    mem = torch.randn(5, 32)
+    cid = engine.add_memory(mem)
+    assert cid is not None
+    committed = engine.submit([1, 2], cid, max_new=12, stop=frozenset())
+    tentative = engine.submit([3, 4], cid, max_new=12, stop=frozenset(), tentative=True)
+    engine.run()
+    assert committed.result().preempted == 0 and tentative.result().preempted >= 1
+    assert committed.result().tokens == reference_greedy(model, mem, [1, 2], 12, frozenset())
+    assert tentative.result().tokens == reference_greedy(model, mem, [3, 4], 12, frozenset())
+
+
+def test_a_full_cross_pool_is_a_return_value() -> None:
+    engine = _engine(TinyWhisper(), 16)
+    assert engine.add_memory(torch.randn(64 * 8 + 1, 32)) is None  # more frames than the whole pool
+    assert engine.stats().cross_blocks_used == 0
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Random allocate / append / free: blocks are never lost, never shared, never over-counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = BlockPool(num_blocks=12, block_size=3)
+        self.lengths: dict[int, int] = {}
+        self.next_id = 0
+
+    @rule(tokens=st.integers(0, 10))
+    def allocate(self, tokens: int) -> None:
+        fits = self.pool.blocks_for(tokens) <= self.pool.stats().free
+        ok = self.pool.allocate(self.next_id, tokens)
+        assert ok == fits
+        if ok:
+            self.lengths[self.next_id] = tokens
+        self.next_id += 1
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def append(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.lengths)))
+        free_before = self.pool.stats().free
+        slot = self.pool.append(seq)
+        if slot is None:
+            assert free_before == 0 and self.lengths[seq] % self.pool.block_size == 0
+        else:
+            self.lengths[seq] += 1
+            assert slot == self.pool.slot(seq, self.lengths[seq] - 1)
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.lengths)))
+        self.pool.free(seq)
+        del self.lengths[seq]
+
+    @invariant()
+    def no_block_lost_or_shared(self) -> None:
+        tables = [self.pool.table(s) for s in self.lengths]
+        owned = [b for t in tables for b in t]
+        assert len(owned) == len(set(owned))
+        stats = self.pool.stats()
+        assert stats.used == len(owned) and stats.free + stats.used == self.pool.num_blocks
+        assert stats.tokens == sum(self.lengths.values())
+        for s, t in zip(self.lengths, tables, strict=True):
+            assert len(t) == self.pool.blocks_for(self.lengths[s])
+
+
+TestPool = PoolMachine.TestCase
+TestPool.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
