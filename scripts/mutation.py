@@ -1,0 +1,172 @@
+"""Mutation testing of the pure cores and the small modules the live path trusts (``make mutation``).
+
+For each module, mutmut (pinned in the ``test`` extra) mutates that one file and runs only the tests that guard it
+(``MODULES``), in a scratch copy of the checkout under ``build/mutation/<name>/`` (mutmut works in ``mutants/`` of
+its working directory and reads its settings from the ``pyproject.toml`` there, so each module gets its own). The
+results are merged into ``bench/results/mutation.json``: per module the mutants, how many the tests killed, how
+many survived, timed out (a mutant that loops is caught by the timeout: counted apart, not as killed) or had no
+test, the surviving mutants' diffs, and for each survivor either the reason it is equivalent (``EQUIVALENT``) or
+nothing, meaning a test is missing.
+
+    .venv/bin/python scripts/mutation.py                     # every module (about 30-40 min on 2 cores)
+    .venv/bin/python scripts/mutation.py scheduler journal   # some; the others keep their last results
+    make mutation                                            # the same as the first line
+    make mutation MODULES="glossary sniff"
+
+It is slow, so it is not in ``make test``: run it after changing a module below, look at the survivors, and kill
+them with a test (or add the reason they cannot be killed to ``EQUIVALENT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = "src/lingua_fusion"
+OUT = ROOT / "bench/results/mutation.json"
+WORK = ROOT / "build/mutation"
+
+# module -> (file under src/lingua_fusion, the tests that guard it)
+MODULES: dict[str, tuple[str, list[str]]] = {
+    "scheduler": ("serving/scheduler.py", ["tests/test_unit_scheduler.py", "tests/test_unit_cores.py"]),
+    "policy": ("stream/policy.py", ["tests/test_unit_policy.py", "tests/test_unit_cores.py"]),
+    "breaker": ("serving/breaker.py", ["tests/test_unit_breaker.py", "tests/test_unit_cores.py"]),
+    "timeline": ("stream/timeline.py", ["tests/test_unit_timeline.py", "tests/test_unit_cores.py"]),
+    "journal": ("stream/journal.py", ["tests/test_unit_session.py", "tests/test_unit_promises.py",
+                                      "tests/test_unit_cores.py"]),
+    "glossary": ("glossary.py", ["tests/test_unit_glossary.py", "tests/test_unit_promises.py",
+                                 "tests/test_unit_cores.py"]),
+    "sniff": ("media/sniff.py", ["tests/test_unit_media.py", "tests/test_unit_cores.py"]),
+    "errors": ("errors.py", ["tests/test_unit_core.py", "tests/test_unit_cores.py"]),
+}
+
+# Survivors that no test can kill, keyed by module and a line of the mutated code (the diff's "+" line, stripped),
+# with the reason. A survivor not listed here is a missing test.
+EQUIVALENT: dict[str, dict[str, str]] = {}
+
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no_tests", 33: "no_tests", 36: "timeout", -24: "timeout",
+          24: "timeout", 152: "timeout", 255: "timeout", 37: "killed"}
+
+
+def pyproject(module_file: str, tests: list[str]) -> str:
+    """The scratch copy's pyproject.toml: mutmut's settings for this module and the checkout's pytest settings."""
+    pytest_opts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    lines = ["[tool.mutmut]", 'source_paths = ["src"]', f"only_mutate = {json.dumps([f'{PKG}/{module_file}'])}",
+             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]', "", "[tool.pytest.ini_options]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in pytest_opts.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run_module(name: str, max_children: int) -> dict[str, Any]:
+    module_file, tests = MODULES[name]
+    tests = [t for t in tests if (ROOT / t).exists()]
+    wd = WORK / name
+    shutil.rmtree(wd, ignore_errors=True)
+    wd.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    shutil.copytree(ROOT / "src", wd / "src", ignore=ignore)
+    shutil.copytree(ROOT / "tests", wd / "tests", ignore=ignore)
+    (wd / "pyproject.toml").write_text(pyproject(module_file, tests))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    t0 = time.monotonic()
+    with open(wd / "run.log", "wb") as log:
+        rc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=wd,
+                            env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    wall = time.monotonic() - t0
+    meta_path = wd / "mutants" / PKG / (module_file + ".meta")
+    if rc != 0 or not meta_path.exists():
+        tail = (wd / "run.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"mutmut failed on {name} (exit {rc}); see {wd / 'run.log'}:\n{tail}")
+    codes: dict[str, int | None] = json.loads(meta_path.read_text())["exit_code_by_key"]
+    counts = {"mutants": len(codes), "killed": 0, "survived": 0, "timeout": 0, "no_tests": 0, "other": 0}
+    survivors = []
+    for mutant, code in sorted(codes.items()):
+        status = STATUS.get(code, "other") if code is not None else "other"
+        counts[status] += 1
+        if status == "survived":
+            diff = subprocess.run([sys.executable, "-m", "mutmut", "show", mutant], cwd=wd, env=env,
+                                  capture_output=True, text=True, check=False).stdout
+            survivors.append({"mutant": mutant.split(".")[-1], "diff": _short(diff),
+                              "equivalent": _equivalent(name, diff)})
+    equivalent = sum(1 for s in survivors if s["equivalent"])
+    return {"file": f"{PKG}/{module_file}", "tests": tests, **counts,
+            "killed_share": round(counts["killed"] / max(1, counts["mutants"]), 3),
+            "equivalent": equivalent, "unexplained_survivors": counts["survived"] - equivalent,
+            "wall_s": round(wall, 1), "survivors": survivors}
+
+
+def _short(diff: str) -> str:
+    """The mutated lines of ``mutmut show``: what was and what the mutant has."""
+    return "\n".join(ln for ln in diff.splitlines()
+                     if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
+
+
+def _equivalent(name: str, diff: str) -> str | None:
+    added = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    for line, reason in EQUIVALENT.get(name, {}).items():
+        if line in added:
+            return reason
+    return None
+
+
+def summarise(modules: dict[str, Any]) -> dict[str, Any]:
+    tot = {k: sum(m[k] for m in modules.values()) for k in
+           ("mutants", "killed", "survived", "timeout", "no_tests", "other", "equivalent", "unexplained_survivors")}
+    tot["killed_share"] = round(tot["killed"] / max(1, tot["mutants"]), 3)
+    # equivalent mutants cannot be killed by any test: the share of the killable ones
+    tot["killed_share_of_killable"] = round(tot["killed"] / max(1, tot["mutants"] - tot["equivalent"]), 3)
+    return tot
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("modules", nargs="*", help=f"some of {', '.join(MODULES)} (default: all)")
+    ap.add_argument("--json", type=Path, default=OUT)
+    ap.add_argument("--max-children", type=int, default=1, help="parallel mutants (default 1: a shared machine)")
+    args = ap.parse_args()
+    names = args.modules or list(MODULES)
+    if unknown := [n for n in names if n not in MODULES]:
+        ap.error(f"unknown modules {unknown}; choose from {list(MODULES)}")
+    report: dict[str, Any] = json.loads(args.json.read_text()) if args.json.exists() else {}
+    modules: dict[str, Any] = report.get("modules", {})
+    for name in names:
+        print(f"[mutation] {name}: {MODULES[name][0]} with {' '.join(MODULES[name][1])}", flush=True)
+        modules[name] = run_module(name, args.max_children)
+        m = modules[name]
+        print(f"[mutation] {name}: {m['mutants']} mutants, {m['killed']} killed, {m['survived']} survived "
+              f"({m['equivalent']} equivalent), {m['timeout']} timeout, {m['no_tests']} no tests, "
+              f"{m['wall_s']} s", flush=True)
+        report = {"tool": "mutmut " + _version(), "command": "make mutation (scripts/mutation.py)",
+                  "commit": _commit(), "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+                  "overall": summarise({k: modules[k] for k in MODULES if k in modules}),
+                  "modules": {k: modules[k] for k in MODULES if k in modules}}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    print(f"[mutation] overall: {json.dumps(report['overall'])}")
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("mutmut")
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                         check=False)
+    return out.stdout.strip()
+
+
+if __name__ == "__main__":
+    main()
