@@ -84,3 +84,47 @@ def reference_greedy(model: TinyWhisper, memory: torch.Tensor, prompt: list[int]
         out.append(tok)
         tokens.append(tok)
     return out
+
+
+IDS = {"pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 3, "decoder_start_token_id": 2}
+
+
+def hf_whisper(seed: int = 0) -> torch.nn.Module:
+    """A tiny Hugging Face Whisper (the real architecture, random weights)."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = WhisperConfig(vocab_size=97, num_mel_bins=8, encoder_layers=1, decoder_layers=2, d_model=32,
+                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                        max_source_positions=64, max_target_positions=48, **IDS)
+    return WhisperForConditionalGeneration(cfg).eval()
+
+
+def hf_marian(seed: int = 0) -> torch.nn.Module:
+    """A tiny Hugging Face Marian (OPUS-MT's architecture, random weights)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(seed)
+    cfg = MarianConfig(vocab_size=97, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
+                       decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=48,
+                       scale_embedding=True, **IDS)
+    model = MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_()  # zero by default: make the test see whether it is added
+    return model
+
+
+@torch.inference_mode()
+def hf_greedy(model: torch.nn.Module, memory: torch.Tensor, prompt: list[int], max_new: int,
+              stop: frozenset[int]) -> list[int]:
+    """Hugging Face's own forward pass, the whole sequence every step: the reference for its layouts."""
+    tokens, out = list(prompt), []
+    while len(out) < max_new and len(tokens) < 48:
+        logits = model(encoder_outputs=(memory[None],), decoder_input_ids=torch.tensor([tokens]),
+                       use_cache=False).logits
+        tok = int(logits[0, -1].argmax())
+        if tok in stop:
+            break
+        out.append(tok)
+        tokens.append(tok)
+    return out

@@ -169,3 +169,24 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestPool = PoolMachine.TestCase
 TestPool.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+@pytest.mark.parametrize("arch", ["whisper", "marian"])
+def test_the_engine_decodes_hugging_face_models_as_they_decode_themselves(arch: str) -> None:
+    from gpu_models import hf_greedy, hf_marian, hf_whisper
+
+    from lingua_fusion.serving.gpu.models import HFWhisperDecoder, MarianDecoder
+
+    model = hf_whisper() if arch == "whisper" else hf_marian()
+    adapter = HFWhisperDecoder(model) if arch == "whisper" else MarianDecoder(model)
+    engine = DecodeEngine(adapter, blocks=64, block_size=4, cross_blocks=32, cross_block_size=8)
+    reqs = _requests(5, seed=7)
+    futures = []
+    for mem, prompt in reqs:
+        cid = engine.add_memory(mem)
+        assert cid is not None
+        futures.append(engine.submit(prompt, cid, max_new=15, stop=frozenset({3})))
+        engine.release(cid)
+    engine.run()
+    for (mem, prompt), fut in zip(reqs, futures, strict=True):
+        assert fut.result().tokens == hf_greedy(model, mem, prompt, 15, frozenset({3}))

@@ -12,17 +12,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Settings
-from ..errors import BackendError, LinguaFusionError, Overloaded
+from ..errors import BackendError, LinguaFusionError, ModelTimeout, Overloaded
 from ..models.registry import Registry
-from .faults import Fault
+from .faults import Fault, check_outputs
 from .keys import ModelKey
 from .ports import CallContext, StageObserver
-from .runners import Runner, build_runner
+from .runners import ContinuousRunner, Runner, build_runner
 from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, stage_deadline
 from .threads import COLD_TIMEOUT_S, ModelThreads
 
@@ -50,7 +51,8 @@ class Executor:
 
     def __init__(self, registry: Registry, settings: Settings, metrics: Any = None, *,
                  clock: Callable[[], float] = time.monotonic, alpha: float = 0.65, max_batch: int = 8,
-                 max_queue: int = 256, mode: str = "batched", observer: StageObserver | None = None) -> None:
+                 max_queue: int = 256, mode: str = "batched", observer: StageObserver | None = None,
+                 backends: Mapping[str, Callable[[ModelKey], Runner | ContinuousRunner]] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.registry = registry
@@ -63,8 +65,9 @@ class Executor:
                                    max_queue=max_queue)
         self.scheduler.batch_scale = {"mt": 4}  # Apertium translates a batch in one pipeline run: up to 32 items
         self.threads = ModelThreads(self._timeout, metrics)
+        self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: runners.py
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
-        self._runners: dict[ModelKey, Runner] = {}
+        self._runners: dict[ModelKey, Runner | ContinuousRunner] = {}
         self._wake: dict[ModelKey, asyncio.Event] = {}
         self._workers: dict[ModelKey, asyncio.Task[None]] = {}
         self._vad: list[_Pending] = []
@@ -80,7 +83,7 @@ class Executor:
         attempt = 0
         while True:
             try:
-                if key.task == "vad":
+                if key.task == "vad" and not _continuous(self._runner(key)):
                     return await self._submit_vad(payload)
                 return await self._submit(key, payload, ctx)
             except BackendError:
@@ -110,8 +113,15 @@ class Executor:
         self._wake[key].set()
         if self.metrics is not None:
             self.metrics.depth(str(key), self.scheduler.depth(str(key)))
+        return await self._result(key, fut)
+
+    async def _result(self, key: ModelKey, fut: asyncio.Future[Any]) -> Any:
         # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
-        return await asyncio.wait_for(fut, timeout=self.settings.server.request_timeout_s)
+        wait_s = self.settings.server.request_timeout_s
+        try:
+            return await asyncio.wait_for(fut, timeout=wait_s)
+        except TimeoutError:
+            raise ModelTimeout(f"{key} gave no result in {wait_s:.0f} s") from None
 
     async def _submit_vad(self, audio: Any) -> Any:
         if len(self._vad) >= self.scheduler.max_queue * 4:
@@ -121,14 +131,21 @@ class Executor:
         self._runner(VAD_KEY)
         self._ensure_worker(VAD_KEY)
         self._wake[VAD_KEY].set()
-        return await asyncio.wait_for(fut, timeout=self.settings.server.request_timeout_s)
+        return await self._result(VAD_KEY, fut)
 
     # ---- workers ----------------------------------------------------------------------------------------------
-    def _runner(self, key: ModelKey) -> Runner:
+    def _runner(self, key: ModelKey) -> Runner | ContinuousRunner:
         runner = self._runners.get(key)
         if runner is None:
-            runner = self._runners[key] = build_runner(key, self.registry, per_stream=self.mode == "per-stream")
-            self.scheduler.costs.setdefault(str(key), _prior(str(key)))
+            factory = self.backends.get(key.task)
+            if factory is not None:
+                runner = factory(key)
+            else:
+                runner = build_runner(key, self.registry, per_stream=self.mode == "per-stream")
+            self._runners[key] = runner
+            # a continuous runner batches on its own: hand it everything scheduled, at no modelled cost
+            cost = CostModel(0.0, 0.0) if _continuous(runner) else _prior(str(key))
+            self.scheduler.costs.setdefault(str(key), cost)
         return runner
 
     def _timeout(self, key: ModelKey, n: int, warm: bool) -> float:
@@ -140,7 +157,9 @@ class Executor:
     def _ensure_worker(self, key: ModelKey) -> None:
         if key not in self._workers or self._workers[key].done():
             self._wake.setdefault(key, asyncio.Event())
-            step = self._vad_step if key == VAD_KEY else self._step
+            runner = self._runners[key]
+            step = self._vad_step if key == VAD_KEY and not _continuous(runner) else \
+                self._hand_over if _continuous(runner) else self._step
             self._workers[key] = asyncio.create_task(self._worker(key, step), name=f"worker:{key}")
 
     async def _worker(self, key: ModelKey, step: Callable[[ModelKey], Any]) -> None:
@@ -173,6 +192,39 @@ class Executor:
             _resolve(w.payload.future, r)
         self._observe(key, batch, t0, done, cold)
         return True
+
+    async def _hand_over(self, key: ModelKey) -> bool:
+        """A continuous runner's step: hand it as much scheduled work as it has room for, without waiting."""
+        runner = self._runners[key]
+        assert _continuous(runner)
+        room = runner.room()
+        if room <= 0:
+            return False  # woken again when one of its items settles
+        batch, shed = self.scheduler.next_batch(str(key), self.clock())
+        for w in shed:
+            _resolve(w.payload.future, None)
+        if not batch:
+            return False
+        loop = asyncio.get_running_loop()
+        for w, fut in zip(batch, runner.submit([w.payload.payload for w in batch]), strict=True):
+            fut.add_done_callback(lambda f, w=w: loop.call_soon_threadsafe(self._settle, key, w, f))
+        return True
+
+    def _settle(self, key: ModelKey, w: WorkItem, done: Future[Any]) -> None:
+        """On the loop: one item of a continuous runner finished."""
+        exc = done.exception()
+        if exc is None:
+            try:
+                result = check_outputs(key, [w.payload.payload], [done.result()])[0]
+            except LinguaFusionError as err:
+                exc = err
+        if exc is not None:
+            err = exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed: {exc}")
+            self._failed(key, [w.payload], err)
+        else:
+            _resolve(w.payload.future, result)
+            self._observe(key, [w], w.enqueued, self.clock(), cold=True)
+        self._wake[key].set()
 
     async def _vad_step(self, key: ModelKey) -> bool:
         batch, self._vad = self._vad[:VAD_BATCH], self._vad[VAD_BATCH:]
@@ -264,6 +316,10 @@ class Executor:
         for p in self._vad:
             p.future.cancel()
         self.threads.close()
+
+
+def _continuous(runner: object) -> bool:
+    return hasattr(runner, "submit")
 
 
 def _prior(key: str) -> CostModel:

@@ -54,6 +54,13 @@ def parse_fault(body: Any) -> Fault:
     """A fault from the admin API's JSON; raises InvalidParameter with what is wrong."""
     if not isinstance(body, dict):
         raise InvalidParameter("send a JSON object {model, kind, delay_s, fraction, after}")
+    # JSON types as the spec declares them (api/spec.py): "5" is not a number, 1.5 not a count, [...] not a name
+    number = {"delay_s", "fraction", "jitter_s"}
+    for name, value in body.items():
+        if name in ("model", "kind") and not isinstance(value, str) \
+                or name in number and (not isinstance(value, int | float) or isinstance(value, bool)) \
+                or name == "after" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidParameter(f"{name} has the wrong type: {type(value).__name__}")
     try:
         f = Fault(model=str(body.get("model", "*")), kind=str(body.get("kind", "delay")),
                   delay_s=float(body.get("delay_s", 60.0 if body.get("kind") == "hang" else 0.0)),

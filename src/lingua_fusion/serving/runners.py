@@ -8,7 +8,8 @@ WhisperLive do.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 from ..glossary import apply_mt_batch
 from ..models.registry import Registry
@@ -16,6 +17,19 @@ from .keys import ModelKey
 from .ports import AsrInput, AsrOutput, MtInput
 
 Runner = Callable[[list[Any]], list[Any]]
+
+
+class ContinuousRunner(Protocol):
+    """A backend that batches on its own, continuously (serving/gpu: sequences join and leave its running batch at
+    every decoder step): the executor hands it work as it is scheduled and does not wait for a batch to end."""
+
+    def room(self) -> int:
+        """How many more items it takes now (its own waiting queue is bounded)."""
+        ...
+
+    def submit(self, payloads: list[Any]) -> list[Future[Any]]:
+        """Queue ``payloads``; each future resolves (on the runner's thread) to its result or exception."""
+        ...
 
 
 def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False) -> Runner:

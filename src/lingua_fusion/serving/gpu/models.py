@@ -51,3 +51,93 @@ class WhisperDecoder:
     def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         attn = self.dec.blocks[i].cross_attn
         return self._heads(attn.key(memory)), self._heads(attn.value(memory))
+
+
+class _HFAttention:
+    """Projections of a Hugging Face attention module (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``)."""
+
+    def __init__(self, attn: Any, n_head: int) -> None:
+        self.a, self.n_head = attn, n_head
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], self.n_head, -1)
+
+    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.heads(self.a.q_proj(h)), self.heads(self.a.k_proj(h)), self.heads(self.a.v_proj(h))
+
+    def kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.heads(self.a.k_proj(memory)), self.heads(self.a.v_proj(memory))
+
+    def out(self, a: torch.Tensor) -> torch.Tensor:
+        return self.a.out_proj(a.reshape(a.shape[0], -1))
+
+
+class HFWhisperDecoder:
+    """``DecoderModel`` over Hugging Face's ``WhisperForConditionalGeneration`` (pre-norm layers, logits from
+    ``proj_out``): the layout of the random-weight models the GPU benchmark builds from a ``WhisperConfig``."""
+
+    def __init__(self, model: Any, *, suppress: Sequence[int] = (), suppress_first: Sequence[int] = ()) -> None:
+        self.dec = model.model.decoder
+        self.proj = model.proj_out
+        cfg = model.config
+        self.n_layer = cfg.decoder_layers
+        self.n_head = cfg.decoder_attention_heads
+        self.head_dim = cfg.d_model // self.n_head
+        self.max_positions = cfg.max_target_positions
+        self._attn = [(_HFAttention(lyr.self_attn, self.n_head), _HFAttention(lyr.encoder_attn, self.n_head))
+                      for lyr in self.dec.layers]
+        vocab = self.proj.weight.shape[0]
+        self._mask = torch.zeros(vocab, device=self.proj.weight.device)
+        self._mask[list(suppress)] = float("-inf")
+        self._first = torch.zeros_like(self._mask)
+        self._first[list(suppress_first)] = -1e9
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.dec.embed_tokens(tokens) + self.dec.embed_positions.weight[positions]
+
+    def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
+        lyr = self.dec.layers[i]
+        sa, ca = self._attn[i]
+        x = x + sa.out(self_attn(*sa.qkv(lyr.self_attn_layer_norm(x))))
+        x = x + ca.out(cross_attn(ca.heads(ca.a.q_proj(lyr.encoder_attn_layer_norm(x)))))
+        return x + lyr.fc2(lyr.activation_fn(lyr.fc1(lyr.final_layer_norm(x))))
+
+    def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.dec.layer_norm(x)).float() + self._mask + first[:, None].float() * self._first
+
+    def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._attn[i][1].kv(memory)
+
+
+class MarianDecoder:
+    """``DecoderModel`` over Hugging Face's ``MarianMTModel`` (OPUS-MT; post-norm layers, scaled embeddings,
+    sinusoidal positions, ``final_logits_bias``). NLLB / M2M100 differ in norm placement and would get their own."""
+
+    def __init__(self, model: Any) -> None:
+        self.dec = model.model.decoder
+        self.head = model.lm_head
+        self.bias = model.final_logits_bias
+        cfg = model.config
+        self.n_layer = cfg.decoder_layers
+        self.n_head = cfg.decoder_attention_heads
+        self.head_dim = cfg.d_model // self.n_head
+        self.max_positions = cfg.max_position_embeddings
+        self.scale = float(getattr(self.dec, "embed_scale", 1.0))
+        self._attn = [(_HFAttention(lyr.self_attn, self.n_head), _HFAttention(lyr.encoder_attn, self.n_head))
+                      for lyr in self.dec.layers]
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.dec.embed_tokens(tokens) * self.scale + self.dec.embed_positions.weight[positions]
+
+    def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
+        lyr = self.dec.layers[i]
+        sa, ca = self._attn[i]
+        x = lyr.self_attn_layer_norm(x + sa.out(self_attn(*sa.qkv(x))))
+        x = lyr.encoder_attn_layer_norm(x + ca.out(cross_attn(ca.heads(ca.a.q_proj(x)))))
+        return lyr.final_layer_norm(x + lyr.fc2(lyr.activation_fn(lyr.fc1(x))))
+
+    def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        return (self.head(x) + self.bias).float()
+
+    def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._attn[i][1].kv(memory)
