@@ -13,12 +13,12 @@ from .. import glossary as glossary_mod
 from ..errors import InvalidParameter
 from ..files import FileRequest
 from ..files.captions import to_srt, to_vtt
+from ..files.output import check_output_format
 from ..types import TranslationResult
 from . import spec
 from .deps import TranslateKey, context, flag, read_form
 
 router = APIRouter()
-OUTPUT_FORMATS = {"json", "srt", "vtt", "text", "wav"}
 
 
 @router.post("/v1/translate", response_model=None, openapi_extra=spec.body(spec.TRANSLATE))
@@ -34,15 +34,17 @@ async def translate(request: Request, key: TranslateKey) -> Response:
         filename = upload.filename or ""
     text = form.get("text")
     fmt = str(form.get("output_format") or "json").lower()
-    if fmt not in OUTPUT_FORMATS:
-        raise InvalidParameter(f"output_format must be one of {sorted(OUTPUT_FORMATS)}")
+    check_output_format(fmt, str(form.get("target_modality") or "text"))
     terms: list[glossary_mod.Term] = []
     if flag(form.get("enable_glossary", "false")):
         gid = form.get("glossary_id") or ctx.store.latest_glossary(key.key_id)
-        if gid:
-            _meta, terms = ctx.store.get_glossary(key.key_id, str(gid))
-    source_modality = form.get("source_modality") or ("text" if text is not None else "audio")
-    req = FileRequest(source_modality=str(source_modality), target_lang=str(form.get("target_lang") or ""),
+        if not gid:
+            raise InvalidParameter("enable_glossary is set but this key has no glossary: upload one first "
+                                   "(POST /v1/glossaries) or pass glossary_id", details={"field": "enable_glossary"})
+        _meta, terms = ctx.store.get_glossary(key.key_id, str(gid))
+    source_modality = form.get("source_modality")  # None: FileTranslator.validate tells it from the bytes
+    req = FileRequest(source_modality=str(source_modality) if source_modality else None,
+                      target_lang=str(form.get("target_lang") or ""),
                       target_modality=str(form.get("target_modality") or "text"),
                       source_lang=str(form.get("source_lang")) if form.get("source_lang") else None,
                       data=data, text=str(text) if text is not None else None, glossary=terms,
