@@ -12,11 +12,13 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperOption
 
+from .cli_output import check_out_path, emit_report, err, fail, render, usage, warn, write_out
 from .errors import InvalidParameter, LinguaFusionError
 
 app = typer.Typer(help="LinguaFusion: real-time multimodal translation server, SDK and CLI.", no_args_is_help=True,
-                  add_completion=False)
+                  add_completion=False, pretty_exceptions_enable=False)
 keys_app = typer.Typer(help="Manage API keys in the server's state directory.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 bench_app = typer.Typer(help="Benchmarks: file latency, live load against a server, comparison of reports.",
@@ -25,7 +27,15 @@ app.add_typer(bench_app, name="bench")
 chaos_app = typer.Typer(help="Chaos experiments: faults on a schedule under load, against a baseline.",
                         no_args_is_help=True)
 app.add_typer(chaos_app, name="chaos")
-err = Console(stderr=True)
+_type_label = TyperOption.display_type_rich
+
+
+def _no_bool_label(self: TyperOption, ctx: Any) -> str | None:
+    """--help shows no "<bool>" after a flag: a flag takes no value."""
+    return None if self.is_flag else _type_label(self, ctx)
+
+
+TyperOption.display_type_rich = _no_bool_label  # type: ignore[method-assign]
 
 URL_OPT = typer.Option(None, "--url", envvar="LINGUAFUSION_URL", help="Server URL; without it, run in-process.")
 KEY_OPT = typer.Option(None, "--api-key", envvar="LINGUAFUSION_API_KEY", help="API key (sk_...).")
@@ -33,8 +43,7 @@ STATE_OPT = typer.Option(None, "--state-dir", envvar="LINGUAFUSION_STATE_DIR", h
 
 
 def _fail(exc: LinguaFusionError) -> None:
-    err.print(f"error [{exc.code}]: {exc.message}", markup=False, highlight=False, style="red")
-    raise typer.Exit(2 if exc.status < 500 else 1)
+    fail(exc)
 
 
 def is_loopback(host: str) -> bool:
@@ -70,14 +79,12 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
     from .api import create_app
 
     if no_auth and not is_loopback(host):
-        err.print(f"[red]refusing[/red]: --no-auth may only bind to loopback, not {host}")
-        raise typer.Exit(2)
+        usage(f"--no-auth may only bind to loopback, not {host}")
     settings = _settings(state_dir)
     settings.server.host, settings.server.port, settings.server.auth = host, port, not no_auth
     settings.server.chaos = chaos or settings.server.chaos
     app_ = create_app(settings)
-    err.print(f"LinguaFusion on http://{host}:{port} (auth {'off' if no_auth else 'on'}, "
-              f"state {settings.resolved_state_dir()})")
+    _banner(app_, settings, host, port)
     class DrainingServer(uvicorn.Server):
         """On SIGTERM / SIGINT: drain live streams (queued captions logged and sent, clients told to reconnect)
         before uvicorn closes the connections."""
@@ -90,32 +97,40 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
     DrainingServer(config).run()
 
 
+def _banner(app_: Any, settings: Any, host: str, port: int) -> None:
+    """Where the server is, where its state lives, and with auth on and no key yet, the command that makes one."""
+    state = settings.resolved_state_dir()
+    auth = settings.server.auth
+    err.print(f"LinguaFusion on http://{host}:{port} (auth {'on' if auth else 'off'}); state directory: {state}",
+              markup=False)
+    if auth and not any(not k.revoked for k in app_.state.store.list_keys()):
+        err.print(f"no API key in {state} yet: create one with\n  linguafusion keys create --admin --state-dir "
+                  f"{state}", markup=False, style="yellow")
+    err.print(f"API docs: http://{host}:{port}/docs", markup=False, style="dim")
+
+
 @app.command()
 def translate(
-    file: Path | None = typer.Argument(None, help="Input file (audio, video, image, or .txt)."),
+    file: Path | None = typer.Argument(None, help="Input file: audio, video, image, or UTF-8 text (.txt, .md)."),
     to: str = typer.Option(..., "--to", help="Target language, e.g. es."),
     source_lang: str | None = typer.Option(None, "--from", help="Source language (detected if omitted)."),
     text: str | None = typer.Option(None, "--text", help="Translate this text instead of a file."),
-    modality: str | None = typer.Option(None, "--modality", help="audio | video | image | text (from extension)."),
-    target_modality: str = typer.Option("text", "--target-modality", help="text | speech | braille"),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    modality: str | None = typer.Option(None, "--modality",
+                                        help="audio | video | image | text (default: told by the file's bytes)."),
+    target_modality: str = typer.Option("text", "--target-modality", help="text | speech (WAV) | braille"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object (speech: with audio_base64)."),
     fmt: str | None = typer.Option(None, "--format", help="srt | vtt captions instead of plain text."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Write the result (WAV for speech) here."),
+    out: Path | None = typer.Option(None, "--out", "-o",
+                                    help="Write the output here instead of stdout (speech: the WAV)."),
     glossary: Path | None = typer.Option(None, "--glossary", help="CSV/JSON term list to apply."),
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
 ) -> None:
-    """Translate a file or text, through a server (--url) or in-process."""
+    """Translate a file or text, through a server (--url) or in-process. Warnings go to stderr."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from .files.captions import to_srt, to_vtt
     from .sdk import LocalTranslator, MultimodalTranslator
 
-    if file is None and text is None:
-        err.print("[red]error[/red]: give a FILE or --text")
-        raise typer.Exit(2)
-    if fmt not in (None, "srt", "vtt"):
-        err.print("[red]error[/red]: --format must be srt or vtt")
-        raise typer.Exit(2)
+    kind = _output_kind(file, text, as_json, fmt, target_modality, out)
     try:
         client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
         gid = client.upload_glossary(glossary) if glossary else None
@@ -128,21 +143,47 @@ def translate(
                                       target_modality=target_modality, enable_glossary=gid is not None,
                                       glossary_id=gid)
     except LinguaFusionError as exc:
-        _fail(exc)
+        fail(exc)
+    warn(result.warnings)
+    if kind == "wav":  # speech: the WAV goes to -o, the translated text to stdout
+        assert out is not None and result.audio is not None
+        write_out(out, result.audio)
+        sys.stdout.write(result.text + "\n")
+        return
+    if kind == "json" and out is not None and result.audio is not None:
+        write_out(out.with_suffix(".wav") if out.suffix.lower() == ".json" else out, result.audio)
+        sys.stdout.write(render(result, kind))
         return
     if out is not None:
-        if result.audio is not None:
-            out.write_bytes(result.audio)
-        else:
-            out.write_text(result.braille or result.text, encoding="utf-8")
-    if as_json:
-        sys.stdout.write(json.dumps(result.to_json_dict(), ensure_ascii=False) + "\n")
-    elif fmt == "srt":
-        sys.stdout.write(to_srt(result.segments))
-    elif fmt == "vtt":
-        sys.stdout.write(to_vtt(result.segments))
+        write_out(out, render(result, kind))
     else:
-        sys.stdout.write((result.braille if result.braille is not None else result.text) + "\n")
+        sys.stdout.write(render(result, kind))
+
+
+def _output_kind(file: Path | None, text: str | None, as_json: bool, fmt: str | None, target_modality: str,
+                 out: Path | None) -> str:
+    """Which output the flags ask for (json | srt | vtt | text | wav), refused before any work when they do not
+    fit together."""
+    if file is None and text is None:
+        usage("give a FILE or --text")
+    if file is not None and text is not None:
+        usage(f"give a FILE or --text, not both ({file} and --text)")
+    if fmt is not None and fmt.lower() not in ("srt", "vtt"):
+        usage(f"--format must be srt or vtt, not {fmt!r}")
+    if fmt and as_json:
+        usage("--json and --format both choose the output: give one")
+    modality = target_modality.strip().lower()
+    if fmt and modality != "text":
+        usage(f"--format {fmt} makes captions of translated text; --target-modality {modality} has no caption "
+              "form: drop --format" + (" (braille is printed as cells)" if modality == "braille" else ""))
+    if modality == "speech" and out is None and not as_json:
+        usage("--target-modality speech makes a WAV: pass -o FILE.wav to keep it (or --json for audio_base64)")
+    check_out_path(out)
+    if as_json:
+        return "json"
+    if fmt:
+        return fmt.lower()
+    return "wav" if modality == "speech" else "text"
 
 
 @app.command()
@@ -174,8 +215,9 @@ def stream(
 
 @app.command()
 def models(url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
-           as_json: bool = typer.Option(False, "--json")) -> None:
-    """What each installed model can do: task, languages, pairs, licence, quality notes."""
+           as_json: bool = typer.Option(False, "--json", help="One JSON object: models, pairs, routes.")) -> None:
+    """What each installed model can do (task, languages, licence, quality), and every translation pair with
+    its route and quality tier: "low-confidence" pairs go through the tiny LLM (slow, often wrong)."""
     from rich.table import Table
 
     try:
@@ -188,56 +230,78 @@ def models(url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
             from .models.registry import Registry
 
             reg = Registry(Settings())
-            caps = {"models": reg.capabilities(), "pairs": reg.served_pairs()}
+            caps = {"models": reg.capabilities(), "pairs": reg.served_pairs(), "routes": reg.pair_routes()}
     except LinguaFusionError as exc:
-        _fail(exc)
-        return
+        fail(exc)
     if as_json:
         sys.stdout.write(json.dumps(caps, ensure_ascii=False) + "\n")
         return
-    table = Table("task", "model", "languages / pairs", "licence", "quality")
+    # a pipe or a file gets whole lines: no column is cut to fit 80 characters
+    console = Console() if sys.stdout.isatty() else Console(width=240, soft_wrap=True)
+    table = Table("task", "model", "languages / pairs", "licence", "quality", title="models")
     for m in caps["models"]:
         span = ", ".join(m["pairs"]) or ", ".join(m["languages"][:12]) + (" ..." if len(m["languages"]) > 12 else "")
         table.add_row(m["task"], m["name"], span, m["licence"], m["quality"])
-    Console().print(table)
-    Console().print("translation pairs served (pivots through English included): " + ", ".join(caps["pairs"]))
+    table.columns[1].no_wrap = True
+    console.print(table)
+    routes = Table("pair", "route", "quality", title="translation pairs (a pivot is two legs)")
+    for r in caps.get("routes", []):
+        tier = r["tier"] + (f" (tiny LLM x{r['llm_legs']})" if r["llm_legs"] else "")
+        routes.add_row(r["pair"], r["route"], tier, style="yellow" if r["low_confidence"] else None)
+    routes.columns[0].no_wrap = routes.columns[1].no_wrap = True
+    console.print(routes)
+    if not caps.get("routes"):  # an older server: pairs only
+        console.print("translation pairs served: " + ", ".join(caps["pairs"]))
+
+
+def _key_store(state_dir: Path | None, *, create: bool) -> Any:
+    """The key store of ``--state-dir`` (or the default), named on stderr; list/revoke never create one."""
+    from .state.sqlite import SQLiteStore
+
+    directory = _settings(state_dir).resolved_state_dir()
+    path = directory / "linguafusion.sqlite3"
+    if not create and not path.exists():
+        fail(InvalidParameter(f"no key store in {directory} (no {path.name} there): is --state-dir the folder the "
+                              "server was started with? `linguafusion keys create --state-dir DIR` makes one"))
+    err.print(f"key store: {path}", markup=False, style="dim")
+    return SQLiteStore(directory)
 
 
 @keys_app.command("create")
-def keys_create(name: str = typer.Option("", "--name"), admin: bool = typer.Option(False, "--admin"),
+def keys_create(name: str = typer.Option("", "--name", help="A label for the key."),
+                admin: bool = typer.Option(False, "--admin", help="Also allow key management (admin scope)."),
                 state_dir: Path | None = STATE_OPT) -> None:
-    """Create a key; the secret is printed once and stored only as a hash."""
-    from .state.sqlite import SQLiteStore
-
-    store = SQLiteStore(_settings(state_dir).resolved_state_dir())
+    """Create a key; the secret is printed once and stored only as a hash. Create it in the state directory the
+    server runs with (--state-dir, or LINGUAFUSION_STATE_DIR), or the server will not know it."""
+    store = _key_store(state_dir, create=True)
     secret, key = store.create_key(name, ("translate", "admin") if admin else ("translate",))
     store.close()
     sys.stdout.write(f"{secret}\n")
-    err.print(f"created {key.key_id} (scopes: {','.join(key.scopes)}); the secret is not stored, keep it safe")
+    err.print(f"created {key.key_id} (scopes: {','.join(key.scopes)}); the secret is not stored, keep it safe",
+              markup=False)
 
 
 @keys_app.command("list")
 def keys_list(state_dir: Path | None = STATE_OPT) -> None:
-    from .state.sqlite import SQLiteStore
-
-    store = SQLiteStore(_settings(state_dir).resolved_state_dir())
+    """List the keys of a state directory: id, name, scopes, active or revoked (never the secrets)."""
+    store = _key_store(state_dir, create=False)
     for k in store.list_keys():
         sys.stdout.write(f"{k.key_id}\t{k.name}\t{','.join(k.scopes)}\t{'revoked' if k.revoked else 'active'}\n")
     store.close()
 
 
 @keys_app.command("revoke")
-def keys_revoke(key_id: str, state_dir: Path | None = STATE_OPT) -> None:
-    from .state.sqlite import SQLiteStore
-
-    store = SQLiteStore(_settings(state_dir).resolved_state_dir())
+def keys_revoke(key_id: str = typer.Argument(..., help="The key's id (key_...), as `keys list` prints it."),
+                state_dir: Path | None = STATE_OPT) -> None:
+    """Revoke a key: requests with it get 401 from then on."""
+    store = _key_store(state_dir, create=False)
     try:
         store.revoke_key(key_id)
     except LinguaFusionError as exc:
-        _fail(exc)
+        fail(exc)
     finally:
         store.close()
-    err.print(f"revoked {key_id}")
+    err.print(f"revoked {key_id}", markup=False)
 
 
 @bench_app.command("file")
@@ -256,20 +320,13 @@ def bench_file(
     except LinguaFusionError as exc:
         _fail(exc)
         return
-    _emit_json(report, json_out)
-
-
-def _emit_json(report: dict[str, Any], json_out: Path | None) -> None:
-    text = json.dumps(report, indent=2, ensure_ascii=False)
-    sys.stdout.write(text + "\n")
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(text)
+    emit_report(report, json_out)
 
 
 @bench_app.command("load")
 def bench_load(
-    url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
+    url: str | None = typer.Option(None, "--url", envvar="LINGUAFUSION_URL", help="The server to load (required)."),
+    api_key: str | None = KEY_OPT,
     streams: str = typer.Option("1,2,4", "--streams", help="Comma list of concurrent stream counts."),
     mix: Path | None = typer.Option(None, "--mix", help="YAML mix of stream kinds (docs/loadgen.md)."),
     duration: float = typer.Option(30.0, "--duration", help="Seconds of audio each stream plays."),
@@ -284,15 +341,13 @@ def bench_load(
     from .lab.loadgen.sweep import run_bench_load
 
     if not url:
-        err.print("error: bench load needs --url (or LINGUAFUSION_URL)", markup=False)
-        raise typer.Exit(2)
+        usage("bench load needs --url (or LINGUAFUSION_URL): it measures a running server")
     try:
         counts = [int(x) for x in streams.split(",") if x.strip()]
         if not counts or min(counts) < 1:
             raise ValueError
     except ValueError:
-        err.print("error: --streams must be a comma list of positive integers", markup=False)
-        raise typer.Exit(2) from None
+        usage("--streams must be a comma list of positive integers")
     try:
         report = run_bench_load(url, api_key, load_mix(mix), mix, counts, duration, seed=seed, baseline=baseline,
                                 knee=knee, console=err, run_all=run_all)
@@ -303,7 +358,7 @@ def bench_load(
         from .lab.loadgen.html import write_load_html
 
         write_load_html(report, html_out)
-    _emit_json({k: v for k, v in report.items()}, json_out)
+    emit_report({k: v for k, v in report.items()}, json_out)
 
 
 @bench_app.command("compare")
@@ -314,17 +369,23 @@ def bench_compare(a: Path = typer.Argument(...), b: Path = typer.Argument(...),
     from .lab.loadgen.sweep import compare
 
     try:
-        res = compare(json.loads(a.read_text()), json.loads(b.read_text()), tolerance)
+        ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
     except (OSError, ValueError) as exc:
-        err.print(f"error: cannot read the reports: {exc}", markup=False)
-        raise typer.Exit(2) from None
+        usage(f"cannot read the reports: {exc}")
+    kinds = [r.get("schema") if isinstance(r, dict) else None for r in (ra, rb)]
+    if None in kinds or kinds[0] != kinds[1]:
+        usage(f"{a.name} and {b.name} are not reports of one kind ({kinds[0] or 'no schema'} vs "
+              f"{kinds[1] or 'no schema'}): compare a bench or eval report with another of the same kind")
+    res = compare(ra, rb, tolerance)
+    if not res["compared"]:
+        usage(f"{a.name} and {b.name} share no metric to compare")
     for row in res["rows"]:
         if row["change"]:
             flag = "  REGRESSION" if row in res["regressions"] else ""
             sys.stdout.write(f"{row['metric']}: {row['a']:g} -> {row['b']:g} ({row['change']:+.1%}){flag}\n")
     sys.stdout.write(f"{len(res['regressions'])} regression(s) over {res['compared']} shared metrics\n")
     if json_out:
-        json_out.write_text(json.dumps(res, indent=2))
+        emit_report(res, json_out)
     raise typer.Exit(1 if res["regressions"] else 0)
 
 
@@ -346,7 +407,7 @@ def chaos_run(experiment: Path = typer.Argument(..., help="Experiment YAML (see 
         runs = {"runs": [report["faulted"]],
                 **({"baseline": {"runs": [report["baseline"]]}} if "baseline" in report else {})}
         write_load_html({**{k: v for k, v in report.items() if k not in ("baseline", "faulted")}, **runs}, html_out)
-    _emit_json(report, json_out)
+    emit_report(report, json_out)
 
 
 @app.command("eval")
@@ -370,15 +431,20 @@ def eval_cmd(
     except LinguaFusionError as exc:
         _fail(exc)
         return
-    _emit_json(report, json_out)
+    emit_report(report, json_out)
 
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         app()
-    except InvalidParameter as exc:  # pragma: no cover - typer handles most usage errors itself
-        _fail(exc)
+    except LinguaFusionError as exc:  # a typed error that a command did not catch: still the documented form
+        try:
+            fail(exc)
+        except typer.Exit as done:
+            sys.exit(done.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -32,4 +32,4 @@ async def metrics_route(request: Request) -> Response:
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
     registry = context(request).translator.registry
-    return {"models": registry.capabilities(), "pairs": registry.served_pairs()}
+    return {"models": registry.capabilities(), "pairs": registry.served_pairs(), "routes": registry.pair_routes()}

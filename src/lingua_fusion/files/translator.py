@@ -232,7 +232,7 @@ class FileTranslator:
         else:
             assert req.data is not None
             kind = sniff(req.data)  # reads the first 4 KiB only: a bad byte after them is caught below
-            if kind.family != "text":
+            if kind.family != "text" and kind.container != "unknown":
                 raise MediaTypeMismatch(f"declared text but the file {_looks_like(kind.container)}",
                                         details={"detected": kind.container, "field": "source_modality"})
             try:
@@ -241,6 +241,9 @@ class FileTranslator:
                 raise MediaTypeMismatch(f"declared text but the file is not UTF-8 text (byte {exc.start} is "
                                         f"0x{req.data[exc.start]:02x}); save it as UTF-8",
                                         details={"detected": "binary", "field": "source_modality"}) from exc
+            if "\x00" in text[:4096]:
+                raise MediaTypeMismatch("declared text but the file is binary (it holds NUL bytes)",
+                                        details={"detected": "binary", "field": "source_modality"})
         limit = self.settings.limits.max_text_chars
         if len(text) > limit:
             raise TooLarge(f"text has {len(text)} characters; the limit is {limit}",

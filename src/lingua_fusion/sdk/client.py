@@ -9,7 +9,7 @@ import httpx
 
 from ..errors import BackendError
 from ..types import TranslationResult
-from .common import MediaInput, parse_result, raise_for_error, read_input
+from .common import MediaInput, parse_result, raise_for_error, read_file, read_input
 from .stream import RemoteStream, start_message
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -24,8 +24,10 @@ def _form(input_media: MediaInput | None, text: str | None, source_modality: str
           target_modality: str, source_lang: str | None, enable_glossary: bool, glossary_id: str | None
           ) -> tuple[dict[str, str], dict[str, Any] | None]:
     data, text, modality, filename = read_input(input_media, text, source_modality)
-    fields = {"source_modality": modality, "target_lang": target_lang, "target_modality": target_modality,
+    fields = {"target_lang": target_lang, "target_modality": target_modality,
               "enable_glossary": "true" if enable_glossary else "false", "output_format": "json"}
+    if modality:  # else the server tells it from the bytes
+        fields["source_modality"] = modality
     if source_lang:
         fields["source_lang"] = source_lang
     if glossary_id:
@@ -42,8 +44,7 @@ def _glossary_form(terms: dict[str, str] | str | os.PathLike[str], name: str | N
 
         raw = json.dumps(terms, ensure_ascii=False).encode("utf-8")
         return {"files": {"file": ("glossary.json", raw, "application/json")}, "data": {"name": name or "glossary"}}
-    with open(terms, "rb") as f:
-        raw = f.read()
+    raw = read_file(terms, "glossary file")
     fname = os.path.basename(str(terms))
     return {"files": {"file": (fname, raw, "application/octet-stream")}, "data": {"name": name or fname}}
 

@@ -7,38 +7,56 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import EmptyInput, InvalidParameter, from_code
+from ..errors import EmptyInput, InvalidParameter, MediaTypeMismatch, from_code
 from ..types import TranslationResult
 
+# a hint only: the server (and FileTranslator.validate in-process) checks the bytes, and tells the modality from
+# them when the extension is not listed here
 EXT_MODALITY = {
     ".wav": "audio", ".mp3": "audio", ".m4a": "audio", ".aac": "audio", ".ogg": "audio", ".opus": "audio",
     ".oga": "audio", ".flac": "audio", ".weba": "audio", ".webm": "video", ".mp4": "video", ".mov": "video",
     ".mkv": "video", ".png": "image", ".jpg": "image", ".jpeg": "image", ".webp": "image", ".txt": "text",
+    ".text": "text", ".md": "text", ".markdown": "text", ".rst": "text",
 }
 MediaInput = str | os.PathLike[str] | bytes
 
 
+def read_file(path: str | os.PathLike[str], what: str = "file") -> bytes:
+    """A client-side file's bytes; a missing or unreadable file is an ``invalid_parameter`` like any bad input."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidParameter(f"no such {what}: {p}", details={"path": str(p)})
+    if not p.is_file():
+        raise InvalidParameter(f"{p} is not a file", details={"path": str(p)})
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise InvalidParameter(f"cannot read {p}: {exc.strerror or exc}", details={"path": str(p)}) from exc
+
+
 def read_input(input_media: MediaInput | None, text: str | None, source_modality: str | None, *,
-               decode_text: bool = True) -> tuple[bytes | None, str | None, str, str]:
-    """Return (data, text, source_modality, filename). With ``decode_text=False`` a text file comes back as
-    bytes, for FileTranslator.validate to check (UTF-8, size) like an uploaded one."""
+               decode_text: bool = False) -> tuple[bytes | None, str | None, str | None, str]:
+    """Return (data, text, source_modality, filename). The modality is None when neither the caller nor the file
+    name tells it: the bytes do, in FileTranslator.validate. A text file comes back as bytes, for validate to
+    check (UTF-8, size) like an uploaded one (``decode_text=True``: decoded here, for callers that need str)."""
+    if text is not None and input_media is not None:
+        raise InvalidParameter("pass input_media or text, not both", details={"field": "text"})
     if text is not None:
         return None, text, source_modality or "text", ""
     if input_media is None:
         raise EmptyInput("pass input_media (a path or bytes) or text")
     if isinstance(input_media, bytes):
-        if source_modality is None:
-            raise InvalidParameter("source_modality is required when input_media is bytes")
         return input_media, None, source_modality, "upload"
     path = Path(input_media)
-    if not path.is_file():
-        raise InvalidParameter(f"no such file: {path}")
+    data = read_file(path)
     modality = source_modality or EXT_MODALITY.get(path.suffix.lower())
-    if modality is None:
-        raise InvalidParameter(f"cannot tell the modality of {path.name}; pass source_modality")
     if modality == "text" and decode_text:
-        return None, path.read_text(encoding="utf-8"), "text", path.name
-    return path.read_bytes(), None, modality, path.name
+        try:
+            return None, data.decode("utf-8"), "text", path.name
+        except UnicodeDecodeError as exc:
+            raise MediaTypeMismatch(f"{path.name} is not UTF-8 text (byte {exc.start}); save it as UTF-8",
+                                    details={"detected": "binary", "field": "source_modality"}) from exc
+    return data, None, modality, path.name
 
 
 def parse_result(body: dict[str, Any]) -> TranslationResult:

@@ -8,10 +8,10 @@ from typing import Any
 
 from .. import glossary as glossary_mod
 from ..config import Settings
-from ..errors import NotFound
+from ..errors import InvalidParameter, NotFound
 from ..files import FileRequest, FileTranslator
 from ..types import TranslationResult
-from .common import MediaInput, read_input
+from .common import MediaInput, read_file, read_input
 
 
 class LocalTranslator:
@@ -27,14 +27,14 @@ class LocalTranslator:
                   glossary_id: str | None = None) -> TranslationResult:
         # FileTranslator.translate validates the request (size, modality vs bytes, UTF-8, languages, pair) as
         # it does for the server; a text file is handed over as bytes so that it gets the same checks
-        data, text, modality, filename = read_input(input_media, text, source_modality, decode_text=False)
+        data, text, modality, filename = read_input(input_media, text, source_modality)
         terms: list[glossary_mod.Term] = []
         if enable_glossary:
             gid = glossary_id or (list(self._glossaries)[-1] if self._glossaries else None)
-            if gid is not None:
-                if gid not in self._glossaries:
-                    raise NotFound(f"no glossary {gid}")
-                terms = self._glossaries[gid]
+            if gid is None:
+                raise InvalidParameter("enable_glossary is set but no glossary was uploaded: call "
+                                       "upload_glossary first", details={"field": "enable_glossary"})
+            terms = self._glossary(gid)
         return self.engine.translate(FileRequest(source_modality=modality, target_lang=target_lang,
                                                  target_modality=target_modality, source_lang=source_lang,
                                                  data=data, text=text, glossary=terms, filename=filename))
@@ -44,8 +44,8 @@ class LocalTranslator:
             parsed = [glossary_mod.Term(s, t) for s, t in terms.items()]
         else:
             p = Path(terms)
-            parsed = glossary_mod.parse(p.read_bytes(), max_terms=self.settings.limits.max_glossary_terms,
-                                        filename=p.name)
+            parsed = glossary_mod.parse(read_file(p, "glossary file"),
+                                        max_terms=self.settings.limits.max_glossary_terms, filename=p.name)
         gid = f"local_{len(self._glossaries) + 1}"
         self._glossaries[gid] = parsed
         return gid
@@ -76,7 +76,8 @@ class LocalTranslator:
         return self._glossaries[gid]
 
     def models(self) -> dict[str, Any]:
-        return {"models": self.engine.registry.capabilities(), "pairs": self.engine.registry.served_pairs()}
+        registry = self.engine.registry
+        return {"models": registry.capabilities(), "pairs": registry.served_pairs(), "routes": registry.pair_routes()}
 
     def close(self) -> None:
         self.engine.close()
