@@ -56,6 +56,8 @@ class ModelSettings(BaseModel):
     asr_compute_type: str = "int8"
     asr_threads: int = 2
     asr_beam_size: int = 1
+    backend: str = "ctranslate2"  # ASR engine: "ctranslate2" (faster-whisper, int8) or "torch" (models/whisper_torch)
+    device: str = "cpu"  # "cpu" or "cuda" (the torch backend only)
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
     user_mt_dirs: list[Path] = Field(default_factory=list)
@@ -65,6 +67,20 @@ class ModelSettings(BaseModel):
     def _ocr(cls, v: str) -> str:
         if v not in {"rapidocr", "tesseract"}:
             raise ValueError("ocr_engine must be rapidocr or tesseract")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if v not in {"ctranslate2", "torch"}:
+            raise ValueError("backend must be ctranslate2 or torch")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v != "cpu" and not v.startswith("cuda"):
+            raise ValueError("device must be cpu or cuda[:N]")
         return v
 
 

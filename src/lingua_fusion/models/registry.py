@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,13 @@ WHISPER_TINY_EN = BackendInfo(name="whisper-tiny.en-ct2-int8", task="asr", langu
 def whisper_base_info(langs: tuple[str, ...]) -> BackendInfo:
     return BackendInfo(name="whisper-base-ct2-int8", task="asr", languages=langs, licence="MIT",
                        quality="99 languages; task=translate gives speech -> English")
+
+
+def asr_info(info: BackendInfo, backend: str) -> BackendInfo:
+    """The Whisper info under ``models.backend``: torch runs the same weights under its own name."""
+    if backend != "torch":
+        return info
+    return replace(info, name=info.name.replace("-ct2-int8", "-torch"), quality=info.quality + "; torch backend")
 
 
 class Registry:
@@ -113,16 +120,21 @@ class Registry:
         from .assets import whisper_base_dir
 
         m = self.settings.models
+
+        def build(path: Path, info: BackendInfo) -> Any:
+            if m.backend == "torch":  # the same weights in plain torch (models/whisper_torch.py)
+                from .asr_whisper_torch import WhisperTorchASR
+
+                return WhisperTorchASR(path, asr_info(info, m.backend), device=m.device, threads=m.asr_threads)
+            return WhisperASR(path, info, compute_type=m.asr_compute_type, threads=m.asr_threads,
+                              beam_size=m.asr_beam_size)
+
         if language == "en" and task == "transcribe":
-            return self._get("asr:tiny.en", lambda: WhisperASR(get_model_path(), WHISPER_TINY_EN,
-                                                               compute_type=m.asr_compute_type,
-                                                               threads=m.asr_threads, beam_size=m.asr_beam_size))
+            return self._get("asr:tiny.en", lambda: build(get_model_path(), WHISPER_TINY_EN))
         from ..langs import KNOWN
 
-        return self._get("asr:base", lambda: WhisperASR(whisper_base_dir(m.cache_dir),
-                                                        whisper_base_info(tuple(sorted(KNOWN))),
-                                                        compute_type=m.asr_compute_type, threads=m.asr_threads,
-                                                        beam_size=m.asr_beam_size))
+        base = whisper_base_info(tuple(sorted(KNOWN)))
+        return self._get("asr:base", lambda: build(whisper_base_dir(m.cache_dir), base))
 
     def vad(self) -> Any:
         from .vad import SileroVAD
@@ -257,7 +269,9 @@ class Registry:
         from .vad import SileroVAD
 
         infos: list[tuple[str, BackendInfo]] = [
-            ("asr", WHISPER_TINY_EN), ("asr", whisper_base_info(tuple(sorted(KNOWN)))), ("vad", SileroVAD.info)]
+            ("asr", asr_info(WHISPER_TINY_EN, self.settings.models.backend)),
+            ("asr", asr_info(whisper_base_info(tuple(sorted(KNOWN))), self.settings.models.backend)),
+            ("vad", SileroVAD.info)]
         infos += [("mt", i) for i in self._mt_infos.values()]
         infos += [("ocr", RapidOCRBackend.info), ("ocr", TesseractBackend.info), ("tts", PiperTTS.info),
                   ("tts", BackendInfo(name="espeak-ng", task="tts", languages=("many",), licence="GPL-3.0+",
