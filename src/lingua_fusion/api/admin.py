@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from ..errors import InvalidParameter, PermissionDenied
 from . import spec
-from .deps import AdminKey, context
+from .deps import AdminKey, JsonBody, context
 
 router = APIRouter()
 
@@ -23,7 +23,7 @@ async def list_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
             "breaker": {slo: streams.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
 
 
-@router.post("/v1/admin/faults", openapi_extra=spec.body(spec.FAULT))
+@router.post("/v1/admin/faults", openapi_extra=spec.body(spec.FAULT), dependencies=[JsonBody])
 async def set_fault(request: Request, _key: AdminKey) -> JSONResponse:
     """Chaos: inject a model backend fault (delay, error, hang, garbage; see serving/faults.py) into a
     fraction of model batches. Only with an admin key on a server started with --chaos."""
@@ -48,19 +48,23 @@ async def clear_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
 
 
 # ---- API keys ----------------------------------------------------------------------------------------------
-@router.post("/v1/keys", openapi_extra=spec.body(spec.KEY))
+@router.post("/v1/keys", openapi_extra=spec.body(spec.KEY), dependencies=[JsonBody])
 async def create_key(request: Request, _key: AdminKey) -> JSONResponse:
-    try:
+    try:  # a body that is not a JSON object mints nothing (it used to be read as {}: a translate key)
         body = await request.json()
-    except ValueError:
-        body = {}
-    raw_scopes = body.get("scopes") if isinstance(body, dict) else None
+    except ValueError as exc:
+        raise InvalidParameter('send a JSON object {"name": ..., "scopes": [...]}') from exc
+    if not isinstance(body, dict):
+        raise InvalidParameter('send a JSON object {"name": ..., "scopes": [...]}')
+    raw_scopes = body.get("scopes")
     if raw_scopes is not None and not isinstance(raw_scopes, list):  # e.g. a number: not iterable, was a 500
         raise InvalidParameter("scopes must be a list of 'translate' and/or 'admin'")
     scopes = tuple(raw_scopes or ["translate"])
     if any(s not in ("translate", "admin") for s in scopes):
         raise InvalidParameter("scopes must be 'translate' and/or 'admin'")
-    name = str(body.get("name", "")) if isinstance(body, dict) else ""
+    name = body.get("name", "")
+    if not isinstance(name, str):
+        raise InvalidParameter("name must be a string")
     secret, k = context(request).store.create_key(name, scopes)
     return JSONResponse({"api_key": secret, "key_id": k.key_id, "scopes": list(k.scopes)}, status_code=201)
 
@@ -74,4 +78,5 @@ async def list_keys(request: Request, _key: AdminKey) -> dict[str, Any]:
 @router.delete("/v1/keys/{key_id}")
 async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str, Any]:
     context(request).store.revoke_key(key_id)
-    return {"key_id": key_id, "revoked": True}
+    closed = await request.app.state.streams.revoke(key_id)  # its live streams end (4401); resumes are refused
+    return {"key_id": key_id, "revoked": True, "streams_closed": closed}

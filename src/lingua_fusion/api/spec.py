@@ -33,7 +33,8 @@ TRANSLATE = form_body({
         "source_lang": {"type": "string", "description": "ISO 639-1; detected when left out"},
         "target_lang": {"type": "string", "description": "ISO 639-1"},
         "output_format": {"enum": ["json", "srt", "vtt", "text", "wav"]},
-        "enable_glossary": {"enum": ["true", "false"]}, "glossary_id": {"type": "string"}}})
+        "enable_glossary": {"enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]},
+        "glossary_id": {"type": "string"}}})
 GLOSSARY = form_body({
     "type": "object", "anyOf": [{"required": ["terms"]}, {"required": ["file"]}],
     "properties": {"file": {"type": "string", "format": "binary", "description": "CSV (source,target) or JSON"},

@@ -36,7 +36,7 @@ async def translate(request: Request, key: TranslateKey) -> Response:
     fmt = str(form.get("output_format") or "json").lower()
     check_output_format(fmt, str(form.get("target_modality") or "text"))
     terms: list[glossary_mod.Term] = []
-    if flag(form.get("enable_glossary", "false")):
+    if flag(_flag(form.get("enable_glossary", "false"), "enable_glossary")):
         gid = form.get("glossary_id") or ctx.store.latest_glossary(key.key_id)
         if not gid:
             raise InvalidParameter("enable_glossary is set but this key has no glossary: upload one first "
@@ -71,3 +71,13 @@ def _render(result: TranslationResult, fmt: str) -> Response:
     if result.audio is not None:
         body["audio_base64"] = base64.b64encode(result.audio).decode("ascii")
     return JSONResponse(body)
+
+
+FLAGS = ("true", "false", "1", "0", "yes", "no", "on", "off")
+
+
+def _flag(value: object, field: str) -> object:
+    """A yes/no form field as the spec declares it: a typo ("ture") is refused, not read as "no"."""
+    if str(value).strip().lower() not in FLAGS:
+        raise InvalidParameter(f"{field} must be true or false", details={"field": field})
+    return value

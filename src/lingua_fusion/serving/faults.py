@@ -59,7 +59,8 @@ def parse_fault(body: Any) -> Fault:
     for name, value in body.items():
         if name in ("model", "kind") and not isinstance(value, str) \
                 or name in number and (not isinstance(value, int | float) or isinstance(value, bool)) \
-                or name == "after" and (not isinstance(value, int) or isinstance(value, bool)):
+                or name == "after" and (not isinstance(value, int | float) or isinstance(value, bool)
+                                        or isinstance(value, float) and not value.is_integer()):
             raise InvalidParameter(f"{name} has the wrong type: {type(value).__name__}")
     try:
         f = Fault(model=str(body.get("model", "*")), kind=str(body.get("kind", "delay")),
