@@ -211,7 +211,8 @@ async def test_translate_refuses_with_429_and_retry_after_when_full(tmp_path: Pa
         async with admission.slot():  # the one translation slot is busy
             waiting = asyncio.create_task(client.post("/v1/translate", data=form))
             async with asyncio.timeout(WAIT_S):  # the next request waits in the bounded queue ...
-                while admission.waiting < 1:  # noqa: ASYNC110 (the admission offers no event for it)
+                # (the server offers no event for it: its gauge is what a client can see)
+                while "linguafusion_requests_waiting 1.0" not in (await client.get("/metrics")).text:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
             refused = await client.post("/v1/translate", data=form)  # ... and the one after is refused
             assert refused.status_code == 429, refused.text
