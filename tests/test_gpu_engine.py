@@ -4,6 +4,7 @@ give the same output, and the block pool never leaks."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -190,3 +191,59 @@ def test_the_engine_decodes_hugging_face_models_as_they_decode_themselves(arch: 
     engine.run()
     for (mem, prompt), fut in zip(reqs, futures, strict=True):
         assert fut.result().tokens == hf_greedy(model, mem, prompt, 15, frozenset({3}))
+
+
+async def test_live_streams_through_the_executor_on_continuous_gpu_runners() -> None:
+    """The real stream engine (session, VAD lane, policy, scheduler, executor) on the GPU runners, on the CPU."""
+    import numpy as np
+    from fakes import FakeOwner
+    from gpu_models import hf_marian, hf_whisper
+
+    from lingua_fusion.config import Settings
+    from lingua_fusion.serving.executor import Executor
+    from lingua_fusion.serving.gpu.models import HFWhisperDecoder, MarianDecoder
+    from lingua_fusion.serving.gpu.recipes import Seq2SeqTextRecipe, WhisperRecipe, hf_whisper_encoder
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.gpu.vad import energy_vad
+    from lingua_fusion.stream.protocol import StreamSpec
+    from lingua_fusion.stream.session import StreamSession
+
+    asr_model, mt_model = hf_whisper(), hf_marian()
+
+    def mel(audio: torch.Tensor) -> torch.Tensor:  # any [n_mels, frames] at 100 frames/s will do for the engine
+        frames = audio[: len(audio) // 160 * 160].view(-1, 160)
+        return frames[:, :8].T.contiguous()
+
+    words = lambda toks: " ".join(f"w{t}" for t in toks)  # noqa: E731
+    asr = GpuRunner(WhisperRecipe(HFWhisperDecoder(asr_model), encode=hf_whisper_encoder(asr_model), mel=mel,
+                                  prompt=lambda _p: [2], text=words, stop=frozenset({3}), device="cpu",
+                                  dtype=torch.float32, tokens_per_s=3.0, max_tokens=20),
+                    blocks=256, cross_blocks=64, block_size=8, cross_block_size=16, dtype=torch.float32,
+                    device="cpu", name="asr")
+    mt = GpuRunner(Seq2SeqTextRecipe(mt_model, MarianDecoder(mt_model), tokenize=lambda s: [4 + len(w) % 90
+                                                                                            for w in s.split()],
+                                     detokenize=words, start=2, stop=frozenset({3}), pad=1, device="cpu",
+                                     length_ratio=1.0, max_tokens=20),
+                   blocks=256, cross_blocks=64, block_size=8, cross_block_size=16, dtype=torch.float32,
+                   device="cpu", name="mt")
+    settings = Settings()
+    executor = Executor(None, settings, backends={  # type: ignore[arg-type]
+        "asr": lambda _k: asr, "mt": lambda _k: mt, "vad": lambda _k: energy_vad("cpu")})
+    s = StreamSession(StreamSpec(source_lang="en", targets=["es"], slo="standard"), executor, FakeOwner(), settings)
+    s.start()
+    loud = (np.sin(np.arange(16000 * 2) / 3) * 8000).astype("<i2").tobytes()
+    quiet = np.zeros(16000, dtype="<i2").tobytes()
+    for i, pcm in enumerate([loud, quiet, loud, quiet]):
+        await s.feed_audio(pcm, ts=float(i * 2))
+    await s.end()
+    events = []
+    while not events or events[-1]["type"] != "closed":
+        events.append((await asyncio.wait_for(s.events.get(), timeout=60)).to_wire())
+    finals = [e for e in events if e["type"] == "final"]
+    await executor.close()
+    asr.close()
+    mt.close()
+    assert [f["seq"] for f in finals] == [1, 2], events
+    for f in finals:
+        assert f["source_text"].startswith("w") and f["translations"]["es"].startswith("w")
+    assert asr.engine.stats().self_blocks_used == 0 and mt.engine.stats().self_blocks_used == 0

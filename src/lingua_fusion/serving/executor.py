@@ -206,7 +206,8 @@ class Executor:
         if not batch:
             return False
         loop = asyncio.get_running_loop()
-        for w, fut in zip(batch, runner.submit([w.payload.payload for w in batch]), strict=True):
+        futures = runner.submit([w.payload.payload for w in batch], [w.tentative for w in batch])
+        for w, fut in zip(batch, futures, strict=True):
             fut.add_done_callback(lambda f, w=w: loop.call_soon_threadsafe(self._settle, key, w, f))
         return True
 

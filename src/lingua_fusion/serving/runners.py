@@ -27,8 +27,9 @@ class ContinuousRunner(Protocol):
         """How many more items it takes now (its own waiting queue is bounded)."""
         ...
 
-    def submit(self, payloads: list[Any]) -> list[Future[Any]]:
-        """Queue ``payloads``; each future resolves (on the runner's thread) to its result or exception."""
+    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
+        """Queue ``payloads`` (tentative ones are preempted first under memory pressure); each future resolves (on
+        the runner's thread) to its result or exception."""
         ...
 
 

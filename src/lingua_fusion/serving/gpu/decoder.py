@@ -258,6 +258,15 @@ class DecodeEngine:
         if not seq.future.done():
             seq.future.set_result(Decoded(seq.out, seq.logprobs, seq.preempted))
 
+    def fail_all(self, exc: BaseException) -> None:
+        """Every sequence in the engine fails with ``exc`` and gives its blocks back (after a CUDA error)."""
+        for seq in [*self.running, *self.waiting]:
+            self.pool.free(seq.id)
+            self.release(seq.cross)
+            if not seq.future.done():
+                seq.future.set_exception(exc)
+        self.running, self.waiting = [], deque()
+
     def run(self, max_steps: int = 100_000) -> None:
         """Step until nothing is left (tests, and the benchmark's warm-up)."""
         for _ in range(max_steps):

@@ -1,0 +1,369 @@
+"""GPU engine figures (issue 12), for one GPU: streams per GPU through the real stream engine, memory of the paged
+caches against naive preallocation, and decoder / encoder throughput against Hugging Face's own decoding.
+
+    python bench/gpu_streams.py --json bench/results/gpu_streams.json            # on the GPU machine
+    python bench/gpu_streams.py --device cpu --quick --json /tmp/gpu_cpu.json    # the same code, tiny, on a CPU
+
+Models are the real architectures (Hugging Face WhisperForConditionalGeneration at base size, MarianMTModel at
+OPUS-MT size) with random weights: the shipped weights cannot travel to the GPU machine (over 64 MiB) and the
+costs are the same. Random weights never emit end-of-text, so every decode is capped at a real output length
+(speech: 3 tokens per second of audio + 4; translation: the source length + 4), which the JSON states.
+
+Streams (figure 1): N in-process clients, each playing synthetic speech (noise bursts of 1.5-3.5 s between
+0.5-0.8 s pauses) at real time in ``--chunk-ms`` chunks into its own StreamSession (timeline, VAD lane, commit
+policy, scheduler, executor, journal on SQLite, one process); caption latency = the end of an utterance received
+-> its translated final emitted (the session's own measure). The baseline runs the same engine with every stream
+served by its own unbatched calls (batch 1, Whisper's padded 30 s window), as open-source Whisper servers do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from lingua_fusion.config import Settings  # noqa: E402
+from lingua_fusion.serving.executor import Executor  # noqa: E402
+from lingua_fusion.serving.gpu.models import HFWhisperDecoder, MarianDecoder  # noqa: E402
+from lingua_fusion.serving.gpu.paged import PagedKV  # noqa: E402
+from lingua_fusion.serving.gpu.recipes import Seq2SeqTextRecipe, WhisperRecipe, hf_whisper_encoder  # noqa: E402
+from lingua_fusion.serving.gpu.runner import GpuRunner  # noqa: E402
+from lingua_fusion.serving.gpu.vad import energy_vad  # noqa: E402
+
+SR = 16000
+IDS = {"pad_token_id": 50256, "bos_token_id": 50257, "eos_token_id": 50256, "decoder_start_token_id": 50257}
+SOT = [50258, 50259, 50359, 50363]  # start, language, transcribe, no timestamps
+ASR_SIZES = {"tiny": (384, 4, 6), "base": (512, 6, 8), "small": (768, 12, 12)}
+
+
+def whisper(size: str, device: str, dtype: torch.dtype) -> Any:
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    d, layers, heads = ASR_SIZES[size]
+    cfg = WhisperConfig(vocab_size=51865, num_mel_bins=80, d_model=d, encoder_layers=layers, decoder_layers=layers,
+                        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=4 * d,
+                        decoder_ffn_dim=4 * d, max_source_positions=1500, max_target_positions=448, **IDS)
+    return WhisperForConditionalGeneration(cfg).to(device=device, dtype=dtype).eval()
+
+
+def marian(device: str, dtype: torch.dtype, small: bool) -> Any:
+    from transformers import MarianConfig, MarianMTModel
+
+    d, layers, heads, vocab = (64, 2, 4, 1000) if small else (512, 6, 8, 58101)
+    cfg = MarianConfig(vocab_size=vocab, d_model=d, encoder_layers=layers, decoder_layers=layers,
+                       encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=4 * d,
+                       decoder_ffn_dim=4 * d, max_position_embeddings=512, pad_token_id=vocab - 1,
+                       eos_token_id=0, decoder_start_token_id=vocab - 1)
+    return MarianMTModel(cfg).to(device=device, dtype=dtype).eval()
+
+
+def words(tokens: list[int]) -> str:
+    return " ".join(f"w{t}" for t in tokens)
+
+
+def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, baseline: bool) -> tuple[Any, Any]:
+    from lingua_fusion.models.whisper_torch import LogMel
+
+    dev, dtype = args.device, args.dtype
+    logmel = LogMel(80).to(dev)
+    vocab = mt_model.config.vocab_size
+    asr_recipe = WhisperRecipe(HFWhisperDecoder(asr_model), encode=hf_whisper_encoder(asr_model),
+                               mel=lambda a: logmel(a[None])[0], prompt=lambda _p: SOT, text=words,
+                               stop=frozenset({50257}), device=dev, dtype=dtype, tokens_per_s=3.0, max_tokens=96,
+                               pad_to_s=30.0 if baseline else None)
+    mt_recipe = Seq2SeqTextRecipe(mt_model, MarianDecoder(mt_model),
+                                  tokenize=lambda s: [hash(w) % (vocab - 2) + 1 for w in s.split()],
+                                  detokenize=words, start=vocab - 1, stop=frozenset({0}), pad=vocab - 1, device=dev,
+                                  length_ratio=1.0, max_tokens=96)
+    sizes = dict(blocks=args.blocks, cross_blocks=args.cross_blocks, dtype=dtype, device=dev)
+    if baseline:  # one stream's work at a time: no batch in the encoder or the decoder
+        return (GpuRunner(asr_recipe, max_batch=1, encode_batch=1, memo=0, name="asr-base", **sizes),
+                GpuRunner(mt_recipe, max_batch=1, encode_batch=1, name="mt-base", **sizes))
+    return (GpuRunner(asr_recipe, max_batch=args.max_batch, name="asr", **sizes),
+            GpuRunner(mt_recipe, max_batch=args.max_batch, name="mt", **sizes))
+
+
+def speech_like(seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out = np.zeros(int(seconds * SR), dtype=np.float32)
+    t = 0.0
+    while t < seconds:
+        talk, pause = rng.uniform(1.5, 3.5), rng.uniform(0.5, 0.8)
+        a, b = int(t * SR), int(min(seconds, t + talk) * SR)
+        out[a:b] = rng.normal(0, 0.15, b - a).astype(np.float32)
+        t += talk + pause
+    return out
+
+
+async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
+                      state_dir: Path) -> dict[str, Any]:
+    from lingua_fusion.state.streams import SQLiteStreamStore
+    from lingua_fusion.stream.journal import StreamLog
+    from lingua_fusion.stream.protocol import StreamSpec
+    from lingua_fusion.stream.service import StreamService
+    from lingua_fusion.stream.session import StreamSession
+
+    settings = executor.settings
+    log = StreamLog(SQLiteStreamStore(state_dir))
+    service = StreamService(executor, settings, log=log)
+    chunk = int(SR * chunk_ms / 1000)
+    pcm = (audio * 32767).astype("<i2")
+    latencies: list[float] = []
+    lags: list[float] = []
+    loop = asyncio.get_running_loop()
+    t_start = loop.time() + 1.0
+
+    async def one(i: int) -> None:
+        spec = StreamSpec(source_lang="en", targets=["es"], slo=slo, partials=True)
+        s = StreamSession(spec, executor, service, settings, log=log)
+        await s.open()
+        offset = (i * 7919 * chunk) % (len(pcm) - int(seconds * SR)) // chunk * chunk
+        t0 = t_start + (i % 100) * chunk_ms / 100_000  # starts spread over one chunk
+
+        async def drain() -> None:
+            while True:
+                ev = (await s.events.get()).to_wire()
+                if ev["type"] == "final" and not ev.get("failed"):
+                    latencies.append(ev["latency_ms"]["caption"] / 1000)
+                if ev["type"] == "closed":
+                    return
+
+        reader = asyncio.create_task(drain())
+        for k in range(int(seconds * 1000 / chunk_ms)):
+            await asyncio.sleep(max(0.0, t0 + k * chunk_ms / 1000 - loop.time()))
+            a = offset + k * chunk
+            await s.feed_audio(pcm[a:a + chunk].tobytes(), k * chunk_ms / 1000)
+        await s.end()
+        await asyncio.wait_for(reader, timeout=120)
+
+    async def watch() -> None:  # event-loop lag, GPU busy, CPU
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.1)
+            lags.append(loop.time() - t - 0.1)
+
+    watcher = asyncio.create_task(watch())
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    gpu = _gpu_sampler()
+    try:
+        await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        watcher.cancel()
+        await log.close()
+    wall = time.monotonic() - wall0
+    lat = np.array(latencies) if latencies else np.array([float("nan")])
+    row = {"streams": n, "finals": len(latencies), "caption_p50_s": round(float(np.percentile(lat, 50)), 3),
+           "caption_p99_s": round(float(np.percentile(lat, 99)), 3), "wall_s": round(wall, 1),
+           "cpu_cores_busy": round((time.process_time() - cpu0) / wall, 2),
+           "loop_lag_p99_ms": round(float(np.percentile(lags, 99)) * 1000, 1) if lags else None,
+           "gpu_busy_pct": gpu()}
+    return row
+
+
+def _gpu_sampler() -> Any:
+    """Mean GPU utilisation over the run (NVML, where it is installed)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:
+        return lambda: None
+    samples: list[int] = []
+    import threading
+
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+    threading.Thread(target=sample, daemon=True).start()
+
+    def done() -> float | None:
+        stop.set()
+        return round(float(np.mean(samples)), 1) if samples else None
+
+    return done
+
+
+async def sweep(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, baseline: bool,
+                counts: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    audio = speech_like(args.seconds * 4, seed=1)
+    for n in counts:
+        asr, mt = build_runners(args, asr_model, mt_model, baseline=baseline)
+        settings = Settings()
+        settings.server.max_streams = 1 << 20
+        settings.server.request_timeout_s = 60
+        executor = Executor(None, settings, max_batch=args.max_batch, max_queue=1 << 16,  # type: ignore[arg-type]
+                            backends={"asr": lambda _k, r=asr: r, "mt": lambda _k, r=mt: r,
+                                      "vad": lambda _k: energy_vad(args.device)})
+        with tempfile.TemporaryDirectory() as tmp:
+            row = await run_streams(executor, n, args.seconds, args.chunk_ms, args.slo, audio, Path(tmp))
+        row["asr_encoded"], row["asr_reused_encodings"] = asr.encoded, asr.reused
+        row["asr_preemptions"] = asr.engine.preemptions
+        await executor.close()
+        asr.close()
+        mt.close()
+        row["meets_1s"], row["meets_3s"] = row["caption_p99_s"] <= 1.0, row["caption_p99_s"] <= 3.0
+        print(("baseline " if baseline else "batched  ") + json.dumps(row), flush=True)
+        rows.append(row)
+        if not row["meets_3s"] or row["finals"] == 0:
+            break
+    return rows
+
+
+def best(rows: list[dict[str, Any]], key: str) -> int:
+    return max((r["streams"] for r in rows if r[key] and r["finals"]), default=0)
+
+
+@torch.inference_mode()
+def decoder_figures(args: argparse.Namespace, asr_model: Any, batches: list[int]) -> list[dict[str, Any]]:
+    """Figure 3: decoder tokens/s and step latency, ours (paged, continuous engine) vs Hugging Face's decoder with
+    its own KV cache (what ``generate`` runs for greedy search), same batch, same model; encoder audio-s/s."""
+    from lingua_fusion.serving.gpu.decoder import DecodeEngine
+
+    dev = args.device
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    enc = hf_whisper_encoder(asr_model)
+    frames, new = 600, 32  # 6 s windows, 32 tokens each
+    rows = []
+    for b in batches:
+        mel = torch.randn(b, 80, frames, device=dev, dtype=args.dtype)
+        sync()
+        t = time.perf_counter()
+        memory = enc(mel)
+        sync()
+        enc_s = time.perf_counter() - t
+        engine = DecodeEngine(HFWhisperDecoder(asr_model), blocks=max(64, b * 4 + 8), block_size=16,
+                              cross_blocks=b * 5 + 8, cross_block_size=64, max_batch=b, dtype=args.dtype, device=dev)
+        for i in range(b):
+            cid = engine.add_memory(memory[i])
+            engine.submit(SOT, cid, max_new=new, stop=frozenset())
+            engine.release(cid)
+        engine.step()  # admission + first step (warm)
+        sync()
+        t = time.perf_counter()
+        steps = 0
+        while not engine.idle():
+            engine.step()
+            steps += 1
+        sync()
+        ours_s = time.perf_counter() - t
+        # Hugging Face: the same decoder through its own forward and DynamicCache, one token per step
+        dec_in = torch.tensor([SOT] * b, device=dev)
+        out = asr_model(encoder_outputs=(memory,), decoder_input_ids=dec_in, use_cache=True)
+        cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
+        t = time.perf_counter()
+        for _ in range(steps):
+            out = asr_model(encoder_outputs=(memory,), decoder_input_ids=tok, past_key_values=cache, use_cache=True)
+            cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
+        hf_s = time.perf_counter() - t
+        row = {"batch": b, "steps": steps, "ours_tokens_per_s": round(b * steps / ours_s),
+               "ours_step_ms": round(ours_s / steps * 1000, 2), "hf_tokens_per_s": round(b * steps / hf_s),
+               "hf_step_ms": round(hf_s / steps * 1000, 2), "encoder_audio_s_per_s": round(b * 6 / enc_s)}
+        print("decoder " + json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+@torch.inference_mode()
+def memory_figures(args: argparse.Namespace, asr_model: Any, n: int) -> dict[str, Any]:
+    """Figure 2: n concurrent decodes of 6 s windows: the paged pools' peak against naive per-stream
+    preallocation at maximum length (448 tokens of self-attention, 1,500 frames of cross-attention)."""
+    from lingua_fusion.serving.gpu.decoder import DecodeEngine
+
+    adapter = HFWhisperDecoder(asr_model)
+    per_token = PagedKV.bytes_per_token(adapter.n_layer, adapter.n_head, adapter.head_dim, args.dtype)
+    naive = n * (448 + 1500) * per_token
+    engine = DecodeEngine(adapter, blocks=n * 8, block_size=16, cross_blocks=n * 5, cross_block_size=64,
+                          max_batch=n, dtype=args.dtype, device=args.device)
+    memory = torch.randn(300, asr_model.config.d_model, device=args.device, dtype=args.dtype)
+    peak_self = peak_cross = 0
+    frag = []
+    for _ in range(n):
+        cid = engine.add_memory(memory)
+        engine.submit(SOT, cid, max_new=40, stop=frozenset())
+        engine.release(cid)
+    while not engine.idle():
+        engine.step()
+        st = engine.stats()
+        peak_self, peak_cross = max(peak_self, st.self_blocks_used), max(peak_cross, st.cross_blocks_used)
+        frag.append(st.fragmentation)
+    paged = peak_self * 16 * per_token + peak_cross * 64 * per_token
+    return {"streams": n, "bytes_per_token": per_token, "naive_bytes": naive, "paged_peak_bytes": paged,
+            "saving": round(1 - paged / naive, 3), "self_pool_fragmentation_mean": round(float(np.mean(frag)), 3),
+            "pools_allocated_bytes": engine.kv.nbytes + engine.cross.nbytes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--asr", default="base", choices=sorted(ASR_SIZES))
+    ap.add_argument("--streams", default="250,500,1000,2000,4000,8000,12800")
+    ap.add_argument("--baseline-streams", default="4,8,16,32,64,128")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--chunk-ms", type=int, default=500)
+    ap.add_argument("--slo", default="interactive")
+    ap.add_argument("--max-batch", type=int, default=2048)
+    ap.add_argument("--blocks", type=int, default=60000)
+    ap.add_argument("--cross-blocks", type=int, default=60000)
+    ap.add_argument("--decoder-batches", default="1,32,256,1024")
+    ap.add_argument("--parts", default="decoder,memory,baseline,streams")
+    ap.add_argument("--quick", action="store_true", help="tiny models and counts (a CPU check of the code)")
+    args = ap.parse_args()
+    args.dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
+    if args.quick:
+        args.asr, args.blocks, args.cross_blocks = "tiny", 4000, 4000
+    parts = set(args.parts.split(","))
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+                              "weights": "random", "asr_architecture": f"whisper-{args.asr} (HF)",
+                              "mt_architecture": "marian opus-mt size" if not args.quick else "marian tiny",
+                              "output_lengths": "speech 3 tokens/s + 4; translation source length + 4",
+                              "vad": "energy on the GPU (Silero runs on the CPU only there)",
+                              "chunk_ms": args.chunk_ms, "seconds": args.seconds, "slo_class": args.slo,
+                              "torch": torch.__version__, "cpu_cores": os.cpu_count()}
+    t0 = time.monotonic()
+    asr_model = whisper(args.asr, args.device, args.dtype)
+    mt_model = marian(args.device, args.dtype, small=args.quick)
+    if "decoder" in parts:
+        report["decoder"] = decoder_figures(args, asr_model, [int(b) for b in args.decoder_batches.split(",")])
+    if "memory" in parts:
+        report["memory_1000_streams"] = memory_figures(args, asr_model, 1000 if not args.quick else 50)
+        print("memory " + json.dumps(report["memory_1000_streams"]), flush=True)
+    if "baseline" in parts:
+        rows = asyncio.run(sweep(args, asr_model, mt_model, baseline=True,
+                                 counts=[int(c) for c in args.baseline_streams.split(",")]))
+        report["baseline_runs"] = rows
+        report["baseline_streams_p99_1s"], report["baseline_streams_p99_3s"] = best(rows, "meets_1s"), \
+            best(rows, "meets_3s")
+    if "streams" in parts:
+        rows = asyncio.run(sweep(args, asr_model, mt_model, baseline=False,
+                                 counts=[int(c) for c in args.streams.split(",")]))
+        report["runs"] = rows
+        report["streams_p99_1s"], report["streams_p99_3s"] = best(rows, "meets_1s"), best(rows, "meets_3s")
+    if "streams_p99_1s" in report and report.get("baseline_streams_p99_1s"):
+        report["ratio_p99_1s"] = round(report["streams_p99_1s"] / report["baseline_streams_p99_1s"], 1)
+    report["wall_s"] = round(time.monotonic() - t0, 1)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, list)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

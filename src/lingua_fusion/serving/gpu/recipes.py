@@ -1,0 +1,122 @@
+"""Recipes (serving/gpu/runner.py Recipe): what the GPU runner needs of each model family.
+
+``WhisperRecipe``: ASR, ``AsrInput`` -> ``AsrOutput``: a log-mel per clip, the encoder on the batch's longest
+clip rounded up to 1 s (the positional table cut, not Whisper's padded 30 s window), greedy decoding.
+``Seq2SeqTextRecipe``: MT (Marian / OPUS-MT), ``MtInput`` -> ``str``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...types import SR
+from ..ports import AsrInput, AsrOutput, MtInput
+from .decoder import Decoded, DecoderModel
+
+MEL_FRAMES_PER_S = 100
+
+
+def confidence(logprobs: list[float]) -> float:
+    return float(math.exp(sum(logprobs) / len(logprobs))) if logprobs else 0.0
+
+
+def hf_whisper_encoder(model: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Hugging Face Whisper's encoder on trimmed windows: [batch, n_mels, frames] -> [batch, frames / 2, d]."""
+    enc = model.model.encoder
+
+    def encode(mel: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(enc.conv2(F.gelu(enc.conv1(mel)))).transpose(1, 2)
+        x = x + enc.embed_positions.weight[: x.shape[1]]
+        for layer in enc.layers:
+            out = layer(x, attention_mask=None)
+            x = out[0] if isinstance(out, tuple) else out
+        return enc.layer_norm(x)
+
+    return encode
+
+
+class WhisperRecipe:
+    def __init__(self, decoder: DecoderModel, *, encode: Callable[[torch.Tensor], torch.Tensor],
+                 mel: Callable[[torch.Tensor], torch.Tensor], prompt: Callable[[str | None], list[int]],
+                 text: Callable[[list[int]], str], stop: frozenset[int], device: torch.device | str,
+                 dtype: torch.dtype, tokens_per_s: float | None = None, max_tokens: int = 128,
+                 pad_to_s: float | None = None) -> None:
+        self.decoder = decoder
+        self.stop = stop
+        self._encode, self._mel, self._prompt, self._text = encode, mel, prompt, text
+        self.device, self.dtype = torch.device(device), dtype
+        self.tokens_per_s = tokens_per_s  # random weights never say end-of-text: cap at a real speech rate
+        self.max_tokens = max_tokens
+        self.pad_to_s = pad_to_s  # the per-stream baseline: every clip padded to Whisper's 30 s window
+
+    def encode(self, payloads: list[AsrInput]) -> list[torch.Tensor]:
+        mels = [self._mel(torch.from_numpy(np.ascontiguousarray(p.audio)).to(self.device)) for p in payloads]
+        frames = max(m.shape[-1] for m in mels)
+        width = -(-frames // MEL_FRAMES_PER_S) * MEL_FRAMES_PER_S  # the longest clip, rounded up to 1 s
+        if self.pad_to_s is not None:
+            width = max(width, int(self.pad_to_s * MEL_FRAMES_PER_S))
+        batch = torch.stack([F.pad(m, (0, width - m.shape[-1])) for m in mels]).to(self.dtype)
+        with torch.inference_mode():
+            out = self._encode(batch)
+        return [out[i, : -(-m.shape[-1] // 2)] for i, m in enumerate(mels)]
+
+    def prompt(self, payload: AsrInput) -> list[int]:
+        return self._prompt(payload.prompt)
+
+    def max_new(self, payload: AsrInput) -> int:
+        if self.tokens_per_s is None:
+            return self.max_tokens
+        return min(self.max_tokens, int(len(payload.audio) / SR * self.tokens_per_s) + 4)
+
+    def key(self, payload: AsrInput) -> bytes:
+        return hashlib.blake2b(np.ascontiguousarray(payload.audio).tobytes(), digest_size=16).digest()
+
+    def result(self, payload: AsrInput, decoded: Decoded) -> AsrOutput:
+        return AsrOutput(self._text(decoded.tokens).strip(), min(1.0, confidence(decoded.logprobs)))
+
+
+class Seq2SeqTextRecipe:
+    """MT with a Hugging Face encoder-decoder (``model.model.encoder``), e.g. MarianMTModel."""
+
+    def __init__(self, model: Any, decoder: DecoderModel, *, tokenize: Callable[[str], list[int]],
+                 detokenize: Callable[[list[int]], str], start: int, stop: frozenset[int], pad: int,
+                 device: torch.device | str, length_ratio: float | None = None, max_tokens: int = 256) -> None:
+        self.model, self.decoder, self.stop = model, decoder, stop
+        self._tok, self._detok, self._start, self._pad = tokenize, detokenize, start, pad
+        self.device = torch.device(device)
+        self.length_ratio = length_ratio  # random weights never say end-of-sentence: cap at the source length
+        self.max_tokens = max_tokens
+
+    def encode(self, payloads: list[MtInput]) -> list[torch.Tensor]:
+        ids = [self._tok(p.text)[: self.max_tokens] or [self._pad] for p in payloads]
+        width = max(len(i) for i in ids)
+        batch = torch.full((len(ids), width), self._pad, dtype=torch.long)
+        for row, seq in enumerate(ids):
+            batch[row, : len(seq)] = torch.tensor(seq)
+        mask = (batch != self._pad).long()
+        mask[:, 0] = 1
+        with torch.inference_mode():
+            out = self.model.model.encoder(input_ids=batch.to(self.device), attention_mask=mask.to(self.device))
+        hidden = out.last_hidden_state
+        return [hidden[i, : len(seq)] for i, seq in enumerate(ids)]
+
+    def prompt(self, payload: MtInput) -> list[int]:
+        return [self._start]
+
+    def max_new(self, payload: MtInput) -> int:
+        if self.length_ratio is None:
+            return self.max_tokens
+        return min(self.max_tokens, int(len(self._tok(payload.text)) * self.length_ratio) + 4)
+
+    def key(self, payload: MtInput) -> None:
+        return None
+
+    def result(self, payload: MtInput, decoded: Decoded) -> str:
+        return self._detok(decoded.tokens)

@@ -1,0 +1,164 @@
+"""A continuous runner (serving/runners.py ContinuousRunner) for any encoder-decoder: its own thread runs the
+encoder on batches of new work and steps the DecodeEngine, so new items join the running batch at the next step.
+
+What a model needs is its ``Recipe`` (serving/gpu/recipes.py): how to encode a batch of payloads, the prompt and
+length of each, and how to read the tokens back. Encoder outputs are kept per payload key (the same audio window
+read again by a commit after its partials) while the cross-attention pool has room.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict, deque
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+import torch
+
+from ...errors import BackendError, Overloaded
+from .decoder import Decoded, DecodeEngine, DecoderModel
+
+log = logging.getLogger("lingua_fusion.gpu")
+
+
+class Recipe(Protocol):
+    decoder: DecoderModel
+    stop: frozenset[int]
+
+    def encode(self, payloads: list[Any]) -> list[torch.Tensor]:
+        """Each payload's encoder output [frames, d_model], computed in as few batched calls as it likes."""
+        ...
+
+    def prompt(self, payload: Any) -> list[int]: ...
+
+    def max_new(self, payload: Any) -> int: ...
+
+    def key(self, payload: Any) -> bytes | None:
+        """Payloads with the same key share one encoder output (None: never shared)."""
+        ...
+
+    def result(self, payload: Any, decoded: Decoded) -> Any: ...
+
+
+class GpuRunner:
+    def __init__(self, recipe: Recipe, *, blocks: int, cross_blocks: int, block_size: int = 16,
+                 cross_block_size: int = 64, max_batch: int = 1024, max_pending: int = 8192,
+                 encode_batch: int = 128, memo: int = 2048, dtype: torch.dtype = torch.float16,
+                 device: str | torch.device = "cuda", name: str = "gpu") -> None:
+        self.recipe = recipe
+        self.engine = DecodeEngine(recipe.decoder, blocks=blocks, block_size=block_size, cross_blocks=cross_blocks,
+                                   cross_block_size=cross_block_size, max_batch=max_batch, dtype=dtype,
+                                   device=device)
+        self.max_pending = max_pending
+        self.encode_batch = encode_batch
+        self._memo_size = memo
+        self._memo: OrderedDict[bytes, int] = OrderedDict()  # payload key -> cross entry (holds one reference)
+        self._inbox: deque[tuple[Any, bool, Future[Any]]] = deque()
+        self._cv = threading.Condition()
+        self._pending = 0
+        self._closed = False
+        self.encoded = self.reused = 0
+        self._thread = threading.Thread(target=self._loop, name=f"gpu-{name}", daemon=True)
+        self._thread.start()
+
+    # ---- ContinuousRunner ---------------------------------------------------------------------------------
+    def room(self) -> int:
+        with self._cv:
+            return self.max_pending - self._pending
+
+    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
+        futures: list[Future[Any]] = [Future() for _ in payloads]
+        with self._cv:
+            if self._closed:
+                raise BackendError("the GPU runner is closed")
+            self._inbox.extend(zip(payloads, tentative, futures, strict=True))
+            self._pending += len(payloads)
+            self._cv.notify()
+        return futures
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    # ---- the runner's thread ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and self.engine.idle() and not self._closed:
+                    self._cv.wait(timeout=0.5)
+                if self._closed:
+                    break
+                new = list(self._inbox)
+                self._inbox.clear()
+            try:
+                if new:
+                    self._start(new)
+                if not self.engine.idle():
+                    self.engine.step()
+            except Exception as exc:  # a CUDA error, out of memory: fail what is in flight, keep serving
+                log.exception("GPU runner step failed")
+                self._fail_all(new, BackendError(f"the GPU engine failed: {type(exc).__name__}: {exc}"))
+        self._fail_all([], BackendError("the GPU runner closed"))
+
+    def _done(self, fut: Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
+        with self._cv:
+            self._pending -= 1
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)
+
+    def _start(self, items: list[tuple[Any, bool, Future[Any]]]) -> None:
+        keys = [self.recipe.key(p) for p, _, _ in items]
+        fresh = [i for i, k in enumerate(keys) if k is None or k not in self._memo]
+        memories: dict[int, torch.Tensor] = {}
+        for at in range(0, len(fresh), self.encode_batch):
+            chunk = fresh[at: at + self.encode_batch]
+            for i, mem in zip(chunk, self.recipe.encode([items[i][0] for i in chunk]), strict=True):
+                memories[i] = mem
+        self.encoded += len(fresh)
+        for i, (payload, tentative, fut) in enumerate(items):
+            key = keys[i]
+            cid = self._memo.get(key) if key is not None else None
+            if cid is not None:
+                self._memo.move_to_end(key)  # type: ignore[arg-type]
+                self.reused += 1
+            else:
+                cid = self._add(memories[i], key)
+                if cid is None:
+                    self._done(fut, exc=Overloaded("the GPU cross-attention pool is full", retry_after=0.5))
+                    continue
+            inner = self.engine.submit(self.recipe.prompt(payload), cid, max_new=self.recipe.max_new(payload),
+                                       stop=self.recipe.stop, tentative=tentative)
+            if key is None:
+                self.engine.release(cid)  # the sequence holds its own reference
+            inner.add_done_callback(lambda d, p=payload, f=fut: self._finished(p, f, d))
+
+    def _add(self, memory: torch.Tensor, key: bytes | None) -> int | None:
+        cid = self.engine.add_memory(memory)
+        while cid is None and self._memo:  # make room: forget the least recently used encoder outputs
+            _, old = self._memo.popitem(last=False)
+            self.engine.release(old)
+            cid = self.engine.add_memory(memory)
+        if cid is not None and key is not None:
+            self._memo[key] = cid
+            while len(self._memo) > self._memo_size:
+                self.engine.release(self._memo.popitem(last=False)[1])
+        return cid
+
+    def _finished(self, payload: Any, fut: Future[Any], decoded: Future[Decoded]) -> None:
+        try:
+            self._done(fut, self.recipe.result(payload, decoded.result()))
+        except Exception as exc:
+            self._done(fut, exc=BackendError(f"decoding failed: {exc}"))
+
+    def _fail_all(self, new: list[tuple[Any, bool, Future[Any]]], exc: BackendError) -> None:
+        for _, _, fut in new:
+            if not fut.done():
+                self._done(fut, exc=exc)
+        self.engine.fail_all(exc)
