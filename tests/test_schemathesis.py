@@ -45,7 +45,8 @@ from lingua_fusion.api.spec import form_body, json_body
 OPERATIONS = [
     ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/models"),
     ("POST", "/v1/translate"), ("GET", "/v1/glossaries"), ("POST", "/v1/glossaries"),
-    ("GET", "/v1/glossaries/{glossary_id}"), ("GET", "/v1/admin/faults"), ("POST", "/v1/admin/faults"),
+    ("GET", "/v1/glossaries/{glossary_id}"), ("DELETE", "/v1/glossaries/{glossary_id}"),
+    ("GET", "/v1/admin/faults"), ("POST", "/v1/admin/faults"),
     ("DELETE", "/v1/admin/faults"), ("GET", "/v1/keys"), ("POST", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
 ]
 # Pairs served by Apertium and Bergamot (milliseconds a call) and one that nothing serves (it: 422). de, fr and zh are

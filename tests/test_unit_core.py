@@ -56,7 +56,9 @@ def test_from_code_round_trip(cls: type[LinguaFusionError]) -> None:
     assert err.code == cls.code
     assert err.message == "boom" and str(err) == "boom"
     assert err.details == {"x": 1}
-    assert err.to_dict() == {"code": cls.code, "message": "boom", "details": {"x": 1}}
+    # what goes on the wire: the message, or for server-side failures the class's plain sentence
+    assert err.to_dict() == {"code": cls.code, "message": "boom" if cls.public is None else cls.public,
+                             "details": {"x": 1}}
     assert err.retryable == cls.retryable
 
 
@@ -88,7 +90,8 @@ def test_error_statuses() -> None:
                 "unsupported_pair": 422, "no_content": 422, "too_large": 413, "not_found": 404,
                 "unauthenticated": 401, "forbidden": 403, "overloaded": 429, "slow_consumer": 429, "draining": 503,
                 "backend_unavailable": 503, "model_timeout": 503, "malformed_output": 503, "injected_fault": 503,
-                "state_store_unavailable": 503, "internal": 500}
+                "state_store_unavailable": 503, "internal": 500, "origin_not_allowed": 403, "quota_exceeded": 403,
+                "host_not_allowed": 400, "unsupported_content_type": 415, "taken_over": 409, "timeout": 504}
     assert {c.code: c.status for c in ERROR_CLASSES} == expected
     assert errors.BackendError.retryable and errors.Draining.retryable and errors.StoreUnavailable.retryable
     assert not errors.SlowConsumer.retryable  # a client too slow to read would be too slow again

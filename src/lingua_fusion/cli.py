@@ -74,9 +74,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
           chaos: bool = typer.Option(False, "--chaos", help="Allow fault injection (admin key) for experiments.")
           ) -> None:
     """Run the server (SQLite state, in-process cache, CPU models)."""
-    import uvicorn
-
     from .api import create_app
+    from .api.server import build_server
 
     if no_auth and not is_loopback(host):
         usage(f"--no-auth may only bind to loopback, not {host}")
@@ -85,16 +84,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
     settings.server.chaos = chaos or settings.server.chaos
     app_ = create_app(settings)
     _banner(app_, settings, host, port)
-    class DrainingServer(uvicorn.Server):
-        """On SIGTERM / SIGINT: drain live streams (queued captions logged and sent, clients told to reconnect)
-        before uvicorn closes the connections."""
-
-        async def shutdown(self, sockets: Any = None) -> None:
-            await app_.state.drain(settings.server.drain_timeout_s)
-            await super().shutdown(sockets)
-
-    config = uvicorn.Config(app_, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
-    DrainingServer(config).run()
+    # connection cap, head timeout, WebSocket frame limit, masked logs, drain on SIGTERM (api/server.py)
+    build_server(app_, settings, log_level=log_level).run()
 
 
 def _banner(app_: Any, settings: Any, host: str, port: int) -> None:

@@ -38,8 +38,17 @@ class ServerSettings(BaseModel):
     breaker_window_s: float = 5.0
     breaker_k: int = 3
     chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default
-    max_ws_message_bytes: int = 4 * 1024 * 1024
+    max_ws_message_bytes: int = 4 * 1024 * 1024  # also the WebSocket frame limit given to uvicorn (ws_max_size)
     max_ws_messages_per_s: float = 50.0  # per stream, averaged over 2 s (real time is 4-8 audio messages/s)
+    # Host / Origin allow-lists (api/guard.py). None = the default: anything with auth on; with --no-auth the
+    # loopback names only, and Origin only the server's own (a page elsewhere cannot drive a keyless server)
+    allowed_hosts: list[str] | None = None
+    allowed_origins: list[str] | None = None
+    # connections (api/server.py, `linguafusion serve`): a request's head must arrive within header_timeout_s of
+    # the connection (or of the previous response); beyond max_connections new connections are closed at once
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 64 * 1024
+    max_connections: int = 512
 
 
 class LimitSettings(BaseModel):
@@ -47,8 +56,11 @@ class LimitSettings(BaseModel):
     max_media_seconds: float = 3600.0
     max_image_pixels: int = 40_000_000
     max_image_side: int = 16_384
-    max_text_chars: int = 20_000
+    max_text_chars: int = 20_000  # REST text and file requests, and each text message of a stream
     max_glossary_terms: int = 5_000
+    max_glossary_bytes: int = 2_000_000
+    max_glossaries_per_key: int = 100
+    max_json_bytes: int = 64 * 1024  # JSON bodies (/v1/keys, /v1/admin/faults) and any body of other routes
 
 
 class ModelSettings(BaseModel):

@@ -16,6 +16,11 @@ Map (code -> HTTP status):
         NotFound                    404 not_found
         AuthenticationError         401 unauthenticated
         PermissionDenied            403 forbidden
+          OriginNotAllowed          403 origin_not_allowed (a browser page from an origin not on the allow-list)
+          QuotaExceeded             403 quota_exceeded (glossaries per key)
+        HostNotAllowed              400 host_not_allowed (a Host header not on the allow-list)
+        UnsupportedContentType      415 unsupported_content_type (a JSON route sent something else)
+        TakenOver                   409 taken_over (a stream resumed by another connection: this one ends)
       Overloaded                    429 overloaded (retryable, carries retry_after)
       SlowConsumer                  429 slow_consumer  (a stream's client stopped reading its events)
       Draining                      503 draining       (the server is shutting down: resume elsewhere; retryable)
@@ -24,10 +29,15 @@ Map (code -> HTTP status):
         MalformedOutput             503 malformed_output
         InjectedFault               503 injected_fault (chaos)
         StoreUnavailable            503 state_store_unavailable (the stream log)
+      RequestTimeout                504 timeout        (a file request past server.request_timeout_s; retryable)
 
 Foreign exceptions (PyAV, PIL, onnxruntime, subprocess) are translated where they occur with
 ``raise ... from exc``. Each error knows its HTTP status, a stable machine-readable ``code`` and
 whether the caller may retry.
+
+What a client is told is ``public_message``: the message itself for errors about the client's request (we write
+those), a plain sentence per class for server-side failures (``public``: their message can name paths, addresses
+or a library's error text; it goes to the server log). Secrets are redacted from both (``redact.py``).
 """
 
 from __future__ import annotations
@@ -39,14 +49,22 @@ class LinguaFusionError(Exception):
     status = 500
     code = "internal"
     retryable = False
+    public: str | None = "internal error; see the server log"  # None: the message itself is for the client
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.details = details or {}
 
+    @property
+    def public_message(self) -> str:
+        """What a client may read: never a server path, address or secret."""
+        from .redact import redact
+
+        return redact(self.message if self.public is None else self.public)
+
     def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        body: dict[str, Any] = {"code": self.code, "message": self.public_message}
         if self.details:
             body["details"] = self.details
         return body
@@ -55,6 +73,7 @@ class LinguaFusionError(Exception):
 class ClientError(LinguaFusionError):
     status = 400
     code = "bad_request"
+    public = None
 
 
 class EmptyInput(ClientError):
@@ -114,10 +133,33 @@ class PermissionDenied(ClientError):
     code = "forbidden"
 
 
+class OriginNotAllowed(PermissionDenied):
+    code = "origin_not_allowed"
+
+
+class QuotaExceeded(PermissionDenied):
+    code = "quota_exceeded"
+
+
+class HostNotAllowed(ClientError):
+    code = "host_not_allowed"
+
+
+class UnsupportedContentType(ClientError):
+    status = 415
+    code = "unsupported_content_type"
+
+
+class TakenOver(ClientError):
+    status = 409
+    code = "taken_over"
+
+
 class Overloaded(LinguaFusionError):
     status = 429
     code = "overloaded"
     retryable = True
+    public = None
 
     def __init__(self, message: str, *, retry_after: float = 1.0, details: dict[str, Any] | None = None):
         super().__init__(message, details=details)
@@ -127,34 +169,48 @@ class Overloaded(LinguaFusionError):
 class SlowConsumer(LinguaFusionError):
     status = 429
     code = "slow_consumer"
+    public = None
 
 
 class Draining(LinguaFusionError):
     status = 503
     code = "draining"
     retryable = True
+    public = None
 
 
 class BackendError(LinguaFusionError):
     status = 503
     code = "backend_unavailable"
     retryable = True
+    public = "a model or service the server needs is unavailable; retry later"
 
 
 class ModelTimeout(BackendError):
     code = "model_timeout"
+    public = "a model did not answer in time; retry later"
 
 
 class MalformedOutput(BackendError):
     code = "malformed_output"
+    public = "a model returned malformed output; retry later"
 
 
 class InjectedFault(BackendError):
     code = "injected_fault"
+    public = None  # chaos experiments: the message names the fault, nothing of the server
 
 
 class StoreUnavailable(BackendError):
     code = "state_store_unavailable"
+    public = "the stream log is unavailable; retry later"
+
+
+class RequestTimeout(LinguaFusionError):
+    status = 504
+    code = "timeout"
+    retryable = True
+    public = None
 
 
 _BY_CODE: dict[str, type[LinguaFusionError]] = {}

@@ -1,40 +1,156 @@
-"""Admission for file requests: bounded concurrency, a bounded queue, 429 beyond it."""
+"""Admission for file requests: bounded concurrency, a bounded waiting room, 429 beyond it, and a fair share per key.
+
+``FairQueue`` is the pure core (no I/O, no clock): who may run now, who waits, who is refused. Keys share the
+running slots max-min fairly: a freed slot goes to the waiting key that holds the fewest slots (ties: the key served
+longest ago, then the oldest request). When the waiting room is full, a request from a key that holds fewer
+waiting places than the heaviest key takes the heaviest key's newest place (that request is refused with 429
+instead); otherwise the newcomer is refused. One key can therefore queue everything only while nobody else asks.
+``Admission`` runs it on asyncio: ``async with admission.slot(key_id, wait_s):``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator
-
-import anyio
+from dataclasses import dataclass, field
 
 from ..errors import Overloaded
 from ..observability import Metrics
 
 
+@dataclass(eq=False)
+class Ticket:
+    """One request: it runs once ``granted``; ``refused`` when another key's request took its waiting place."""
+
+    key: str
+    n: int
+    granted: bool = False
+    refused: bool = False
+
+
+@dataclass
+class FairQueue:
+    running_limit: int
+    waiting_limit: int
+    running: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    waiting: dict[str, deque[Ticket]] = field(default_factory=lambda: defaultdict(deque))
+    _last_served: dict[str, int] = field(default_factory=dict)
+    _n: itertools.count[int] = field(default_factory=itertools.count)
+
+    def running_total(self) -> int:
+        return sum(self.running.values())
+
+    def waiting_total(self) -> int:
+        return sum(len(q) for q in self.waiting.values())
+
+    def arrive(self, key: str) -> tuple[Ticket | None, Ticket | None]:
+        """A request of ``key`` arrives. Returns (its ticket, or None when refused; a ticket it displaced, which
+        the caller refuses). The ticket may be granted at once."""
+        ticket = Ticket(key, next(self._n))
+        if self.running_total() < self.running_limit and not self.waiting_total():
+            self._grant(ticket)
+            return ticket, None
+        displaced = None
+        if self.waiting_total() >= self.waiting_limit:
+            heaviest = max(self.waiting, key=lambda k: (len(self.waiting[k]), self.running[k]), default=None)
+            mine = len(self.waiting.get(key, ()))
+            if heaviest is None or heaviest == key or len(self.waiting[heaviest]) <= mine:
+                return None, None
+            displaced = self.waiting[heaviest].pop()  # its newest request
+            displaced.refused = True
+            self._tidy(heaviest)
+        self.waiting[key].append(ticket)
+        return ticket, displaced
+
+    def leave(self, ticket: Ticket) -> list[Ticket]:
+        """``ticket`` is done (it ran, or gave up waiting). Returns the tickets granted in its place."""
+        if ticket.granted:
+            self.running[ticket.key] -= 1
+            if not self.running[ticket.key]:
+                del self.running[ticket.key]
+        elif not ticket.refused:
+            with contextlib.suppress(ValueError):
+                self.waiting[ticket.key].remove(ticket)
+            self._tidy(ticket.key)
+        return self._fill()
+
+    def _fill(self) -> list[Ticket]:
+        granted = []
+        while self.running_total() < self.running_limit and self.waiting_total():
+            key = min(self.waiting, key=lambda k: (self.running.get(k, 0), self._last_served.get(k, -1),
+                                                   self.waiting[k][0].n))
+            ticket = self.waiting[key].popleft()
+            self._tidy(key)
+            self._grant(ticket)
+            granted.append(ticket)
+        return granted
+
+    def _grant(self, ticket: Ticket) -> None:
+        ticket.granted = True
+        self.running[ticket.key] += 1
+        self._last_served[ticket.key] = ticket.n
+
+    def _tidy(self, key: str) -> None:
+        if key in self.waiting and not self.waiting[key]:
+            del self.waiting[key]
+
+
 class Admission:
-    """Bounded concurrency: at most ``running`` translations at once and ``waiting`` queued; beyond, 429."""
+    """At most ``running`` translations at once and ``waiting`` queued, shared fairly between keys; 429 beyond."""
 
     def __init__(self, running: int, waiting: int, metrics: Metrics) -> None:
-        self.limiter = anyio.CapacityLimiter(running)
-        self.max_waiting = waiting
-        self.waiting = 0
+        self.queue = FairQueue(running, waiting)
         self.metrics = metrics
+        self._events: dict[Ticket, asyncio.Event] = {}
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self.limiter.available_tokens == 0 and self.waiting >= self.max_waiting:
-            self.metrics.rejected.inc()
-            raise Overloaded("the server is at capacity; retry later", retry_after=2.0)
-        self.waiting += 1
-        self.metrics.waiting.set(self.waiting)
+    async def slot(self, key_id: str = "", wait_s: float | None = None) -> AsyncIterator[None]:
+        """Run within a slot of the key's fair share; Overloaded (429) when refused, displaced by another key's
+        request, or still waiting after ``wait_s``."""
+        ticket, displaced = self.queue.arrive(key_id)
+        if displaced is not None:
+            self._wake(displaced)
+        if ticket is None:
+            self._refused()
+        assert ticket is not None
         try:
-            await self.limiter.acquire()
+            if not ticket.granted:
+                await self._wait(ticket, wait_s)
+            self.metrics.in_flight.inc()
+            try:
+                yield
+            finally:
+                self.metrics.in_flight.dec()
         finally:
-            self.waiting -= 1
-            self.metrics.waiting.set(self.waiting)
-        self.metrics.in_flight.inc()
+            for t in self.queue.leave(ticket):
+                self._wake(t)
+            self._events.pop(ticket, None)
+            self._gauge()
+
+    async def _wait(self, ticket: Ticket, wait_s: float | None) -> None:
+        event = self._events[ticket] = asyncio.Event()
+        self._gauge()
         try:
-            yield
-        finally:
-            self.metrics.in_flight.dec()
-            self.limiter.release()
+            async with asyncio.timeout(wait_s):
+                await event.wait()
+        except TimeoutError:
+            if not ticket.granted:
+                self._refused("the server stayed busy for this request's whole time limit; retry later")
+        if ticket.refused:
+            self._refused("another key's request took this one's place in the queue (each key gets a fair "
+                          "share); retry later")
+
+    def _wake(self, ticket: Ticket) -> None:
+        event = self._events.get(ticket)
+        if event is not None:
+            event.set()
+
+    def _refused(self, why: str = "the server is at capacity; retry later") -> None:
+        self.metrics.rejected.inc()
+        raise Overloaded(why, retry_after=2.0)
+
+    def _gauge(self) -> None:
+        self.metrics.waiting.set(self.queue.waiting_total())

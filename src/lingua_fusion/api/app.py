@@ -18,10 +18,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import glossary as glossary_mod
 from ..config import Settings
@@ -38,6 +38,7 @@ from . import errors as error_map
 from . import ws as ws_routes
 from .admission import Admission
 from .deps import ANONYMOUS, AppContext
+from .guard import Guard
 
 log = logging.getLogger("lingua_fusion.api")
 
@@ -83,7 +84,8 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     app.state.store = store
     app.state.settings = settings
     error_map.install(app)
-    app.middleware("http")(_count_requests)
+    app.add_middleware(CountRequests)
+    app.add_middleware(Guard, settings=settings)  # outermost: Host, Origin, body bytes (api/guard.py)
     for module in (health, translate, glossaries, admin):
         app.include_router(module.router)
     streams = _install_streams(app, settings, translator, metrics, store)
@@ -103,12 +105,31 @@ def _warm(translator: FileTranslator, ready: threading.Event) -> None:
         ready.set()
 
 
-async def _count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    response = await call_next(request)
-    route = request.scope.get("route")
-    request.app.state.metrics.requests.labels(route=getattr(route, "path", "unmatched"),
-                                              status=str(response.status_code)).inc()
-    return response
+class CountRequests:
+    """Requests by route and status on /metrics. Plain ASGI (no BaseHTTPMiddleware): an error raised while the
+    route reads its body (api/guard.py's byte count) reaches the error map as itself, not in an exception group."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def sent(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            route = scope.get("route")
+            scope["app"].state.metrics.requests.labels(route=getattr(route, "path", "unmatched"),
+                                                       status=str(status)).inc()
 
 
 def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslator, metrics: Metrics,

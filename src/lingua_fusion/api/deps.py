@@ -11,9 +11,10 @@ from fastapi import Depends, Request
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
+from starlette.requests import ClientDisconnect
 
 from ..config import Settings
-from ..errors import InvalidParameter, TooLarge
+from ..errors import InvalidParameter, TooLarge, UnsupportedContentType
 from ..files import FileTranslator
 from ..observability import Metrics
 from ..state.sqlite import ApiKey, SQLiteStore
@@ -83,6 +84,21 @@ async def read_form(request: Request) -> FormData:
         return await request.form(max_files=2, max_fields=32, max_part_size=limits.max_text_chars * 4)
     except (MultiPartException, StarletteHTTPException, ValueError) as exc:  # malformed multipart bodies
         raise InvalidParameter(f"malformed form body: {exc}") from exc
+    except ClientDisconnect as exc:  # the client went away mid-body: nobody to answer, nothing to log
+        raise InvalidParameter("the client disconnected before the body ended") from exc
+
+
+async def require_json(request: Request) -> None:
+    """A dependency of the JSON routes: the body must be declared ``application/json`` (or ``+json``). A page in a
+    browser can POST forms and text/plain anywhere without asking; JSON it can send elsewhere only after a CORS
+    preflight, which this server never grants."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json" and not (ctype.startswith("application/") and ctype.endswith("+json")):
+        raise UnsupportedContentType(f"this route takes a JSON body: send 'Content-Type: application/json' "
+                                     f"(not {ctype or 'none'})")
+
+
+JsonBody = Depends(require_json)
 
 
 def flag(value: Any) -> bool:

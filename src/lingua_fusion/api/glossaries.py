@@ -1,4 +1,5 @@
-"""/v1/glossaries: upload, list and read a key's glossaries."""
+"""/v1/glossaries: upload, list, read and delete a key's glossaries (at most ``limits.max_glossaries_per_key``,
+each at most ``limits.max_glossary_terms`` terms and ``limits.max_glossary_bytes``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from .. import glossary as glossary_mod
 from .. import langs
-from ..errors import EmptyInput
+from ..errors import EmptyInput, QuotaExceeded, TooLarge
 from . import spec
 from .deps import TranslateKey, context, read_form
 
@@ -19,17 +20,25 @@ router = APIRouter()
 @router.post("/v1/glossaries", openapi_extra=spec.body(spec.GLOSSARY))
 async def upload_glossary(request: Request, key: TranslateKey) -> JSONResponse:
     ctx = context(request)
+    limits = ctx.settings.limits
+    if ctx.store.count_glossaries(key.key_id) >= limits.max_glossaries_per_key:
+        raise QuotaExceeded(f"this key has {limits.max_glossaries_per_key} glossaries, the most it may keep; "
+                            "delete one first (DELETE /v1/glossaries/{id})",
+                            details={"limit": "max_glossaries_per_key"})
     form = await read_form(request)
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raw = str(form.get("terms") or "").encode("utf-8")
         filename = ""
     else:
-        raw = await upload.read(2_000_000)
+        raw = await upload.read(limits.max_glossary_bytes + 1)
         filename = upload.filename or ""
+    if len(raw) > limits.max_glossary_bytes:
+        raise TooLarge(f"a glossary is at most {limits.max_glossary_bytes} bytes",
+                       details={"limit": "max_glossary_bytes"})
     if not raw.strip():
         raise EmptyInput("send a glossary 'file' (CSV or JSON) or a 'terms' field")
-    terms = glossary_mod.parse(raw, max_terms=ctx.settings.limits.max_glossary_terms, filename=filename)
+    terms = glossary_mod.parse(raw, max_terms=limits.max_glossary_terms, filename=filename)
     src = form.get("source_lang")
     tgt = form.get("target_lang")
     gid = ctx.store.put_glossary(key.key_id, str(form.get("name") or filename or "glossary"), terms,
@@ -47,3 +56,9 @@ async def list_glossaries(request: Request, key: TranslateKey) -> dict[str, Any]
 async def get_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
     meta, terms = context(request).store.get_glossary(key.key_id, glossary_id)
     return {**meta, "terms": [{"source": t.source, "target": t.target} for t in terms]}
+
+
+@router.delete("/v1/glossaries/{glossary_id}")
+async def delete_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    context(request).store.delete_glossary(key.key_id, glossary_id)
+    return {"glossary_id": glossary_id, "deleted": True}

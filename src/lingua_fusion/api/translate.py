@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 from urllib.parse import quote
 
 import anyio
@@ -10,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .. import glossary as glossary_mod
+from ..deadline import Deadline
 from ..errors import InvalidParameter
 from ..files import FileRequest
 from ..files.captions import to_srt, to_vtt
@@ -51,9 +53,12 @@ async def translate(request: Request, key: TranslateKey) -> Response:
                       filename=filename)
     # every check (size, languages and pair, modality vs bytes, UTF-8): before the queue, before any decoding
     valid = ctx.translator.validate(req)
-    async with ctx.admission.slot():
-        with anyio.fail_after(ctx.settings.server.request_timeout_s):
-            result = await anyio.to_thread.run_sync(ctx.translator.translate, valid)
+    # the time limit covers the wait for a slot and the work; the work checks it as it goes (a thread cannot be
+    # cancelled: it stops itself at its next stage or MT chunk with 504 instead of answering 200 late)
+    deadline = Deadline(ctx.settings.server.request_timeout_s)
+    async with ctx.admission.slot(key.key_id, wait_s=deadline.left()):
+        result = await anyio.to_thread.run_sync(functools.partial(ctx.translator.translate, valid,
+                                                                  deadline=deadline))
     return _render(result, fmt)
 
 

@@ -1,7 +1,13 @@
 """WebSocket live streams: ``WS /v1/streams``. Protocol in docs/streaming.md, close codes in stream/protocol.py.
 
-The route only moves bytes: read the start message -> StreamService.open -> a reader task feeding the session and
-a writer sending its events. Opening, resuming, quotas, admission and replay are the service's.
+The route only moves bytes: check the key -> read the start message -> StreamService.open -> a reader task feeding
+the session and a writer sending its events. Opening, resuming, quotas, admission and replay are the service's.
+
+The key is checked at the handshake, before any message is read: from ``Authorization: Bearer``, or (browsers, which
+cannot set headers on a WebSocket) from the subprotocol list ``["linguafusion", "bearer.<key>"]``, which keeps the
+key out of URLs and access logs; ``?api_key=`` still works and is masked in the logs (redact.py). Messages over
+``server.max_ws_message_bytes`` are refused by the WebSocket layer itself (close 1009) before they are buffered.
+Whatever a client sends ends in an error event and/or a close code, never in an unhandled exception.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import base64
 import binascii
 import contextlib
 import json
-import math
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,16 +31,22 @@ from ..stream.protocol import MAX_START_BYTES, close_code
 from ..stream.service import Principal, StreamService, error_event
 from ..stream.session import StreamSession
 
+log = logging.getLogger("lingua_fusion.api")
+SUBPROTOCOL = "linguafusion"  # offered with "bearer.<key>"; the server answers with this one, never the key
+BEARER = "bearer."
+
 
 def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | None], Principal]) -> None:
     settings = service.settings
 
     @app.websocket("/v1/streams")
     async def streams(ws: WebSocket) -> None:
-        await ws.accept()
+        secret, subprotocol = _credentials(ws)
+        await ws.accept(subprotocol=subprotocol)
         session: StreamSession | None = None
         try:
-            msg, who = await _start(ws, authenticate, settings)
+            who = authenticate(secret)  # before reading anything: a client without a key sends nothing we keep
+            msg = await _start(ws, settings)
             opened = await service.open(msg, who)
             session = opened.session
             for event in opened.greeting:
@@ -61,34 +73,53 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
                 await ws.close(code=4408, reason="idle_timeout")
         except WebSocketDisconnect:
             pass
+        except Exception:  # a bug, not the client's doing: logged; the client still gets a code
+            log.exception("stream failed")
+            with contextlib.suppress(Exception):
+                await ws.send_json({"type": "error", "code": "internal", "message": "internal error; see the "
+                                    "server log"})
+                await ws.close(code=1011, reason="internal")
         finally:
             if session is not None:
                 session.abort()
 
 
-async def _start(ws: WebSocket, authenticate: Callable[[str | None], Principal], settings: Settings
-                 ) -> tuple[dict[str, Any], Principal]:
-    # read the start message before judging the key, so a refused client always gets the error event (closing
-    # first would race with the client's own first send)
+def _credentials(ws: WebSocket) -> tuple[str | None, str | None]:
+    """(the key, the subprotocol to answer with): Authorization header, else a ``bearer.<key>`` subprotocol, else
+    ``?api_key=`` (kept for old clients; masked in the logs)."""
+    offered = [p.strip() for p in ws.scope.get("subprotocols", [])]
+    chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None
+    header = ws.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip(), chosen
+    for p in offered:
+        if p.lower().startswith(BEARER):
+            return p[len(BEARER):], chosen
+    return ws.query_params.get("api_key"), chosen
+
+
+async def _start(ws: WebSocket, settings: Settings) -> dict[str, Any]:
     first = await asyncio.wait_for(ws.receive(), timeout=settings.server.stream_idle_timeout_s)
     if first["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(first.get("code", 1000))
     raw = first.get("text")
     if raw is None:
         raise InvalidParameter("the first message must be the JSON start message, not binary data")
-    token = ws.headers.get("authorization", "")
-    who = authenticate(token[7:].strip() if token.lower().startswith("bearer ") else ws.query_params.get("api_key"))
     if len(raw) > MAX_START_BYTES:
         raise TooLarge("start message too large")
     msg = _json(raw, "the start message must be JSON")
     if not isinstance(msg, dict):
         raise InvalidParameter("the start message must be a JSON object")
-    return msg, who
+    return msg
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _json(raw: str, message: str) -> Any:
-    try:
-        return json.loads(raw)
+    try:  # NaN / Infinity are Python's extension, not JSON: refused like any other malformed text
+        return json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
         raise InvalidParameter(message) from exc
 
@@ -152,10 +183,7 @@ def _message(text: str) -> dict[str, Any]:
     m = _json(text, "messages must be JSON objects or binary PCM16 audio")
     if not isinstance(m, dict):
         m = {"type": None}  # an unknown message: an error event, the stream goes on
-    ts = m.get("ts")
-    if ts is not None and (not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts)):
-        raise InvalidParameter("ts must be a finite number of seconds")
-    return m
+    return m  # its ts is checked by the session (stream/protocol.py check_ts), for in-process streams too
 
 
 async def _feed(session: StreamSession, m: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from ..errors import BackendError, LinguaFusionError, ModelTimeout, Overloaded
 from ..models.registry import Registry
 from .faults import Fault, check_outputs
 from .keys import ModelKey
-from .ports import CallContext, StageObserver
+from .ports import CallContext, MtInput, StageObserver
 from .runners import ContinuousRunner, Runner, build_runner
 from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, stage_deadline
 from .threads import COLD_TIMEOUT_S, ModelThreads
@@ -34,6 +34,7 @@ PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base": (0.15, 0.15), "mt": (0.0
                "tts": (0.1, 0.2)}
 MODES = ("batched", "unbatched", "per-stream")
 VAD_BATCH = 256  # streams' windows per VAD call
+MT_BATCH_CHARS = 8000  # characters per MT batch (Apertium: about 0.2 s on 2 cores); one longer item runs alone
 VAD_KEY = ModelKey.vad()
 
 
@@ -64,6 +65,10 @@ class Executor:
         self.scheduler = Scheduler(alpha=alpha, max_batch=max_batch if mode == "batched" else 1,
                                    max_queue=max_queue)
         self.scheduler.batch_scale = {"mt": 4}  # Apertium translates a batch in one pipeline run: up to 32 items
+        # ... of at most MT_BATCH_CHARS characters in all (one longer item runs alone): a key's 20,000-character
+        # messages cannot fill a batch that another key's caption then waits behind
+        self.scheduler.max_units = {"mt": MT_BATCH_CHARS}
+        self.scheduler.max_queue_per_key = max(1, max_queue // 2)  # one key never holds a whole model queue
         self.threads = ModelThreads(self._timeout, metrics)
         self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: runners.py
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
@@ -104,7 +109,7 @@ class Executor:
         item = WorkItem(stream_id=ctx.stream_id, model=str(key), stage=key.stage, enqueued=now,
                         deadline=stage_deadline(ctx.slo, key.stage, now if ctx.start is None else ctx.start),
                         importance=ctx.importance, tentative=ctx.tentative, payload=_Pending(payload, fut, now),
-                        slo=ctx.slo)
+                        slo=ctx.slo, key_id=ctx.key_id, units=_units(payload))
         if not self.scheduler.submit(item):
             if ctx.tentative:
                 return None
@@ -321,6 +326,11 @@ class Executor:
 
 def _continuous(runner: object) -> bool:
     return hasattr(runner, "submit")
+
+
+def _units(payload: Any) -> float:
+    """An item's work units for fairness and batch bounds: an MT item's characters; 1 for anything else."""
+    return float(max(1, len(payload.text))) if isinstance(payload, MtInput) else 1.0
 
 
 def _prior(key: str) -> CostModel:

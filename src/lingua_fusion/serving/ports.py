@@ -12,6 +12,8 @@ Contract of ``ModelPort.run(key, payload, ctx)``:
 - Committed work is never shed. A backend failure (error, timeout, malformed output) is retried with backoff and
   raised as ``BackendError`` when it still fails; a full queue raises ``Overloaded``.
 - Every call ends: ``run`` gives up after ``server.request_timeout_s`` whatever the backend does.
+- Keys share each model fairly (``ctx.key_id``, serving/scheduler.py): one key's flood delays another key's work
+  by about one batch, not by the flood.
 
 | task | payload | result |
 |---|---|---|
@@ -50,6 +52,9 @@ class AsrOutput:
 class MtInput:
     text: str
     glossary: Sequence[Term] = ()  # this item's own terms: a batch mixes streams with different glossaries
+    # names on the stream's slides that this text says, kept as written; matched after the glossary, apart from
+    # it, so a big glossary is compiled once per stream and not once per utterance
+    names: Sequence[Term] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class CallContext:
     importance: float = 0.5  # 0..1: under load, less important tentative work goes first
     tentative: bool = False
     start: float | None = None  # when the caption's clock started (the words' arrival); None: now
+    key_id: str = ""  # the API key of the stream: model batches are shared fairly between keys
 
 
 class ModelPort(Protocol):

@@ -63,7 +63,8 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
 def _mt(registry: Registry, src: str, tgt: str) -> Runner:
     def run(items: list[MtInput]) -> list[str]:
         translate = registry.route_translator(registry.mt_route(src, tgt))
-        outs, _ = apply_mt_batch([it.text for it in items], [list(it.glossary) for it in items], translate)
+        outs, _ = apply_mt_batch([it.text for it in items], [it.glossary for it in items], translate,
+                                 names=[it.names for it in items])
         return outs
 
     return run

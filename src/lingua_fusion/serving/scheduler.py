@@ -2,15 +2,22 @@
 
 Work items from every stream queue per model. ``next_batch(model, now)``:
   1. sheds tentative work that can no longer meet its deadline (committed work is never shed),
-  2. orders the rest by score = a*importance + (1-a)*risk, where risk grows as the slack to the deadline shrinks,
+  2. orders the rest: API keys share each model fairly (below); within a key's share, by score =
+     a*importance + (1-a)*risk, where risk grows as the slack to the deadline shrinks,
   3. picks the largest batch whose predicted latency (c0 + c1*b, learned online per model) still meets the tightest
-     deadline among the items it would take that can still be met (late items do not shrink the batch).
+     deadline among the items it would take that can still be met (late items do not shrink the batch), and whose
+     work units (an MT item's characters) stay within the model's ``max_units`` (one item always fits).
 ``admit(demand)`` answers whether a new stream's load still lets every admitted stream meet its SLO.
+
+Fairness between keys is start-time fair queueing on work units, per model: each key has a finish tag; a key's next
+item starts at max(V, its finish tag), where V is the largest start tag dispatched so far; the key with the smallest
+start goes next and its finish tag grows by the item's units. A key that sends 1.2 M characters of text therefore
+gets one item into a batch while a key with a one-line caption gets its caption in first, and nobody banks credit
+by being idle. ``max_queue_per_key`` bounds what one key may hold of a model's queue (the executor: half).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
@@ -37,6 +44,8 @@ class WorkItem:
     tentative: bool = False  # tentative re-decodes may be shed; committed work never
     payload: Any = None
     slo: str = "standard"
+    key_id: str = ""  # the API key whose stream asked: the unit of fairness
+    units: float = 1.0  # work size (an MT item: its characters), what fairness and max_units count
     seq: int = field(default_factory=itertools.count().__next__)
 
 
@@ -77,14 +86,15 @@ class CostModel:
 
 
 class ModelQueue:
-    """One model's queued items, in FIFO lanes keyed by (importance, budget, tentative).
+    """One model's queued items, in FIFO lanes keyed by (key id, importance, budget, tentative).
 
-    Within a lane, items share importance and budget, so their score order is their arrival order: the best
+    Within a lane, items share key, importance and budget, so their score order is their arrival order: the best
     candidates are always at the lane heads, and choosing a batch costs O(lanes x max_batch), not O(queue).
     """
 
     def __init__(self) -> None:
-        self.lanes: dict[tuple[float, float, bool], deque[WorkItem]] = {}
+        self.lanes: dict[tuple[str, float, float, bool], deque[WorkItem]] = {}
+        self.per_key: dict[str, int] = defaultdict(int)
         self._n = 0
 
     def __len__(self) -> int:
@@ -94,15 +104,25 @@ class ModelQueue:
         for lane in self.lanes.values():
             yield from lane
 
+    @staticmethod
+    def _lane(item: WorkItem) -> tuple[str, float, float, bool]:
+        return item.key_id, item.importance, round(item.deadline - item.enqueued, 3), item.tentative
+
     def append(self, item: WorkItem) -> None:
-        key = (item.importance, round(item.deadline - item.enqueued, 3), item.tentative)
-        self.lanes.setdefault(key, deque()).append(item)
+        self.lanes.setdefault(self._lane(item), deque()).append(item)
+        self.per_key[item.key_id] += 1
         self._n += 1
 
     def remove(self, item: WorkItem) -> None:
-        key = (item.importance, round(item.deadline - item.enqueued, 3), item.tentative)
-        self.lanes[key].remove(item)
-        self._n -= 1
+        self.lanes[self._lane(item)].remove(item)
+        self._gone([item])
+
+    def _gone(self, items: list[WorkItem]) -> None:
+        for w in items:
+            self.per_key[w.key_id] -= 1
+            if not self.per_key[w.key_id]:
+                del self.per_key[w.key_id]
+        self._n -= len(items)
 
     def remove_where(self, pred: Callable[[WorkItem], bool]) -> list[WorkItem]:
         out: list[WorkItem] = []
@@ -111,18 +131,18 @@ class ModelQueue:
             if len(keep) != len(lane):
                 out += [w for w in lane if pred(w)]
                 self.lanes[key] = keep
-        self._n -= len(out)
+        self._gone(out)
         return out
 
     def shed_expired(self, ready: float) -> list[WorkItem]:
         """Tentative items that cannot meet their deadline (lane heads: deadlines are FIFO within a lane)."""
         out: list[WorkItem] = []
-        for (_imp, _budget, tentative), lane in self.lanes.items():
+        for (_key, _imp, _budget, tentative), lane in self.lanes.items():
             if not tentative:
                 continue
             while lane and lane[0].deadline < ready:
                 out.append(lane.popleft())
-        self._n -= len(out)
+        self._gone(out)
         return out
 
     def candidates(self, k: int) -> list[WorkItem]:
@@ -161,7 +181,12 @@ class Scheduler:
         # larger batches for models whose per-item cost is small next to their per-call cost (Apertium runs one
         # pipeline over the whole batch); never above max_batch when that is lowered (the per-stream baseline)
         self.batch_scale: dict[str, int] = {}
+        # most work units in one batch, per model family ("mt": characters); one item always fits
+        self.max_units: dict[str, float] = {}
         self.max_queue = max_queue
+        self.max_queue_per_key = max_queue  # the executor gives one key half of it (the rest stays for others)
+        self.vtime: dict[str, float] = defaultdict(float)  # per model: V, the largest start tag dispatched
+        self.finish: dict[str, dict[str, float]] = defaultdict(dict)  # per model: key -> finish tag
         self.target_utilisation = target_utilisation
         self.costs: dict[str, CostModel] = costs or {}
         self.queues: dict[str, ModelQueue] = defaultdict(ModelQueue)
@@ -175,11 +200,14 @@ class Scheduler:
         return self.costs[model]
 
     def submit(self, item: WorkItem) -> bool:
-        """Queue an item. False when the model's queue is at its bound (the caller sheds or refuses)."""
+        """Queue an item. False when the model's queue, or this key's half of it, is at its bound (the caller
+        sheds or refuses)."""
         q = self.queues[item.model]
-        if len(q) >= self.max_queue:
-            # make room by dropping the least valuable tentative item, never committed work
-            tentative = [w for w in q if w.tentative]
+        own_full = q.per_key.get(item.key_id, 0) >= self.max_queue_per_key
+        if own_full or len(q) >= self.max_queue:
+            # make room by dropping the least valuable tentative item (the key's own when it is at its share),
+            # never committed work
+            tentative = [w for w in q if w.tentative and (not own_full or w.key_id == item.key_id)]
             if not tentative:
                 self.stats.rejected_full += 1
                 return False
@@ -198,6 +226,10 @@ class Scheduler:
         for q in self.queues.values():
             dropped += q.remove_where(lambda w: w.stream_id == stream_id)
         self.admitted.pop(stream_id, None)
+        for model, q in self.queues.items():  # keys with nothing queued need no finish tag (V carries on)
+            for key in [k for k in self.finish[model] if k not in q.per_key]:
+                if self.finish[model][key] <= self.vtime[model]:
+                    del self.finish[model][key]
         return dropped
 
     # ---- batching -------------------------------------------------------------------------------------------
@@ -223,8 +255,7 @@ class Scheduler:
         if not q:
             return [], shed
         cap = self.batch_cap(model)
-        top = heapq.nsmallest(cap, q.candidates(cap),
-                              key=lambda w: (-self._score(w, ready), w.deadline, w.seq))
+        top, tags = self._fair_order(model, q.candidates(cap), cap, ready)
         # Items already past rescue (deadline < now + single-item latency) do not constrain the batch: under
         # overload, shrinking batches to chase lost deadlines would only cut throughput and make everyone late.
         take = 1
@@ -241,9 +272,43 @@ class Scheduler:
                 break
         batch = top[:take]
         q.take(batch)
+        for start, key, finish in tags[:take]:
+            self.finish[model][key] = finish
+            self.vtime[model] = max(self.vtime[model], start)
         self.stats.batches += 1
         self.stats.batch_sizes[take] += 1
         return batch, shed
+
+    def _fair_order(self, model: str, candidates: list[WorkItem], cap: int, ready: float
+                    ) -> tuple[list[WorkItem], list[tuple[float, str, float]]]:
+        """Up to ``cap`` candidates in dispatch order: keys by start tag (fair queueing on units), each key's own
+        items by score; within the model's ``max_units``. Returns them and (start, key, finish) per item."""
+        by_key: dict[str, list[WorkItem]] = defaultdict(list)
+        for w in candidates:
+            by_key[w.key_id].append(w)
+        for items in by_key.values():
+            items.sort(key=lambda w: (-self._score(w, ready), w.deadline, w.seq))
+            items.reverse()  # pop() from the end: best first
+        finish = {k: self.finish[model].get(k, 0.0) for k in by_key}
+        v = self.vtime[model]
+        max_units = self.max_units.get(model.split(":")[0], float("inf"))
+        order: list[WorkItem] = []
+        tags: list[tuple[float, str, float]] = []
+        units = 0.0
+        while by_key and len(order) < cap:
+            key = min(by_key, key=lambda k: (max(v, finish[k]), by_key[k][-1].seq))
+            w = by_key[key][-1]
+            if order and units + w.units > max_units:
+                break
+            by_key[key].pop()
+            if not by_key[key]:
+                del by_key[key]
+            start = max(v, finish[key])
+            finish[key] = start + w.units
+            units += w.units
+            order.append(w)
+            tags.append((start, key, finish[key]))
+        return order, tags
 
     def batch_cap(self, model: str) -> int:
         return self.max_batch * self.batch_scale.get(model.split(":")[0], 1) if self.max_batch > 1 else 1

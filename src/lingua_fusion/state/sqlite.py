@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import AuthenticationError, NotFound, PermissionDenied
 from ..glossary import Term
+from .private import private_dir, private_file
 
 SCOPES = ("translate", "admin")
 
@@ -32,8 +33,7 @@ def _digest(secret: str) -> str:
 
 class SQLiteStore:
     def __init__(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        self.path = state_dir / "linguafusion.sqlite3"
+        self.path = private_file(private_dir(state_dir) / "linguafusion.sqlite3")
         self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
         self._lock = threading.Lock()
         with self._lock, self._db:
@@ -97,6 +97,16 @@ class SQLiteStore:
             raise NotFound(f"no glossary {glossary_id} for this key")
         meta = {"glossary_id": glossary_id, "name": row[0], "source_lang": row[1], "target_lang": row[2]}
         return meta, [Term(s, t) for s, t in json.loads(row[3])]
+
+    def count_glossaries(self, owner: str) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM glossaries WHERE owner=?", (owner,)).fetchone()[0])
+
+    def delete_glossary(self, owner: str, glossary_id: str) -> None:
+        with self._lock, self._db:
+            cur = self._db.execute("DELETE FROM glossaries WHERE glossary_id=? AND owner=?", (glossary_id, owner))
+        if cur.rowcount == 0:
+            raise NotFound(f"no glossary {glossary_id} for this key")
 
     def latest_glossary(self, owner: str) -> str | None:
         with self._lock:

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import AuthenticationError, BackendError, NotFound
+from ..redact import redact_url
 from . import redis_keys
+from .private import private_dir, private_file
 
 log = logging.getLogger("lingua_fusion.state")
 
@@ -71,8 +73,8 @@ def _check(snapshot: dict[str, Any] | None, stream_id: str, token: str) -> dict[
 
 class SQLiteStreamStore:
     def __init__(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(state_dir / "streams.sqlite3", check_same_thread=False, timeout=10,
+        path = private_file(private_dir(state_dir) / "streams.sqlite3")
+        self._db = sqlite3.connect(path, check_same_thread=False, timeout=10,
                                    isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
@@ -190,7 +192,7 @@ class RedisStreamStore:
         try:
             self._r.ping()
         except redis.RedisError as exc:  # not fatal: streams are refused (503) until it answers
-            log.warning("Redis at %s does not answer yet: %s", url, exc)
+            log.warning("Redis at %s does not answer yet: %s", redact_url(url), exc)
 
     def _run(self, fn: Any) -> Any:
         try:

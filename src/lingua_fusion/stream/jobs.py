@@ -36,9 +36,11 @@ class StreamJobs:
         self.spec = spec
         self.port = port
         self.slides: list[tuple[float, str]] = []  # (stream time, OCR text), oldest first
+        self.glossary = tuple(spec.glossary)  # one tuple for the stream's life: the MT thread compiles it once
 
     def _ctx(self, tentative: bool, start: float | None = None) -> CallContext:
-        return CallContext(self.spec.stream_id, self.spec.slo, self.spec.importance, tentative, start)
+        return CallContext(self.spec.stream_id, self.spec.slo, self.spec.importance, tentative, start,
+                           key_id=self.spec.key_id)
 
     def model_keys(self) -> list[ModelKey]:
         """The model keys this stream uses (for its metrics events)."""
@@ -60,7 +62,7 @@ class StreamJobs:
             if res.text and target != self.spec.source_lang:
                 # a tentative translation of the tentative text: shed first under load, like the re-decode itself
                 out = await self.port.run(ModelKey.mt(self.spec.source_lang, target),
-                                          MtInput(res.text, tuple(self.spec.glossary)), self._ctx(True))
+                                          MtInput(res.text, self.glossary), self._ctx(True))
                 if out is None or not current():
                     return None
                 translation = str(out)
@@ -77,7 +79,8 @@ class StreamJobs:
                                                         AsrInput(audio, self._prompt()), self._ctx(False, wall_ref))
         except BackendError as exc:
             # retried and still failing: the span gets a final that says so, keeping the numbering gap-free
-            return Final(**span, confidence=0.0, failed=["asr"], note=f"speech recognition failed: {exc.message}")
+            return Final(**span, confidence=0.0, failed=["asr"],
+                         note=f"speech recognition failed: {exc.public_message}")
         if res is None or not res.text.strip():
             return None
         if res.confidence < self.spec.min_confidence:
@@ -94,7 +97,6 @@ class StreamJobs:
         src = self.spec.source_lang
         t0 = time.monotonic()
         slide_terms = self._slide_terms(text)
-        terms = tuple(self.spec.glossary + slide_terms)
         failed: list[str] = []
         notes: list[str] = []
 
@@ -102,10 +104,11 @@ class StreamJobs:
             if target == src:
                 return text
             try:
-                out = await self.port.run(ModelKey.mt(src, target), MtInput(text, terms), self._ctx(False, wall_ref))
+                out = await self.port.run(ModelKey.mt(src, target), MtInput(text, self.glossary, tuple(slide_terms)),
+                                          self._ctx(False, wall_ref))
             except BackendError as exc:  # retried and still failing: the source text stays, the target is empty
                 failed.append(f"mt:{target}")
-                notes.append(f"translation to {target} failed: {exc.message}")
+                notes.append(f"translation to {target} failed: {exc.public_message}")
                 return ""
             return str(out or "")
 

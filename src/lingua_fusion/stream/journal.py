@@ -117,7 +117,7 @@ class Journal:
         final.durable = False
         if not self._outage:
             self._outage = True
-            why = self.log.link.last_error or "the write is slow"
+            why = "the stream log is down" if self.log.link.last_error else "the stream log is slow"
             self._emit(NotDurable(from_seq=seq, message=f"captions from {seq} on are sent before they are "
                                                          f"crash-safe ({why}); a durable event follows when they are"))
 
@@ -137,7 +137,7 @@ class Journal:
             except ClientError as exc:  # the store answered: this stream is gone from it (compacted, Redis lost it)
                 self._unlogged.clear()
                 if self._closed_at is None:
-                    self._emit(Error(exc.code, f"the stream log lost this stream: {exc.message}"))
+                    self._emit(Error(exc.code, f"the stream log lost this stream: {exc.public_message}"))
                 return
             except LinguaFusionError:
                 await asyncio.sleep(0.05)

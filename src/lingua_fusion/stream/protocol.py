@@ -2,11 +2,14 @@
 
 It matches docs/streaming.md and docs/asyncapi.yaml. Close codes: 4000 + the HTTP status of the error (4400 bad
 start message, 4401 unauthenticated, 4403 forbidden, 4408 idle, 4413 message too large, 4429 overloaded: admission
-refused, or a client that stopped reading), 1012 the server is draining (reconnect and resume), 1011 server error.
+refused, or a client that stopped reading), 4409 taken over (the stream was resumed by another connection),
+1009 a message over the frame limit (``server.max_ws_message_bytes``), 1012 the server is draining (reconnect and
+resume), 1011 server error.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ INPUTS = ("audio", "image", "text")  # what a stream may send; a stream declares
 AUDIO_FORMATS = ("pcm16", "webm", "ogg")  # webm / ogg: Opus, as a browser's MediaRecorder sends it
 MAX_START_BYTES = 64 * 1024
 MAX_TARGETS = 8
+MAX_TS = 1e10  # seconds: a media timestamp beyond (about year 2286 as a Unix time) is refused, not overflowed
 
 
 @dataclass
@@ -45,6 +49,7 @@ class StreamSpec:
     inputs: list[str] = field(default_factory=lambda: list(INPUTS))  # no audio: no speech capacity reserved
     stream_id: str = field(default_factory=lambda: "st_" + secrets.token_hex(8))
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    key_id: str = ""  # the API key that opened the stream: only it (or an admin key) may resume it
 
     @property
     def policy(self) -> PolicyConfig:
@@ -56,7 +61,7 @@ class StreamSpec:
                 "importance": self.importance, "partials": self.partials,
                 "glossary": [[t.source, t.target] for t in self.glossary], "min_confidence": self.min_confidence,
                 "speech": self.speech, "audio_format": self.audio_format, "clock_offsets": self.clock_offsets,
-                "inputs": self.inputs}
+                "inputs": self.inputs, "key_id": self.key_id}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
@@ -65,7 +70,8 @@ class StreamSpec:
                    glossary=[Term(s, t) for s, t in d.get("glossary", [])],
                    min_confidence=float(d["min_confidence"]), speech=bool(d["speech"]),
                    audio_format=d.get("audio_format", "pcm16"), clock_offsets=dict(d.get("clock_offsets", {})),
-                   inputs=list(d.get("inputs", INPUTS)), stream_id=stream_id, resume_token=resume_token)
+                   inputs=list(d.get("inputs", INPUTS)), stream_id=stream_id, resume_token=resume_token,
+                   key_id=str(d.get("key_id", "")))  # a snapshot from before keys were stored: admin only
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,15 @@ def parse_resume(resume: Any) -> ResumeRequest:
     if not 0 <= last_seq < 2**53:
         raise InvalidParameter("last_seq must be an integer from 0 to 2**53")
     return ResumeRequest(str(resume["stream_id"]), str(resume["resume_token"]), last_seq)
+
+
+def check_ts(ts: Any) -> float | None:
+    """A message's media timestamp: None, or a finite number of seconds with |ts| <= MAX_TS."""
+    if ts is None:
+        return None
+    if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts) or abs(ts) > MAX_TS:
+        raise InvalidParameter(f"ts must be a finite number of seconds, at most {MAX_TS:g} in size")
+    return float(ts)
 
 
 def close_code(err: LinguaFusionError) -> int:

@@ -1,7 +1,8 @@
 """The StreamService: the one owner of live streams, used by the WebSocket route and by in-process streams alike.
 
 ``open`` runs the whole ceremony of a stream's start (auth is the caller's): parse the start message (or the resume
-request: abort an older session of the same stream and re-read the log), per-key quota, drain check, admission,
+request: only the key that opened the stream, or an admin key, may resume it; an older session of the same stream
+ends with ``taken_over`` and the log is read again), per-key quota, drain check, admission,
 registration, the ``ready`` event, and for a resume the finals the client missed (exactly once, in order) with a
 notice when compaction dropped some. ``drain`` ends every stream for a shutdown. The service is also where the SLO
 breaker lives: it hears every caption's latency (StreamOwner) and every committed model stage's (StageObserver),
@@ -18,7 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Settings
-from ..errors import Draining, InvalidParameter, LinguaFusionError, Overloaded, PermissionDenied
+from ..errors import (
+    AuthenticationError,
+    Draining,
+    InvalidParameter,
+    LinguaFusionError,
+    Overloaded,
+    PermissionDenied,
+    TakenOver,
+)
 from ..glossary import Term
 from ..serving.breaker import SLOBreaker, Transition
 from ..serving.executor import Executor
@@ -99,12 +108,13 @@ class StreamService:
         last_seq = 0
         if msg.get("resume") is not None:
             req = parse_resume(msg["resume"])
-            spec, snapshot = await self._resume(req)
+            spec, snapshot = await self._resume(req, who)
             last_seq = req.last_seq
         else:
             gid = msg.get("glossary_id")
             terms = self.glossary_for(who, str(gid)) if gid and self.glossary_for is not None else []
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
+            spec.key_id = who.key_id
         if self.draining:
             raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
         self.quota.take(who.key_id)
@@ -130,15 +140,18 @@ class StreamService:
             raise
         return Opened(session, greeting, finished)
 
-    async def _resume(self, req: ResumeRequest) -> tuple[StreamSpec, dict[str, Any]]:
+    async def _resume(self, req: ResumeRequest, who: Principal) -> tuple[StreamSpec, dict[str, Any]]:
         if self.log is None:
             raise InvalidParameter("this engine keeps no stream log: streams cannot be resumed")
         spec, snapshot = await self._snapshot(req)
+        if spec.key_id != who.key_id and not who.admin:
+            # the token alone is not enough: a stream's captions belong to the key that opened it
+            raise PermissionDenied("this stream was opened with another API key; only that key can resume it")
         old = self.sessions.get(spec.stream_id)
         if old is not None:
-            # the client saw the break before this server did: end the old session, then read the log again, so
-            # nothing the old session logged meanwhile is numbered twice
-            old.abort()
+            # the client saw the break before this server did (or another connection holds the stream): end the
+            # old session, saying so, then read the log again, so nothing it logged meanwhile is numbered twice
+            old.fail(TakenOver("this stream was resumed by another connection; this one is closed"))
             spec, snapshot = await self._snapshot(req)
         if req.last_seq > int(snapshot.get("last_seq", 0)):
             # the server died holding finals it had sent but not logged (the log was down): number on from what
@@ -214,6 +227,13 @@ class StreamService:
                 victim.fail(Overloaded("the server is over its SLO; the least important stream was shed",
                                        retry_after=10.0))
 
+    async def revoke(self, key_id: str) -> int:
+        """A key was revoked: its live streams end now (``unauthenticated``, 4401). Returns how many."""
+        doomed = [s for s in self.sessions.values() if s.spec.key_id == key_id]
+        for s in doomed:
+            s.fail(AuthenticationError("the API key of this stream was revoked"))
+        return len(doomed) + (await self.baseline.revoke(key_id) if self.baseline is not None else 0)
+
     # ---- ending --------------------------------------------------------------------------------------------------
     async def drain(self, deadline_s: float) -> None:
         """Stop admitting; let every live stream finish its queued commits (logged and sent) within
@@ -253,4 +273,5 @@ class StreamService:
 
 
 def error_event(exc: LinguaFusionError) -> Error:
-    return Error(exc.code, exc.message, exc.details or None)
+    """What a client is told of an error: its code and the public message (never a path, address or secret)."""
+    return Error(exc.code, exc.public_message, exc.details or None)

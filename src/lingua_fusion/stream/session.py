@@ -24,7 +24,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..config import Settings
-from ..errors import BackendError, InvalidParameter, LinguaFusionError, Overloaded, SlowConsumer
+from ..errors import (
+    BackendError,
+    InvalidParameter,
+    LinguaFusionError,
+    Overloaded,
+    SlowConsumer,
+    StoreUnavailable,
+    TooLarge,
+)
 from ..media.stream_decoder import StreamDecoder
 from ..serving.ports import ModelPort
 from ..types import SR
@@ -32,7 +40,7 @@ from .events import Closed, Error, Event, Final, Metrics, Partial, Ready, Revisi
 from .jobs import StreamJobs
 from .journal import Journal, StreamLog
 from .policy import WINDOW, CommitPolicy, Decision
-from .protocol import StreamSpec
+from .protocol import StreamSpec, check_ts
 from .timeline import AudioTimeline
 
 LOW_FRAME_INTERVAL_S = 5.0  # breaker step "lower_frame_rate": image frames read at most this often per stream
@@ -171,6 +179,7 @@ class StreamSession:
     async def feed_audio(self, pcm16: bytes, ts: float | None = None) -> None:
         """PCM16 LE mono 16 kHz bytes, or a piece of the WebM/Ogg stream when the stream declared one."""
         self._live("audio")
+        ts = check_ts(ts)
         if self._decoder is not None:
             await asyncio.to_thread(self._decoder.feed, pcm16)
             return
@@ -184,7 +193,7 @@ class StreamSession:
             if item is None:
                 return
             if isinstance(item, LinguaFusionError):
-                self._emit(Error(item.code, item.message))
+                self._emit(Error(item.code, item.public_message))
                 continue
             await self._ingest(item, None)
 
@@ -236,6 +245,11 @@ class StreamSession:
 
     async def feed_text(self, text: str, ts: float | None = None) -> None:
         self._live("text")
+        ts = check_ts(ts)
+        limit = self.settings.limits.max_text_chars
+        if len(text) > limit:  # as on REST: one message cannot hold a model worker for seconds
+            raise TooLarge(f"a text message has at most {limit} characters (this one {len(text)}); split it",
+                           details={"limit": "max_text_chars"})
         t = self._place("text", ts)
         if ts is not None and t <= self._text_until + 1e-6:
             return  # re-sent after a resume, and its caption was logged before the break: not again
@@ -246,6 +260,7 @@ class StreamSession:
         from ..media import decode_image
 
         self._live("image")
+        ts = check_ts(ts)
         if self.owner.degraded(self.spec.slo, "skip_vision"):
             self.frames_dropped += 1
             return  # degraded: slides are not read while the class is over its SLO
@@ -325,7 +340,7 @@ class StreamSession:
         try:
             text = await self.jobs.read_slide(image, t)
         except BackendError as exc:
-            self._emit(Error(exc.code, f"slide not read: {exc.message}"))
+            self._emit(Error(exc.code, f"slide not read: {exc.public_message}"))
             return
         finally:
             self._images -= 1
@@ -347,7 +362,7 @@ class StreamSession:
                 try:
                     final = await job
                 except LinguaFusionError as exc:
-                    self._emit(Error(exc.code, exc.message))
+                    self._emit(Error(exc.code, exc.public_message))
                     continue
                 if final is not None:
                     await self._send_final(final)
@@ -369,7 +384,7 @@ class StreamSession:
         if self.journal is not None:
             if self.journal.full:
                 final.durable = False
-                self.fail(BackendError("the stream log has been unavailable too long; the stream was closed"))
+                self.fail(StoreUnavailable("the stream log has been unavailable too long; the stream was closed"))
                 return
             await self.journal.append(final, self.timeline.origin)
         latency = time.monotonic() - final.wall_ref
@@ -386,7 +401,7 @@ class StreamSession:
         try:
             wav = await self.jobs.speak(final.text, target)
         except LinguaFusionError as exc:
-            self._emit(Error(exc.code, f"speech for caption {final.seq} failed: {exc.message}"))
+            self._emit(Error(exc.code, f"speech for caption {final.seq} failed: {exc.public_message}"))
             return
         if wav:
             self._emit(Speech(seq=final.seq, lang=target, audio_base64=base64.b64encode(wav).decode("ascii")))

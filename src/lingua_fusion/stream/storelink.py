@@ -10,6 +10,7 @@ a bounded backlog and write them, in order, when it answers again (stream/journa
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 from ..errors import ClientError, LinguaFusionError, StoreUnavailable
 
 T = TypeVar("T")
+log = logging.getLogger("lingua_fusion.streams")
 STORE_WAIT_S = 10.0  # opening or resuming a stream waits this long for the stream log (queue included), then 503
 
 
@@ -69,6 +71,8 @@ class StoreLink:
         except (LinguaFusionError, OSError) as exc:
             self.failures += 1
             self.last_error = getattr(exc, "message", str(exc))[:200]
+            if self.failures == 1:  # the details go to the log; clients are told the log is unavailable
+                log.warning("stream log call failed: %s", self.last_error)
             self.down_until = self.clock() + min(self.max_backoff_s, 0.5 * 2 ** (self.failures - 1))
             if self.metrics is not None:
                 self.metrics.store_failures.inc()

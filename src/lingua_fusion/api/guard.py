@@ -1,0 +1,164 @@
+"""The outermost ASGI middleware: checks that need no route, on every HTTP request and WebSocket handshake.
+
+- Host allow-list: a ``Host`` not on it gets 400 ``host_not_allowed`` (DNS rebinding: a page on evil.example whose
+  name now resolves to 127.0.0.1 sends ``Host: evil.example``).
+- Origin allow-list: a browser request (it carries ``Origin``) from an origin not on it gets 403
+  ``origin_not_allowed``; a WebSocket handshake from one is refused with 403 before it is accepted. Clients that
+  are not browsers send no Origin and are not concerned.
+- Body size, counted as the bytes arrive, whatever Content-Length or Transfer-Encoding say: past the route's limit
+  the request ends with 413 ``too_large`` (a chunked upload no longer reaches a temporary file whole).
+
+Defaults (``server.allowed_hosts`` / ``server.allowed_origins`` left unset): with auth on, any host and origin (a
+page without a key can do nothing); with ``--no-auth``, the loopback names only and the server's own origin only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..config import Settings
+from ..errors import HostNotAllowed, LinguaFusionError, OriginNotAllowed, TooLarge
+from .errors import error_response
+
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
+FORM_OVERHEAD = 64 * 1024  # multipart boundaries, part headers and the small fields next to a file
+
+
+class Policy:
+    """Which hosts and origins a server answers (pure; built once from the settings)."""
+
+    def __init__(self, settings: Settings) -> None:
+        server = settings.server
+        hosts = server.allowed_hosts
+        if hosts is None:
+            hosts = ["*"] if server.auth else [*LOOPBACK, server.host]
+        self.hosts = {h.lower().rstrip(".").strip("[]") for h in hosts}
+        origins = server.allowed_origins
+        if origins is None:
+            origins = ["*"] if server.auth else []  # []: same origin only
+        self.origins = {o.lower().rstrip("/") for o in origins}
+
+    def check_host(self, host_header: str | None) -> None:
+        if "*" in self.hosts:
+            return
+        name = _hostname(host_header or "")
+        if name in self.hosts or any(h.startswith("*.") and name.endswith(h[1:]) for h in self.hosts):
+            return
+        raise HostNotAllowed(f"this server does not answer for the host {name!r}; set server.allowed_hosts",
+                             details={"allowed_hosts": sorted(self.hosts)})
+
+    def check_origin(self, origin: str | None, host_header: str | None) -> None:
+        if origin is None or "*" in self.origins:
+            return
+        origin = origin.lower().rstrip("/")
+        if origin in self.origins or _same_origin(origin, host_header or ""):
+            return
+        raise OriginNotAllowed(f"requests from pages at {origin} are not allowed here; set server.allowed_origins")
+
+
+def _hostname(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1]:8000
+        return host[1:host.find("]")] if "]" in host else host[1:]
+    return host.rsplit(":", 1)[0].rstrip(".") if host.count(":") == 1 else host.rstrip(".")
+
+
+def _same_origin(origin: str, host_header: str) -> bool:
+    try:
+        parts = urlsplit(origin)
+        port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or parts.hostname is None:
+        return False
+    default = 443 if parts.scheme == "https" else 80
+    name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = name if port in (None, default) else f"{name}:{port}"
+    want = host_header.strip().lower()
+    return netloc == want or netloc == want.removesuffix(f":{default}")
+
+
+def body_limit(settings: Settings, method: str, path: str) -> int:
+    """The most bytes a request body may have on this route."""
+    limits = settings.limits
+    if method == "POST" and path == "/v1/translate":
+        return limits.max_upload_bytes + FORM_OVERHEAD + 4 * limits.max_text_chars
+    if method == "POST" and path == "/v1/glossaries":
+        return min(limits.max_upload_bytes, limits.max_glossary_bytes) + FORM_OVERHEAD
+    return limits.max_json_bytes
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.policy = Policy(settings)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        try:
+            self.policy.check_host(headers.get("host"))
+            self.policy.check_origin(headers.get("origin"), headers.get("host"))
+            if scope["type"] == "http":
+                limit = body_limit(self.settings, scope["method"], scope["path"])
+                _check_length(headers.get("content-length"), limit)
+                receive = _counted(receive, limit)
+        except LinguaFusionError as exc:
+            _count(scope, exc)
+            if scope["type"] == "websocket":
+                await _refuse_handshake(scope, send, exc)
+            else:
+                await error_response(exc)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _check_length(value: str | None, limit: int) -> None:
+    if value is not None and value.strip().isdigit() and int(value) > limit:
+        raise TooLarge(f"request body is {int(value)} bytes; this route takes at most {limit}",
+                       details={"limit_bytes": limit})
+
+
+def _counted(receive: Receive, limit: int) -> Receive:
+    """``receive`` that counts body bytes and raises TooLarge (413, through the app's error map) past ``limit``:
+    the request stops there, the rest of the body is never read."""
+    seen = 0
+
+    async def counted() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise TooLarge(f"request body is over {limit} bytes, the limit of this route",
+                               details={"limit_bytes": limit})
+        return message
+
+    return counted
+
+
+async def _refuse_handshake(scope: Scope, send: Send, exc: LinguaFusionError) -> None:
+    """Refuse a WebSocket before accepting it: an HTTP error response with the JSON body where the server supports
+    it (ASGI websocket.http.response), a bare 403 otherwise."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        response = error_response(exc)
+        await send({"type": "websocket.http.response.start", "status": response.status_code,
+                    "headers": response.raw_headers})
+        await send({"type": "websocket.http.response.body", "body": response.body})
+    else:
+        await send({"type": "websocket.close", "code": 4000 + exc.status})
+
+
+def _count(scope: Scope, exc: LinguaFusionError) -> None:
+    app: Any = scope.get("app")
+    metrics = getattr(getattr(app, "state", None), "metrics", None)
+    if metrics is not None:
+        metrics.errors.labels(code=exc.code).inc()
+
