@@ -96,7 +96,7 @@ def hf_whisper(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     cfg = WhisperConfig(vocab_size=97, num_mel_bins=8, encoder_layers=1, decoder_layers=2, d_model=32,
                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                        max_source_positions=64, max_target_positions=48, **IDS)
+                        max_source_positions=1500, max_target_positions=48, **IDS)
     return WhisperForConditionalGeneration(cfg).eval()
 
 

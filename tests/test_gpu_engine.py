@@ -229,7 +229,8 @@ async def test_live_streams_through_the_executor_on_continuous_gpu_runners() -> 
     settings = Settings()
     executor = Executor(None, settings, backends={  # type: ignore[arg-type]
         "asr": lambda _k: asr, "mt": lambda _k: mt, "vad": lambda _k: energy_vad("cpu")})
-    s = StreamSession(StreamSpec(source_lang="en", targets=["es"], slo="standard"), executor, FakeOwner(), settings)
+    spec = StreamSpec(source_lang="en", targets=["es"], slo="standard", min_confidence=0.0)  # random weights
+    s = StreamSession(spec, executor, FakeOwner(), settings)
     s.start()
     loud = (np.sin(np.arange(16000 * 2) / 3) * 8000).astype("<i2").tobytes()
     quiet = np.zeros(16000, dtype="<i2").tobytes()
@@ -247,3 +248,30 @@ async def test_live_streams_through_the_executor_on_continuous_gpu_runners() -> 
     for f in finals:
         assert f["source_text"].startswith("w") and f["translations"]["es"].startswith("w")
     assert asr.engine.stats().self_blocks_used == 0 and mt.engine.stats().self_blocks_used == 0
+
+
+def test_the_runner_encodes_an_audio_window_once_for_its_partial_and_its_commit() -> None:
+    import numpy as np
+    from gpu_models import hf_whisper
+
+    from lingua_fusion.serving.gpu.models import HFWhisperDecoder
+    from lingua_fusion.serving.gpu.recipes import WhisperRecipe, hf_whisper_encoder
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    model = hf_whisper()
+    recipe = WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model),
+                           mel=lambda a: a[: len(a) // 160 * 160].view(-1, 160)[:, :8].T.contiguous(),
+                           prompt=lambda _p: [2], text=lambda t: " ".join(map(str, t)), stop=frozenset({3}),
+                           device="cpu", dtype=torch.float32, tokens_per_s=4.0)
+    runner = GpuRunner(recipe, blocks=128, cross_blocks=32, block_size=8, cross_block_size=16, dtype=torch.float32,
+                       device="cpu", memo=4)
+    clip = AsrInput(np.random.default_rng(0).normal(0, 0.1, 16000 * 2).astype(np.float32))
+    try:
+        partial = runner.submit([clip], [True])[0].result(timeout=60)
+        commit = runner.submit([clip], [False])[0].result(timeout=60)
+        other = runner.submit([AsrInput(clip.audio[:16000].copy())], [False])[0].result(timeout=60)
+    finally:
+        runner.close()
+    assert partial == commit and runner.encoded == 2 and runner.reused == 1
+    assert other.text and runner.room() == runner.max_pending  # every item accounted for

@@ -21,10 +21,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from .blocks import BlockPool
-from .paged import Gather, PagedKV
+from .paged import Gather, PagedKV, slots_of
 
 Attend = Callable[..., torch.Tensor]
 
@@ -120,17 +121,31 @@ class DecodeEngine:
     # ---- cross-attention entries ----------------------------------------------------------------------------
     def add_memory(self, memory: torch.Tensor) -> int | None:
         """Write an encoder output [frames, d_model] as a cross-attention entry; None when its pool is full."""
-        cid = next(self._ids)
-        frames = memory.shape[0]
-        if not self.cross_pool.allocate(cid, frames):
-            return None
-        slots = torch.tensor([self.cross_pool.slot(cid, p) for p in range(frames)], device=self.device)
-        with torch.inference_mode():
-            for i in range(self.model.n_layer):
-                k, v = self.model.cross_kv(i, memory)
-                self.cross.write(i, slots, k, v)
-        self._cross_refs[cid] = 1  # the caller's reference
-        return cid
+        return self.add_memories([memory])[0]
+
+    def add_memories(self, memories: list[torch.Tensor]) -> list[int | None]:
+        """Several encoder outputs at once (one projection per layer for all of them); None where the pool is
+        full."""
+        ids: list[int | None] = []
+        slots: list[np.ndarray] = []
+        rows: list[torch.Tensor] = []
+        for memory in memories:
+            cid = next(self._ids)
+            if not self.cross_pool.allocate(cid, memory.shape[0]):
+                ids.append(None)
+                continue
+            ids.append(cid)
+            self._cross_refs[cid] = 1  # the caller's reference
+            slots.append(slots_of(self.cross_pool, cid, 0, memory.shape[0]))
+            rows.append(memory)
+        if rows:
+            slot_t = torch.from_numpy(np.concatenate(slots)).to(self.device)
+            flat = torch.cat(rows)
+            with torch.inference_mode():
+                for i in range(self.model.n_layer):
+                    k, v = self.model.cross_kv(i, flat)
+                    self.cross.write(i, slot_t, k, v)
+        return ids
 
     def retain(self, cid: int) -> None:
         self._cross_refs[cid] += 1

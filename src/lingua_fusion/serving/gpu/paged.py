@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -28,15 +29,22 @@ class Gather:
         bs = pool.block_size
         max_len = max(lengths)
         n_blocks = -(-max_len // bs)
-        tables = torch.zeros(len(seqs), n_blocks, dtype=torch.long)
+        tables = np.zeros((len(seqs), n_blocks), dtype=np.int64)
         for row, seq in enumerate(seqs):
             t = pool.table(seq)[:n_blocks]
-            tables[row, : len(t)] = torch.tensor(t, dtype=torch.long)
-        tables = tables.to(device, non_blocking=True)
-        index = (tables[:, :, None] * bs + torch.arange(bs, device=device)).reshape(len(seqs), -1)[:, :max_len]
-        lens = torch.tensor(lengths, device=device)
-        mask = (torch.arange(max_len, device=device)[None, :] < lens[:, None])
+            tables[row, : len(t)] = t
+        tables_t = torch.from_numpy(tables).to(device, non_blocking=True)
+        index = (tables_t[:, :, None] * bs + torch.arange(bs, device=device)).reshape(len(seqs), -1)[:, :max_len]
+        lens = torch.from_numpy(np.asarray(lengths, dtype=np.int64)).to(device, non_blocking=True)
+        mask = torch.arange(max_len, device=device)[None, :] < lens[:, None]
         return cls(index * mask, mask[:, None, None, :])
+
+
+def slots_of(pool: BlockPool, seq: int, start: int, stop: int) -> np.ndarray:
+    """The slots of positions ``start``..``stop``-1 of ``seq`` (vectorised: a window's frames at once)."""
+    bs = pool.block_size
+    table = np.asarray(pool.table(seq), dtype=np.int64)
+    return (table[:, None] * bs + np.arange(bs)).reshape(-1)[start:stop]
 
 
 class PagedKV:

@@ -122,34 +122,37 @@ class GpuRunner:
             for i, mem in zip(chunk, self.recipe.encode([items[i][0] for i in chunk]), strict=True):
                 memories[i] = mem
         self.encoded += len(fresh)
+        added = dict(zip(memories, self._add([memories[i] for i in memories], [keys[i] for i in memories]),
+                         strict=True))
         for i, (payload, tentative, fut) in enumerate(items):
             key = keys[i]
-            cid = self._memo.get(key) if key is not None else None
-            if cid is not None:
+            cid = added[i] if i in added else self._memo.get(key) if key is not None else None
+            if cid is None:
+                self._done(fut, exc=Overloaded("the GPU cross-attention pool is full", retry_after=0.5))
+                continue
+            if i not in added:
                 self._memo.move_to_end(key)  # type: ignore[arg-type]
                 self.reused += 1
-            else:
-                cid = self._add(memories[i], key)
-                if cid is None:
-                    self._done(fut, exc=Overloaded("the GPU cross-attention pool is full", retry_after=0.5))
-                    continue
             inner = self.engine.submit(self.recipe.prompt(payload), cid, max_new=self.recipe.max_new(payload),
                                        stop=self.recipe.stop, tentative=tentative)
-            if key is None:
-                self.engine.release(cid)  # the sequence holds its own reference
+            if key is None or self._memo.get(key) != cid:
+                self.engine.release(cid)  # the sequence holds its own reference; the memo holds none to this one
             inner.add_done_callback(lambda d, p=payload, f=fut: self._finished(p, f, d))
+        while len(self._memo) > self._memo_size:
+            self.engine.release(self._memo.popitem(last=False)[1])
 
-    def _add(self, memory: torch.Tensor, key: bytes | None) -> int | None:
-        cid = self.engine.add_memory(memory)
-        while cid is None and self._memo:  # make room: forget the least recently used encoder outputs
-            _, old = self._memo.popitem(last=False)
-            self.engine.release(old)
-            cid = self.engine.add_memory(memory)
-        if cid is not None and key is not None:
-            self._memo[key] = cid
-            while len(self._memo) > self._memo_size:
+    def _add(self, memories: list[torch.Tensor], keys: list[bytes | None]) -> list[int | None]:
+        cids = self.engine.add_memories(memories)
+        while any(c is None for c in cids) and self._memo:  # make room: forget the least recently used outputs
+            for _ in range(min(len(self._memo), 64)):
                 self.engine.release(self._memo.popitem(last=False)[1])
-        return cid
+            missing = [i for i, c in enumerate(cids) if c is None]
+            for i, c in zip(missing, self.engine.add_memories([memories[i] for i in missing]), strict=True):
+                cids[i] = c
+        for cid, key in zip(cids, keys, strict=True):
+            if cid is not None and key is not None and key not in self._memo:  # the same window twice: one entry
+                self._memo[key] = cid
+        return cids
 
     def _finished(self, payload: Any, fut: Future[Any], decoded: Future[Decoded]) -> None:
         try:
