@@ -110,9 +110,28 @@ class ProtocolMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(asyncio.wait_for(coro, timeout=10))
 
     def collect(self) -> None:
-        self.run(asyncio.sleep(0.01))
+        async def settled() -> None:  # every job the input started has finished (or the session closed)
+            while self.session.busy() and not self.session.closed.is_set():  # noqa: ASYNC110
+                await asyncio.sleep(0)
+
+        self.run(settled())
         while not self.session.events.empty():
             self.seen.append(self.session.events.get_nowait().to_wire())
+
+    def finals(self) -> int:
+        return sum(e["type"] == "final" for e in self.seen)
+
+    @precondition(lambda self: self.session.state == State.LIVE)
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.0]))
+    def speak_a_sentence(self, seconds: float) -> None:
+        """Speech then a pause longer than the end-of-utterance silence: a caption, always."""
+        before = self.finals()
+        pcm = np.r_[np.full(int(16000 * seconds), 6000, dtype="<i2"), np.zeros(16000, dtype="<i2")].tobytes()
+        self.sent.append((self.ts, pcm))
+        self.run(self.session.feed_audio(pcm, self.ts))
+        self.ts += seconds + 1.0
+        self.collect()
+        assert self.finals() > before
 
     @precondition(lambda self: self.session.state == State.LIVE)
     @rule(loud=st.booleans(), seconds=st.sampled_from([0.25, 0.5, 1.0]), gap=st.sampled_from([0.0, 0.0, 0.3, 1.5]))

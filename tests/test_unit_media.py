@@ -163,17 +163,15 @@ def test_decode_audio_garbage() -> None:
 
 
 @pytest.mark.parametrize("rate", [1_711_292_032, 1])
-def test_decode_audio_absurd_sample_rate_refused_fast(rate: int) -> None:
-    """Found by bench/fuzz_atheris.py: a 51-byte WAV declaring 1.7 GHz took 25 s and 1.8 GB in swresample."""
-    import time
-
+def test_decode_audio_absurd_sample_rate_refused_before_resampling(rate: int) -> None:
+    """Found by bench/fuzz_atheris.py: a 51-byte WAV declaring 1.7 GHz took 25 s and 1.8 GB in swresample (how fast
+    it is refused now: bench/speed_bounds.py)."""
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(b"\x01\x00" * 8)
-    t = time.monotonic()
     with pytest.raises(CorruptMedia) as ei:
         decode_audio(buf.getvalue(), LimitSettings())
-    assert ei.value.details["sample_rate"] == rate and time.monotonic() - t < 2
+    assert ei.value.details["sample_rate"] == rate

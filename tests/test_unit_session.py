@@ -70,11 +70,11 @@ async def test_a_degraded_class_reads_fewer_frames_then_none() -> None:
     s.timeline.origin = 0.0
     for ts in (0.0, 1.0, 2.0, 6.0, 7.0):  # one frame per second of stream time
         await s.feed_image(buf.getvalue(), ts)
-    await asyncio.sleep(0.05)
+    await asyncio.gather(*s._tasks)  # the frames that were taken are read
     assert port.count("ocr") == 2 and s.frames_dropped == 3  # lower_frame_rate: one frame per 5 s read
     owner.steps.add("skip_vision")  # level 3: no frame is read
     await s.feed_image(buf.getvalue(), 20.0)
-    await asyncio.sleep(0.05)
+    await asyncio.gather(*s._tasks)
     assert port.count("ocr") == 2 and s.frames_dropped == 4
     await s.end()
     closed = (await drain(s))[-1]
@@ -114,7 +114,9 @@ async def test_finals_sent_during_an_outage_are_logged_even_after_the_stream_clo
     log = s.journal.log  # type: ignore[union-attr]
     await s.open()
     await s.feed_text("one", 1.0)
-    await asyncio.sleep(0.3)
+    assert s.journal is not None
+    async with s.journal._progress:  # "one" is logged before the log goes down
+        await asyncio.wait_for(s.journal._progress.wait_for(lambda: s.journal.logged_seq >= 1), 5)
     store.down = True  # the log goes down: the next finals go out before they are logged
     await s.feed_text("two", 2.0)
     await s.feed_text("three", 3.0)
@@ -143,8 +145,9 @@ async def test_a_stream_the_log_lost_stops_retrying(tmp_path: Any) -> None:
     store.lost = True  # compacted away, or a Redis that came back empty
     await s.feed_text("one", 1.0)
     events = [(await asyncio.wait_for(s.events.get(), timeout=5)).to_wire() for _ in range(3)]
-    await asyncio.sleep(0.3)
-    assert s.journal is not None and s.journal.pending == 0  # no endless retries
+    assert s.journal is not None and s.journal._writer is not None
+    await asyncio.wait_for(s.journal._writer, 5)  # the writer gave up on its own: no endless retries
+    assert s.journal.pending == 0
     assert any(e["type"] == "error" and e["code"] == "not_found" for e in events), events
     assert next(e for e in events if e["type"] == "final")["durable"] is False
     s.abort()

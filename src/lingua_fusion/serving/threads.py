@@ -70,6 +70,10 @@ class ModelThreads:
         self.warm.add(key)
         return results
 
+    def stuck(self) -> dict[str, int]:
+        """Abandoned calls still running, per model key (they fail that model fast at ``MAX_HUNG``)."""
+        return {str(k): n for k, n in self._hung.items() if n}
+
     def _abandon(self, key: ModelKey, pool: ThreadPoolExecutor, running: asyncio.Future[Any]) -> None:
         self._hung[key] = self._hung.get(key, 0) + 1  # read again: one may have returned meanwhile
         self._pools.pop(key, None)
