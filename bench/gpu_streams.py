@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -86,12 +87,21 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
                                   tokenize=lambda s: [hash(w) % (vocab - 2) + 1 for w in s.split()],
                                   detokenize=words, start=vocab - 1, stop=frozenset({0}), pad=vocab - 1, device=dev,
                                   length_ratio=1.0, max_tokens=96)
-    sizes = dict(blocks=args.blocks, cross_blocks=args.cross_blocks, dtype=dtype, device=dev)
+    asr_sizes = pools(asr_recipe.decoder, args.asr_self_gb, args.asr_cross_gb, dtype)
+    mt_sizes = pools(mt_recipe.decoder, args.mt_gb / 2, args.mt_gb / 2, dtype)
     if baseline:  # one stream's work at a time: no batch in the encoder or the decoder
-        return (GpuRunner(asr_recipe, max_batch=1, encode_batch=1, memo=0, name="asr-base", **sizes),
-                GpuRunner(mt_recipe, max_batch=1, encode_batch=1, name="mt-base", **sizes))
-    return (GpuRunner(asr_recipe, max_batch=args.max_batch, name="asr", **sizes),
-            GpuRunner(mt_recipe, max_batch=args.max_batch, name="mt", **sizes))
+        return (GpuRunner(asr_recipe, max_batch=1, encode_batch=1, memo=0, name="asr-base", dtype=dtype, device=dev,
+                          **asr_sizes),
+                GpuRunner(mt_recipe, max_batch=1, encode_batch=1, name="mt-base", dtype=dtype, device=dev, **mt_sizes))
+    return (GpuRunner(asr_recipe, max_batch=args.max_batch, name="asr", dtype=dtype, device=dev, **asr_sizes),
+            GpuRunner(mt_recipe, max_batch=args.max_batch, name="mt", dtype=dtype, device=dev, **mt_sizes))
+
+
+def pools(decoder: Any, self_gb: float, cross_gb: float, dtype: torch.dtype) -> dict[str, int]:
+    """Block counts for pools of the given sizes (16-token self blocks, 64-frame cross blocks)."""
+    per_token = PagedKV.bytes_per_token(decoder.n_layer, decoder.n_head, decoder.head_dim, dtype)
+    return {"blocks": max(64, int(self_gb * 1e9 / (16 * per_token))),
+            "cross_blocks": max(64, int(cross_gb * 1e9 / (64 * per_token)))}
 
 
 def speech_like(seconds: float, seed: int) -> np.ndarray:
@@ -217,6 +227,13 @@ async def sweep(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, base
         await executor.close()
         asr.close()
         mt.close()
+        if args.device.startswith("cuda"):
+            row["gpu_peak_allocated_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
+        del executor, asr, mt
+        gc.collect()
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         row["meets_1s"], row["meets_3s"] = row["caption_p99_s"] <= 1.0, row["caption_p99_s"] <= 3.0
         print(("baseline " if baseline else "batched  ") + json.dumps(row), flush=True)
         rows.append(row)
@@ -233,8 +250,6 @@ def best(rows: list[dict[str, Any]], key: str) -> int:
 def decoder_figures(args: argparse.Namespace, asr_model: Any, batches: list[int]) -> list[dict[str, Any]]:
     """Figure 3: decoder tokens/s and step latency, ours (paged, continuous engine) vs Hugging Face's decoder with
     its own KV cache (what ``generate`` runs for greedy search), same batch, same model; encoder audio-s/s."""
-    from lingua_fusion.serving.gpu.decoder import DecodeEngine
-
     dev = args.device
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
     enc = hf_whisper_encoder(asr_model)
@@ -242,43 +257,64 @@ def decoder_figures(args: argparse.Namespace, asr_model: Any, batches: list[int]
     rows = []
     for b in batches:
         mel = torch.randn(b, 80, frames, device=dev, dtype=args.dtype)
+        enc(mel)  # warm-up: kernels and cuBLAS plans for this shape
         sync()
         t = time.perf_counter()
         memory = enc(mel)
         sync()
         enc_s = time.perf_counter() - t
-        engine = DecodeEngine(HFWhisperDecoder(asr_model), blocks=max(64, b * 4 + 8), block_size=16,
-                              cross_blocks=b * 5 + 8, cross_block_size=64, max_batch=b, dtype=args.dtype, device=dev)
-        for i in range(b):
-            cid = engine.add_memory(memory[i])
-            engine.submit(SOT, cid, max_new=new, stop=frozenset())
-            engine.release(cid)
-        engine.step()  # admission + first step (warm)
-        sync()
-        t = time.perf_counter()
-        steps = 0
-        while not engine.idle():
-            engine.step()
-            steps += 1
-        sync()
-        ours_s = time.perf_counter() - t
-        # Hugging Face: the same decoder through its own forward and DynamicCache, one token per step
-        dec_in = torch.tensor([SOT] * b, device=dev)
-        out = asr_model(encoder_outputs=(memory,), decoder_input_ids=dec_in, use_cache=True)
-        cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        sync()
-        t = time.perf_counter()
-        for _ in range(steps):
-            out = asr_model(encoder_outputs=(memory,), decoder_input_ids=tok, past_key_values=cache, use_cache=True)
-            cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        sync()
-        hf_s = time.perf_counter() - t
-        row = {"batch": b, "steps": steps, "ours_tokens_per_s": round(b * steps / ours_s),
-               "ours_step_ms": round(ours_s / steps * 1000, 2), "hf_tokens_per_s": round(b * steps / hf_s),
-               "hf_step_ms": round(hf_s / steps * 1000, 2), "encoder_audio_s_per_s": round(b * 6 / enc_s)}
+        _decode_once(args, asr_model, memory, b, new, profile=None)  # warms the decoder's shapes up
+        row = _decode_once(args, asr_model, memory, b, new, profile=args.profile if b == batches[-1] else None)
+        row["encoder_audio_s_per_s"] = round(b * 6 / enc_s)
         print("decoder " + json.dumps(row), flush=True)
         rows.append(row)
     return rows
+
+
+@torch.inference_mode()
+def _decode_once(args: argparse.Namespace, asr_model: Any, memory: torch.Tensor, b: int, new: int, *,
+                 profile: Path | None) -> dict[str, Any]:
+    from lingua_fusion.serving.gpu.decoder import DecodeEngine
+
+    dev = args.device
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    engine = DecodeEngine(HFWhisperDecoder(asr_model), blocks=max(64, b * 4 + 8), block_size=16,
+                          cross_blocks=b * 5 + 8, cross_block_size=64, max_batch=b, dtype=args.dtype, device=dev)
+    for i in range(b):
+        cid = engine.add_memory(memory[i])
+        engine.submit(SOT, cid, max_new=new, stop=frozenset())
+        engine.release(cid)
+    engine.step()  # admission + first step
+    if profile is not None:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine.step()
+            sync()
+        profile.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    sync()
+    t = time.perf_counter()
+    steps = 0
+    while not engine.idle():
+        engine.step()
+        steps += 1
+    sync()
+    ours_s = time.perf_counter() - t
+    # Hugging Face: the same decoder through its own forward and DynamicCache, one token per step
+    dec_in = torch.tensor([SOT] * b, device=dev)
+    out = asr_model(encoder_outputs=(memory,), decoder_input_ids=dec_in, use_cache=True)
+    cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    sync()
+    t = time.perf_counter()
+    for _ in range(steps):
+        out = asr_model(encoder_outputs=(memory,), decoder_input_ids=tok, past_key_values=cache, use_cache=True)
+        cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    sync()
+    hf_s = time.perf_counter() - t
+    return {"batch": b, "steps": steps, "ours_tokens_per_s": round(b * steps / ours_s),
+            "ours_step_ms": round(ours_s / steps * 1000, 2), "hf_tokens_per_s": round(b * steps / hf_s),
+            "hf_step_ms": round(hf_s / steps * 1000, 2)}
 
 
 @torch.inference_mode()
@@ -321,15 +357,18 @@ def main() -> None:
     ap.add_argument("--chunk-ms", type=int, default=500)
     ap.add_argument("--slo", default="interactive")
     ap.add_argument("--max-batch", type=int, default=2048)
-    ap.add_argument("--blocks", type=int, default=60000)
-    ap.add_argument("--cross-blocks", type=int, default=60000)
+    ap.add_argument("--asr-self-gb", type=float, default=12.0)
+    ap.add_argument("--asr-cross-gb", type=float, default=60.0)
+    ap.add_argument("--mt-gb", type=float, default=8.0)
+    ap.add_argument("--profile", type=Path, help="write a torch.profiler table of one decoder step at the largest "
+                                                  "decoder batch here")
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
     ap.add_argument("--parts", default="decoder,memory,baseline,streams")
     ap.add_argument("--quick", action="store_true", help="tiny models and counts (a CPU check of the code)")
     args = ap.parse_args()
     args.dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
     if args.quick:
-        args.asr, args.blocks, args.cross_blocks = "tiny", 4000, 4000
+        args.asr, args.asr_self_gb, args.asr_cross_gb, args.mt_gb = "tiny", 0.2, 0.4, 0.1
     parts = set(args.parts.split(","))
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
                               "weights": "random", "asr_architecture": f"whisper-{args.asr} (HF)",

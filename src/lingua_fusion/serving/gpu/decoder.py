@@ -76,6 +76,7 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     pos: int = 0  # tokens fed so far
     preempted: int = 0
+    row: int = -1  # its row in the engine's block-table mirror while it runs
 
     @property
     def rank(self) -> tuple[bool, float, int]:
@@ -103,7 +104,7 @@ class EngineStats:
 class DecodeEngine:
     def __init__(self, model: DecoderModel, *, blocks: int, block_size: int = 16, cross_blocks: int,
                  cross_block_size: int = 64, max_batch: int = 256, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", max_memory: int = 1500) -> None:
         self.model = model
         self.device = torch.device(device)
         self.max_batch = max_batch
@@ -113,6 +114,14 @@ class DecodeEngine:
         self.cross = PagedKV(self.cross_pool, model.n_layer, model.n_head, model.head_dim, dtype=dtype,
                              device=device)
         self._cross_refs: dict[int, int] = {}
+        # numpy mirrors of the block tables, so a step builds its gather indices in one array operation:
+        # a row per running sequence, and a row per cross-attention entry (``max_memory`` frames at most)
+        self._table = np.zeros((max_batch, -(-model.max_positions // block_size) + 1), dtype=np.int64)
+        self._free_rows = list(range(max_batch - 1, -1, -1))
+        self._cross_table = np.zeros((cross_blocks, -(-max_memory // cross_block_size) + 1), dtype=np.int64)
+        self._free_cross_rows = list(range(cross_blocks - 1, -1, -1))
+        self._cross_row: dict[int, int] = {}
+        self._cross_len: dict[int, int] = {}
         self._ids = itertools.count(1)
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
@@ -131,11 +140,17 @@ class DecodeEngine:
         rows: list[torch.Tensor] = []
         for memory in memories:
             cid = next(self._ids)
-            if not self.cross_pool.allocate(cid, memory.shape[0]):
+            frames = memory.shape[0]
+            if frames >= self._cross_table.shape[1] * self.cross_pool.block_size or not self._free_cross_rows \
+                    or not self.cross_pool.allocate(cid, frames):
                 ids.append(None)
                 continue
             ids.append(cid)
             self._cross_refs[cid] = 1  # the caller's reference
+            row = self._cross_row[cid] = self._free_cross_rows.pop()
+            table = self.cross_pool.table(cid)
+            self._cross_table[row, : len(table)] = table
+            self._cross_len[cid] = frames
             slots.append(slots_of(self.cross_pool, cid, 0, memory.shape[0]))
             rows.append(memory)
         if rows:
@@ -155,6 +170,8 @@ class DecodeEngine:
         if self._cross_refs[cid] <= 0:
             del self._cross_refs[cid]
             self.cross_pool.free(cid)
+            self._free_cross_rows.append(self._cross_row.pop(cid))
+            del self._cross_len[cid]
 
     # ---- sequences ------------------------------------------------------------------------------------------
     def submit(self, prompt: list[int], cross: int, *, max_new: int, stop: frozenset[int], tentative: bool = False,
@@ -186,6 +203,7 @@ class DecodeEngine:
                 self.release(seq.cross)
                 continue
             self.pool.allocate(seq.id, 0)
+            seq.row = self._free_rows.pop()
             self.running.append(seq)
 
     def _preempt(self) -> None:
@@ -193,6 +211,7 @@ class DecodeEngine:
         victim = min(self.running, key=lambda s: s.rank)
         self.running.remove(victim)
         self.pool.free(victim.id)
+        self._free_rows.append(victim.row)
         victim.out, victim.logprobs, victim.pos = [], [], 0
         victim.preempted += 1
         self.preemptions += 1
@@ -211,6 +230,9 @@ class DecodeEngine:
                     short = True
                     break
                 slots[seq.id] = slot
+                n = self.pool.length(seq.id) - 1
+                if n % self.pool.block_size == 0:  # a new block: mirror it
+                    self._table[seq.row, n // self.pool.block_size] = slot // self.pool.block_size
             if not short:
                 break
             self._preempt()
@@ -232,9 +254,12 @@ class DecodeEngine:
         tokens = torch.tensor([s.next_input() for s in batch], device=dev)
         positions = torch.tensor([s.pos for s in batch], device=dev)
         slot_t = torch.tensor(slots, device=dev)
-        self_gather = Gather.build(self.pool, [s.id for s in batch], [s.pos + 1 for s in batch], dev)
-        cross_gather = Gather.build(self.cross_pool, [s.cross for s in batch],
-                                    [self.cross_pool.length(s.cross) for s in batch], dev)
+        rows = np.fromiter((s.row for s in batch), dtype=np.int64, count=len(batch))
+        lengths = np.fromiter((s.pos + 1 for s in batch), dtype=np.int64, count=len(batch))
+        self_gather = Gather.from_tables(self._table[rows], lengths, self.pool.block_size, dev)
+        crows = np.fromiter((self._cross_row[s.cross] for s in batch), dtype=np.int64, count=len(batch))
+        clens = np.fromiter((self._cross_len[s.cross] for s in batch), dtype=np.int64, count=len(batch))
+        cross_gather = Gather.from_tables(self._cross_table[crows], clens, self.cross_pool.block_size, dev)
         x = self.model.embed(tokens, positions)
         for i in range(self.model.n_layer):
             def self_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int = i) -> torch.Tensor:
@@ -269,12 +294,15 @@ class DecodeEngine:
 
     def _finish(self, seq: _Seq) -> None:
         self.pool.free(seq.id)
+        self._free_rows.append(seq.row)
         self.release(seq.cross)
         if not seq.future.done():
             seq.future.set_result(Decoded(seq.out, seq.logprobs, seq.preempted))
 
     def fail_all(self, exc: BaseException) -> None:
         """Every sequence in the engine fails with ``exc`` and gives its blocks back (after a CUDA error)."""
+        for seq in self.running:
+            self._free_rows.append(seq.row)
         for seq in [*self.running, *self.waiting]:
             self.pool.free(seq.id)
             self.release(seq.cross)

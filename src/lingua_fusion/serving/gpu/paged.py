@@ -26,16 +26,22 @@ class Gather:
 
     @classmethod
     def build(cls, pool: BlockPool, seqs: list[int], lengths: list[int], device: torch.device) -> Gather:
-        bs = pool.block_size
-        max_len = max(lengths)
-        n_blocks = -(-max_len // bs)
+        n_blocks = -(-max(lengths) // pool.block_size)
         tables = np.zeros((len(seqs), n_blocks), dtype=np.int64)
         for row, seq in enumerate(seqs):
             t = pool.table(seq)[:n_blocks]
             tables[row, : len(t)] = t
-        tables_t = torch.from_numpy(tables).to(device, non_blocking=True)
-        index = (tables_t[:, :, None] * bs + torch.arange(bs, device=device)).reshape(len(seqs), -1)[:, :max_len]
-        lens = torch.from_numpy(np.asarray(lengths, dtype=np.int64)).to(device, non_blocking=True)
+        return cls.from_tables(tables, np.asarray(lengths, dtype=np.int64), pool.block_size, device)
+
+    @classmethod
+    def from_tables(cls, tables: np.ndarray, lengths: np.ndarray, block_size: int, device: torch.device) -> Gather:
+        """``tables`` [batch, blocks] (each row's block ids, in order) and ``lengths`` [batch] (tokens per row)."""
+        max_len = int(lengths.max())
+        n_blocks = -(-max_len // block_size)
+        tables_t = torch.from_numpy(np.ascontiguousarray(tables[:, :n_blocks])).to(device, non_blocking=True)
+        index = (tables_t[:, :, None] * block_size + torch.arange(block_size, device=device)).reshape(
+            len(tables), -1)[:, :max_len]
+        lens = torch.from_numpy(lengths).to(device, non_blocking=True)
         mask = torch.arange(max_len, device=device)[None, :] < lens[:, None]
         return cls(index * mask, mask[:, None, None, :])
 
