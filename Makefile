@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 EXTRAS ?= test,llm,hf
 
-.PHONY: setup run run-dev test bench clean
+.PHONY: setup run run-dev test bench mutation clean
 setup:
 	EXTRAS=$(EXTRAS) VENV=$(VENV) bash scripts/setup.sh
 
@@ -20,6 +20,11 @@ run-dev: setup
 test: setup
 	$(VENV)/bin/ruff check src tests bench
 	bash scripts/with-redis.sh $(PY) -m pytest -q -p no:cacheprovider
+
+# mutation testing of the pure cores (mutmut, one module at a time; slow: not part of `make test`)
+# MODULES="scheduler journal" runs some; the others keep their results in bench/results/mutation.json
+mutation: setup
+	$(PY) scripts/mutation.py $(MODULES)
 
 bench: setup
 	$(PY) bench/file_latency.py --json bench/results/file_latency.json

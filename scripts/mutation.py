@@ -52,7 +52,36 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 
 # Survivors that no test can kill, keyed by module and a line of the mutated code (the diff's "+" line, stripped),
 # with the reason. A survivor not listed here is a missing test.
-EQUIVALENT: dict[str, dict[str, str]] = {}
+SAME_DEFAULT = "the dict entry repeats the default of the only lookup (stage_share.get(stage, 1.0))"
+ZIP_DEFAULT = "strict=False is zip's default"
+EQUIVALENT: dict[str, dict[str, str]] = {
+    "breaker": {
+        'self.stage_share = {"XXcaptionXX": 1.0, **(stage_share or {})}': SAME_DEFAULT,
+        'self.stage_share = {"CAPTION": 1.0, **(stage_share or {})}': SAME_DEFAULT,
+        "return [Transition(slo, at, level, level - 1, round(p99, 3), )]":
+            "a restore is only ever decided on the caption stage, Transition's default stage",
+    },
+    "policy": {
+        'return "XXXX".join(c for c in w.lower() if c.isalnum())':
+            "_key only compares words with each other; a separator between lower-case alphanumerics keeps the "
+            "mapping one-to-one",
+        "for x, y in zip(a, b, strict=None):": ZIP_DEFAULT,
+        "for x, y in zip(a, b, ):": ZIP_DEFAULT,
+        "keep = self.probs[len(self.probs) - after:] if (after and self.probs) or True else []":
+            "with after == 0 the slice probs[len(probs):] is already empty, and so is any slice of []",
+        "keep = self.probs[len(self.probs) - after:] if after or self.probs else []":
+            "with after == 0 the slice probs[len(probs):] is already empty, and so is any slice of []",
+        "self.last_speech_end = None":
+            "read only while speech_start is set, and every path that sets speech_start sets last_speech_end first",
+        "self.probs = None": "overwritten by self.probs = list(keep) at the end of the same method",
+        "self.speech_start = t + WINDOW / SR": "only whether speech_start is None is ever read, not its value",
+        "self.speech_start = t - WINDOW * SR": "only whether speech_start is None is ever read, not its value",
+        "if self.speech_start is not None or self.speech_s > 0:":
+            "speech_start and speech_s > 0 are set and reset together (on_vad, _check, committed)",
+        "if self.speech_start is not None and self.speech_s >= 0:":
+            "speech_s is positive whenever speech_start is set",
+    },
+}
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no_tests", 33: "no_tests", 36: "timeout", -24: "timeout",
           24: "timeout", 152: "timeout", 255: "timeout", 37: "killed"}
@@ -134,7 +163,12 @@ def main() -> None:
     ap.add_argument("modules", nargs="*", help=f"some of {', '.join(MODULES)} (default: all)")
     ap.add_argument("--json", type=Path, default=OUT)
     ap.add_argument("--max-children", type=int, default=1, help="parallel mutants (default 1: a shared machine)")
+    ap.add_argument("--relabel", action="store_true",
+                    help="run nothing: mark the report's survivors again with EQUIVALENT (after editing it)")
     args = ap.parse_args()
+    if args.relabel:
+        relabel(args.json)
+        return
     names = args.modules or list(MODULES)
     if unknown := [n for n in names if n not in MODULES]:
         ap.error(f"unknown modules {unknown}; choose from {list(MODULES)}")
@@ -153,6 +187,18 @@ def main() -> None:
                   "modules": {k: modules[k] for k in MODULES if k in modules}}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    print(f"[mutation] overall: {json.dumps(report['overall'])}")
+
+
+def relabel(path: Path) -> None:
+    report = json.loads(path.read_text())
+    for name, m in report["modules"].items():
+        for s in m["survivors"]:
+            s["equivalent"] = _equivalent(name, s["diff"])
+        m["equivalent"] = sum(1 for s in m["survivors"] if s["equivalent"])
+        m["unexplained_survivors"] = m["survived"] - m["equivalent"]
+    report["overall"] = summarise(report["modules"])
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     print(f"[mutation] overall: {json.dumps(report['overall'])}")
 
 

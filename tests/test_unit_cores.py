@@ -792,3 +792,11 @@ async def test_a_log_call_gives_up_after_its_wait() -> None:
         await j.log.call(store.append_final, "st_1", {"seq": 1}, None, None, None, wait_s=0.05)
     store.gate.set()
     await j.log.close()
+
+
+def test_after_a_restore_the_next_one_needs_k_healthy_windows_again() -> None:
+    b = SLOBreaker({"x": 1.0}, window_s=1.0, k=2)
+    windows(b, "x", [2.0] * 4)
+    assert b.level("x") == 2
+    got = windows(b, "x", [0.1] * 4, t0=10.0)
+    assert [(t.at, t.to_level) for t in got] == [(12.0, 1), (14.0, 0)]
