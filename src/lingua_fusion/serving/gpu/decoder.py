@@ -104,15 +104,16 @@ class EngineStats:
 class DecodeEngine:
     def __init__(self, model: DecoderModel, *, blocks: int, block_size: int = 16, cross_blocks: int,
                  cross_block_size: int = 64, max_batch: int = 256, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", max_memory: int = 1500) -> None:
+                 device: torch.device | str = "cpu", max_memory: int = 1500, kernel: str = "auto") -> None:
         self.model = model
         self.device = torch.device(device)
         self.max_batch = max_batch
         self.pool = BlockPool(blocks, block_size)
-        self.kv = PagedKV(self.pool, model.n_layer, model.n_head, model.head_dim, dtype=dtype, device=device)
+        self.kv = PagedKV(self.pool, model.n_layer, model.n_head, model.head_dim, dtype=dtype, device=device,
+                          kernel=kernel)
         self.cross_pool = BlockPool(cross_blocks, cross_block_size)
         self.cross = PagedKV(self.cross_pool, model.n_layer, model.n_head, model.head_dim, dtype=dtype,
-                             device=device)
+                             device=device, kernel=kernel)
         self._cross_refs: dict[int, int] = {}
         # numpy mirrors of the block tables, so a step builds its gather indices in one array operation:
         # a row per running sequence, and a row per cross-attention entry (``max_memory`` frames at most)

@@ -13,16 +13,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import triton_attention
 from .blocks import BlockPool
 
 
 @dataclass
 class Gather:
-    """Which slots each row of a batch reads: ``index`` [batch, max_len] (padding points at slot 0) and ``mask``
-    [batch, 1, 1, max_len] (True where a slot holds one of the row's tokens)."""
+    """Which slots each row of a batch reads: its block table (``tables`` [batch, blocks]) and length
+    (``lengths`` [batch]), on the device; the reference path's ``index`` [batch, max_len] (padding points at slot
+    0) and ``mask`` [batch, 1, 1, max_len] are built from them when first asked for."""
 
-    index: torch.Tensor
-    mask: torch.Tensor
+    tables: torch.Tensor
+    lengths: torch.Tensor
+    block_size: int
+    max_len: int
+    _index: torch.Tensor | None = None
+    _mask: torch.Tensor | None = None
 
     @classmethod
     def build(cls, pool: BlockPool, seqs: list[int], lengths: list[int], device: torch.device) -> Gather:
@@ -39,11 +45,25 @@ class Gather:
         max_len = int(lengths.max())
         n_blocks = -(-max_len // block_size)
         tables_t = torch.from_numpy(np.ascontiguousarray(tables[:, :n_blocks])).to(device, non_blocking=True)
-        index = (tables_t[:, :, None] * block_size + torch.arange(block_size, device=device)).reshape(
-            len(tables), -1)[:, :max_len]
-        lens = torch.from_numpy(lengths).to(device, non_blocking=True)
-        mask = torch.arange(max_len, device=device)[None, :] < lens[:, None]
-        return cls(index * mask, mask[:, None, None, :])
+        lens = torch.from_numpy(np.ascontiguousarray(lengths)).to(device, non_blocking=True)
+        return cls(tables_t, lens, block_size, max_len)
+
+    @property
+    def index(self) -> torch.Tensor:
+        if self._index is None:
+            dev, bs = self.tables.device, self.block_size
+            index = (self.tables[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(len(self.tables), -1)
+            index = index[:, : self.max_len]
+            valid = torch.arange(self.max_len, device=dev)[None, :] < self.lengths[:, None]
+            self._index, self._mask = index * valid, valid[:, None, None, :]
+        return self._index
+
+    @property
+    def mask(self) -> torch.Tensor:
+        if self._mask is None:
+            _ = self.index
+        assert self._mask is not None
+        return self._mask
 
 
 def slots_of(pool: BlockPool, seq: int, start: int, stop: int) -> np.ndarray:
@@ -55,9 +75,13 @@ def slots_of(pool: BlockPool, seq: int, start: int, stop: int) -> np.ndarray:
 
 class PagedKV:
     def __init__(self, pool: BlockPool, layers: int, heads: int, head_dim: int, *, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, kernel: str = "auto") -> None:
         slots = pool.num_blocks * pool.block_size
         self.pool = pool
+        dev = torch.device(device)
+        if kernel == "auto":
+            kernel = "triton" if triton_attention.available(dev) else "torch"
+        self.kernel = kernel  # "torch": the reference path (gather, then SDPA); "triton": in place
         self.heads, self.head_dim = heads, head_dim
         self.k = torch.zeros(layers, slots, heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros(layers, slots, heads, head_dim, dtype=dtype, device=device)
@@ -77,6 +101,10 @@ class PagedKV:
 
     def attend(self, layer: int, q: torch.Tensor, gather: Gather) -> torch.Tensor:
         """``q`` [batch, heads, n_q, head_dim] attends over each row's gathered slots -> same shape as ``q``."""
+        if self.kernel == "triton" and q.shape[2] == 1:
+            out = triton_attention.paged_decode(q[:, :, 0], self.k[layer], self.v[layer], gather.tables,
+                                                gather.lengths, gather.block_size)
+            return out[:, :, None, :]
         k = self.k[layer][gather.index].transpose(1, 2)  # [batch, heads, max_len, head_dim]
         v = self.v[layer][gather.index].transpose(1, 2)
         return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=gather.mask)
