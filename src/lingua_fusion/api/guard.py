@@ -51,11 +51,11 @@ class Policy:
         raise HostNotAllowed(f"this server does not answer for the host {name!r}; set server.allowed_hosts",
                              details={"allowed_hosts": sorted(self.hosts)})
 
-    def check_origin(self, origin: str | None, host_header: str | None) -> None:
+    def check_origin(self, origin: str | None, host_header: str | None, scheme: str = "http") -> None:
         if origin is None or "*" in self.origins:
             return
         origin = origin.lower().rstrip("/")
-        if origin in self.origins or _same_origin(origin, host_header or ""):
+        if origin in self.origins or _same_origin(origin, host_header or "", scheme):
             return
         raise OriginNotAllowed(f"requests from pages at {origin} are not allowed here; set server.allowed_origins")
 
@@ -67,13 +67,14 @@ def _hostname(host: str) -> str:
     return host.rsplit(":", 1)[0].rstrip(".") if host.count(":") == 1 else host.rstrip(".")
 
 
-def _same_origin(origin: str, host_header: str) -> bool:
+def _same_origin(origin: str, host_header: str, scheme: str) -> bool:
+    """``origin`` is this server as the request reached it (scheme and Host)."""
     try:
         parts = urlsplit(origin)
         port = parts.port
     except ValueError:
         return False
-    if parts.scheme not in ("http", "https") or parts.hostname is None:
+    if parts.scheme != {"ws": "http", "wss": "https"}.get(scheme, scheme) or parts.hostname is None:
         return False
     default = 443 if parts.scheme == "https" else 80
     name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
@@ -105,7 +106,7 @@ class Guard:
         headers = Headers(scope=scope)
         try:
             self.policy.check_host(headers.get("host"))
-            self.policy.check_origin(headers.get("origin"), headers.get("host"))
+            self.policy.check_origin(headers.get("origin"), headers.get("host"), scope.get("scheme", "http"))
             if scope["type"] == "http":
                 limit = body_limit(self.settings, scope["method"], scope["path"])
                 _check_length(headers.get("content-length"), limit)
