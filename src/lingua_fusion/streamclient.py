@@ -18,24 +18,70 @@ from .media import decode_audio
 def detect_language(audio: np.ndarray, console: Any) -> str:
     """The CLI holds the whole file, so it can tell the stream its language before the first chunk."""
     from . import langs
+    from .cli_output import warn
     from .models.registry import Registry
 
     lang, prob = Registry(Settings()).asr(None).detect_language(audio)
-    console.print(f"detected source language: {lang} (p={prob:.2f}); pass --from to set it", markup=False,
-                  style="dim")
-    return langs.normalize(lang)
+    code = langs.normalize(lang)
+    low = " (LOW: the detection may be wrong)" if prob < 0.5 else ""
+    warn([f"source language detected: {langs.name(code)} ({code}), confidence {prob:.2f}{low}; pass --from to set it"])
+    return code
+
+
+def read_media(path: Path) -> bytes:
+    """The file to play: audio or video only, said plainly before any work (an image or a text is not a stream)."""
+    from .errors import UnsupportedMedia
+    from .media import sniff
+    from .sdk.common import read_file
+
+    data = read_file(path)
+    kind = sniff(data)
+    if kind.family == "image":
+        raise UnsupportedMedia(f"{path.name} is an image: `linguafusion stream` plays audio or video files; "
+                               f"translate a slide with `linguafusion translate {path.name} --to LANG`",
+                               details={"detected": kind.container})
+    if kind.family == "text":
+        raise UnsupportedMedia(f"{path.name} is text: `linguafusion stream` plays audio or video files; "
+                               f"translate a text with `linguafusion translate {path.name} --to LANG`",
+                               details={"detected": kind.container})
+    if kind.family not in {"audio", "av"}:
+        raise UnsupportedMedia(f"{path.name} is not an audio or video file this server reads "
+                               "(wav, mp3, m4a, ogg, flac, webm, mp4)", details={"detected": kind.container})
+    return data
+
+
+def check_request(client: Any, targets: list[str], slo: str, source_lang: str | None) -> tuple[list[str], str | None]:
+    """Refuse a bad --slo, an unknown or unserved --to, before language detection or any decoding."""
+    from . import langs
+    from .errors import InvalidParameter, UnsupportedPair
+    from .serving.scheduler import SLO_CLASSES
+
+    if slo not in SLO_CLASSES:
+        raise InvalidParameter(f"--slo must be one of {', '.join(sorted(SLO_CLASSES))}, not {slo!r}")
+    norm = [langs.normalize(t, field="target_langs") for t in targets]
+    source = langs.normalize(source_lang, field="source_lang") if source_lang else None
+    pairs = set(client.models()["pairs"])
+    reachable = {p.split("-")[1] for p in pairs}
+    for t in norm:
+        if (source is not None and t != source and f"{source}-{t}" not in pairs) or (
+                source is None and t not in reachable):
+            what = f"{source} -> {t}" if source else f"anything into {t}"
+            raise UnsupportedPair(f"no installed model translates {what}; served pairs: {', '.join(sorted(pairs))}",
+                                  details={"target_lang": t})
+    return norm, source
 
 
 async def play_file(path: Path, *, targets: list[str], source_lang: str | None, slo: str, realtime: bool, chunk_ms: int,
                     partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any) -> int:
     from .sdk import LocalTranslator, MultimodalTranslator
 
-    data = await asyncio.to_thread(path.read_bytes)
+    data = await asyncio.to_thread(read_media, path)
+    client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
+    targets, source_lang = await asyncio.to_thread(check_request, client, targets, slo, source_lang)
     audio, _info = decode_audio(data, Settings().limits, what=path.name)
     if source_lang is None:
         source_lang = await asyncio.to_thread(detect_language, audio, console)
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-    client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
     if not realtime:
         chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
@@ -60,6 +106,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
 
         sender = asyncio.create_task(send())
         finals: list[dict[str, Any]] = []
+        shown = _Shown()
         try:
             async for ev in s:
                 data = ev.model_dump(exclude_none=True)
@@ -71,18 +118,10 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
                     sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
                     sys.stdout.flush()
                 elif ev.type == "final":
-                    sys.stdout.write(f"[{ev.start:7.2f}-{ev.end:7.2f}] #{ev.seq} {ev.text}\n")
-                    sys.stdout.flush()
+                    _print_final(data, targets)
                 elif ev.type in ("partial", "revision"):
                     console.print(f"  ... {data.get('source_text', '')}", style="dim", markup=False)
-                elif ev.type == "error":
-                    console.print(f"error [{data.get('code')}]: {data.get('message')}", markup=False, style="red")
-                elif ev.type in ("not_durable", "degraded"):
-                    console.print(f"{ev.type}: {data.get('message') or data}", markup=False, style="yellow")
-                elif ev.type in ("durable", "restored"):
-                    console.print(f"{ev.type}: {data}", markup=False, style="green")
-                if ev.type == "final" and data.get("failed"):
-                    console.print(f"caption {ev.seq}: {data.get('note')}", markup=False, style="red")
+                _tell(ev.type, data, console, shown)
         finally:
             if not sender.done():
                 sender.cancel()
@@ -94,3 +133,45 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
         lat = summarize(finals, len(audio) / 16000)
         console.print("latency (ms; _ca = computation-aware): " + json.dumps(lat), markup=False, style="dim")
     return 0
+
+
+class _Shown:
+    """What was already said on stderr once (one low-confidence warning per target, not one per caption)."""
+
+    def __init__(self) -> None:
+        self.low: set[str] = set()
+
+
+def _print_final(data: dict[str, Any], targets: list[str]) -> None:
+    """One caption: every target's translation (a stream with two targets prints both)."""
+    head = f"[{data['start']:7.2f}-{data['end']:7.2f}] #{data['seq']}"
+    translations = data.get("translations") or {}
+    low = set(data.get("low_confidence") or ())
+    if len(targets) == 1:
+        mark = " (low confidence)" if targets[0] in low else ""
+        sys.stdout.write(f"{head} {data.get('text', '')}{mark}\n")
+    else:
+        sys.stdout.write(f"{head} {data.get('source_text', '')}\n")
+        for t in targets:
+            mark = " (low confidence)" if t in low else ""
+            sys.stdout.write(f"    {t}: {translations.get(t, '')}{mark}\n")
+    sys.stdout.flush()
+
+
+def _tell(kind: str, data: dict[str, Any], console: Any, shown: _Shown) -> None:
+    """Notes on stderr, in every output mode (--json included): errors, degraded service, low-confidence routes."""
+    if kind == "error":
+        console.print(f"error [{data.get('code')}]: {data.get('message')}", markup=False, style="red")
+    elif kind in ("not_durable", "degraded"):
+        console.print(f"warning: {kind}: {data.get('message') or data}", markup=False, style="yellow")
+    elif kind in ("durable", "restored"):
+        console.print(f"{kind}: {data}", markup=False, style="green")
+    if kind != "final":
+        return
+    for t in data.get("low_confidence") or ():
+        if t not in shown.low:
+            shown.low.add(t)
+            console.print(f"warning: low-confidence translation into {t}: the tiny LLM translates this pair "
+                          "(often wrong out of English)", markup=False, style="yellow")
+    if data.get("failed"):
+        console.print(f"warning: caption {data.get('seq')}: {data.get('note')}", markup=False, style="red")

@@ -92,6 +92,7 @@ class Final(Event):
     gated: list[str] | None = _opt()  # stages whose output was withheld (confidence below the stream's minimum)
     note: str | None = _opt()
     durable: bool | None = _opt()  # False: sent before it was logged (the stream log was down)
+    low_confidence: list[str] | None = _opt()  # targets the tiny LLM translated (check them: often wrong)
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text: which cursor it moves in the log
 
