@@ -121,7 +121,11 @@ class StreamJobs:
                      slides=slides, slide_terms=[t.source for t in slide_terms],
                      latency_ms={"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
                      failed=sorted(failed) or None, note="; ".join(notes) or None, wall_ref=wall_ref,
-                     modality=modality)
+                     modality=modality, low_confidence=self._low_confidence(translations) or None)
+
+    def _low_confidence(self, translations: dict[str, str]) -> list[str]:
+        """The targets of this final that the tiny LLM translated (their route is low-confidence)."""
+        return [t for t in self.spec.low_confidence if translations.get(t)]
 
     async def read_slide(self, image: np.ndarray, t: float) -> str | None:
         """OCR a frame (tentative work: shed under load). Raises BackendError when the OCR backend fails."""

@@ -18,6 +18,7 @@ from typing import Any
 from .. import langs
 from ..errors import InvalidParameter, LinguaFusionError
 from ..glossary import Term
+from ..models.registry import MTRoute
 from ..serving.scheduler import SLO_CLASSES
 from .policy import PolicyConfig
 
@@ -47,6 +48,7 @@ class StreamSpec:
     # seconds added to a modality's media timestamps to bring it onto the audio clock (camera / slide skew)
     clock_offsets: dict[str, float] = field(default_factory=dict)
     inputs: list[str] = field(default_factory=lambda: list(INPUTS))  # no audio: no speech capacity reserved
+    low_confidence: list[str] = field(default_factory=list)  # targets whose route goes through the tiny LLM
     stream_id: str = field(default_factory=lambda: "st_" + secrets.token_hex(8))
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     key_id: str = ""  # the API key that opened the stream: only it (or an admin key) may resume it
@@ -61,7 +63,7 @@ class StreamSpec:
                 "importance": self.importance, "partials": self.partials,
                 "glossary": [[t.source, t.target] for t in self.glossary], "min_confidence": self.min_confidence,
                 "speech": self.speech, "audio_format": self.audio_format, "clock_offsets": self.clock_offsets,
-                "inputs": self.inputs, "key_id": self.key_id}
+                "inputs": self.inputs, "low_confidence": self.low_confidence, "key_id": self.key_id}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
@@ -70,7 +72,8 @@ class StreamSpec:
                    glossary=[Term(s, t) for s, t in d.get("glossary", [])],
                    min_confidence=float(d["min_confidence"]), speech=bool(d["speech"]),
                    audio_format=d.get("audio_format", "pcm16"), clock_offsets=dict(d.get("clock_offsets", {})),
-                   inputs=list(d.get("inputs", INPUTS)), stream_id=stream_id, resume_token=resume_token,
+                   inputs=list(d.get("inputs", INPUTS)), low_confidence=list(d.get("low_confidence", [])),
+                   stream_id=stream_id, resume_token=resume_token,
                    key_id=str(d.get("key_id", "")))  # a snapshot from before keys were stored: admin only
 
 
@@ -83,8 +86,10 @@ class ResumeRequest:
     last_seq: int
 
 
-def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], object], glossary: list[Term]) -> StreamSpec:
-    """A new stream's start message -> its spec. ``check_pair(source, target)`` raises ``unsupported_pair``."""
+def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | None], glossary: list[Term]
+                ) -> StreamSpec:
+    """A new stream's start message -> its spec. ``check_pair(source, target)`` raises ``unsupported_pair``; the
+    route it returns tells whether that target's finals come from the low-confidence LLM."""
     if msg.get("type") != "start":
         raise InvalidParameter("the first message must be {\"type\": \"start\", ...}")
     source = langs.normalize(msg.get("source_lang") or "en", field="source_lang")
@@ -92,9 +97,11 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], object], g
     if not raw_targets or not isinstance(raw_targets, list) or len(raw_targets) > MAX_TARGETS:
         raise InvalidParameter(f"target_langs must list 1 to {MAX_TARGETS} languages")
     targets = [langs.normalize(t, field="target_langs") for t in raw_targets]
+    low_confidence = []
     for t in targets:
-        if t != source:
-            check_pair(source, t)
+        route = check_pair(source, t) if t != source else None
+        if route is not None and route.low_confidence:
+            low_confidence.append(t)
     slo = str(msg.get("slo", "standard"))
     if slo not in SLO_CLASSES:
         raise InvalidParameter(f"slo must be one of {sorted(SLO_CLASSES)}")
@@ -118,7 +125,8 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], object], g
     return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
                       partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
                       speech=bool(msg.get("speech", False)), audio_format=audio_format,
-                      clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)))
+                      clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)),
+                      low_confidence=low_confidence)
 
 
 def parse_resume(resume: Any) -> ResumeRequest:
