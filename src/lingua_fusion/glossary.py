@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from . import agreement
 from .deadline import Deadline
 from .errors import InvalidParameter, TooLarge
 
@@ -223,7 +224,7 @@ def apply_mt_batch(texts: list[str], terms: list[Sequence[Term]], translate: Cal
         result = out[i]
         if all(k in result for k in mapping):
             for k, term in mapping.items():
-                result = result.replace(k, term.target)
+                result = agreement.agree(result, k, term.target)  # articles/adjectives agree (es ca fr pt)
                 applied[i].append(term)
             out[i] = result
         else:

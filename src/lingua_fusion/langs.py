@@ -85,6 +85,12 @@ def identify(text: str) -> LanguageGuess:
     return LanguageGuess(lang if lang in KNOWN else None, round(float(prob), 3))
 
 
+def identify_among(text: str, candidates: list[str]) -> str:
+    """The most likely of ``candidates`` for ``text`` (they must be in ``IDENTIFIED``)."""
+    ranked = {str(lang): float(p) for lang, p in _model().rank(text[:4000])}
+    return max(candidates, key=lambda c: ranked.get(c, 0.0))
+
+
 def guess_text_language(text: str) -> str | None:
     """The language of ``text`` when the identifier is sure of it, else None."""
     guess = identify(text)
