@@ -112,9 +112,11 @@ async def test_a_fault_after_n_calls_spares_the_first_ones(chaos_url: str) -> No
 def test_bad_fault_requests_are_refused_with_a_code(chaos_url: str) -> None:
     for body in ({"kind": "meltdown"}, {"model": "gpu"}, {"fraction": 2}, {"delay_s": "x"}, [1, 2], '{"after": 1e999}',
                  '{"delay_s": NaN}'):
-        r = httpx.post(chaos_url + "/v1/admin/faults", timeout=10, **({"content": body} if isinstance(body, str)
-                                                                        else {"json": body}))
+        r = httpx.post(chaos_url + "/v1/admin/faults", timeout=10, headers={"Content-Type": "application/json"},
+                       **({"content": body} if isinstance(body, str) else {"json": body}))
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter", (body, r.text)
+    r = httpx.post(chaos_url + "/v1/admin/faults", timeout=10, content='{"kind": "error"}')  # no Content-Type
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_content_type"
 
 
 # ---- units -----------------------------------------------------------------------------------------------------

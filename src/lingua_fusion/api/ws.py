@@ -34,6 +34,7 @@ from ..stream.session import StreamSession
 log = logging.getLogger("lingua_fusion.api")
 SUBPROTOCOL = "linguafusion"  # offered with "bearer.<key>"; the server answers with this one, never the key
 BEARER = "bearer."
+REFUSE_WAIT_S = 2.0  # a refused client's first message is awaited this long (and dropped) before the close
 
 
 def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | None], Principal]) -> None:
@@ -45,7 +46,11 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
         await ws.accept(subprotocol=subprotocol)
         session: StreamSession | None = None
         try:
-            who = authenticate(secret)  # before reading anything: a client without a key sends nothing we keep
+            try:
+                who = authenticate(secret)  # before reading anything: nothing a client without a key sends is kept
+            except LinguaFusionError as exc:
+                await _refuse_unread(ws, exc)
+                return
             msg = await _start(ws, settings)
             opened = await service.open(msg, who)
             session = opened.session
@@ -82,6 +87,17 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
         finally:
             if session is not None:
                 session.abort()
+
+
+async def _refuse_unread(ws: WebSocket, exc: LinguaFusionError) -> None:
+    """Refuse a client before its first message: the error event now, the close once its first message has
+    arrived (dropped unread; the frame limit bounds it) or REFUSE_WAIT_S have passed. Closing at once would race
+    with the client's own first send, which would then fail without the client ever reading why."""
+    with contextlib.suppress(Exception):
+        await _send(ws, error_event(exc))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ws.receive(), REFUSE_WAIT_S)
+        await ws.close(code=close_code(exc), reason=exc.code)
 
 
 def _credentials(ws: WebSocket) -> tuple[str | None, str | None]:
