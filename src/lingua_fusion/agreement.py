@@ -348,7 +348,10 @@ def _right(morph: Morphology, after: str, gender: str | None, number: str | None
     if i < len(tokens) and not re.search(r"[,;:.!?]", after[end:tokens[i].start]):
         verb = next((r for r in analyses[i] if ("<vbser>" in r or r.split("<")[0] in COPULAS) and "<p3>" in r), None)
         j = i + 1
-        if verb and j < len(tokens) and any("adv>" in r for r in analyses[j]) and not _pick(analyses[j], ("adj",)):
+        # an adverb before the adjective ("muy", "très", "molt": the last can be an adjective too): skipped when
+        # an adjective follows it
+        if verb and j + 1 < len(tokens) and any("adv>" in r for r in analyses[j]) and \
+                _pick(analyses[j + 1], ("adj", "pp")):
             j += 1
         if verb and j < len(tokens):
             reading = _pick(analyses[j], ("adj", "pp"))
