@@ -33,7 +33,7 @@ from ..state.sqlite import SQLiteStore
 from ..state.streams import open_store
 from ..stream.journal import StreamLog
 from ..stream.service import KeyQuota, Principal, StreamService
-from . import admin, glossaries, health, translate
+from . import admin, docs, glossaries, health, translate
 from . import errors as error_map
 from . import ws as ws_routes
 from .admission import Admission
@@ -88,6 +88,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     app.add_middleware(Guard, settings=settings)  # outermost: Host, Origin, body bytes (api/guard.py)
     for module in (health, translate, glossaries, admin):
         app.include_router(module.router)
+    docs.install(app)  # /docs offline, bearer auth in the OpenAPI document (api/docs.py)
     streams = _install_streams(app, settings, translator, metrics, store)
     app.state.started = time.time()
     return app

@@ -1,0 +1,58 @@
+"""The interactive API docs, offline: /docs serves Swagger UI from the swagger-ui-bundle-v2 wheel (no CDN), and
+the OpenAPI document declares bearer auth so that its Authorize button takes an ``sk_...`` key for "Try it out".
+
+FastAPI's own /docs and /redoc pages load their scripts from a CDN; they are replaced (ReDoc is dropped: no wheel
+ships it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+ASSETS = "/docs/assets"
+# routes anyone may call; every other operation needs "Authorization: Bearer sk_..."
+OPEN = {"/healthz", "/readyz", "/metrics", "/v1/models"}
+SCHEME = {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "sk_...",
+                         "description": "An API key from `linguafusion keys create` (Authorization: Bearer sk_...)"}}
+
+
+def install(app: FastAPI) -> None:
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.router.routes[:] = [r for r in app.router.routes
+                            if getattr(r, "path", None) not in {app.docs_url, app.redoc_url,
+                                                                app.swagger_ui_oauth2_redirect_url}]
+    app.mount(ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title="LinguaFusion API",
+                                   swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{ASSETS}/favicon-32x32.png",
+                                   swagger_ui_parameters={"persistAuthorization": True})
+
+    app.openapi = _with_bearer(app, app.openapi)  # type: ignore[method-assign]
+
+
+def _with_bearer(app: FastAPI, build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()
+        schema.setdefault("components", {}).setdefault("securitySchemes", {}).update(SCHEME)
+        schema["security"] = [{"bearerAuth": []}]
+        for path, operations in schema.get("paths", {}).items():
+            if path in OPEN:
+                for op in operations.values():
+                    op["security"] = []
+        app.openapi_schema = schema
+        return schema
+
+    return openapi
