@@ -95,8 +95,9 @@ def decode_audio(data: bytes, limits: LimitSettings, *, what: str = "audio") -> 
     audio = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, dtype=np.float32)
     decoded = audio.size / SR
     if audio.size == 0:
-        raise CorruptMedia(f"{what} holds no decodable audio")
+        raise CorruptMedia(f"the {what} file holds no audio that could be decoded")
     if declared and declared > 1.0 and decoded < 0.8 * declared:
-        raise CorruptMedia(f"{what} is truncated: header says {declared:.1f} s, only {decoded:.1f} s decode",
+        raise CorruptMedia(f"the {what} file is truncated: its header says {declared:.1f} s of audio but only "
+                           f"{decoded:.1f} s could be decoded",
                            details={"declared_s": round(declared, 2), "decoded_s": round(decoded, 2)})
     return audio, {"codec": codec, "declared_s": declared, "duration_s": decoded, "has_video": has_video}
