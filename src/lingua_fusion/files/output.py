@@ -23,6 +23,7 @@ def check_output_format(fmt: str, target_modality: str) -> None:
     modality = target_modality.strip().lower()
     if modality in FITS["json"] and modality not in FITS[fmt]:
         fitting = [f for f in FORMATS if modality in FITS[f]]
-        raise InvalidParameter(f"output_format {fmt} cannot carry {modality} output; for target_modality "
-                               f"{modality} use output_format {' or '.join(fitting)}",
+        needs = " or ".join(sorted(FITS[fmt]))
+        raise InvalidParameter(f"output_format {fmt} needs target_modality {needs}, not {modality}; for "
+                               f"{modality} output use output_format {', '.join(fitting)}",
                                details={"field": "output_format", "fits": fitting})
