@@ -81,7 +81,7 @@ def test_a_text_language_is_identified_and_said() -> None:
     p = cli("translate", "--text", "Bonjour à tous, bienvenue à la réunion.", "--to", "es")
     assert p.returncode == 0, p.stderr
     assert "reunión" in p.stdout and "Bonjour" not in p.stdout
-    assert "warning: source language detected: French (fr), confidence" in p.stderr
+    assert "warning: detected source language: fr (French), confidence" in p.stderr
 
 
 @pytest.mark.parametrize("text", ["Hola", "Ciao", "Merci"])

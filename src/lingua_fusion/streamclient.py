@@ -24,7 +24,7 @@ def detect_language(audio: np.ndarray, console: Any) -> str:
     lang, prob = Registry(Settings()).asr(None).detect_language(audio)
     code = langs.normalize(lang)
     low = " (LOW: the detection may be wrong)" if prob < 0.5 else ""
-    warn([f"source language detected: {langs.name(code)} ({code}), confidence {prob:.2f}{low}; pass --from to set it"])
+    warn([f"detected source language: {code} ({langs.name(code)}), confidence {prob:.2f}{low}; pass --from to set it"])
     return code
 
 

@@ -353,7 +353,8 @@ class FileTranslator:
         name = f"{langs.name(work.source)} ({work.source})"
         if work.detected:
             sure = work.confidence is not None and work.confidence >= SPEECH_CONFIDENT
-            work.warnings.insert(0, f"source language detected: {name}, confidence {work.confidence:.2f}"
+            work.warnings.insert(0, f"detected source language: {work.source} ({langs.name(work.source)}), "
+                                 f"confidence {work.confidence:.2f}"
                                  + ("" if sure else " (LOW: the detection may be wrong)")
                                  + "; pass source_lang to set it")
         if work.source == work.target:
