@@ -71,7 +71,9 @@ class SQLiteStore:
             row = self._db.execute("SELECT key_id, name, scopes, created, revoked FROM api_keys WHERE digest=?",
                                    (_digest(secret),)).fetchone()
         if row is None:
-            raise AuthenticationError("invalid API key")
+            raise AuthenticationError("invalid API key: this server's key store does not hold it (keys belong to "
+                                      "one state directory: create them with `linguafusion keys create --state-dir "
+                                      "DIR`, DIR being the one the server's banner names)")
         key = ApiKey(row[0], row[1], tuple(row[2].split(",")), row[3], bool(row[4]))
         if key.revoked:
             raise AuthenticationError("this API key has been revoked")
