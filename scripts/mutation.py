@@ -81,6 +81,27 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "if self.speech_start is not None and self.speech_s >= 0:":
             "speech_s is positive whenever speech_start is set",
     },
+    "journal": {
+        "self._outage = None  # a not_durable event went out and no durable one yet": "None and False: both falsy",
+        "self._outage = None": "None and False: both falsy, and _outage is only ever tested for truth",
+        "self.link = StoreLink(None, metrics)": "StoreLink keeps the store but never reads it (calls pass the method)",
+        "writer.add_done_callback(lambda t: self._orphans.pop(stream_id, ) if self._orphans.get(stream_id) is t":
+            "the key is popped only when get() just found it: the default is never used",
+    },
+    "sniff": {
+        'data[:4096].decode("UTF-8")': "codec names are case-insensitive",
+        "h = data[:65]": "the checks read at most the first 12 bytes of h",
+    },
+    "timeline": {
+        "if b < a:": "with b == a both branches return an empty float32 array",
+        "if pos <= self.start:  # partly before consumed audio: keep the part after it":
+            "with pos == start the trim keeps every sample and leaves pos where it was",
+        "elif pos >= self.end:": "with pos == end the gap added is 0 seconds",
+        "if need >= len(self.buf):": "with need == len(buf) (never over max_buffer) the buffer is copied unchanged",
+        "if need >= self.max_buffer:": "with need == max_buffer the cut is start: nothing is released",
+        "if self.start <= min(cut, pos):  # a gap longer than the buffer: release its silence too":
+            "with start == min(cut, pos) the assignment leaves start as it was",
+    },
 }
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no_tests", 33: "no_tests", 36: "timeout", -24: "timeout",

@@ -800,3 +800,76 @@ def test_after_a_restore_the_next_one_needs_k_healthy_windows_again() -> None:
     assert b.level("x") == 2
     got = windows(b, "x", [0.1] * 4, t0=10.0)
     assert [(t.at, t.to_level) for t in got] == [(12.0, 1), (14.0, 0)]
+
+
+async def test_a_healthy_write_returns_when_it_is_logged_not_after_the_whole_wait() -> None:
+    import asyncio
+
+    store = MemStore()
+    j, events = journal_on(store, wait_s=120.0)  # a hang detector: the write itself takes milliseconds
+    f = final(1)
+    await asyncio.wait_for(j.append(f, 0.0), 30)
+    assert f.durable is None and events == []
+    await j.log.close()
+
+
+async def test_a_write_that_lands_as_the_wait_runs_out_is_durable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    real_wait_for = asyncio.wait_for
+
+    async def late(aw: Any, _limit: float | None) -> Any:  # the write lands, and the timeout fires anyway
+        await real_wait_for(aw, 30)
+        raise TimeoutError
+
+    store = MemStore()
+    j, events = journal_on(store, wait_s=1.0)
+    monkeypatch.setattr(asyncio, "wait_for", late)
+    f = final(1)
+    await j.append(f, 0.0)
+    monkeypatch.undo()
+    assert f.durable is None and events == []
+    await j.log.close()
+
+
+async def test_finish_without_finals_and_with_the_log_gone_at_the_end() -> None:
+    store = MemStore()
+    j, _events = journal_on(store)
+    assert await j.finish(1.0) == 0 and store.calls == [("close", "st_1")]  # no writer ever started
+    await j.append(final(1), 0.0)
+    store.down = True  # everything is logged, but recording the close fails: not an error for the stream
+    assert await j.finish(1.0) == 0
+    await j.log.close()
+
+
+async def test_closing_the_log_survives_a_writer_that_failed() -> None:
+    import asyncio
+
+    from lingua_fusion.stream.journal import StreamLog
+
+    log = StreamLog(MemStore())
+
+    async def broken() -> None:
+        raise RuntimeError("a bug in a writer")
+
+    task = asyncio.create_task(broken())
+    await asyncio.sleep(0)
+    log._orphans["st_x"] = task  # finished with an error, still listed
+    await log.close()
+    assert log._orphans == {}
+
+
+async def test_settled_gives_up_after_its_wait() -> None:
+    import asyncio
+
+    store = MemStore()
+    j, _events = journal_on(store, wait_s=0.01)
+    store.gate.clear()  # the write hangs (30 s)
+    await j.append(final(1), 0.0)
+    j.detach()
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    await j.log.settled("st_1", wait_s=0.05)
+    assert loop.time() - t < 10  # a hang detector: 0.05 s asked, the write hangs for 30 s
+    store.gate.set()
+    await j.log.close()
