@@ -34,7 +34,7 @@ PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base": (0.15, 0.15), "mt": (0.0
                "tts": (0.1, 0.2)}
 MODES = ("batched", "unbatched", "per-stream")
 VAD_BATCH = 256  # streams' windows per VAD call
-MT_BATCH_CHARS = 8000  # characters per MT batch (Apertium: about 0.2 s on 2 cores); one longer item runs alone
+MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 cores); one longer item runs alone
 VAD_KEY = ModelKey.vad()
 
 

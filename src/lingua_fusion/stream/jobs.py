@@ -20,6 +20,8 @@ from .events import Final
 from .protocol import StreamSpec
 
 MAX_SLIDES = 32  # slides a stream remembers (their words are ASR context and MT names)
+MT_PIECE_CHARS = 1000  # a caption's text goes to MT in pieces of at most this many characters (at sentence ends)
+SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,15 @@ class StreamJobs:
         async def one(target: str) -> str:
             if target == src:
                 return text
-            try:
-                out = await self.port.run(ModelKey.mt(src, target), MtInput(text, self.glossary, tuple(slide_terms)),
-                                          self._ctx(False, wall_ref))
+            key, names, ctx = ModelKey.mt(src, target), tuple(slide_terms), self._ctx(False, wall_ref)
+            try:  # a long text in pieces: each is a work item, so another key's caption waits for one piece at most
+                outs = await asyncio.gather(*(self.port.run(key, MtInput(piece, self.glossary, names), ctx)
+                                              for piece in pieces(text, MT_PIECE_CHARS)))
             except BackendError as exc:  # retried and still failing: the source text stays, the target is empty
                 failed.append(f"mt:{target}")
                 notes.append(f"translation to {target} failed: {exc.public_message}")
                 return ""
-            return str(out or "")
+            return " ".join(str(o or "") for o in outs)
 
         outs = await asyncio.gather(*(one(t) for t in self.spec.targets))
         translations = dict(zip(self.spec.targets, outs, strict=True))
@@ -156,3 +159,29 @@ class StreamJobs:
     def _prompt(self) -> str | None:
         """Words on the current slide, as ASR context (hot words)."""
         return self.slides[-1][1][:200] if self.slides else None
+
+
+def pieces(text: str, limit: int) -> list[str]:
+    """``text`` cut at sentence ends (or, for a sentence longer than ``limit``, at spaces, then anywhere) into
+    pieces of at most ``limit`` characters, in order; one piece when it is short enough."""
+    if len(text) <= limit:
+        return [text]
+    out: list[str] = []
+    current = ""
+    for sentence in (s for s in SENTENCE_END.split(text) if s):
+        while len(sentence) > limit:  # one sentence too long: cut at the last space before the limit
+            cut = sentence.rfind(" ", 0, limit)
+            cut = cut if cut > 0 else limit
+            if current:
+                out.append(current)
+                current = ""
+            out.append(sentence[:cut])
+            sentence = sentence[cut:].lstrip()
+        if current and len(current) + 1 + len(sentence) > limit:
+            out.append(current)
+            current = sentence
+        else:
+            current = f"{current} {sentence}" if current else sentence
+    if current:
+        out.append(current)
+    return out
