@@ -311,10 +311,12 @@ async def test_a_stream_text_obeys_max_text_chars(guarded: Srv) -> None:
 
 
 @contextlib.asynccontextmanager
-async def in_loop_server(tmp: Path) -> AsyncIterator[tuple[str, Any]]:
+async def in_loop_server(tmp: Path, **server: Any) -> AsyncIterator[tuple[str, Any]]:
     """A real uvicorn on this test's event loop (so the test can hold a decoder or a model still)."""
     s = Settings(state_dir=tmp)
     s.server.auth = False
+    for k, v in server.items():
+        setattr(s.server, k, v)
     app = create_app(s, warm=False)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -374,9 +376,10 @@ async def test_image_decoding_and_vad_stay_off_the_event_loop(tmp_path: Path,
         assert events[-1]["type"] == "closed" and code == 1000
 
 
-async def test_images_in_flight_are_bounded_per_stream(tmp_path: Path) -> None:
+async def test_images_in_flight_are_bounded(tmp_path: Path) -> None:
     """A stream that keeps sending images while its slides are still being read gets `overloaded` for the ones
-    beyond two in flight (decoded frames held: at most two per stream), and its stream goes on."""
+    beyond two in flight (decoded frames held: at most two per stream, and max_images_in_flight, here 3, across
+    the server), and its stream goes on."""
     from conftest import render_slide
 
     release = threading.Event()
@@ -386,18 +389,26 @@ async def test_images_in_flight_are_bounded_per_stream(tmp_path: Path) -> None:
             release.wait(GUARD_S)
             return []
 
-    async with in_loop_server(tmp_path) as (url, app):
+    async with in_loop_server(tmp_path, max_images_in_flight=3) as (url, app):
         app.state.engine.registry.ocr = lambda: HeldOCR()
-        ws, _ = await opened(url.replace("http", "ws") + "/v1/streams", None, start(["image"]))
+        ws_url = url.replace("http", "ws") + "/v1/streams"
+        ws, _ = await opened(ws_url, None, start(["image"]))
+        other, _ = await opened(ws_url, None, start(["image"]))
         slide = base64.b64encode(render_slide(["Slide"], size=(320, 240))).decode()
         for i in range(4):
             await ws.send(json.dumps({"type": "image", "ts": float(i), "data": slide}))
         errors = [await event(ws), await event(ws)]
+        for i in range(2):  # the server holds 2 of the first stream's frames: one more fits
+            await other.send(json.dumps({"type": "image", "ts": float(i), "data": slide}))
+        server_full = await event(other)
         release.set()
         assert [e["code"] for e in errors] == ["overloaded", "overloaded"], errors
-        await ws.send(json.dumps({"type": "end"}))
-        events, code = await ending(ws)
-        assert events[-1]["type"] == "closed" and code == 1000
+        assert "this stream" in errors[0]["message"]
+        assert server_full["code"] == "overloaded" and "the server" in server_full["message"], server_full
+        for w in (ws, other):
+            await w.send(json.dumps({"type": "end"}))
+            events, code = await ending(w)
+            assert events[-1]["type"] == "closed" and code == 1000
 
 
 def read_until_closed(s: socket.socket) -> bytes:

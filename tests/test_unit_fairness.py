@@ -8,12 +8,14 @@ import asyncio
 import threading
 from typing import Any
 
+import numpy as np
+
 from lingua_fusion.api.admission import FairQueue
 from lingua_fusion.config import Settings
-from lingua_fusion.serving.executor import MT_BATCH_CHARS, Executor
+from lingua_fusion.serving.executor import MT_BATCH_CHARS, VAD_BATCH_S, Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import CallContext, MtInput
-from lingua_fusion.serving.scheduler import CostModel, Scheduler, WorkItem
+from lingua_fusion.serving.scheduler import CostModel, Scheduler, WorkItem, round_robin
 
 
 def mt(key: str, units: float, *, deadline: float = 100.0, enqueued: float = 0.0, payload: Any = None,
@@ -115,6 +117,18 @@ def test_a_key_at_its_share_displaces_only_its_own_tentative_work() -> None:
     assert "a-tentative" not in left and "B's" in left
 
 
+def test_round_robin_takes_keys_in_turn_within_the_units() -> None:
+    items = [("A", 100.0, "a1"), ("A", 100.0, "a2"), ("B", 0.5, "b1"), ("C", 1.0, "c1"), ("A", 1.0, "a3")]
+    taken, left = round_robin(items, lambda it: it[0], lambda it: it[1], max_items=10, max_units=120.0)
+    assert [it[2] for it in taken] == ["a1", "b1", "c1"] and [it[2] for it in left] == ["a2", "a3"]
+    taken, left = round_robin(left, lambda it: it[0], lambda it: it[1], max_items=10, max_units=120.0)
+    assert [it[2] for it in taken] == ["a2", "a3"] and left == []
+    taken, _ = round_robin([("A", 500.0, "huge")], lambda it: it[0], lambda it: it[1], max_items=10, max_units=1)
+    assert [it[2] for it in taken] == ["huge"]  # one item always fits
+    taken, left = round_robin(items, lambda it: it[0], lambda it: it[1], max_items=2, max_units=1e9)
+    assert [it[2] for it in taken] == ["a1", "b1"] and len(left) == 3
+
+
 # ---- FairQueue: file requests ----------------------------------------------------------------------------------
 def test_fair_queue_gives_a_newcomer_a_place_and_the_next_slot() -> None:
     q = FairQueue(running_limit=1, waiting_limit=2)
@@ -175,3 +189,30 @@ async def test_executor_shares_the_mt_worker_between_keys() -> None:
     assert batches[1][0] == "B:"  # the next batch after the running one starts with B's caption
     assert all(len(b) == 1 for b in batches[2:])  # A's 19,000-character items: one a batch (MT_BATCH_CHARS)
     assert MT_BATCH_CHARS < 19_000
+
+
+async def test_executor_shares_the_vad_thread_between_keys() -> None:
+    """Key A's streams send 100 s PCM messages; key B's stream a quarter second. B's windows go in the next VAD call
+    after the one running, and no call holds more than VAD_BATCH_S of audio besides its first item."""
+    started, release = threading.Event(), threading.Event()
+    calls: list[list[float]] = []
+
+    def runner(windows: list[np.ndarray]) -> list[np.ndarray]:
+        calls.append([len(w) / 16000 for w in windows])
+        started.set()
+        release.wait(30)
+        return [np.zeros(len(w) // 512, dtype=np.float32) for w in windows]
+
+    ex = Executor(None, Settings(), backends={"vad": lambda key: runner})  # type: ignore[arg-type]
+    vad = ModelKey.vad()
+    first = asyncio.create_task(ex.run(vad, np.zeros(1600, dtype=np.float32), CallContext("a0", key_id="A")))
+    await asyncio.to_thread(started.wait, 30)
+    flood = [asyncio.create_task(ex.run(vad, np.zeros(100 * 16000, dtype=np.float32),
+                                        CallContext(f"a{i}", key_id="A"))) for i in range(1, 4)]
+    small = asyncio.create_task(ex.run(vad, np.zeros(4000, dtype=np.float32), CallContext("b", key_id="B")))
+    await asyncio.sleep(0.05)
+    release.set()
+    await asyncio.gather(first, small, *flood)
+    await ex.close()
+    assert calls[1] == [100.0, 0.25]  # A's next stream and B's, then the other two of A's, one call each
+    assert calls[2:] == [[100.0], [100.0]] and VAD_BATCH_S < 200

@@ -40,6 +40,7 @@ class ServerSettings(BaseModel):
     chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default
     max_ws_message_bytes: int = 4 * 1024 * 1024  # also the WebSocket frame limit given to uvicorn (ws_max_size)
     max_ws_messages_per_s: float = 50.0  # per stream, averaged over 2 s (real time is 4-8 audio messages/s)
+    max_images_in_flight: int = 8  # decoded slide frames held at once, all streams together (2 per stream)
     # Host / Origin allow-lists (api/guard.py). None = the default: anything with auth on; with --no-auth the
     # loopback names only, and Origin only the server's own (a page elsewhere cannot drive a keyless server)
     allowed_hosts: list[str] | None = None

@@ -24,7 +24,7 @@ from .faults import Fault, check_outputs
 from .keys import ModelKey
 from .ports import CallContext, MtInput, StageObserver
 from .runners import ContinuousRunner, Runner, build_runner
-from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, stage_deadline
+from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, round_robin, stage_deadline
 from .threads import COLD_TIMEOUT_S, ModelThreads
 
 log = logging.getLogger("lingua_fusion.serving")
@@ -34,6 +34,7 @@ PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base": (0.15, 0.15), "mt": (0.0
                "tts": (0.1, 0.2)}
 MODES = ("batched", "unbatched", "per-stream")
 VAD_BATCH = 256  # streams' windows per VAD call
+VAD_BATCH_S = 120.0  # seconds of audio per VAD call (a 4 MiB PCM message is 131 s: it goes alone)
 MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 cores); one longer item runs alone
 VAD_KEY = ModelKey.vad()
 
@@ -43,6 +44,7 @@ class _Pending:
     payload: Any
     future: asyncio.Future[Any]
     enqueued: float = field(default_factory=time.monotonic)
+    key_id: str = ""  # the VAD lane's unit of fairness
 
 
 class Executor:
@@ -89,7 +91,7 @@ class Executor:
         while True:
             try:
                 if key.task == "vad" and not _continuous(self._runner(key)):
-                    return await self._submit_vad(payload)
+                    return await self._submit_vad(payload, ctx.key_id)
                 return await self._submit(key, payload, ctx)
             except BackendError:
                 if ctx.tentative or attempt >= self.retries or self._closing:
@@ -128,11 +130,11 @@ class Executor:
         except TimeoutError:
             raise ModelTimeout(f"{key} gave no result in {wait_s:.0f} s") from None
 
-    async def _submit_vad(self, audio: Any) -> Any:
+    async def _submit_vad(self, audio: Any, key_id: str = "") -> Any:
         if len(self._vad) >= self.scheduler.max_queue * 4:
             raise Overloaded("the VAD queue is full", retry_after=1.0)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._vad.append(_Pending(audio, fut))
+        self._vad.append(_Pending(audio, fut, key_id=key_id))
         self._runner(VAD_KEY)
         self._ensure_worker(VAD_KEY)
         self._wake[VAD_KEY].set()
@@ -233,7 +235,9 @@ class Executor:
         self._wake[key].set()
 
     async def _vad_step(self, key: ModelKey) -> bool:
-        batch, self._vad = self._vad[:VAD_BATCH], self._vad[VAD_BATCH:]
+        # keys in turn, at most VAD_BATCH_S of audio a call: another key's windows wait for one bounded call
+        batch, self._vad = round_robin(self._vad, lambda p: p.key_id, lambda p: len(p.payload) / 16000,
+                                       max_items=VAD_BATCH, max_units=VAD_BATCH_S)
         if not batch:
             return False
         try:

@@ -22,8 +22,9 @@ import itertools
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 SLO_CLASSES: dict[str, float] = {"interactive": 1.0, "standard": 3.0, "batch": 30.0}  # caption p99 target (s)
 # share of the caption budget each stage may use (the rest is network / emit slack)
 STAGE_BUDGET = {"asr": 0.6, "mt": 0.3, "tts": 0.5, "ocr": 0.5}
@@ -31,6 +32,32 @@ STAGE_BUDGET = {"asr": 0.6, "mt": 0.3, "tts": 0.5, "ocr": 0.5}
 
 def stage_deadline(slo: str, stage: str, start: float) -> float:
     return start + SLO_CLASSES[slo] * STAGE_BUDGET.get(stage, 0.5)
+
+
+def round_robin(items: list[T], key: Callable[[T], str], units: Callable[[T], float], *, max_items: int,
+                max_units: float) -> tuple[list[T], list[T]]:
+    """(taken, left): ``items`` taken one key at a time in turn (each key's in their order) until ``max_items`` or
+    ``max_units`` (one item always fits). The VAD lane's fair share: a key with many streams of long audio cannot
+    fill one VAD call that everybody else's windows then wait behind."""
+    queues: dict[str, deque[T]] = {}
+    for it in items:
+        queues.setdefault(key(it), deque()).append(it)
+    taken: list[T] = []
+    total = 0.0
+    while queues and len(taken) < max_items:
+        for k in list(queues):
+            it = queues[k][0]
+            if taken and total + units(it) > max_units:
+                queues.clear()
+                break
+            taken.append(queues[k].popleft())
+            total += units(it)
+            if not queues[k]:
+                del queues[k]
+            if len(taken) >= max_items:
+                break
+    chosen = {id(it) for it in taken}
+    return taken, [it for it in items if id(it) not in chosen]
 
 
 @dataclass

@@ -35,7 +35,7 @@ from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
 from .events import Closed, Degraded, Error, Event, Logged, Restored
 from .journal import StreamLog
 from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
-from .session import StreamSession
+from .session import Slots, StreamSession
 
 log = logging.getLogger("lingua_fusion.streams")
 DRAIN_POLL_S = 0.05
@@ -88,6 +88,7 @@ class StreamService:
         self.baseline = baseline  # serves start messages with "engine": "per-stream" (admin keys, benchmarks)
         self.sessions: dict[str, StreamSession] = {}
         self._owners: dict[str, str] = {}  # stream id -> key id holding the quota
+        self.image_slots = Slots(settings.server.max_images_in_flight)  # decoded frames, all streams together
         self.draining = False
         self.breaker = SLOBreaker(dict(SLO_CLASSES), window_s=settings.server.breaker_window_s,
                                   k=settings.server.breaker_k, stage_share=STAGE_BUDGET)
@@ -125,7 +126,8 @@ class StreamService:
             self.quota.give(who.key_id)
             raise
         self._owners[spec.stream_id] = who.key_id
-        session = StreamSession(spec, self.executor, self, self.settings, log=self.log, resume=snapshot)
+        session = StreamSession(spec, self.executor, self, self.settings, log=self.log, resume=snapshot,
+                                image_slots=self.image_slots)
         self.sessions[spec.stream_id] = session
         try:
             greeting: list[Event] = [await session.open()]

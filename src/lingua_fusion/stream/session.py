@@ -47,6 +47,24 @@ LOW_FRAME_INTERVAL_S = 5.0  # breaker step "lower_frame_rate": image frames read
 MAX_IMAGES_IN_FLIGHT = 2  # frames a stream may have decoding or waiting for OCR at once; more are refused
 
 
+class Slots:
+    """A count of things in flight with a bound, shared by the streams of a service (decoded images: a key's 32
+    streams must not hold 64 decoded 40-megapixel frames at once)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self) -> bool:
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        self.used = max(0, self.used - 1)
+
+
 class State(enum.IntEnum):
     OPENING = 0
     LIVE = 1
@@ -72,7 +90,8 @@ class StreamOwner(Protocol):
 
 class StreamSession:
     def __init__(self, spec: StreamSpec, port: ModelPort, owner: StreamOwner, settings: Settings, *,
-                 log: StreamLog | None = None, max_events: int = 256, resume: dict[str, Any] | None = None) -> None:
+                 log: StreamLog | None = None, max_events: int = 256, resume: dict[str, Any] | None = None,
+                 image_slots: Slots | None = None) -> None:
         self.spec = spec
         self.owner = owner
         self.settings = settings
@@ -101,6 +120,7 @@ class StreamSession:
         self._pump: asyncio.Task[None] | None = None
         self._last_frame_t = -1e9
         self._images = 0  # frames decoding or waiting for OCR
+        self.image_slots = image_slots or Slots(MAX_IMAGES_IN_FLIGHT)  # the same, across the service's streams
         self.frames_dropped = 0  # image frames not read because the class was degraded
         self._text_until = -1.0  # a resumed stream: re-sent text at or before this stream time was logged already
 
@@ -271,14 +291,21 @@ class StreamSession:
         if self._images >= MAX_IMAGES_IN_FLIGHT:
             raise Overloaded(f"more than {MAX_IMAGES_IN_FLIGHT} images of this stream are being read; send fewer",
                              retry_after=1.0)
+        if not self.image_slots.take():
+            raise Overloaded("the server is reading too many images; send fewer", retry_after=1.0)
         self._images += 1
         try:
             image = await asyncio.to_thread(decode_image, data, self.settings.limits)  # big images: off the loop
         except BaseException:
-            self._images -= 1
+            self._image_done()
             raise
         self._last_frame_t = t
-        self._spawn(self._slide_job(image, t), "ocr")
+        # released when the job ends, however it ends (a task cancelled before it starts never runs a finally)
+        self._spawn(self._slide_job(image, t), "ocr").add_done_callback(lambda _task: self._image_done())
+
+    def _image_done(self) -> None:
+        self._images -= 1
+        self.image_slots.give()
 
     async def end(self) -> None:
         """The client finished sending: flush pending speech, let every committed caption out, then close."""
@@ -342,8 +369,6 @@ class StreamSession:
         except BackendError as exc:
             self._emit(Error(exc.code, f"slide not read: {exc.public_message}"))
             return
-        finally:
-            self._images -= 1
         if text:
             self._emit(Slide(t=round(t, 3), source_text=text))
 
