@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import threading
 from pathlib import Path
 
@@ -13,15 +14,43 @@ from .base import ASRResult, ASRSegment, BackendInfo
 
 ZH_PROMPT = "以下是普通话的句子。"  # Simplified-Chinese prompt so Whisper writes Simplified characters
 MIN_WINDOW_S = 6
+TRAILING_PAD_S = 0.0  # silence a window keeps after its clip
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+")
+
+
+def window_samples(n: int, min_window_s: float | None = None, pad_s: float | None = None) -> int:
+    """The trimmed window for a clip of ``n`` samples: at least ``min_window_s`` (MIN_WINDOW_S) and the clip plus
+    ``pad_s`` (TRAILING_PAD_S) of silence, in whole 2 s steps, at most 30 s. Windows under ~5 s make Whisper loop
+    ("The meeting starts at 10. The meeting starts at 10. ..."); bench/whisper_trim.py measures the choices."""
+    floor = int((MIN_WINDOW_S if min_window_s is None else min_window_s) * 16000) // 32000 * 32000
+    need = int(np.ceil((n + (TRAILING_PAD_S if pad_s is None else pad_s) * 16000) / 32000)) * 32000
+    return min(30 * 16000, max(floor, need, 32000))
 
 
 def _key(word: str) -> str:
     return "".join(c for c in word.lower() if c.isalnum())
 
 
+def _drop_repeated_sentences(text: str) -> str:
+    """ "Good morning. Good morning." -> "Good morning.": a sentence of 2+ words equal to the one before it (case and
+    punctuation aside) is a decoder loop, typical of clips much shorter than their window (issue 12)."""
+    out: list[str] = []
+    last: list[str] = []
+    for sentence in _SENTENCE_END.split(text.strip()):
+        keys = [k for k in (_key(w) for w in sentence.split()) if k]
+        if len(keys) >= 2 and keys == last:
+            continue
+        out.append(sentence)
+        last = keys
+    return " ".join(out)
+
+
 def collapse_repeats(text: str, min_words: int = 3) -> str:
-    """Drop a decoder loop: a run of >= min_words words that immediately repeats, or a tail that restarts the text."""
-    words = text.split()
+    """Drop a decoder loop: a sentence that repeats the one before, a run of >= min_words words that immediately
+    repeats, or a tail that restarts the text."""
+    words = _drop_repeated_sentences(text).split()
     keys = [_key(w) for w in words]
     i = 0
     while i < len(words):
@@ -71,9 +100,7 @@ class WhisperASR:
             return []
         lang = "en" if not self.multilingual else (language or "en")
         longest = max(len(a) for a in audios)
-        # windows under ~5 s make Whisper loop ("The meeting starts at 10. The meeting starts at 10. ..."), so the
-        # window is at least MIN_WINDOW_S, then grows in 2 s steps
-        n = min(30 * 16000, max(MIN_WINDOW_S * 16000, int(np.ceil(longest / 32000)) * 32000))
+        n = window_samples(longest)
         padded = np.zeros((len(audios), n), dtype=np.float32)
         for i, a in enumerate(audios):
             padded[i, : min(n, len(a))] = a[-n:] if len(a) > n else a

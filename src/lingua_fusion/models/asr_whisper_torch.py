@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import BackendError
-from .asr_whisper import MIN_WINDOW_S, ZH_PROMPT, collapse_repeats
+from .asr_whisper import ZH_PROMPT, collapse_repeats, window_samples
 from .base import ASRResult, ASRSegment, BackendInfo
 from .whisper_decode import Decoded, DecodeOptions, SpecialTokens, greedy_decode
 from .whisper_torch import LogMel, WhisperTorch, load_whisper
@@ -30,19 +30,11 @@ MAX_LENGTH = 448  # faster-whisper's max_length for transcribe
 TIME_PRECISION = 0.02  # seconds per timestamp token / per encoder frame
 
 
-def window_samples(n: int) -> int:
-    """A clip's trimmed window: at least MIN_WINDOW_S, then whole 2 s steps, at most 30 s (as WhisperASR)."""
-    return min(30 * SR, max(MIN_WINDOW_S * SR, int(np.ceil(n / 32000)) * 32000))
-
-
-def load_tokenizer(model_dir: Path, multilingual: bool, task: str = "transcribe", language: str | None = "en"
-                   ) -> Any:
-    """faster-whisper's Tokenizer over the model directory's tokenizer.json."""
+def load_tokenizer(model_dir: Path) -> Any:
+    """The model directory's tokenizer.json (wrap it in faster-whisper's Tokenizer per language and task)."""
     import tokenizers
-    from faster_whisper.tokenizer import Tokenizer
 
-    hf = tokenizers.Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-    return Tokenizer(hf, multilingual, task=task, language=language if multilingual else None)
+    return tokenizers.Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
 
 
 def build_prompt(tok: Any, previous: list[int], *, timestamps: bool, hotwords: str | None = None) -> list[int]:
@@ -76,12 +68,21 @@ class WhisperTorchASR:
         self.multilingual = self.model.is_multilingual
         self.mel = LogMel(self.model.dims.n_mels).to(self.device)
         self._lock = threading.Lock()  # one decode at a time: torch uses the cores itself
-        tok = load_tokenizer(self.model_dir, self.multilingual)
+        self._hf_tokenizer = load_tokenizer(self.model_dir)
+        self._tokenizers: dict[tuple[str, str], Any] = {}
+        tok = self.tokenizer("en")
         self.special = SpecialTokens(sot=tok.sot, eot=tok.eot, no_timestamps=tok.no_timestamps,
                                      no_speech=tok.no_speech, n_vocab=self.model.dims.n_vocab)
 
     def tokenizer(self, language: str | None, task: str = "transcribe") -> Any:
-        return load_tokenizer(self.model_dir, self.multilingual, task, language or "en")
+        """faster-whisper's Tokenizer for (language, task), made once."""
+        from faster_whisper.tokenizer import Tokenizer
+
+        key = (language or "en", task)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = Tokenizer(self._hf_tokenizer, self.multilingual, task=task,
+                                              language=key[0] if self.multilingual else None)
+        return self._tokenizers[key]
 
     # ---- encoder ---------------------------------------------------------------------------------------------
     def _features(self, audio: np.ndarray) -> torch.Tensor:
@@ -105,13 +106,21 @@ class WhisperTorchASR:
     def transcribe_batch(self, audios: list[np.ndarray], *, language: str | None,
                          prompts: list[str | None] | None = None, max_new_tokens: int = 160) -> list[tuple[str, float]]:
         """Decode several short clips in one batch. Returns (text, confidence) each, as WhisperASR."""
+        pairs = self.decode_clips(audios, language=language, prompts=prompts, max_new_tokens=max_new_tokens)
+        return [(collapse_repeats(text), conf) for text, conf in pairs]
+
+    def decode_clips(self, audios: list[np.ndarray], *, language: str | None, prompts: list[str | None] | None = None,
+                     max_new_tokens: int = 160, min_window_s: float | None = None, pad_s: float | None = None
+                     ) -> list[tuple[str, float]]:
+        """``transcribe_batch`` before its repetition guard, with the window rule's parameters (``window_samples``;
+        min_window_s=30 puts every clip in a full 30 s window, as faster-whisper's own transcribe)."""
         if not audios:
             return []
         lang = "en" if not self.multilingual else (language or "en")
         tok = self.tokenizer(lang)
         windows = []
         for a in audios:
-            n = window_samples(len(a))
+            n = window_samples(len(a), min_window_s, pad_s)
             w = np.zeros(n, dtype=np.float32)
             w[: min(n, len(a))] = a[-n:] if len(a) > n else a
             windows.append(w)
@@ -127,7 +136,7 @@ class WhisperTorchASR:
         with self._lock:
             xa, frames = self._encode(windows)
             results = greedy_decode(self.model, xa, frames, token_prompts, budgets, self.special, opts)
-        return [(collapse_repeats(tok.decode(r.tokens).strip()), _confidence(r)) for r in results]
+        return [(tok.decode(r.tokens).strip(), _confidence(r)) for r in results]
 
     # ---- files -----------------------------------------------------------------------------------------------
     def _language_probs(self, xa: torch.Tensor) -> list[tuple[str, float]]:
