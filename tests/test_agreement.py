@@ -4,6 +4,12 @@ The sentences here are held out: none of them (nor their terms) was used while a
 tuned on the issue's "Fui al orilla." / "El orilla del río es verde." / "El junta" / "El sede" and a handful of
 others). Each case is what an MT engine leaves around a placeholder, then the term the glossary puts there; the
 expected text is the grammatical one. The end-to-end tests run the real CLI with a glossary file.
+
+Honest record of the first run of this set: 15 of 16 held-out sentences passed; "Aquest [900] és molt car." came
+out "... és molta car." (Catalan "molt" is an adjective as well as an adverb), which changed the general rule (an
+adverb before a predicate adjective is skipped only when an adjective follows it), not this case alone; and one
+end-to-end expectation guessed Apertium's wording wrongly ("about" -> "aproximadament"), so it now checks the
+agreement itself ("la vella casa").
 """
 
 from __future__ import annotations
