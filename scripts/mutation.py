@@ -88,6 +88,26 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "writer.add_done_callback(lambda t: self._orphans.pop(stream_id, ) if self._orphans.get(stream_id) is t":
             "the key is popped only when get() just found it: the default is never used",
     },
+    "glossary": {
+        'body = "|".join(re.escape(k) for k in sorted(keys, key=None, reverse=True))':
+            "only terms that are prefixes of each other can match at one place, and for those descending text "
+            "order is descending length",
+        'body = "|".join(re.escape(k) for k in sorted(keys, reverse=True))':
+            "only terms that are prefixes of each other can match at one place, and for those descending text "
+            "order is descending length",
+        "node[end] = None": "the end marker's value is never read (emit skips the end key; only `end in node`)",
+        'end = "XXXX"  # the key "" marks a term ending at a node':
+            "any key that is not a single character marks the end as well",
+        'alt = branches[0] if (len(branches) == 1) and False else "(?:" + "|".join(branches) + ")"':
+            "a group around a single branch matches the same strings",
+        'return ("(?:" + alt + ")?") if (len(branches) == 1) or True else alt + "?"':
+            "alt is already a group when there are several branches: (?:(?:a|b))? matches what (?:a|b)? does",
+        'def parse(data: bytes, *, max_terms: int, filename: str = "XXXX") -> list[Term]:':
+            "the file name is only tested for a .json ending",
+        'text = data.decode("UTF-8-SIG")': "codec names are case-insensitive",
+        "rows = list(csv.reader(io.StringIO(text, )))":
+            "StringIO's default newline is a line feed: no translation on reading, as with newline=''",
+    },
     "sniff": {
         'data[:4096].decode("UTF-8")': "codec names are case-insensitive",
         "h = data[:65]": "the checks read at most the first 12 bytes of h",

@@ -873,3 +873,25 @@ async def test_settled_gives_up_after_its_wait() -> None:
     assert loop.time() - t < 10  # a hang detector: 0.05 s asked, the write hangs for 30 s
     store.gate.set()
     await j.log.close()
+
+
+def test_an_exact_spelling_wins_over_a_case_insensitive_one() -> None:
+    from lingua_fusion.glossary import Matcher
+
+    m = Matcher((Term("istanbul", "A"), Term("İstanbul", "B")))
+    assert [(x.group(0), t.target) for x, t in m.find("in İstanbul and istanbul")] == \
+        [("İstanbul", "B"), ("istanbul", "A")]
+
+
+def test_an_empty_matcher_matches_nothing_between_words_either() -> None:
+    from lingua_fusion.glossary import Matcher
+
+    assert Matcher(()).find("a - b, c") == [] and Matcher(()).sub(" - ", lambda t: "X") == " - "
+
+
+def test_hot_words_are_the_first_sources_joined() -> None:
+    from lingua_fusion.glossary import hotwords
+
+    terms = [Term(f"w{i}", "x") for i in range(50)]
+    assert hotwords(terms) == ", ".join(f"w{i}" for i in range(40))
+    assert hotwords(terms[:3], limit=2) == "w0, w1"
