@@ -12,8 +12,9 @@ import re
 
 # an API key as the key store makes them ("sk_" + 43 URL-safe characters); shorter runs are not keys
 _API_KEY = re.compile(r"sk_[A-Za-z0-9_\-]{16,}")
-# user:password@ in any URL (redis://:pw@host, redis://user:pw@host, http://u:p@host)
-_URL_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):[^@/\s]*@")
+# user:password@ in any URL (redis://:pw@host, redis://user:pw@host, http://u:p@host); every repetition is bounded,
+# so a long run of letters (a 60,000-character path in an error message) costs linear time, not quadratic
+_URL_PASSWORD = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://)(?P<user>[^:/@\s]{0,256}):[^@/\s]{0,1024}@")
 # query parameters that carry credentials
 _QUERY_SECRET = re.compile(r"(?P<name>[?&](?:api_key|apikey|key|token|access_token|resume_token|password)=)"
                            r"[^&\s\"']*", re.IGNORECASE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -89,13 +90,24 @@ async def read_form(request: Request) -> FormData:
 
 
 async def require_json(request: Request) -> None:
-    """A dependency of the JSON routes: the body must be declared ``application/json`` (or ``+json``). A page in a
-    browser can POST forms and text/plain anywhere without asking; JSON it can send elsewhere only after a CORS
-    preflight, which this server never grants."""
+    """A dependency of the JSON routes: the body must be declared ``application/json`` (or ``+json``) and be JSON.
+    A page in a browser can POST forms and text/plain anywhere without asking; JSON it can send elsewhere only
+    after a CORS preflight, which this server never grants. The body is parsed here once, strictly: nesting deep
+    enough to exhaust the parser (RecursionError, a 500 before) and NaN / Infinity (not JSON) are a 400; the
+    route's own ``request.json()`` then parses what passed."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json" and not (ctype.startswith("application/") and ctype.endswith("+json")):
         raise UnsupportedContentType(f"this route takes a JSON body: send 'Content-Type: application/json' "
                                      f"(not {ctype or 'none'})")
+    body = await request.body()
+    try:
+        json.loads(body, parse_constant=_not_json)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidParameter("the body is not valid JSON") from exc
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 JsonBody = Depends(require_json)
