@@ -75,13 +75,14 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
           ) -> None:
     """Run the server (SQLite state, in-process cache, CPU models)."""
     from .api import create_app
-    from .api.server import build_server
+    from .api.server import build_server, install_logging
 
     if no_auth and not is_loopback(host):
         usage(f"--no-auth may only bind to loopback, not {host}")
     settings = _settings(state_dir)
     settings.server.host, settings.server.port, settings.server.auth = host, port, not no_auth
     settings.server.chaos = chaos or settings.server.chaos
+    install_logging(log_level)  # before the app is built: what it logs at start-up is masked too
     app_ = create_app(settings)
     _banner(app_, settings, host, port)
     # connection cap, head timeout, WebSocket frame limit, masked logs, drain on SIGTERM (api/server.py)

@@ -121,7 +121,7 @@ def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uv
                             http=guarded_http(settings), ws_max_size=settings.server.max_ws_message_bytes,
                             timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=10,
                             h11_max_incomplete_event_size=settings.server.max_header_bytes)
-    _logging(log_level)
+    install_logging(log_level)  # again: uvicorn's dictConfig has just replaced its handlers
 
     class DrainingServer(uvicorn.Server):
         """On SIGTERM / SIGINT: drain live streams (queued captions logged and sent, clients told to reconnect)
@@ -134,7 +134,7 @@ def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uv
     return DrainingServer(config)
 
 
-def _logging(log_level: str) -> None:
+def install_logging(log_level: str) -> None:
     """Our records through a handler of their own (uvicorn's format), every handler masking secrets."""
     ours = logging.getLogger("lingua_fusion")
     if not ours.handlers:
