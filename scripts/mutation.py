@@ -38,8 +38,8 @@ WORK = ROOT / "build/mutation"
 
 # module -> (file under src/lingua_fusion, the tests that guard it)
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "scheduler": ("serving/scheduler.py", ["tests/test_unit_scheduler.py", "tests/test_unit_promises.py",
-                                           "tests/test_edges_scheduler.py"]),
+    "scheduler": ("serving/scheduler.py", ["tests/test_unit_scheduler.py", "tests/test_unit_fairness.py",
+                                           "tests/test_unit_promises.py", "tests/test_edges_scheduler.py"]),
     "policy": ("stream/policy.py", ["tests/test_unit_policy.py", "tests/test_edges_policy.py"]),
     "breaker": ("serving/breaker.py", ["tests/test_unit_breaker.py", "tests/test_edges_breaker.py"]),
     "timeline": ("stream/timeline.py", ["tests/test_unit_timeline.py", "tests/test_edges_timeline.py"]),
