@@ -113,6 +113,15 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         'data[:4096].decode("UTF-8")': "codec names are case-insensitive",
         "h = data[:65]": "the checks read at most the first 12 bytes of h",
     },
+    "scheduler": {
+        "if var >= 1e-9:": "a weighted variance of exactly 1e-9 cannot come out of integer batch sizes and the "
+                           "decay's powers (not equivalent in principle; unreachable)",
+        'max_units = self.max_units.get(model.split(":")[0], float("INF"))': 'float("INF") is float("inf")',
+        'tightest = float("INF")': 'float("INF") is float("inf")',
+        "risk = (ready - item.enqueued) / budget if budget > 1e-3 else 2.0": "risk is clamped to 1 on the next line",
+        "risk = 0.0 if risk <= 0.0 else 1.0 if risk > 1.0 else risk": "at exactly 0 both branches give 0",
+        "risk = 0.0 if risk < 0.0 else 1.0 if risk >= 1.0 else risk": "at exactly 1 both branches give 1",
+    },
     "timeline": {
         "if b < a:": "with b == a both branches return an empty float32 array",
         "if pos <= self.start:  # partly before consumed audio: keep the part after it":

@@ -218,3 +218,18 @@ def test_capacity_uses_the_stage_share_of_the_model_family() -> None:
     s = Scheduler(costs={"asr:tiny.en": CostModel(c0=0.1, c1=0.1), "foo:x": CostModel(c0=0.1, c1=0.1)})
     assert s.capacity("asr:tiny.en", "standard") == pytest.approx(8 / 0.9)  # 3 s x 0.6 / 2 = 0.9 s: 8 items
     assert s.capacity("foo:x", "standard") == pytest.approx(6 / 0.7)  # unknown stage: half the budget
+
+
+def test_a_fit_through_the_origin_is_a_fit() -> None:
+    c = CostModel()
+    c.observe(1, 0.25)
+    c.observe(2, 0.5)  # latency proportional to batch size: c0 is exactly 0
+    assert (c.c0, c.c1) == (0.0, 0.25)
+
+
+def test_round_robin_fills_its_units_exactly() -> None:
+    from lingua_fusion.serving.scheduler import round_robin
+
+    items = [("A", 5.0, "a1"), ("B", 5.0, "b1"), ("A", 5.0, "a2")]
+    taken, left = round_robin(items, key=lambda it: it[0], units=lambda it: it[1], max_items=10, max_units=10.0)
+    assert [it[2] for it in taken] == ["a1", "b1"] and [it[2] for it in left] == ["a2"]  # 5 + 5 = 10 fits
