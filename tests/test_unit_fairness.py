@@ -216,3 +216,33 @@ async def test_executor_shares_the_vad_thread_between_keys() -> None:
     await ex.close()
     assert calls[1] == [100.0, 0.25]  # A's next stream and B's, then the other two of A's, one call each
     assert calls[2:] == [[100.0], [100.0]] and VAD_BATCH_S < 200
+
+
+async def test_work_past_its_deadline_is_answered_504_and_keeps_its_slot(monkeypatch: Any) -> None:
+    """A thread cannot be cancelled: the caller gets 504 by the deadline (plus a grace), while the slot stays taken
+    until the thread returns, so work that overruns still counts against the bound on concurrent work."""
+    import lingua_fusion.api.admission as admission
+    from lingua_fusion.deadline import Deadline
+    from lingua_fusion.errors import Overloaded, RequestTimeout
+    from lingua_fusion.observability import Metrics
+
+    monkeypatch.setattr(admission, "GRACE_S", 0.1)
+    a = admission.Admission(1, 0, Metrics())
+    release = threading.Event()
+    try:
+        await a.run("A", Deadline(0.05), lambda: release.wait(30))
+        raise AssertionError("no timeout")
+    except RequestTimeout as exc:
+        assert exc.status == 504
+    assert a.queue.running_total() == 1  # the thread still runs, in its slot
+    try:
+        await a.run("B", Deadline(5.0), lambda: "never")
+        raise AssertionError("admitted beyond the bound")
+    except Overloaded:
+        pass
+    release.set()
+    for _ in range(200):  # the slot comes back once the thread has returned
+        if a.queue.running_total() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert await a.run("B", Deadline(5.0), lambda: "ran") == "ran"

@@ -5,7 +5,9 @@ running slots max-min fairly: a freed slot goes to the waiting key that holds th
 longest ago, then the oldest request). When the waiting room is full, a request from a key that holds fewer
 waiting places than the heaviest key takes the heaviest key's newest place (that request is refused with 429
 instead); otherwise the newcomer is refused. One key can therefore queue everything only while nobody else asks.
-``Admission`` runs it on asyncio: ``async with admission.slot(key_id, wait_s):``.
+``Admission`` runs it on asyncio: ``async with admission.slot(key_id, wait_s):``, or ``admission.run(key_id,
+deadline, fn)`` for work on a thread: the caller gets its answer (or 504) by the deadline, and the slot stays taken
+until the thread really returns, so the bound on concurrent work holds even for work that overruns.
 """
 
 from __future__ import annotations
@@ -14,11 +16,18 @@ import asyncio
 import contextlib
 import itertools
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from ..errors import Overloaded
+import anyio
+
+from ..deadline import Deadline
+from ..errors import Overloaded, RequestTimeout
 from ..observability import Metrics
+
+T = TypeVar("T")
+GRACE_S = 5.0  # past its deadline, work that has not stopped itself (one long decode) is no longer waited for
 
 
 @dataclass(eq=False)
@@ -105,6 +114,31 @@ class Admission:
         self.queue = FairQueue(running, waiting)
         self.metrics = metrics
         self._events: dict[Ticket, asyncio.Event] = {}
+        self._overrunning: set[asyncio.Task[object]] = set()  # work whose caller stopped waiting, still in its slot
+
+    async def run(self, key_id: str, deadline: Deadline, fn: Callable[[], T]) -> T:
+        """``fn()`` on a worker thread within a slot of the key's share. Waits at most until ``deadline`` plus
+        GRACE_S (then RequestTimeout, 504); the slot is held until the thread returns, whatever the caller does."""
+
+        async def held() -> T:
+            async with self.slot(key_id, wait_s=max(0.0, deadline.left())):
+                return await anyio.to_thread.run_sync(fn)
+
+        task = asyncio.create_task(held(), name=f"file-request:{key_id}")
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline.left()) + GRACE_S)
+        except TimeoutError:
+            raise RequestTimeout(f"the request took longer than {deadline.seconds:g} s; send less or retry later",
+                                 details={"limit": "request_timeout_s"}) from None
+        finally:
+            if not task.done():  # overran, or the client went away: it keeps its slot until the thread ends
+                self._overrunning.add(task)
+                task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[object]) -> None:
+        self._overrunning.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: nobody is waiting for it any more
 
     @contextlib.asynccontextmanager
     async def slot(self, key_id: str = "", wait_s: float | None = None) -> AsyncIterator[None]:

@@ -6,7 +6,6 @@ import base64
 import functools
 from urllib.parse import quote
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -56,9 +55,8 @@ async def translate(request: Request, key: TranslateKey) -> Response:
     # the time limit covers the wait for a slot and the work; the work checks it as it goes (a thread cannot be
     # cancelled: it stops itself at its next stage or MT chunk with 504 instead of answering 200 late)
     deadline = Deadline(ctx.settings.server.request_timeout_s)
-    async with ctx.admission.slot(key.key_id, wait_s=deadline.left()):
-        result = await anyio.to_thread.run_sync(functools.partial(ctx.translator.translate, valid,
-                                                                  deadline=deadline))
+    result = await ctx.admission.run(key.key_id, deadline,
+                                     functools.partial(ctx.translator.translate, valid, deadline=deadline))
     return _render(result, fmt)
 
 
