@@ -94,10 +94,11 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
                           kernel=args.kernel, **asr_sizes),
                 GpuRunner(mt_recipe, max_batch=1, encode_batch=1, name="mt-base", dtype=dtype, device=dev,
                           kernel=args.kernel, **mt_sizes))
+    graphs = args.graphs and args.kernel != "torch" and dev.startswith("cuda")
     return (GpuRunner(asr_recipe, max_batch=args.max_batch, name="asr", dtype=dtype, device=dev, kernel=args.kernel,
-                      **asr_sizes),
+                      graphs=graphs, **asr_sizes),
             GpuRunner(mt_recipe, max_batch=args.max_batch, name="mt", dtype=dtype, device=dev, kernel=args.kernel,
-                      **mt_sizes))
+                      graphs=graphs, **mt_sizes))
 
 
 def pools(decoder: Any, self_gb: float, cross_gb: float, dtype: torch.dtype) -> dict[str, int]:
@@ -267,11 +268,16 @@ def decoder_figures(args: argparse.Namespace, asr_model: Any, batches: list[int]
         sync()
         enc_s = time.perf_counter() - t
         row: dict[str, Any] = {}
-        for kernel in ("torch", "triton") if dev.startswith("cuda") else ("torch",):
+        tokens: dict[str, list[list[int]]] = {}
+        for kernel in ("torch", "triton", "graphs") if dev.startswith("cuda") else ("torch",):
             _decode_once(args, asr_model, memory, b, new, kernel=kernel, profile=None)  # warms the shapes up
             got = _decode_once(args, asr_model, memory, b, new, kernel=kernel,
-                               profile=args.profile if b == batches[-1] and kernel == "triton" else None)
+                               profile=args.profile if b == batches[-1] and kernel == "graphs" else None)
+            tokens[kernel] = got.pop("tokens")
             row.update({k if k.startswith(("hf", "batch", "steps")) else f"{k}_{kernel}": v for k, v in got.items()})
+        if "graphs" in tokens:  # fp16 ties can flip an argmax between kernels: report how often they agree
+            row["graphs_tokens_equal_eager"] = round(float(np.mean([a == g for a, g in zip(
+                tokens["triton"], tokens["graphs"], strict=True)])), 3)
         row["encoder_audio_s_per_s"] = round(b * 6 / enc_s)
         print("decoder " + json.dumps(row), flush=True)
         rows.append(row)
@@ -287,10 +293,15 @@ def _decode_once(args: argparse.Namespace, asr_model: Any, memory: torch.Tensor,
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
     engine = DecodeEngine(HFWhisperDecoder(asr_model), blocks=max(64, b * 4 + 8), block_size=16,
                           cross_blocks=b * 5 + 8, cross_block_size=64, max_batch=b, dtype=args.dtype, device=dev,
-                          kernel=kernel)
+                          kernel="triton" if kernel == "graphs" else kernel)
+    if kernel == "graphs":
+        from lingua_fusion.serving.gpu.graphs import buckets_up_to
+
+        engine.use_graphs(buckets_up_to(b))
+    futures = []
     for i in range(b):
         cid = engine.add_memory(memory[i])
-        engine.submit(SOT, cid, max_new=new, stop=frozenset())
+        futures.append(engine.submit(SOT, cid, max_new=new, stop=frozenset()))
         engine.release(cid)
     engine.step()  # admission + first step
     if profile is not None:
@@ -322,7 +333,7 @@ def _decode_once(args: argparse.Namespace, asr_model: Any, memory: torch.Tensor,
     hf_s = time.perf_counter() - t
     return {"batch": b, "steps": steps, "ours_tokens_per_s": round(b * steps / ours_s),
             "ours_step_ms": round(ours_s / steps * 1000, 2), "hf_tokens_per_s": round(b * steps / hf_s),
-            "hf_step_ms": round(hf_s / steps * 1000, 2)}
+            "hf_step_ms": round(hf_s / steps * 1000, 2), "tokens": [f.result().tokens for f in futures]}
 
 
 @torch.inference_mode()
@@ -392,6 +403,7 @@ def main() -> None:
     ap.add_argument("--asr-cross-gb", type=float, default=40.0)
     ap.add_argument("--mt-gb", type=float, default=6.0)
     ap.add_argument("--kernel", default="auto", help="paged attention: auto (Triton on CUDA), triton or torch")
+    ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="decode steps without CUDA graphs")
     ap.add_argument("--profile", type=Path, help="write a torch.profiler table of one decoder step at the largest "
                                                   "decoder batch here")
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
@@ -417,7 +429,7 @@ def main() -> None:
         print("kernel " + json.dumps(report["kernel_check"]), flush=True)
         if not report["kernel_check"]["agree"]:
             args.kernel = "torch"  # never measure a kernel that gives other answers
-    report["kernel"] = args.kernel
+    report["kernel"], report["cuda_graphs"] = args.kernel, args.graphs and args.device.startswith("cuda")
     if "decoder" in parts:
         report["decoder"] = decoder_figures(args, asr_model, [int(b) for b in args.decoder_batches.split(",")])
     if "memory" in parts:

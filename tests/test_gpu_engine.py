@@ -101,7 +101,7 @@ def test_a_cross_entry_is_shared_by_every_decode_of_its_window() -> None:
 
 def test_the_pool_running_short_preempts_tentative_work_first() -> None:
     model = TinyWhisper()
-    engine = _engine(model, blocks=4, max_batch=2)  # 16 slots: two sequences cannot both grow past 8 tokens
+    engine = _engine(model, blocks=5, max_batch=2)  # 4 blocks of 4 past the scratch block: 16 slots for two
     mem = torch.randn(5, 32)
     cid = engine.add_memory(mem)
     assert cid is not None
@@ -111,6 +111,18 @@ def test_the_pool_running_short_preempts_tentative_work_first() -> None:
     assert committed.result().preempted == 0 and tentative.result().preempted >= 1
     assert committed.result().tokens == reference_greedy(model, mem, [1, 2], 12, frozenset())
     assert tentative.result().tokens == reference_greedy(model, mem, [3, 4], 12, frozenset())
+
+
+def test_a_sequence_longer_than_the_whole_pool_fails_instead_of_spinning() -> None:
+    engine = _engine(TinyWhisper(), blocks=3, max_batch=2)  # 2 usable blocks: 8 tokens at most
+    cid = engine.add_memory(torch.randn(5, 32))
+    assert cid is not None
+    fut = engine.submit([1, 2], cid, max_new=20, stop=frozenset())
+    engine.release(cid)
+    engine.run(max_steps=100)
+    with pytest.raises(Exception, match="does not fit"):
+        fut.result(timeout=0)
+    assert engine.stats().self_blocks_used == 0 and engine.stats().cross_blocks_used == 0
 
 
 def test_a_full_cross_pool_is_a_return_value() -> None:

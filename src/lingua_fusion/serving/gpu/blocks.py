@@ -32,12 +32,14 @@ class PoolStats:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 1 or block_size < 1:
+    def __init__(self, num_blocks: int, block_size: int, *, reserved: int = 0) -> None:
+        """``reserved``: the first blocks are never handed out (scratch for padding rows)."""
+        if num_blocks <= reserved or block_size < 1:
             raise ValueError("a pool needs at least one block of at least one slot")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self.reserved = reserved
+        self._free: list[int] = list(range(num_blocks - 1, reserved - 1, -1))  # pop() hands out low ids first
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
 
@@ -62,8 +64,9 @@ class BlockPool:
         return seq in self._tables
 
     def stats(self) -> PoolStats:
-        used = self.num_blocks - len(self._free)
-        return PoolStats(self.num_blocks, used, sum(self._lengths.values()), len(self._tables), self.block_size)
+        used = self.num_blocks - self.reserved - len(self._free)
+        return PoolStats(self.num_blocks - self.reserved, used, sum(self._lengths.values()), len(self._tables),
+                         self.block_size)
 
     # ---- changes --------------------------------------------------------------------------------------------
     def allocate(self, seq: int, tokens: int) -> bool:

@@ -19,11 +19,12 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from ...errors import Overloaded
 from .blocks import BlockPool
 from .paged import Gather, PagedKV, slots_of
 
@@ -87,6 +88,39 @@ class _Seq:
         return self.prompt[self.pos] if self.pos < len(self.prompt) else self.out[-1]
 
 
+@dataclass
+class DeviceInputs:
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    self_gather: Gather
+    cross_gather: Gather
+    first: torch.Tensor
+
+
+@dataclass
+class StepInputs:
+    """One step's inputs on the host, a row per running sequence."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray  # where each row's new key/value goes
+    self_tables: np.ndarray  # [rows, blocks]
+    self_lens: np.ndarray
+    cross_tables: np.ndarray
+    cross_lens: np.ndarray
+    first: np.ndarray  # 1 where this step gives the row's first output token
+
+    def to_device(self, device: torch.device, block: int, cross_block: int) -> DeviceInputs:
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)
+
+        return DeviceInputs(t(self.tokens), t(self.positions), t(self.slots),
+                            Gather.from_tables(self.self_tables, self.self_lens, block, device),
+                            Gather.from_tables(self.cross_tables, self.cross_lens, cross_block, device),
+                            t(self.first))
+
+
 @dataclass(frozen=True)
 class EngineStats:
     running: int
@@ -108,10 +142,10 @@ class DecodeEngine:
         self.model = model
         self.device = torch.device(device)
         self.max_batch = max_batch
-        self.pool = BlockPool(blocks, block_size)
+        self.pool = BlockPool(blocks, block_size, reserved=1)  # block 0: scratch for a CUDA graph's padding rows
         self.kv = PagedKV(self.pool, model.n_layer, model.n_head, model.head_dim, dtype=dtype, device=device,
                           kernel=kernel)
-        self.cross_pool = BlockPool(cross_blocks, cross_block_size)
+        self.cross_pool = BlockPool(cross_blocks, cross_block_size, reserved=1)
         self.cross = PagedKV(self.cross_pool, model.n_layer, model.n_head, model.head_dim, dtype=dtype,
                              device=device, kernel=kernel)
         self._cross_refs: dict[int, int] = {}
@@ -126,6 +160,7 @@ class DecodeEngine:
         self._ids = itertools.count(1)
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
+        self.graphs: Any = None  # serving/gpu/graphs.py StepGraphs, once use_graphs() was called
         self.steps = self.tokens = self.preemptions = 0
 
     # ---- cross-attention entries ----------------------------------------------------------------------------
@@ -236,6 +271,14 @@ class DecodeEngine:
                     self._table[seq.row, n // self.pool.block_size] = slot // self.pool.block_size
             if not short:
                 break
+            if len(self.running) == 1:  # alone and still short: it can never fit; fail it rather than spin
+                seq = self.running.pop()
+                tokens = self.pool.length(seq.id)
+                self.pool.free(seq.id)
+                self._free_rows.append(seq.row)
+                self.release(seq.cross)
+                seq.future.set_exception(Overloaded(f"a sequence of {tokens + 1} tokens does not fit the KV pool"))
+                break
             self._preempt()
             slots = {sid: slot for sid, slot in slots.items() if sid in self.pool}
         return [slots[s.id] for s in self.running]
@@ -251,30 +294,23 @@ class DecodeEngine:
         batch = self.running
         if not batch:
             return 0
-        dev = self.device
-        tokens = torch.tensor([s.next_input() for s in batch], device=dev)
-        positions = torch.tensor([s.pos for s in batch], device=dev)
-        slot_t = torch.tensor(slots, device=dev)
-        rows = np.fromiter((s.row for s in batch), dtype=np.int64, count=len(batch))
-        lengths = np.fromiter((s.pos + 1 for s in batch), dtype=np.int64, count=len(batch))
-        self_gather = Gather.from_tables(self._table[rows], lengths, self.pool.block_size, dev)
-        crows = np.fromiter((self._cross_row[s.cross] for s in batch), dtype=np.int64, count=len(batch))
-        clens = np.fromiter((self._cross_len[s.cross] for s in batch), dtype=np.int64, count=len(batch))
-        cross_gather = Gather.from_tables(self._cross_table[crows], clens, self.cross_pool.block_size, dev)
-        x = self.model.embed(tokens, positions)
-        for i in range(self.model.n_layer):
-            def self_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int = i) -> torch.Tensor:
-                self.kv.write(i, slot_t, k, v)
-                return self.kv.attend(i, q[:, :, None, :], self_gather)[:, :, 0, :]
-
-            def cross_attn(q: torch.Tensor, i: int = i) -> torch.Tensor:
-                return self.cross.attend(i, q[:, :, None, :], cross_gather)[:, :, 0, :]
-
-            x = self.model.layer(i, x, self_attn, cross_attn)
-        first = torch.tensor([s.pos + 1 == len(s.prompt) for s in batch], device=dev)
-        logp = torch.log_softmax(self.model.logits(x, first).float(), dim=-1)
-        best_lp, best = logp.max(dim=-1)
-        best_l, best_lp_l = best.tolist(), best_lp.tolist()
+        n = len(batch)
+        rows = np.fromiter((s.row for s in batch), dtype=np.int64, count=n)
+        crows = np.fromiter((self._cross_row[s.cross] for s in batch), dtype=np.int64, count=n)
+        inputs = StepInputs(
+            tokens=np.fromiter((s.next_input() for s in batch), dtype=np.int64, count=n),
+            positions=np.fromiter((s.pos for s in batch), dtype=np.int64, count=n),
+            slots=np.asarray(slots, dtype=np.int64),
+            self_tables=self._table[rows], self_lens=np.fromiter((s.pos + 1 for s in batch), dtype=np.int64, count=n),
+            cross_tables=self._cross_table[crows],
+            cross_lens=np.fromiter((self._cross_len[s.cross] for s in batch), dtype=np.int64, count=n),
+            first=np.fromiter((s.pos + 1 == len(s.prompt) for s in batch), dtype=np.int64, count=n))
+        if self.graphs is not None and self.graphs.fits(n):
+            best, best_lp = self.graphs.run(inputs)
+        else:
+            best, best_lp = self.forward(inputs.to_device(self.device, self.pool.block_size,
+                                                          self.cross_pool.block_size))
+        best_l, best_lp_l = best.tolist()[:n], best_lp.tolist()[:n]
         self.steps += 1
         self.tokens += len(batch)
         keep: list[_Seq] = []
@@ -292,6 +328,32 @@ class DecodeEngine:
             keep.append(seq)
         self.running = keep
         return len(batch)
+
+    def forward(self, x: DeviceInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder step on the device: each row's next token and its log-probability (the same code runs
+        eagerly and inside a CUDA graph: no host synchronisation, no data-dependent shapes)."""
+        h = self.model.embed(x.tokens, x.positions)
+        for i in range(self.model.n_layer):
+            def self_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int = i) -> torch.Tensor:
+                self.kv.write(i, x.slots, k, v)
+                return self.kv.attend(i, q[:, :, None, :], x.self_gather)[:, :, 0, :]
+
+            def cross_attn(q: torch.Tensor, i: int = i) -> torch.Tensor:
+                return self.cross.attend(i, q[:, :, None, :], x.cross_gather)[:, :, 0, :]
+
+            h = self.model.layer(i, h, self_attn, cross_attn)
+        logp = torch.log_softmax(self.model.logits(h, x.first.bool()).float(), dim=-1)
+        best_lp, best = logp.max(dim=-1)
+        return best, best_lp
+
+    def use_graphs(self, buckets: list[int]) -> None:
+        """Replay the decode step from CUDA graphs captured per batch size in ``buckets`` (padded up to the next
+        one): the step's hundreds of kernel launches cost one launch. Needs the Triton attention (static shapes)."""
+        from .graphs import StepGraphs
+
+        if self.kv.kernel != "triton":
+            raise ValueError("CUDA graphs need the Triton paged attention")
+        self.graphs = StepGraphs(self, sorted(b for b in buckets if b <= self.max_batch))
 
     def _finish(self, seq: _Seq) -> None:
         self.pool.free(seq.id)

@@ -45,11 +45,16 @@ class GpuRunner:
     def __init__(self, recipe: Recipe, *, blocks: int, cross_blocks: int, block_size: int = 16,
                  cross_block_size: int = 64, max_batch: int = 1024, max_pending: int = 8192,
                  encode_batch: int = 128, memo: int = 2048, dtype: torch.dtype = torch.float16,
-                 device: str | torch.device = "cuda", name: str = "gpu", kernel: str = "auto") -> None:
+                 device: str | torch.device = "cuda", name: str = "gpu", kernel: str = "auto",
+                 graphs: bool = False) -> None:
         self.recipe = recipe
         self.engine = DecodeEngine(recipe.decoder, blocks=blocks, block_size=block_size, cross_blocks=cross_blocks,
                                    cross_block_size=cross_block_size, max_batch=max_batch, dtype=dtype,
                                    device=device, kernel=kernel)
+        if graphs:
+            from .graphs import buckets_up_to
+
+            self.engine.use_graphs(buckets_up_to(max_batch))
         self.max_pending = max_pending
         self.encode_batch = encode_batch
         self._memo_size = memo

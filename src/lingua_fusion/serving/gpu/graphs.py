@@ -1,0 +1,98 @@
+"""CUDA graphs of the decode step, one per batch-size bucket.
+
+A step of a base-size decoder is a few hundred small kernel launches: at thousands of streams the launches, not
+the GPU, set the pace (bench/gpu_streams.py's profile: 9 ms of CPU for 6 ms of GPU at batch 2,048), and the
+thread issuing them holds Python's lock the whole time. A graph replays them all as one launch. Each bucket has
+static input buffers, refilled by one host-to-device copy per step; rows past the batch are padding: they read and
+write block 0 of each pool, which the pools never hand out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .paged import Gather
+
+_FIELDS = ("tokens", "positions", "slots", "self_lens", "cross_lens", "first")
+
+
+class _Bucket:
+    def __init__(self, engine: Any, size: int) -> None:
+        dev = engine.device
+        self.size = size
+        self.self_blocks = engine._table.shape[1]
+        self.cross_blocks = engine._cross_table.shape[1]
+        width = len(_FIELDS) * size + size * (self.self_blocks + self.cross_blocks)
+        self.host = torch.zeros(width, dtype=torch.int64).pin_memory()
+        self.dev = torch.zeros(width, dtype=torch.int64, device=dev)
+        self._np = self.host.numpy()
+        views = [self.dev[i * size:(i + 1) * size] for i in range(len(_FIELDS))]
+        at = len(_FIELDS) * size
+        self_tables = self.dev[at: at + size * self.self_blocks].view(size, self.self_blocks)
+        at += size * self.self_blocks
+        cross_tables = self.dev[at:].view(size, self.cross_blocks)
+        from .decoder import DeviceInputs
+
+        self.inputs = DeviceInputs(
+            views[0], views[1], views[2],
+            Gather(self_tables, views[3], engine.pool.block_size, self.self_blocks * engine.pool.block_size),
+            Gather(cross_tables, views[4], engine.cross_pool.block_size,
+                   self.cross_blocks * engine.cross_pool.block_size),
+            views[5])
+        self.graph = torch.cuda.CUDAGraph()
+        self.out: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def fill(self, x: Any) -> None:
+        n, size = len(x.tokens), self.size
+        buf = self._np
+        buf[:] = 0
+        for i, name in enumerate(_FIELDS):
+            buf[i * size: i * size + n] = getattr(x, name)
+        buf[3 * size + n: 4 * size] = 1  # padding rows: length 1 (their scratch slot), never 0
+        buf[4 * size + n: 5 * size] = 1
+        at = len(_FIELDS) * size
+        buf[at: at + size * self.self_blocks].reshape(size, self.self_blocks)[:n] = x.self_tables
+        at += size * self.self_blocks
+        buf[at:].reshape(size, self.cross_blocks)[:n] = x.cross_tables
+        self.dev.copy_(self.host, non_blocking=True)
+
+
+class StepGraphs:
+    def __init__(self, engine: Any, buckets: list[int]) -> None:
+        self.engine = engine
+        self.buckets = [_Bucket(engine, b) for b in buckets]
+        self._pool = torch.cuda.graph_pool_handle()
+        self.captured = 0
+
+    def fits(self, n: int) -> bool:
+        return bool(self.buckets) and n <= self.buckets[-1].size
+
+    def run(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        bucket = next(b for b in self.buckets if b.size >= len(x.tokens))
+        bucket.fill(x)
+        if bucket.out is None:
+            self._capture(bucket)
+        bucket.graph.replay()
+        assert bucket.out is not None
+        return bucket.out
+
+    def _capture(self, bucket: _Bucket) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
+                self.engine.forward(bucket.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(bucket.graph, pool=self._pool):
+            bucket.out = self.engine.forward(bucket.inputs)
+        self.captured += 1
+
+
+def buckets_up_to(max_batch: int, smallest: int = 8) -> list[int]:
+    out, b = [], smallest
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return [*out, max_batch]
