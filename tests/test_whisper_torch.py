@@ -226,12 +226,18 @@ def test_base_clips_equal_faster_whisper_in_english_and_spanish(base: dict[str, 
     assert len(words(base["torch"].transcribe_batch([spanish], language="es")[0][0])) >= 6
 
 
-def _compare_files(models: dict[str, Any], audio: np.ndarray, language: str | None, **kw: Any) -> None:
+def _compare_files(models: dict[str, Any], audio: np.ndarray, language: str | None, int8_max_wer: float = 0.0,
+                   **kw: Any) -> None:
     t = models["torch"].transcribe(audio, language=language, **kw)
     i = models["int8"].transcribe(audio, language=language, **kw)
     f = models["float32"].transcribe(audio, language=language, **kw)
-    assert words(t.text) == words(i.text), (t.text, i.text)
-    assert t.language == i.language
+    if int8_max_wer:
+        import jiwer
+
+        assert jiwer.wer(" ".join(words(i.text)), " ".join(words(t.text))) <= int8_max_wer, (t.text, i.text)
+    else:
+        assert words(t.text) == words(i.text), (t.text, i.text)
+    assert t.language == i.language == f.language
     assert [(s.start, s.end, s.text) for s in t.segments] == [(s.start, s.end, s.text) for s in f.segments]
     assert [s.confidence for s in t.segments] == pytest.approx([s.confidence for s in f.segments], abs=2e-3)
 
@@ -245,7 +251,9 @@ def test_tiny_en_file_transcripts_equal_faster_whisper(tiny: dict[str, Any]) -> 
 def test_base_file_transcripts_equal_faster_whisper_with_language_detection(base: dict[str, Any]) -> None:
     _compare_files(base, pcm(talk_wav(SENTENCES[2:5])), None)
     spanish = pcm(espeak_wav(SPANISH, "es"))
-    _compare_files(base, spanish, None)
+    # robotic espeak Spanish in a 30 s window with timestamps: int8 heard "Buenos días a todos", float32 (CTranslate2
+    # and torch alike) "Bueno, ¡sí a todos!" - 2 of 9 words; the rest equal
+    _compare_files(base, spanish, None, int8_max_wer=0.25)
     assert base["torch"].transcribe(spanish, language=None).language == "es"
     assert base["torch"].detect_language(spanish)[0] == base["int8"].detect_language(spanish)[0] == "es"
 

@@ -33,8 +33,12 @@ HOP = 160
 
 
 class LayerNorm(nn.LayerNorm):
+    """Computed in float32 whatever the model's dtype (as OpenAI's), then cast back."""
+
     def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x.float()).type(x.dtype)
+        w = None if self.weight is None else self.weight.float()
+        b = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).type(x.dtype)
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000) -> Tensor:
