@@ -368,7 +368,7 @@ def memory_figures(args: argparse.Namespace, asr_model: Any, n: int) -> dict[str
     adapter = HFWhisperDecoder(asr_model)
     per_token = PagedKV.bytes_per_token(adapter.n_layer, adapter.n_head, adapter.head_dim, args.dtype)
     naive = n * (448 + 1500) * per_token
-    engine = DecodeEngine(adapter, blocks=n * 8, block_size=16, cross_blocks=n * 5, cross_block_size=64,
+    engine = DecodeEngine(adapter, blocks=n * 8 + 8, block_size=16, cross_blocks=n * 5 + 8, cross_block_size=64,
                           max_batch=n, dtype=args.dtype, device=args.device)
     memory = torch.randn(300, asr_model.config.d_model, device=args.device, dtype=args.dtype)
     peak_self = peak_cross = 0

@@ -210,10 +210,12 @@ class DecodeEngine:
             del self._cross_len[cid]
 
     # ---- sequences ------------------------------------------------------------------------------------------
-    def submit(self, prompt: list[int], cross: int, *, max_new: int, stop: frozenset[int], tentative: bool = False,
-               importance: float = 0.5) -> Future[Decoded]:
+    def submit(self, prompt: list[int], cross: int | None, *, max_new: int, stop: frozenset[int],
+               tentative: bool = False, importance: float = 0.5) -> Future[Decoded]:
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
+        if cross is None or cross not in self._cross_refs:
+            raise ValueError("submit needs a live cross-attention entry (add_memory returned None: its pool is full)")
         fut: Future[Decoded] = Future()
         self.retain(cross)
         seq = _Seq(next(self._ids), list(prompt), cross, max_new, stop, tentative, importance, fut)
