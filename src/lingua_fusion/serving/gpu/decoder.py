@@ -356,6 +356,7 @@ class DecodeEngine:
         if self.kv.kernel != "triton":
             raise ValueError("CUDA graphs need the Triton paged attention")
         self.graphs = StepGraphs(self, sorted(b for b in buckets if b <= self.max_batch))
+        self.graphs.capture_all()
 
     def _finish(self, seq: _Seq) -> None:
         self.pool.free(seq.id)

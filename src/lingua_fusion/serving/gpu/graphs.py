@@ -9,6 +9,7 @@ write block 0 of each pool, which the pools never hand out.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from .paged import Gather
 
 _FIELDS = ("tokens", "positions", "slots", "self_lens", "cross_lens", "first")
+_CAPTURE = threading.Lock()  # one capture at a time in the process (each runner thread has its own graphs)
 
 
 class _Bucket:
@@ -44,6 +46,13 @@ class _Bucket:
         self.graph = torch.cuda.CUDAGraph()
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def blank(self) -> None:
+        """Every row padding (for capturing before any sequence exists)."""
+        size = self.size
+        self._np[:] = 0
+        self._np[3 * size: 5 * size] = 1
+        self.dev.copy_(self.host)
+
     def fill(self, x: Any) -> None:
         n, size = len(x.tokens), self.size
         buf = self._np
@@ -66,6 +75,14 @@ class StepGraphs:
         self._pool = torch.cuda.graph_pool_handle()
         self.captured = 0
 
+    def capture_all(self) -> None:
+        """Capture every bucket now, on this thread, before serving (capturing later, on the runner's thread while
+        another runner captures, is what CUDA refuses)."""
+        for bucket in self.buckets:
+            if bucket.out is None:
+                bucket.blank()
+                self._capture(bucket)
+
     def fits(self, n: int) -> bool:
         return bool(self.buckets) and n <= self.buckets[-1].size
 
@@ -79,14 +96,16 @@ class StepGraphs:
         return bucket.out
 
     def _capture(self, bucket: _Bucket) -> None:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
-                self.engine.forward(bucket.inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(bucket.graph, pool=self._pool):
-            bucket.out = self.engine.forward(bucket.inputs)
+        with _CAPTURE:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
+                    self.engine.forward(bucket.inputs)
+            torch.cuda.current_stream().wait_stream(stream)
+            with torch.cuda.graph(bucket.graph, pool=self._pool, capture_error_mode="thread_local"):
+                bucket.out = self.engine.forward(bucket.inputs)
+            torch.cuda.synchronize()
         self.captured += 1
 
 
