@@ -15,6 +15,7 @@ heads, and attention, nothing of a particular model.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -29,6 +30,7 @@ from .blocks import BlockPool
 from .paged import Gather, PagedKV, slots_of
 
 Attend = Callable[..., torch.Tensor]
+WAIT_POLL_S = 0.0002
 
 
 class DecoderModel(Protocol):
@@ -312,6 +314,11 @@ class DecodeEngine:
         else:
             best, best_lp = self.forward(inputs.to_device(self.device, self.pool.block_size,
                                                           self.cross_pool.block_size))
+        if best.is_cuda:  # wait for the GPU without holding Python's lock (a bare .tolist() holds it while the
+            done = torch.cuda.Event()  # step runs, and the event loop serving the streams starves)
+            done.record()
+            while not done.query():
+                time.sleep(WAIT_POLL_S)
         best_l, best_lp_l = best.tolist()[:n], best_lp.tolist()[:n]
         self.steps += 1
         self.tokens += len(batch)
