@@ -170,11 +170,14 @@ async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int,
     watcher = asyncio.create_task(watch())
     cpu0, wall0 = time.process_time(), time.monotonic()
     gpu = _gpu_sampler()
+    stacks = _stack_sampler() if SAMPLE_STACKS is not None else None
     try:
         await asyncio.gather(*(one(i) for i in range(n)))
     finally:
         watcher.cancel()
         await service.close()  # its breaker ticker would keep the executor (and the GPU pools) alive
+        if stacks is not None and SAMPLE_STACKS is not None:
+            await asyncio.to_thread(SAMPLE_STACKS.write_text, stacks())
     wall = time.monotonic() - wall0
     lat = np.array(latencies) if latencies else np.array([float("nan")])
     row = {"streams": n, "finals": len(latencies), "caption_p50_s": round(float(np.percentile(lat, 50)), 3),
@@ -183,6 +186,43 @@ async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int,
            "loop_lag_p99_ms": round(float(np.percentile(lags, 99)) * 1000, 1) if lags else None,
            "gpu_busy_pct": gpu()}
     return row
+
+
+SAMPLE_STACKS: Path | None = None
+
+
+def _stack_sampler() -> Any:
+    """Where every thread is, every 2 ms: the innermost frames, counted (what the event loop does when it lags)."""
+    import collections
+    import threading
+    import traceback
+
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    stop = threading.Event()
+    names = {}
+
+    def sample() -> None:
+        while not stop.wait(0.002):
+            names.update({t.ident: t.name for t in threading.enumerate()})
+            for ident, frame in sys._current_frames().items():
+                if ident == threading.get_ident():
+                    continue
+                summary = traceback.extract_stack(frame)[-7:]
+                key = " <- ".join(f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in reversed(summary))
+                counts[names.get(ident, str(ident))][key] += 1
+
+    threading.Thread(target=sample, daemon=True).start()
+
+    def done() -> str:
+        stop.set()
+        out = []
+        for thread, c in counts.items():
+            total = sum(c.values())
+            out.append(f"== {thread} ({total} samples)")
+            out += [f"{n / total:6.1%}  {k}" for k, n in c.most_common(12)]
+        return "\n".join(out)
+
+    return done
 
 
 def _gpu_sampler() -> Any:
@@ -404,6 +444,7 @@ def main() -> None:
     ap.add_argument("--mt-gb", type=float, default=6.0)
     ap.add_argument("--kernel", default="auto", help="paged attention: auto (Triton on CUDA), triton or torch")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="decode steps without CUDA graphs")
+    ap.add_argument("--sample-stacks", type=Path, help="write where each thread spent the last stream run here")
     ap.add_argument("--profile", type=Path, help="write a torch.profiler table of one decoder step at the largest "
                                                   "decoder batch here")
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
@@ -414,6 +455,8 @@ def main() -> None:
     if args.quick:
         args.asr, args.asr_self_gb, args.asr_cross_gb, args.mt_gb = "tiny", 0.2, 0.4, 0.1
     parts = set(args.parts.split(","))
+    global SAMPLE_STACKS
+    SAMPLE_STACKS = args.sample_stacks
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
                               "weights": "random", "asr_architecture": f"whisper-{args.asr} (HF)",
                               "mt_architecture": "marian opus-mt size" if not args.quick else "marian tiny",
