@@ -445,6 +445,8 @@ def main() -> None:
     ap.add_argument("--kernel", default="auto", help="paged attention: auto (Triton on CUDA), triton or torch")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="decode steps without CUDA graphs")
     ap.add_argument("--sample-stacks", type=Path, help="write where each thread spent the last stream run here")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval: how long a thread holds Python's lock before handing it over")
     ap.add_argument("--profile", type=Path, help="write a torch.profiler table of one decoder step at the largest "
                                                   "decoder batch here")
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
@@ -457,12 +459,16 @@ def main() -> None:
     parts = set(args.parts.split(","))
     global SAMPLE_STACKS
     SAMPLE_STACKS = args.sample_stacks
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
                               "weights": "random", "asr_architecture": f"whisper-{args.asr} (HF)",
                               "mt_architecture": "marian opus-mt size" if not args.quick else "marian tiny",
                               "output_lengths": "speech 3 tokens/s + 4; translation source length + 4",
                               "vad": "energy on the GPU (Silero runs on the CPU only there)",
                               "chunk_ms": args.chunk_ms, "seconds": args.seconds, "slo_class": args.slo,
+                              "switch_interval_s": sys.getswitchinterval() if args.switch_interval is None
+                              else args.switch_interval,
                               "torch": torch.__version__, "cpu_cores": os.cpu_count()}
     t0 = time.monotonic()
     asr_model = whisper(args.asr, args.device, args.dtype)
