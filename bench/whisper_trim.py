@@ -34,7 +34,10 @@ POLICIES = ((2, 0), (6, 0), (8, 0), (10, 0), (6, 2), (8, 2), (30, 0))  # (min wi
 CHUNK = 8  # clips per torch batch (30 s windows of base in one batch would need gigabytes of attention scores)
 
 
-def clip_sets(takes: int) -> dict[str, list[tuple[str | None, np.ndarray]]]:
+Clip = tuple[str | None, np.ndarray, str]  # (reference words or None, audio, the utterance said before it)
+
+
+def clip_sets(takes: int) -> dict[str, list[Clip]]:
     from conftest import piper_wav
 
     from lingua_fusion.config import LimitSettings
@@ -43,12 +46,13 @@ def clip_sets(takes: int) -> dict[str, list[tuple[str | None, np.ndarray]]]:
     sentences = [en for _i, en, _es in builtin_sentences()] * takes
     audio = [decode_audio_bytes(piper_wav(s), LimitSettings()) for s in sentences]
     pause = np.zeros(int(0.6 * 16000), dtype=np.float32)
-    talks = []
+    before = [sentences[i - 1] for i in range(len(sentences))]
+    talks: list[Clip] = []
     for i in range(0, len(sentences), 4):
         parts = [x for a in audio[i:i + 4] for x in (a, pause)][:-1]
-        talks.append((" ".join(sentences[i:i + 4]), np.concatenate(parts)))
-    fragments: list[tuple[str | None, np.ndarray]] = [(None, a[:cut]) for a in audio for cut in pauses(a)[:3]]
-    return {"sentences": list(zip(sentences, audio, strict=True)), "talks": talks, "fragments": fragments}
+        talks.append((" ".join(sentences[i:i + 4]), np.concatenate(parts), before[i]))
+    fragments: list[Clip] = [(None, a[:cut], b) for a, b in zip(audio, before, strict=True) for cut in pauses(a)[:3]]
+    return {"sentences": list(zip(sentences, audio, before, strict=True)), "talks": talks, "fragments": fragments}
 
 
 def decode_audio_bytes(data: bytes, limits: Any) -> np.ndarray:
@@ -78,7 +82,9 @@ def window_seconds(clips: list[np.ndarray], policy: tuple[int, int]) -> float:
     return sum(window_samples(len(a), *policy) for a in clips) / 16000
 
 
-def run_torch(model_dir: Path, sets: dict[str, list[tuple[str | None, np.ndarray]]]) -> list[dict[str, Any]]:
+def run_torch(model_dir: Path, sets: dict[str, list[Clip]], policies: tuple[tuple[int, int], ...] = POLICIES,
+              prompted: bool = False) -> list[dict[str, Any]]:
+    """Every clip set under every window rule; ``prompted``: with the previous utterance as the decoder prompt."""
     from lingua_fusion.lab.eval.quality import wer
     from lingua_fusion.models.asr_whisper import collapse_repeats
     from lingua_fusion.models.asr_whisper_torch import WhisperTorchASR
@@ -87,16 +93,18 @@ def run_torch(model_dir: Path, sets: dict[str, list[tuple[str | None, np.ndarray
     asr = WhisperTorchASR(model_dir, BackendInfo(name="bench", task="asr"))
     rows = []
     for name, items in sets.items():
-        refs = [r for r, _a in items]
-        clips = [a for _r, a in items]
-        for policy in POLICIES:
+        refs = [r for r, _a, _p in items]
+        clips = [a for _r, a, _p in items]
+        prompts: list[str | None] = [p if prompted else None for _r, _a, p in items]
+        for policy in policies:
             t0 = time.perf_counter()
             raw = [text for i in range(0, len(clips), CHUNK)
-                   for text, _c in asr.decode_clips(clips[i:i + CHUNK], language="en", min_window_s=policy[0],
-                                                    pad_s=policy[1])]
+                   for text, _c in asr.decode_clips(clips[i:i + CHUNK], language="en", prompts=prompts[i:i + CHUNK],
+                                                    min_window_s=policy[0], pad_s=policy[1])]
             wall = time.perf_counter() - t0
             guarded = [collapse_repeats(t) for t in raw]
-            row = {"backend": "torch", "set": name, "clips": len(clips), "min_window_s": policy[0], "pad_s": policy[1],
+            row = {"backend": "torch", "set": name, "prompt": "previous utterance" if prompted else None,
+                   "clips": len(clips), "min_window_s": policy[0], "pad_s": policy[1],
                    "window_audio_s": round(window_seconds(clips, policy), 1),
                    "speech_s": round(sum(len(a) for a in clips) / 16000, 1), "wall_s": round(wall, 2),
                    "loops": sum(g != r for g, r in zip(guarded, raw, strict=True))}
@@ -109,7 +117,7 @@ def run_torch(model_dir: Path, sets: dict[str, list[tuple[str | None, np.ndarray
     return rows
 
 
-def run_ct2(model_dir: Path, sets: dict[str, list[tuple[str | None, np.ndarray]]]) -> list[dict[str, Any]]:
+def run_ct2(model_dir: Path, sets: dict[str, list[Clip]]) -> list[dict[str, Any]]:
     from lingua_fusion.lab.eval.quality import wer
     from lingua_fusion.models import asr_whisper
     from lingua_fusion.models.base import BackendInfo
@@ -119,12 +127,12 @@ def run_ct2(model_dir: Path, sets: dict[str, list[tuple[str | None, np.ndarray]]
     rows = []
     try:
         for name, items in sets.items():
-            refs = [r for r, _a in items]
+            refs = [r for r, _a, _p in items]
             for policy in POLICIES:
                 # WhisperASR reads its window rule from these module constants (one clip per call below)
                 asr_whisper.MIN_WINDOW_S, asr_whisper.TRAILING_PAD_S = policy
                 t0 = time.perf_counter()
-                texts = [asr.transcribe_batch([a], language="en")[0][0] for _r, a in items]  # one clip per call
+                texts = [asr.transcribe_batch([a], language="en")[0][0] for _r, a, _p in items]  # one clip a call
                 row: dict[str, Any] = {"backend": "ctranslate2-int8", "set": name, "clips": len(items),
                                        "min_window_s": policy[0], "pad_s": policy[1],
                                        "wall_s": round(time.perf_counter() - t0, 2)}
@@ -142,6 +150,8 @@ def main() -> int:
     ap.add_argument("--models", default="tiny.en,base")
     ap.add_argument("--backends", default="torch,ctranslate2")
     ap.add_argument("--takes", type=int, default=3, help="Piper takes of each sentence")
+    ap.add_argument("--prompted", action="store_true",
+                    help="only the torch backend, old and new default windows, the previous utterance as prompt")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "whisper_trim.json")
     args = ap.parse_args()
 
@@ -149,16 +159,20 @@ def main() -> int:
 
     from lingua_fusion.config import Settings
     from lingua_fusion.lab.fixtures import git_commit
+    from lingua_fusion.models.asr_whisper import MIN_WINDOW_S, TRAILING_PAD_S
     from lingua_fusion.models.assets import whisper_base_dir
 
     dirs = {"tiny.en": Path(get_model_path()), "base": whisper_base_dir(Settings().models.cache_dir)}
     sets = clip_sets(args.takes)
     results = []
     for model in args.models.split(","):
-        for backend in args.backends.split(","):
+        for backend in ["torch"] if args.prompted else args.backends.split(","):
             print(f"# {model} {backend}", flush=True)
-            run = run_torch if backend == "torch" else run_ct2
-            results += [{"model": model, **row} for row in run(dirs[model], sets)]
+            if args.prompted:
+                rows = run_torch(dirs[model], sets, ((6, 0), (MIN_WINDOW_S, TRAILING_PAD_S)), prompted=True)
+            else:
+                rows = (run_torch if backend == "torch" else run_ct2)(dirs[model], sets)
+            results += [{"model": model, **row} for row in rows]
     report = {"schema": "linguafusion.bench.whisper_trim/1", "machine": platform.platform(), "commit": git_commit(),
               "audio": f"12 built-in English sentences x {args.takes} Piper takes (joe, en_US)",
               "policies_min_window_s_pad_s": POLICIES,

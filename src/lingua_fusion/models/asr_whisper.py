@@ -13,8 +13,11 @@ from ..errors import BackendError
 from .base import ASRResult, ASRSegment, BackendInfo
 
 ZH_PROMPT = "以下是普通话的句子。"  # Simplified-Chinese prompt so Whisper writes Simplified characters
-MIN_WINDOW_S = 6
-TRAILING_PAD_S = 0.0  # silence a window keeps after its clip
+# The trimmed window's rule (window_samples). Measured by bench/whisper_trim.py (docs/benchmarks.md): with 6 s and no
+# trailing silence, tiny.en looped on 7 of 36 sentences and invented sentences after 10 s talks (WER 18%); at least
+# 8 s with 2 s of silence after the clip: 2 loops in 36 (the guard repairs them) and 0% on the talks.
+MIN_WINDOW_S = 8
+TRAILING_PAD_S = 2.0
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+")

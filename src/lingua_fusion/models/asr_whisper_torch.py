@@ -1,10 +1,10 @@
 """Whisper ASR in torch (models.backend = "torch"): the same weights, methods and meaning as WhisperASR.
 
-``transcribe_batch`` is WhisperASR.transcribe_batch (trimmed windows of at least MIN_WINDOW_S growing in 2 s steps,
-prompts, no timestamps, temperature 0, no-repeat 4-grams, the same confidence, collapse_repeats), except that each
-clip gets its own window and token budget instead of the batch's longest: a clip's text does not depend on what it
-is batched with. ``transcribe`` is faster-whisper's ``transcribe`` as WhisperASR calls it (30 s windows, timestamp
-tokens, seeking by them, temperature 0 without fallback, no-speech skip, no VAD, no conditioning on previous text).
+``transcribe_batch`` is WhisperASR.transcribe_batch (trimmed windows by ``window_samples``, prompts, no timestamps,
+temperature 0, no-repeat 4-grams, the same confidence, collapse_repeats), except that each clip gets its own window
+and token budget instead of the batch's longest: a clip's text does not depend on what it is batched with.
+``transcribe`` is faster-whisper's ``transcribe`` as WhisperASR calls it (30 s windows, timestamp tokens, seeking by
+them, temperature 0 without fallback, no-speech skip, no VAD, no conditioning on previous text).
 Runs in float32 on the CPU, float16 on CUDA.
 """
 
