@@ -72,20 +72,31 @@ class _HFAttention:
         return self.a.out_proj(a.reshape(a.shape[0], -1))
 
 
-class HFWhisperDecoder:
-    """``DecoderModel`` over Hugging Face's ``WhisperForConditionalGeneration`` (pre-norm layers, logits from
-    ``proj_out``): the layout of the random-weight models the GPU benchmark builds from a ``WhisperConfig``."""
+class _HFDecoder:
+    """What Hugging Face's encoder-decoders share: ``model.model.decoder.layers`` with ``self_attn`` and
+    ``encoder_attn``, sizes in ``model.config``."""
 
-    def __init__(self, model: Any, *, suppress: Sequence[int] = (), suppress_first: Sequence[int] = ()) -> None:
+    def __init__(self, model: Any, max_positions: int) -> None:
         self.dec = model.model.decoder
-        self.proj = model.proj_out
         cfg = model.config
         self.n_layer = cfg.decoder_layers
         self.n_head = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // self.n_head
-        self.max_positions = cfg.max_target_positions
+        self.max_positions = max_positions
         self._attn = [(_HFAttention(lyr.self_attn, self.n_head), _HFAttention(lyr.encoder_attn, self.n_head))
                       for lyr in self.dec.layers]
+
+    def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._attn[i][1].kv(memory)
+
+
+class HFWhisperDecoder(_HFDecoder):
+    """``DecoderModel`` over Hugging Face's ``WhisperForConditionalGeneration`` (pre-norm layers, logits from
+    ``proj_out``): the layout of the random-weight models the GPU benchmark builds from a ``WhisperConfig``."""
+
+    def __init__(self, model: Any, *, suppress: Sequence[int] = (), suppress_first: Sequence[int] = ()) -> None:
+        super().__init__(model, model.config.max_target_positions)
+        self.proj = model.proj_out
         vocab = self.proj.weight.shape[0]
         self._mask = torch.zeros(vocab, device=self.proj.weight.device)
         self._mask[list(suppress)] = float("-inf")
@@ -105,26 +116,16 @@ class HFWhisperDecoder:
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return self.proj(self.dec.layer_norm(x)).float() + self._mask + first[:, None].float() * self._first
 
-    def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._attn[i][1].kv(memory)
 
-
-class MarianDecoder:
+class MarianDecoder(_HFDecoder):
     """``DecoderModel`` over Hugging Face's ``MarianMTModel`` (OPUS-MT; post-norm layers, scaled embeddings,
     sinusoidal positions, ``final_logits_bias``). NLLB / M2M100 differ in norm placement and would get their own."""
 
     def __init__(self, model: Any) -> None:
-        self.dec = model.model.decoder
+        super().__init__(model, model.config.max_position_embeddings)
         self.head = model.lm_head
         self.bias = model.final_logits_bias
-        cfg = model.config
-        self.n_layer = cfg.decoder_layers
-        self.n_head = cfg.decoder_attention_heads
-        self.head_dim = cfg.d_model // self.n_head
-        self.max_positions = cfg.max_position_embeddings
         self.scale = float(getattr(self.dec, "embed_scale", 1.0))
-        self._attn = [(_HFAttention(lyr.self_attn, self.n_head), _HFAttention(lyr.encoder_attn, self.n_head))
-                      for lyr in self.dec.layers]
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.dec.embed_tokens(tokens) * self.scale + self.dec.embed_positions.weight[positions]
@@ -138,6 +139,3 @@ class MarianDecoder:
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return (self.head(x) + self.bias).float()
-
-    def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._attn[i][1].kv(memory)
