@@ -224,8 +224,9 @@ def load_whisper(model_dir: Path, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32) -> WhisperTorch:
     """The Whisper of a CTranslate2 model directory (model.bin + config.json) as a torch module, in eval mode."""
     ct2 = read_ct2(Path(model_dir) / "model.bin")
-    model = WhisperTorch(whisper_dims(ct2), read_gen_config(Path(model_dir)))
-    model.load_state_dict(state_dict(ct2), strict=True)
+    with torch.device("meta"):  # no random init, no second copy: the loaded tensors become the parameters
+        model = WhisperTorch(whisper_dims(ct2), read_gen_config(Path(model_dir)))
+    model.load_state_dict(state_dict(ct2), strict=True, assign=True)
     return model.to(device=device, dtype=dtype).eval()
 
 
