@@ -229,6 +229,24 @@ def test_glossaries_per_key_are_bounded(guarded: Srv) -> None:
     assert r.status_code == 400  # a term longer than MAX_TERM_CHARS
 
 
+def test_a_glossary_is_deleted_only_by_its_own_key(guarded: Srv) -> None:
+    owner, _ = guarded.new_key("glossary-owner")
+    other, _ = guarded.new_key("glossary-other")
+    r = httpx.post(guarded.url + "/v1/glossaries", data={"terms": "bank,orilla"}, headers=guarded.auth(owner),
+                   timeout=30)
+    gid = r.json()["glossary_id"]
+    url = f"{guarded.url}/v1/glossaries/{gid}"
+    r = httpx.delete(url, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+    r = httpx.delete(url, headers=guarded.auth(other), timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"  # another key's id does not exist
+    r = httpx.delete(f"{guarded.url}/v1/glossaries/{'x' * 5000}", headers=guarded.auth(owner), timeout=30)
+    assert r.status_code in (404, 414) and "error" in r.json()
+    assert httpx.get(url, headers=guarded.auth(owner), timeout=30).status_code == 200  # still there
+    assert httpx.delete(url, headers=guarded.auth(owner), timeout=30).status_code == 200
+    assert httpx.get(url, headers=guarded.auth(owner), timeout=30).status_code == 404
+
+
 async def test_file_requests_get_a_fair_share_per_key(guarded: Srv) -> None:
     """One translation at a time, two waiting. Key A takes the slot with a long recording and fills the waiting
     room; key B's request still gets in (A's newest waiting request gives way, 429) and runs before A's other one.
