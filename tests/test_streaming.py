@@ -92,7 +92,11 @@ async def test_sdk_stream_timeline_reorder_gap_and_two_targets(server: Server, t
         async for ev in s:
             events.append(ev)
     finals = [e for e in events if e.type == "final"]
-    assert len(finals) == len(SENTENCES)
+    assert [f.seq for f in finals] == list(range(1, len(finals) + 1))
+    # one final per sentence, or one more where Piper's pause at a comma is long enough to end an utterance
+    assert len(SENTENCES) <= len(finals) <= len(SENTENCES) + 2, [f.source_text for f in finals]
+    said = " ".join(f.source_text or "" for f in finals)
+    assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(said)) <= 0.15, said
     assert all(set(f.translations or {}) == {"es", "ca"} for f in finals)
     assert "proyecto" in (finals[-1].translations or {})["es"].lower()
     assert "projecte" in (finals[-1].translations or {})["ca"].lower()
@@ -103,7 +107,8 @@ async def test_sdk_stream_timeline_reorder_gap_and_two_targets(server: Server, t
     # gap_seconds counts silence inserted when a chunk skipped ahead: the 1 s gap plus the 0.25 s the swapped chunk
     # left open until its late twin filled it
     assert stats["reordered"] >= 1 and 1.2 <= stats["gap_seconds"] <= 1.3 and stats["late_dropped"] == 0
-    assert finals[1].start is not None and finals[1].start >= 3.9  # the gap shifted nothing: it is silence
+    after_gap = [f for f in finals if (f.start or 0.0) >= 3.0]  # the first sentence ends before the 1 s gap
+    assert after_gap and (after_gap[0].start or 0.0) >= 3.9  # the gap shifted nothing: it is silence
 
 
 async def test_slides_and_text_in_a_stream(server: Server, talk: Path) -> None:
