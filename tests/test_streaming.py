@@ -60,7 +60,8 @@ def test_cli_stream_realtime_json(open_server: str, talk: Path) -> None:
     assert events[-1]["type"] == "closed"
     finals = [e for e in events if e["type"] == "final"]
     assert [f["seq"] for f in finals] == list(range(1, len(finals) + 1))  # unique, gap-free
-    assert len(finals) == len(SENTENCES)  # one caption per spoken sentence (pauses are 0.6 s)
+    # one caption per spoken sentence (pauses are 0.6 s), or one more where a comma's pause ends an utterance
+    assert len(SENTENCES) <= len(finals) <= len(SENTENCES) + 2, [f["source_text"] for f in finals]
     assert finals[0]["start"] < 0.5
     for a, b in zip(finals, finals[1:], strict=False):
         assert a["start"] < a["end"] <= b["start"] < b["end"]  # on the stream's timeline, in order
@@ -204,7 +205,7 @@ async def test_concurrent_streams_are_each_transcribed_whole(open_server: str, t
     results = await asyncio.gather(*(one() for _ in range(4)))
     for finals in results:  # whether their utterances shared Whisper batches or not (that is timing, measured by
         # bench/speed_bounds.py; tests/test_promises.py checks a cross-stream batch's results item by item)
-        assert len(finals) == len(SENTENCES)
+        assert len(SENTENCES) <= len(finals) <= len(SENTENCES) + 2, finals  # a comma's pause may end an utterance
         assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(" ".join(finals))) <= 0.15
     metrics = httpx.get(open_server + "/metrics", timeout=10).text
     assert _metric(metrics, 'linguafusion_batch_size_count{model="asr:tiny.en"}') >= 1
