@@ -26,9 +26,9 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge
-from ..stream.events import Event
+from ..stream.events import Event, error_event
 from ..stream.protocol import MAX_START_BYTES, close_code
-from ..stream.service import Principal, StreamService, error_event
+from ..stream.service import Principal, StreamService
 from ..stream.session import StreamSession
 
 log = logging.getLogger("lingua_fusion.api")
@@ -222,25 +222,10 @@ def _b64(value: Any) -> bytes:
 
 
 async def _write(ws: WebSocket, session: StreamSession) -> None:
-    while True:
-        get = asyncio.ensure_future(session.events.get())
-        closed = asyncio.ensure_future(session.closed.wait())
-        done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
-        if get in done:
-            closed.cancel()
-            event = get.result()
-            await _send(ws, event)
-            if event.TYPE == "closed":
-                await ws.close(code=1000)
-                return
-            continue
-        get.cancel()
-        # closed without a "closed" event: drain what is queued, then say why
-        while not session.events.empty():
-            await _send(ws, session.events.get_nowait())
-        if session.error is not None:
-            await _send(ws, error_event(session.error))
-            await ws.close(code=close_code(session.error), reason=session.error.code)
-        else:
-            await ws.close(code=1000)
-        return
+    last: Event | None = None
+    async for last in session.outgoing():
+        await _send(ws, last)
+    if last is not None and last.TYPE == "error" and session.error is not None:
+        await ws.close(code=close_code(session.error), reason=session.error.code)
+    else:
+        await ws.close(code=1000)

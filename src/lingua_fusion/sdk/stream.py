@@ -262,24 +262,7 @@ class LocalStream:
         return self._events()
 
     async def _events(self) -> AsyncIterator[StreamEvent]:
-        from ..stream.service import error_event
-
         for ev in self._greeting:
             yield StreamEvent.model_validate(ev.to_wire())
-        session = self._session
-        while True:
-            get = asyncio.ensure_future(session.events.get())
-            closed = asyncio.ensure_future(session.closed.wait())
-            done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
-                get.cancel()
-                while not session.events.empty():
-                    yield StreamEvent.model_validate(session.events.get_nowait().to_wire())
-                if session.error is not None:  # shed, drained, too slow: the error event a WebSocket client gets
-                    yield StreamEvent.model_validate(error_event(session.error).to_wire())
-                return
-            closed.cancel()
-            ev = get.result()
-            yield StreamEvent.model_validate(ev.to_wire())
-            if ev.TYPE == "closed":
-                return
+        async for ev in self._session.outgoing():  # what a WebSocket client is sent, the error of a shed or
+            yield StreamEvent.model_validate(ev.to_wire())  # drained stream included

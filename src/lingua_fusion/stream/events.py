@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from ..errors import LinguaFusionError
+
 INTERNAL = {"internal": True}
 OPTIONAL = {"optional": True}
 
@@ -180,3 +182,8 @@ class Closed(Event):
     unlogged: int | None = _opt()  # finals sent but never logged (the log stayed down)
     frames_dropped: int | None = _opt()
     timeline: dict[str, Any] | None = _opt()
+
+
+def error_event(exc: LinguaFusionError) -> Error:
+    """What a client is told of an error: its code and the public message (never a path, address or secret)."""
+    return Error(exc.code, exc.public_message, exc.details or None)

@@ -23,7 +23,6 @@ from ..errors import (
     AuthenticationError,
     Draining,
     InvalidParameter,
-    LinguaFusionError,
     Overloaded,
     PermissionDenied,
     TakenOver,
@@ -272,8 +271,3 @@ class StreamService:
             await self.log.close()
         if self.baseline is not None:
             await self.baseline.close()
-
-
-def error_event(exc: LinguaFusionError) -> Error:
-    """What a client is told of an error: its code and the public message (never a path, address or secret)."""
-    return Error(exc.code, exc.public_message, exc.details or None)

@@ -18,7 +18,7 @@ import contextlib
 import enum
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,7 +36,7 @@ from ..errors import (
 from ..media.stream_decoder import StreamDecoder
 from ..serving.ports import ModelPort
 from ..types import SR
-from .events import Closed, Error, Event, Final, Metrics, Partial, Ready, Revision, Slide, Speech
+from .events import Closed, Error, Event, Final, Metrics, Partial, Ready, Revision, Slide, Speech, error_event
 from .jobs import StreamJobs
 from .journal import Journal, StreamLog
 from .policy import WINDOW, CommitPolicy, Decision
@@ -183,6 +183,28 @@ class StreamSession:
             self.events.put_nowait(event)
         except asyncio.QueueFull:
             self.fail(SlowConsumer("the client is not reading events; the stream was closed"))
+
+    async def outgoing(self) -> AsyncIterator[Event]:
+        """What the client is sent, in order, until the stream ends: every queued event through ``closed``; a
+        session that ended without one (slow consumer, shed, drain) gives what was queued, then the error saying
+        why. The WebSocket writer and in-process streams both read this."""
+        while True:
+            get = asyncio.ensure_future(self.events.get())
+            closed = asyncio.ensure_future(self.closed.wait())
+            done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if get in done:
+                closed.cancel()
+                event = get.result()
+                yield event
+                if event.TYPE == "closed":
+                    return
+                continue
+            get.cancel()
+            while not self.events.empty():
+                yield self.events.get_nowait()
+            if self.error is not None:
+                yield error_event(self.error)
+            return
 
     def notify(self, event: Event) -> None:
         """An event from outside the stream (a breaker notice, one bad message): sent while the stream is open."""
