@@ -250,8 +250,7 @@ class DecodeEngine:
         """Give back the blocks of the lowest-ranked running sequence; it waits and starts again later."""
         victim = min(self.running, key=lambda s: s.rank)
         self.running.remove(victim)
-        self.pool.free(victim.id)
-        self._free_rows.append(victim.row)
+        self._vacate(victim)
         victim.out, victim.logprobs, victim.pos = [], [], 0
         victim.preempted += 1
         self.preemptions += 1
@@ -278,10 +277,7 @@ class DecodeEngine:
             if len(self.running) == 1:  # alone and still short: it can never fit; fail it rather than spin
                 seq = self.running.pop()
                 tokens = self.pool.length(seq.id)
-                self.pool.free(seq.id)
-                self._free_rows.append(seq.row)
-                self.release(seq.cross)
-                seq.future.set_exception(Overloaded(f"a sequence of {tokens + 1} tokens does not fit the KV pool"))
+                self._end(seq, exc=Overloaded(f"a sequence of {tokens + 1} tokens does not fit the KV pool"))
                 break
             self._preempt()
             slots = {sid: slot for sid, slot in slots.items() if sid in self.pool}
@@ -327,12 +323,12 @@ class DecodeEngine:
             seq.pos += 1
             if seq.pos >= len(seq.prompt):  # this step's output is a generated token
                 if tok in seq.stop:
-                    self._finish(seq)
+                    self._end(seq)
                     continue
                 seq.out.append(tok)
                 seq.logprobs.append(lp)
                 if len(seq.out) >= seq.max_new or seq.pos + 1 >= self.model.max_positions:
-                    self._finish(seq)
+                    self._end(seq)
                     continue
             keep.append(seq)
         self.running = keep
@@ -365,22 +361,28 @@ class DecodeEngine:
         self.graphs = StepGraphs(self, sorted(b for b in buckets if b <= self.max_batch))
         self.graphs.capture_all()
 
-    def _finish(self, seq: _Seq) -> None:
+    def _vacate(self, seq: _Seq) -> None:
+        """A running sequence gives its blocks and its table row back."""
         self.pool.free(seq.id)
         self._free_rows.append(seq.row)
+        seq.row = -1
+
+    def _end(self, seq: _Seq, *, exc: BaseException | None = None) -> None:
+        """The sequence is done (its tokens, or ``exc``): everything it holds goes back."""
+        if seq.row >= 0:
+            self._vacate(seq)
         self.release(seq.cross)
-        if not seq.future.done():
+        if seq.future.done():
+            return
+        if exc is not None:
+            seq.future.set_exception(exc)
+        else:
             seq.future.set_result(Decoded(seq.out, seq.logprobs, seq.preempted))
 
     def fail_all(self, exc: BaseException) -> None:
         """Every sequence in the engine fails with ``exc`` and gives its blocks back (after a CUDA error)."""
-        for seq in self.running:
-            self._free_rows.append(seq.row)
         for seq in [*self.running, *self.waiting]:
-            self.pool.free(seq.id)
-            self.release(seq.cross)
-            if not seq.future.done():
-                seq.future.set_exception(exc)
+            self._end(seq, exc=exc)
         self.running, self.waiting = [], deque()
 
     def run(self, max_steps: int = 100_000) -> None:
