@@ -106,6 +106,18 @@ class StateSettings(BaseModel):
     log_wait_s: float = 0.5  # a final waits this long for its log write, then goes out marked durable: false
 
 
+class OtelSettings(BaseModel):
+    """OpenTelemetry traces (lingua_fusion/tracing, docs/observability.md): off unless ``endpoint`` is set."""
+
+    endpoint: str | None = None  # OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (/v1/traces is added)
+    service_name: str = "linguafusion"
+    headers: dict[str, str] = Field(default_factory=dict)  # sent with every export (a collector's auth token)
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)  # of traces kept; a client's traceparent decides its own
+    max_queue: int = Field(default=2048, ge=1)  # spans waiting for export; beyond it new spans are dropped
+    export_interval_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0)  # one export (and the flush at shutdown)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LINGUAFUSION_", env_nested_delimiter="__", extra="ignore")
 
@@ -113,6 +125,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    otel: OtelSettings = Field(default_factory=OtelSettings)
     state_dir: Path | None = None  # LINGUAFUSION_STATE_DIR shortcut
 
     def resolved_state_dir(self) -> Path:

@@ -1,0 +1,202 @@
+"""The tracer and its span handles. OpenTelemetry is imported only when a ``Tracer`` is made (tracing on).
+
+A batched model call serves many streams, so its span is recorded once per item (``record_batch``): each item's
+span has the batch's start and end and is parented to that item's own stream (or request), with the attributes
+``batch_size``, ``batch_id`` (shared by the items of one batch, to find its siblings), ``model_key``,
+``queue_wait_s`` and ``tentative``. Why per item and not one batch span with links: docs/observability.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from ..config import OtelSettings, Settings
+
+log = logging.getLogger("lingua_fusion.tracing")
+PREFIX = "linguafusion."  # our attributes' namespace: seq=3 is recorded as linguafusion.seq
+_NULL: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one shared instance serves every hook
+_batches = itertools.count(1)
+
+
+def _attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Our keyword attributes, namespaced; None dropped (OpenTelemetry takes str, bool, int, float and lists)."""
+    out: dict[str, Any] = {}
+    for k, v in attrs.items():
+        if v is None:
+            continue
+        out[k if "." in k else PREFIX + k] = v if isinstance(v, str | bool | int | float) else str(v)
+    return out
+
+
+def _wall_ns(monotonic_s: float) -> int:
+    """A ``time.monotonic()`` instant as the Unix-epoch nanoseconds a span wants."""
+    return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
+
+
+class TraceRef:
+    """One span, and the tracer that made it: what is handed down to parent the next spans."""
+
+    __slots__ = ("_ended", "context", "span", "tracer")
+
+    def __init__(self, tracer: Tracer, otel_span: Any) -> None:
+        self.tracer = tracer
+        self.span = otel_span
+        self.context = tracer.api.set_span_in_context(otel_span)
+        self._ended = False
+
+    @contextlib.contextmanager
+    def child(self, name: str, **attrs: Any) -> Iterator[TraceRef]:
+        """A span timed by the ``with`` block (any thread); an exception leaving the block marks it failed."""
+        ref = TraceRef(self.tracer, self.tracer.otel.start_span(name, context=self.context, attributes=_attrs(attrs)))
+        try:
+            yield ref
+        except BaseException as exc:
+            ref.fail(exc)
+            raise
+        finally:
+            ref.end()
+
+    def record(self, name: str, start: float, end: float, attrs: Mapping[str, Any],
+               error: BaseException | None = None) -> None:
+        """A child span that already happened: ``start`` and ``end`` on ``time.monotonic``'s clock."""
+        ref = TraceRef(self.tracer, self.tracer.otel.start_span(name, context=self.context, attributes=_attrs(attrs),
+                                                                start_time=_wall_ns(start)))
+        if error is not None:
+            ref.fail(error)
+        ref.span.end(end_time=max(_wall_ns(end), ref.span.start_time or 0))
+
+    def set(self, **attrs: Any) -> None:
+        self.span.set_attributes(_attrs(attrs))
+
+    def fail(self, exc: BaseException) -> None:
+        """Mark the span failed with the error's code and public message (never a secret, a path or a traceback).
+        A cancellation is not a failure: it is only noted."""
+        from ..errors import LinguaFusionError
+
+        if not isinstance(exc, Exception):  # CancelledError, GeneratorExit: the work was abandoned
+            self.set(cancelled=True)
+            return
+        if isinstance(exc, LinguaFusionError):
+            code, message = exc.code, exc.public_message
+        else:
+            code, message = "internal", type(exc).__name__
+        self.span.set_attributes({"error.type": code})
+        self.span.set_status(self.tracer.status_error, message)
+
+    def end(self, **attrs: Any) -> None:
+        """End the span (once; later calls do nothing)."""
+        if self._ended:
+            return
+        self._ended = True
+        if attrs:
+            self.set(**attrs)
+        self.span.end()
+
+
+class Tracer:
+    """A TracerProvider of our own (the process-global one is left alone) around one span processor."""
+
+    def __init__(self, processor: Any, service_name: str = "linguafusion", sample_ratio: float = 1.0) -> None:
+        from opentelemetry import trace as api
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.api = api
+        self.status_error = api.StatusCode.ERROR
+        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
+                                       sampler=ParentBased(TraceIdRatioBased(sample_ratio)), shutdown_on_exit=False)
+        self.provider.add_span_processor(processor)
+        self.otel = self.provider.get_tracer("lingua_fusion")
+        self._propagator = TraceContextTextMapPropagator()
+
+    @classmethod
+    def otlp(cls, cfg: OtelSettings) -> Tracer:
+        """Spans batched (a bounded queue: beyond ``max_queue`` they are dropped, never waited for) and sent over
+        OTLP/HTTP protobuf to ``cfg.endpoint`` by the processor's own thread."""
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        assert cfg.endpoint
+        exporter = OTLPSpanExporter(endpoint=traces_url(cfg.endpoint), headers=dict(cfg.headers),
+                                    timeout=cfg.timeout_s)
+        processor = BatchSpanProcessor(exporter, max_queue_size=cfg.max_queue,
+                                       schedule_delay_millis=cfg.export_interval_s * 1000,
+                                       export_timeout_millis=cfg.timeout_s * 1000)
+        return cls(processor, cfg.service_name, cfg.sample_ratio)
+
+    @classmethod
+    def to_exporter(cls, exporter: Any, service_name: str = "linguafusion") -> Tracer:
+        """Every span handed to ``exporter`` as it ends (tests: the SDK's InMemorySpanExporter)."""
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        return cls(SimpleSpanProcessor(exporter), service_name)
+
+    def root(self, name: str, headers: Mapping[str, str] | None = None, **attrs: Any) -> TraceRef:
+        """A span that starts a trace, or continues the caller's when ``headers`` hold a W3C ``traceparent``."""
+        parent = self._propagator.extract(headers) if headers else None
+        return TraceRef(self, self.otel.start_span(name, context=parent, attributes=_attrs(attrs),
+                                                   kind=self.api.SpanKind.SERVER))
+
+    def stream(self, stream_id: str, key_id: str, slo: str, source_lang: str, targets: list[str],
+               resumed: bool = False) -> TraceRef:
+        """A live stream's span: every stage span of the stream is its child. Never the API key, only its id."""
+        return self.root("stream", stream_id=stream_id, key_id=key_id, slo=slo, source_lang=source_lang,
+                         targets=",".join(targets), resumed=resumed)
+
+    def shutdown(self) -> None:
+        """Send what is queued (bounded by the exporter's timeout), then stop."""
+        self.provider.shutdown()
+
+
+def traces_url(endpoint: str) -> str:
+    """``http://collector:4318`` -> ``http://collector:4318/v1/traces``; a URL with a path is kept as given."""
+    return endpoint.rstrip("/") + "/v1/traces" if urlsplit(endpoint).path in ("", "/") else endpoint
+
+
+def from_settings(settings: Settings) -> Tracer | None:
+    """The server's tracer: None (off, nothing imported) unless ``otel.endpoint`` is set. Set but without the
+    OpenTelemetry SDK installed: an error in the log, and the server runs untraced."""
+    cfg = settings.otel
+    if not cfg.endpoint:
+        return None
+    try:
+        tracer = Tracer.otlp(cfg)
+    except ImportError as exc:
+        log.error("otel.endpoint is set but the OpenTelemetry SDK is not installed (%s): install the 'otel' extra "
+                  "(pip install 'linguafusion[otel]'); running without traces", exc)
+        return None
+    log.info("traces: OTLP/HTTP to %s as service %r", traces_url(cfg.endpoint), cfg.service_name)
+    return tracer
+
+
+def span(ref: TraceRef | None, name: str, **attrs: Any) -> contextlib.AbstractContextManager[TraceRef | None]:
+    """A child span of ``ref`` for the ``with`` block; with tracing off (``ref`` None) a shared null context."""
+    if ref is None:
+        return _NULL
+    return ref.child(name, **attrs)
+
+
+def record_batch(model_key: Any, stage: str, items: Sequence[tuple[TraceRef | None, float, bool]],
+                 start: float | None, end: float, error: BaseException | None = None) -> None:
+    """A model batch ran from ``start`` to ``end`` (``time.monotonic``; ``start`` None: each item's own enqueue
+    time, for a batch that failed): one ``stage`` span per traced item ``(trace, enqueued, tentative)``, parented
+    to that item's stream or request. Untraced items cost one check each."""
+    traced = [item for item in items if item[0] is not None]
+    if not traced:
+        return
+    batch_id = next(_batches)
+    for ref, enqueued, tentative in traced:
+        assert ref is not None
+        begin = enqueued if start is None else max(start, enqueued)
+        ref.record(stage, begin, end, {
+            "model_key": str(model_key), "batch_size": len(items), "batch_id": batch_id, "tentative": tentative,
+            "queue_wait_s": round(max(0.0, begin - enqueued), 6)}, error)

@@ -1,0 +1,64 @@
+"""The HTTP request span: ``TraceRequests`` (plain ASGI middleware, installed only when tracing is on) opens one
+span per request, continuing the client's trace when it sends a W3C ``traceparent`` header; a route that does
+work reaches it with ``request_trace`` and hands it down (``FileTranslator.translate(trace=...)``).
+
+The span holds the method, the route template, the path (never the query string: it may carry a key) and the
+status; the route adds ``key_id``. Health checks and metric scrapes are not traced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .core import TraceRef, Tracer
+
+STATE_KEY = "lingua_fusion.trace"
+UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class TraceRequests:
+    def __init__(self, app: ASGIApp, tracer: Tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNTRACED:
+            await self.app(scope, receive, send)
+            return
+        method = scope["method"]
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                   if k in (b"traceparent", b"tracestate")}
+        ref = self.tracer.root(f"{method} {scope['path']}", headers, **{"http.request.method": method,
+                                                                      "url.path": scope["path"]})
+        scope.setdefault("state", {})[STATE_KEY] = ref
+        status = 500
+
+        async def sent(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sent)
+        except BaseException as exc:
+            ref.fail(exc)
+            raise
+        finally:
+            route = getattr(scope.get("route"), "path", None)
+            if route is not None:
+                ref.span.update_name(f"{method} {route}")
+            if status >= 500:
+                ref.span.set_status(self.tracer.status_error, f"HTTP {status}")
+            ref.end(**{"http.route": route, "http.response.status_code": status})
+
+
+def request_trace(request: Request, **attrs: Any) -> TraceRef | None:
+    """This request's span (None with tracing off), with ``attrs`` added (``key_id``: never the key itself)."""
+    ref: TraceRef | None = request.scope.get("state", {}).get(STATE_KEY)
+    if ref is not None and attrs:
+        ref.set(**attrs)
+    return ref
