@@ -6,6 +6,7 @@ the metrics and the StreamService, and installs the lifespan, the error map and 
 - ``glossaries.py``: /v1/glossaries
 - ``admin.py``: /v1/admin/faults, /v1/keys
 - ``ws.py``: /v1/streams over the StreamService (built by ``_install_streams``)
+- ``web.py``: the live-captions page (/), the operations page (/ops), stream tickets, /v1/ops/metrics
 
 Routes reach the translator, store, settings and metrics through ``request.app.state.ctx``
 (``deps.AppContext``).
@@ -27,13 +28,16 @@ from .. import glossary as glossary_mod
 from ..config import Settings
 from ..errors import LinguaFusionError
 from ..files import FileTranslator
+from ..models.registry import Registry
 from ..observability import Metrics
 from ..serving.executor import Executor
 from ..state.sqlite import SQLiteStore
 from ..state.streams import open_store
 from ..stream.journal import StreamLog
 from ..stream.service import KeyQuota, Principal, StreamService
-from . import admin, docs, glossaries, health, translate
+from ..tracing import Tracer, from_settings
+from ..tracing import http as tracing_http
+from . import admin, docs, glossaries, health, translate, web
 from . import errors as error_map
 from . import ws as ws_routes
 from .admission import Admission
@@ -44,10 +48,15 @@ log = logging.getLogger("lingua_fusion.api")
 
 # what runs while the server serves and is closed after it: entered by the lifespan around its ``yield``
 StreamsLifetime = Callable[[], contextlib.AbstractAsyncContextManager[None]]
+# builds the live streams' executor (the ModelPort) from the registry, settings and metrics
+ExecutorFactory = Callable[[Registry, Settings, Metrics], Executor]
 
 
 def create_app(settings: Settings | None = None, engine: FileTranslator | None = None, *,
-               warm: bool = True) -> FastAPI:
+               warm: bool = True, executor: ExecutorFactory | None = None, tracer: Tracer | None = None) -> FastAPI:
+    """``executor`` builds the streams' ModelPort (default: an in-process ``Executor``; a cluster gateway passes
+    one that calls model replicas, cluster/port.py). ``tracer``: OpenTelemetry spans go there (default: from
+    ``settings.otel``, None when off; lingua_fusion/tracing)."""
     settings = settings or Settings()
     translator = engine or FileTranslator(settings)
     store = SQLiteStore(settings.resolved_state_dir())
@@ -71,6 +80,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
                     await asyncio.wait_for(warm_task, timeout=120)
             translator.close()
             store.close()
+            await tracing_http.shutdown(app)
 
     app = FastAPI(title="LinguaFusion", version="0.1.0", lifespan=lifespan,
                   description="Real-time multimodal translation: speech, images, text -> text, speech, "
@@ -89,7 +99,9 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     for module in (health, translate, glossaries, admin):
         app.include_router(module.router)
     docs.install(app)  # /docs offline, bearer auth in the OpenAPI document (api/docs.py)
-    streams = _install_streams(app, settings, translator, metrics, store)
+    web.install(app)  # /, /ops, /static, stream tickets, /v1/ops/metrics (api/web.py)
+    streams = _install_streams(app, settings, translator, metrics, store, executor or Executor)
+    tracing_http.install(app, tracer if tracer is not None else from_settings(settings))
     app.state.started = time.time()
     return app
 
@@ -134,7 +146,7 @@ class CountRequests:
 
 
 def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslator, metrics: Metrics,
-                     store: SQLiteStore) -> StreamsLifetime:
+                     store: SQLiteStore, executor: ExecutorFactory) -> StreamsLifetime:
     """Build the StreamService (and the per-stream baseline it hands admin benchmark streams to), set
     ``app.state.streams`` and ``app.state.drain``, install /v1/streams; return the streams' lifetime (the
     compaction loop while serving; the services and the stream log closed after)."""
@@ -146,7 +158,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
     def glossary_for(who: Principal, gid: str) -> list[glossary_mod.Term]:
         return store.get_glossary(who.key_id, gid)[1]
 
-    service = StreamService(Executor(translator.registry, settings, metrics), settings,
+    service = StreamService(executor(translator.registry, settings, metrics), settings,
                             log=StreamLog(log_store, metrics), metrics=metrics, glossary_for=glossary_for,
                             quota=quota, baseline=baseline)
 
@@ -178,5 +190,5 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
         key = ANONYMOUS if not settings.server.auth else store.authenticate(secret)
         return Principal(key.key_id, "admin" in key.scopes)
 
-    ws_routes.install(app, service, authenticate)
+    ws_routes.install(app, service, web.ticketed(app, authenticate))  # ?ticket= once (api/tickets.py)
     return lifetime

@@ -5,7 +5,8 @@ the session and a writer sending its events. Opening, resuming, quotas, admissio
 
 The key is checked at the handshake, before any message is read: from ``Authorization: Bearer``, or (browsers, which
 cannot set headers on a WebSocket) from the subprotocol list ``["linguafusion", "bearer.<key>"]``, which keeps the
-key out of URLs and access logs; ``?api_key=`` still works and is masked in the logs (redact.py). Messages over
+key out of URLs and access logs; or a single-use ``?ticket=`` from ``POST /v1/stream-tickets`` (api/tickets.py);
+``?api_key=`` still works and is masked in the logs (redact.py). Messages over
 ``server.max_ws_message_bytes`` are refused by the WebSocket layer itself (close 1009) before they are buffered.
 Whatever a client sends ends in an error event and/or a close code, never in an unhandled exception.
 """
@@ -30,6 +31,7 @@ from ..stream.events import Event, error_event
 from ..stream.protocol import MAX_START_BYTES, close_code
 from ..stream.service import Principal, StreamService
 from ..stream.session import StreamSession
+from .tickets import is_ticket
 
 log = logging.getLogger("lingua_fusion.api")
 SUBPROTOCOL = "linguafusion"  # offered with "bearer.<key>"; the server answers with this one, never the key
@@ -102,6 +104,7 @@ async def _refuse_unread(ws: WebSocket, exc: LinguaFusionError) -> None:
 
 def _credentials(ws: WebSocket) -> tuple[str | None, str | None]:
     """(the key, the subprotocol to answer with): Authorization header, else a ``bearer.<key>`` subprotocol, else
+    a single-use ``?ticket=`` (api/tickets.py: what the web page uses; a key there is not taken), else
     ``?api_key=`` (kept for old clients; masked in the logs)."""
     offered = [p.strip() for p in ws.scope.get("subprotocols", [])]
     chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None
@@ -111,6 +114,9 @@ def _credentials(ws: WebSocket) -> tuple[str | None, str | None]:
     for p in offered:
         if p.lower().startswith(BEARER):
             return p[len(BEARER):], chosen
+    ticket = ws.query_params.get("ticket")
+    if ticket is not None:
+        return (ticket if is_ticket(ticket) else None), chosen
     return ws.query_params.get("api_key"), chosen
 
 
