@@ -80,9 +80,9 @@ def render(result: Any, kind: str) -> str:
             body["audio_base64"] = base64.b64encode(result.audio).decode("ascii")
         return json.dumps(body, ensure_ascii=False) + "\n"
     if kind == "srt":
-        return to_srt(result.segments)
+        return to_srt(result.segments, result.slides)
     if kind == "vtt":
-        return to_vtt(result.segments)
+        return to_vtt(result.segments, result.slides)
     return (result.braille if result.braille is not None else result.text) + "\n"
 
 

@@ -39,6 +39,17 @@ class Segment(BaseModel):
     confidence: float | None = None
 
 
+class SlideText(BaseModel):
+    """A slide or whiteboard read from a video: on the same timeline as ``segments`` (seconds)."""
+
+    start: float  # when it appeared
+    end: float  # when the next picture replaced it (or the video ended)
+    source_text: str  # its rows in reading order (title first, then top to bottom), one per line
+    text: str  # the translation, row by row
+    lines: list[Segment] = Field(default_factory=list)  # each row and its translation (start/end: the slide's)
+    braille: str | None = None  # target_modality braille: the translation in braille cells
+
+
 class TranslationResult(BaseModel):
     text: str
     source_text: str
@@ -47,6 +58,7 @@ class TranslationResult(BaseModel):
     source_modality: str
     target_modality: str
     segments: list[Segment] = Field(default_factory=list)
+    slides: list[SlideText] = Field(default_factory=list)  # video input: slides read from its frames
     models: dict[str, str] = Field(default_factory=dict)
     latency_ms: dict[str, float] = Field(default_factory=dict)
     pivot: str | None = None

@@ -15,6 +15,7 @@ from ..errors import InvalidParameter
 from ..files import FileRequest
 from ..files.captions import to_srt, to_vtt
 from ..files.output import check_output_format
+from ..tracing.http import request_trace
 from ..types import TranslationResult
 from . import spec
 from .deps import TranslateKey, context, flag, read_form
@@ -56,15 +57,16 @@ async def translate(request: Request, key: TranslateKey) -> Response:
     # cancelled: it stops itself at its next stage or MT chunk with 504 instead of answering 200 late)
     deadline = Deadline(ctx.settings.server.request_timeout_s)
     result = await ctx.admission.run(key.key_id, deadline,
-                                     functools.partial(ctx.translator.translate, valid, deadline=deadline))
+                                     functools.partial(ctx.translator.translate, valid, deadline=deadline,
+                                                       trace=request_trace(request, key_id=key.key_id)))
     return _render(result, fmt)
 
 
 def _render(result: TranslationResult, fmt: str) -> Response:
     if fmt == "srt":
-        return PlainTextResponse(to_srt(result.segments), media_type="application/x-subrip")
+        return PlainTextResponse(to_srt(result.segments, result.slides), media_type="application/x-subrip")
     if fmt == "vtt":
-        return PlainTextResponse(to_vtt(result.segments), media_type="text/vtt")
+        return PlainTextResponse(to_vtt(result.segments, result.slides), media_type="text/vtt")
     if fmt == "text":
         return PlainTextResponse(result.braille if result.braille is not None else result.text)
     if result.audio is not None and fmt == "wav":

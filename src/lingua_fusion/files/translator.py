@@ -32,6 +32,7 @@ from ..glossary import Term, apply_mt, hotwords
 from ..media import decode_audio, decode_image, sniff
 from ..media.sniff import SUPPORTED_AV, SUPPORTED_IMAGES
 from ..models.registry import MTRoute, Registry
+from ..tracing import TraceRef, span
 from ..types import SOURCE_MODALITIES, TARGET_MODALITIES, Modality, Segment, TranslationResult
 
 MT_CHUNK = 32  # segments per MT call (a request's deadline is checked between calls)
@@ -48,6 +49,8 @@ class FileRequest:
     text: str | None = None
     glossary: list[Term] = field(default_factory=list)
     filename: str = ""
+    prompt: str | None = None  # ASR context (Whisper's initial prompt): names, spellings, the style wanted
+    transcribe_only: bool = False  # speech -> text in the spoken language: no MT; target_lang is not used
 
 
 @dataclass(frozen=True)
@@ -109,18 +112,22 @@ class _Work:
     speech_translation: bool = False
     confidence: float | None = None
     detected: bool = False
+    transcribe_only: bool = False  # the target is the spoken language, whatever it turns out to be
     duration: float | None = None
     models: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames
+    hint: str | None = None  # the slides' words, as ASR hot words
 
 
 class _Stages:
     """Per-stage latency, and the request's deadline checked as each stage starts."""
 
-    def __init__(self, deadline: Deadline | None = None) -> None:
+    def __init__(self, deadline: Deadline | None = None, trace: TraceRef | None = None) -> None:
         self.ms: dict[str, float] = {}
         self._t0 = time.perf_counter()
         self.deadline = deadline
+        self.trace = trace  # the request's span (tracing on): each stage is a child span
 
     @contextmanager
     def stage(self, name: str):  # type: ignore[no-untyped-def]
@@ -128,7 +135,8 @@ class _Stages:
             self.deadline.check(name)  # RequestTimeout (504): the thread stops here instead of finishing late
         t = time.perf_counter()
         try:
-            yield
+            with span(self.trace, name):
+                yield
         finally:
             self.ms[name] = round(self.ms.get(name, 0.0) + (time.perf_counter() - t) * 1000, 2)
 
@@ -141,6 +149,7 @@ class FileTranslator:
         self.settings = settings or Settings()
         self.registry = registry or Registry(self.settings)
         self.observer: Any = None  # set by the API: observer.stage(name, seconds)
+        self.slide_context = True  # a video's slide words feed ASR (hot words) and MT (names kept as written)
 
     # ---- validation: every check, before any decoding ------------------------------------------------------
     def validate(self, req: FileRequest) -> ValidRequest:
@@ -157,13 +166,17 @@ class FileTranslator:
             raise EmptyInput("send a 'file' or a 'text' field")
         if req.data is not None and req.text is not None:
             raise InvalidParameter("send a 'file' or a 'text' field, not both", details={"field": "text"})
-        if not req.target_lang:
+        if not req.target_lang and not req.transcribe_only:
             raise InvalidParameter("target_lang is required", details={"field": "target_lang"})
         source = langs.normalize(req.source_lang, field="source_lang") if req.source_lang else None
-        target = langs.normalize(req.target_lang, field="target_lang")
+        # a transcription's target is the spoken language: given, or "" until Whisper has detected it
+        target = (source or "") if req.transcribe_only else langs.normalize(req.target_lang, field="target_lang")
         speech = _is_speech(req)
         route, speech_translation = self._plan(source, target, speech)  # fail fast on an unsupported pair
         src_mod, tgt_mod = self._modalities(req)
+        if req.transcribe_only and src_mod not in (Modality.AUDIO, Modality.VIDEO):
+            raise InvalidParameter("a transcription takes speech: an audio or video file",
+                                   details={"field": "source_modality"})
         if src_mod == Modality.TEXT:
             text = self._read_text(req)
             confidence = None
@@ -269,16 +282,18 @@ class FileTranslator:
         return kind.container
 
     # ---- recognise -----------------------------------------------------------------------------------------
-    def _asr(self, audio: np.ndarray, work: _Work, glossary: list[Term]) -> list[Segment]:
+    def _asr(self, audio: np.ndarray, work: _Work, glossary: list[Term], prompt: str | None) -> list[Segment]:
         """Speech -> segments. Without a source language Whisper detects it (its probability is reported); with
         no MT pair from that language, Whisper's task=translate gives English (``work.speech_translation``)."""
-        hot = hotwords(glossary) if glossary else None
+        hot = ", ".join(h for h in (hotwords(glossary) if glossary else "", work.hint or "") if h) or None
         task = "translate" if work.speech_translation else "transcribe"
         asr = self.registry.asr(work.source, task=task)
-        res = asr.transcribe(audio, language=work.source, task=task, hotwords=hot)
+        res = asr.transcribe(audio, language=work.source, task=task, hotwords=hot, initial_prompt=prompt)
         if work.source is None:
             work.source = langs.normalize(res.language, field="source_lang")
             work.detected, work.confidence = True, round(float(res.language_probability or 0.0), 3)
+            if work.transcribe_only:
+                work.target = work.source
             if work.source != work.target:
                 try:
                     work.route = self.registry.mt_route(work.source, work.target)
@@ -286,7 +301,8 @@ class FileTranslator:
                     work.route = self.registry.speech_translation_route(work.source, work.target)
                     work.speech_translation, task = True, "translate"
                     asr = self.registry.asr(work.source, task=task)
-                    res = asr.transcribe(audio, language=work.source, task=task, hotwords=hot)
+                    res = asr.transcribe(audio, language=work.source, task=task, hotwords=hot,
+                                         initial_prompt=prompt)
         work.models["asr"] = asr.info.name + (" (task=translate)" if work.speech_translation else "")
         return [Segment(start=round(s.start, 3), end=round(s.end, 3), source_text=s.text, text=s.text,
                         confidence=s.confidence) for s in res.segments]
@@ -314,14 +330,80 @@ class FileTranslator:
                 work.source, work.confidence = self._identify(" ".join(s.source_text for s in segs))
                 work.detected = True
             return segs
+        if valid.source_modality == Modality.VIDEO and not self._read_frames(data, work, st):
+            return []  # a video without an audio track: its slides are what it says
         with st.stage("decode"):
             audio, info = decode_audio(data, self.settings.limits, what=valid.source_modality.value)
         work.duration = float(info["duration_s"])  # type: ignore[arg-type]
-        if info["has_video"]:
-            work.warnings.append("video frames are not yet translated (slides in a video are not read); only the "
-                                 "audio track was used")
+        if info["has_video"] and work.video is None:
+            work.warnings.append("video frames were not read (source_modality audio): only the audio track was used")
         with st.stage("asr"):
-            return self._asr(audio, work, valid.request.glossary)
+            return self._asr(audio, work, valid.request.glossary, valid.request.prompt)
+
+    def _read_frames(self, data: bytes, work: _Work, st: _Stages) -> bool:
+        """A video's frames -> its slides (``work.video``; their words become ASR hot words). Returns whether the
+        file has an audio track to transcribe."""
+        from ..video.fanout import FrameContext
+        from ..video.file_video import read_video
+        from ..video.slide_reader import MAX_READS
+
+        with st.stage("video"):
+            video = read_video(data, self.settings, self.registry,
+                               FrameContext(work.source, work.target, self.settings, self.registry),
+                               deadline=st.deadline)
+        if not video.probe.has_video:
+            return True
+        work.video = video
+        if video.slides:
+            work.models["ocr"] = video.ocr_model
+            work.hint = video.hint() if self.slide_context else None
+        else:
+            work.warnings.append("no slide or whiteboard text was found in the video frames")
+        if video.capped:
+            work.warnings.append(f"the slide changed more than {MAX_READS} times: later slides were not read")
+        if video.probe.has_audio:
+            return True
+        work.duration = video.probe.duration_s
+        if video.slides and work.source is None:
+            work.source, work.confidence = self._identify(" ".join(s.source_text for s in video.slides))
+            work.detected = True
+        return False
+
+    def _slides(self, work: _Work, glossary: list[Term], tgt_mod: Modality, st: _Stages) -> list[Any]:
+        """The video's slides, each row translated (the same route and glossary as the speech), as results."""
+        from ..video.file_video import slide_texts
+
+        assert work.source is not None
+        route = work.route
+        if work.speech_translation:  # Whisper translated the speech; the slides need a text pair of their own
+            try:
+                route = self.check_pair(work.source, work.target)
+            except UnsupportedPair:
+                route = None
+                work.warnings.append(f"slides were not translated: no model translates {work.source} -> "
+                                     f"{work.target} text")
+
+        def mt(rows: list[str]) -> list[str]:
+            assert route is not None
+            segs = [Segment(start=0.0, end=0.0, source_text=r, text=r) for r in rows]
+            self._translate(segs, route, glossary, work.models, st.deadline)
+            return [s.text for s in segs]
+
+        braille = None
+        if tgt_mod == Modality.BRAILLE:
+            br = self.registry.braille()
+            braille = lambda text: br.translate(text, language=work.target)  # noqa: E731
+        with st.stage("slides_mt"):
+            return slide_texts(work.video.slides, mt if route is not None else None, braille)
+
+    def _slide_names(self, work: _Work, segs: list[Segment], glossary: list[Term]) -> list[Term]:
+        """Names on the slides (acronyms, product names) that the speech says: MT keeps them as written."""
+        if work.video is None or not self.slide_context:
+            return []
+        own = {t.source.lower() for t in glossary}
+        said = " ".join(s.source_text for s in segs)
+        return [Term(n, n) for n in work.video.names()
+                if n.lower() not in own and re.search(rf"\b{re.escape(n)}\b", said)]
 
     # ---- translate -----------------------------------------------------------------------------------------
     def _translate(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str],
@@ -357,7 +439,7 @@ class FileTranslator:
                                  f"confidence {work.confidence:.2f}"
                                  + ("" if sure else " (LOW: the detection may be wrong)")
                                  + "; pass source_lang to set it")
-        if work.source == work.target:
+        if work.source == work.target and not work.transcribe_only:
             work.warnings.append(f"nothing was translated: the input is already in {name}"
                                  + (" (detected)" if work.detected else " (source_lang equals target_lang)")
                                  + ("; pass source_lang if it is another language" if work.detected else ""))
@@ -372,17 +454,19 @@ class FileTranslator:
                                  f"({route.describe()}); it is slow and often changes facts out of English")
 
     # ---- the whole request ---------------------------------------------------------------------------------
-    def translate(self, req: FileRequest | ValidRequest, *, deadline: Deadline | None = None) -> TranslationResult:
+    def translate(self, req: FileRequest | ValidRequest, *, deadline: Deadline | None = None,
+                  trace: TraceRef | None = None) -> TranslationResult:
         """Translate a request: a FileRequest is validated first (``validate``), a ValidRequest not again.
-        ``deadline``: checked as each stage starts and between MT chunks (RequestTimeout past it)."""
-        st = _Stages(deadline)
+        ``deadline``: checked as each stage starts and between MT chunks (RequestTimeout past it). ``trace``: the
+        request's span (tracing on), parent of one span per stage."""
+        st = _Stages(deadline, trace)
         valid = req if isinstance(req, ValidRequest) else self.validate(req)
         glossary, tgt_mod = valid.request.glossary, valid.target_modality
         work = _Work(source=valid.source_lang, target=valid.target_lang, route=valid.route,
                      speech_translation=valid.speech_translation, confidence=valid.source_confidence,
-                     detected=valid.source_confidence is not None)
+                     detected=valid.source_confidence is not None, transcribe_only=valid.request.transcribe_only)
         segs = self._recognise(valid, work, st)
-        if not segs:
+        if not segs and not (work.video is not None and work.video.slides):
             raise NoContent("no speech or text was found in the input")
         assert work.source is not None
         if work.speech_translation:
@@ -394,18 +478,22 @@ class FileTranslator:
         elif work.route is None:
             work.route = self.registry.mt_route(work.source, work.target)
         applied: list[Term] = []
-        if work.route is not None:
+        if work.route is not None and segs:
+            names = self._slide_names(work, segs, glossary)
             with st.stage("mt"):
-                applied = self._translate(segs, work.route, glossary, work.models, st.deadline)
+                applied = self._translate(segs, work.route, glossary + names, work.models, st.deadline)
+            applied = [t for t in applied if t not in names]
+        slides = self._slides(work, glossary, tgt_mod, st) if work.video is not None and work.video.slides else []
         work.models = {k: v for k, v in work.models.items() if v}
         self._say_what_happened(work)
         route = work.route
         described = route.describe() if route else None
         if work.speech_translation:
             described = "whisper speech->en" + (f", {described}" if described else "")
+        shown = segs or slides  # a video without speech: its slides are its text
         result = TranslationResult(
-            text=" ".join(s.text for s in segs).strip(),
-            source_text=" ".join(s.source_text for s in segs).strip(),
+            text=("\n\n" if not segs else " ").join(s.text for s in shown).strip(),
+            source_text=("\n\n" if not segs else " ").join(s.source_text for s in shown).strip(), slides=slides,
             source_lang=work.source, target_lang=work.target, source_modality=valid.source_modality.value,
             target_modality=tgt_mod.value, segments=segs, models=work.models,
             pivot="en" if work.speech_translation and route else (route.pivot if route else None),
@@ -415,6 +503,8 @@ class FileTranslator:
             glossary_terms_applied=[{"source": t.source, "target": t.target} for t in applied])
         self._emit(result, tgt_mod, st)
         result.latency_ms = st.total()
+        if trace is not None:
+            trace.set(source_lang=result.source_lang, target_lang=result.target_lang, route=result.route)
         if self.observer is not None:
             for k, v in result.latency_ms.items():
                 self.observer.stage(k, v / 1000)

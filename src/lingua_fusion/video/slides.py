@@ -1,0 +1,206 @@
+"""Slide and whiteboard change detection, and reading order: the pure core (no I/O, time passed in).
+
+A frame is reduced to a *signature*: a 128 x 72 grey image, each pixel the mean of a box of the frame (box
+averaging also averages camera noise away). Two signatures differ when more than ``min_changed`` of their pixels
+moved by more than ``pixel_delta`` grey levels, after removing the median shift (a camera's auto-exposure
+brightens the whole picture: that is not a new slide) and skipping uniform regions (8 x 8 cells with no contrast in
+either frame: an empty wall or background has nothing to read, only noise). A cursor or a laser pointer moves a
+few pixels of the signature: under ``min_changed``. A new line of text moves dozens.
+
+``SlideDetector.observe(t, signature)`` reports a ``Change`` once a new picture has stayed the same for
+``settle_s`` (a fade, a camera pan or a slide build is not read mid-way), and only when the settled picture differs
+from the last one reported: every other frame costs one subtraction and never an OCR call.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..models.base import OCRLine
+
+SIG_W, SIG_H = 128, 72
+CELL = 8  # uniform-region test in cells of CELL x CELL signature pixels
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    pixel_delta: float = 24.0  # grey levels (0-255) a signature pixel must move to count as changed
+    min_changed: float = 0.004  # share of signature pixels that must change (0.4 %: ~37 of 9,216)
+    settle_s: float = 0.45  # a picture must stay unchanged this long before it is read
+    cell_contrast: float = 6.0  # a cell whose grey std is below this in both frames is uniform: skipped
+    blank_std: float = 4.0  # a whole signature below this std is an empty picture (black, white): nothing to read
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    start: float  # media time of the first frame showing the new picture (the slide's start)
+    t: float  # media time at which it was judged settled (start + about settle_s)
+    blank: bool  # an empty picture (no contrast anywhere): ends the previous slide, not read
+
+
+def signature(rgb: np.ndarray) -> np.ndarray:
+    """RGB frame -> SIG_H x SIG_W float32 grey, each pixel the mean of its box (cheap: ~1 ms for 1280 x 720)."""
+    from PIL import Image
+
+    img = Image.fromarray(np.ascontiguousarray(rgb)).convert("L").resize((SIG_W, SIG_H), Image.Resampling.BOX)
+    return np.asarray(img, dtype=np.float32)
+
+
+def _cell_std(sig: np.ndarray) -> np.ndarray:
+    h, w = sig.shape[0] // CELL * CELL, sig.shape[1] // CELL * CELL
+    cells = sig[:h, :w].reshape(h // CELL, CELL, w // CELL, CELL)
+    return cells.std(axis=(1, 3))
+
+
+def changed_share(a: np.ndarray, b: np.ndarray, cfg: DetectorConfig) -> float:
+    """Share of signature pixels that changed between ``a`` and ``b`` (uniform cells and a global shift left out)."""
+    d = b - a
+    d -= float(np.median(d))
+    moved = np.abs(d) > cfg.pixel_delta
+    content = (_cell_std(a) > cfg.cell_contrast) | (_cell_std(b) > cfg.cell_contrast)
+    mask = np.repeat(np.repeat(content, CELL, axis=0), CELL, axis=1)
+    h, w = mask.shape
+    return float(np.count_nonzero(moved[:h, :w] & mask)) / moved.size
+
+
+def is_blank(sig: np.ndarray, cfg: DetectorConfig) -> bool:
+    return float(sig.std()) < cfg.blank_std
+
+
+class SlideDetector:
+    """Feed it sampled signatures in media-time order; it says when a new picture has settled."""
+
+    def __init__(self, cfg: DetectorConfig | None = None) -> None:
+        self.cfg = cfg or DetectorConfig()
+        self._anchor: np.ndarray | None = None  # the first frame of the current run of alike frames
+        self._last: np.ndarray | None = None
+        self._run_start = 0.0
+        self._fired = False
+        self._ref: np.ndarray | None = None  # the last picture reported
+        self._ref_seen = 0.0  # the last frame time that still showed it
+        self._left_at: float | None = None  # the first frame time after that which did not
+        self.observed = 0
+        self.changes = 0
+
+    def _differs(self, a: np.ndarray, b: np.ndarray) -> bool:
+        return changed_share(a, b, self.cfg) > self.cfg.min_changed
+
+    def observe(self, t: float, sig: np.ndarray) -> Change | None:
+        self.observed += 1
+        # compared with the run's first frame, not the previous one: a slow fade drifts past the threshold
+        if self._anchor is None or self._differs(self._anchor, sig):
+            self._anchor, self._run_start, self._fired = sig, t, False
+        self._last = sig
+        if self._ref is not None:
+            if not self._differs(self._ref, sig):
+                self._ref_seen, self._left_at = t, None
+            elif self._left_at is None:
+                self._left_at = t
+        if not self._fired and t - self._run_start >= self.cfg.settle_s - 1e-6:
+            return self._settle(t)
+        return None
+
+    def finish(self, t_end: float) -> Change | None:
+        """The video ended: a picture shown until the end counts as settled even if shorter than ``settle_s``
+        (but not a single last frame of a transition: it must have lasted a third of ``settle_s``)."""
+        if self._anchor is None or self._fired or t_end - self._run_start < self.cfg.settle_s / 3:
+            return None
+        return self._settle(t_end)
+
+    def _settle(self, t: float) -> Change | None:
+        self._fired = True
+        assert self._last is not None
+        if self._ref is not None and not self._differs(self._ref, self._last):
+            return None  # back to the picture already reported (a cursor moved, a fade in and out of the same)
+        # the picture changed between the last frame that showed the old one and the first that did not: the middle
+        # of that gap is the best guess (an abrupt cut is off by a quarter of a sampling period on average)
+        start = self._run_start if self._ref is None or self._left_at is None else (self._ref_seen + self._left_at) / 2
+        self._ref, self._ref_seen, self._left_at = self._last, t, None
+        self.changes += 1
+        return Change(start=round(start, 3), t=round(t, 3), blank=is_blank(self._last, self.cfg))
+
+
+# ---- reading order -------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Row:
+    text: str
+    box: tuple[float, float, float, float]
+    confidence: float
+    title: bool = False
+
+
+def reading_order(lines: list[OCRLine]) -> list[Row]:
+    """OCR boxes -> rows in reading order: the title first (a line clearly taller than the others, in the upper
+    half), then rows top to bottom; boxes on one visual row are joined left to right."""
+    boxes = [ln for ln in lines if ln.text.strip()]
+    if not boxes:
+        return []
+    heights = np.array([max(1.0, ln.box[3] - ln.box[1]) for ln in boxes])
+    tol = float(np.median(heights)) * 0.5
+    rows: list[list[OCRLine]] = []
+    for ln in sorted(boxes, key=lambda b: (b.box[1] + b.box[3]) / 2):
+        centre = (ln.box[1] + ln.box[3]) / 2
+        if rows and abs(centre - (rows[-1][0].box[1] + rows[-1][0].box[3]) / 2) <= tol:
+            rows[-1].append(ln)
+        else:
+            rows.append([ln])
+    out = []
+    for row in rows:
+        row.sort(key=lambda b: b.box[0])
+        box = (min(b.box[0] for b in row), min(b.box[1] for b in row), max(b.box[2] for b in row),
+               max(b.box[3] for b in row))
+        out.append(Row(" ".join(b.text.strip() for b in row), box, min(b.confidence for b in row)))
+    if len(out) > 1:
+        bottom = max(r.box[3] for r in out)
+        hs = [r.box[3] - r.box[1] for r in out]
+        i = int(np.argmax(hs))
+        others = float(np.median([h for j, h in enumerate(hs) if j != i]))
+        if hs[i] >= 1.3 * others and out[i].box[1] < bottom / 2:
+            title = out.pop(i)
+            out.insert(0, Row(title.text, title.box, title.confidence, title=True))
+    return out
+
+
+def same_text(a: str, b: str, threshold: float = 0.85) -> bool:
+    """Two OCR readings of (nearly) the same slide: OCR of one picture under noise varies by a character or two."""
+    from difflib import SequenceMatcher
+
+    na, nb = " ".join(a.lower().split()), " ".join(b.lower().split())
+    if na == nb:
+        return True
+    return bool(na and nb) and SequenceMatcher(None, na, nb).ratio() >= threshold
+
+
+# ---- slide words as context ------------------------------------------------------------------------------------
+_WORD = re.compile(r"[^\W\d_][\w'’-]*[\w]|[^\W\d_]", re.UNICODE)
+STOP = frozenset("""a an the and or of to in on at for with by from is are was were be been this that these those
+it its as not no but if then than so we you they he she i our your their my me us them do does did will would can
+could should may might have has had here there what which who when where how why all any each more most other some
+such only own same too very just into over under about after before again further once""".split())
+
+
+def slide_terms(texts: list[str], limit: int = 40) -> list[str]:
+    """Words on slides worth hinting to ASR: not stop words, three letters or more, first seen first, deduped."""
+    seen: dict[str, str] = {}
+    for text in texts:
+        for w in _WORD.findall(text):
+            k = w.lower()
+            if len(w) >= 3 and k not in STOP and k not in seen:
+                seen[k] = w
+    return list(seen.values())[:limit]
+
+
+def names_in(texts: list[str]) -> list[str]:
+    """Names on slides that MT must keep as written: acronyms, words with digits, capitalised words inside a line
+    (as the stream path does, stream/jobs.py)."""
+    names: set[str] = set()
+    for text in texts:
+        for line in text.splitlines():
+            words = re.findall(r"[A-Za-z][A-Za-z0-9]+", line)
+            for i, w in enumerate(words):
+                if (w.isupper() and len(w) > 1) or any(c.isdigit() for c in w) or (i > 0 and w[0].isupper()):
+                    names.add(w)
+    return sorted(names)
