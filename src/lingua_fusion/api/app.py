@@ -6,6 +6,7 @@ the metrics and the StreamService, and installs the lifespan, the error map and 
 - ``glossaries.py``: /v1/glossaries
 - ``admin.py``: /v1/admin/faults, /v1/keys
 - ``ws.py``: /v1/streams over the StreamService (built by ``_install_streams``)
+- ``rooms.py``: /v1/rooms (owner routes) and its listeners over WebSocket and server-sent events
 - ``web.py``: the live-captions page (/), the operations page (/ops), stream tickets, /v1/ops/metrics
 
 Routes reach the translator, store, settings and metrics through ``request.app.state.ctx``
@@ -39,6 +40,7 @@ from ..tracing import Tracer, from_settings
 from ..tracing import http as tracing_http
 from . import admin, docs, glossaries, health, translate, web
 from . import errors as error_map
+from . import rooms as rooms_api
 from . import ws as ws_routes
 from .admission import Admission
 from .deps import ANONYMOUS, AppContext
@@ -184,6 +186,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
             await service.close()
 
     app.state.streams = service
+    service.rooms = rooms_api.install(app, settings, metrics, translator.registry)  # rooms: api/rooms.py, rooms/
     app.state.drain = service.drain
 
     def authenticate(secret: str | None) -> Principal:

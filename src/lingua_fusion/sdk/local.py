@@ -10,14 +10,18 @@ from .. import glossary as glossary_mod
 from ..config import Settings
 from ..errors import InvalidParameter, NotFound
 from ..files import FileRequest, FileTranslator
+from ..tracing import Tracer, from_settings
 from ..types import TranslationResult
 from .common import MediaInput, read_file, read_input
 
 
 class LocalTranslator:
-    def __init__(self, settings: Settings | None = None, engine: FileTranslator | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, engine: FileTranslator | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.settings = settings or Settings()
         self.engine = engine or FileTranslator(self.settings)
+        # OpenTelemetry spans of in-process streams and translations (None, the default: off; lingua_fusion/tracing)
+        self.tracer = tracer if tracer is not None else from_settings(self.settings)
         self._glossaries: dict[str, list[glossary_mod.Term]] = {}
         self._streams: Any = None
 
@@ -35,9 +39,18 @@ class LocalTranslator:
                 raise InvalidParameter("enable_glossary is set but no glossary was uploaded: call "
                                        "upload_glossary first", details={"field": "enable_glossary"})
             terms = self._glossary(gid)
-        return self.engine.translate(FileRequest(source_modality=modality, target_lang=target_lang,
-                                                 target_modality=target_modality, source_lang=source_lang,
-                                                 data=data, text=text, glossary=terms, filename=filename))
+        req = FileRequest(source_modality=modality, target_lang=target_lang, target_modality=target_modality,
+                          source_lang=source_lang, data=data, text=text, glossary=terms, filename=filename)
+        if self.tracer is None:
+            return self.engine.translate(req)
+        trace = self.tracer.root("translate")
+        try:
+            return self.engine.translate(req, trace=trace)
+        except Exception as exc:
+            trace.fail(exc)
+            raise
+        finally:
+            trace.end()
 
     def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         if isinstance(terms, dict):
@@ -68,6 +81,7 @@ class LocalTranslator:
         if self._streams is None:
             self._streams = StreamService(Executor(self.engine.registry, self.settings), self.settings,
                                           glossary_for=lambda _who, gid: self._glossary(gid))
+            self._streams.tracer = self.tracer
         return self._streams
 
     def _glossary(self, gid: str) -> list[glossary_mod.Term]:
@@ -81,6 +95,8 @@ class LocalTranslator:
 
     def close(self) -> None:
         self.engine.close()
+        if self.tracer is not None:
+            self.tracer.shutdown()
 
     def __enter__(self) -> LocalTranslator:
         return self

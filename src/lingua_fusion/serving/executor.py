@@ -20,6 +20,7 @@ from typing import Any
 from ..config import Settings
 from ..errors import BackendError, LinguaFusionError, ModelTimeout, Overloaded
 from ..models.registry import Registry
+from ..tracing import TraceRef, record_batch
 from .faults import Fault, check_outputs
 from .keys import ModelKey
 from .ports import CallContext, MtInput, StageObserver
@@ -45,6 +46,7 @@ class _Pending:
     future: asyncio.Future[Any]
     enqueued: float = field(default_factory=time.monotonic)
     key_id: str = ""  # the VAD lane's unit of fairness
+    trace: TraceRef | None = None  # the caller's span (tracing on): this item's stage span is recorded under it
 
 
 class Executor:
@@ -91,7 +93,7 @@ class Executor:
         while True:
             try:
                 if key.task == "vad" and not _continuous(self._runner(key)):
-                    return await self._submit_vad(payload, ctx.key_id)
+                    return await self._submit_vad(payload, ctx.key_id, ctx.trace)
                 return await self._submit(key, payload, ctx)
             except BackendError:
                 if ctx.tentative or attempt >= self.retries or self._closing:
@@ -110,8 +112,9 @@ class Executor:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         item = WorkItem(stream_id=ctx.stream_id, model=str(key), stage=key.stage, enqueued=now,
                         deadline=stage_deadline(ctx.slo, key.stage, now if ctx.start is None else ctx.start),
-                        importance=ctx.importance, tentative=ctx.tentative, payload=_Pending(payload, fut, now),
-                        slo=ctx.slo, key_id=ctx.key_id, units=_units(payload))
+                        importance=ctx.importance, tentative=ctx.tentative,
+                        payload=_Pending(payload, fut, now, trace=ctx.trace), slo=ctx.slo, key_id=ctx.key_id,
+                        units=_units(payload))
         if not self.scheduler.submit(item):
             if ctx.tentative:
                 return None
@@ -130,11 +133,11 @@ class Executor:
         except TimeoutError:
             raise ModelTimeout(f"{key} gave no result in {wait_s:.0f} s") from None
 
-    async def _submit_vad(self, audio: Any, key_id: str = "") -> Any:
+    async def _submit_vad(self, audio: Any, key_id: str = "", trace: TraceRef | None = None) -> Any:
         if len(self._vad) >= self.scheduler.max_queue * 4:
             raise Overloaded("the VAD queue is full", retry_after=1.0)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._vad.append(_Pending(audio, fut, key_id=key_id))
+        self._vad.append(_Pending(audio, fut, key_id=key_id, trace=trace))
         self._runner(VAD_KEY)
         self._ensure_worker(VAD_KEY)
         self._wake[VAD_KEY].set()
@@ -192,7 +195,7 @@ class Executor:
         try:
             results = await self.threads.run(key, self._runners[key], [w.payload.payload for w in batch])
         except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
-            self._failed(key, [w.payload for w in batch], exc)
+            self._failed(key, [w.payload for w in batch], exc, t0)
             return True
         done = self.clock()
         for w, r in zip(batch, results, strict=True):
@@ -240,17 +243,20 @@ class Executor:
                                        max_items=VAD_BATCH, max_units=VAD_BATCH_S)
         if not batch:
             return False
+        t0 = self.clock()
         try:
             results = await self.threads.run(key, self._runners[key], [p.payload for p in batch])
         except LinguaFusionError as exc:
-            self._failed(key, batch, exc)
+            self._failed(key, batch, exc, t0)
             return True
         for p, r in zip(batch, results, strict=True):
             _resolve(p.future, r)
+        record_batch(key, key.stage, [(p.trace, p.enqueued, False) for p in batch], t0, self.clock())
         return True
 
-    def _failed(self, key: ModelKey, items: list[_Pending], exc: LinguaFusionError) -> None:
+    def _failed(self, key: ModelKey, items: list[_Pending], exc: LinguaFusionError, t0: float | None = None) -> None:
         log.warning("model %s failed on a batch of %d: %s", key, len(items), exc.message)
+        record_batch(key, key.stage, [(p.trace, p.enqueued, None) for p in items], t0, self.clock(), exc)
         if self.metrics is not None:
             self.metrics.model_failures.labels(model=str(key), code=exc.code).inc()
         for p in items:
@@ -260,6 +266,7 @@ class Executor:
     def _observe(self, key: ModelKey, batch: list[WorkItem], t0: float, done: float, cold: bool) -> None:
         if not cold:
             self.scheduler.observe(str(key), len(batch), done - t0)
+        record_batch(key, key.stage, [(w.payload.trace, w.enqueued, w.tentative) for w in batch], t0, done)
         if self.metrics is not None:
             self.metrics.batch_size.labels(model=str(key)).observe(len(batch))
             self.metrics.stage("model:" + key.task, done - t0)
@@ -274,19 +281,15 @@ class Executor:
     # ---- admission -------------------------------------------------------------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
                inputs: list[str]) -> Demand:
-        rate: dict[str, float] = {}
-        if "audio" in inputs:
-            asr = ModelKey.asr(source)
-            self._runner(asr)
-            # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
-            # what is left and are shed first, so they count at a quarter of their rate
-            rate[str(asr)] = 0.3 + (0.25 / step_s if partials else 0.0)
-        for t in targets:
-            if t != source:
-                mt = ModelKey.mt(source, t)
-                self._runner(mt)
-                rate[str(mt)] = 0.3
-        return Demand(stream_id, slo, rate)
+        demand = stream_demand(stream_id, slo, source, targets, partials, step_s, inputs)
+        for model in demand.rate:
+            self._runner(ModelKey.parse(model))  # its cost model (the prior) must exist before admission
+        return demand
+
+    async def reserve(self, demand: Demand, key_id: str = "") -> None:
+        """``admit`` as the StreamService awaits it: a ModelPort in another process (serving/shard) answers it over
+        IPC, and counts ``key_id``'s streams across every worker there; here the service's own quota does."""
+        self.admit(demand)
 
     def admit(self, demand: Demand) -> None:
         """Reserve capacity for a stream, or raise Overloaded (429) when admitting it would break the SLOs of the
@@ -326,6 +329,20 @@ class Executor:
         for p in self._vad:
             p.future.cancel()
         self.threads.close()
+
+
+def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
+                  inputs: list[str]) -> Demand:
+    """What a stream asks of each model (items/s), for admission. Pure: a worker process computes it too."""
+    rate: dict[str, float] = {}
+    if "audio" in inputs:
+        # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
+        # what is left and are shed first, so they count at a quarter of their rate
+        rate[str(ModelKey.asr(source))] = 0.3 + (0.25 / step_s if partials else 0.0)
+    for t in targets:
+        if t != source:
+            rate[str(ModelKey.mt(source, t))] = 0.3
+    return Demand(stream_id, slo, rate)
 
 
 def _continuous(runner: object) -> bool:

@@ -28,12 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ..glossary import Term
 from .keys import ModelKey
+
+if TYPE_CHECKING:
+    from ..tracing import TraceRef
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ class CallContext:
     tentative: bool = False
     start: float | None = None  # when the caption's clock started (the words' arrival); None: now
     key_id: str = ""  # the API key of the stream: model batches are shared fairly between keys
+    # the stream's span when tracing is on (lingua_fusion/tracing): each item's stage span is recorded under it,
+    # carried here explicitly because the work runs on other tasks and threads (no contextvars)
+    trace: TraceRef | None = None
 
 
 class ModelPort(Protocol):

@@ -16,6 +16,7 @@ from ..errors import BackendError
 from ..glossary import Term
 from ..serving.keys import ModelKey
 from ..serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput
+from ..tracing import TraceRef
 from .events import Final
 from .protocol import StreamSpec
 
@@ -34,15 +35,16 @@ class Tentative:
 
 
 class StreamJobs:
-    def __init__(self, spec: StreamSpec, port: ModelPort) -> None:
+    def __init__(self, spec: StreamSpec, port: ModelPort, trace: TraceRef | None = None) -> None:
         self.spec = spec
         self.port = port
+        self.trace = trace  # the stream's span (tracing on): every model call's span is its child
         self.slides: list[tuple[float, str]] = []  # (stream time, OCR text), oldest first
         self.glossary = tuple(spec.glossary)  # one tuple for the stream's life: the MT thread compiles it once
 
     def _ctx(self, tentative: bool, start: float | None = None) -> CallContext:
         return CallContext(self.spec.stream_id, self.spec.slo, self.spec.importance, tentative, start,
-                           key_id=self.spec.key_id)
+                           key_id=self.spec.key_id, trace=self.trace)
 
     def model_keys(self) -> list[ModelKey]:
         """The model keys this stream uses (for its metrics events)."""
@@ -115,12 +117,13 @@ class StreamJobs:
                 return ""
             return " ".join(str(o or "") for o in outs)
 
-        outs = await asyncio.gather(*(one(t) for t in self.spec.targets))
-        translations = dict(zip(self.spec.targets, outs, strict=True))
+        targets = list(self.spec.targets)  # read once: a room may add a language while this caption translates
+        outs = await asyncio.gather(*(one(t) for t in targets))
+        translations = dict(zip(targets, outs, strict=True))
         slides = [s for t, s in self.slides if start - 0.5 <= t <= end] or ([self.slides[-1][1]] if self.slides
                                                                               else [])
         return Final(start=round(start, 3), end=round(end, 3), source_text=text,
-                     text=translations[self.spec.targets[0]], translations=translations, confidence=confidence,
+                     text=translations[targets[0]], translations=translations, confidence=confidence,
                      slides=slides, slide_terms=[t.source for t in slide_terms],
                      latency_ms={"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
                      failed=sorted(failed) or None, note="; ".join(notes) or None, wall_ref=wall_ref,

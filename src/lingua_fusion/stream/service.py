@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import Settings
 from ..errors import (
@@ -31,6 +31,7 @@ from ..glossary import Term
 from ..serving.breaker import SLOBreaker, Transition
 from ..serving.executor import Executor
 from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
+from ..tracing import Tracer
 from .events import Closed, Degraded, Error, Event, Logged, Restored
 from .journal import StreamLog
 from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
@@ -64,6 +65,17 @@ class KeyQuota:
         self.open[key_id] = max(0, self.open.get(key_id, 1) - 1)
 
 
+class RoomHost(Protocol):
+    """Where a stream started with ``"room": true`` (or a room id made by REST) is published (rooms/service.py)."""
+
+    async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event) -> None:
+        """Publish ``session`` as a room (a resumed stream re-attaches to its room); fills the ready event's
+        ``room_id`` and ``listener_token``. Raises a client error for a room that is not this key's."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 @dataclass
 class Opened:
     """A stream that is live: what to send first (``ready``; on a resume the finals the client missed, and
@@ -92,6 +104,8 @@ class StreamService:
         self.breaker = SLOBreaker(dict(SLO_CLASSES), window_s=settings.server.breaker_window_s,
                                   k=settings.server.breaker_k, stage_share=STAGE_BUDGET)
         self._ticker: asyncio.Task[None] | None = None
+        self.tracer: Tracer | None = None  # set when tracing is on: each stream gets a span (lingua_fusion/tracing)
+        self.rooms: RoomHost | None = None  # set by the app: streams started with "room" publish there (rooms/)
         executor.observer = self
 
     # ---- opening -----------------------------------------------------------------------------------------------
@@ -119,18 +133,23 @@ class StreamService:
             raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
         self.quota.take(who.key_id)
         try:
-            self.executor.admit(self.executor.demand(spec.stream_id, spec.slo, spec.source_lang, spec.targets,
-                                                     spec.partials, spec.policy.step_s, spec.inputs))
+            await self.executor.reserve(self.executor.demand(spec.stream_id, spec.slo, spec.source_lang,
+                                                             spec.targets, spec.partials, spec.policy.step_s,
+                                                             spec.inputs), who.key_id)
         except BaseException:
             self.quota.give(who.key_id)
             raise
         self._owners[spec.stream_id] = who.key_id
+        trace = None if self.tracer is None else self.tracer.stream(
+            spec.stream_id, spec.key_id, spec.slo, spec.source_lang, spec.targets, resumed=snapshot is not None)
         session = StreamSession(spec, self.executor, self, self.settings, log=self.log, resume=snapshot,
-                                image_slots=self.image_slots)
+                                image_slots=self.image_slots, trace=trace)
         self.sessions[spec.stream_id] = session
         try:
             greeting: list[Event] = [await session.open()]
             finished = False
+            if msg.get("room") not in (None, False) and self.rooms is not None:  # publish it as a room
+                await self.rooms.attach(session, msg["room"], who.key_id, greeting[0])
             if snapshot is not None:
                 greeting += await self._replay(spec.stream_id, last_seq, int(snapshot.get("log_from", 1)))
                 if snapshot.get("closed"):
@@ -178,6 +197,8 @@ class StreamService:
 
     # ---- StreamOwner -------------------------------------------------------------------------------------------
     def released(self, session: StreamSession) -> None:
+        if session.trace is not None:  # ends once, however the stream ended
+            session.trace.end(finals=session.seq, error=session.error.code if session.error else None)
         stream_id = session.spec.stream_id
         if self.sessions.get(stream_id) is not session:
             return  # released already (or replaced by a resumed session)
@@ -266,6 +287,8 @@ class StreamService:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._ticker
+        if self.rooms is not None:
+            await self.rooms.close()
         await self.executor.close()
         if self.log is not None:
             await self.log.close()

@@ -18,7 +18,7 @@ import contextlib
 import enum
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..media.stream_decoder import StreamDecoder
 from ..serving.ports import ModelPort
+from ..tracing import TraceRef, span
 from ..types import SR
 from .events import Closed, Error, Event, Final, Metrics, Partial, Ready, Revision, Slide, Speech, error_event
 from .jobs import StreamJobs
@@ -91,7 +92,7 @@ class StreamOwner(Protocol):
 class StreamSession:
     def __init__(self, spec: StreamSpec, port: ModelPort, owner: StreamOwner, settings: Settings, *,
                  log: StreamLog | None = None, max_events: int = 256, resume: dict[str, Any] | None = None,
-                 image_slots: Slots | None = None) -> None:
+                 image_slots: Slots | None = None, trace: TraceRef | None = None) -> None:
         self.spec = spec
         self.owner = owner
         self.settings = settings
@@ -99,12 +100,15 @@ class StreamSession:
         self.state = State.OPENING
         self.timeline = AudioTimeline()
         self.policy = CommitPolicy(spec.policy)
-        self.jobs = StreamJobs(spec, port)
+        self.trace = trace  # the stream's span (tracing on; the StreamService ends it): stages are its children
+        self.jobs = StreamJobs(spec, port, trace)
         self.events: asyncio.Queue[Event] = asyncio.Queue(maxsize=max_events)
         self.journal = Journal(log, spec.stream_id, self._emit, wait_s=settings.state.log_wait_s) \
             if log is not None else None
         self._pending: asyncio.Queue[asyncio.Task[Final | None] | None] = asyncio.Queue(maxsize=64)
         self._tasks: set[asyncio.Task[Any]] = set()
+        # sees every event the session emits, first (a room's publisher: rooms/publisher.py); must never block
+        self.tap: Callable[[Event], None] | None = None
         self._partial: asyncio.Task[None] | None = None
         self._vad_lock = asyncio.Lock()
         self._vad_pos = 0  # next sample the VAD has not seen
@@ -179,6 +183,8 @@ class StreamSession:
         return task
 
     def _emit(self, event: Event) -> None:
+        if self.tap is not None:
+            self.tap(event)
         try:
             self.events.put_nowait(event)
         except asyncio.QueueFull:
@@ -223,7 +229,8 @@ class StreamSession:
         self._live("audio")
         ts = check_ts(ts)
         if self._decoder is not None:
-            await asyncio.to_thread(self._decoder.feed, pcm16)
+            with span(self.trace, "decode", media=self.spec.audio_format, bytes=len(pcm16)):
+                await asyncio.to_thread(self._decoder.feed, pcm16)
             return
         if len(pcm16) % 2:
             raise InvalidParameter("PCM16 audio must have an even number of bytes")
@@ -317,7 +324,8 @@ class StreamSession:
             raise Overloaded("the server is reading too many images; send fewer", retry_after=1.0)
         self._images += 1
         try:
-            image = await asyncio.to_thread(decode_image, data, self.settings.limits)  # big images: off the loop
+            with span(self.trace, "decode", media="image", bytes=len(data)):
+                image = await asyncio.to_thread(decode_image, data, self.settings.limits)  # big images: off the loop
         except BaseException:
             self._image_done()
             raise
@@ -433,7 +441,10 @@ class StreamSession:
                 final.durable = False
                 self.fail(StoreUnavailable("the stream log has been unavailable too long; the stream was closed"))
                 return
-            await self.journal.append(final, self.timeline.origin)
+            with span(self.trace, "journal.write", seq=final.seq) as write:
+                await self.journal.append(final, self.timeline.origin)
+                if write is not None:
+                    write.set(durable=final.durable is not False)  # False: sent before the log had it
         latency = time.monotonic() - final.wall_ref
         final.latency_ms["caption"] = round(latency * 1000, 1)
         self.owner.caption_done(self.spec.slo, latency)

@@ -13,6 +13,6 @@ The context is carried explicitly, never through contextvars across threads: a `
 batch has run (``record_batch``), and in ``FileTranslator.translate(trace=...)`` to the request's worker thread.
 """
 
-from .core import TraceRef, Tracer, from_settings, record_batch, span
+from .core import Tracer, TraceRef, from_settings, record_batch, span
 
 __all__ = ["TraceRef", "Tracer", "from_settings", "record_batch", "span"]

@@ -8,12 +8,13 @@ status; the route adds ``key_id``. Health checks and metric scrapes are not trac
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .core import TraceRef, Tracer
+from .core import Tracer, TraceRef
 
 STATE_KEY = "lingua_fusion.trace"
 UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -62,3 +63,24 @@ def request_trace(request: Request, **attrs: Any) -> TraceRef | None:
     if ref is not None and attrs:
         ref.set(**attrs)
     return ref
+
+
+def install(app: Any, tracer: Tracer | None) -> None:
+    """Wire ``tracer`` (None: tracing off, nothing installed) into a built app: the request span around every
+    request (outermost, so refusals are traced too), a span per live stream (the StreamService and its per-stream
+    baseline), ``app.state.tracer`` for the lifespan to flush and shut down."""
+    app.state.tracer = tracer
+    if tracer is None:
+        return
+    app.add_middleware(TraceRequests, tracer=tracer)
+    service = app.state.streams
+    while service is not None:
+        service.tracer = tracer
+        service = service.baseline
+
+
+async def shutdown(app: Any) -> None:
+    """Flush the spans still queued (bounded by the exporter's timeout), off the event loop."""
+    tracer: Tracer | None = getattr(app.state, "tracer", None)
+    if tracer is not None:
+        await asyncio.to_thread(tracer.shutdown)

@@ -1,0 +1,329 @@
+"""OpenTelemetry traces: the span tree of a real file request and of real streams, collected with the SDK's
+in-memory exporter from a real server (uvicorn on a port, real models, the SDK's WebSocket client); the same spans
+exported over OTLP/HTTP to a receiver when ``LINGUAFUSION_OTEL__ENDPOINT`` is set; and with tracing off, no SDK
+imported at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from conftest import SRC, render_slide, talk_wav
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from test_streaming import SENTENCES, pcm16
+
+from lingua_fusion import MultimodalTranslator
+from lingua_fusion.api import create_app
+from lingua_fusion.config import Settings
+from lingua_fusion.sdk.local import LocalTranslator
+from lingua_fusion.tracing import Tracer, record_batch
+
+PORTS = iter(range(18310, 18399))
+L = "linguafusion."
+
+
+def _port() -> int:
+    import socket
+
+    for port in PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 18310-18398")
+
+
+class LiveApp:
+    """create_app served by a real uvicorn on its own thread and event loop."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.port = _port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn-tracing", daemon=True)
+
+    def __enter__(self) -> LiveApp:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveApp, InMemorySpanExporter, str, str]]:
+    """A real server whose tracer hands every span to an in-memory exporter; an API key (secret, key id)."""
+    settings = Settings(state_dir=tmp_path_factory.mktemp("traced"))
+    exporter = InMemorySpanExporter()
+    app = create_app(settings, warm=False, tracer=Tracer.to_exporter(exporter, "linguafusion-test"))
+    secret, key = app.state.store.create_key("tracing")
+    with LiveApp(app) as live:
+        yield live, exporter, secret, key.key_id
+
+
+@pytest.fixture(scope="module")
+def speech() -> bytes:
+    return talk_wav(SENTENCES[:2])
+
+
+def children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
+    assert parent.context is not None
+    return [s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def attr(span: ReadableSpan, name: str) -> Any:
+    return (span.attributes or {}).get(name if "." in name else L + name)
+
+
+def no_secret(spans: list[ReadableSpan], secret: str) -> None:
+    for s in spans:
+        for v in (s.attributes or {}).values():
+            assert secret not in str(v), (s.name, v)
+
+
+def wait_for(exporter: InMemorySpanExporter, pred: Any, wait_s: float = 30.0) -> list[ReadableSpan]:
+    """Spans end on other threads (a request's worker, the server's loop): wait until ``pred`` holds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        spans = list(exporter.get_finished_spans())
+        if pred(spans) or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.05)
+
+
+def test_file_request_is_one_trace_with_a_span_per_stage(traced: Any, speech: bytes) -> None:
+    live, exporter, secret, key_id = traced
+    exporter.clear()
+    caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    r = httpx.post(live.url + "/v1/translate", headers={
+        "Authorization": f"Bearer {secret}", "traceparent": f"00-{caller_trace}-00f067aa0ba902b7-01"},
+        files={"file": ("talk.wav", speech, "audio/wav")},
+        data={"target_lang": "es", "source_lang": "en"}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert "oficina" in r.json()["text"].lower()
+    spans = wait_for(exporter, lambda ss: any(s.name == "POST /v1/translate" for s in ss))
+    root = next(s for s in spans if s.name == "POST /v1/translate")
+    assert root.context is not None and format(root.context.trace_id, "032x") == caller_trace  # the caller's trace
+    assert attr(root, "http.route") == "/v1/translate" and attr(root, "http.response.status_code") == 200
+    assert attr(root, "key_id") == key_id and attr(root, "route") == "apertium en->es"
+    stages = children(spans, root)
+    assert [s.name for s in stages] == ["decode", "asr", "mt"]
+    for s in stages:  # inside the request, in order, on its trace
+        assert s.context is not None and s.context.trace_id == root.context.trace_id
+        assert root.start_time <= s.start_time <= s.end_time <= root.end_time  # type: ignore[operator]
+    assert stages[0].end_time <= stages[1].start_time <= stages[1].end_time <= stages[2].start_time  # type: ignore[operator]
+    assert root.resource.attributes["service.name"] == "linguafusion-test"
+    no_secret(spans, secret)
+
+
+def test_a_refused_request_is_traced_with_its_status(traced: Any) -> None:
+    live, exporter, secret, _ = traced
+    exporter.clear()
+    r = httpx.post(live.url + "/v1/translate", headers={"Authorization": f"Bearer {secret}"},
+                   data={"target_lang": "xx", "text": "hello"}, timeout=30)
+    assert r.status_code == 400
+    spans = wait_for(exporter, lambda ss: any(s.name == "POST /v1/translate" for s in ss))
+    root = next(s for s in spans if s.name == "POST /v1/translate")
+    assert attr(root, "http.response.status_code") == 400 and not children(spans, root)  # refused before any stage
+    assert root.status.is_ok  # a client's mistake is not a server error
+    httpx.get(live.url + "/healthz", timeout=10)
+    assert not any("healthz" in s.name for s in wait_for(exporter, lambda ss: False, 0.3))  # probes: not traced
+
+
+async def test_websocket_stream_spans_its_stages_and_journal_writes(traced: Any, speech: bytes) -> None:
+    live, exporter, secret, key_id = traced
+    exporter.clear()
+    t = MultimodalTranslator(api_key=secret, base_url=live.url)
+    finals = []
+    async with t.stream(["es"], partials=False) as s:
+        stream_id = s.ready["stream_id"]
+        await s.send_audio(pcm16(speech), ts=0.0)
+        await s.end()
+        async for ev in s:
+            if ev.type == "final":
+                finals.append(ev)
+    assert len(finals) == 2
+    spans = await asyncio.to_thread(wait_for, exporter, lambda ss: any(s.name == "stream" for s in ss))
+    root = next(s for s in spans if s.name == "stream")
+    assert attr(root, "stream_id") == stream_id and attr(root, "key_id") == key_id
+    assert attr(root, "slo") == "standard" and attr(root, "finals") == 2 and attr(root, "targets") == "es"
+    assert root.parent is None  # the stream is a trace of its own
+    kids = children(spans, root)
+    names = {s.name for s in kids}
+    assert names == {"vad", "asr", "mt", "journal.write"}, names
+    assert root.context is not None and all(k.context and k.context.trace_id == root.context.trace_id for k in kids)
+    asr = [k for k in kids if k.name == "asr"]
+    mt = [k for k in kids if k.name == "mt"]
+    assert len(asr) == 2 and len(mt) == 2  # one per committed utterance (no partials asked)
+    for k in asr + mt:  # a batched model call: the batch's times and what it was
+        assert attr(k, "model_key") in ("asr:tiny.en", "mt:en-es") and attr(k, "batch_size") >= 1
+        assert attr(k, "queue_wait_s") >= 0.0 and attr(k, "tentative") is False and attr(k, "batch_id") >= 1
+    writes = sorted((k for k in kids if k.name == "journal.write"), key=lambda k: attr(k, "seq"))
+    assert [attr(w, "seq") for w in writes] == [1, 2] and all(attr(w, "durable") is True for w in writes)
+    assert all(attr(v, "model_key") == "vad" for v in kids if v.name == "vad")
+    no_secret(spans, secret)
+
+
+async def test_in_process_stream_spans_decode_ocr_mt_and_tts(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    translator = LocalTranslator(Settings(state_dir=tmp_path), tracer=Tracer.to_exporter(exporter))
+    got: list[str] = []
+    try:
+        async with translator.stream(["es"], partials=False, speech=True, inputs=["image", "text"]) as s:
+            stream_id = s.ready["stream_id"]
+            await s.send_image(render_slide(["Quarterly review"]), ts=0.0)
+            async for ev in s:  # the slide is read, then the text sent
+                got.append(ev.type)
+                if ev.type == "slide":
+                    break
+            await s.send_text("The house is very big.", ts=1.0)
+            await s.end()
+            async for ev in s:
+                got.append(ev.type)
+        await translator.streams().close()
+    finally:
+        translator.close()
+    assert "slide" in got and "final" in got and "speech" in got
+    spans = list(exporter.get_finished_spans())
+    root = next(s for s in spans if s.name == "stream")
+    assert attr(root, "stream_id") == stream_id and attr(root, "key_id") == "local"
+    kids = children(spans, root)
+    assert sorted(k.name for k in kids) == ["decode", "mt", "ocr", "tts"]  # no journal in-process
+    decode = next(k for k in kids if k.name == "decode")
+    assert attr(decode, "media") == "image" and attr(decode, "bytes") > 0
+    ocr = next(k for k in kids if k.name == "ocr")
+    assert attr(ocr, "tentative") is True and attr(ocr, "model_key") == "ocr"  # slides are shed first under load
+    assert attr(next(k for k in kids if k.name == "tts"), "model_key") == "tts:es"
+
+
+async def test_a_batch_is_recorded_once_per_item_under_each_items_own_stream() -> None:
+    exporter = InMemorySpanExporter()
+    tracer = Tracer.to_exporter(exporter)
+    a = tracer.stream("st_a", "key_a", "standard", "en", ["es"])
+    b = tracer.stream("st_b", "key_b", "interactive", "en", ["es"])
+    now = time.monotonic()
+    record_batch("mt:en-es", "mt", [(a, now - 0.30, False), (None, now - 0.2, False), (b, now - 0.25, True)],
+                 now - 0.1, now)
+    a.end()
+    b.end()
+    spans = list(exporter.get_finished_spans())
+    for parent, wait, tentative in ((a, 0.2, False), (b, 0.15, True)):
+        (item,) = [s for s in spans if s.name == "mt" and s.parent and s.parent.span_id == parent.span.context.span_id]
+        assert attr(item, "batch_size") == 3 and attr(item, "tentative") is tentative
+        assert abs(attr(item, "queue_wait_s") - wait) < 0.01
+        assert abs((item.end_time - item.start_time) / 1e9 - 0.1) < 0.01  # type: ignore[operator]
+    items = [s for s in spans if s.name == "mt"]
+    assert len(items) == 2 and attr(items[0], "batch_id") == attr(items[1], "batch_id")  # siblings, found by id
+    assert items[0].context and items[1].context and items[0].context.trace_id != items[1].context.trace_id
+    tracer.shutdown()
+
+
+class Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver: decodes each ExportTraceServiceRequest into (service name, span name) pairs."""
+
+    received: list[tuple[str, str, str]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        req = ExportTraceServiceRequest.FromString(body)
+        for rs in req.resource_spans:
+            service = next(a.value.string_value for a in rs.resource.attributes if a.key == "service.name")
+            for ss in rs.scope_spans:
+                self.received.extend((self.path, service, s.name) for s in ss.spans)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_spans_are_exported_over_otlp_http_when_the_endpoint_is_set(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = ThreadingHTTPServer(("127.0.0.1", _port()), Collector)
+    receiving = threading.Thread(target=collector.serve_forever, daemon=True)
+    receiving.start()
+    try:
+        monkeypatch.setenv("LINGUAFUSION_OTEL__ENDPOINT", f"http://127.0.0.1:{collector.server_address[1]}")
+        monkeypatch.setenv("LINGUAFUSION_OTEL__SERVICE_NAME", "lf-otlp-test")
+        settings = Settings(state_dir=tmp_path)
+        settings.server.auth = False
+        with LiveApp(create_app(settings, warm=False)) as live:
+            r = httpx.post(live.url + "/v1/translate", data={"target_lang": "es", "source_lang": "en",
+                                                             "text": "The dog is black."}, timeout=60)
+            assert r.status_code == 200 and r.json()["text"] == "El perro es negro."
+        # the server's shutdown flushed the queued spans to the collector
+    finally:
+        collector.shutdown()
+        collector.server_close()
+    assert ("/v1/traces", "lf-otlp-test", "POST /v1/translate") in Collector.received
+    assert ("/v1/traces", "lf-otlp-test", "mt") in Collector.received
+
+
+def test_tracing_off_imports_no_sdk_and_makes_no_spans(tmp_path: Path) -> None:
+    """Off (the default): a file request and a stream run, and the OpenTelemetry SDK is never imported (FastAPI
+    itself imports the API package); nothing carries a span."""
+    code = f"""
+import asyncio, json, sys
+sys.path.insert(0, {str(SRC)!r})
+from starlette.testclient import TestClient
+from lingua_fusion.api import create_app
+from lingua_fusion.config import Settings
+from lingua_fusion.sdk.local import LocalTranslator
+from lingua_fusion.serving.ports import CallContext
+
+settings = Settings(state_dir={str(tmp_path)!r})
+settings.server.auth = False
+seen = []
+app = create_app(settings, warm=False)
+with TestClient(app, base_url="http://127.0.0.1") as client:
+    r = client.post("/v1/translate", data={{"target_lang": "es", "source_lang": "en", "text": "The dog is black."}})
+translator = LocalTranslator(settings)
+service = translator.streams()
+run = service.executor.run
+async def spy(key, payload, ctx):
+    seen.append(ctx.trace)
+    return await run(key, payload, ctx)
+service.executor.run = spy
+
+async def stream():
+    async with translator.stream(["es"], partials=False, inputs=["text"]) as s:
+        await s.send_text("The dog is black.")
+        await s.end()
+        return [ev.text async for ev in s if ev.type == "final"]
+finals = asyncio.run(stream())
+print(json.dumps({{"status": r.status_code, "text": r.json().get("text", r.text), "finals": finals,
+                  "tracer": app.state.tracer, "local": translator.tracer,
+                  "traces": [t for t in seen if t is not None], "calls": len(seen),
+                  "sdk": sorted(m for m in sys.modules if m.startswith("opentelemetry.sdk"))}}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["status"] == 200 and out["text"] == "El perro es negro." and out["finals"] == ["El perro es negro."]
+    assert out["tracer"] is None and out["local"] is None and out["calls"] >= 1 and out["traces"] == []
+    assert out["sdk"] == []
