@@ -11,3 +11,51 @@ def stream_log(stream_id: str) -> str:
 def stream_snapshot(stream_id: str) -> str:
     """Hash: the state needed to continue the stream (spec, token digest, last seq, committed_until, ...)."""
     return f"{PREFIX}stream:{stream_id}:snap"
+
+
+def room(room_id: str) -> str:
+    """String: a room's record (JSON: owner, state, source, the publisher's targets and stream id)."""
+    return f"{PREFIX}room:{room_id}"
+
+
+def room_tokens(room_id: str) -> str:
+    """Set: SHA-256 digests of the room's listener tokens."""
+    return f"{PREFIX}room:{room_id}:tokens"
+
+
+def room_presence(room_id: str) -> str:
+    """Sorted set: ``listener_id|lang`` scored by the wall-clock time its presence expires."""
+    return f"{PREFIX}room:{room_id}:presence"
+
+
+def room_live(room_id: str) -> str:
+    """Redis stream (MAXLEN ~): the room's live events (JSON in field ``e``), read by one follower per gateway."""
+    return f"{PREFIX}room:{room_id}:live"
+
+
+def room_finals(room_id: str) -> str:
+    """Sorted set: the room's finals (JSON) scored by seq, the last N kept: late joiners' history."""
+    return f"{PREFIX}room:{room_id}:finals"
+
+
+def rooms_of_owner(key_id: str) -> str:
+    """Set: the room ids an API key created."""
+    return f"{PREFIX}rooms:owner:{key_id}"
+
+
+def room_of_stream(stream_id: str) -> str:
+    """String: the room a stream publishes into (a resumed publisher re-attaches)."""
+    return f"{PREFIX}stream:{stream_id}:room"
+
+
+def tm_entry(digest: str) -> str:
+    """String: one translation-memory entry (JSON), keyed by the digest of (segment, route, glossary version)."""
+    return f"{PREFIX}tm:{digest}"
+
+
+def cluster_gateway(gateway_id: str) -> str:
+    """String (JSON, short TTL): a cluster gateway's heartbeat: its pid, its live stream ids, its admitted streams."""
+    return f"{PREFIX}cluster:gateway:{gateway_id}"
+
+
+CLUSTER_GATEWAYS = f"{PREFIX}cluster:gateway:*"  # SCAN pattern of every gateway's heartbeat

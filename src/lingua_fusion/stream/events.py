@@ -46,6 +46,8 @@ class Ready(Event):
     targets: list[str]
     partials: bool
     resumed: dict[str, Any] | None = field(default=None, metadata=INTERNAL)  # last_seq, resume_from(_ts)
+    room_id: str | None = _opt()  # the stream is published as this room (start message "room")
+    listener_token: str | None = _opt()  # read-only: listeners join the room with it (never the publisher's key)
 
     def to_wire(self) -> dict[str, Any]:
         out = super().to_wire()
@@ -119,9 +121,16 @@ class Metrics(Event):
 
 @dataclass
 class Slide(Event):
+    """Words read on a slide: from an ``image`` message, or a change found in ``frame`` messages (video), which
+    also carry the translation (rows in reading order: title first, then top to bottom; one per line)."""
+
     TYPE: ClassVar[str] = "slide"
-    t: float
+    t: float  # stream time the slide appeared (it lasts until the next slide event)
     source_text: str
+    text: str | None = _opt()  # translation into the first target (video frames)
+    translations: dict[str, str] | None = _opt()  # every target
+    lines: list[dict[str, Any]] | None = _opt()  # rows: source_text, title, translations
+    settled_t: float | None = _opt()  # stream time it was judged settled and read (t + about 0.5 s)
 
 
 @dataclass

@@ -1,0 +1,234 @@
+"""Rooms over HTTP: the owner's REST routes, and listeners over WebSocket or server-sent events.
+
+Owner routes (an API key; a room is only ever seen by the key that created it, others get 404):
+``POST /v1/rooms`` (optional JSON ``{"source_lang"}``) -> ``{room_id, listener_token, ...}``;
+``GET /v1/rooms``; ``GET /v1/rooms/{id}``; ``POST /v1/rooms/{id}/tokens`` -> a new ``listener_token``;
+``DELETE /v1/rooms/{id}`` ends it (listeners get ``closed``).
+
+Listeners (a read-only listener token, never an API key): ``WS /v1/rooms/{id}/listen`` and
+``GET /v1/rooms/{id}/events`` (text/event-stream), both with ``?targets=es,de`` and optionally ``after_seq=N``
+(reconnecting: the finals after N come first, exactly once) and ``speech=true``. The token goes in
+``Authorization: Bearer lt_...``, or (browsers, which cannot set headers on a WebSocket or an EventSource) in the
+subprotocol list ``["linguafusion", "bearer.lt_..."]`` or as ``?token=lt_...``: accepted in a URL because it only
+reads one room. SSE sends each final with ``id: <seq>``, so a browser's EventSource reconnects with
+``Last-Event-ID`` and misses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.datastructures import QueryParams
+
+from ..config import Settings
+from ..errors import InvalidParameter, LinguaFusionError, SlowConsumer, UnsupportedContentType
+from ..models.registry import Registry
+from ..observability import Metrics
+from ..rooms.feed import Listener
+from ..rooms.metrics import RoomMetrics
+from ..rooms.service import RoomService, open_rooms
+from ..stream.events import error_event
+from ..stream.protocol import close_code
+from .deps import TranslateKey, flag
+
+log = logging.getLogger("lingua_fusion.api")
+router = APIRouter()
+SUBPROTOCOL = "linguafusion"
+BEARER = "bearer."
+SEND_TIMEOUT_S = 10.0  # a listener whose socket takes longer to take one event is closed (slow_consumer)
+KEEPALIVE_S = 15.0  # SSE comment lines while the room is quiet (proxies close idle responses)
+
+
+def install(app: FastAPI, settings: Settings, metrics: Metrics, registry: Registry) -> RoomService:
+    bus, directory = open_rooms(settings.state.redis_url)
+    rooms = RoomService(bus, directory, check_pair=registry.mt_route,
+                        low_confidence=lambda s, t: registry.mt_route(s, t).low_confidence,
+                        metrics=RoomMetrics(metrics.registry))
+    app.state.rooms = rooms
+    app.include_router(router)
+    return rooms
+
+
+def _rooms(request: Request | WebSocket) -> RoomService:
+    rooms: RoomService = request.app.state.rooms
+    return rooms
+
+
+# ---- owner routes ------------------------------------------------------------------------------------------------
+@router.post("/v1/rooms")
+async def create_room(request: Request, key: TranslateKey) -> JSONResponse:
+    body = await _optional_json(request)
+    source = body.get("source_lang")
+    if source is not None and not isinstance(source, str):
+        raise InvalidParameter("source_lang is a language code")
+    room, token = await _rooms(request).create(key.key_id, source)
+    return JSONResponse({**room.public(), "listener_token": token}, status_code=201)
+
+
+@router.get("/v1/rooms")
+async def list_rooms(request: Request, key: TranslateKey) -> dict[str, Any]:
+    return {"rooms": await _rooms(request).list(key.key_id)}
+
+
+@router.get("/v1/rooms/{room_id}")
+async def get_room(room_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    rooms = _rooms(request)
+    return await rooms.describe(await rooms.owned(room_id, key.key_id))
+
+
+@router.post("/v1/rooms/{room_id}/tokens")
+async def mint_token(room_id: str, request: Request, key: TranslateKey) -> JSONResponse:
+    token = await _rooms(request).mint(room_id, key.key_id)
+    return JSONResponse({"room_id": room_id, "listener_token": token}, status_code=201)
+
+
+@router.delete("/v1/rooms/{room_id}")
+async def end_room(room_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    room = await _rooms(request).end(room_id, key.key_id)
+    return {"room_id": room.room_id, "state": room.state, "finals": room.finals}
+
+
+async def _optional_json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise UnsupportedContentType("this route takes a JSON body: send 'Content-Type: application/json'")
+    try:
+        body = json.loads(raw, parse_constant=_not_json)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidParameter("the body is not valid JSON") from exc
+    if not isinstance(body, dict):
+        raise InvalidParameter("the body is a JSON object")
+    return body
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# ---- listeners ---------------------------------------------------------------------------------------------------
+def _listen_args(q: QueryParams, last_event_id: str | None = None) -> tuple[list[str], int, bool]:
+    targets = [t.strip() for t in ",".join(q.getlist("targets") + q.getlist("to")).split(",") if t.strip()]
+    raw = last_event_id or q.get("after_seq") or "0"
+    try:
+        after = int(raw)
+    except ValueError as exc:
+        raise InvalidParameter("after_seq (or Last-Event-ID) must be an integer") from exc
+    return targets, after, flag(q.get("speech", "false"))
+
+
+def _ws_token(ws: WebSocket) -> tuple[str | None, str | None]:
+    offered = [p.strip() for p in ws.scope.get("subprotocols", [])]
+    chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None
+    header = ws.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip(), chosen
+    for p in offered:
+        if p.lower().startswith(BEARER):
+            return p[len(BEARER):], chosen
+    return ws.query_params.get("token"), chosen
+
+
+@router.websocket("/v1/rooms/{room_id}/listen")
+async def listen_ws(ws: WebSocket, room_id: str) -> None:
+    token, subprotocol = _ws_token(ws)
+    await ws.accept(subprotocol=subprotocol)
+    rooms = _rooms(ws)
+    try:
+        targets, after, speech = _listen_args(ws.query_params)
+        listener = await rooms.join(room_id, token, targets, after_seq=after, speech=speech)
+    except LinguaFusionError as exc:
+        with contextlib.suppress(Exception):
+            await ws.send_json(error_event(exc).to_wire())
+            await ws.close(code=close_code(exc), reason=exc.code)
+        return
+    reason = "done"
+    writer = asyncio.create_task(_write_ws(ws, listener), name="room-listener")
+    reader = asyncio.create_task(_until_disconnect(ws), name="room-listener-reader")
+    try:
+        done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if reader in done:
+            reason = "disconnected"
+        else:
+            reason = writer.result()
+    except Exception:  # noqa: BLE001 - a bug or a broken socket: the listener leaves either way
+        log.exception("room listener failed")
+        reason = "disconnected"
+    finally:
+        for task in (writer, reader):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        rooms.leave(listener, reason)
+
+
+async def _until_disconnect(ws: WebSocket) -> None:
+    while True:  # listeners send nothing that matters; a disconnect ends the listener
+        msg = await ws.receive()
+        if msg["type"] == "websocket.disconnect":
+            return
+
+
+async def _write_ws(ws: WebSocket, listener: Listener) -> str:
+    try:
+        async for out in listener.outgoing():
+            await asyncio.wait_for(ws.send_text(out.text), SEND_TIMEOUT_S)
+    except TimeoutError:
+        listener.close(SlowConsumer("this listener's connection took too long to take an event"))
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        return "disconnected"
+    with contextlib.suppress(Exception):
+        if listener.error is not None:
+            await ws.send_json(error_event(listener.error).to_wire())
+            await ws.close(code=close_code(listener.error), reason=listener.error.code)
+            return listener.error.code
+        await ws.close(code=1000)
+    return "done"
+
+
+@router.get("/v1/rooms/{room_id}/events")
+async def listen_sse(room_id: str, request: Request) -> StreamingResponse:
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header.lower().startswith("bearer ") else request.query_params.get("token")
+    targets, after, speech = _listen_args(request.query_params, request.headers.get("last-event-id"))
+    rooms = _rooms(request)
+    listener = await rooms.join(room_id, token, targets, after_seq=after, speech=speech)  # errors: JSON 4xx
+    return StreamingResponse(_sse(rooms, listener), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+async def _sse(rooms: RoomService, listener: Listener) -> AsyncIterator[str]:
+    reason = "disconnected"
+    events = listener.outgoing().__aiter__()
+    nxt: asyncio.Future[Any] = asyncio.ensure_future(events.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({nxt}, timeout=KEEPALIVE_S)  # not wait_for: it would end the generator
+            if not done:
+                yield ": keepalive\n\n"
+                continue
+            try:
+                out = nxt.result()
+            except StopAsyncIteration:
+                break
+            nxt = asyncio.ensure_future(events.__anext__())
+            head = f"id: {out.seq}\n" if out.seq is not None else ""
+            yield f"{head}event: {out.type}\ndata: {out.text}\n\n"
+        if listener.error is not None:
+            err = json.dumps(error_event(listener.error).to_wire())
+            yield f"event: error\ndata: {err}\n\n"
+            reason = listener.error.code
+        else:
+            reason = "done"
+    finally:
+        nxt.cancel()
+        rooms.leave(listener, reason)

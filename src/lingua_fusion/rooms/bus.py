@@ -1,0 +1,182 @@
+"""The contracts between gateways about rooms, and their in-process implementations.
+
+``RoomBus`` moves a room's events: ``publish`` (a final is also kept in the room's history, the last
+``max_finals``), ``history`` (finals after a seq, in order), ``position`` and ``follow`` (events after a position,
+in publish order). ``RoomDirectory`` keeps the rooms' records, their listener-token digests and who listens to
+which language (presence entries that expire unless refreshed, so a gateway that dies stops counting).
+
+Both are selected like the stream log: Redis (``redis_bus.py``) when ``state.redis_url`` is set, so every gateway
+sharing that Redis sees every room; these in-process ones otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .model import Room
+
+MAX_FINALS = 1000  # finals a room keeps for late joiners and reconnecting listeners
+MAX_LIVE = 2000  # live events a room's bus keeps for followers that fell behind
+CLOSED_SEQ = 2**53  # the room's `closed` event is kept in its history after every final (a late joiner gets it)
+
+
+class RoomBus(Protocol):
+    async def publish(self, room_id: str, event: dict[str, Any]) -> None:
+        """Send ``event`` (a wire event) to every follower; a final (with ``seq``) is kept in the history too,
+        before or atomically with the live send, so a follower that reads history after it started following
+        misses nothing."""
+        ...
+
+    async def history(self, room_id: str, after_seq: int) -> list[dict[str, Any]]:
+        """The kept finals with ``seq > after_seq``, in seq order, each once; then ``closed`` if the room ended."""
+        ...
+
+    async def position(self, room_id: str) -> str:
+        """Where the live feed is now: ``follow`` from here yields only what is published later."""
+        ...
+
+    def follow(self, room_id: str, position: str) -> AsyncIterator[dict[str, Any]]:
+        """Every event published after ``position``, in order, until cancelled."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class RoomDirectory(Protocol):
+    async def create(self, room: Room, token_digest: str) -> None: ...
+
+    async def get(self, room_id: str) -> Room | None: ...
+
+    async def save(self, room: Room) -> None: ...
+
+    async def rooms_of(self, owner: str) -> list[Room]: ...
+
+    async def room_of_stream(self, stream_id: str) -> str | None: ...
+
+    async def add_token(self, room_id: str, token_digest: str) -> None: ...
+
+    async def token_ok(self, room_id: str, token_digest: str) -> bool: ...
+
+    async def listen(self, room_id: str, gateway: str, counts: dict[str, int], until: float) -> None:
+        """This gateway's listeners of the room per language (replacing what it said before), valid until
+        ``until`` (wall-clock seconds) unless said again: a gateway that dies stops counting."""
+        ...
+
+    async def languages(self, room_id: str, now: float) -> dict[str, int]:
+        """Listeners per language whose presence has not expired at ``now``."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _Channel:
+    finals: dict[int, dict[str, Any]] = field(default_factory=dict)
+    live: deque[tuple[int, dict[str, Any]]] = field(default_factory=lambda: deque(maxlen=MAX_LIVE))
+    counter: int = 0
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+
+def _past(ch: _Channel, seen: int) -> bool:
+    return ch.counter > seen
+
+
+class LocalRoomBus:
+    """One process: a bounded deque of live events and a dict of finals per room."""
+
+    def __init__(self, max_finals: int = MAX_FINALS) -> None:
+        self.max_finals = max_finals
+        self._rooms: dict[str, _Channel] = {}
+
+    def _ch(self, room_id: str) -> _Channel:
+        ch = self._rooms.get(room_id)
+        if ch is None:
+            ch = self._rooms[room_id] = _Channel()
+        return ch
+
+    async def publish(self, room_id: str, event: dict[str, Any]) -> None:
+        ch = self._ch(room_id)
+        kind = event.get("type")
+        if kind in ("final", "closed"):
+            ch.finals[int(event["seq"]) if kind == "final" else CLOSED_SEQ] = event
+            while len(ch.finals) > self.max_finals + 1:
+                del ch.finals[min(ch.finals)]
+        ch.counter += 1
+        ch.live.append((ch.counter, event))
+        async with ch.changed:
+            ch.changed.notify_all()
+
+    async def history(self, room_id: str, after_seq: int) -> list[dict[str, Any]]:
+        ch = self._ch(room_id)
+        return [ch.finals[s] for s in sorted(ch.finals) if s > after_seq]
+
+    async def position(self, room_id: str) -> str:
+        return str(self._ch(room_id).counter)
+
+    async def follow(self, room_id: str, position: str) -> AsyncIterator[dict[str, Any]]:
+        ch = self._ch(room_id)
+        seen = int(position)
+        while True:
+            async with ch.changed:
+                await ch.changed.wait_for(functools.partial(_past, ch, seen))
+            fresh = min(ch.counter - seen, len(ch.live))  # the newest ones only (a deque reads fast from its end)
+            batch = [ch.live[-i] for i in range(fresh, 0, -1)]
+            seen = ch.counter
+            for _n, event in batch:
+                yield event
+
+    def drop(self, room_id: str) -> None:
+        self._rooms.pop(room_id, None)
+
+    async def close(self) -> None:
+        self._rooms.clear()
+
+
+class LocalRoomDirectory:
+    def __init__(self) -> None:
+        self._rooms: dict[str, Room] = {}
+        self._tokens: dict[str, set[str]] = {}
+        self._presence: dict[str, dict[str, tuple[dict[str, int], float]]] = {}
+
+    async def create(self, room: Room, token_digest: str) -> None:
+        self._rooms[room.room_id] = Room.from_dict(room.to_dict())
+        self._tokens[room.room_id] = {token_digest}
+
+    async def get(self, room_id: str) -> Room | None:
+        room = self._rooms.get(room_id)
+        return Room.from_dict(room.to_dict()) if room is not None else None  # a copy, as Redis would give
+
+    async def save(self, room: Room) -> None:
+        self._rooms[room.room_id] = Room.from_dict(room.to_dict())
+
+    async def rooms_of(self, owner: str) -> list[Room]:
+        return [Room.from_dict(r.to_dict()) for r in self._rooms.values() if r.owner == owner]
+
+    async def room_of_stream(self, stream_id: str) -> str | None:
+        return next((r.room_id for r in self._rooms.values() if r.stream_id == stream_id), None)
+
+    async def add_token(self, room_id: str, token_digest: str) -> None:
+        self._tokens.setdefault(room_id, set()).add(token_digest)
+
+    async def token_ok(self, room_id: str, token_digest: str) -> bool:
+        return token_digest in self._tokens.get(room_id, set())
+
+    async def listen(self, room_id: str, gateway: str, counts: dict[str, int], until: float) -> None:
+        self._presence.setdefault(room_id, {})[gateway] = (dict(counts), until)
+
+    async def languages(self, room_id: str, now: float) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for counts, until in self._presence.get(room_id, {}).values():
+            if until > now:
+                for lang, n in counts.items():
+                    if n > 0:
+                        out[lang] = out.get(lang, 0) + n
+        return out
+
+    async def close(self) -> None:
+        pass

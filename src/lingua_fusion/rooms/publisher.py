@@ -1,0 +1,144 @@
+"""The publishing side of a room: a tap on the publisher's StreamSession and the sync of its targets.
+
+The tap (called for every event the session emits, never blocking it) copies what a room carries (partials,
+finals, slides, speech, closed) into a bounded queue; one pump task publishes them on the bus in order, each
+stamped with ``published_at`` (wall-clock seconds, so listeners can measure delivery). A room whose bus is down
+for long drops partials first and counts what it dropped; the publisher's own stream is never slowed.
+
+Targets: the stream translates into the union of its own targets and the languages listeners ask for now (read
+from the directory every ``SYNC_S``); a language added while the room is live is translated from its next final,
+one nobody listens to any more stops costing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import LinguaFusionError
+from ..stream.events import Event
+from ..stream.session import StreamSession
+from .bus import RoomBus, RoomDirectory
+from .model import PUBLISHED, State
+
+log = logging.getLogger("lingua_fusion.rooms")
+SYNC_S = 0.5
+PUBLISH_QUEUE = 1024
+
+
+class RoomPublisher:
+    def __init__(self, room_id: str, session: StreamSession, bus: RoomBus, directory: RoomDirectory, *,
+                 low_confidence: Callable[[str], bool], clock: Callable[[], float] = time.time,
+                 metrics: Any = None) -> None:
+        self.room_id = room_id
+        self.session = session
+        self.bus = bus
+        self.directory = directory
+        self.clock = clock
+        self.metrics = metrics
+        self.own = list(session.spec.targets)  # the publisher's own targets: always translated
+        self._low_confidence = low_confidence
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=PUBLISH_QUEUE)
+        self.dropped = 0
+        self.finals = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ended = False
+        self._busy = False
+
+    def start(self) -> None:
+        self.session.tap = self.tap
+        self._tasks = [asyncio.create_task(self._pump(), name=f"room-pump:{self.room_id}"),
+                       asyncio.create_task(self._sync(), name=f"room-sync:{self.room_id}")]
+
+    def tap(self, event: Event) -> None:
+        if event.TYPE not in PUBLISHED or self.ended:
+            return
+        wire = event.to_wire()
+        wire["published_at"] = round(self.clock(), 6)
+        if event.TYPE in ("partial", "revision"):
+            wire["lang"] = self.session.spec.targets[0]
+        try:
+            self._queue.put_nowait(wire)
+        except asyncio.QueueFull:
+            self.dropped += 1  # the bus is far behind: this room's listeners reconnect from the history
+            if self.metrics is not None:
+                self.metrics.room_events_dropped.inc()
+
+    async def _pump(self) -> None:
+        while True:
+            event = await self._queue.get()
+            self._busy = True
+            while True:
+                try:
+                    await self.bus.publish(self.room_id, event)
+                    break
+                except LinguaFusionError as exc:  # Redis down: keep the order, retry (the tap drops when full)
+                    log.warning("room %s: publish failed (%s); retrying", self.room_id, exc.message)
+                    await asyncio.sleep(0.5)
+            if self.metrics is not None:
+                self.metrics.room_events.labels(type=event["type"]).inc()
+            if event["type"] == "final":
+                self.finals = int(event["seq"])
+            if event["type"] == "closed":
+                await self._finish()
+                return
+            self._busy = False
+
+    async def _finish(self) -> None:
+        self.ended = True
+        with contextlib.suppress(LinguaFusionError):
+            room = await self.directory.get(self.room_id)
+            if room is not None:
+                room.state, room.finals = State.ENDED, self.finals
+                await self.directory.save(room)
+
+    async def _sync(self) -> None:
+        while not self.ended:
+            try:
+                wanted = await self.directory.languages(self.room_id, self.clock())
+                room = await self.directory.get(self.room_id)
+            except LinguaFusionError as exc:
+                log.warning("room %s: language sync failed: %s", self.room_id, exc.message)
+                wanted, room = None, None
+            if room is not None and room.state == State.ENDED:
+                self.ended = True  # ended by its owner (perhaps on another gateway): stop publishing
+                return
+            if wanted is not None:
+                self.retarget(set(wanted))
+            if self.session.closed.is_set() and self._queue.empty() and not self._busy:
+                # the stream ended without `closed` (a lost connection; it may resume, here or elsewhere, and
+                # attach again): stop publishing, the room stays live
+                self.ended = True
+                self._tasks[0].cancel()
+                return
+            await asyncio.sleep(SYNC_S)
+
+    def retarget(self, listened: set[str]) -> None:
+        """The stream's targets := its own, then the listened languages (in a stable order). A new list, never
+        changed in place: a translation in flight keeps the list it started with."""
+        spec = self.session.spec
+        source = spec.source_lang
+        extra = sorted(lang for lang in listened if lang not in self.own and lang != source)
+        targets = self.own + extra
+        if targets != spec.targets:
+            spec.targets = targets
+            spec.low_confidence = [t for t in targets if t in self.own and t in spec.low_confidence
+                                   or t not in self.own and self._low_confidence(t)]
+            log.info("room %s: translating into %s", self.room_id, targets)
+
+    @property
+    def done(self) -> asyncio.Task[None]:
+        """The pump: done once the room's `closed` is published, or the stream ended without one."""
+        return self._tasks[0]
+
+    async def close(self) -> None:
+        self.ended = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -1,0 +1,274 @@
+"""``RoomService``: rooms on one gateway: create, mint listener tokens, list, end (owner key only), publish a
+stream into a room, and join a room as a listener.
+
+A listener joins in three steps, in this order, so that no final falls between history and live: it is added to
+this gateway's ``Feed`` of the room (which follows the bus from a position taken before), then the history after
+its ``after_seq`` is read, then it is given that history followed by the live events (finals the history already
+gave are skipped by seq). Presence (who listens to which language) is written per gateway and refreshed every
+``PRESENCE_S``; the publisher's gateway reads it to choose the stream's targets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import langs as langs_mod
+from ..errors import (
+    AuthenticationError,
+    InvalidParameter,
+    LinguaFusionError,
+    NotFound,
+    QuotaExceeded,
+)
+from ..stream.events import Event
+from ..stream.session import StreamSession
+from .bus import LocalRoomBus, LocalRoomDirectory, RoomBus, RoomDirectory
+from .feed import Feed, Listener, Outgoing, encode_history
+from .metrics import RoomMetrics
+from .model import MAX_LISTEN_LANGS, ROOM_ID, Room, State, digest, new_room_id, new_token
+from .publisher import RoomPublisher
+
+log = logging.getLogger("lingua_fusion.rooms")
+PRESENCE_S = 2.0  # how often a gateway says again who listens to what
+PRESENCE_TTL_S = 10.0  # a gateway silent this long (dead) stops counting
+MAX_ROOMS_PER_KEY = 100
+
+
+def open_rooms(redis_url: str | None) -> tuple[RoomBus, RoomDirectory]:
+    """Redis when the server keeps its state there (every gateway sees every room), else in-process."""
+    if redis_url:
+        from .redis_bus import RedisRoomBus, RedisRoomDirectory
+
+        return RedisRoomBus(redis_url), RedisRoomDirectory(redis_url)
+    return LocalRoomBus(), LocalRoomDirectory()
+
+
+class RoomService:
+    def __init__(self, bus: RoomBus, directory: RoomDirectory, *, check_pair: Callable[[str, str], Any],
+                 low_confidence: Callable[[str, str], bool], metrics: RoomMetrics | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.bus = bus
+        self.directory = directory
+        self.check_pair = check_pair  # (source, target) -> route; raises unsupported_pair
+        self.low_confidence = low_confidence
+        self.metrics = metrics or RoomMetrics()
+        self.clock = clock
+        self.gateway = "gw_" + secrets.token_hex(6)
+        self.publishers: dict[str, RoomPublisher] = {}
+        self.feeds: dict[str, Feed] = {}
+        self._feed_lock = asyncio.Lock()
+        self._presence: asyncio.Task[None] | None = None
+
+    # ---- owner routes ------------------------------------------------------------------------------------------
+    async def create(self, owner: str, source_lang: str | None = None) -> tuple[Room, str]:
+        mine = await self.directory.rooms_of(owner)
+        if sum(r.state != State.ENDED for r in mine) >= MAX_ROOMS_PER_KEY:
+            raise QuotaExceeded(f"this key has {MAX_ROOMS_PER_KEY} rooms open; end one first (DELETE "
+                                "/v1/rooms/{id})", details={"limit": "max_rooms_per_key"})
+        room = Room(new_room_id(), owner, round(self.clock(), 3),
+                    source_lang=langs_mod.normalize(source_lang, field="source_lang") if source_lang else None)
+        token = new_token()
+        await self.directory.create(room, digest(token))
+        return room, token
+
+    async def owned(self, room_id: str, owner: str) -> Room:
+        """The room if ``owner`` made it; another key's room is a 404, as one that does not exist."""
+        room = await self.directory.get(room_id) if ROOM_ID.match(room_id) else None
+        if room is None or room.owner != owner:
+            raise NotFound(f"no room {room_id} for this key")
+        return room
+
+    async def mint(self, room_id: str, owner: str) -> str:
+        room = await self.owned(room_id, owner)
+        token = new_token()
+        await self.directory.add_token(room.room_id, digest(token))
+        return token
+
+    async def describe(self, room: Room) -> dict[str, Any]:
+        return room.public(await self.directory.languages(room.room_id, self.clock()))
+
+    async def list(self, owner: str) -> list[dict[str, Any]]:
+        return [await self.describe(r) for r in sorted(await self.directory.rooms_of(owner), key=lambda r: r.created)]
+
+    async def end(self, room_id: str, owner: str) -> Room:
+        """End the room: every listener gets ``closed`` (reason ``ended by its owner``); its publisher's stream
+        goes on, no longer published."""
+        room = await self.owned(room_id, owner)
+        if room.state != State.ENDED:
+            pub = self.publishers.pop(room_id, None)
+            if pub is not None:
+                room.finals = pub.finals
+                await pub.close()
+                self.metrics.rooms.set(len(self.publishers))
+            room.state = State.ENDED
+            await self.directory.save(room)
+            await self.bus.publish(room_id, {"type": "closed", "finals": room.finals, "reason": "ended by its owner",
+                                             "published_at": round(self.clock(), 6)})
+        return room
+
+    # ---- publishing (RoomHost) ---------------------------------------------------------------------------------
+    async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event) -> None:
+        spec = session.spec
+        resumed = getattr(ready, "resumed", None) is not None
+        room_id = await self.directory.room_of_stream(spec.stream_id) if resumed else None
+        if room_id is None and isinstance(room, str):
+            room_id = room
+        elif room_id is None and room is not True:
+            raise InvalidParameter("room is true (publish this stream as a new room) or the id of a room this key "
+                                   "created (POST /v1/rooms)")
+        if room_id is None:
+            record, _ = await self.create(key_id)
+        else:
+            record = await self.owned(room_id, key_id)
+            if record.state == State.ENDED and not resumed:
+                raise InvalidParameter(f"room {room_id} has ended; create another")
+        record.state, record.stream_id = State.LIVE, spec.stream_id
+        record.source_lang, record.targets = spec.source_lang, list(spec.targets)
+        await self.directory.save(record)
+        token = new_token()
+        await self.directory.add_token(record.room_id, digest(token))
+        old = self.publishers.pop(record.room_id, None)
+        if old is not None:
+            await old.close()
+        pub = RoomPublisher(record.room_id, session, self.bus, self.directory, clock=self.clock,
+                            low_confidence=lambda t: self.low_confidence(spec.source_lang, t), metrics=self.metrics)
+        pub.finals = session.seq
+        pub.retarget(set((await self.directory.languages(record.room_id, self.clock())).keys()))
+        pub.start()
+        pub.done.add_done_callback(lambda _t: self._publisher_done(pub))
+        self.publishers[record.room_id] = pub
+        self.metrics.rooms.set(len(self.publishers))
+        ready.room_id, ready.listener_token = record.room_id, token  # type: ignore[attr-defined]
+
+    def _publisher_done(self, pub: RoomPublisher) -> None:
+        if self.publishers.get(pub.room_id) is pub:
+            del self.publishers[pub.room_id]
+        self.metrics.rooms.set(len(self.publishers))
+
+    # ---- listening -----------------------------------------------------------------------------------------------
+    async def join(self, room_id: str, token: str | None, targets: list[str], *, after_seq: int = 0,
+                   speech: bool = False) -> Listener:
+        if not token:
+            raise AuthenticationError("a listener token is needed (Authorization: Bearer lt_..., or ?token=)")
+        room = await self.directory.get(room_id) if ROOM_ID.match(room_id) else None
+        if room is None or not await self.directory.token_ok(room_id, digest(token)):
+            # a wrong token and a wrong room look the same: a token tells nothing about other rooms
+            raise AuthenticationError("this listener token does not open this room")
+        langs = self._languages(room, targets)
+        if not 0 <= after_seq < 2**53:
+            raise InvalidParameter("after_seq must be an integer from 0 to 2**53")
+        listener = Listener(room_id, langs, speech, after_seq)
+        if room.state == State.ENDED:
+            history = await self.bus.history(room_id, after_seq)
+            listener.prime(self._with_closed(encode_history(history, langs), room))
+            listener.close()
+            return listener
+        feed = await self._feed(room_id)
+        feed.add(listener)
+        self._joined()
+        try:
+            await self._say_presence(room_id)
+            history = await self.bus.history(room_id, after_seq)
+        except BaseException:
+            self.leave(listener, "disconnected")
+            raise
+        listener.prime(encode_history(history, langs))
+        return listener
+
+    def _languages(self, room: Room, targets: list[str]) -> tuple[str, ...]:
+        if not targets or len(targets) > MAX_LISTEN_LANGS:
+            raise InvalidParameter(f"targets lists 1 to {MAX_LISTEN_LANGS} languages (targets=es,de)")
+        out: list[str] = []
+        for t in targets:
+            lang = langs_mod.normalize(t, field="targets")
+            if room.source_lang and lang != room.source_lang:
+                self.check_pair(room.source_lang, lang)  # 422 unsupported_pair, naming the served pairs
+            if lang not in out:
+                out.append(lang)
+        return tuple(out)
+
+    @staticmethod
+    def _with_closed(history: list[Outgoing], room: Room) -> list[Outgoing]:
+        if history and history[-1].type == "closed":
+            return history
+        closed = {"type": "closed", "finals": room.finals, "reason": "the room has ended"}
+        return [*history, Outgoing(closed, json.dumps(closed))]
+
+    def _joined(self) -> None:
+        self.metrics.joined.inc()
+        self.metrics.listeners.set(sum(len(f.listeners) for f in self.feeds.values()))
+        if self._presence is None or self._presence.done():
+            self._presence = asyncio.create_task(self._presence_loop(), name="room-presence")
+
+    def leave(self, listener: Listener, reason: str) -> None:
+        listener.close()
+        feed = self.feeds.get(listener.room_id)
+        if feed is not None and listener in feed.listeners:
+            feed.remove(listener)
+            self.metrics.left.labels(reason=reason).inc()
+        self.metrics.listeners.set(sum(len(f.listeners) for f in self.feeds.values()))
+
+    async def _feed(self, room_id: str) -> Feed:
+        async with self._feed_lock:
+            feed = self.feeds.get(room_id)
+            if feed is None or feed.ended:
+                feed = Feed(room_id, self.bus, self._feed_empty)
+                await feed.start()
+                self.feeds[room_id] = feed
+                self.metrics.feeds.set(len(self.feeds))
+            return feed
+
+    def _feed_empty(self, feed: Feed) -> None:
+        if self.feeds.get(feed.room_id) is feed:
+            del self.feeds[feed.room_id]
+        feed.cancel()
+        self.metrics.feeds.set(len(self.feeds))
+        self.metrics.listeners.set(sum(len(f.listeners) for f in self.feeds.values()))
+
+    def _counts(self, room_id: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        feed = self.feeds.get(room_id)
+        for listener in feed.listeners if feed is not None else ():
+            for lang in listener.langs:
+                counts[lang] = counts.get(lang, 0) + 1
+        return counts
+
+    async def _say_presence(self, room_id: str) -> None:
+        await self.directory.listen(room_id, self.gateway, self._counts(room_id), self.clock() + PRESENCE_TTL_S)
+
+    async def _presence_loop(self) -> None:
+        said: set[str] = set()
+        while True:
+            await asyncio.sleep(PRESENCE_S)
+            rooms = set(self.feeds) | said  # a room whose last listener left here: say zero once
+            for room_id in rooms:
+                try:
+                    await self._say_presence(room_id)
+                except LinguaFusionError as exc:
+                    log.warning("room %s: presence not written: %s", room_id, exc.message)
+            said = set(self.feeds)
+
+    async def close(self) -> None:
+        if self._presence is not None:
+            self._presence.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._presence
+        for pub in list(self.publishers.values()):
+            await pub.close()
+        for feed in list(self.feeds.values()):
+            for listener in list(feed.listeners):
+                listener.close()
+            await feed.stop()
+        self.publishers.clear()
+        self.feeds.clear()
+        with contextlib.suppress(Exception):
+            await self.bus.close()
+        with contextlib.suppress(Exception):
+            await self.directory.close()
