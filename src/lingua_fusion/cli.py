@@ -71,7 +71,21 @@ def _settings(state_dir: Path | None) -> Any:
 def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Option(8000, "--port"),
           no_auth: bool = typer.Option(False, "--no-auth", help="Development only: no API keys (loopback only)."),
           state_dir: Path | None = STATE_OPT, log_level: str = typer.Option("info", "--log-level"),
-          chaos: bool = typer.Option(False, "--chaos", help="Allow fault injection (admin key) for experiments.")
+          chaos: bool = typer.Option(False, "--chaos", help="Allow fault injection (admin key) for experiments."),
+          workers: int = typer.Option(1, "--workers", min=1, max=64,
+                                      help="Stream worker processes sharing one model process (api/workers.py); "
+                                           "1: everything in this process."),
+          cluster: bool = typer.Option(False, "--cluster", help="Run on Ray Serve: gateway and model replicas, "
+                                                                 "state in Redis (docs/cluster.md)."),
+          ray_address: str | None = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
+                                                 help="With --cluster: the Ray cluster (host:port); none starts "
+                                                      "a local one."),
+          gateways: int = typer.Option(2, "--gateways", min=1, max=64, help="With --cluster: gateway replicas."),
+          model_replicas: int = typer.Option(1, "--model-replicas", min=1, max=64,
+                                             help="With --cluster: model replicas (the minimum when autoscaling)."),
+          max_model_replicas: int = typer.Option(0, "--max-model-replicas", min=0, max=256,
+                                                 help="With --cluster: autoscale model replicas up to this many "
+                                                      "(queue depth and SLO headroom); 0: a fixed count.")
           ) -> None:
     """Run the server (SQLite state, in-process cache, CPU models)."""
     from .api import create_app
@@ -83,19 +97,47 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
     settings.server.host, settings.server.port, settings.server.auth = host, port, not no_auth
     settings.server.chaos = chaos or settings.server.chaos
     install_logging(log_level)  # before the app is built: what it logs at start-up is masked too
+    if cluster:
+        from .cluster.deploy import ClusterSpec, run_cluster
+        from .state.sqlite import SQLiteStore
+
+        if workers > 1 or settings.server.chaos:
+            usage("--cluster runs its own processes: it takes neither --workers nor --chaos")
+        if not settings.state.redis_url:
+            usage("--cluster needs Redis for the shared stream log: set LINGUAFUSION_STATE__REDIS_URL")
+
+        def ready() -> None:
+            keys = SQLiteStore(settings.resolved_state_dir())  # gateways read the same key store
+            _banner(keys, settings, host, port)
+            keys.close()
+
+        spec = ClusterSpec(gateways, model_replicas, max_model_replicas or None)
+        run_cluster(settings, spec, address=ray_address, host=host, port=port, ready=ready)
+        return
+    if workers > 1:
+        if settings.server.chaos:
+            usage("--chaos needs a single process: fault injection is not sent to the model process (--workers 1)")
+        from .api.workers import serve_sharded
+        from .state.sqlite import SQLiteStore
+
+        keys = SQLiteStore(settings.resolved_state_dir())
+        _banner(keys, settings, host, port)
+        keys.close()
+        serve_sharded(settings, workers, log_level)
+        return
     app_ = create_app(settings)
-    _banner(app_, settings, host, port)
+    _banner(app_.state.store, settings, host, port)
     # connection cap, head timeout, WebSocket frame limit, masked logs, drain on SIGTERM (api/server.py)
     build_server(app_, settings, log_level=log_level).run()
 
 
-def _banner(app_: Any, settings: Any, host: str, port: int) -> None:
+def _banner(store: Any, settings: Any, host: str, port: int) -> None:
     """Where the server is, where its state lives, and with auth on and no key yet, the command that makes one."""
     state = settings.resolved_state_dir()
     auth = settings.server.auth
     err.print(f"LinguaFusion on http://{host}:{port} (auth {'on' if auth else 'off'}); state directory: {state}",
               markup=False)
-    if auth and not any(not k.revoked for k in app_.state.store.list_keys()):
+    if auth and not any(not k.revoked for k in store.list_keys()):
         err.print(f"no API key in {state} yet: create one with\n  linguafusion keys create --admin --state-dir "
                   f"{state}", markup=False, style="yellow")
     err.print(f"API docs: http://{host}:{port}/docs", markup=False, style="dim")
@@ -189,6 +231,8 @@ def stream(
     partials: bool = typer.Option(True, "--partials/--no-partials"),
     as_json: bool = typer.Option(False, "--json", help="One JSON event per line."),
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
+    room: bool = typer.Option(False, "--room", help="Publish the stream as a room; prints its room_id and "
+                              "listener_token (with --json: the ready event) for `linguafusion listen`."),
 ) -> None:
     """Play FILE as a live stream and print captions as they arrive."""
     import asyncio
@@ -198,7 +242,31 @@ def stream(
     try:
         code = asyncio.run(play_file(file, targets=to, source_lang=source_lang, slo=slo, realtime=realtime,
                                      chunk_ms=chunk_ms, partials=partials, as_json=as_json, url=url,
-                                     api_key=api_key, console=err))
+                                     api_key=api_key, console=err, room=room))
+    except LinguaFusionError as exc:
+        _fail(exc)
+        return
+    raise typer.Exit(code)
+
+
+@app.command()
+def listen(
+    room_id: str = typer.Argument(..., help="The room (rm_...), as the publisher's ready event names it."),
+    token: str = typer.Option(..., "--token", envvar="LINGUAFUSION_LISTENER_TOKEN",
+                              help="The room's listener token (lt_...): read-only."),
+    to: list[str] = typer.Option(..., "--to", help="Language(s) to hear; repeat for several."),
+    after_seq: int = typer.Option(0, "--after-seq", help="Resume: only captions after this seq."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON event per line."),
+    url: str | None = URL_OPT,
+) -> None:
+    """Listen to a room: its captions in your languages, as they come, until the room ends."""
+    from .listenclient import listen_room
+
+    try:
+        if not url:
+            raise InvalidParameter("listen needs the server: give --url (or LINGUAFUSION_URL)")
+        code = listen_room(room_id, token=token, targets=to, after_seq=after_seq, as_json=as_json, url=url,
+                           console=err)
     except LinguaFusionError as exc:
         _fail(exc)
         return

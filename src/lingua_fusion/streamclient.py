@@ -72,8 +72,13 @@ def check_request(client: Any, targets: list[str], slo: str, source_lang: str | 
 
 
 async def play_file(path: Path, *, targets: list[str], source_lang: str | None, slo: str, realtime: bool, chunk_ms: int,
-                    partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any) -> int:
+                    partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any,
+                    room: bool = False) -> int:
+    from .errors import InvalidParameter
     from .sdk import LocalTranslator, MultimodalTranslator
+
+    if room and not url:
+        raise InvalidParameter("--room publishes the stream on a server for listeners: give --url")
 
     data = await asyncio.to_thread(read_media, path)
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
@@ -85,12 +90,15 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     if not realtime:
         chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
-    stream = client.stream(targets, source_lang=source_lang, slo=slo, partials=partials)
+    stream = client.stream(targets, source_lang=source_lang, slo=slo, partials=partials,
+                           **({"room": True} if room else {}))
     if hasattr(stream, "on_reconnect"):
         stream.on_reconnect = lambda st: console.print(
             f"connection lost; reconnected and resumed after caption {st.last_seq}", markup=False, style="yellow")
     async with stream as s:
         t0 = time.monotonic()
+        if room:  # where listeners join: `linguafusion listen ROOM_ID --token TOKEN --to LANG --url URL`
+            _show_room(s.ready, as_json, console)
 
         async def send() -> None:
             for i, off in enumerate(range(0, len(pcm), step)):
@@ -133,6 +141,15 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
         lat = summarize(finals, len(audio) / 16000)
         console.print("latency (ms; _ca = computation-aware): " + json.dumps(lat), markup=False, style="dim")
     return 0
+
+
+def _show_room(ready: dict[str, Any], as_json: bool, console: Any) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(ready, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    else:
+        console.print(f"room {ready.get('room_id')}: listeners join with `linguafusion listen {ready.get('room_id')} "
+                      f"--token {ready.get('listener_token')} --to LANG --url URL`", markup=False)
 
 
 class _Shown:

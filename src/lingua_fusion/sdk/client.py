@@ -65,12 +65,25 @@ class _Base:
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
-               inputs: list[str] | None = None) -> RemoteStream:
+               inputs: list[str] | None = None, room: bool | str | None = None) -> RemoteStream:
         """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``. ``inputs``: what the
-        stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity."""
-        return RemoteStream(ws_url(self.base_url), self.api_key,
-                            start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
-                                          min_confidence, audio_format, inputs))
+        stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity.
+        ``room``: True publishes the stream as a new room (``s.ready["room_id"]``, ``s.ready["listener_token"]``),
+        or the id of a room made with ``create_room()``."""
+        start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
+                              min_confidence, audio_format, inputs)
+        if room:
+            start["room"] = room
+        return RemoteStream(ws_url(self.base_url), self.api_key, start)
+
+    def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,
+               speech: bool = False) -> Any:
+        """A room's events with a listener token: an iterator on ``MultimodalTranslator``, an async iterator on
+        ``AsyncMultimodalTranslator``; every final once, in order, across reconnections (sdk/rooms.py)."""
+        from . import rooms
+
+        fn = rooms.alisten if isinstance(self, AsyncMultimodalTranslator) else rooms.listen
+        return fn(self.base_url, room_id, token, targets, after_seq=after_seq, speech=speech)
 
 
 class MultimodalTranslator(_Base):
@@ -106,6 +119,19 @@ class MultimodalTranslator(_Base):
 
     def models(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/models"))
+
+    def create_room(self, source_lang: str | None = None) -> dict[str, Any]:
+        """A room to publish a stream into later (``stream(..., room=room_id)``): room_id, listener_token."""
+        return dict(self._call("POST", "/v1/rooms", json={"source_lang": source_lang} if source_lang else {}))
+
+    def room_token(self, room_id: str) -> str:
+        return str(self._call("POST", f"/v1/rooms/{room_id}/tokens")["listener_token"])
+
+    def rooms(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/rooms")["rooms"])
+
+    def end_room(self, room_id: str) -> dict[str, Any]:
+        return dict(self._call("DELETE", f"/v1/rooms/{room_id}"))
 
     def close(self) -> None:
         self._http.close()
@@ -143,6 +169,18 @@ class AsyncMultimodalTranslator(_Base):
 
     async def models(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/v1/models"))
+
+    async def create_room(self, source_lang: str | None = None) -> dict[str, Any]:
+        return dict(await self._call("POST", "/v1/rooms", json={"source_lang": source_lang} if source_lang else {}))
+
+    async def room_token(self, room_id: str) -> str:
+        return str((await self._call("POST", f"/v1/rooms/{room_id}/tokens"))["listener_token"])
+
+    async def rooms(self) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/v1/rooms"))["rooms"])
+
+    async def end_room(self, room_id: str) -> dict[str, Any]:
+        return dict(await self._call("DELETE", f"/v1/rooms/{room_id}"))
 
     async def aclose(self) -> None:
         await self._http.aclose()

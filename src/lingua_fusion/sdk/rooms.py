@@ -1,0 +1,121 @@
+"""Listening to a room from Python: ``for event in translator.listen(room_id, token=..., targets=["es"]):``.
+
+The listener connects to ``WS /v1/rooms/{id}/listen`` with its read-only token in the Authorization header. When
+the connection breaks (or the server dropped it as a slow listener, 4429) it reconnects with ``after_seq`` = the
+last final it gave, so every final arrives exactly once, in order, until ``closed``. A refusal (bad token 4401,
+unknown language 4422, ...) raises the typed error with the server's code.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+from urllib.parse import urlencode
+
+from ..errors import BackendError, from_code
+from .stream import StreamEvent
+
+RETRY_CODES = {1001, 1006, 1011, 1012, 4429}  # going away, broken, server error, restart, dropped as slow
+
+
+def listen_url(base_url: str, room_id: str, targets: list[str], after_seq: int, speech: bool) -> str:
+    scheme, _, rest = base_url.partition("://")
+    query = urlencode({"targets": ",".join(targets), "after_seq": after_seq, "speech": str(speech).lower()})
+    return ("wss" if scheme == "https" else "ws") + "://" + rest.rstrip("/") + f"/v1/rooms/{room_id}/listen?{query}"
+
+
+class _State:
+    def __init__(self, after_seq: int, reconnect_timeout: float) -> None:
+        self.last_seq = after_seq
+        self.reconnects = 0
+        self.deadline = 0.0
+        self.reconnect_timeout = reconnect_timeout
+        self.error: dict[str, Any] | None = None
+
+    def event(self, raw: str | bytes) -> StreamEvent | None:
+        """The event to give, or None (a final already given before a reconnection)."""
+        ev = StreamEvent.model_validate(json.loads(raw))
+        if ev.type == "final" and ev.seq is not None:
+            if ev.seq <= self.last_seq:
+                return None
+            self.last_seq = ev.seq
+        if ev.type == "error":
+            self.error = ev.model_dump()
+        return ev
+
+    def broken(self, code: int | None) -> float:
+        """Seconds to wait before reconnecting; raises when the break is final (a refusal, or past the deadline)."""
+        err = self.error or {}
+        if code is not None and code not in RETRY_CODES:
+            raise from_code(err.get("code", "internal"), err.get("message", f"the room closed the connection "
+                                                                            f"({code})"), details=err.get("details"))
+        now = time.monotonic()
+        if not self.deadline:
+            self.deadline = now + self.reconnect_timeout
+        if now > self.deadline:
+            raise BackendError("lost the room's connection and could not reconnect")
+        self.error = None
+        self.reconnects += 1
+        return min(2.0, 0.25 * 2 ** min(self.reconnects, 3))
+
+
+def listen(base_url: str, room_id: str, token: str, targets: list[str], *, after_seq: int = 0, speech: bool = False,
+           reconnect_timeout: float = 60.0, open_timeout: float = 30.0) -> Iterator[StreamEvent]:
+    """The room's events (partials, finals, slides, closed) for ``targets``, blocking; ends after ``closed``."""
+    from websockets.exceptions import ConnectionClosed, WebSocketException
+    from websockets.sync.client import connect
+
+    st = _State(after_seq, reconnect_timeout)
+    while True:
+        code: int | None = None
+        try:
+            with connect(listen_url(base_url, room_id, targets, st.last_seq, speech), open_timeout=open_timeout,
+                         additional_headers={"Authorization": f"Bearer {token}"}, max_size=16 * 1024 * 1024) as ws:
+                st.deadline = 0.0
+                for raw in ws:
+                    ev = st.event(raw)
+                    if ev is not None and ev.type != "error":
+                        yield ev
+                        if ev.type == "closed":
+                            return
+                code = ws.close_code
+        except ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd is not None else None
+        except (OSError, WebSocketException, TimeoutError) as exc:
+            if not st.deadline and st.reconnects == 0:
+                raise BackendError(f"cannot reach the room at {base_url}: {exc}") from exc
+        time.sleep(st.broken(code))
+
+
+async def alisten(base_url: str, room_id: str, token: str, targets: list[str], *, after_seq: int = 0,
+                  speech: bool = False, reconnect_timeout: float = 60.0, open_timeout: float = 30.0
+                  ) -> AsyncIterator[StreamEvent]:
+    """``listen`` for asyncio."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, WebSocketException
+
+    st = _State(after_seq, reconnect_timeout)
+    while True:
+        code: int | None = None
+        try:
+            async with connect(listen_url(base_url, room_id, targets, st.last_seq, speech),
+                               open_timeout=open_timeout, additional_headers={"Authorization": f"Bearer {token}"},
+                               max_size=16 * 1024 * 1024) as ws:
+                st.deadline = 0.0
+                async for raw in ws:
+                    ev = st.event(raw)
+                    if ev is not None and ev.type != "error":
+                        yield ev
+                        if ev.type == "closed":
+                            return
+                code = ws.close_code
+        except ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd is not None else None
+        except (OSError, WebSocketException, TimeoutError) as exc:
+            if not st.deadline and st.reconnects == 0:
+                raise BackendError(f"cannot reach the room at {base_url}: {exc}") from exc
+        await asyncio.sleep(st.broken(code))
