@@ -8,6 +8,8 @@ the metrics and the StreamService, and installs the lifespan, the error map and 
 - ``ws.py``: /v1/streams over the StreamService (built by ``_install_streams``)
 - ``rooms.py``: /v1/rooms (owner routes) and its listeners over WebSocket and server-sent events
 - ``web.py``: the live-captions page (/), the operations page (/ops), stream tickets, /v1/ops/metrics
+- ``openai_audio.py``, ``openai_realtime.py``: OpenAI's audio API (/v1/audio/*) and realtime transcription
+  (WS /v1/realtime) over the same FileTranslator and StreamService (docs/openai.md)
 
 Routes reach the translator, store, settings and metrics through ``request.app.state.ctx``
 (``deps.AppContext``).
@@ -38,9 +40,10 @@ from ..stream.journal import StreamLog
 from ..stream.service import KeyQuota, Principal, StreamService
 from ..tracing import Tracer, from_settings
 from ..tracing import http as tracing_http
-from . import admin, docs, glossaries, health, translate, web
+from . import admin, docs, glossaries, health, openai_audio, openai_realtime, translate, web
 from . import errors as error_map
 from . import rooms as rooms_api
+from . import vocab as vocab_api
 from . import ws as ws_routes
 from .admission import Admission
 from .deps import ANONYMOUS, AppContext
@@ -82,6 +85,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
                     await asyncio.wait_for(warm_task, timeout=120)
             translator.close()
             store.close()
+            vocab_api.close(app)
             await tracing_http.shutdown(app)
 
     app = FastAPI(title="LinguaFusion", version="0.1.0", lifespan=lifespan,
@@ -98,8 +102,9 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     error_map.install(app)
     app.add_middleware(CountRequests)
     app.add_middleware(Guard, settings=settings)  # outermost: Host, Origin, body bytes (api/guard.py)
-    for module in (health, translate, glossaries, admin):
+    for module in (health, translate, glossaries, admin, openai_audio):
         app.include_router(module.router)
+    vocab_api.install(app, settings)  # /v1/vocabularies: taught signs and lip words (api/vocab.py)
     docs.install(app)  # /docs offline, bearer auth in the OpenAPI document (api/docs.py)
     web.install(app)  # /, /ops, /static, stream tickets, /v1/ops/metrics (api/web.py)
     streams = _install_streams(app, settings, translator, metrics, store, executor or Executor)
@@ -194,4 +199,5 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
         return Principal(key.key_id, "admin" in key.scopes)
 
     ws_routes.install(app, service, web.ticketed(app, authenticate))  # ?ticket= once (api/tickets.py)
+    openai_realtime.install(app, service, authenticate)  # WS /v1/realtime: OpenAI's clients send the header
     return lifetime

@@ -1,0 +1,107 @@
+"""Deploy LinguaFusion on Ray Serve: two Serve applications on one Ray cluster.
+
+- ``lf-models`` (no route): the ``ModelReplica`` deployment, ``model_replicas`` replicas of 1 CPU each, or
+  autoscaled between ``model_replicas`` and ``max_model_replicas`` by ``autoscale.slo_policy`` (queue depth and
+  SLO headroom, reported by each replica).
+- ``lf-gateway`` (route ``/``): the ``Gateway`` ingress deployment, ``gateways`` replicas of 0 CPUs (their work is
+  I/O and sessions; VAD is light), behind Serve's HTTP proxy on ``host:port``.
+
+``run_cluster`` is what ``linguafusion serve --cluster`` runs: connect to a Ray cluster (``address``; none starts
+a local one owned by this process), deploy both, wait for SIGINT / SIGTERM, then shut Serve down.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Settings
+from .gateway import MODEL_DEPLOYMENT, MODELS_APP, Gateway
+from .replica import ModelReplica
+
+log = logging.getLogger("lingua_fusion.cluster")
+GATEWAY_APP = "lf-gateway"
+NAMESPACE = "linguafusion"
+MAX_ONGOING_MODEL_CALLS = 1024  # calls a model replica takes at once: all of them meet in its scheduler
+MAX_ONGOING_GATEWAY = 512  # HTTP requests and WebSockets a gateway replica holds at once (= server.max_connections)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    gateways: int = 2
+    model_replicas: int = 1
+    max_model_replicas: int | None = None  # set: autoscale the model replicas between the two
+    model_cpus: float = 1.0
+
+
+def model_app(settings: Settings, spec: ClusterSpec) -> Any:
+    from ray import serve
+    from ray.serve.config import AutoscalingConfig, AutoscalingPolicy
+
+    options: dict[str, Any] = {"name": MODEL_DEPLOYMENT, "max_ongoing_requests": MAX_ONGOING_MODEL_CALLS,
+                               "ray_actor_options": {"num_cpus": spec.model_cpus},
+                               "health_check_period_s": 2.0, "health_check_timeout_s": 10.0}
+    if spec.max_model_replicas and spec.max_model_replicas > spec.model_replicas:
+        options["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=spec.model_replicas, max_replicas=spec.max_model_replicas,
+            initial_replicas=spec.model_replicas, upscale_delay_s=10.0, downscale_delay_s=120.0,
+            look_back_period_s=10.0,
+            policy=AutoscalingPolicy(policy_function="lingua_fusion.cluster.autoscale:slo_policy"))
+    else:
+        options["num_replicas"] = spec.model_replicas
+    return serve.deployment(**options)(ModelReplica).bind(settings.model_dump(mode="json"))
+
+
+def gateway_app(settings: Settings, spec: ClusterSpec) -> Any:
+    from ray import serve
+
+    ingress = serve.ingress()(Gateway)
+    return serve.deployment(name="Gateway", num_replicas=spec.gateways, max_ongoing_requests=MAX_ONGOING_GATEWAY,
+                            ray_actor_options={"num_cpus": 0},
+                            graceful_shutdown_timeout_s=settings.server.drain_timeout_s,
+                            health_check_period_s=2.0)(ingress).bind(settings.model_dump(mode="json"), MODELS_APP)
+
+
+def deploy(settings: Settings, spec: ClusterSpec, *, address: str | None, host: str, port: int,
+           local_cpus: int | None = None) -> None:
+    """Connect (or start a local Ray), start Serve's proxy on host:port, deploy the models, then the gateways."""
+    import ray
+    from ray import serve
+
+    if address:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    else:
+        ray.init(namespace=NAMESPACE, num_cpus=local_cpus, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=200 * 1024 * 1024)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(model_app(settings, spec), name=MODELS_APP, route_prefix=None, blocking=False)
+    serve.run(gateway_app(settings, spec), name=GATEWAY_APP, route_prefix="/", blocking=False)
+
+
+def shutdown() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def run_cluster(settings: Settings, spec: ClusterSpec, *, address: str | None, host: str, port: int,
+                ready: Any = None) -> None:
+    """Deploy, call ``ready()``, then block until SIGINT / SIGTERM and shut Serve down."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    deploy(settings, spec, address=address, host=host, port=port)
+    try:
+        if ready is not None:
+            ready()
+        while not stop.wait(1.0):
+            pass
+    finally:
+        shutdown()

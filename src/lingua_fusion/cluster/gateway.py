@@ -1,0 +1,62 @@
+"""A cluster gateway: our FastAPI app (REST, WebSocket streams, their sessions) as a Serve ingress replica.
+
+The app is the one ``linguafusion serve`` runs (``api.create_app``), built on the replica (Serve's late-bound
+``__serve_build_asgi_app__``) with a ``ClusterExecutor``: streams' model work goes to the model replicas. A gateway
+keeps no state another gateway needs: finals and snapshots are in the Redis stream log (a client resumes on any
+gateway), rooms in the rooms' Redis bus, and its heartbeat (heartbeat.py) says which streams it holds. Serve's
+proxy routes each HTTP request and each WebSocket to one gateway replica; when that replica dies, the client's
+reconnection is routed to a live one (or to the replica Serve starts in its place) and resumes there.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from ..config import Settings
+from ..models.registry import Registry
+from ..observability import Metrics
+from .heartbeat import Beat, Heartbeat
+from .port import ClusterExecutor
+
+MODELS_APP = "lf-models"  # the Serve application of the model replicas
+MODEL_DEPLOYMENT = "ModelReplica"
+
+
+class Gateway:
+    def __init__(self, settings: dict[str, Any], models_app: str = MODELS_APP) -> None:
+        self.settings = Settings.model_validate(settings)
+        if not self.settings.state.redis_url:
+            raise ValueError("a cluster gateway needs state.redis_url: the stream log must be shared")
+        self.models_app = models_app
+        self.gateway_id = f"{socket.gethostname()}-{os.getpid()}"
+        self._fastapi: Any = None  # (``app`` is the Serve wrapper's property)
+        self.executor: ClusterExecutor | None = None
+        self.heartbeat: Heartbeat | None = None
+
+    async def __serve_build_asgi_app__(self) -> Any:
+        from ray import serve
+
+        from ..api import create_app
+
+        handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=self.models_app)
+
+        def executor(registry: Registry, settings: Settings, metrics: Metrics) -> ClusterExecutor:
+            self.executor = ClusterExecutor(registry, settings, metrics, handle=handle)
+            return self.executor
+
+        self._fastapi = create_app(self.settings, warm=False, executor=executor)
+        assert self.executor is not None
+        self.heartbeat = Heartbeat(self.settings.state.redis_url or "", self._beat)
+        self.executor.others = lambda: self.heartbeat.others_admitted if self.heartbeat is not None else 0
+        self.heartbeat.start()
+        return self._fastapi
+
+    def _beat(self) -> Beat:
+        service = self._fastapi.state.streams
+        return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), len(service.executor.scheduler.admitted))
+
+    async def __del__(self) -> None:
+        if self.heartbeat is not None:
+            await self.heartbeat.close()

@@ -1,0 +1,76 @@
+"""A model replica: our ``Executor`` (the SLO scheduler, one worker per model key, the model threads) serving
+every gateway's streams. Serve routes each gateway's ``run`` calls here; the replica's own event loop takes many
+at once (``max_ongoing_requests`` is high), so the executor's scheduler batches across all gateways' streams exactly
+as it does across one server's streams. Serve's ``@serve.batch`` is not used: it batches calls of one method by
+arrival, while a batch here must hold one model key's items in SLO-deadline order, which the scheduler does.
+
+The deployment options (replicas, autoscaling, health checks) are applied in ``deploy.py``; this class is plain
+so that a test can build one without Serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..config import Settings
+from ..errors import LinguaFusionError
+from ..models.registry import Registry
+from ..serving.executor import Executor
+from ..serving.scheduler import SLO_CLASSES, stage_deadline
+from .autoscale import PressureWindow
+from .wire import Call, Reply
+
+log = logging.getLogger("lingua_fusion.cluster")
+
+
+class _Pressure:
+    """The StageObserver of a replica: each committed stage's latency as a share of its budget."""
+
+    def __init__(self, window: PressureWindow) -> None:
+        self.window = window
+
+    def stage_done(self, slo: str, stage: str, seconds: float) -> None:
+        if slo in SLO_CLASSES:
+            self.window.record(time.monotonic(), seconds / stage_deadline(slo, stage, 0.0))
+
+
+class ModelReplica:
+    def __init__(self, settings: dict[str, Any], warm: tuple[str, ...] = ("asr:tiny.en", "mt:en-es")) -> None:
+        self.settings = Settings.model_validate(settings)
+        self.registry = Registry(self.settings)
+        self.pressure = PressureWindow()
+        self.executor = Executor(self.registry, self.settings, observer=_Pressure(self.pressure))
+        self._warm(warm)
+
+    def _warm(self, keys: tuple[str, ...]) -> None:
+        """Load the usual models before Serve routes here (the constructor runs before the replica is ready)."""
+        for key in keys:
+            try:
+                if key.startswith("asr:"):
+                    self.registry.asr("en" if key == "asr:tiny.en" else key.rpartition(":")[2])
+                elif key.startswith("mt:"):
+                    src, _, tgt = key[3:].partition("-")
+                    self.registry.mt("apertium").warm(src, tgt)
+            except LinguaFusionError as exc:
+                log.warning("warm-up of %s failed: %s", key, exc.message)
+
+    async def run(self, call: Call) -> Reply:
+        """One item of model work (wire.py: the call's clock is rebuilt here, errors go back as codes)."""
+        key = call.model_key()
+        try:
+            value = await self.executor.run(key, call.payload, call.context(time.monotonic()))
+        except LinguaFusionError as exc:
+            return Reply.failed(exc, self.executor.depth(key))
+        return Reply.ok(value, self.executor.depth(key))
+
+    def queue_depth(self) -> int:
+        return sum(len(q) for q in self.executor.scheduler.queues.values())
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom-metrics hook, read by ``autoscale.slo_policy``."""
+        return {"queue_depth": float(self.queue_depth()), "slo_pressure": self.pressure.p90(time.monotonic())}
+
+    async def __del__(self) -> None:
+        await self.executor.close()

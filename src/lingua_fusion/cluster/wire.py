@@ -1,0 +1,65 @@
+"""What crosses the Ray hop between a gateway and a model replica: one ``Call`` in, one ``Reply`` out. Pure.
+
+A gateway's clock and a replica's clock are different machines' clocks in a real cluster, so a call carries the
+caption's *age* (seconds since its clock started), never a timestamp; the replica rebuilds ``start`` on its own
+clock. Errors come back as a code and a message and are rebuilt as the same typed error (``errors.from_code``):
+never a pickled exception, whose class a gateway on another version might not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import LinguaFusionError, Overloaded, from_code
+from ..serving.keys import ModelKey
+from ..serving.ports import CallContext
+
+
+@dataclass(frozen=True)
+class Call:
+    key: str  # ModelKey's string form
+    payload: Any
+    stream_id: str
+    slo: str
+    importance: float
+    tentative: bool
+    age_s: float | None  # seconds since the caption's clock started; None: it starts on arrival
+    key_id: str
+
+    @classmethod
+    def make(cls, key: ModelKey, payload: Any, ctx: CallContext, now: float) -> Call:
+        age = None if ctx.start is None else max(0.0, now - ctx.start)
+        return cls(str(key), payload, ctx.stream_id, ctx.slo, ctx.importance, ctx.tentative, age, ctx.key_id)
+
+    def context(self, now: float) -> CallContext:
+        """The call's context on the replica's clock ``now``."""
+        start = None if self.age_s is None else now - self.age_s
+        return CallContext(self.stream_id, self.slo, self.importance, self.tentative, start, self.key_id)
+
+    def model_key(self) -> ModelKey:
+        return ModelKey.parse(self.key)
+
+
+@dataclass(frozen=True)
+class Reply:
+    value: Any = None
+    code: str | None = None  # set: the call failed with this error code
+    message: str = ""
+    retry_after: float | None = None
+    depth: int = 0  # the key's queue on the replica after this call (a stream's ``metrics`` event shows it)
+
+    @classmethod
+    def ok(cls, value: Any, depth: int) -> Reply:
+        return cls(value=value, depth=depth)
+
+    @classmethod
+    def failed(cls, exc: LinguaFusionError, depth: int) -> Reply:
+        retry_after = exc.retry_after if isinstance(exc, Overloaded) else None
+        return cls(code=exc.code, message=exc.message, retry_after=retry_after, depth=depth)
+
+    def result(self) -> Any:
+        """The value, or the typed error raised again on the gateway."""
+        if self.code is not None:
+            raise from_code(self.code, self.message, retry_after=self.retry_after)
+        return self.value
