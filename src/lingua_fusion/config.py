@@ -118,6 +118,32 @@ class OtelSettings(BaseModel):
     timeout_s: float = Field(default=10.0, gt=0)  # one export (and the flush at shutdown)
 
 
+class VisionSettings(BaseModel):
+    """Sign and lip landmarks (lingua_fusion/vision, docs/video.md): the mediapipe worker and the vocabularies."""
+
+    python: Path | None = None  # the worker's interpreter (with mediapipe==0.10.21); None: .venv-vision, then this one
+    timeout_s: float = Field(default=30.0, gt=0)  # one extraction request to the worker
+    start_timeout_s: float = Field(default=90.0, gt=0)  # the worker's first answer (it imports mediapipe)
+    max_side: int = Field(default=640, ge=64)  # frames are downscaled to this before extraction
+    example_fps: float = Field(default=15.0, gt=0, le=60)  # frames read from an uploaded example video
+    max_example_seconds: float = Field(default=20.0, gt=0)  # an example (or recognised) video's frames read at most
+    max_vocabularies_per_key: int = Field(default=20, ge=1)
+    max_examples_per_vocabulary: int = Field(default=500, ge=1)
+    max_vocabulary_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # a JSON body (examples, import)
+
+
+class TmSettings(BaseModel):
+    """The translation memory (lingua_fusion/tm, docs/rooms.md): a local LRU, then Redis (``state.redis_url``)."""
+
+    enabled: bool = True
+    local_entries: int = Field(default=50_000, ge=1)
+    local_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    local_ttl_s: float = Field(default=6 * 3600.0, gt=0)
+    shared: bool = True  # use Redis too when the server has one
+    shared_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    max_segment_chars: int = Field(default=2000, ge=1)  # longer segments are translated, not kept
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LINGUAFUSION_", env_nested_delimiter="__", extra="ignore")
 
@@ -125,7 +151,9 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     models: ModelSettings = Field(default_factory=ModelSettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    tm: TmSettings = Field(default_factory=TmSettings)
     otel: OtelSettings = Field(default_factory=OtelSettings)
+    vision: VisionSettings = Field(default_factory=VisionSettings)
     state_dir: Path | None = None  # LINGUAFUSION_STATE_DIR shortcut
 
     def resolved_state_dir(self) -> Path:

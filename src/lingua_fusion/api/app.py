@@ -192,6 +192,11 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
 
     app.state.streams = service
     service.rooms = rooms_api.install(app, settings, metrics, translator.registry)  # rooms: api/rooms.py, rooms/
+    tm = translator.registry.translation_memory()
+    if tm is not None:  # its hits, misses and evictions on /metrics
+        from ..tm.metrics import TmCollector
+
+        metrics.registry.register(TmCollector(tm))
     app.state.drain = service.drain
 
     def authenticate(secret: str | None) -> Principal:

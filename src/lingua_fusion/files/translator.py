@@ -424,7 +424,14 @@ class FileTranslator:
             return out
 
         # the glossary maps source -> target terms, so placeholders span the whole route (pivot included)
-        texts, applied = apply_mt([s.source_text for s in segs], terms, run, deadline=deadline)
+        sources = [s.source_text for s in segs]
+        tm = self.registry.translation_memory()  # the same slide for many users: MT once (lingua_fusion/tm)
+        if tm is None:
+            texts, applied = apply_mt(sources, terms, run, deadline=deadline)
+        else:
+            texts, per_text = tm.translate(self.registry.route_key(route), sources, [terms] * len(sources), run,
+                                           deadline=deadline)
+            applied = list({t.source: t for used in per_text for t in used}.values())
         for s, t in zip(segs, texts, strict=True):
             s.text = t
         return applied

@@ -70,6 +70,23 @@ class Registry:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._mt_infos = self._discover_mt()
+        self._tm: Any = None  # the translation memory (lingua_fusion/tm), made on first use
+
+    def translation_memory(self) -> Any:
+        """The MT cache every translation through this registry shares (streams, rooms, REST); None when
+        ``settings.tm.enabled`` is off."""
+        with self._guard:
+            if self._tm is None and self.settings.tm.enabled:
+                from ..tm import open_tm
+
+                self._tm = open_tm(self.settings)
+            return self._tm
+
+    def route_key(self, route: MTRoute) -> str:
+        """The route with each leg's model name: what a translation-memory entry is keyed by (a user model
+        directory swapped for another under the same key is another route)."""
+        return ", ".join(f"{leg.backend}={self._mt_infos[leg.backend].name} {leg.source}->{leg.target}"
+                         for leg in route.legs)
 
     # ---- discovery (cheap: no model is loaded) -------------------------------------------------------------
     def _discover_mt(self) -> dict[str, BackendInfo]:

@@ -62,9 +62,13 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
 
 def _mt(registry: Registry, src: str, tgt: str) -> Runner:
     def run(items: list[MtInput]) -> list[str]:
-        translate = registry.route_translator(registry.mt_route(src, tgt))
-        outs, _ = apply_mt_batch([it.text for it in items], [it.glossary for it in items], translate,
-                                 names=[it.names for it in items])
+        route = registry.mt_route(src, tgt)
+        translate = registry.route_translator(route)
+        texts, terms, names = [it.text for it in items], [it.glossary for it in items], [it.names for it in items]
+        tm = registry.translation_memory()  # repeated phrases, the same deck in several rooms: MT once
+        if tm is not None:
+            return list(tm.translate(registry.route_key(route), texts, terms, translate, names=names)[0])
+        outs, _ = apply_mt_batch(texts, terms, translate, names=names)
         return outs
 
     return run
