@@ -86,10 +86,12 @@ def _same_origin(origin: str, host_header: str, scheme: str) -> bool:
 def body_limit(settings: Settings, method: str, path: str) -> int:
     """The most bytes a request body may have on this route."""
     limits = settings.limits
-    if method == "POST" and path == "/v1/translate":
+    if method == "POST" and path in ("/v1/translate", "/v1/audio/transcriptions", "/v1/audio/translations"):
         return limits.max_upload_bytes + FORM_OVERHEAD + 4 * limits.max_text_chars
     if method == "POST" and path == "/v1/glossaries":
         return min(limits.max_upload_bytes, limits.max_glossary_bytes) + FORM_OVERHEAD
+    if method == "POST" and path.startswith("/v1/vocabularies"):  # landmark JSON, imports, example videos
+        return min(limits.max_upload_bytes, settings.vision.max_vocabulary_bytes) + FORM_OVERHEAD
     return limits.max_json_bytes
 
 

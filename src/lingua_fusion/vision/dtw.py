@@ -54,7 +54,7 @@ def dtw(a: np.ndarray, b: np.ndarray, radius: int | None = None) -> float:
     n, m = len(a), len(b)
     if n == 0 or m == 0:
         raise ValueError("dtw of an empty sequence")
-    r = max(n, m) if radius is None else max(int(radius), abs(n - m) // 2 + 1)
+    r = max(n, m) if radius is None else max(int(radius), 0 if n == m else 1)
     total = _accumulate(frame_distances(a, b)[None], r)[0]
     return float(total / (n + m))
 
@@ -64,5 +64,5 @@ def dtw_many(query: np.ndarray, templates: np.ndarray, radius: int | None = None
     if templates.ndim != 3 or templates.shape[0] == 0:
         return np.zeros(0)
     n, m = len(query), templates.shape[1]
-    r = max(n, m) if radius is None else max(int(radius), abs(n - m) // 2 + 1)
+    r = max(n, m) if radius is None else max(int(radius), 0 if n == m else 1)
     return _accumulate(frame_distances(query, templates), r) / (n + m)

@@ -1,0 +1,187 @@
+"""/v1/vocabularies: a key's taught vocabularies of signs and lip words (docs/video.md "Sign and lips").
+
+- ``POST /v1/vocabularies``: JSON ``{"name", "kind": "sign" or "lip", "lang"}`` -> 201, the vocabulary
+- ``GET /v1/vocabularies``; ``GET`` / ``DELETE /v1/vocabularies/{id}``: the key's vocabularies; one with its examples
+- ``POST /v1/vocabularies/{id}/examples``: JSON ``{"gloss", "frames": [...]}`` (landmarks) or multipart ``gloss`` +
+  ``file`` (a short video: the server reads its landmarks) -> 201; ``DELETE .../examples/{example_id}``
+- ``GET /v1/vocabularies/{id}/export``, ``POST /v1/vocabularies/import``: the whole vocabulary as JSON, and back (a
+  new vocabulary of the importing key)
+- ``POST /v1/vocabularies/{id}/recognise``: JSON ``{"frames", "target_lang"}`` or multipart ``file`` +
+  ``target_lang``: the glosses on a timeline, each translated
+
+Every route is scoped to the calling key: another key's vocabulary id is a 404, as if it did not exist.
+Video and recognition work runs on a worker thread within the key's fair share of file slots (``Admission``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from ..config import Settings
+from ..deadline import Deadline
+from ..errors import EmptyInput, InvalidParameter, TooLarge
+from ..files import FileRequest
+from ..vision.landmarks import LandmarkSeq
+from ..vision.service import VisionService
+from ..vision.store import VocabularyStore, check_gloss, check_kind
+from .deps import TranslateKey, context, read_form, require_json
+
+router = APIRouter()
+
+
+def install(app: FastAPI, settings: Settings) -> VisionService:
+    """The vocabulary store and the vision service on ``app.state.vision``, and the routes."""
+    v = settings.vision
+    store = VocabularyStore(settings.resolved_state_dir(), max_per_key=v.max_vocabularies_per_key,
+                            max_examples=v.max_examples_per_vocabulary)
+    service = VisionService(settings, store)
+    app.state.vision = service
+    app.include_router(router)
+    return service
+
+
+def close(app: FastAPI) -> None:
+    service: VisionService | None = getattr(app.state, "vision", None)
+    if service is not None:
+        service.close()
+        service.store.close()
+
+
+def _vision(request: Request) -> VisionService:
+    service: VisionService = request.app.state.vision
+    return service
+
+
+async def _json(request: Request) -> Any:
+    await require_json(request)
+    return await request.json()
+
+
+def _is_json(request: Request) -> bool:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
+
+
+async def _payload(request: Request) -> tuple[dict[str, Any], bytes | None]:
+    """A JSON object body, or a multipart form's fields and its ``file``'s bytes."""
+    if _is_json(request):
+        body = await _json(request)
+        if not isinstance(body, dict):
+            raise InvalidParameter("the body must be a JSON object")
+        return body, None
+    form = await read_form(request)
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise EmptyInput("send JSON landmarks ({\"frames\": [...]}) or a multipart 'file' (a short video)")
+    limit = _vision(request).settings.vision.max_vocabulary_bytes
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"a video sent here is at most {limit} bytes", details={"limit": "max_vocabulary_bytes"})
+    if not data:
+        raise EmptyInput("the uploaded file is empty")
+    return fields, data
+
+
+async def _sequence(request: Request, key_id: str, kind: str, body: dict[str, Any], data: bytes | None,
+                    deadline: Deadline) -> LandmarkSeq:
+    if data is None:
+        return LandmarkSeq.from_json(body.get("frames"))
+    service = _vision(request)
+    return await context(request).admission.run(
+        key_id, deadline, functools.partial(service.landmarks_from_video, data, kind, deadline))
+
+
+@router.post("/v1/vocabularies")
+async def create_vocabulary(request: Request, key: TranslateKey) -> JSONResponse:
+    body = await _json(request)
+    if not isinstance(body, dict):
+        raise InvalidParameter("the body must be a JSON object {name, kind, lang}")
+    from .. import langs
+
+    lang = langs.normalize(str(body.get("lang") or "en"))
+    vocab = _vision(request).store.create(key.key_id, str(body.get("name") or ""), check_kind(body.get("kind")),
+                                          lang)
+    return JSONResponse(vocab.to_dict(), status_code=201)
+
+
+@router.get("/v1/vocabularies")
+async def list_vocabularies(request: Request, key: TranslateKey) -> dict[str, Any]:
+    return {"vocabularies": [v.to_dict() for v in _vision(request).store.list(key.key_id)]}
+
+
+@router.get("/v1/vocabularies/{vocab_id}")
+async def get_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    store = _vision(request).store
+    return {**store.get(key.key_id, vocab_id).to_dict(), "examples": store.examples(key.key_id, vocab_id)}
+
+
+@router.delete("/v1/vocabularies/{vocab_id}")
+async def delete_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    _vision(request).store.delete(key.key_id, vocab_id)
+    return {"vocabulary_id": vocab_id, "deleted": True}
+
+
+@router.post("/v1/vocabularies/{vocab_id}/examples")
+async def add_example(vocab_id: str, request: Request, key: TranslateKey) -> JSONResponse:
+    store = _vision(request).store
+    vocab = store.get(key.key_id, vocab_id)  # 404 before reading a video for nothing
+    body, data = await _payload(request)
+    gloss = check_gloss(body.get("gloss"))
+    deadline = Deadline(context(request).settings.server.request_timeout_s)
+    seq = await _sequence(request, key.key_id, vocab.kind, body, data, deadline)
+    example = store.add_example(key.key_id, vocab_id, gloss, seq)
+    return JSONResponse({"vocabulary_id": vocab_id, **example}, status_code=201)
+
+
+@router.delete("/v1/vocabularies/{vocab_id}/examples/{example_id}")
+async def delete_example(vocab_id: str, example_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    _vision(request).store.delete_example(key.key_id, vocab_id, example_id)
+    return {"vocabulary_id": vocab_id, "example_id": example_id, "deleted": True}
+
+
+@router.get("/v1/vocabularies/{vocab_id}/export")
+async def export_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    return _vision(request).store.export(key.key_id, vocab_id)
+
+
+@router.post("/v1/vocabularies/import")
+async def import_vocabulary(request: Request, key: TranslateKey) -> JSONResponse:
+    doc = await _json(request)
+    name = request.query_params.get("name")
+    vocab = _vision(request).store.import_(key.key_id, doc, name)
+    return JSONResponse(vocab.to_dict(), status_code=201)
+
+
+@router.post("/v1/vocabularies/{vocab_id}/recognise")
+async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    ctx = context(request)
+    service = _vision(request)
+    vocab = service.store.get(key.key_id, vocab_id)
+    body, data = await _payload(request)
+    target = body.get("target_lang")
+    if target is not None and not isinstance(target, str):
+        raise InvalidParameter("'target_lang' must be a language code", details={"field": "target_lang"})
+    deadline = Deadline(ctx.settings.server.request_timeout_s)
+    translate = None
+    if target:
+        def translate(text: str) -> str:  # recognised glosses go through MT like any source text
+            req = FileRequest(source_modality="text", target_lang=target, source_lang=vocab.lang, text=text)
+            return ctx.translator.translate(req, deadline=deadline).text
+
+        # a bad target language or pair is refused before any work
+        ctx.translator.validate(FileRequest(source_modality="text", target_lang=target, source_lang=vocab.lang,
+                                            text="test"))
+    seq = await _sequence(request, key.key_id, vocab.kind, body, data, deadline)
+    spans = await ctx.admission.run(key.key_id, deadline,
+                                    functools.partial(service.recognise, key.key_id, vocab_id, seq, translate))
+    known = [s for s in spans if s.recognition.known]
+    return {"vocabulary_id": vocab_id, "kind": vocab.kind, "frames": len(seq),
+            "modalities": ["sign" if vocab.kind == "sign" else "lips"],
+            "source_text": " ".join(s.recognition.gloss for s in known),
+            "text": " ".join(s.text or "" for s in known).strip() if target else None,
+            "glosses": [s.to_dict() for s in spans]}

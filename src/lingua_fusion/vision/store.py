@@ -1,0 +1,222 @@
+"""Vocabularies of taught examples, per API key, in SQLite (the same database file as keys and glossaries).
+
+A vocabulary has a kind (``sign`` or ``lip``), a name, the language its glosses are written in (what MT
+translates them from) and examples: a gloss and its landmark sequence (the JSON form of ``landmarks.LandmarkSeq``).
+Every read and write names the owner: another key's vocabulary is "not found", never "forbidden" (which would tell
+that it exists). The recogniser built from a vocabulary is cached until the vocabulary changes.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidParameter, NotFound, QuotaExceeded
+from ..state.private import private_dir, private_file
+from .landmarks import LandmarkSeq
+from .normalise import KINDS, features
+from .recogniser import Example, Recogniser, RecogniserPolicy
+
+EXPORT_FORMAT = "linguafusion-vocabulary/1"
+MAX_GLOSS = 64
+MAX_NAME = 100
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    vocab_id: str
+    name: str
+    kind: str
+    lang: str
+    created: float
+    examples: int = 0
+    glosses: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"vocabulary_id": self.vocab_id, "name": self.name, "kind": self.kind, "lang": self.lang,
+                "created": round(self.created, 3), "examples": self.examples, "glosses": self.glosses}
+
+
+def check_gloss(gloss: Any) -> str:
+    if not isinstance(gloss, str) or not gloss.strip():
+        raise InvalidParameter("'gloss' must be a non-empty string (the sign's or word's label)",
+                               details={"field": "gloss"})
+    g = " ".join(gloss.split())
+    if len(g) > MAX_GLOSS or not g.isprintable() or g.lower() == "unknown":
+        raise InvalidParameter(f"'gloss' must be printable, at most {MAX_GLOSS} characters, and not 'unknown'",
+                               details={"field": "gloss"})
+    return g
+
+
+def check_kind(kind: Any) -> str:
+    if kind not in KINDS:
+        raise InvalidParameter(f"'kind' must be one of {list(KINDS)}", details={"field": "kind"})
+    return str(kind)
+
+
+class VocabularyStore:
+    def __init__(self, state_dir: Path, *, max_per_key: int = 20, max_examples: int = 500,
+                 policy: RecogniserPolicy | None = None) -> None:
+        self.path = private_file(private_dir(state_dir) / "linguafusion.sqlite3")
+        self.max_per_key = max_per_key
+        self.max_examples = max_examples
+        self.policy = policy or RecogniserPolicy()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[int, Recogniser]] = {}
+        self._version: dict[str, int] = {}
+        with self._lock, self._db:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS vocabularies (vocab_id TEXT PRIMARY KEY, owner TEXT, "
+                             "name TEXT, kind TEXT, lang TEXT, created REAL)")
+            self._db.execute("CREATE TABLE IF NOT EXISTS vocab_examples (example_id TEXT PRIMARY KEY, "
+                             "vocab_id TEXT, gloss TEXT, frames TEXT, n_frames INTEGER, created REAL)")
+            self._db.execute("CREATE INDEX IF NOT EXISTS vocab_examples_by_vocab ON vocab_examples (vocab_id)")
+
+    # ---- vocabularies ------------------------------------------------------------------------------------------
+    def create(self, owner: str, name: str, kind: str, lang: str = "en") -> Vocabulary:
+        kind = check_kind(kind)
+        name = " ".join(str(name or kind).split())[:MAX_NAME] or kind
+        vid = "vo_" + secrets.token_hex(6)
+        with self._lock, self._db:
+            count = self._db.execute("SELECT COUNT(*) FROM vocabularies WHERE owner=?", (owner,)).fetchone()[0]
+            if count >= self.max_per_key:
+                raise QuotaExceeded(f"this key has {self.max_per_key} vocabularies, the most it may keep; delete one "
+                                    "first (DELETE /v1/vocabularies/{id})",
+                                    details={"limit": "max_vocabularies_per_key"})
+            created = time.time()
+            self._db.execute("INSERT INTO vocabularies VALUES (?,?,?,?,?,?)", (vid, owner, name, kind, lang, created))
+        return Vocabulary(vid, name, kind, lang, created)
+
+    def get(self, owner: str, vocab_id: str) -> Vocabulary:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT v.vocab_id, v.name, v.kind, v.lang, v.created, COUNT(e.example_id), COUNT(DISTINCT e.gloss) "
+                "FROM vocabularies v LEFT JOIN vocab_examples e ON e.vocab_id = v.vocab_id "
+                "WHERE v.vocab_id=? AND v.owner=? GROUP BY v.vocab_id", (vocab_id, owner)).fetchone()
+        if row is None:
+            raise NotFound(f"no vocabulary {vocab_id} for this key", details={"vocabulary_id": vocab_id})
+        return Vocabulary(*row)
+
+    def list(self, owner: str) -> list[Vocabulary]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT v.vocab_id, v.name, v.kind, v.lang, v.created, COUNT(e.example_id), COUNT(DISTINCT e.gloss) "
+                "FROM vocabularies v LEFT JOIN vocab_examples e ON e.vocab_id = v.vocab_id "
+                "WHERE v.owner=? GROUP BY v.vocab_id ORDER BY v.created", (owner,)).fetchall()
+        return [Vocabulary(*r) for r in rows]
+
+    def delete(self, owner: str, vocab_id: str) -> None:
+        with self._lock, self._db:
+            cur = self._db.execute("DELETE FROM vocabularies WHERE vocab_id=? AND owner=?", (vocab_id, owner))
+            if cur.rowcount == 0:
+                raise NotFound(f"no vocabulary {vocab_id} for this key", details={"vocabulary_id": vocab_id})
+            self._db.execute("DELETE FROM vocab_examples WHERE vocab_id=?", (vocab_id,))
+        self._changed(vocab_id)
+
+    # ---- examples ----------------------------------------------------------------------------------------------
+    def add_example(self, owner: str, vocab_id: str, gloss: str, seq: LandmarkSeq) -> dict[str, Any]:
+        vocab = self.get(owner, vocab_id)
+        gloss = check_gloss(gloss)
+        features(seq, vocab.kind)  # refuses a sequence this kind cannot use (no hands in a sign, no lips)
+        if vocab.examples >= self.max_examples:
+            raise QuotaExceeded(f"a vocabulary holds at most {self.max_examples} examples",
+                                details={"limit": "max_examples_per_vocabulary"})
+        eid = "ex_" + secrets.token_hex(6)
+        with self._lock, self._db:
+            self._db.execute("INSERT INTO vocab_examples VALUES (?,?,?,?,?,?)",
+                             (eid, vocab_id, gloss, json.dumps(seq.to_json()), len(seq), time.time()))
+        self._changed(vocab_id)
+        return {"example_id": eid, "gloss": gloss, "frames": len(seq), "duration_s": round(seq.duration, 3)}
+
+    def examples(self, owner: str, vocab_id: str) -> list[dict[str, Any]]:
+        self.get(owner, vocab_id)
+        with self._lock:
+            rows = self._db.execute("SELECT example_id, gloss, n_frames, created FROM vocab_examples "
+                                    "WHERE vocab_id=? ORDER BY created", (vocab_id,)).fetchall()
+        return [{"example_id": r[0], "gloss": r[1], "frames": r[2], "created": round(r[3], 3)} for r in rows]
+
+    def delete_example(self, owner: str, vocab_id: str, example_id: str) -> None:
+        self.get(owner, vocab_id)
+        with self._lock, self._db:
+            cur = self._db.execute("DELETE FROM vocab_examples WHERE example_id=? AND vocab_id=?",
+                                   (example_id, vocab_id))
+        if cur.rowcount == 0:
+            raise NotFound(f"no example {example_id} in vocabulary {vocab_id}")
+        self._changed(vocab_id)
+
+    def _sequences(self, vocab_id: str) -> list[tuple[str, LandmarkSeq]]:
+        with self._lock:
+            rows = self._db.execute("SELECT gloss, frames FROM vocab_examples WHERE vocab_id=? ORDER BY created",
+                                    (vocab_id,)).fetchall()
+        return [(g, LandmarkSeq.from_json(json.loads(f))) for g, f in rows]
+
+    # ---- export / import ---------------------------------------------------------------------------------------
+    def export(self, owner: str, vocab_id: str) -> dict[str, Any]:
+        vocab = self.get(owner, vocab_id)
+        return {"format": EXPORT_FORMAT, "name": vocab.name, "kind": vocab.kind, "lang": vocab.lang,
+                "examples": [{"gloss": g, "frames": s.to_json()} for g, s in self._sequences(vocab_id)]}
+
+    def import_(self, owner: str, doc: Any, name: str | None = None) -> Vocabulary:
+        """A new vocabulary for ``owner`` from an export document; every example is checked before anything is
+        written (a bad one refuses the whole import)."""
+        if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
+            raise InvalidParameter(f"not a vocabulary export: 'format' must be {EXPORT_FORMAT!r}",
+                                   details={"field": "format"})
+        kind = check_kind(doc.get("kind"))
+        items = doc.get("examples")
+        if not isinstance(items, list):
+            raise InvalidParameter("'examples' must be a list of {gloss, frames}", details={"field": "examples"})
+        if len(items) > self.max_examples:
+            raise QuotaExceeded(f"a vocabulary holds at most {self.max_examples} examples",
+                                details={"limit": "max_examples_per_vocabulary"})
+        parsed = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise InvalidParameter(f"examples[{i}] is not an object", details={"field": f"examples[{i}]"})
+            seq = LandmarkSeq.from_json(item.get("frames"))
+            features(seq, kind)
+            parsed.append((check_gloss(item.get("gloss")), seq))
+        lang = doc.get("lang") if isinstance(doc.get("lang"), str) else "en"
+        vocab = self.create(owner, name or str(doc.get("name") or kind), kind, lang)
+        now = time.time()
+        with self._lock, self._db:
+            self._db.executemany("INSERT INTO vocab_examples VALUES (?,?,?,?,?,?)",
+                                 [("ex_" + secrets.token_hex(6), vocab.vocab_id, g, json.dumps(s.to_json()), len(s),
+                                   now + i * 1e-6) for i, (g, s) in enumerate(parsed)])
+        self._changed(vocab.vocab_id)
+        return self.get(owner, vocab.vocab_id)
+
+    # ---- recognition -------------------------------------------------------------------------------------------
+    def recogniser(self, owner: str, vocab_id: str) -> Recogniser:
+        """The recogniser of ``owner``'s vocabulary (built once per version of it)."""
+        vocab = self.get(owner, vocab_id)
+        if vocab.examples == 0:
+            raise InvalidParameter(f"vocabulary {vocab_id} has no examples yet: teach it first "
+                                   "(POST /v1/vocabularies/{id}/examples)", details={"vocabulary_id": vocab_id})
+        with self._lock:
+            version = self._version.get(vocab_id, 0)
+            cached = self._cache.get(vocab_id)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        rec = Recogniser(vocab.kind, [Example(g, features(s, vocab.kind)) for g, s in self._sequences(vocab_id)],
+                         self.policy)
+        with self._lock:
+            if self._version.get(vocab_id, 0) == version:  # not changed while it was built
+                self._cache[vocab_id] = (version, rec)
+        return rec
+
+    def _changed(self, vocab_id: str) -> None:
+        with self._lock:
+            self._version[vocab_id] = self._version.get(vocab_id, 0) + 1
+            self._cache.pop(vocab_id, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,129 @@
+"""The taught recogniser on synthetic landmark sequences: signs with noise, speed changes and mirrored hands are
+recognised, signs never taught are "unknown"; normalisation and DTW pinned on exact cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lingua_fusion.errors import InvalidParameter
+from lingua_fusion.vision import synthetic as syn
+from lingua_fusion.vision.dtw import dtw, dtw_many
+from lingua_fusion.vision.landmarks import LandmarkSeq
+from lingua_fusion.vision.normalise import features
+from lingua_fusion.vision.recogniser import UNKNOWN, Recogniser
+
+VOCAB = syn.sign_vocabulary(12, seed=3)
+
+
+@pytest.fixture(scope="module")
+def signs() -> Recogniser:
+    rng = np.random.default_rng(11)
+    taught = [(s.gloss, syn.perform_sign(s, syn.random_performance(rng, mirrored=False), rng))
+              for s in VOCAB for _ in range(3)]
+    return Recogniser.teach("sign", taught)
+
+
+def test_taught_signs_are_recognised_despite_noise_speed_and_position(signs: Recogniser) -> None:
+    rng = np.random.default_rng(12)
+    right = [signs.recognise(syn.perform_sign(s, syn.random_performance(rng, mirrored=False), rng)).gloss == s.gloss
+             for s in VOCAB for _ in range(3)]
+    assert sum(right) >= 0.9 * len(right)
+
+
+def test_a_left_handed_signer_matches_right_handed_examples(signs: Recogniser) -> None:
+    rng = np.random.default_rng(13)
+    answers = [signs.recognise(syn.perform_sign(s, syn.random_performance(rng, mirrored=True), rng))
+               for s in VOCAB for _ in range(2)]
+    expected = [s.gloss for s in VOCAB for _ in range(2)]
+    assert sum(a.gloss == e for a, e in zip(answers, expected, strict=True)) >= 0.9 * len(expected)
+
+
+def test_fast_slow_and_uneven_performances_are_recognised(signs: Recogniser) -> None:
+    rng = np.random.default_rng(14)
+    for s in VOCAB[:6]:
+        for duration, warp in ((0.5, 1.0), (2.2, 1.0), (1.0, 0.65), (1.0, 1.5)):
+            perf = syn.Performance(duration=duration, warp=warp, noise=0.002)
+            assert signs.recognise(syn.perform_sign(s, perf, rng)).gloss == s.gloss, (s.gloss, duration, warp)
+
+
+def test_signs_never_taught_are_unknown(signs: Recogniser) -> None:
+    rng = np.random.default_rng(15)
+    others = syn.sign_vocabulary(20, seed=99)
+    answers = [signs.recognise(syn.perform_sign(s, syn.random_performance(rng), rng)) for s in others]
+    assert sum(a.gloss == UNKNOWN for a in answers) >= 16
+    assert all(a.nearest for a in answers)  # the nearest gloss is still reported
+
+
+def test_confidence_is_high_for_a_clear_match_and_low_between_two_glosses() -> None:
+    rng = np.random.default_rng(16)
+    a, b = VOCAB[0], VOCAB[1]
+    rec = Recogniser.teach("sign", [(a.gloss, syn.perform_sign(a, syn.Performance(noise=0.0), rng)),
+                                    (b.gloss, syn.perform_sign(b, syn.Performance(noise=0.0), rng))])
+    clear = rec.recognise(syn.perform_sign(a, syn.Performance(noise=0.002), rng))
+    assert clear.gloss == a.gloss and clear.confidence > 0.5
+    # a query taught under both names is exactly between them: confidence 0, answer unknown
+    same = Recogniser.teach("sign", [("X", syn.perform_sign(a, syn.Performance(noise=0.0), rng)),
+                                     ("Y", syn.perform_sign(a, syn.Performance(noise=0.0), rng))])
+    tie = same.recognise(syn.perform_sign(a, syn.Performance(noise=0.0), rng))
+    assert tie.confidence == 0.0 and tie.gloss == UNKNOWN
+
+
+def test_lip_words_are_recognised_and_unknown_words_rejected() -> None:
+    rng = np.random.default_rng(17)
+    lv = syn.lip_vocabulary(["yes", "no", "hello", "stop", "water", "help"], seed=2)
+    rec = Recogniser.teach("lip", [(w.gloss, syn.perform_lips(w, syn.random_performance(rng), rng))
+                                   for w in lv for _ in range(3)])
+    right = [rec.recognise(syn.perform_lips(w, syn.random_performance(rng), rng)).gloss == w.gloss
+             for w in lv for _ in range(4)]
+    assert sum(right) >= 0.85 * len(right)
+
+
+def test_features_ignore_position_size_and_which_hand_signs() -> None:
+    rng = np.random.default_rng(0)
+    spec = VOCAB[2]
+    base = features(syn.perform_sign(spec, syn.Performance(noise=0.0), rng), "sign")
+    moved = features(syn.perform_sign(spec, syn.Performance(noise=0.0, scale=1.3, offset=(0.1, -0.05)), rng), "sign")
+    mirrored = features(syn.perform_sign(spec, syn.Performance(noise=0.0, mirrored=True), rng), "sign")
+    np.testing.assert_allclose(moved, base, atol=1e-4)
+    np.testing.assert_allclose(mirrored, base, atol=1e-4)
+    other = features(syn.perform_sign(VOCAB[3], syn.Performance(noise=0.0), rng), "sign")
+    assert np.abs(other - base).max() > 0.1
+
+
+def test_a_sequence_without_hands_is_refused_as_a_sign() -> None:
+    rng = np.random.default_rng(0)
+    lips_only = syn.perform_lips(syn.lip_vocabulary(["a"])[0], syn.Performance(), rng)
+    with pytest.raises(InvalidParameter):
+        features(lips_only, "sign")
+    with pytest.raises(InvalidParameter):
+        features(lips_only, "gesture")
+
+
+def test_dtw_absorbs_a_time_stretch_that_lockstep_comparison_does_not() -> None:
+    t = np.linspace(0, 1, 40)
+    a = np.stack([np.sin(2 * np.pi * t), np.cos(3 * np.pi * t)], axis=1)
+    u = t ** 1.6  # the same movement, slow start and fast end
+    b = np.stack([np.sin(2 * np.pi * u), np.cos(3 * np.pi * u)], axis=1)
+    lockstep = float(np.linalg.norm(a - b, axis=1).sum() / 80)
+    assert dtw(a, a) == 0.0
+    assert dtw(a, b, radius=10) < lockstep / 3
+    assert dtw(a, b, radius=0) == pytest.approx(lockstep)  # a zero band is lock-step comparison
+    many = dtw_many(a, np.stack([a, b, b[::-1]]), radius=10)
+    assert many[0] == 0.0 and many[1] == pytest.approx(dtw(a, b, radius=10)) and many[2] > many[1]
+
+
+def test_landmark_json_round_trip_and_bad_frames_refused() -> None:
+    rng = np.random.default_rng(0)
+    seq = syn.perform_sign(VOCAB[0], syn.Performance(mirrored=True, drop=0.2), rng)
+    back = LandmarkSeq.from_json(seq.to_json())
+    np.testing.assert_array_equal(back.hand_mask, seq.hand_mask)
+    np.testing.assert_allclose(back.hands, seq.hands, atol=1e-5)
+    bad = seq.to_json()
+    bad[3]["right_hand"] = bad[3]["right_hand"][:20] if bad[3]["right_hand"] else [[0, 0]] * 20
+    with pytest.raises(InvalidParameter, match=r"frames\[3\]"):
+        LandmarkSeq.from_json(bad)
+    with pytest.raises(InvalidParameter):
+        LandmarkSeq.from_json([{"t": float("nan")}])
+    with pytest.raises(InvalidParameter):
+        LandmarkSeq.from_json([{"t": 1.0}, {"t": 0.5}])
