@@ -14,6 +14,7 @@ the source tree, else this interpreter if mediapipe is importable here (``pip in
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import json
 import math
@@ -71,7 +72,7 @@ class MediapipeExtractor:
         self._stderr: collections.deque[str] = collections.deque(maxlen=40)
         self._lock = threading.Lock()
         self._rid = 0
-        self.versions: dict[str, Any] = {}
+        self._drainer: threading.Thread | None = None
 
     # ---- the Protocol ------------------------------------------------------------------------------------------
     def extract(self, frames: Sequence[tuple[float, np.ndarray]], *, parts: frozenset[str] = ALL_PARTS
@@ -162,8 +163,8 @@ class MediapipeExtractor:
             raise BackendError(f"cannot start the vision worker with {self.python}: {exc}") from exc
         self.restarts += 1
         self._stderr.clear()
-        proc = self._proc
-        threading.Thread(target=self._drain, args=(proc,), name="vision-stderr", daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, args=(self._proc,), name="vision-stderr", daemon=True)
+        self._drainer.start()
 
     def _drain(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stderr is not None
@@ -204,7 +205,11 @@ class MediapipeExtractor:
             if not ready:
                 continue
             chunk = os.read(fd, min(n - len(buf), 1 << 20))
-            if not chunk:
+            if not chunk:  # it exited: wait (briefly) for its last words to be read
+                with contextlib.suppress(subprocess.TimeoutExpired):  # closed its stdout but lives on
+                    self._proc.wait(timeout=2)
+                if self._drainer is not None:
+                    self._drainer.join(timeout=1.0)
                 raise BackendError(f"the vision worker exited (status {self._proc.poll()}); {self._last_stderr()}")
             buf += chunk
         return bytes(buf)

@@ -178,3 +178,28 @@ def perform_lips(spec: LipSpec, perf: Performance, rng: np.random.Generator, t0:
                                     lips.astype(np.float32) if present else np.zeros((LIP_POINTS, 2), np.float32),
                                     present))
     return LandmarkSeq.from_frames(frames)
+
+
+# ---- rendered frames (for a real extractor) -------------------------------------------------------------------
+def render_hand(wrist: tuple[float, float], *, curl: float = 0.05, angle: float = 0.0,
+                size: tuple[int, int] = (640, 480), palm_px: float = 90.0, finger_px: int = 24) -> np.ndarray:
+    """An RGB frame (H x W x 3 uint8) of a flat-shaded open hand and forearm on a plain background, wrist at
+    ``wrist`` (fractions of width and height). mediapipe's palm detector finds this drawing in most frames at
+    these proportions (640 x 480, fingers ~0.27 palm lengths thick); other proportions it often misses."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    w, h = size
+    skin = (224, 172, 140)
+    im = Image.new("RGB", size, (60, 90, 120))
+    d = ImageDraw.Draw(im)
+    pts = hand_points(np.full(5, curl), angle) * palm_px + np.array([wrist[0] * w, wrist[1] * h])
+    d.polygon([tuple(pts[i]) for i in (0, 1, 5, 9, 13, 17)], fill=skin)
+    r = finger_px / 2
+    for f in range(5):
+        chain = [0, 1, 2, 3, 4] if f == 0 else [1 + 4 * f + j for j in range(4)]
+        for a, b in zip(chain[:-1], chain[1:], strict=True):
+            d.line([tuple(pts[a]), tuple(pts[b])], fill=skin, width=finger_px)
+        for i in chain:
+            d.ellipse([pts[i][0] - r, pts[i][1] - r, pts[i][0] + r, pts[i][1] + r], fill=skin)
+    d.rectangle([pts[0][0] - 0.6 * palm_px, pts[0][1], pts[0][0] + 0.6 * palm_px, h], fill=skin)
+    return np.asarray(im.filter(ImageFilter.GaussianBlur(2)))
