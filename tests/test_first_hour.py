@@ -111,7 +111,7 @@ def test_every_warning_reaches_stderr_in_every_output_mode(mode: list[str], tmp_
     args = [str(tmp_path / "out.txt") if a == "OUT" else a for a in mode]
     p = cli("translate", clip, "--from", "en", "--to", "es", *args)
     assert p.returncode == 0, p.stderr
-    assert "warning: video frames are not yet translated" in p.stderr
+    assert "warning: no slide or whiteboard text was found in the video frames" in p.stderr
     if "--json" in mode:  # and still in the JSON
         assert any("video frames" in w for w in json.loads(p.stdout)["warnings"])
 

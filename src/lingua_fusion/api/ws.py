@@ -216,8 +216,10 @@ async def _feed(session: StreamSession, m: dict[str, Any]) -> None:
         await session.feed_image(_b64(m.get("data")), ts)
     elif kind == "text":
         await session.feed_text(str(m.get("text", "")), ts)
+    elif kind == "frame":
+        await session.feed_frame(_b64(m.get("data")), ts)
     else:
-        raise InvalidParameter(f"unknown message type {kind!r} (audio, image, text, end)")
+        raise InvalidParameter(f"unknown message type {kind!r} (audio, image, frame, text, end)")
 
 
 def _b64(value: Any) -> bytes:

@@ -116,8 +116,7 @@ class _Work:
     duration: float | None = None
     models: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames
-    hint: str | None = None  # the slides' words, as ASR hot words
+    video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames (ASR and MT context)
 
 
 class _Stages:
@@ -285,10 +284,10 @@ class FileTranslator:
     def _asr(self, audio: np.ndarray, work: _Work, glossary: list[Term], prompt: str | None) -> list[Segment]:
         """Speech -> segments. Without a source language Whisper detects it (its probability is reported); with
         no MT pair from that language, Whisper's task=translate gives English (``work.speech_translation``)."""
-        hot = ", ".join(h for h in (hotwords(glossary) if glossary else "", work.hint or "") if h) or None
+        hot = hotwords(glossary) if glossary else None
         task = "translate" if work.speech_translation else "transcribe"
         asr = self.registry.asr(work.source, task=task)
-        res = asr.transcribe(audio, language=work.source, task=task, hotwords=hot, initial_prompt=prompt)
+        res = self._transcribe(asr, audio, work, task, hot, prompt)
         if work.source is None:
             work.source = langs.normalize(res.language, field="source_lang")
             work.detected, work.confidence = True, round(float(res.language_probability or 0.0), 3)
@@ -301,11 +300,25 @@ class FileTranslator:
                     work.route = self.registry.speech_translation_route(work.source, work.target)
                     work.speech_translation, task = True, "translate"
                     asr = self.registry.asr(work.source, task=task)
-                    res = asr.transcribe(audio, language=work.source, task=task, hotwords=hot,
-                                         initial_prompt=prompt)
+                    res = self._transcribe(asr, audio, work, task, hot, prompt)
         work.models["asr"] = asr.info.name + (" (task=translate)" if work.speech_translation else "")
         return [Segment(start=round(s.start, 3), end=round(s.end, 3), source_text=s.text, text=s.text,
                         confidence=s.confidence) for s in res.segments]
+
+    def _transcribe(self, asr: Any, audio: np.ndarray, work: _Work, task: str, hot: str | None,
+                    prompt: str | None) -> Any:
+        """One Whisper call; or, for a video whose slides were read (the language known), one call per slide shown,
+        that slide's words as the prompt (video/context.py)."""
+        def run(x: np.ndarray, slide_prompt: str | None = None) -> Any:
+            both = " ".join(p for p in (prompt, slide_prompt) if p) or None
+            return asr.transcribe(x, language=work.source, task=task, hotwords=hot, initial_prompt=both)
+
+        if (work.video is None or not work.video.slides or not self.slide_context or work.source is None
+                or task != "transcribe"):
+            return run(audio)
+        from ..video.context import pieces, transcribe_pieces
+
+        return transcribe_pieces(run, audio, pieces(work.video.slides, audio))
 
     def _ocr(self, image: np.ndarray, source: str | None, models: dict[str, str]) -> list[Segment]:
         ocr = self.registry.ocr()
@@ -341,8 +354,8 @@ class FileTranslator:
             return self._asr(audio, work, valid.request.glossary, valid.request.prompt)
 
     def _read_frames(self, data: bytes, work: _Work, st: _Stages) -> bool:
-        """A video's frames -> its slides (``work.video``; their words become ASR hot words). Returns whether the
-        file has an audio track to transcribe."""
+        """A video's frames -> its slides (``work.video``; their words become ASR prompts and MT names). Returns
+        whether the file has an audio track to transcribe."""
         from ..video.fanout import FrameContext
         from ..video.file_video import read_video
         from ..video.slide_reader import MAX_READS
@@ -356,7 +369,6 @@ class FileTranslator:
         work.video = video
         if video.slides:
             work.models["ocr"] = video.ocr_model
-            work.hint = video.hint() if self.slide_context else None
         else:
             work.warnings.append("no slide or whiteboard text was found in the video frames")
         if video.capped:

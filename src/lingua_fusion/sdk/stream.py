@@ -184,6 +184,10 @@ class RemoteStream:
     async def send_image(self, data: bytes, ts: float | None = None) -> None:
         await self._send(json.dumps({"type": "image", "ts": ts, "data": base64.b64encode(data).decode()}), ts)
 
+    async def send_frame(self, data: bytes, ts: float | None = None) -> None:
+        """A video frame (png / jpeg / webp) at media time ``ts``: slides are read when the picture changes."""
+        await self._send(json.dumps({"type": "frame", "ts": ts, "data": base64.b64encode(data).decode()}), ts)
+
     async def send_text(self, text: str, ts: float | None = None) -> None:
         await self._send(json.dumps({"type": "text", "ts": ts, "text": text}), ts)
 
@@ -251,6 +255,9 @@ class LocalStream:
 
     async def send_image(self, data: bytes, ts: float | None = None) -> None:
         await self._session.feed_image(data, ts)
+
+    async def send_frame(self, data: bytes, ts: float | None = None) -> None:
+        await self._session.feed_frame(data, ts)
 
     async def send_text(self, text: str, ts: float | None = None) -> None:
         await self._session.feed_text(text, ts)

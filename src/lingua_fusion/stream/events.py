@@ -190,6 +190,7 @@ class Closed(Event):
     reason: str = "end of stream"
     unlogged: int | None = _opt()  # finals sent but never logged (the log stayed down)
     frames_dropped: int | None = _opt()
+    video: dict[str, Any] | None = _opt()  # frame messages: frames looked at, ocr_calls, superseded
     timeline: dict[str, Any] | None = _opt()
 
 

@@ -27,7 +27,8 @@ POLICIES = {
     "standard": PolicyConfig(step_s=1.0, eou_silence_s=0.4, max_utterance_s=10.0),
     "batch": PolicyConfig(step_s=3.0, eou_silence_s=0.6, max_utterance_s=15.0),
 }
-INPUTS = ("audio", "image", "text")  # what a stream may send; a stream declares a subset in its start message
+INPUTS = ("audio", "image", "text", "video")  # what a stream may send (video: frame messages); a stream declares
+# a subset in its start message
 AUDIO_FORMATS = ("pcm16", "webm", "ogg")  # webm / ogg: Opus, as a browser's MediaRecorder sends it
 MAX_START_BYTES = 64 * 1024
 MAX_TARGETS = 8
@@ -121,7 +122,8 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
         raise InvalidParameter("audio_format must be pcm16, webm or ogg (Opus)")
     inputs = msg.get("inputs", list(INPUTS))
     if not isinstance(inputs, list) or not inputs or any(i not in INPUTS for i in inputs):
-        raise InvalidParameter("inputs lists what the stream will send: a non-empty subset of audio, image, text")
+        raise InvalidParameter("inputs lists what the stream will send: a non-empty subset of audio, image, text, "
+                               "video")
     return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
                       partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
                       speech=bool(msg.get("speech", False)), audio_format=audio_format,

@@ -126,6 +126,8 @@ class StreamSession:
         self._images = 0  # frames decoding or waiting for OCR
         self.image_slots = image_slots or Slots(MAX_IMAGES_IN_FLIGHT)  # the same, across the service's streams
         self.frames_dropped = 0  # image frames not read because the class was degraded
+        self.video: Any = None  # video/stream_slides.py StreamVideo, made by the first ``frame`` message
+        self._last_video_t = -1e9
         self._text_until = -1.0  # a resumed stream: re-sent text at or before this stream time was logged already
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
@@ -333,6 +335,26 @@ class StreamSession:
         # released when the job ends, however it ends (a task cancelled before it starts never runs a finally)
         self._spawn(self._slide_job(image, t), "ocr").add_done_callback(lambda _task: self._image_done())
 
+    async def feed_frame(self, data: bytes, ts: float | None = None) -> None:
+        """One video frame (png / jpeg / webp) at media time ``ts``: every frame goes through the slide change
+        detector, OCR and MT run only when the picture changed (video/stream_slides.py)."""
+        from ..video.stream_slides import StreamVideo
+
+        self._live("video")
+        ts = check_ts(ts)
+        if self.owner.degraded(self.spec.slo, "skip_vision"):
+            self.frames_dropped += 1
+            return
+        t = self._place("image", ts)  # a camera's clock: the image clock offset applies
+        if self.owner.degraded(self.spec.slo, "lower_frame_rate") and t - self._last_video_t < LOW_FRAME_INTERVAL_S:
+            self.frames_dropped += 1
+            return
+        if self.video is None:
+            self.video = StreamVideo(self.jobs, self._emit, self._spawn, lambda: self.state != State.CLOSED,
+                                     self.settings.limits, self.image_slots)
+        self._last_video_t = t
+        await self.video.feed(data, t)
+
     def _image_done(self) -> None:
         self._images -= 1
         self.image_slots.give()
@@ -346,6 +368,8 @@ class StreamSession:
             self._decoder.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._pump), timeout=60)
+        if self.video is not None:  # the last slide shown, and slides still being read, go out before closed
+            await self.video.finish(self.settings.server.drain_timeout_s)
         flush = self.policy.flush(self.timeline.end_s)
         self._decide(flush)
         if flush.kind == "commit":
@@ -426,6 +450,7 @@ class StreamSession:
                 unlogged = await self.journal.finish(self.settings.server.drain_timeout_s)
             tl = self.timeline.stats
             self._emit(Closed(finals=self.seq, unlogged=unlogged or None, frames_dropped=self.frames_dropped,
+                              video=self.video.stats() if self.video is not None else None,
                               timeline={"late_dropped": tl.late_dropped, "reordered": tl.reordered,
                                         "gap_seconds": round(tl.gap_seconds, 3)}))
         finally:

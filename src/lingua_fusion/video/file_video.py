@@ -13,7 +13,7 @@ from .decode import VideoProbe, decode_frames, probe
 from .fanout import FrameContext, FrameFanout, Tap, file_fanout
 from .frames import FrameStats
 from .slide_reader import SlideReader, SlideSpan
-from .slides import names_in, slide_terms
+from .slides import names_in
 
 SLIDE_FPS = 2.0  # slides are sampled twice a second: a change is found within about 0.5 s (+ the settle time)
 
@@ -26,11 +26,6 @@ class VideoRead:
     decoded: int = 0
     capped: bool = False  # more slide changes than one file may OCR: the later ones were not read
     ocr_model: str = ""
-
-    def hint(self) -> str | None:
-        """Words of the slides as an ASR hint (Whisper hot words), or None when there are none."""
-        terms = slide_terms([s.source_text for s in self.slides])
-        return ", ".join(terms) or None
 
     def names(self) -> list[str]:
         return names_in([s.source_text for s in self.slides])

@@ -175,24 +175,6 @@ def same_text(a: str, b: str, threshold: float = 0.85) -> bool:
 
 
 # ---- slide words as context ------------------------------------------------------------------------------------
-_WORD = re.compile(r"[^\W\d_][\w'’-]*[\w]|[^\W\d_]", re.UNICODE)
-STOP = frozenset("""a an the and or of to in on at for with by from is are was were be been this that these those
-it its as not no but if then than so we you they he she i our your their my me us them do does did will would can
-could should may might have has had here there what which who when where how why all any each more most other some
-such only own same too very just into over under about after before again further once""".split())
-
-
-def slide_terms(texts: list[str], limit: int = 40) -> list[str]:
-    """Words on slides worth hinting to ASR: not stop words, three letters or more, first seen first, deduped."""
-    seen: dict[str, str] = {}
-    for text in texts:
-        for w in _WORD.findall(text):
-            k = w.lower()
-            if len(w) >= 3 and k not in STOP and k not in seen:
-                seen[k] = w
-    return list(seen.values())[:limit]
-
-
 def names_in(texts: list[str]) -> list[str]:
     """Names on slides that MT must keep as written: acronyms, words with digits, capitalised words inside a line
     (as the stream path does, stream/jobs.py)."""

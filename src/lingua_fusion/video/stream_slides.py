@@ -1,0 +1,184 @@
+"""A live stream's video frames -> ``slide`` events: change detection on every frame, OCR and MT only on a change.
+
+``StreamSlides`` is the stream's slides ``FrameConsumer``. Its ``offer`` runs in the worker thread that decoded the
+frame (the session decodes off the event loop), computes the frame's signature and asks the detector; a settled
+change is handed to the event loop (``call_soon_threadsafe``), where at most one read runs per stream: OCR over the
+ModelPort (``ocr`` key, through the executor), rows in reading order, then every row translated into every target
+(``mt`` keys). A change that settles while a read is running replaces any change still waiting (the newer picture
+is what the audience sees), so a stream holds at most one running and one waiting frame.
+
+The slide's words join the stream's slide memory (``StreamJobs.slides``): ASR context and MT names for the next
+utterances, as for ``image`` messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, LinguaFusionError
+from ..serving.keys import ModelKey
+from ..serving.ports import CallContext, MtInput
+from ..stream.events import Error, Event, Slide
+from ..stream.jobs import MAX_SLIDES, StreamJobs
+from .frames import FrameStats, VideoFrame
+from .slides import Change, DetectorConfig, Row, SlideDetector, reading_order, same_text, signature
+
+
+class StreamSlides:
+    def __init__(self, jobs: StreamJobs, emit: Callable[[Event], None],
+                 spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+                 loop: asyncio.AbstractEventLoop, cfg: DetectorConfig | None = None) -> None:
+        self.jobs = jobs
+        self._emit = emit
+        self._spawn = spawn
+        self._loop = loop
+        self.detector = SlideDetector(cfg)
+        self._lock = threading.Lock()  # offers of one stream may come from two worker threads (in-process feeds)
+        self._running: asyncio.Task[None] | None = None
+        self._waiting: tuple[Change, np.ndarray] | None = None
+        self._last_text = ""
+        self._last_t = 0.0
+        self._last_rgb: np.ndarray | None = None
+        self.decoded = 0
+        self.analysed = 0  # OCR calls
+        self.superseded = 0  # settled changes replaced by a newer one before they were read
+
+    # ---- FrameConsumer (worker thread) -----------------------------------------------------------------------
+    def offer(self, frame: VideoFrame) -> None:
+        sig = signature(frame.rgb)
+        with self._lock:
+            self.decoded += 1
+            if frame.t + 1e-9 < self._last_t:
+                return  # a frame older than one already seen: change detection needs time order
+            self._last_t, self._last_rgb = frame.t, frame.rgb
+            change = self.detector.observe(frame.t, sig)
+        if change is not None and not change.blank:
+            self._loop.call_soon_threadsafe(self._want, change, frame.rgb)
+
+    def stats(self) -> FrameStats:
+        return FrameStats(decoded=self.decoded, analysed=self.analysed)
+
+    # ---- reads (event loop) ----------------------------------------------------------------------------------
+    def _want(self, change: Change, rgb: np.ndarray) -> None:
+        if self._running is not None and not self._running.done():
+            if self._waiting is not None:
+                self.superseded += 1
+            self._waiting = (change, rgb)
+            return
+        self._running = self._spawn(self._reads(change, rgb), "slide")
+
+    async def _reads(self, change: Change, rgb: np.ndarray) -> None:
+        item: tuple[Change, np.ndarray] | None = (change, rgb)
+        while item is not None:
+            try:
+                await self._read(*item)
+            except (BackendError, LinguaFusionError) as exc:
+                self._emit(Error(exc.code, f"slide not read: {exc.public_message}"))
+            item, self._waiting = self._waiting, None
+
+    def _ctx(self) -> CallContext:
+        spec = self.jobs.spec
+        return CallContext(spec.stream_id, spec.slo, spec.importance, False, None, key_id=spec.key_id)
+
+    async def _read(self, change: Change, rgb: np.ndarray) -> None:
+        self.analysed += 1
+        lines = await self.jobs.port.run(ModelKey.ocr(), rgb, self._ctx())
+        rows = reading_order(list(lines or []))
+        text = "\n".join(r.text for r in rows)
+        if not rows or same_text(text, self._last_text):
+            return  # no text, or the same slide again (a hand or a pointer crossed it)
+        self._last_text = text
+        self.jobs.slides.append((change.start, text.replace("\n", "  ")))
+        del self.jobs.slides[:-MAX_SLIDES]
+        translations = await self._translate(rows)
+        spec = self.jobs.spec
+        first = spec.targets[0]
+        self._emit(Slide(t=change.start, source_text=text, text="\n".join(translations[first]),
+                         translations={k: "\n".join(v) for k, v in translations.items()},
+                         lines=[{"source_text": r.text, "title": r.title,
+                                 "translations": {k: v[i] for k, v in translations.items()}}
+                                for i, r in enumerate(rows)],
+                         settled_t=change.t))
+
+    async def _translate(self, rows: list[Row]) -> dict[str, list[str]]:
+        spec = self.jobs.spec
+        src = spec.source_lang
+
+        async def one(target: str) -> list[str]:
+            if target == src:
+                return [r.text for r in rows]
+            key = ModelKey.mt(src, target)
+            try:
+                outs = await asyncio.gather(*(self.jobs.port.run(key, MtInput(r.text, self.jobs.glossary),
+                                                                 self._ctx()) for r in rows))
+            except BackendError:
+                return ["" for _ in rows]  # the slide's source text still goes out
+            return [str(o or "") for o in outs]
+
+        targets = list(spec.targets)
+        outs = await asyncio.gather(*(one(t) for t in targets))
+        return dict(zip(targets, outs, strict=True))
+
+    async def finish(self, wait_s: float) -> None:
+        """The stream ends: a picture shown until the end counts as settled; wait (bounded) for the reads."""
+        with self._lock:
+            change = self.detector.finish(self._last_t) if self._last_rgb is not None else None
+            rgb = self._last_rgb
+        if change is not None and not change.blank and rgb is not None:
+            self._want(change, rgb)
+        task = self._running
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout=wait_s)
+            except Exception:  # noqa: BLE001 - a timeout, or an error already sent as an event
+                return
+
+
+class StreamVideo:
+    """A stream's video frames: each ``frame`` message is decoded off the event loop (at most ``slots`` decoded
+    frames in memory across the service) and offered to the stream's fan-out (the slides consumer, and any other
+    attached consumer: ``fanout.attach``)."""
+
+    def __init__(self, jobs: StreamJobs, emit: Callable[[Event], None],
+                 spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], alive: Callable[[], bool],
+                 limits: Any, slots: Any) -> None:
+        from .fanout import FrameFanout, Tap
+
+        def spawn_live(coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+            if not alive():  # the stream closed while this change settled: nothing more is read
+                coro.close()
+                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                return done  # type: ignore[return-value]
+            return spawn(coro, name)
+
+        self.slides = StreamSlides(jobs, emit, spawn_live, asyncio.get_running_loop())
+        self.fanout = FrameFanout([Tap("slides", self.slides, fps=30.0)])  # every frame sent is looked at
+        self._limits = limits
+        self._slots = slots
+
+    async def feed(self, data: bytes, t: float) -> None:
+        from ..errors import Overloaded
+        from ..media import decode_image
+
+        if not self._slots.take():
+            raise Overloaded("the server is decoding too many frames; send fewer", retry_after=1.0)
+        try:
+            def work() -> None:
+                self.fanout.offer(VideoFrame(t=t, rgb=decode_image(data, self._limits)))
+
+            await asyncio.to_thread(work)
+        finally:
+            self._slots.give()
+
+    async def finish(self, wait_s: float) -> None:
+        await self.slides.finish(wait_s)
+
+    def stats(self) -> dict[str, Any]:
+        s = self.slides.stats()
+        return {"frames": s.decoded, "ocr_calls": s.analysed, "superseded": self.slides.superseded}
