@@ -1,0 +1,172 @@
+"""/v1/vocabularies over real HTTP on a real server: per-key isolation, teaching with landmark JSON and with a
+video (the server runs the real mediapipe worker on its frames), recognition with translation, export / import,
+and bad input answered with 4xx codes."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+import pytest
+from conftest import BIN, start_server, stop_server
+
+from lingua_fusion.vision import synthetic as syn
+from lingua_fusion.vision.synthetic import render_hand
+
+PORT = 18511
+VOCAB = syn.sign_vocabulary(5, seed=3)
+
+
+@dataclass
+class Live:
+    url: str
+    a: httpx.Client
+    b: httpx.Client
+
+
+def _key(state: object) -> str:
+    return subprocess.run([str(BIN), "keys", "create", "--state-dir", str(state)], capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    state = tmp_path_factory.mktemp("vision-state")
+    ka, kb = _key(state), _key(state)
+    url, proc = start_server(state, port=PORT)
+    a = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ka}"}, timeout=120)
+    b = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {kb}"}, timeout=120)
+    try:
+        yield Live(url, a, b)
+    finally:
+        a.close()
+        b.close()
+        stop_server(proc)
+
+
+def _teach(client: httpx.Client, name: str, per_sign: int = 2, seed: int = 1) -> str:
+    r = client.post("/v1/vocabularies", json={"name": name, "kind": "sign", "lang": "en"})
+    assert r.status_code == 201, r.text
+    vid = r.json()["vocabulary_id"]
+    rng = np.random.default_rng(seed)
+    for spec, gloss in zip(VOCAB, ["hello", "thanks", "water", "friend", "house"], strict=True):
+        for _ in range(per_sign):
+            seq = syn.perform_sign(spec, syn.random_performance(rng, mirrored=False), rng)
+            r = client.post(f"/v1/vocabularies/{vid}/examples", json={"gloss": gloss, "frames": seq.to_json()})
+            assert r.status_code == 201, r.text
+    return vid
+
+
+def test_a_key_recognises_with_its_vocabulary_and_mt_translates_the_gloss(live: Live) -> None:
+    vid = _teach(live.a, "greetings")
+    rng = np.random.default_rng(7)
+    seq = syn.perform_sign(VOCAB[2], syn.random_performance(rng, mirrored=True), rng)  # left-handed, unseen
+    r = live.a.post(f"/v1/vocabularies/{vid}/recognise", json={"frames": seq.to_json(), "target_lang": "es"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["source_text"] == "water" and body["modalities"] == ["sign"]
+    assert body["text"].strip(" .").lower() == "agua"
+    assert body["glosses"][0]["gloss"] == "water" and 0 < body["glosses"][0]["confidence"] <= 1
+    other = syn.perform_sign(syn.sign_vocabulary(1, seed=99)[0], syn.random_performance(rng), rng)
+    r = live.a.post(f"/v1/vocabularies/{vid}/recognise", json={"frames": other.to_json()})
+    assert r.json()["glosses"][0]["gloss"] == "unknown" and r.json()["source_text"] == ""
+
+
+def test_another_key_can_never_list_read_use_or_delete_a_vocabulary(live: Live) -> None:
+    vid = _teach(live.a, "private", per_sign=1)
+    assert vid not in [v["vocabulary_id"] for v in live.b.get("/v1/vocabularies").json()["vocabularies"]]
+    assert vid in [v["vocabulary_id"] for v in live.a.get("/v1/vocabularies").json()["vocabularies"]]
+    seq = syn.perform_sign(VOCAB[0], syn.Performance(), np.random.default_rng(0)).to_json()
+    for method, path, body in [("GET", f"/v1/vocabularies/{vid}", None),
+                               ("GET", f"/v1/vocabularies/{vid}/export", None),
+                               ("POST", f"/v1/vocabularies/{vid}/recognise", {"frames": seq}),
+                               ("POST", f"/v1/vocabularies/{vid}/examples", {"gloss": "x", "frames": seq}),
+                               ("DELETE", f"/v1/vocabularies/{vid}", None)]:
+        r = live.b.request(method, path, json=body)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", (method, path, r.text)
+    assert live.a.get(f"/v1/vocabularies/{vid}").json()["examples"]  # untouched: still A's, still taught
+    assert httpx.get(f"{live.url}/v1/vocabularies").status_code == 401
+
+
+def test_export_and_import_round_trip_recognises_the_same(live: Live) -> None:
+    vid = _teach(live.a, "to-share", seed=5)
+    doc = live.a.get(f"/v1/vocabularies/{vid}/export").json()
+    assert doc["format"] == "linguafusion-vocabulary/1" and len(doc["examples"]) == 10
+    r = live.b.post("/v1/vocabularies/import", json=doc)  # shared by its owner as a file, imported by B
+    assert r.status_code == 201, r.text
+    copy = r.json()
+    assert copy["examples"] == 10 and copy["glosses"] == 5 and copy["vocabulary_id"] != vid
+    assert live.b.get(f"/v1/vocabularies/{copy['vocabulary_id']}/export").json()["examples"] == doc["examples"]
+    rng = np.random.default_rng(9)
+    for spec in VOCAB:
+        frames = syn.perform_sign(spec, syn.random_performance(rng), rng).to_json()
+        mine = live.a.post(f"/v1/vocabularies/{vid}/recognise", json={"frames": frames}).json()["glosses"][0]
+        theirs = live.b.post(f"/v1/vocabularies/{copy['vocabulary_id']}/recognise",
+                             json={"frames": frames}).json()["glosses"][0]
+        assert mine == theirs
+    assert live.b.post("/v1/vocabularies/import", json={**doc, "format": "x"}).status_code == 400
+    bad = {**doc, "examples": doc["examples"][:1] + [{"gloss": "", "frames": []}]}
+    assert live.b.post("/v1/vocabularies/import", json=bad).json()["error"]["code"] == "invalid_parameter"
+
+
+def test_bad_requests_are_4xx_with_codes(live: Live) -> None:
+    r = live.a.post("/v1/vocabularies", json={"name": "x", "kind": "gesture"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter"
+    vid = live.a.post("/v1/vocabularies", json={"name": "empty", "kind": "sign"}).json()["vocabulary_id"]
+    frames = syn.perform_sign(VOCAB[0], syn.Performance(), np.random.default_rng(0)).to_json()
+    r = live.a.post(f"/v1/vocabularies/{vid}/recognise", json={"frames": frames})
+    assert r.status_code == 400 and "no examples" in r.json()["error"]["message"]
+    lips = syn.perform_lips(syn.lip_vocabulary(["a"])[0], syn.Performance(), np.random.default_rng(0)).to_json()
+    r = live.a.post(f"/v1/vocabularies/{vid}/examples", json={"gloss": "hi", "frames": lips})  # no hands in it
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter"
+    r = live.a.post(f"/v1/vocabularies/{vid}/examples", json={"gloss": "hi", "frames": [{"t": 0, "left_hand": [1]}]})
+    assert r.status_code == 400 and "left_hand" in r.json()["error"]["message"]
+    r = live.a.post(f"/v1/vocabularies/{vid}/examples", content=b"{nope", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    r = live.a.post(f"/v1/vocabularies/{vid}/examples", data={"gloss": "hi"}, files={"file": ("x.mp4", b"junk")})
+    assert 400 <= r.status_code < 500 and r.json()["error"]["code"] in {"unsupported_media", "corrupt_media"}
+    r = live.a.post(f"/v1/vocabularies/{vid}/recognise", json={"frames": frames, "target_lang": "xx"})
+    assert 400 <= r.status_code < 500
+
+
+# ---- a video taught and recognised through the real mediapipe worker ---------------------------------------------
+def _video(path: list[tuple[float, float]], fps: int = 15) -> bytes:
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = 640, 480, "yuv420p"
+        for p in path:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(render_hand(p), format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def _line(n: int, y: float = 0.75) -> list[tuple[float, float]]:
+    return [(0.3 + 0.4 * i / (n - 1), y) for i in range(n)]
+
+
+def _circle(n: int) -> list[tuple[float, float]]:
+    return [(0.5 + 0.15 * np.cos(2 * np.pi * i / (n - 1)), 0.7 + 0.1 * np.sin(2 * np.pi * i / (n - 1)))
+            for i in range(n)]
+
+
+def test_a_sign_taught_from_video_is_recognised_in_another_video(live: Live) -> None:
+    vid = live.a.post("/v1/vocabularies", json={"name": "video", "kind": "sign"}).json()["vocabulary_id"]
+    for gloss, path in (("across", _line(16)), ("round", _circle(16))):
+        r = live.a.post(f"/v1/vocabularies/{vid}/examples", data={"gloss": gloss},
+                        files={"file": ("sign.mp4", _video(path), "video/mp4")})
+        assert r.status_code == 201, r.text
+        assert r.json()["frames"] >= 12
+    # performed again, slower and lower in the picture
+    r = live.a.post(f"/v1/vocabularies/{vid}/recognise", data={"target_lang": "es"},
+                    files={"file": ("query.mp4", _video(_line(22, y=0.8)), "video/mp4")})
+    assert r.status_code == 200, r.text
+    assert [g["gloss"] for g in r.json()["glosses"]] == ["across"]
