@@ -16,6 +16,7 @@ from typer.core import TyperOption
 
 from .cli_output import check_out_path, emit_report, err, fail, render, usage, warn, write_out
 from .errors import InvalidParameter, LinguaFusionError
+from .vision.cli import vocab_app
 
 app = typer.Typer(help="LinguaFusion: real-time multimodal translation server, SDK and CLI.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -27,6 +28,7 @@ app.add_typer(bench_app, name="bench")
 chaos_app = typer.Typer(help="Chaos experiments: faults on a schedule under load, against a baseline.",
                         no_args_is_help=True)
 app.add_typer(chaos_app, name="chaos")
+app.add_typer(vocab_app, name="vocab")  # vision/cli.py: taught signs and lip words
 _type_label = TyperOption.display_type_rich
 
 

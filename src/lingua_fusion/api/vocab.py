@@ -26,7 +26,7 @@ from ..deadline import Deadline
 from ..errors import EmptyInput, InvalidParameter, TooLarge
 from ..files import FileRequest
 from ..vision.landmarks import LandmarkSeq
-from ..vision.service import VisionService
+from ..vision.service import VisionService, recognition_body
 from ..vision.store import VocabularyStore, check_gloss, check_kind
 from .deps import TranslateKey, context, read_form, require_json
 
@@ -179,9 +179,4 @@ async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[
     seq = await _sequence(request, key.key_id, vocab.kind, body, data, deadline)
     spans = await ctx.admission.run(key.key_id, deadline,
                                     functools.partial(service.recognise, key.key_id, vocab_id, seq, translate))
-    known = [s for s in spans if s.recognition.known]
-    return {"vocabulary_id": vocab_id, "kind": vocab.kind, "frames": len(seq),
-            "modalities": ["sign" if vocab.kind == "sign" else "lips"],
-            "source_text": " ".join(s.recognition.gloss for s in known),
-            "text": " ".join(s.text or "" for s in known).strip() if target else None,
-            "glosses": [s.to_dict() for s in spans]}
+    return recognition_body(vocab_id, vocab.kind, len(seq), spans, bool(target))

@@ -9,6 +9,7 @@ import httpx
 
 from ..errors import BackendError
 from ..types import TranslationResult
+from ..vision.client import AsyncVocabularyMethods, VocabularyMethods
 from .common import MediaInput, parse_result, raise_for_error, read_file, read_input
 from .stream import RemoteStream, start_message
 
@@ -86,7 +87,7 @@ class _Base:
         return fn(self.base_url, room_id, token, targets, after_seq=after_seq, speech=speech)
 
 
-class MultimodalTranslator(_Base):
+class MultimodalTranslator(VocabularyMethods, _Base):
     """Client of a LinguaFusion server. ``MultimodalTranslator.local()`` runs the engine in-process instead."""
 
     def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 600.0) -> None:
@@ -143,7 +144,7 @@ class MultimodalTranslator(_Base):
         self.close()
 
 
-class AsyncMultimodalTranslator(_Base):
+class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
     def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 600.0) -> None:
         super().__init__(api_key, base_url)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,

@@ -12,10 +12,11 @@ from ..errors import InvalidParameter, NotFound
 from ..files import FileRequest, FileTranslator
 from ..tracing import Tracer, from_settings
 from ..types import TranslationResult
+from ..vision.client import LocalVocabularyMethods
 from .common import MediaInput, read_file, read_input
 
 
-class LocalTranslator:
+class LocalTranslator(LocalVocabularyMethods):
     def __init__(self, settings: Settings | None = None, engine: FileTranslator | None = None,
                  tracer: Tracer | None = None) -> None:
         self.settings = settings or Settings()
@@ -94,6 +95,7 @@ class LocalTranslator:
         return {"models": registry.capabilities(), "pairs": registry.served_pairs(), "routes": registry.pair_routes()}
 
     def close(self) -> None:
+        self.close_vision()
         self.engine.close()
         if self.tracer is not None:
             self.tracer.shutdown()

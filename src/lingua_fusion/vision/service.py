@@ -121,6 +121,18 @@ class VisionService:
                 self._extractor = None
 
 
+def recognition_body(vocab_id: str, kind: str, frames: int, spans: list[GlossSpan], translated: bool
+                     ) -> dict[str, Any]:
+    """The answer of a recognition (REST and the SDK's local mode): every span, and the known glosses as one
+    source text with its translation."""
+    known = [s for s in spans if s.recognition.known]
+    return {"vocabulary_id": vocab_id, "kind": kind, "frames": frames,
+            "modalities": ["sign" if kind == "sign" else "lips"],
+            "source_text": " ".join(s.recognition.gloss for s in known),
+            "text": " ".join(s.text or "" for s in known).strip() if translated else None,
+            "glosses": [s.to_dict() for s in spans]}
+
+
 def gloss_text(gloss: str) -> str:
     """A gloss as source text for MT: THANK-YOU -> "thank you"."""
     return " ".join(gloss.replace("-", " ").replace("_", " ").split()).lower()
