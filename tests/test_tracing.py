@@ -164,11 +164,12 @@ async def test_websocket_stream_spans_its_stages_and_journal_writes(traced: Any,
         async for ev in s:
             if ev.type == "final":
                 finals.append(ev)
-    assert len(finals) == 2
+    n = len(finals)
+    assert n >= 2  # two sentences (a long pause inside one would make it two utterances)
     spans = await asyncio.to_thread(wait_for, exporter, lambda ss: any(s.name == "stream" for s in ss))
     root = next(s for s in spans if s.name == "stream")
     assert attr(root, "stream_id") == stream_id and attr(root, "key_id") == key_id
-    assert attr(root, "slo") == "standard" and attr(root, "finals") == 2 and attr(root, "targets") == "es"
+    assert attr(root, "slo") == "standard" and attr(root, "finals") == n and attr(root, "targets") == "es"
     assert root.parent is None  # the stream is a trace of its own
     kids = children(spans, root)
     names = {s.name for s in kids}
@@ -176,12 +177,12 @@ async def test_websocket_stream_spans_its_stages_and_journal_writes(traced: Any,
     assert root.context is not None and all(k.context and k.context.trace_id == root.context.trace_id for k in kids)
     asr = [k for k in kids if k.name == "asr"]
     mt = [k for k in kids if k.name == "mt"]
-    assert len(asr) == 2 and len(mt) == 2  # one per committed utterance (no partials asked)
+    assert len(asr) == n and len(mt) == n  # one per committed utterance (no partials asked)
     for k in asr + mt:  # a batched model call: the batch's times and what it was
         assert attr(k, "model_key") in ("asr:tiny.en", "mt:en-es") and attr(k, "batch_size") >= 1
         assert attr(k, "queue_wait_s") >= 0.0 and attr(k, "tentative") is False and attr(k, "batch_id") >= 1
     writes = sorted((k for k in kids if k.name == "journal.write"), key=lambda k: attr(k, "seq"))
-    assert [attr(w, "seq") for w in writes] == [1, 2] and all(attr(w, "durable") is True for w in writes)
+    assert [attr(w, "seq") for w in writes] == list(range(1, n + 1)) and all(attr(w, "durable") is True for w in writes)
     assert all(attr(v, "model_key") == "vad" for v in kids if v.name == "vad")
     no_secret(spans, secret)
 

@@ -43,13 +43,20 @@ def _wall_ns(monotonic_s: float) -> int:
 class TraceRef:
     """One span, and the tracer that made it: what is handed down to parent the next spans."""
 
-    __slots__ = ("_ended", "context", "span", "tracer")
+    __slots__ = ("_context", "_ended", "span", "tracer")
 
     def __init__(self, tracer: Tracer, otel_span: Any) -> None:
         self.tracer = tracer
         self.span = otel_span
-        self.context = tracer.api.set_span_in_context(otel_span)
+        self._context: Any = None
         self._ended = False
+
+    @property
+    def context(self) -> Any:
+        """The OpenTelemetry context with this span as the parent (made when a child first needs it)."""
+        if self._context is None:
+            self._context = self.tracer.api.set_span_in_context(self.span)
+        return self._context
 
     @contextlib.contextmanager
     def child(self, name: str, **attrs: Any) -> Iterator[TraceRef]:
@@ -66,11 +73,11 @@ class TraceRef:
     def record(self, name: str, start: float, end: float, attrs: Mapping[str, Any],
                error: BaseException | None = None) -> None:
         """A child span that already happened: ``start`` and ``end`` on ``time.monotonic``'s clock."""
-        ref = TraceRef(self.tracer, self.tracer.otel.start_span(name, context=self.context, attributes=_attrs(attrs),
-                                                                start_time=_wall_ns(start)))
+        begin = _wall_ns(start)
+        otel_span = self.tracer.otel.start_span(name, context=self.context, attributes=_attrs(attrs), start_time=begin)
         if error is not None:
-            ref.fail(error)
-        ref.span.end(end_time=max(_wall_ns(end), ref.span.start_time or 0))
+            TraceRef(self.tracer, otel_span).fail(error)
+        otel_span.end(end_time=max(_wall_ns(end), begin))
 
     def set(self, **attrs: Any) -> None:
         self.span.set_attributes(_attrs(attrs))
