@@ -54,8 +54,13 @@ class Gateway:
         return self._fastapi
 
     def _beat(self) -> Beat:
-        service = self._fastapi.state.streams
-        return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), len(service.executor.scheduler.admitted))
+        state = self._fastapi.state
+        service = state.streams
+        rooms = getattr(state, "rooms", None)  # the rooms' service, where this app has rooms (api/rooms.py)
+        listeners = sum(len(f.listeners) for f in rooms.feeds.values()) if rooms is not None else 0
+        executor = service.executor
+        return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), len(executor.scheduler.admitted),
+                    listeners, executor.hop_retries)
 
     async def __del__(self) -> None:
         if self.heartbeat is not None:

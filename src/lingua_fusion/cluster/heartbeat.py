@@ -27,6 +27,8 @@ class Beat:
     pid: int
     streams: tuple[str, ...]  # live stream ids on this gateway
     admitted: int  # streams admitted (holding model capacity) on this gateway
+    listeners: int = 0  # room listeners connected to this gateway
+    hop_retries: int = 0  # model calls this gateway sent again after a replica failed (since it started)
 
 
 class Heartbeat:
@@ -77,5 +79,6 @@ async def read_beats(redis: object) -> list[Beat]:
         if raw is None:
             continue  # expired between the scan and the read
         d = json.loads(raw)
-        beats.append(Beat(d["gateway"], int(d["pid"]), tuple(d["streams"]), int(d["admitted"])))
+        beats.append(Beat(d["gateway"], int(d["pid"]), tuple(d["streams"]), int(d["admitted"]),
+                          int(d.get("listeners", 0)), int(d.get("hop_retries", 0))))
     return beats

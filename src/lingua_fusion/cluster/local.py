@@ -1,0 +1,60 @@
+"""A Ray cluster of several nodes on one machine, on loopback, with every port fixed (tests and benchmarks).
+
+``ray start --head`` plus ``ray start --address`` for each worker node, each with its own port block from
+``base`` (head: base..base+7, node k: base+8k..; workers' own ports in ``worker_ports``), no dashboard, a small
+object store. ``stop`` runs ``ray stop --force``: it ends every Ray process of this user on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RAY = str(Path(sys.executable).parent / "ray")
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+TIMEOUT_S = 120
+
+
+@dataclass
+class LocalRay:
+    base: int = 18700  # the head's GCS port; the other ports follow it
+    nodes: int = 2  # the head and nodes - 1 worker nodes
+    cpus_per_node: int = 1
+    worker_ports: tuple[int, int] = (18720, 18799)  # split between the nodes
+    temp_dir: str = "/tmp/lf-ray"
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.base}"
+
+    def start(self) -> None:
+        for k in range(self.nodes):
+            self._run(self._node_args(k))
+
+    def _node_args(self, k: int) -> list[str]:
+        p = self.base + 1 + 8 * k  # node k's block (the head's GCS port is base itself)
+        lo, hi = self.worker_ports
+        span = (hi - lo + 1) // self.nodes
+        args = [RAY, "start", "--node-ip-address", "127.0.0.1", "--num-cpus", str(self.cpus_per_node),
+                "--object-store-memory", str(OBJECT_STORE_BYTES), "--node-manager-port", str(p),
+                "--object-manager-port", str(p + 1), "--dashboard-agent-listen-port", str(p + 2),
+                "--dashboard-agent-grpc-port", str(p + 3), "--metrics-export-port", str(p + 4),
+                "--runtime-env-agent-port", str(p + 5), "--min-worker-port", str(lo + k * span),
+                "--max-worker-port", str(lo + (k + 1) * span - 1), "--disable-usage-stats"]
+        if k == 0:
+            return [*args, "--head", "--port", str(self.base), "--include-dashboard", "false",
+                    "--ray-client-server-port", str(p + 6), "--temp-dir", self.temp_dir]
+        return [*args, "--address", self.address]
+
+    def _run(self, args: list[str]) -> None:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **self.env}
+        out = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(args[:3])} failed: {out.stderr[-2000:]}")
+
+    def stop(self) -> None:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=TIMEOUT_S)

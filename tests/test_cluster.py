@@ -1,0 +1,250 @@
+"""The cluster on Ray Serve (docs/cluster.md), on a real Ray cluster of two nodes on loopback and a real Redis:
+`linguafusion serve --cluster` with two gateway replicas behind Serve's proxy and one model replica.
+
+- a gateway SIGKILLed mid-stream: the client reconnects through the proxy, lands on another gateway process and
+  resumes there; every committed caption exactly once, the whole recording covered;
+- the model replica SIGKILLed mid-stream: Serve starts another, the committed work sent meanwhile is retried,
+  every caption arrives, none failed, on the same connection;
+- a room published through one gateway is heard by a listener connected to the other one (the rooms' Redis bus).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jiwer
+import pytest
+from conftest import BIN, REDIS, needs_redis, talk_wav
+
+from lingua_fusion.cluster.heartbeat import Beat
+from lingua_fusion.cluster.local import LocalRay
+
+pytestmark = needs_redis
+SERVE_PORT = 18718
+SENTENCES = ["Good morning everyone and welcome to the quarterly review.", "The new office will open in the spring.",
+             "Please send me the report before Friday.", "We need more time to finish the project.",
+             "The train to the airport leaves every hour.", "Thank you all for your hard work."]
+NORM = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.Strip()])
+
+
+@dataclass
+class Cluster:
+    url: str
+    talk: Path
+    driver: subprocess.Popen[bytes]
+
+    def beats(self) -> list[Beat]:
+        import redis.asyncio as aioredis
+
+        from lingua_fusion.cluster.heartbeat import read_beats
+
+        async def read() -> list[Beat]:
+            client = aioredis.from_url(REDIS or "", socket_timeout=2)
+            try:
+                return await read_beats(client)
+            finally:
+                await client.aclose()
+
+        import asyncio
+
+        return [b for b in asyncio.run(read()) if _alive(b.pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _replica_pids(name: str) -> list[int]:
+    """Processes whose title Ray set to this Serve replica's (``ray::ServeReplica:APP:DEPLOYMENT``)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if name in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _wait(cond: Any, timeout: float, what: str) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("cluster")
+    talk = tmp / "talk.wav"
+    talk.write_bytes(talk_wav(SENTENCES))
+    ray = LocalRay(nodes=2, cpus_per_node=1)
+    ray.stop()  # a cluster left by an interrupted run holds the ports
+    ray.start()
+    log = open(tmp / "driver.log", "wb")  # noqa: SIM115 - closed below
+    env = {**os.environ, "LINGUAFUSION_STATE__REDIS_URL": REDIS or "", "RAY_USAGE_STATS_ENABLED": "0"}
+    driver = subprocess.Popen([str(BIN), "serve", "--cluster", "--ray-address", ray.address, "--port",
+                               str(SERVE_PORT), "--no-auth", "--state-dir", str(tmp), "--gateways", "2",
+                               "--model-replicas", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    c = Cluster(f"http://127.0.0.1:{SERVE_PORT}", talk, driver)
+    try:
+        def ready() -> bool:
+            assert driver.poll() is None, (tmp / "driver.log").read_text()
+            try:
+                ok = httpx.get(c.url + "/readyz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+            return ok and len(c.beats()) == 2
+
+        _wait(ready, 150, "two gateways and a model replica")
+        yield c
+    finally:
+        driver.send_signal(signal.SIGTERM)  # the driver shuts Serve down
+        try:
+            driver.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+        log.close()
+        ray.stop()
+
+
+class Stream:
+    """`linguafusion stream FILE --to es --realtime --json` against the cluster, read as it goes."""
+
+    def __init__(self, c: Cluster, *extra: str) -> None:
+        self.proc = subprocess.Popen([str(BIN), "stream", str(c.talk), "--to", "es", "--realtime", "--json",
+                                      "--url", c.url, "--no-partials", *extra], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.events: list[dict[str, Any]] = []
+        self.first_final = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            ev = json.loads(line)
+            self.events.append(ev)
+            if ev.get("type") == "final":
+                self.first_final.set()
+
+    def finish(self) -> tuple[list[dict[str, Any]], str]:
+        try:
+            self.proc.wait(timeout=150)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(timeout=10)
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        assert self.proc.returncode == 0, err
+        return self.events, err
+
+
+def _check_captions(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    finals = [e for e in events if e["type"] == "final"]
+    assert [f["seq"] for f in finals] == list(range(1, len(finals) + 1))  # none lost, none repeated
+    assert not [f for f in finals if f.get("failed")]  # no stage gave up
+    spoken = " ".join(f["source_text"] for f in finals)
+    assert jiwer.wer(NORM(" ".join(SENTENCES)), NORM(spoken)) <= 0.2, spoken  # the whole recording is covered
+    assert events[-1]["type"] == "closed"
+    return finals
+
+
+def _holder(c: Cluster) -> Beat:
+    """The gateway holding the one live stream."""
+    return _wait(lambda: next((b for b in c.beats() if b.streams), None), 20, "the stream's gateway")
+
+
+def test_a_gateway_killed_mid_stream_the_client_resumes_on_another(cluster: Cluster) -> None:
+    s = Stream(cluster)
+    assert s.first_final.wait(90), "no caption before the kill"
+    victim = _holder(cluster)
+    os.kill(victim.pid, signal.SIGKILL)
+    # the client reconnects through the proxy; the stream goes on in another gateway process
+    moved = _wait(lambda: next((b for b in cluster.beats() if b.streams and b.pid != victim.pid), None), 60,
+                  "the stream on another gateway")
+    assert moved.streams == victim.streams  # the same stream id, resumed
+    events, err = s.finish()
+    _check_captions(events)
+    assert "reconnected" in err
+
+
+def test_the_model_replica_killed_mid_stream_is_restarted_and_nothing_is_lost(cluster: Cluster) -> None:
+    name = "ServeReplica:lf-models:ModelReplica"
+    (old,) = _replica_pids(name)
+    s = Stream(cluster)
+    assert s.first_final.wait(90), "no caption before the kill"
+    holder = _holder(cluster)
+    _kill_when_busy(old)  # while it runs a batch: that committed work is lost with it and must be sent again
+    new = _wait(lambda: [p for p in _replica_pids(name) if p != old], 90, "Serve to start another model replica")
+    assert len(new) == 1
+    events, err = s.finish()
+    finals = _check_captions(events)
+    assert "reconnected" not in err  # the gateway kept the connection: only the model work moved
+    assert len(finals) >= 4
+    assert _alive(holder.pid)  # the gateway was not touched
+    retried = next(b for b in cluster.beats() if b.pid == holder.pid).hop_retries
+    assert retried >= 1  # the call the replica died with was sent again
+
+
+def _kill_when_busy(pid: int) -> None:
+    """SIGKILL ``pid`` in the middle of a burst of CPU work (two 50 ms samples in a row that used CPU)."""
+    def cpu() -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+
+    last, busy, end = cpu(), 0, time.monotonic() + 60
+    while time.monotonic() < end:
+        time.sleep(0.05)
+        now = cpu()
+        busy = busy + 1 if now - last >= 2 else 0
+        last = now
+        if busy >= 2:
+            break
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_listener_on_one_gateway_hears_a_room_published_on_the_other(cluster: Cluster) -> None:
+    pub = Stream(cluster, "--room")
+    ready = _wait(lambda: next((e for e in pub.events if e.get("type") == "ready"), None), 60, "the room's ready")
+    room, token = ready["room_id"], ready["listener_token"]
+    publisher = _holder(cluster)
+    listener: subprocess.Popen[str] | None = None
+    for _ in range(6):  # Serve's proxy picks the gateway; a listener that lands on the publisher's is tried again
+        listener = subprocess.Popen([str(BIN), "listen", room, "--token", token, "--to", "es", "--json", "--url",
+                                     cluster.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        where = _wait(lambda: [b for b in cluster.beats() if b.listeners], 30, "the listener's gateway")
+        if where[0].pid != publisher.pid:
+            break
+        listener.kill()
+        listener.wait(timeout=10)
+        _wait(lambda: not [b for b in cluster.beats() if b.listeners], 30, "the listener to leave")
+    else:
+        pytest.fail("every listener landed on the publisher's gateway")
+    assert listener is not None
+    events, _ = pub.finish()
+    published = _check_captions(events)
+    out, err = listener.communicate(timeout=60)
+    assert listener.returncode == 0, err
+    heard = [json.loads(line) for line in out.splitlines() if line.strip()]
+    heard_finals = [e for e in heard if e["type"] == "final"]
+    assert [f["seq"] for f in heard_finals] == [f["seq"] for f in published]  # a late joiner gets 1..N once
+    assert [f["translations"]["es"] for f in heard_finals] == [f["translations"]["es"] for f in published]
