@@ -5,15 +5,19 @@ and bad input answered with 4xx codes."""
 from __future__ import annotations
 
 import io
+import json
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from conftest import BIN, start_server, stop_server
 
+from lingua_fusion.errors import InvalidParameter, NotFound
 from lingua_fusion.vision import synthetic as syn
 from lingua_fusion.vision.synthetic import render_hand
 
@@ -170,3 +174,49 @@ def test_a_sign_taught_from_video_is_recognised_in_another_video(live: Live) -> 
                     files={"file": ("query.mp4", _video(_line(22, y=0.8)), "video/mp4")})
     assert r.status_code == 200, r.text
     assert [g["gloss"] for g in r.json()["glosses"]] == ["across"]
+
+
+def test_the_sdk_teaches_exports_to_a_file_and_imports(live: Live, tmp_path: Path) -> None:
+    from lingua_fusion import MultimodalTranslator
+
+    with MultimodalTranslator(api_key=live.a.headers["Authorization"][7:], base_url=live.url) as t:
+        vid = t.create_vocabulary("sdk", kind="lip")["vocabulary_id"]
+        rng = np.random.default_rng(3)
+        words = syn.lip_vocabulary(["yes", "no", "stop"], seed=2)
+        for w in words:
+            for _ in range(3):
+                t.add_example(vid, w.gloss, frames=syn.perform_lips(w, syn.random_performance(rng), rng))
+        t.export_vocabulary(vid, tmp_path / "lips.json")
+        copy = t.import_vocabulary(tmp_path / "lips.json", name="copy")
+        assert copy["name"] == "copy" and copy["kind"] == "lip" and copy["examples"] == 9
+        said = syn.perform_lips(words[2], syn.random_performance(rng), rng)
+        assert t.recognise(copy["vocabulary_id"], frames=said)["source_text"] == "stop"
+        with pytest.raises(NotFound):
+            t.recognise("vo_000000000000", frames=said)
+        with pytest.raises(InvalidParameter):
+            t.recognise(vid)  # neither frames nor video
+
+
+def test_the_cli_teaches_and_recognises_in_process(tmp_path: Path) -> None:
+    env = {**os.environ, "LINGUAFUSION_STATE_DIR": str(tmp_path / "state")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN), "vocab", *args], capture_output=True, text=True, timeout=120, env=env)
+
+    vid = json.loads(cli("create", "mine", "--kind", "sign").stdout)["vocabulary_id"]
+    rng = np.random.default_rng(4)
+    for spec, gloss in zip(VOCAB[:3], ["one", "two", "three"], strict=True):
+        for k in range(2):
+            path = tmp_path / f"{gloss}{k}.json"
+            path.write_text(json.dumps(syn.perform_sign(spec, syn.random_performance(rng), rng).to_json()))
+            assert cli("teach", vid, gloss, "--frames", str(path)).returncode == 0
+    query = tmp_path / "query.json"
+    query.write_text(json.dumps({"frames": syn.perform_sign(VOCAB[1], syn.random_performance(rng), rng).to_json()}))
+    out = cli("recognise", vid, "--frames", str(query))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["source_text"] == "two"
+    assert json.loads(cli("list").stdout)["vocabularies"][0]["examples"] == 6
+    bad = cli("show", "vo_missing")
+    assert bad.returncode == 2 and bad.stderr.startswith("error [not_found]")
+    bad = cli("teach", vid, "x", "--frames", str(tmp_path / "nope.json"))
+    assert bad.returncode == 2 and "error [invalid_parameter]" in bad.stderr
