@@ -1,0 +1,288 @@
+"""Rooms on live servers: real uvicorn processes, real WebSocket / SSE clients, real models (Piper -> Whisper ->
+Apertium), the CLI as a subprocess, and two gateways sharing one real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import BIN, REDIS, needs_redis, start_server, stop_server, talk_wav
+from websockets.asyncio.client import connect
+
+from lingua_fusion import MultimodalTranslator
+
+SENTENCES = ["Good morning everyone and welcome to the conference.", "The river bank is green in the spring.",
+             "Please send me the report before Friday.", "Thank you all for listening today."]
+
+
+def new_key(state: Path) -> str:
+    return subprocess.run([str(BIN), "keys", "create", "--state-dir", str(state)], capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip()
+
+
+class Live:
+    def __init__(self, url: str, keys: list[str]) -> None:
+        self.url, self._keys = url, keys
+
+    @property
+    def ws(self) -> str:
+        return self.url.replace("http://", "ws://")
+
+    def key(self) -> str:
+        return self._keys.pop()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    state = tmp_path_factory.mktemp("rooms")
+    keys = [new_key(state) for _ in range(5)]  # made before the server starts (see docs/rooms.md, Tests)
+    url, proc = start_server(state)
+    yield Live(url, keys)
+    stop_server(proc)
+
+
+class Publisher:
+    """A text stream published as a room, over a raw WebSocket."""
+
+    def __init__(self, ws: Any, ready: dict[str, Any]) -> None:
+        self.ws, self.ready, self.n = ws, ready, 0
+        self.finals: list[dict[str, Any]] = []
+
+    @classmethod
+    async def open(cls, base: str, key: str, targets: list[str], room: Any = True) -> Publisher:
+        ws = await connect(base + "/v1/streams", additional_headers={"Authorization": f"Bearer {key}"})
+        await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": targets, "inputs": ["text"],
+                                  "partials": False, "room": room}))
+        ready = json.loads(await ws.recv())
+        assert ready["type"] == "ready", ready
+        return cls(ws, ready)
+
+    async def say(self, text: str) -> dict[str, Any]:
+        """Send a sentence; its final (as the publisher sees it)."""
+        await self.ws.send(json.dumps({"type": "text", "text": text, "ts": float(self.n)}))
+        self.n += 1
+        while True:
+            ev = json.loads(await asyncio.wait_for(self.ws.recv(), 60))
+            if ev["type"] == "final":
+                self.finals.append(ev)
+                return ev
+
+    async def end(self) -> list[dict[str, Any]]:
+        await self.ws.send(json.dumps({"type": "end"}))
+        rest = [json.loads(m) async for m in self.ws]
+        self.finals += [e for e in rest if e["type"] == "final"]
+        return rest
+
+
+async def listen_ws(base: str, room_id: str, token: str, targets: str, after_seq: int = 0) -> Any:
+    return await connect(f"{base}/v1/rooms/{room_id}/listen?targets={targets}&after_seq={after_seq}",
+                         additional_headers={"Authorization": f"Bearer {token}"})
+
+
+async def read_all(ws: Any) -> list[dict[str, Any]]:
+    return [json.loads(m) async for m in ws]
+
+
+async def until(cond: Any, what: str, within_s: float = 30.0) -> None:
+    end = time.monotonic() + within_s
+    while not await cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+def finals_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == "final"]
+
+
+# ---- the CLI, as the issue checks it ---------------------------------------------------------------------------
+def test_cli_stream_room_and_listen_late_joiner_included(live: Live, tmp_path: Path) -> None:
+    key = live.key()
+    talk = tmp_path / "talk.wav"
+    talk.write_bytes(talk_wav(SENTENCES))
+    pub = subprocess.Popen([str(BIN), "stream", str(talk), "--from", "en", "--to", "es", "--to", "ca", "--realtime",
+                            "--json", "--room", "--url", live.url, "--api-key", key], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    assert pub.stdout is not None
+    ready = json.loads(pub.stdout.readline())
+    assert ready["type"] == "ready" and ready["room_id"].startswith("rm_")
+    assert ready["listener_token"].startswith("lt_") and ready["listener_token"] != key
+
+    def listen(lang: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([str(BIN), "listen", ready["room_id"], "--token", ready["listener_token"], "--to",
+                                 lang, "--json", "--url", live.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    early = listen("es")
+    lines = []
+    while True:  # the late joiner comes after the publisher's second final
+        line = pub.stdout.readline()
+        assert line, pub.stderr.read() if pub.stderr else ""
+        lines.append(json.loads(line))
+        if len(finals_of(lines)) >= 2:
+            break
+    late = listen("ca")
+    out, err = pub.communicate(timeout=120)
+    assert pub.returncode == 0, err
+    published = finals_of(lines + [json.loads(x) for x in out.splitlines()])
+    assert [f["seq"] for f in published] == list(range(1, len(published) + 1)) and len(published) >= 3
+    for proc, lang in ((early, "es"), (late, "ca")):
+        o, e = proc.communicate(timeout=60)
+        assert proc.returncode == 0, e
+        events = [json.loads(x) for x in o.splitlines()]
+        heard = finals_of(events)
+        assert [f["seq"] for f in heard] == [f["seq"] for f in published]  # 1..N, the late joiner included
+        assert [f["translations"][lang] for f in heard] == [f["translations"][lang] for f in published]
+        assert all(set(f["translations"]) == {lang} for f in heard)
+        assert events[-1]["type"] == "closed"
+
+
+# ---- owner routes, tokens, the read-only promise ---------------------------------------------------------------
+async def test_owner_routes_tokens_and_what_a_listener_token_cannot_do(live: Live) -> None:
+    owner, other = live.key(), live.key()
+    h = {"Authorization": f"Bearer {owner}"}
+    async with httpx.AsyncClient(base_url=live.url, timeout=30) as http:
+        made = (await http.post("/v1/rooms", headers=h, json={"source_lang": "en"})).json()
+        assert "room_id" in made, made
+        room_id, token = made["room_id"], made["listener_token"]
+        assert made["state"] == "waiting"
+        minted = (await http.post(f"/v1/rooms/{room_id}/tokens", headers=h)).json()["listener_token"]
+        assert minted != token
+        # another key sees nothing of it; a listener token is no API key
+        for method, path in (("GET", f"/v1/rooms/{room_id}"), ("DELETE", f"/v1/rooms/{room_id}"),
+                             ("POST", f"/v1/rooms/{room_id}/tokens")):
+            r = await http.request(method, path, headers={"Authorization": f"Bearer {other}"})
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        for path in ("/v1/rooms", f"/v1/rooms/{room_id}"):
+            r = await http.get(path, headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+        assert (await http.get("/v1/rooms/rm_zz/events?targets=es&token=" + token)).status_code == 401
+        r = await http.get(f"/v1/rooms/{room_id}/events?targets=es&after_seq=x&token={token}")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter"
+        r = await http.get(f"/v1/rooms/{room_id}/events?targets=ja&token={token}")
+        assert r.status_code == 422 and r.json()["error"]["code"] == "unsupported_pair"
+        r = await http.post("/v1/rooms", headers={**h, "Content-Type": "text/plain"}, content=b"x")
+        assert r.status_code == 415
+        # the token cannot publish: /v1/streams refuses it
+        async with connect(live.ws + "/v1/streams", additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            refused = json.loads(await ws.recv())
+            assert refused["code"] == "unauthenticated"
+        # another key cannot publish into the owner's room
+        with pytest.raises(AssertionError):
+            await Publisher.open(live.ws, other, ["es"], room=room_id)
+        # the owner publishes into the room made by REST; the minted token listens
+        pub = await Publisher.open(live.ws, owner, ["es"], room=room_id)
+        assert pub.ready["room_id"] == room_id
+        listener = await listen_ws(live.ws, room_id, minted, "es")
+        wrong = await listen_ws(live.ws, room_id, "lt_not-a-token", "es")
+        assert json.loads(await wrong.recv())["code"] == "unauthenticated"
+        await wrong.wait_closed()
+        assert wrong.close_code == 4401
+        first = await pub.say("Good morning.")
+        listed = (await http.get("/v1/rooms", headers=h)).json()["rooms"]
+        assert [(r["room_id"], r["state"], r["listeners"]) for r in listed] == [(room_id, "live", 1)]
+        metrics = (await http.get("/metrics")).text
+        assert "linguafusion_room_listeners 1.0" in metrics and "linguafusion_rooms_published 1.0" in metrics
+        ended = (await http.delete(f"/v1/rooms/{room_id}", headers=h)).json()
+        assert ended["state"] == "ended"
+        events = await asyncio.wait_for(read_all(listener), 30)
+        assert [e["seq"] for e in finals_of(events)] == [first["seq"]]
+        assert events[-1] == {**events[-1], "type": "closed", "reason": "ended by its owner"}
+        await pub.say("The stream goes on unpublished.")  # the publisher's own stream is not cut
+        await pub.end()
+
+
+# ---- SSE, reconnection with after_seq / Last-Event-ID, languages added live ------------------------------------
+async def test_sse_reconnect_and_a_language_added_live_costs_nothing_once_nobody_listens(live: Live) -> None:
+    key = live.key()
+    pub = await Publisher.open(live.ws, key, ["es"])
+    room_id, token = pub.ready["room_id"], pub.ready["listener_token"]
+    one = await pub.say("The water is cold.")
+    assert set(one["translations"]) == {"es"}  # nobody listens in Catalan: it is not computed
+    async with httpx.AsyncClient(base_url=live.url, timeout=60) as http:
+        async with http.stream("GET", f"/v1/rooms/{room_id}/events?targets=ca&token={token}") as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            lines = r.aiter_lines()
+            seen: list[dict[str, Any]] = []
+            ids: list[str] = []
+
+            async def next_event() -> dict[str, Any]:
+                data = None
+                async for line in lines:
+                    if line.startswith("id: "):
+                        ids.append(line[4:])
+                    if line.startswith("data: "):
+                        data = json.loads(line[6:])
+                    if line == "" and data is not None:
+                        return data
+                raise AssertionError("the event stream ended")
+
+            seen.append(await asyncio.wait_for(next_event(), 30))
+            assert seen[0]["seq"] == 1 and seen[0]["untranslated"] == ["ca"]  # made before anyone asked for ca
+
+            async def catalan_on() -> bool:
+                return "ca" in (await pub.say("The river is long.")).get("translations", {})
+
+            await until(catalan_on, "the publisher's stream to translate into ca")
+            while len(seen) < len(pub.finals):
+                seen.append(await asyncio.wait_for(next_event(), 30))
+            assert [e["seq"] for e in seen] == [f["seq"] for f in pub.finals]
+            assert seen[-1]["translations"]["ca"] == pub.finals[-1]["translations"]["ca"]
+            assert ids == [str(e["seq"]) for e in seen]
+        # the SSE listener left: Catalan stops being computed
+        async def catalan_off() -> bool:
+            return "ca" not in (await pub.say("The sky is blue.")).get("translations", {})
+
+        await until(catalan_off, "ca to stop being translated")
+        # reconnecting with Last-Event-ID: exactly the finals after it, then live
+        last = int(ids[-1])
+        async with http.stream("GET", f"/v1/rooms/{room_id}/events?targets=es&token={token}",
+                               headers={"Last-Event-ID": str(last)}) as r:
+            datas: list[dict[str, Any]] = []
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    datas.append(json.loads(line[6:]))
+                if len(datas) == len(pub.finals) - last:
+                    break
+            assert [d["seq"] for d in datas] == list(range(last + 1, len(pub.finals) + 1))
+    await pub.end()
+
+
+# ---- two gateways, one Redis -------------------------------------------------------------------------------------
+@needs_redis
+async def test_a_listener_on_gateway_b_hears_a_room_published_on_gateway_a(tmp_path: Path) -> None:
+    env = {"LINGUAFUSION_STATE__REDIS_URL": REDIS or ""}
+    key = new_key(tmp_path)
+    a_url, a = start_server(tmp_path, env=env)
+    b_url, b = start_server(tmp_path, env=env)  # the same key store, the same Redis
+    try:
+        pub = await Publisher.open(a_url.replace("http", "ws"), key, ["es"])
+        room_id, token = pub.ready["room_id"], pub.ready["listener_token"]
+        await pub.say("Good morning everyone.")
+        listener = await listen_ws(b_url.replace("http", "ws"), room_id, token, "es,ca")
+
+        async def catalan_on() -> bool:  # asked for on B, computed once on A
+            return "ca" in (await pub.say("The bank is closed.")).get("translations", {})
+
+        await until(catalan_on, "gateway A to translate into the language asked on gateway B")
+        await pub.end()
+        events = await asyncio.wait_for(read_all(listener), 30)
+        heard = finals_of(events)
+        assert [f["seq"] for f in heard] == [f["seq"] for f in pub.finals]
+        assert [f["translations"].get("es") for f in heard] == [f["translations"]["es"] for f in pub.finals]
+        assert heard[-1]["translations"]["ca"] == pub.finals[-1]["translations"]["ca"]
+        assert events[-1]["type"] == "closed"
+        with MultimodalTranslator(api_key=key, base_url=b_url) as sdk:  # the owner sees it from B too
+            assert [r["room_id"] for r in sdk.rooms()] == [room_id]
+            late = list(sdk.listen(room_id, token=token, targets=["es"], after_seq=1))  # after the end: history
+        assert [e.seq for e in late if e.type == "final"] == [f["seq"] for f in pub.finals][1:]
+        assert late[-1].type == "closed"
+    finally:
+        stop_server(a)
+        stop_server(b)

@@ -1,0 +1,156 @@
+"""Rooms in one process, on the real in-process bus and directory (no server): history then live exactly once
+under racing publishes, slow listeners dropped without slowing the others, the projection per language, presence."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from lingua_fusion.errors import AuthenticationError, InvalidParameter, NotFound, UnknownLanguage, UnsupportedPair
+from lingua_fusion.rooms.bus import LocalRoomBus, LocalRoomDirectory
+from lingua_fusion.rooms.model import project
+from lingua_fusion.rooms.service import RoomService
+
+
+def final(seq: int, **translations: str) -> dict[str, Any]:
+    return {"type": "final", "seq": seq, "start": seq, "end": seq + 1, "source_text": f"s{seq}",
+            "text": next(iter(translations.values()), ""), "translations": translations, "confidence": 1.0}
+
+
+def check_pair(source: str, target: str) -> None:
+    if target not in ("es", "ca", "fr", "pt", "de"):
+        raise UnsupportedPair(f"no installed model translates {source} -> {target}")
+
+
+def service() -> RoomService:
+    return RoomService(LocalRoomBus(), LocalRoomDirectory(), check_pair=check_pair,
+                       low_confidence=lambda s, t: t == "de")
+
+
+async def live_room(rooms: RoomService) -> tuple[str, str]:
+    room, token = await rooms.create("key_owner", "en")
+    room.state = "live"
+    await rooms.directory.save(room)
+    return room.room_id, token
+
+
+async def collect(listener: Any, out: list[dict[str, Any]]) -> None:
+    async for o in listener.outgoing():
+        out.append(o.event)
+
+
+async def test_late_joiners_get_history_then_live_exactly_once_while_finals_keep_coming() -> None:
+    rooms = service()
+    room_id, token = await live_room(rooms)
+    n = 300
+
+    async def publish() -> None:
+        for seq in range(1, n + 1):
+            await rooms.bus.publish(room_id, final(seq, es=f"es{seq}", ca=f"ca{seq}"))
+            if seq % 7 == 0:
+                await asyncio.sleep(0)  # joiners run in between
+        await rooms.bus.publish(room_id, {"type": "closed", "finals": n})
+
+    got: list[list[dict[str, Any]]] = []
+    readers = []
+    publisher = asyncio.create_task(publish())
+    for after in (0, 0, 5, 40, 0):
+        listener = await rooms.join(room_id, token, ["es"], after_seq=after)
+        got.append([])
+        readers.append((after, asyncio.create_task(collect(listener, got[-1]))))
+        await asyncio.sleep(0)
+    await publisher
+    await asyncio.wait_for(asyncio.gather(*(t for _a, t in readers)), 10)
+    for (after, _task), events in zip(readers, got, strict=True):
+        seqs = [e["seq"] for e in events if e["type"] == "final"]
+        assert seqs == list(range(after + 1, n + 1))  # gap-free, in order, each once
+        assert events[-1]["type"] == "closed"
+        assert all(e["translations"] == {"es": f"es{e['seq']}"} and e["text"] == f"es{e['seq']}"
+                   for e in events if e["type"] == "final")
+    await rooms.close()
+
+
+async def test_a_slow_listener_is_dropped_and_never_holds_back_the_room_or_the_others() -> None:
+    rooms = service()
+    room_id, token = await live_room(rooms)
+    slow = await rooms.join(room_id, token, ["es"])  # never reads
+    fast = await rooms.join(room_id, token, ["ca"])
+    got: list[dict[str, Any]] = []
+    reader = asyncio.create_task(collect(fast, got))
+    for seq in range(1, 601):
+        await rooms.bus.publish(room_id, final(seq, es="x", ca=f"c{seq}"))
+        await rooms.bus.publish(room_id, {"type": "partial", "source_text": "p", "text": "x", "lang": "es"})
+        await asyncio.sleep(0)
+    await rooms.bus.publish(room_id, {"type": "closed", "finals": 600})
+    await asyncio.wait_for(reader, 10)
+    assert [e["seq"] for e in got if e["type"] == "final"] == list(range(1, 601))
+    assert slow.closed and slow.error is not None and slow.error.code == "slow_consumer"
+    assert "after_seq=" in slow.error.message  # it is told how to catch up from the history
+    assert slow not in rooms.feeds.get(room_id, type("F", (), {"listeners": set()})()).listeners
+    await rooms.close()
+
+
+async def test_tokens_rooms_and_languages_are_checked() -> None:
+    rooms = service()
+    room_id, token = await live_room(rooms)
+    other_id, other_token = await live_room(rooms)
+    with pytest.raises(AuthenticationError):
+        await rooms.join(room_id, other_token, ["es"])  # a token opens its own room only
+    with pytest.raises(AuthenticationError):
+        await rooms.join(room_id, None, ["es"])
+    with pytest.raises(AuthenticationError):
+        await rooms.join("rm_" + "0" * 16, token, ["es"])
+    with pytest.raises(UnknownLanguage):
+        await rooms.join(room_id, token, ["xx"])
+    with pytest.raises(UnsupportedPair):
+        await rooms.join(room_id, token, ["ja"])
+    with pytest.raises(InvalidParameter):
+        await rooms.join(room_id, token, [])
+    with pytest.raises(InvalidParameter):
+        await rooms.join(room_id, token, ["es"] * 9)
+    with pytest.raises(NotFound):
+        await rooms.owned(room_id, "key_someone_else")  # another key's room does not exist for it
+    with pytest.raises(NotFound):
+        await rooms.mint("../etc", "key_owner")
+    await rooms.close()
+
+
+async def test_presence_counts_listeners_per_language_and_an_ended_room_replays_then_closes() -> None:
+    rooms = service()
+    room_id, token = await live_room(rooms)
+    a = await rooms.join(room_id, token, ["es", "ca"])
+    b = await rooms.join(room_id, token, ["es"])
+    assert await rooms.directory.languages(room_id, rooms.clock()) == {"es": 2, "ca": 1}
+    await rooms.bus.publish(room_id, final(1, es="uno", ca="un"))
+    rooms.leave(a, "done")
+    await rooms._say_presence(room_id)
+    assert await rooms.directory.languages(room_id, rooms.clock()) == {"es": 1}
+    assert await rooms.directory.languages(room_id, rooms.clock() + 60) == {}  # a dead gateway stops counting
+    ended = await rooms.end(room_id, "key_owner")
+    assert ended.state == "ended"
+    got: list[dict[str, Any]] = []
+    await asyncio.wait_for(collect(b, got), 5)
+    assert [e["type"] for e in got] == ["final", "closed"] and got[-1]["reason"] == "ended by its owner"
+    late = await rooms.join(room_id, token, ["ca"])  # after the end: the history, then closed
+    got = []
+    await asyncio.wait_for(collect(late, got), 5)
+    assert [(e["type"], e.get("translations")) for e in got] == [("final", {"ca": "un"}), ("closed", None)]
+    await rooms.close()
+
+
+def test_what_a_listener_is_sent_is_its_languages_only() -> None:
+    e = final(3, es="hola", de="hallo")
+    e["low_confidence"] = ["de"]
+    p = project(e, ("ca", "es"))
+    assert p is not None and p["translations"] == {"es": "hola"} and p["text"] == ""
+    assert p["untranslated"] == ["ca"] and "low_confidence" not in p and p["seq"] == 3
+    p = project(e, ("de",))
+    assert p is not None and p["text"] == "hallo" and p["low_confidence"] == ["de"]
+    partial = {"type": "partial", "source_text": "hel", "text": "hol", "lang": "es"}
+    assert project(partial, ("es",)) == {"type": "partial", "source_text": "hel", "translations": {"es": "hol"}}
+    assert project(partial, ("ca",)) == {"type": "partial", "source_text": "hel"}
+    speech = {"type": "speech", "seq": 1, "lang": "es", "audio_base64": "AA=="}
+    assert project(speech, ("es",)) is None and project(speech, ("es",), speech=True) == speech
+    assert project({"type": "metrics"}, ("es",)) is None
