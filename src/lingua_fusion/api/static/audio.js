@@ -1,14 +1,14 @@
 // Where a stream's audio and slides come from: the microphone, or a file (audio or video) played as a live stream
 // through a media element. Either way the sound goes through WebAudio to pcm-worklet.js, which hands back
-// 100 ms PCM16 16 kHz chunks; a video's frames are checked every FRAME_EVERY_MS and sent as slides when the
-// picture changed.
+// 100 ms PCM16 16 kHz chunks; a video's frames are sent every FRAME_EVERY_MS of playback as `frame` messages
+// (the server detects slide changes and reads and translates each new slide once).
 "use strict";
 
-const FRAME_EVERY_MS = 2000;
-const FRAME_CHANGE = 10; // mean absolute difference (0-255) of a 64x36 grey thumbnail that counts as a new slide
+const FRAME_EVERY_MS = 250; // the server judges a slide settled after ~0.45 s unchanged: a few frames
+const FRAME_WIDTH = 960; // frames are sent at most this wide (JPEG)
 
 class CaptureSource {
-  // sink: { pcm(ArrayBuffer), image(base64, ts, dataUrl), ended() }
+  // sink: { pcm(ArrayBuffer), frame(base64 jpeg, ts, thumbnail dataUrl), ended() }
   constructor(sink) {
     this.sink = sink;
     this.ctx = null;
@@ -16,7 +16,6 @@ class CaptureSource {
     this.stream = null;
     this.player = null;
     this.frameTimer = null;
-    this.lastThumb = null;
     this.stopped = false;
   }
 
@@ -76,38 +75,26 @@ class CaptureSource {
     source.connect(this.node);
     source.connect(this.ctx.destination);
     player.onended = () => this.finish();
+    this.sendFrames = sendFrames;
     await player.play();
     if (sendFrames) this.frameTimer = setInterval(() => this.checkFrame(), FRAME_EVERY_MS);
-    setTimeout(() => this.checkFrame(), 300);
-    this.sendFrames = sendFrames;
   }
 
+  // one frame of the playing video, sent as a `frame` message: the server finds slide changes (video/slides.py)
   checkFrame() {
     const p = this.player;
-    if (!this.sendFrames || !p || !p.videoWidth || p.paused || this.stopped) return;
-    const thumb = document.createElement("canvas");
-    thumb.width = 64;
-    thumb.height = 36;
-    const tctx = thumb.getContext("2d", { willReadFrequently: true });
-    tctx.drawImage(p, 0, 0, 64, 36);
-    const px = tctx.getImageData(0, 0, 64, 36).data;
-    const grey = new Uint8Array(64 * 36);
-    for (let i = 0; i < grey.length; i++) grey[i] = (px[4 * i] + px[4 * i + 1] + px[4 * i + 2]) / 3;
-    let diff = 255;
-    if (this.lastThumb) {
-      diff = 0;
-      for (let i = 0; i < grey.length; i++) diff += Math.abs(grey[i] - this.lastThumb[i]);
-      diff /= grey.length;
-    }
-    if (diff < FRAME_CHANGE) return;
-    this.lastThumb = grey;
-    const scale = Math.min(1, 1280 / p.videoWidth);
+    if (!this.sendFrames || !p || !p.videoWidth || p.paused || p.ended || this.stopped) return;
+    const scale = Math.min(1, FRAME_WIDTH / p.videoWidth);
     const full = document.createElement("canvas");
     full.width = Math.round(p.videoWidth * scale);
     full.height = Math.round(p.videoHeight * scale);
     full.getContext("2d").drawImage(p, 0, 0, full.width, full.height);
     const dataUrl = full.toDataURL("image/jpeg", 0.85);
-    this.sink.image(dataUrl.slice(dataUrl.indexOf(",") + 1), p.currentTime, dataUrl);
+    const thumb = document.createElement("canvas");
+    thumb.width = 320;
+    thumb.height = Math.round(320 * full.height / full.width);
+    thumb.getContext("2d").drawImage(full, 0, 0, thumb.width, thumb.height);
+    this.sink.frame(dataUrl.slice(dataUrl.indexOf(",") + 1), p.currentTime, thumb.toDataURL("image/jpeg", 0.7));
   }
 
   // the file ended: send what the resampler holds, then tell the sink

@@ -6,7 +6,7 @@
 const $ = (id) => document.getElementById(id);
 const state = {
   ws: null, source: null, speech: new SpeechQueue(), finals: [], targets: [], sourceLang: "en",
-  counts: { partial: 0, revision: 0, final: 0, slide: 0, speech: 0 }, lastPartial: "", pendingSlides: [],
+  counts: { partial: 0, revision: 0, final: 0, slide: 0, speech: 0 }, lastPartial: "", frames: [],
 };
 
 // ---- languages ------------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ async function start() {
   ws.binaryType = "arraybuffer";
   state.ws = ws;
   const video = mode === "file" && file.type.startsWith("video/");
-  const inputs = video && $("send-frames").checked ? ["audio", "image"] : ["audio"];
+  const inputs = video && $("send-frames").checked ? ["audio", "video"] : ["audio"];
   ws.onopen = () => ws.send(JSON.stringify({ type: "start", source_lang: state.sourceLang, target_langs: targets,
     slo: $("slo").value, speech: $("speak").checked, partials: true, audio_format: "pcm16", inputs }));
   ws.onmessage = (m) => onEvent(JSON.parse(m.data));
@@ -108,7 +108,7 @@ async function start() {
   state.startInput = async () => {
     state.source = new CaptureSource({
       pcm: (buf) => ws.readyState === WebSocket.OPEN && ws.send(buf),
-      image: (b64, ts, dataUrl) => sendSlide(b64, ts, dataUrl),
+      frame: (b64, ts, thumb) => sendFrame(b64, ts, thumb),
       ended: () => endInput(),
     });
     try {
@@ -122,10 +122,13 @@ async function start() {
   };
 }
 
-function sendSlide(b64, ts, dataUrl) {
+const KEEP_FRAMES = 40; // thumbnails of the frames sent last, to show beside the slide the server finds in them
+
+function sendFrame(b64, ts, thumb) {
   if (!state.ws || state.ws.readyState !== WebSocket.OPEN) return;
-  state.ws.send(JSON.stringify({ type: "image", data: b64, ts }));
-  state.pendingSlides.push({ ts, dataUrl });
+  state.ws.send(JSON.stringify({ type: "frame", data: b64, ts }));
+  state.frames.push({ ts, thumb });
+  if (state.frames.length > KEEP_FRAMES) state.frames.shift();
 }
 
 function endInput() {
@@ -239,22 +242,16 @@ function addFinal(ev) {
 
 function addSlide(ev) {
   count("slide");
-  const t = typeof ev.t === "number" ? ev.t : ev.ts;
-  // the frame we sent closest before this slide's time, to show beside its text
-  let img = null;
-  if (state.pendingSlides.length) {
-    let best = 0;
-    state.pendingSlides.forEach((s, i) => { if (Math.abs(s.ts - t) < Math.abs(state.pendingSlides[best].ts - t)) best = i; });
-    img = state.pendingSlides.splice(best, 1)[0].dataUrl;
-  } else if (ev.image_base64) {
-    img = "data:image/jpeg;base64," + ev.image_base64;
-  }
-  const li = LF.el("li", { class: "slide" },
-    LF.el("div", { class: "meta" }, LF.el("span", { class: "time", text: t !== undefined ? LF.clock(t) : "" })),
-    img ? LF.el("img", { src: img, alt: "slide" }) : null,
-    LF.el("p", { class: "src", text: ev.source_text || ev.text || "" }));
-  const translations = ev.translations || {};
-  for (const [lang, text] of Object.entries(translations)) {
+  const t = typeof ev.t === "number" ? ev.t : 0;
+  // the picture: the last frame sent at or before the moment the server read the slide (settled_t)
+  const at = typeof ev.settled_t === "number" ? ev.settled_t : t;
+  const seen = state.frames.filter((f) => f.ts <= at + 0.05);
+  const img = seen.length ? seen[seen.length - 1].thumb : null;
+  const li = LF.el("li", { class: "slide", "data-t": t },
+    LF.el("div", { class: "meta" }, LF.el("span", { class: "time", text: LF.clock(t) })),
+    img ? LF.el("img", { src: img, alt: "slide at " + LF.clock(t) }) : null,
+    LF.el("p", { class: "src", text: ev.source_text || "" }));
+  for (const [lang, text] of Object.entries(ev.translations || {})) {
     li.append(LF.el("p", { class: "tr" }, LF.el("span", { class: "lang", text: lang }), text));
   }
   $("slides").prepend(li);
@@ -264,7 +261,7 @@ function resetCaptions(targets) {
   state.targets = targets;
   state.sourceLang = $("source-lang").value;
   state.finals = [];
-  state.pendingSlides = [];
+  state.frames = [];
   state.lastError = "";
   for (const k of Object.keys(state.counts)) {
     state.counts[k] = 0;
