@@ -29,8 +29,8 @@ class SamplingPolicy:
     max_fps: float = 15.0
     budget_fps: float = 10.0  # the stream's average budget
     burst: float = 8.0  # frames the budget lets through at once
-    still: float = 0.01  # pixel motion (mean |diff| / 255) below which the picture counts as still
-    moving: float = 0.05  # ... above which it counts as fully moving
+    still: float = 0.005  # pixel motion (mean |diff| / 255) below which the picture counts as still
+    moving: float = 0.03  # ... above which it counts as fully moving
     hand_still: float = 0.5  # hand speed (palm lengths / s) ...
     hand_moving: float = 4.0
 
@@ -87,14 +87,14 @@ class AdaptiveSampler:
             return
         wrists = frame.hands[:, 0].astype(np.float64)
         palm = float(np.median([np.linalg.norm(frame.hands[h, 9] - frame.hands[h, 0]) for h in present]))
+        now = wrists[present]
         if self._hands is not None and frame.t > self._hands[0]:
             prev_t, prev = self._hands
-            both = [h for h in present if np.any(prev[h])]
-            if both:
-                moved = max(float(np.linalg.norm(wrists[h] - prev[h])) for h in both)
-                self._hand_motion = moved / max(palm, 1e-4) / (frame.t - prev_t)
-        masked = np.where(np.array(frame.hand_present)[:, None], wrists, 0.0)
-        self._hands = (frame.t, masked)
+            # each wrist against the nearest wrist of the previous analysis (the left / right labels of one hand
+            # can swap between frames)
+            moved = max(float(np.linalg.norm(prev - w, axis=1).min()) for w in now)
+            self._hand_motion = moved / max(palm, 1e-4) / (frame.t - prev_t)
+        self._hands = (frame.t, now)
 
     def motion(self) -> float:
         """0 (still) .. 1 (moving): the larger of the two signals, each between its thresholds."""
