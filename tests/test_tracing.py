@@ -28,7 +28,11 @@ from test_streaming import SENTENCES, pcm16
 from lingua_fusion import MultimodalTranslator
 from lingua_fusion.api import create_app
 from lingua_fusion.config import Settings
+from lingua_fusion.errors import BackendError
 from lingua_fusion.sdk.local import LocalTranslator
+from lingua_fusion.serving.executor import Executor
+from lingua_fusion.serving.keys import ModelKey
+from lingua_fusion.serving.ports import CallContext, MtInput
 from lingua_fusion.tracing import Tracer, record_batch
 
 PORTS = iter(range(18310, 18399))
@@ -241,6 +245,55 @@ async def test_a_batch_is_recorded_once_per_item_under_each_items_own_stream() -
     tracer.shutdown()
 
 
+async def test_the_executor_records_a_shared_batch_and_a_failed_call_under_each_stream() -> None:
+    """The real Executor (a fake MT runner): three items of two streams queue behind a running batch and run as one
+    batch of three; each item's span is under its own stream, with that batch's size, id and its queue wait. A
+    failing call's span is marked with the error's code. An untraced item makes no span."""
+    exporter = InMemorySpanExporter()
+    tracer = Tracer.to_exporter(exporter)
+    a = tracer.stream("st_a", "key_a", "standard", "en", ["es"])
+    b = tracer.stream("st_b", "key_b", "standard", "en", ["es"])
+    started, release = threading.Event(), threading.Event()
+    batches: list[list[str]] = []
+
+    def runner(items: list[MtInput]) -> list[str]:
+        batches.append([it.text for it in items])
+        if items[0].text == "fail":
+            raise RuntimeError("the MT backend broke")
+        started.set()
+        release.wait(30)  # the first batch holds the worker while the traced items queue
+        return [it.text.upper() for it in items]
+
+    ex = Executor(None, Settings(), backends={"mt": lambda key: runner})  # type: ignore[arg-type]
+    key = ModelKey.mt("en", "es")
+    try:
+        hold = asyncio.create_task(ex.run(key, MtInput("hold"), CallContext("st_x")))
+        await asyncio.to_thread(started.wait, 30)
+        queued = [asyncio.create_task(ex.run(key, MtInput(text), CallContext(sid, tentative=tent, trace=ref)))
+                  for text, sid, tent, ref in (("one", "st_a", False, a), ("two", "st_a", False, a),
+                                               ("three", "st_b", True, b))]
+        await asyncio.sleep(0.05)
+        release.set()
+        assert await asyncio.gather(hold, *queued) == ["HOLD", "ONE", "TWO", "THREE"]
+        with pytest.raises(BackendError):
+            await ex.run(key, MtInput("fail"), CallContext("st_b", tentative=True, trace=b))
+    finally:
+        await ex.close()
+    a.end()
+    b.end()
+    assert batches == [["hold"], ["one", "two", "three"], ["fail"]]
+    spans = list(exporter.get_finished_spans())
+    under = {name: [s for s in spans if s.name == "mt" and s.parent and s.parent.span_id == ref.span.context.span_id]
+             for name, ref in (("a", a), ("b", b))}
+    assert len(under["a"]) == 2 and len(under["b"]) == 2 and len([s for s in spans if s.name == "mt"]) == 4
+    batch = under["a"] + [s for s in under["b"] if s.status.is_ok]
+    assert {attr(s, "batch_size") for s in batch} == {3} and len({attr(s, "batch_id") for s in batch}) == 1
+    assert all(attr(s, "queue_wait_s") >= 0.04 and attr(s, "model_key") == "mt:en-es" for s in batch)
+    assert [attr(s, "tentative") for s in under["a"]] == [False, False]
+    (failed,) = [s for s in under["b"] if not s.status.is_ok]
+    assert attr(failed, "error.type") == "backend_unavailable" and "broke" not in (failed.status.description or "")
+
+
 class Collector(BaseHTTPRequestHandler):
     """An OTLP/HTTP receiver: decodes each ExportTraceServiceRequest into (service name, span name) pairs."""
 
@@ -294,7 +347,11 @@ sys.path.insert(0, {str(SRC)!r})
 from starlette.testclient import TestClient
 from lingua_fusion.api import create_app
 from lingua_fusion.config import Settings
+from lingua_fusion.errors import BackendError
 from lingua_fusion.sdk.local import LocalTranslator
+from lingua_fusion.serving.executor import Executor
+from lingua_fusion.serving.keys import ModelKey
+from lingua_fusion.serving.ports import CallContext, MtInput
 from lingua_fusion.serving.ports import CallContext
 
 settings = Settings(state_dir={str(tmp_path)!r})
