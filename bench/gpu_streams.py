@@ -253,8 +253,7 @@ def _gpu_sampler() -> Any:
 
 
 async def sweep(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, baseline: bool,
-                counts: list[int]) -> list[dict[str, Any]]:
-    rows = []
+                counts: list[int], rows: list[dict[str, Any]], on_row: Any = None) -> list[dict[str, Any]]:
     audio = speech_like(args.seconds * 4, seed=1)
     for n in counts:
         asr, mt = build_runners(args, asr_model, mt_model, baseline=baseline)
@@ -281,6 +280,8 @@ async def sweep(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, base
         row["meets_1s"], row["meets_3s"] = row["caption_p99_s"] <= 1.0, row["caption_p99_s"] <= 3.0
         print(("baseline " if baseline else "batched  ") + json.dumps(row), flush=True)
         rows.append(row)
+        if on_row is not None:
+            on_row()
         if not row["meets_3s"] or row["finals"] == 0:
             break
     return rows
@@ -479,27 +480,35 @@ def main() -> None:
         if not report["kernel_check"]["agree"]:
             args.kernel = "torch"  # never measure a kernel that gives other answers
     report["kernel"], report["cuda_graphs"] = args.kernel, args.graphs and args.device.startswith("cuda")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every part, so a run cut short by its time limit still leaves what it measured
+        report["wall_s"] = round(time.monotonic() - t0, 1)
+        args.json.write_text(json.dumps(report, indent=2))
     if "decoder" in parts:
         report["decoder"] = decoder_figures(args, asr_model, [int(b) for b in args.decoder_batches.split(",")])
+        save()
     if "memory" in parts:
         report["memory_1000_streams"] = memory_figures(args, asr_model, 1000 if not args.quick else 50)
         print("memory " + json.dumps(report["memory_1000_streams"]), flush=True)
+        save()
     if "baseline" in parts:
-        rows = asyncio.run(sweep(args, asr_model, mt_model, baseline=True,
-                                 counts=[int(c) for c in args.baseline_streams.split(",")]))
-        report["baseline_runs"] = rows
+        rows = report["baseline_runs"] = []
+        asyncio.run(sweep(args, asr_model, mt_model, baseline=True,
+                          counts=[int(c) for c in args.baseline_streams.split(",")], rows=rows, on_row=save))
         report["baseline_streams_p99_1s"], report["baseline_streams_p99_3s"] = best(rows, "meets_1s"), \
             best(rows, "meets_3s")
+        save()
     if "streams" in parts:
-        rows = asyncio.run(sweep(args, asr_model, mt_model, baseline=False,
-                                 counts=[int(c) for c in args.streams.split(",")]))
-        report["runs"] = rows
+        rows = report["runs"] = []
+        asyncio.run(sweep(args, asr_model, mt_model, baseline=False,
+                          counts=[int(c) for c in args.streams.split(",")], rows=rows, on_row=save))
         report["streams_p99_1s"], report["streams_p99_3s"] = best(rows, "meets_1s"), best(rows, "meets_3s")
     if "streams_p99_1s" in report and report.get("baseline_streams_p99_1s"):
         report["ratio_p99_1s"] = round(report["streams_p99_1s"] / report["baseline_streams_p99_1s"], 1)
-    report["wall_s"] = round(time.monotonic() - t0, 1)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2))
+    if "streams_p99_3s" in report and report.get("baseline_streams_p99_3s"):
+        report["ratio_p99_3s"] = round(report["streams_p99_3s"] / report["baseline_streams_p99_3s"], 1)
+    save()
     print(json.dumps({k: v for k, v in report.items() if not isinstance(v, list)}, indent=2))
 
 
