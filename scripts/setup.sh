@@ -42,6 +42,17 @@ fi
 echo "[setup] pip install -e .[$EXTRAS]"
 "${PIP[@]}" -e ".[$EXTRAS]" -c requirements/constraints-core.txt
 
+# sign and lip landmarks: mediapipe 0.10.21 needs numpy<2, so it gets its own environment; the server runs it as a
+# worker process (src/lingua_fusion/vision/worker.py). VISION=0 skips it (the vision tests then fail under CI).
+VISION_VENV=${VISION_VENV:-.venv-vision}
+if [ "${VISION:-1}" != 0 ] && ! "$VISION_VENV/bin/python" -c "import mediapipe" 2>/dev/null; then
+  echo "[setup] creating $VISION_VENV (mediapipe 0.10.21, numpy<2; about 3 minutes)"
+  python3.11 -m venv "$VISION_VENV" 2>/dev/null || python3 -m venv "$VISION_VENV"
+  # the worker needs only mediapipe and numpy (not the core set of requirements-vision.txt)
+  "$VISION_VENV/bin/python" -m pip install -q --disable-pip-version-check "mediapipe==0.10.21" "numpy<2" \
+    -c requirements/constraints-vision.txt
+fi
+
 echo "[setup] assembling models into the cache directory"
 "$VENV/bin/python" -m lingua_fusion.models.assets
 rm -f "$VENV"/.linguafusion-setup-*
