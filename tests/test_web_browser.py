@@ -369,6 +369,27 @@ def test_a_stream_ticket_opens_one_stream_once(site: Site) -> None:
     assert key_as_ticket["code"] == "unauthenticated" and code == 4401  # ?ticket= carries tickets, never keys
 
 
+def test_a_ticket_of_a_key_revoked_since_is_refused(site: Site) -> None:
+    import asyncio
+
+    import websockets
+
+    made = httpx.post(site.url + "/v1/keys", json={"name": "soon revoked"}, timeout=10,
+                      headers={"Authorization": f"Bearer {site.admin_key}"}).json()
+    ticket = httpx.post(site.url + "/v1/stream-tickets", headers={"X-API-Key": made["api_key"]}, timeout=10
+                        ).json()["ticket"]
+    subprocess.run([str(BIN), "keys", "revoke", made["key_id"], "--state-dir", str(site.state)], check=True,
+                   capture_output=True, timeout=60)  # straight in the key store: the server is not told
+
+    async def first_event() -> dict[str, Any]:
+        async with websockets.connect(site.url.replace("http", "ws") + "/v1/streams?ticket=" + ticket) as ws:
+            await ws.send(json.dumps({"type": "start", "target_langs": ["es"], "inputs": ["text"]}))
+            return dict(json.loads(await asyncio.wait_for(ws.recv(), 10)))
+
+    event = asyncio.run(first_event())
+    assert event["type"] == "error" and event["code"] == "unauthenticated" and "revoked" in event["message"]
+
+
 def test_tickets_need_a_key_and_are_bounded_per_key(site: Site) -> None:
     r = httpx.post(site.url + "/v1/stream-tickets", timeout=10)
     assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
@@ -391,14 +412,26 @@ def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def test_the_ops_page_numbers_equal_metrics(site: Site, captions_run: CaptionsRun, browser: WebDriver,
+def snapshots(driver: WebDriver) -> int:
+    return int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-snapshots") or 0)
+
+
+def test_the_ops_page_numbers_equal_metrics(site: Site, speech_wav: Path, browser: WebDriver,
                                             screens: Callable[[WebDriver, str], Path]) -> None:
+    assert httpx.get(site.url + "/v1/ops/metrics", timeout=10).status_code == 401
     assert httpx.get(site.url + "/v1/ops/metrics", headers={"X-API-Key": site.user_key}, timeout=10
                      ).status_code == 403  # a translate key cannot read it
     browser.get(site.url + "/ops")
     enter_key(browser, site.admin_key)
-    wait(browser, lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-snapshots") or 0) >= 3, 30,
-         "three snapshots")
+    wait(browser, lambda d: snapshots(d) >= 2, 30, "two snapshots")
+    # a live stream while the page watches: its stages appear on the charts over time
+    subprocess.run([str(BIN), "stream", str(speech_wav), "--to", "es", "--from", "en", "--slo", "interactive",
+                    "--realtime", "--json", "--url", site.url, "--api-key", site.user_key], capture_output=True,
+                   timeout=120, check=True)
+    seen = snapshots(browser)
+    wait(browser, lambda d: snapshots(d) >= seen + 2, 30, "two more snapshots")
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-stages path")  # p50 / p99 lines over time
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-queues path")
     browser.find_element(By.ID, "pause").click()
     time.sleep(0.5)  # a poll that was out when Pause was clicked is dropped by the page
     shown = browser.execute_script("""
@@ -407,6 +440,7 @@ def test_the_ops_page_numbers_equal_metrics(site: Site, captions_run: CaptionsRu
           labels: JSON.parse(n.dataset.labels || '{}'), quantile: n.dataset.quantile || null,
           value: n.dataset.value, text: n.textContent}))""")
     metrics = scrape(httpx.get(site.url + "/metrics", timeout=10).text)
+    browser.set_window_size(1400, 1500)
     screens(browser, "ops")
     assert len(shown) >= 20
     checked = set()

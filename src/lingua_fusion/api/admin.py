@@ -80,4 +80,5 @@ async def list_keys(request: Request, _key: AdminKey) -> dict[str, Any]:
 async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str, Any]:
     context(request).store.revoke_key(key_id)
     closed = await request.app.state.streams.revoke(key_id)  # its live streams end (4401); resumes are refused
+    request.app.state.tickets.revoke(key_id)  # its unused stream tickets too (api/tickets.py)
     return {"key_id": key_id, "revoked": True, "streams_closed": closed}

@@ -160,7 +160,8 @@ function drawChart(svgId, legendId, lines, unit) {
   const svg = $(svgId);
   const W = 600, H = 220, L = 44, B = 18;
   const now = history.length ? history[history.length - 1].time : Date.now() / 1000;
-  const t0 = now - KEEP * POLL_MS / 1000;
+  const span = Math.min(KEEP * POLL_MS / 1000, Math.max(60, history.length ? now - history[0].time : 0));
+  const t0 = now - span; // the page's history so far (at least a minute, at most KEEP snapshots)
   let max = 0;
   for (const l of lines) for (const [, v] of l.points) if (v !== null) max = Math.max(max, v);
   max = max > 0 ? max * 1.15 : 1;
@@ -179,9 +180,10 @@ function drawChart(svgId, legendId, lines, unit) {
     parts.push(node("line", { x1: L, x2: W - 6, y1: y(v), y2: y(v), stroke: "#e6e9ef" }),
       node("text", { x: L - 4, y: y(v) + 3, "text-anchor": "end" }, unit === "s" ? fmt.s(v) : v.toFixed(1)));
   }
-  for (const m of [5, 4, 3, 2, 1, 0]) {
-    parts.push(node("text", { x: x(now - m * 60), y: H - 4, "text-anchor": m ? "middle" : "end" },
-      m ? `-${m} min` : "now"));
+  const tick = span > 150 ? 60 : span > 60 ? 30 : 15;
+  for (let back = Math.floor(span / tick) * tick; back >= 0; back -= tick) {
+    const label = back === 0 ? "now" : back % 60 === 0 ? `-${back / 60} min` : `-${back} s`;
+    parts.push(node("text", { x: x(now - back), y: H - 4, "text-anchor": back ? "middle" : "end" }, label));
   }
   for (const l of lines) {
     let d = "";

@@ -1,0 +1,82 @@
+"""The pure parts behind the web pages: the stream-ticket book (fake clock) and the quantile the ops page shows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from lingua_fusion.api.opsview import histogram_quantile, snapshot
+from lingua_fusion.api.tickets import PREFIX, TicketBook, is_ticket
+from lingua_fusion.errors import AuthenticationError
+
+
+def test_a_ticket_is_redeemed_once_for_its_key() -> None:
+    book = TicketBook(ttl_s=60)
+    ticket = book.issue("key_a", admin=False, now=100.0)
+    assert ticket is not None and is_ticket(ticket.token) and ticket.token.startswith(PREFIX)
+    assert book.redeem(ticket.token, now=101.0).key_id == "key_a"
+    with pytest.raises(AuthenticationError):
+        book.redeem(ticket.token, now=101.5)
+    assert len(book) == 0
+
+
+def test_a_ticket_expires_after_its_ttl() -> None:
+    book = TicketBook(ttl_s=60)
+    ticket = book.issue("key_a", admin=True, now=0.0)
+    assert ticket is not None
+    with pytest.raises(AuthenticationError) as err:
+        book.redeem(ticket.token, now=60.0)
+    assert err.value.code == "unauthenticated" and len(book) == 0
+
+
+def test_tickets_are_bounded_per_key_and_in_all() -> None:
+    book = TicketBook(ttl_s=60, max_tickets=5, per_key=3)
+    assert all(book.issue("a", False, now=0.0) for _ in range(3))
+    assert book.issue("a", False, now=1.0) is None  # a's share is full
+    assert book.issue("b", False, now=1.0) and book.issue("b", False, now=1.0)
+    assert book.issue("c", False, now=1.0) is None  # the book is full
+    assert book.issue("a", False, now=61.0) is not None  # a's first tickets expired
+
+
+def test_revoking_a_key_drops_its_tickets() -> None:
+    book = TicketBook()
+    mine, other = book.issue("a", False, now=0.0), book.issue("b", False, now=0.0)
+    assert mine and other and book.revoke("a") == 1
+    with pytest.raises(AuthenticationError):
+        book.redeem(mine.token, now=1.0)
+    assert book.redeem(other.token, now=1.0).key_id == "b"
+
+
+def test_unknown_tokens_and_keys_are_not_tickets() -> None:
+    assert not is_ticket(None) and not is_ticket("") and not is_ticket("sk_abc")
+    with pytest.raises(AuthenticationError):
+        TicketBook().redeem(PREFIX + "made-up", now=0.0)
+
+
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    # 10 observations: 4 in (0, 0.1], 4 in (0.1, 0.5], 2 in (0.5, 1]
+    buckets = [(0.1, 4.0), (0.5, 8.0), (1.0, 10.0), (math.inf, 10.0)]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.1 + 0.4 * (5 - 4) / 4)
+    assert histogram_quantile(0.99, buckets) == pytest.approx(0.5 + 0.5 * (9.9 - 8) / 2)
+    assert histogram_quantile(0.2, buckets) == pytest.approx(0.05)
+    assert histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None
+    assert histogram_quantile(0.99, [(0.1, 1.0), (math.inf, 5.0)]) == 0.1  # in +Inf: the largest finite bound
+
+
+def test_the_snapshot_holds_the_registry_samples_and_its_digest() -> None:
+    registry = CollectorRegistry()
+    admitted = Counter("linguafusion_streams_admitted_total", "x", registry=registry)
+    stage = Histogram("linguafusion_stage_latency_seconds", "x", ["stage"], buckets=(0.1, 1.0), registry=registry)
+    admitted.inc(3)
+    for v in (0.05, 0.2, 0.3):
+        stage.labels(stage="model:asr").observe(v)
+    snap = snapshot(registry, now=5.0)
+    assert snap["time"] == 5.0
+    assert {"name": "linguafusion_streams_admitted_total", "labels": {}, "value": 3.0} in snap["samples"]
+    assert snap["summary"]["streams_admitted"] == 3.0
+    asr = snap["summary"]["stages"]["model:asr"]
+    assert asr["count"] == 3.0 and asr["sum"] == pytest.approx(0.55)
+    assert asr["buckets"] == [[0.1, 1.0], [1.0, 3.0], ["+Inf", 3.0]]
+    assert asr["p50"] == pytest.approx(0.1 + 0.9 * (1.5 - 1) / 2)
