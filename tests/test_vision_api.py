@@ -4,6 +4,7 @@ and bad input answered with 4xx codes."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -220,3 +221,58 @@ def test_the_cli_teaches_and_recognises_in_process(tmp_path: Path) -> None:
     assert bad.returncode == 2 and bad.stderr.startswith("error [not_found]")
     bad = cli("teach", vid, "x", "--frames", str(tmp_path / "nope.json"))
     assert bad.returncode == 2 and "error [invalid_parameter]" in bad.stderr
+
+
+async def test_a_stream_with_a_vocabulary_sends_sign_captions_on_its_timeline(live: Live) -> None:
+    """Frames of a rendered hand over a real WebSocket: the sign is found, recognised and translated."""
+    from PIL import Image
+
+    from lingua_fusion import MultimodalTranslator
+
+    vid = live.a.post("/v1/vocabularies", json={"name": "live", "kind": "sign"}).json()["vocabulary_id"]
+    for gloss, path in (("across", _line(16)), ("across", _line(24)), ("round", _circle(16)),
+                        ("round", _circle(24))):
+        r = live.a.post(f"/v1/vocabularies/{vid}/examples", data={"gloss": gloss},
+                        files={"file": ("sign.mp4", _video(path), "video/mp4")})
+        assert r.status_code == 201, r.text
+
+    def png(rgb: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(rgb).save(buf, format="PNG")
+        return buf.getvalue()
+
+    empty = png(np.full((480, 640, 3), (60, 90, 120), np.uint8))
+    frames = [(0.5 + i / 15, png(render_hand(p))) for i, p in enumerate(_line(20, y=0.8))]
+    translator = MultimodalTranslator(api_key=live.a.headers["Authorization"][7:], base_url=live.url)
+    events = []
+    async with translator.stream(["es"], inputs=["video"], vocabulary_id=vid, partials=False) as s:
+        # a camera: an empty picture, the sign (at 15 frames a second), the empty picture again; in real time
+        for k in range(5):
+            await s.send_frame(empty, ts=k / 10)
+            await asyncio.sleep(0.1)
+        for t, data in frames:
+            await s.send_frame(data, ts=t)
+            await asyncio.sleep(1 / 15)
+        for k in range(10):
+            await s.send_frame(empty, ts=frames[-1][0] + (k + 1) / 10)
+            await asyncio.sleep(0.1)
+        await s.end()
+        async for event in s:
+            events.append(event)
+    signs = [e for e in events if e.type == "sign"]
+    assert [e.gloss for e in signs] == ["across"], [e.type for e in events]
+    sign = signs[0]
+    assert sign.modalities == ["sign"] and sign.translations["es"] and sign.text == sign.translations["es"]
+    assert 0.4 <= sign.t <= 0.8 and 1.5 <= sign.end <= 1.9  # where the hand was, on the stream's clock
+    assert 0 < sign.frames["analysed"] < sign.frames["decoded"]
+
+
+async def test_a_stream_cannot_use_another_keys_vocabulary(live: Live) -> None:
+    from lingua_fusion import MultimodalTranslator
+    from lingua_fusion.errors import NotFound as NotFoundError
+
+    vid = _teach(live.a, "not-yours", per_sign=1)
+    other = MultimodalTranslator(api_key=live.b.headers["Authorization"][7:], base_url=live.url)
+    with pytest.raises(NotFoundError):
+        async with other.stream(["es"], inputs=["video"], vocabulary_id=vid):
+            pass

@@ -70,5 +70,7 @@ def test_a_moving_hand_raises_the_rate_while_the_picture_barely_changes() -> Non
             s.observe(LandmarkFrame(t, hand.hands + np.float32(t * 0.5), hand.hand_present,
                                     hand.pose, False, hand.lips, False))
     assert analysed > 3 * 2 * 2  # well above the still rate of 2 a second
-    s.observe(LandmarkFrame.empty(3.0))  # hands gone: back to the still rate
+    s.observe(LandmarkFrame.empty(3.0))  # a hand missed once: still moving, probably
+    assert s.rate() > 10
+    s.observe(LandmarkFrame.empty(3.6))  # hands gone for longer than hold_s: back to the still rate
     assert s.rate() == 2.0

@@ -191,6 +191,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
             await service.close()
 
     app.state.streams = service
+    service.vision = app.state.vision  # streams with a vocabulary_id read signs (api/vocab.py, vision/)
     service.rooms = rooms_api.install(app, settings, metrics, translator.registry)  # rooms: api/rooms.py, rooms/
     tm = translator.registry.translation_memory()
     if tm is not None:  # its hits, misses and evictions on /metrics

@@ -66,15 +66,19 @@ class _Base:
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
-               inputs: list[str] | None = None, room: bool | str | None = None) -> RemoteStream:
+               inputs: list[str] | None = None, room: bool | str | None = None,
+               vocabulary_id: str | None = None) -> RemoteStream:
         """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``. ``inputs``: what the
         stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity.
         ``room``: True publishes the stream as a new room (``s.ready["room_id"]``, ``s.ready["listener_token"]``),
-        or the id of a room made with ``create_room()``."""
+        or the id of a room made with ``create_room()``. ``vocabulary_id``: a sign vocabulary of this key; the
+        stream's video frames are then also read for signs (``sign`` events)."""
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
                               min_confidence, audio_format, inputs)
         if room:
             start["room"] = room
+        if vocabulary_id:
+            start["vocabulary_id"] = vocabulary_id
         return RemoteStream(ws_url(self.base_url), self.api_key, start)
 
     def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,

@@ -67,12 +67,16 @@ class LocalTranslator(LocalVocabularyMethods):
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
-               inputs: list[str] | None = None) -> Any:
+               inputs: list[str] | None = None, vocabulary_id: str | None = None) -> Any:
         """A live stream on an in-process StreamService (same interface and behaviour as the remote one)."""
         from .stream import LocalStream, start_message
 
-        return LocalStream(self.streams(), start_message(target_langs, source_lang, slo, partials, importance,
-                                                         glossary_id, speech, min_confidence, audio_format, inputs))
+        start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
+                              min_confidence, audio_format, inputs)
+        if vocabulary_id:
+            start["vocabulary_id"] = vocabulary_id
+            self.streams().vision = self._vision()  # vision/client.py: this translator's vocabularies
+        return LocalStream(self.streams(), start)
 
     def streams(self) -> Any:
         """This translator's StreamService (made on first use): every in-process stream goes through it."""

@@ -134,6 +134,22 @@ class Slide(Event):
 
 
 @dataclass
+class Sign(Event):
+    """A sign recognised in a stream's video frames against the stream's taught vocabulary (vision/stream_signs.py),
+    its gloss translated like any source text; on the stream's timeline from ``t`` to ``end``."""
+
+    TYPE: ClassVar[str] = "sign"
+    t: float
+    end: float
+    gloss: str
+    confidence: float
+    text: str  # translation into the first target
+    translations: dict[str, str]
+    modalities: list[str] = field(default_factory=lambda: ["sign"])
+    frames: dict[str, int] | None = _opt()  # the stream's video frames so far: decoded, analysed for landmarks
+
+
+@dataclass
 class Speech(Event):
     TYPE: ClassVar[str] = "speech"
     seq: int

@@ -53,6 +53,7 @@ class StreamSpec:
     stream_id: str = field(default_factory=lambda: "st_" + secrets.token_hex(8))
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     key_id: str = ""  # the API key that opened the stream: only it (or an admin key) may resume it
+    vocabulary_id: str = ""  # the key's sign vocabulary: video frames are also read for signs (vision/)
 
     @property
     def policy(self) -> PolicyConfig:
@@ -64,7 +65,8 @@ class StreamSpec:
                 "importance": self.importance, "partials": self.partials,
                 "glossary": [[t.source, t.target] for t in self.glossary], "min_confidence": self.min_confidence,
                 "speech": self.speech, "audio_format": self.audio_format, "clock_offsets": self.clock_offsets,
-                "inputs": self.inputs, "low_confidence": self.low_confidence, "key_id": self.key_id}
+                "inputs": self.inputs, "low_confidence": self.low_confidence, "key_id": self.key_id,
+                "vocabulary_id": self.vocabulary_id}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
@@ -75,7 +77,8 @@ class StreamSpec:
                    audio_format=d.get("audio_format", "pcm16"), clock_offsets=dict(d.get("clock_offsets", {})),
                    inputs=list(d.get("inputs", INPUTS)), low_confidence=list(d.get("low_confidence", [])),
                    stream_id=stream_id, resume_token=resume_token,
-                   key_id=str(d.get("key_id", "")))  # a snapshot from before keys were stored: admin only
+                   key_id=str(d.get("key_id", "")),  # a snapshot from before keys were stored: admin only
+                   vocabulary_id=str(d.get("vocabulary_id", "")))
 
 
 @dataclass(frozen=True)

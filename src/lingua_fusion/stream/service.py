@@ -106,6 +106,7 @@ class StreamService:
         self._ticker: asyncio.Task[None] | None = None
         self.tracer: Tracer | None = None  # set when tracing is on: each stream gets a span (lingua_fusion/tracing)
         self.rooms: RoomHost | None = None  # set by the app: streams started with "room" publish there (rooms/)
+        self.vision: Any = None  # set by the app (vision/service.py): streams with a "vocabulary_id" read signs
         executor.observer = self
 
     # ---- opening -----------------------------------------------------------------------------------------------
@@ -129,6 +130,7 @@ class StreamService:
             terms = self.glossary_for(who, str(gid)) if gid and self.glossary_for is not None else []
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
             spec.key_id = who.key_id
+            spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
         if self.draining:
             raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
         self.quota.take(who.key_id)
@@ -159,6 +161,17 @@ class StreamService:
             session.abort()
             raise
         return Opened(session, greeting, finished)
+
+    def _vocabulary(self, vid: Any, who: Principal) -> str:
+        """A start message's ``vocabulary_id``: the opening key's, taught (404 / 400 otherwise), or ""."""
+        if vid in (None, ""):
+            return ""
+        if not isinstance(vid, str):
+            raise InvalidParameter("vocabulary_id must be a string (POST /v1/vocabularies)")
+        if self.vision is None:
+            raise InvalidParameter("this server reads no signs: it has no vocabulary store")
+        self.vision.store.recogniser(who.key_id, vid)  # not found for another key; refused when untaught
+        return vid
 
     async def _resume(self, req: ResumeRequest, who: Principal) -> tuple[StreamSpec, dict[str, Any]]:
         if self.log is None:

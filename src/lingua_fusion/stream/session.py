@@ -76,6 +76,8 @@ class State(enum.IntEnum):
 class StreamOwner(Protocol):
     """What a session needs from the service that owns it."""
 
+    vision: Any  # vision/service.py VisionService, or None: read only by streams started with a vocabulary_id
+
     def degraded(self, slo: str, step: str) -> bool:
         """Is the breaker's ``step`` active for this SLO class now?"""
         ...
@@ -352,6 +354,10 @@ class StreamSession:
         if self.video is None:
             self.video = StreamVideo(self.jobs, self._emit, self._spawn, lambda: self.state != State.CLOSED,
                                      self.settings.limits, self.image_slots)
+            if self.spec.vocabulary_id:  # signs too, against the key's vocabulary (vision/stream_signs.py)
+                from ..vision import stream_signs
+
+                stream_signs.attach(self.video, self.owner.vision, self.spec, self.jobs, self._emit, self._spawn)
         self._last_video_t = t
         await self.video.feed(data, t)
 
@@ -370,6 +376,10 @@ class StreamSession:
                 await asyncio.wait_for(asyncio.shield(self._pump), timeout=60)
         if self.video is not None:  # the last slide shown, and slides still being read, go out before closed
             await self.video.finish(self.settings.server.drain_timeout_s)
+            if self.spec.vocabulary_id:  # and a sign still being made
+                from ..vision import stream_signs
+
+                await stream_signs.finish(self.video, self.settings.server.drain_timeout_s)
         flush = self.policy.flush(self.timeline.end_s)
         self._decide(flush)
         if flush.kind == "commit":

@@ -75,13 +75,15 @@ class MediapipeExtractor:
         self._drainer: threading.Thread | None = None
 
     # ---- the Protocol ------------------------------------------------------------------------------------------
-    def extract(self, frames: Sequence[tuple[float, np.ndarray]], *, parts: frozenset[str] = ALL_PARTS
-                ) -> list[LandmarkFrame]:
+    def extract(self, frames: Sequence[tuple[float, np.ndarray]], *, parts: frozenset[str] = ALL_PARTS,
+                session: str | None = None) -> list[LandmarkFrame]:
+        """``session``: whose video these frames are (mediapipe follows hands from frame to frame within one);
+        default: this extractor's own."""
         if not parts <= ALL_PARTS or not parts:
             raise InvalidParameter(f"parts must be a non-empty subset of {sorted(ALL_PARTS)}")
         out: list[LandmarkFrame] = []
         for start in range(0, len(frames), self.max_batch):
-            out.extend(self._extract_batch(frames[start:start + self.max_batch], parts))
+            out.extend(self._extract_batch(frames[start:start + self.max_batch], parts, session or self.session))
         return out
 
     def close(self) -> None:
@@ -89,14 +91,14 @@ class MediapipeExtractor:
             self._stop()
 
     # ---- one batch -----------------------------------------------------------------------------------------------
-    def _extract_batch(self, frames: Sequence[tuple[float, np.ndarray]], parts: frozenset[str]
+    def _extract_batch(self, frames: Sequence[tuple[float, np.ndarray]], parts: frozenset[str], session: str
                        ) -> list[LandmarkFrame]:
         meta, chunks = [], []
         for t, rgb in frames:
             small = self._downscale(rgb)
             meta.append({"t": float(t), "w": int(small.shape[1]), "h": int(small.shape[0])})
             chunks.append(np.ascontiguousarray(small, np.uint8).tobytes())
-        req = {"op": "extract", "session": self.session, "parts": sorted(parts), "frames": meta}
+        req = {"op": "extract", "session": session, "parts": sorted(parts), "frames": meta}
         body, payload = self._call(req, b"".join(chunks))
         coords = np.frombuffer(payload, np.float32).reshape(len(frames), wire.POINTS, 2)
         for k, v in body.get("ms", {}).items():

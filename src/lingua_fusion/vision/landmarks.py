@@ -183,9 +183,11 @@ class LandmarkExtractor(Protocol):
 
     name: str
 
-    def extract(self, frames: Sequence[tuple[float, np.ndarray]], *, parts: frozenset[str]) -> list[LandmarkFrame]:
+    def extract(self, frames: Sequence[tuple[float, np.ndarray]], *, parts: frozenset[str],
+                session: str | None = None) -> list[LandmarkFrame]:
         """Landmarks for each (t, H x W x 3 uint8 RGB) frame, in order; ``parts`` is a subset of
-        {"hands", "pose", "lips"} (fewer parts cost less). Raises a ``BackendError`` if the extractor failed."""
+        {"hands", "pose", "lips"} (fewer parts cost less); ``session`` names the video the frames come from (an
+        extractor that tracks keeps its state per session). Raises a ``BackendError`` if the extractor failed."""
         ...
 
     def close(self) -> None: ...

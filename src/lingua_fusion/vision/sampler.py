@@ -33,6 +33,7 @@ class SamplingPolicy:
     moving: float = 0.03  # ... above which it counts as fully moving
     hand_still: float = 0.5  # hand speed (palm lengths / s) ...
     hand_moving: float = 4.0
+    hold_s: float = 0.5  # a hand's speed is kept this long after it was last seen
 
 
 def thumbnail(rgb: np.ndarray) -> np.ndarray:
@@ -82,8 +83,11 @@ class AdaptiveSampler:
         """The extractor's result for an analysed frame: the hands' speed feeds the rate."""
         present = [h for h in (0, 1) if frame.hand_present[h]]
         if not present:
-            self._hand_motion = 0.0
-            self._hands = None
+            # a hand missed in one frame (motion blur, the detector) is often still moving: keep its speed for
+            # ``hold_s``, then count the picture as still
+            if self._hands is None or frame.t - self._hands[0] > self.policy.hold_s:
+                self._hand_motion = 0.0
+                self._hands = None
             return
         wrists = frame.hands[:, 0].astype(np.float64)
         palm = float(np.median([np.linalg.norm(frame.hands[h, 9] - frame.hands[h, 0]) for h in present]))

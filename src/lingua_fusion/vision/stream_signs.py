@@ -1,0 +1,170 @@
+"""A live stream's signs: the landmarks ``FrameConsumer`` of a stream started with a ``vocabulary_id``.
+
+``StreamSigns.offer`` runs in the worker thread that decoded the frame; the adaptive sampler (``sampler.py``)
+decides whether to analyse it, within the stream's frame budget. Frames to analyse go to the event loop
+(``call_soon_threadsafe``) into a bounded queue (``MAX_QUEUED``; beyond it the oldest is dropped and counted); one
+task per stream drains it: landmarks from the extractor on a worker thread (mediapipe's tracking kept per stream),
+the sampler told the hands' speed, frames with a hand collected into the current sign. A sign ends when no hand has
+been seen for ``gap_s``; it is then recognised against the stream's vocabulary, and a known gloss is translated into
+every target over the ModelPort (MT, like any source text) and sent as a ``sign`` event on the stream's timeline.
+``finish`` (the stream ends) recognises a sign still open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, LinguaFusionError
+from ..serving.keys import ModelKey
+from ..serving.ports import CallContext, MtInput
+from ..stream.events import Error, Event, Sign
+from ..video.frames import FrameStats, VideoFrame
+from .landmarks import LandmarkFrame, LandmarkSeq
+from .recogniser import Recogniser
+from .sampler import AdaptiveSampler, SamplingPolicy
+from .segment import sign_spans
+from .service import gloss_text
+
+MAX_QUEUED = 16  # frames waiting for the extractor per stream
+MAX_SIGN_FRAMES = 600  # one sign's frames at most (a hand never leaving the picture is cut there)
+
+
+class StreamSigns:
+    def __init__(self, recogniser: Recogniser, extract: Callable[[float, np.ndarray], LandmarkFrame], jobs: Any,
+                 emit: Callable[[Event], None], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+                 loop: asyncio.AbstractEventLoop, policy: SamplingPolicy | None = None, gap_s: float = 0.6) -> None:
+        self.recogniser = recogniser
+        self._extract = extract
+        self.jobs = jobs
+        self._emit = emit
+        self._spawn = spawn
+        self._loop = loop
+        self.sampler = AdaptiveSampler(policy)
+        self.gap_s = gap_s
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[float, np.ndarray]] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._sign: list[LandmarkFrame] = []
+        self._last_hand_t: float | None = None
+        self.dropped = 0
+        self.signs = 0
+
+    # ---- FrameConsumer (worker thread) -----------------------------------------------------------------------
+    def offer(self, frame: VideoFrame) -> None:
+        with self._lock:
+            wanted = self.sampler.offer(frame.t, frame.rgb)
+        if wanted:
+            self._loop.call_soon_threadsafe(self._want, frame.t, frame.rgb)
+
+    def stats(self) -> FrameStats:
+        return self.sampler.stats()
+
+    # ---- analysis (event loop) -------------------------------------------------------------------------------
+    def _want(self, t: float, rgb: np.ndarray) -> None:
+        if len(self._queue) >= MAX_QUEUED:
+            self._queue.popleft()
+            self.dropped += 1
+        self._queue.append((t, rgb))
+        if self._task is None or self._task.done():
+            self._task = self._spawn(self._drain(), "signs")
+
+    async def _drain(self) -> None:
+        while self._queue:
+            t, rgb = self._queue.popleft()
+            try:
+                lm = await asyncio.to_thread(self._extract, t, rgb)
+            except (BackendError, LinguaFusionError) as exc:
+                self._emit(Error(exc.code, f"sign landmarks not read: {exc.public_message}"))
+                continue
+            with self._lock:
+                self.sampler.observe(lm)
+            await self._landmarks(lm)
+
+    async def _landmarks(self, lm: LandmarkFrame) -> None:
+        if lm.any_hand:
+            self._sign.append(lm)
+            self._last_hand_t = lm.t
+            if len(self._sign) >= MAX_SIGN_FRAMES:
+                await self._close_sign()
+        elif self._sign and self._last_hand_t is not None and lm.t - self._last_hand_t >= self.gap_s:
+            await self._close_sign()
+
+    async def _close_sign(self) -> None:
+        frames, self._sign = self._sign, []
+        if len(frames) < 3:
+            return  # a hand glimpsed in a frame or two: not a sign
+        seq = LandmarkSeq.from_frames(frames)
+        if not sign_spans(seq, gap_s=self.gap_s):
+            return
+        result = await asyncio.to_thread(self.recogniser.recognise, seq)
+        if not result.known:
+            return
+        self.signs += 1
+        translations = await self._translate(gloss_text(result.gloss))
+        spec = self.jobs.spec
+        stats = self.sampler.stats()
+        self._emit(Sign(t=float(seq.t[0]), end=float(seq.t[-1]), gloss=result.gloss, confidence=result.confidence,
+                        text=translations.get(spec.targets[0], ""), translations=translations,
+                        modalities=["sign"], frames={"decoded": stats.decoded, "analysed": stats.analysed}))
+
+    def _ctx(self) -> CallContext:
+        spec = self.jobs.spec
+        return CallContext(spec.stream_id, spec.slo, spec.importance, False, None, key_id=spec.key_id)
+
+    async def _translate(self, text: str) -> dict[str, str]:
+        spec = self.jobs.spec
+
+        async def one(target: str) -> str:
+            if target == spec.source_lang:
+                return text
+            try:
+                return str(await self.jobs.port.run(ModelKey.mt(spec.source_lang, target), MtInput(text, []),
+                                                    self._ctx()) or "")
+            except BackendError:
+                return ""  # the gloss still goes out
+
+        outs = await asyncio.gather(*(one(t) for t in spec.targets))
+        return dict(zip(spec.targets, outs, strict=True))
+
+    async def finish(self, wait_s: float) -> None:
+        """The stream ends: analyse what is queued and recognise a sign still open (bounded by ``wait_s``)."""
+        async def last() -> None:
+            task = self._task
+            if task is not None and not task.done():
+                await asyncio.shield(task)
+            if self._sign:
+                await self._close_sign()
+
+        try:
+            await asyncio.wait_for(last(), timeout=wait_s)
+        except Exception:  # noqa: BLE001 - a timeout, or an error already sent as an event
+            return
+
+
+def attach(video: Any, vision: Any, spec: Any, jobs: Any, emit: Callable[[Event], None],
+           spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]) -> StreamSigns:
+    """Attach a stream's signs consumer to its video fan-out (``video.stream_slides.StreamVideo``)."""
+    from ..video.fanout import Tap
+
+    recogniser = vision.store.recogniser(spec.key_id, spec.vocabulary_id)
+    extractor = vision.extractor()
+    session = f"stream-{spec.stream_id}"
+
+    def extract(t: float, rgb: np.ndarray) -> LandmarkFrame:
+        return extractor.extract([(t, rgb)], parts=frozenset({"hands"}), session=session)[0]
+
+    signs = StreamSigns(recogniser, extract, jobs, emit, spawn, asyncio.get_running_loop())
+    video.fanout.attach(Tap("signs", signs, fps=30.0))
+    return signs
+
+
+async def finish(video: Any, wait_s: float) -> None:
+    signs = video.fanout.get("signs")
+    if isinstance(signs, StreamSigns):
+        await signs.finish(wait_s)
