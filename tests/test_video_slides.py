@@ -67,6 +67,22 @@ def test_a_picture_shown_again_is_not_read_again_and_a_flash_is_ignored() -> Non
     assert [c.start for c in out if c] == [0.0]
 
 
+def test_a_moving_webcam_inset_is_ignored_and_slides_behind_it_still_found() -> None:
+    frames = frames_at(SLIDES, 12.0, 2.0, (960, 540), Nuisance(webcam=True, noise=3.0), seed=5)
+    found = detect(frames)
+    assert len(found) == 3, found
+    assert all(abs(got - want) <= 1.0 for want, got in zip(CHANGES, found, strict=True)), found
+
+
+def test_a_build_is_one_slide_that_takes_the_fuller_text() -> None:
+    rows = lambda *ts: [Row(t, (0, 0, 1, 1), 0.9) for t in ts]  # noqa: E731
+    reads = [Read(0.0, rows("Plan", "first point")), Read(2.0, rows("Plan", "first point", "second point")),
+             Read(4.0, rows("Results", "all good"))]
+    slides = build_slides(reads, 6.0)
+    assert [(s.start, s.end, s.source_text) for s in slides] == [
+        (0.0, 4.0, "Plan\nfirst point\nsecond point"), (4.0, 6.0, "Results\nall good")]
+
+
 def test_the_start_is_between_the_last_old_frame_and_the_first_new_one() -> None:
     a, b = render_slide(SLIDES[0], (640, 360)), render_slide(SLIDES[1], (640, 360))
     det = SlideDetector()

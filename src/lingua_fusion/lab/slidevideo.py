@@ -32,6 +32,7 @@ class Nuisance:
     cursor: bool = False  # a mouse pointer that wanders a little all the time
     noise: float = 0.0  # camera noise: std of Gaussian noise per pixel (grey levels)
     flicker: float = 0.0  # auto-exposure flicker: brightness shift amplitude (grey levels)
+    webcam: bool = False  # a picture-in-picture speaker inset (bottom right) that moves all the time
 
 
 def _font(path: str, size: int) -> Any:
@@ -64,6 +65,20 @@ def _cursor(frame: np.ndarray, x: int, y: int) -> None:
         frame[y + dy:y + dy + 1, x + 1:x + 1 + width] = 0
 
 
+def _webcam(frame: np.ndarray, t: float, rng: np.random.Generator) -> None:
+    """A speaker inset: a dark backdrop, a head that sways and nods, a noisy sensor."""
+    h, w = frame.shape[:2]
+    bw, bh = w // 5, h // 5
+    y0, x0 = h - bh - 8, w - bw - 8
+    box = np.full((bh, bw, 3), 60, np.float32) + rng.normal(0, 6, (bh, bw, 3))
+    cx = bw / 2 + bw * 0.2 * np.sin(2 * np.pi * 0.6 * t)
+    cy = bh / 2 + bh * 0.1 * np.sin(2 * np.pi * 1.3 * t)
+    yy, xx = np.mgrid[0:bh, 0:bw]
+    head = ((xx - cx) / (bw * 0.18)) ** 2 + ((yy - cy) / (bh * 0.3)) ** 2 <= 1
+    box[head] = (200, 160, 130)
+    frame[y0:y0 + bh, x0:x0 + bw] = np.clip(box, 0, 255).astype(np.uint8)
+
+
 def frames_at(slides: list[SlideSpec], duration: float, fps: float, size: tuple[int, int], nuisance: Nuisance,
               seed: int = 0) -> list[tuple[float, np.ndarray]]:
     rng = np.random.default_rng(seed)
@@ -82,6 +97,8 @@ def frames_at(slides: list[SlideSpec], duration: float, fps: float, size: tuple[
         if nuisance.noise:
             frame += rng.normal(0, nuisance.noise, frame.shape).astype(np.float32)
         img = np.clip(frame, 0, 255).astype(np.uint8)
+        if nuisance.webcam:
+            _webcam(img, t, rng)
         if nuisance.cursor:
             cx = int(np.clip(cx + rng.integers(-6, 7), 0, size[0] - 16))
             cy = int(np.clip(cy + rng.integers(-6, 7), 0, size[1] - 22))

@@ -43,12 +43,17 @@ class SlideSpan:
 
 def build_slides(reads: list[Read], end_t: float) -> list[SlideSpan]:
     """Reads in time order -> slides: each lasts until the next different picture (or the end); consecutive reads of
-    the same text are one slide (a cursor or a speaker walked past); a read with no text ends the slide before."""
+    the same text are one slide (a cursor or a speaker walked past), and so is a build (the slide gained rows: a
+    bullet appeared, a line was written on the whiteboard; the slide keeps its start and takes the fuller text);
+    a read with no text ends the slide before."""
     slides: list[SlideSpan] = []
     current: SlideSpan | None = None
     for r in sorted(reads, key=lambda r: r.start):
         text = "\n".join(row.text for row in r.rows)
         if current is not None and r.rows and same_text(current.source_text, text):
+            continue
+        if current is not None and r.rows and _grew(current.rows, r.rows):
+            current.rows = list(r.rows)
             continue
         if current is not None:
             current.end = r.start
@@ -60,6 +65,17 @@ def build_slides(reads: list[Read], end_t: float) -> list[SlideSpan]:
         current.end = max(current.start, end_t)
         slides.append(current)
     return slides
+
+
+def _grew(before: list[Row], after: list[Row]) -> bool:
+    """Every row of ``before`` is still there in ``after`` (read alike), in order, and ``after`` has more."""
+    if len(after) <= len(before):
+        return False
+    i = 0
+    for row in after:
+        if i < len(before) and same_text(before[i].text, row.text):
+            i += 1
+    return i == len(before)
 
 
 class SlideReader:

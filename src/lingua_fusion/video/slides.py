@@ -15,6 +15,7 @@ from the last one reported: every other frame costs one subtraction and never an
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,10 @@ class DetectorConfig:
     settle_s: float = 0.45  # a picture must stay unchanged this long before it is read
     cell_contrast: float = 6.0  # a cell whose grey std is below this in both frames is uniform: skipped
     blank_std: float = 4.0  # a whole signature below this std is an empty picture (black, white): nothing to read
+    busy_window: int = 8  # frames over which a pixel's moves are counted
+    busy_moves: int = 4  # a pixel that moved (since the frame before) in this many of them is busy
+    busy_share: float = 0.25  # busy pixels are ignored only while they are at most this share (a webcam inset,
+    # a speaker walking by); more (a fade, a pan) is the whole picture changing, and nothing is ignored
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,15 +60,24 @@ def _cell_std(sig: np.ndarray) -> np.ndarray:
     return cells.std(axis=(1, 3))
 
 
-def changed_share(a: np.ndarray, b: np.ndarray, cfg: DetectorConfig) -> float:
-    """Share of signature pixels that changed between ``a`` and ``b`` (uniform cells and a global shift left out)."""
+def moved(a: np.ndarray, b: np.ndarray, cfg: DetectorConfig) -> np.ndarray:
+    """Signature pixels that changed between ``a`` and ``b`` (uniform cells and a global shift left out)."""
     d = b - a
     d -= float(np.median(d))
-    moved = np.abs(d) > cfg.pixel_delta
+    out = np.abs(d) > cfg.pixel_delta
     content = (_cell_std(a) > cfg.cell_contrast) | (_cell_std(b) > cfg.cell_contrast)
-    mask = np.repeat(np.repeat(content, CELL, axis=0), CELL, axis=1)
-    h, w = mask.shape
-    return float(np.count_nonzero(moved[:h, :w] & mask)) / moved.size
+    mask = np.zeros_like(out)
+    h, w = content.shape[0] * CELL, content.shape[1] * CELL
+    mask[:h, :w] = np.repeat(np.repeat(content, CELL, axis=0), CELL, axis=1)
+    return out & mask
+
+
+def changed_share(a: np.ndarray, b: np.ndarray, cfg: DetectorConfig, ignore: np.ndarray | None = None) -> float:
+    """Share of signature pixels that changed between ``a`` and ``b``, leaving out ``ignore`` (busy regions)."""
+    m = moved(a, b, cfg)
+    if ignore is not None:
+        m &= ~ignore
+    return float(np.count_nonzero(m)) / m.size
 
 
 def is_blank(sig: np.ndarray, cfg: DetectorConfig) -> bool:
@@ -82,14 +96,33 @@ class SlideDetector:
         self._ref: np.ndarray | None = None  # the last picture reported
         self._ref_seen = 0.0  # the last frame time that still showed it
         self._left_at: float | None = None  # the first frame time after that which did not
+        self._moves: deque[np.ndarray] = deque()  # "moved since the frame before", the last busy_window frames
+        self._counts: np.ndarray | None = None  # their sum per pixel
+        self._busy: np.ndarray | None = None
+        self._first: tuple[float, np.ndarray] | None = None
         self.observed = 0
         self.changes = 0
 
     def _differs(self, a: np.ndarray, b: np.ndarray) -> bool:
-        return changed_share(a, b, self.cfg) > self.cfg.min_changed
+        return changed_share(a, b, self.cfg, self._busy) > self.cfg.min_changed
+
+    def _track_motion(self, t: float, sig: np.ndarray) -> None:
+        """Regions that keep moving from frame to frame (a webcam inset, a speaker) are left out of the comparisons:
+        a slide change moves its pixels once and a fade two or three times; motion moves them again and again."""
+        if self._last is None:
+            self._first = (t, sig)
+            return
+        now = moved(self._last, sig, self.cfg).astype(np.int16)
+        self._moves.append(now)
+        self._counts = now.copy() if self._counts is None else self._counts + now
+        if len(self._moves) > self.cfg.busy_window:
+            self._counts -= self._moves.popleft()
+        busy = self._counts >= self.cfg.busy_moves
+        self._busy = busy if 0 < np.count_nonzero(busy) <= self.cfg.busy_share * busy.size else None
 
     def observe(self, t: float, sig: np.ndarray) -> Change | None:
         self.observed += 1
+        self._track_motion(t, sig)
         # compared with the run's first frame, not the previous one: a slow fade drifts past the threshold
         if self._anchor is None or self._differs(self._anchor, sig):
             self._anchor, self._run_start, self._fired = sig, t, False
@@ -118,6 +151,8 @@ class SlideDetector:
         # the picture changed between the last frame that showed the old one and the first that did not: the middle
         # of that gap is the best guess (an abrupt cut is off by a quarter of a sampling period on average)
         start = self._run_start if self._ref is None or self._left_at is None else (self._ref_seen + self._left_at) / 2
+        if self._ref is None and self._first is not None and not self._differs(self._first[1], self._last):
+            start = self._first[0]  # shown from the first frame (motion elsewhere kept it from settling sooner)
         self._ref, self._ref_seen, self._left_at = self._last, t, None
         self.changes += 1
         return Change(start=round(start, 3), t=round(t, 3), blank=is_blank(self._last, self.cfg))

@@ -4,8 +4,9 @@
 frame (the session decodes off the event loop), computes the frame's signature and asks the detector; a settled
 change is handed to the event loop (``call_soon_threadsafe``), where at most one read runs per stream: OCR over the
 ModelPort (``ocr`` key, through the executor), rows in reading order, then every row translated into every target
-(``mt`` keys). A change that settles while a read is running replaces any change still waiting (the newer picture
-is what the audience sees), so a stream holds at most one running and one waiting frame.
+(``mt`` keys). Changes that settle while a read is running wait in order, at most ``MAX_WAITING``; beyond that the
+oldest waiting one is dropped (counted as ``superseded``: the audience has moved on), so a stream holds at most
+one running and ``MAX_WAITING`` waiting frames.
 
 The slide's words join the stream's slide memory (``StreamJobs.slides``): ASR context and MT names for the next
 utterances, as for ``image`` messages.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,6 +30,8 @@ from ..stream.jobs import MAX_SLIDES, StreamJobs
 from .frames import FrameStats, VideoFrame
 from .slides import Change, DetectorConfig, Row, SlideDetector, reading_order, same_text, signature
 
+MAX_WAITING = 4  # settled changes waiting for OCR per stream (frames sent faster than real time)
+
 
 class StreamSlides:
     def __init__(self, jobs: StreamJobs, emit: Callable[[Event], None],
@@ -40,7 +44,7 @@ class StreamSlides:
         self.detector = SlideDetector(cfg)
         self._lock = threading.Lock()  # offers of one stream may come from two worker threads (in-process feeds)
         self._running: asyncio.Task[None] | None = None
-        self._waiting: tuple[Change, np.ndarray] | None = None
+        self._waiting: deque[tuple[Change, np.ndarray]] = deque()
         self._last_text = ""
         self._last_t = 0.0
         self._last_rgb: np.ndarray | None = None
@@ -66,9 +70,10 @@ class StreamSlides:
     # ---- reads (event loop) ----------------------------------------------------------------------------------
     def _want(self, change: Change, rgb: np.ndarray) -> None:
         if self._running is not None and not self._running.done():
-            if self._waiting is not None:
+            if len(self._waiting) >= MAX_WAITING:
+                self._waiting.popleft()
                 self.superseded += 1
-            self._waiting = (change, rgb)
+            self._waiting.append((change, rgb))
             return
         self._running = self._spawn(self._reads(change, rgb), "slide")
 
@@ -79,7 +84,7 @@ class StreamSlides:
                 await self._read(*item)
             except (BackendError, LinguaFusionError) as exc:
                 self._emit(Error(exc.code, f"slide not read: {exc.public_message}"))
-            item, self._waiting = self._waiting, None
+            item = self._waiting.popleft() if self._waiting else None
 
     def _ctx(self) -> CallContext:
         spec = self.jobs.spec
