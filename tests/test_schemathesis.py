@@ -48,6 +48,11 @@ OPERATIONS = [
     ("GET", "/v1/glossaries/{glossary_id}"), ("DELETE", "/v1/glossaries/{glossary_id}"),
     ("GET", "/v1/admin/faults"), ("POST", "/v1/admin/faults"),
     ("DELETE", "/v1/admin/faults"), ("GET", "/v1/keys"), ("POST", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
+    # taught sign and lip vocabularies (api/vocab.py)
+    ("GET", "/v1/vocabularies"), ("POST", "/v1/vocabularies"), ("GET", "/v1/vocabularies/{vocab_id}"),
+    ("DELETE", "/v1/vocabularies/{vocab_id}"), ("POST", "/v1/vocabularies/{vocab_id}/examples"),
+    ("DELETE", "/v1/vocabularies/{vocab_id}/examples/{example_id}"), ("GET", "/v1/vocabularies/{vocab_id}/export"),
+    ("POST", "/v1/vocabularies/import"), ("POST", "/v1/vocabularies/{vocab_id}/recognise"),
 ]
 # Pairs served by Apertium and Bergamot (milliseconds a call) and one that nothing serves (it: 422). de, fr and zh are
 # left out: pairs only the Gemma LLM serves take seconds a call here (up to 256 generated tokens on 2 cores), which is
@@ -83,6 +88,16 @@ REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "type": "object",
         "properties": {"name": {"type": "string"},
                        "scopes": {"type": "array", "items": {"enum": ["translate", "admin"]}}}}),
+    ("POST", "/v1/vocabularies"): json_body({
+        "type": "object", "required": ["kind"],
+        "properties": {"name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]}, "lang": {"enum": LANGS}}}),
+    # an import of a vocabulary with no examples (examples with valid landmark sequences are beyond a schema:
+    # t must not decrease, a sign needs hands in two frames); tests/test_vision_api.py imports real ones
+    ("POST", "/v1/vocabularies/import"): json_body({
+        "type": "object", "required": ["format", "kind", "examples"],
+        "properties": {"format": {"const": "linguafusion-vocabulary/1"}, "name": {"type": "string"},
+                       "kind": {"enum": ["sign", "lip"]}, "lang": {"enum": LANGS},
+                       "examples": {"type": "array", "maxItems": 0}}}),
 }
 SERVED = ["en", "es", "ca", "pt"]  # every pair of these is served (directly or through English)
 # Valid requests that must be accepted: the broad positive schemas above also send random files and the
@@ -121,6 +136,16 @@ NEGATIVE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
             "properties"], "model": {"type": "string", "pattern": r"^(\*|asr|mt|ocr|tts)$|:"},
             "jitter_s": {"type": "number", "minimum": 0, "maximum": 60}}}),
     ("POST", "/v1/keys"): REQUEST_BODIES[("POST", "/v1/keys")],
+    ("POST", "/v1/vocabularies"): json_body({
+        "type": "object", "required": ["kind"],
+        "properties": {"name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]}, "lang": {"type": "string"}}}),
+    ("POST", "/v1/vocabularies/import"): json_body({
+        "type": "object", "required": ["format", "kind", "examples"],
+        "properties": {"format": {"const": "linguafusion-vocabulary/1"}, "name": {"type": "string"},
+                       "kind": {"enum": ["sign", "lip"]}, "lang": {"type": "string"},
+                       "examples": {"type": "array", "items": {
+                           "type": "object", "required": ["gloss", "frames"],
+                           "properties": {"gloss": {"type": "string"}, "frames": {"type": "array"}}}}}}),
 }
 # examples per operation and mode: more for the operations that take a body (the ones with something to get wrong)
 EXAMPLES = {op: 60 if op in REQUEST_BODIES else 8 for op in OPERATIONS} | {("POST", "/v1/translate"): 120}
@@ -154,7 +179,8 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     out = subprocess.run([str(BIN), "keys", "create", "--admin", "--name", "schemathesis", "--state-dir",
                           str(state)], capture_output=True, text=True, timeout=60, check=True)
     admin = out.stdout.strip()
-    url, proc = start_server(state, "--chaos")
+    # vocabularies: every valid create and import makes one (60 examples each), more than a key may keep by default
+    url, proc = start_server(state, "--chaos", env={"LINGUAFUSION_VISION__MAX_VOCABULARIES_PER_KEY": "1000"})
     try:
         live = httpx.get(url + "/openapi.json", timeout=10).json()
         spec = copy.deepcopy(live)

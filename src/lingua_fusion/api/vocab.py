@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from .. import langs
 from ..config import Settings
 from ..deadline import Deadline
 from ..errors import EmptyInput, InvalidParameter, TooLarge
@@ -28,9 +29,32 @@ from ..files import FileRequest
 from ..vision.landmarks import LandmarkSeq
 from ..vision.service import VisionService, recognition_body
 from ..vision.store import VocabularyStore, check_gloss, check_kind
+from . import spec
 from .deps import TranslateKey, context, read_form, require_json
 
 router = APIRouter()
+POINTS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}}
+FRAMES = {"type": "array", "description": "landmark frames, t non-decreasing (docs/video.md)", "items": {
+    "type": "object", "properties": {"t": {"type": "number"}, "left_hand": POINTS, "right_hand": POINTS,
+                                     "pose": POINTS, "lips": POINTS}}}
+CREATE = spec.json_body({"type": "object", "required": ["kind"], "properties": {
+    "name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]},
+    "lang": {"type": "string", "description": "the language the glosses are written in (default en)"}}})
+EXAMPLE = {"required": True, "content": {
+    "application/json": {"schema": {"type": "object", "required": ["gloss", "frames"],
+                                    "properties": {"gloss": {"type": "string"}, "frames": FRAMES}}},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["gloss", "file"], "properties": {
+        "gloss": {"type": "string"}, "file": {"type": "string", "format": "binary", "description": "a video"}}}}}}
+RECOGNISE = {"required": True, "content": {
+    "application/json": {"schema": {"type": "object", "required": ["frames"],
+                                    "properties": {"frames": FRAMES, "target_lang": {"type": "string"}}}},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "string", "format": "binary"}, "target_lang": {"type": "string"}}}}}}
+IMPORT = spec.json_body({"type": "object", "required": ["format", "kind", "examples"], "properties": {
+    "format": {"const": "linguafusion-vocabulary/1"}, "name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]},
+    "lang": {"type": "string"}, "examples": {"type": "array", "items": {
+        "type": "object", "required": ["gloss", "frames"],
+        "properties": {"gloss": {"type": "string"}, "frames": FRAMES}}}}})
 
 
 def install(app: FastAPI, settings: Settings) -> VisionService:
@@ -49,6 +73,13 @@ def close(app: FastAPI) -> None:
     if service is not None:
         service.close()
         service.store.close()
+
+
+def _text(body: dict[str, Any], field: str) -> str:
+    value = body.get(field)
+    if value is not None and not isinstance(value, str):
+        raise InvalidParameter(f"'{field}' must be a string", details={"field": field})
+    return value or ""
 
 
 def _vision(request: Request) -> VisionService:
@@ -96,16 +127,14 @@ async def _sequence(request: Request, key_id: str, kind: str, body: dict[str, An
         key_id, deadline, functools.partial(service.landmarks_from_video, data, kind, deadline))
 
 
-@router.post("/v1/vocabularies")
+@router.post("/v1/vocabularies", openapi_extra=spec.body(CREATE))
 async def create_vocabulary(request: Request, key: TranslateKey) -> JSONResponse:
     body = await _json(request)
     if not isinstance(body, dict):
         raise InvalidParameter("the body must be a JSON object {name, kind, lang}")
-    from .. import langs
-
-    lang = langs.normalize(str(body.get("lang") or "en"))
-    vocab = _vision(request).store.create(key.key_id, str(body.get("name") or ""), check_kind(body.get("kind")),
-                                          lang)
+    name, kind = _text(body, "name"), check_kind(body.get("kind"))
+    lang = langs.normalize(_text(body, "lang") or "en", field="lang")
+    vocab = _vision(request).store.create(key.key_id, name, kind, lang)
     return JSONResponse(vocab.to_dict(), status_code=201)
 
 
@@ -126,7 +155,7 @@ async def delete_vocabulary(vocab_id: str, request: Request, key: TranslateKey) 
     return {"vocabulary_id": vocab_id, "deleted": True}
 
 
-@router.post("/v1/vocabularies/{vocab_id}/examples")
+@router.post("/v1/vocabularies/{vocab_id}/examples", openapi_extra=spec.body(EXAMPLE))
 async def add_example(vocab_id: str, request: Request, key: TranslateKey) -> JSONResponse:
     store = _vision(request).store
     vocab = store.get(key.key_id, vocab_id)  # 404 before reading a video for nothing
@@ -149,7 +178,7 @@ async def export_vocabulary(vocab_id: str, request: Request, key: TranslateKey) 
     return _vision(request).store.export(key.key_id, vocab_id)
 
 
-@router.post("/v1/vocabularies/import")
+@router.post("/v1/vocabularies/import", openapi_extra=spec.body(IMPORT))
 async def import_vocabulary(request: Request, key: TranslateKey) -> JSONResponse:
     doc = await _json(request)
     name = request.query_params.get("name")
@@ -157,7 +186,7 @@ async def import_vocabulary(request: Request, key: TranslateKey) -> JSONResponse
     return JSONResponse(vocab.to_dict(), status_code=201)
 
 
-@router.post("/v1/vocabularies/{vocab_id}/recognise")
+@router.post("/v1/vocabularies/{vocab_id}/recognise", openapi_extra=spec.body(RECOGNISE))
 async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
     ctx = context(request)
     service = _vision(request)

@@ -183,7 +183,12 @@ class VocabularyStore:
             seq = LandmarkSeq.from_json(item.get("frames"))
             features(seq, kind)
             parsed.append((check_gloss(item.get("gloss")), seq))
-        lang = doc.get("lang") if isinstance(doc.get("lang"), str) else "en"
+        for field in ("name", "lang"):
+            if doc.get(field) is not None and not isinstance(doc.get(field), str):
+                raise InvalidParameter(f"'{field}' must be a string", details={"field": field})
+        from .. import langs
+
+        lang = langs.normalize(doc.get("lang") or "en", field="lang")
         vocab = self.create(owner, name or str(doc.get("name") or kind), kind, lang)
         now = time.time()
         with self._lock, self._db:
