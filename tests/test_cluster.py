@@ -27,7 +27,7 @@ import pytest
 from conftest import BIN, REDIS, needs_redis, talk_wav
 
 from lingua_fusion.cluster.heartbeat import Beat
-from lingua_fusion.cluster.local import LocalRay
+from lingua_fusion.cluster.local import LocalRay, alive, kill_when_busy, live_gateways, replica_pids
 
 pytestmark = needs_redis
 SERVE_PORT = 18718
@@ -44,41 +44,7 @@ class Cluster:
     driver: subprocess.Popen[bytes]
 
     def beats(self) -> list[Beat]:
-        import redis.asyncio as aioredis
-
-        from lingua_fusion.cluster.heartbeat import read_beats
-
-        async def read() -> list[Beat]:
-            client = aioredis.from_url(REDIS or "", socket_timeout=2)
-            try:
-                return await read_beats(client)
-            finally:
-                await client.aclose()
-
-        import asyncio
-
-        return [b for b in asyncio.run(read()) if _alive(b.pid)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _replica_pids(name: str) -> list[int]:
-    """Processes whose title Ray set to this Serve replica's (``ray::ServeReplica:APP:DEPLOYMENT``)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if name in (d / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
+        return live_gateways(REDIS or "")
 
 
 def _wait(cond: Any, timeout: float, what: str) -> Any:
@@ -189,37 +155,20 @@ def test_a_gateway_killed_mid_stream_the_client_resumes_on_another(cluster: Clus
 
 def test_the_model_replica_killed_mid_stream_is_restarted_and_nothing_is_lost(cluster: Cluster) -> None:
     name = "ServeReplica:lf-models:ModelReplica"
-    (old,) = _replica_pids(name)
+    (old,) = replica_pids(name)
     s = Stream(cluster)
     assert s.first_final.wait(90), "no caption before the kill"
     holder = _holder(cluster)
-    _kill_when_busy(old)  # while it runs a batch: that committed work is lost with it and must be sent again
-    new = _wait(lambda: [p for p in _replica_pids(name) if p != old], 90, "Serve to start another model replica")
+    kill_when_busy(old)  # while it runs a batch: that committed work is lost with it and must be sent again
+    new = _wait(lambda: [p for p in replica_pids(name) if p != old], 90, "Serve to start another model replica")
     assert len(new) == 1
     events, err = s.finish()
     finals = _check_captions(events)
     assert "reconnected" not in err  # the gateway kept the connection: only the model work moved
     assert len(finals) >= 4
-    assert _alive(holder.pid)  # the gateway was not touched
+    assert alive(holder.pid)  # the gateway was not touched
     retried = next(b for b in cluster.beats() if b.pid == holder.pid).hop_retries
     assert retried >= 1  # the call the replica died with was sent again
-
-
-def _kill_when_busy(pid: int) -> None:
-    """SIGKILL ``pid`` in the middle of a burst of CPU work (two 50 ms samples in a row that used CPU)."""
-    def cpu() -> int:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
-
-    last, busy, end = cpu(), 0, time.monotonic() + 60
-    while time.monotonic() < end:
-        time.sleep(0.05)
-        now = cpu()
-        busy = busy + 1 if now - last >= 2 else 0
-        last = now
-        if busy >= 2:
-            break
-    os.kill(pid, signal.SIGKILL)
 
 
 def test_a_listener_on_one_gateway_hears_a_room_published_on_the_other(cluster: Cluster) -> None:

@@ -1,4 +1,5 @@
-"""A Ray cluster of several nodes on one machine, on loopback, with every port fixed (tests and benchmarks).
+"""A Ray cluster of several nodes on one machine, on loopback, with every port fixed, and what tests and benchmarks
+do to it (find a replica's process, kill it mid-batch, read the gateways' heartbeats).
 
 ``ray start --head`` plus ``ray start --address`` for each worker node, each with its own port block from
 ``base`` (head: base..base+7, node k: base+8k..; workers' own ports in ``worker_ports``), no dashboard, a small
@@ -7,11 +8,16 @@ object store. ``stop`` runs ``ray stop --force``: it ends every Ray process of t
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .heartbeat import Beat, read_beats
 
 RAY = str(Path(sys.executable).parent / "ray")
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
@@ -58,3 +64,54 @@ class LocalRay:
 
     def stop(self) -> None:
         subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=TIMEOUT_S)
+
+
+def replica_pids(name: str) -> list[int]:
+    """Processes whose title Ray set to this Serve replica's (``ServeReplica:APP:DEPLOYMENT``)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if name in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def kill_when_busy(pid: int, timeout_s: float = 60.0) -> None:
+    """SIGKILL ``pid`` in the middle of a burst of CPU work (two 50 ms samples in a row that used 20 ms of CPU or
+    more: a model batch running), or after ``timeout_s``."""
+    def cpu() -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+
+    last, busy, end = cpu(), 0, time.monotonic() + timeout_s
+    while time.monotonic() < end and busy < 2:
+        time.sleep(0.05)
+        now = cpu()
+        busy = busy + 1 if now - last >= 2 else 0
+        last = now
+    os.kill(pid, signal.SIGKILL)
+
+
+def live_gateways(redis_url: str) -> list[Beat]:
+    """The heartbeats of the gateways whose process is alive (this machine's pids)."""
+    import redis.asyncio as aioredis
+
+    async def read() -> list[Beat]:
+        client = aioredis.from_url(redis_url, socket_timeout=2)
+        try:
+            return await read_beats(client)
+        finally:
+            await client.aclose()
+
+    return [b for b in asyncio.run(read()) if alive(b.pid)]
