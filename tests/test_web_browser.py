@@ -15,6 +15,7 @@ Screenshots are saved in the test's tmp dir and copied to bench/results/screens/
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import math
@@ -44,8 +45,9 @@ from lingua_fusion.api.opsview import histogram_quantile
 
 SCREENS = Path(__file__).resolve().parents[1] / "bench" / "results" / "screens"
 PORT = 18210
-SENTENCES = ["Good morning everyone.", "Today we talk about the weather in the city.",
-             "The river bank is green in the spring."]
+SENTENCES = ["Good morning everyone.",  # a long second sentence: partials while it is spoken
+             "Today we talk about the weather in the city and the river bank, which is green in the spring and "
+             "brown in the autumn."]
 
 
 @dataclass
@@ -141,14 +143,22 @@ def choose_targets(driver: WebDriver, targets: list[str]) -> None:
             box.click()
 
 
-def play_file(driver: WebDriver, site: Site, media: Path, targets: list[str], slo: str = "interactive") -> None:
+def play_file(driver: WebDriver, site: Site, media: Path, targets: list[str], slo: str = "interactive",
+              speak: bool = False, on_partial: Callable[[WebDriver], Any] | None = None) -> None:
     driver.get(site.url + "/")
     choose_targets(driver, targets)
     Select(driver.find_element(By.ID, "slo")).select_by_value(slo)
+    if speak:
+        driver.find_element(By.ID, "speak").click()
     driver.find_element(By.ID, "file-input").send_keys(str(media))
     driver.find_element(By.ID, "start").click()
     if not driver.execute_script("return sessionStorage.getItem('linguafusion.key')"):
         enter_key(driver, site.user_key)
+    if on_partial is not None:  # e.g. a screenshot while a partial is on the page (none under heavy load: no shot)
+        with contextlib.suppress(TimeoutException):
+            WebDriverWait(driver, 30, poll_frequency=0.1).until(
+                lambda d: d.find_elements(By.CSS_SELECTOR, "#partial .src"))
+            on_partial(driver)
     wait(driver, lambda d: d.find_element(By.ID, "status").get_attribute("data-state") in ("closed", "error"), 120,
          "the stream to close")
     assert driver.find_element(By.ID, "status").get_attribute("data-state") == "closed", \
@@ -164,8 +174,15 @@ def received(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---- media ----------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sentences (Piper), 0.8 s of silence after each."""
+    from lingua_fusion.models.tts import to_wav
+
+    parts = []
+    for sentence in SENTENCES:
+        pcm, rate = _pcm(piper_wav(sentence))
+        parts += [pcm, np.zeros(int(0.8 * rate), dtype=np.int16)]
     path = tmp_path_factory.mktemp("media") / "talk.wav"
-    path.write_bytes(piper_wav(" ".join(SENTENCES)))
+    path.write_bytes(to_wav(np.concatenate(parts), rate))
     return path
 
 
@@ -223,6 +240,8 @@ class CaptionsRun:
     captions: list[dict[str, Any]]  # what the page shows: per final, its source text and translations
     srt: str
     session_key: str
+    played: int  # speech events the page decoded and scheduled for playback
+    notices: str
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +249,8 @@ def captions_run(site: Site, speech_wav: Path, downloads: Path,
                  screens: Callable[[WebDriver, str], Path]) -> Iterator[CaptionsRun]:
     driver = chromium(downloads)
     try:
-        play_file(driver, site, speech_wav, ["es", "ca"])
+        play_file(driver, site, speech_wav, ["es", "ca"], slo="standard", speak=True,
+                  on_partial=lambda d: screens(d, "captions-partial"))
         events = network(driver)
         captions = driver.execute_script("""
             return [...document.querySelectorAll('#captions .final')].map(li => ({
@@ -244,7 +264,9 @@ def captions_run(site: Site, speech_wav: Path, downloads: Path,
         srt_path = downloads / "captions-es.srt"
         wait(driver, lambda d: srt_path.exists() and srt_path.stat().st_size > 0, 20, "the SRT download")
         session_key = driver.execute_script("return sessionStorage.getItem('linguafusion.key')")
-        yield CaptionsRun(events, captions, srt_path.read_text(encoding="utf-8"), session_key)
+        spoken = int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-played") or 0)
+        notices = driver.find_element(By.ID, "notices").text
+        yield CaptionsRun(events, captions, srt_path.read_text(encoding="utf-8"), session_key, spoken, notices)
     finally:
         driver.quit()
 
@@ -266,6 +288,15 @@ def test_a_file_played_as_a_live_stream_gives_partials_then_finals(captions_run:
     heard = " ".join(c["source"] for c in captions_run.captions)
     wer = jiwer.wer(_words(" ".join(SENTENCES)), _words(heard))
     assert wer <= 0.2, (wer, heard)
+
+
+def test_translations_are_spoken_when_asked(captions_run: CaptionsRun) -> None:
+    got = received(captions_run.events)
+    speech = [e for e in got if e["type"] == "speech"]
+    finals = [e for e in got if e["type"] == "final" and e["text"]]
+    first_target = got[0]["targets"][0]  # the stream speaks its first target
+    assert [s["seq"] for s in speech] == [f["seq"] for f in finals] and {s["lang"] for s in speech} == {first_target}
+    assert captions_run.played == len(speech), captions_run.notices  # each one decoded and played
 
 
 def test_the_downloaded_srt_holds_the_spanish_captions(captions_run: CaptionsRun) -> None:

@@ -6,7 +6,7 @@
 const $ = (id) => document.getElementById(id);
 const state = {
   ws: null, source: null, speech: new SpeechQueue(), finals: [], targets: [], sourceLang: "en",
-  counts: { partial: 0, revision: 0, final: 0, slide: 0, speech: 0 }, lastPartial: "", frames: [],
+  counts: { partial: 0, revision: 0, final: 0, slide: 0, speech: 0, played: 0 }, lastPartial: "", frames: [],
 };
 
 // ---- languages ------------------------------------------------------------------------------------------------
@@ -174,7 +174,8 @@ const HANDLERS = {
   slide(ev) { addSlide(ev); },
   speech(ev) {
     count("speech");
-    state.speech.play(ev.audio_base64).catch((e) => notice("speech could not be played: " + e.message));
+    state.speech.play(ev.audio_base64).then(() => count("played"))
+      .catch((e) => notice("speech could not be played: " + e.message));
   },
   degraded(ev) { notice(`the ${ev.slo} class is degraded (${ev.step}): the server is busy`); },
   restored(ev) { notice(`the ${ev.slo} class is back to level ${ev.level}`); },
@@ -192,7 +193,7 @@ const HANDLERS = {
 
 function count(kind) {
   state.counts[kind] += 1;
-  document.body.dataset[kind + "s"] = state.counts[kind];
+  document.body.dataset[kind] = state.counts[kind];
   const node = $("count-" + kind);
   if (node) node.textContent = state.counts[kind];
 }
@@ -265,7 +266,7 @@ function resetCaptions(targets) {
   state.lastError = "";
   for (const k of Object.keys(state.counts)) {
     state.counts[k] = 0;
-    document.body.dataset[k + "s"] = 0;
+    document.body.dataset[k] = 0;
     const node = $("count-" + k);
     if (node) node.textContent = 0;
   }
