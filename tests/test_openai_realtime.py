@@ -28,7 +28,8 @@ from lingua_fusion.api.openai_realtime_audio import ULAW, Converter
 from lingua_fusion.api.openai_realtime_events import BETA, GA, SessionConfig
 from lingua_fusion.errors import InvalidParameter, NotFound
 
-PORTS = range(18150, 18200)
+pytestmark = pytest.mark.slow
+PORTS = range(18150, 18200)  # this file's servers (test_openai_compat.py uses 18100-18149)
 FIRST, SECOND = "Good morning everyone. Today we talk about the school budget.", "The house is very big."
 TIMEOUT_S = 120.0
 COMPLETED = "conversation.item.input_audio_transcription.completed"
