@@ -53,6 +53,8 @@ OPERATIONS = [
     ("DELETE", "/v1/vocabularies/{vocab_id}"), ("POST", "/v1/vocabularies/{vocab_id}/examples"),
     ("DELETE", "/v1/vocabularies/{vocab_id}/examples/{example_id}"), ("GET", "/v1/vocabularies/{vocab_id}/export"),
     ("POST", "/v1/vocabularies/import"), ("POST", "/v1/vocabularies/{vocab_id}/recognise"),
+    # the web pages' routes (api/web.py): stream tickets (8 unused a key: the 8 examples fit), the ops JSON
+    ("POST", "/v1/stream-tickets"), ("GET", "/v1/ops/metrics"),
 ]
 # Pairs served by Apertium and Bergamot (milliseconds a call) and one that nothing serves (it: 422). de, fr and zh are
 # left out: pairs only the Gemma LLM serves take seconds a call here (up to 256 generated tokens on 2 cores), which is
