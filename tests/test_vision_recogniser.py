@@ -127,3 +127,15 @@ def test_landmark_json_round_trip_and_bad_frames_refused() -> None:
         LandmarkSeq.from_json([{"t": float("nan")}])
     with pytest.raises(InvalidParameter):
         LandmarkSeq.from_json([{"t": 1.0}, {"t": 0.5}])
+
+
+def test_a_hand_whose_left_right_label_flips_is_still_one_hand() -> None:
+    rng = np.random.default_rng(5)
+    spec = next(s for s in VOCAB if not s.two_handed)
+    clean = syn.perform_sign(spec, syn.Performance(noise=0.0), rng)
+    flips = rng.random(len(clean)) < 0.35  # the detector calls the right hand "left" in about a third of frames
+    hands, mask = clean.hands.copy(), clean.hand_mask.copy()
+    hands[flips] = hands[flips][:, ::-1]
+    mask[flips] = mask[flips][:, ::-1]
+    flipped = LandmarkSeq(clean.t, hands, mask, clean.pose, clean.pose_mask, clean.lips, clean.lips_mask)
+    np.testing.assert_allclose(features(flipped, "sign"), features(clean, "sign"), atol=1e-4)

@@ -34,6 +34,7 @@ SHAPE_WEIGHT = 0.5  # handshape features are many (40 per hand); movement gets t
 MOVE_WEIGHT = 2.0
 PRESENCE_WEIGHT = 1.0
 MIDDLE_MCP = 9
+ONE_HAND_TOGETHER = 0.5  # both labels in fewer than this share of the frames with a hand: one hand, relabelled
 # lip heights: each lower-lip point of LIP_INDICES paired with the upper-lip point above it (outer, then inner)
 LIP_LOWER = (1, 2, 3, 4, 5, 6, 7, 8, 9, 21, 22, 23, 24, 25, 26, 27, 28, 29)
 LIP_UPPER = (11, 12, 13, 14, 15, 16, 17, 18, 19, 31, 32, 33, 34, 35, 36, 37, 38, 39)
@@ -65,7 +66,11 @@ def sign_features(seq: LandmarkSeq, length: int = LENGTH) -> np.ndarray:
     t = seq.t[first:last + 1]
     hands = seq.hands[first:last + 1].astype(np.float64)
     mask = seq.hand_mask[first:last + 1]
-    if dominant_hand(seq) == LEFT:  # mirror: the signer's left hand becomes a right hand doing the same thing
+    hands, mask = _one_hand(hands, mask)
+    if dominant_hand(LandmarkSeq(t, hands.astype(np.float32), mask, seq.pose[first:last + 1],
+                                 seq.pose_mask[first:last + 1], seq.lips[first:last + 1],
+                                 seq.lips_mask[first:last + 1])) == LEFT:
+        # mirror: the signer's left hand becomes a right hand doing the same thing
         hands = hands[:, ::-1].copy()
         hands[..., 0] *= -1.0
         mask = mask[:, ::-1]
@@ -84,6 +89,33 @@ def sign_features(seq: LandmarkSeq, length: int = LENGTH) -> np.ndarray:
         block[~m, :-1] = 0.0
         per_hand.append(block)
     return resample(t, np.concatenate(per_hand, axis=1), length)
+
+
+def _one_hand(hands: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A one-handed sign as mediapipe reports it: the hand labelled left in some frames and right in others (its
+    handedness flips on a hand seen edge-on or blurred), sometimes found twice in one frame, sometimes beside a
+    spurious second "hand". When the two labels are seen together in fewer than half the frames with a hand, it is
+    one hand: each frame's (the one nearest the previous frame's wrist when there are two) goes into the slot of
+    the majority label. A two-handed sign (both hands in most frames) is left as it is."""
+    any_hand = mask.any(axis=1)
+    both = mask[:, LEFT] & mask[:, RIGHT]
+    if both.sum() >= ONE_HAND_TOGETHER * any_hand.sum() or not both.any() and mask.all(axis=0).any():
+        return hands, mask
+    counts = mask.sum(axis=0)
+    slot = LEFT if counts[LEFT] > counts[RIGHT] else RIGHT
+    merged = np.zeros_like(hands)
+    prev: np.ndarray | None = None
+    for i in np.flatnonzero(any_hand):
+        if both[i]:
+            pick = slot if prev is None else min((LEFT, RIGHT), key=lambda h: float(
+                np.linalg.norm(hands[i, h, 0] - prev)))
+        else:
+            pick = LEFT if mask[i, LEFT] else RIGHT
+        merged[i, slot] = hands[i, pick]
+        prev = hands[i, pick, 0]
+    new_mask = np.zeros_like(mask)
+    new_mask[:, slot] = any_hand
+    return merged, new_mask
 
 
 def _hand_shape(hand: np.ndarray, palm: np.ndarray) -> np.ndarray:
