@@ -118,8 +118,14 @@ class AsyncVocabularyMethods:
     async def vocabularies(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/v1/vocabularies"))["vocabularies"])
 
+    async def vocabulary(self, vocab_id: str) -> dict[str, Any]:
+        return dict(await self._call("GET", f"/v1/vocabularies/{vocab_id}"))
+
     async def delete_vocabulary(self, vocab_id: str) -> None:
         await self._call("DELETE", f"/v1/vocabularies/{vocab_id}")
+
+    async def delete_example(self, vocab_id: str, example_id: str) -> None:
+        await self._call("DELETE", f"/v1/vocabularies/{vocab_id}/examples/{example_id}")
 
     async def add_example(self, vocab_id: str, gloss: str, *, frames: Frames | None = None,
                           video: Video | None = None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,9 @@ class VisionService:
         self._make = extractor or self._mediapipe
         self._extractor: LandmarkExtractor | None = None
         self._lock = threading.Lock()
+        # live streams' extraction calls run here, one at a time (the worker takes one request at a time anyway):
+        # streams waiting for the extractor hold this pool's queue, not the event loop's default threads
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vision")
 
     def _mediapipe(self) -> LandmarkExtractor:
         v = self.settings.vision
@@ -115,6 +119,7 @@ class VisionService:
         return out
 
     def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             if self._extractor is not None:
                 self._extractor.close()

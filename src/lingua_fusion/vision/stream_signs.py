@@ -16,6 +16,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -38,9 +39,11 @@ MAX_SIGN_FRAMES = 600  # one sign's frames at most (a hand never leaving the pic
 class StreamSigns:
     def __init__(self, recogniser: Recogniser, extract: Callable[[float, np.ndarray], LandmarkFrame], jobs: Any,
                  emit: Callable[[Event], None], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
-                 loop: asyncio.AbstractEventLoop, policy: SamplingPolicy | None = None, gap_s: float = 0.6) -> None:
+                 loop: asyncio.AbstractEventLoop, policy: SamplingPolicy | None = None, gap_s: float = 0.6,
+                 pool: Executor | None = None) -> None:
         self.recogniser = recogniser
         self._extract = extract
+        self._pool = pool  # where extraction runs (VisionService.pool); None: the loop's default threads
         self.jobs = jobs
         self._emit = emit
         self._spawn = spawn
@@ -78,7 +81,7 @@ class StreamSigns:
         while self._queue:
             t, rgb = self._queue.popleft()
             try:
-                lm = await asyncio.to_thread(self._extract, t, rgb)
+                lm = await self._loop.run_in_executor(self._pool, self._extract, t, rgb)
             except (BackendError, LinguaFusionError) as exc:
                 self._emit(Error(exc.code, f"sign landmarks not read: {exc.public_message}"))
                 continue
@@ -159,7 +162,7 @@ def attach(video: Any, vision: Any, spec: Any, jobs: Any, emit: Callable[[Event]
     def extract(t: float, rgb: np.ndarray) -> LandmarkFrame:
         return extractor.extract([(t, rgb)], parts=frozenset({"hands"}), session=session)[0]
 
-    signs = StreamSigns(recogniser, extract, jobs, emit, spawn, asyncio.get_running_loop())
+    signs = StreamSigns(recogniser, extract, jobs, emit, spawn, asyncio.get_running_loop(), pool=vision.pool)
     video.fanout.attach(Tap("signs", signs, fps=30.0))
     return signs
 
