@@ -245,7 +245,8 @@ async def test_a_stream_with_a_vocabulary_sends_sign_captions_on_its_timeline(li
     frames = [(0.5 + i / 15, png(render_hand(p))) for i, p in enumerate(_line(20, y=0.8))]
     translator = MultimodalTranslator(api_key=live.a.headers["Authorization"][7:], base_url=live.url)
     events = []
-    async with translator.stream(["es"], inputs=["video"], vocabulary_id=vid, partials=False) as s:
+    async with translator.stream(["es"], inputs=["video", "text"], vocabulary_id=vid, partials=False) as s:
+        await s.send_text("Good morning.", ts=0.1)  # a typed caption beside the signs
         # a camera: an empty picture, the sign (at 15 frames a second), the empty picture again; in real time
         for k in range(5):
             await s.send_frame(empty, ts=k / 10)
@@ -265,6 +266,8 @@ async def test_a_stream_with_a_vocabulary_sends_sign_captions_on_its_timeline(li
     assert sign.modalities == ["sign"] and sign.translations["es"] and sign.text == sign.translations["es"]
     assert 0.4 <= sign.t <= 0.8 and 1.5 <= sign.end <= 1.9  # where the hand was, on the stream's clock
     assert 0 < sign.frames["analysed"] < sign.frames["decoded"]
+    finals = [e for e in events if e.type == "final"]
+    assert [f.modalities for f in finals] == [["text"]]  # each caption says what it was made from
 
 
 async def test_a_stream_cannot_use_another_keys_vocabulary(live: Live) -> None:

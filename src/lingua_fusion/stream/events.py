@@ -100,6 +100,11 @@ class Final(Event):
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text: which cursor it moves in the log
 
+    def to_wire(self) -> dict[str, Any]:
+        out = super().to_wire()
+        out["modalities"] = [self.modality]  # what the caption was made from (``sign`` events: ["sign"])
+        return out
+
 
 @dataclass
 class Logged(Event):
