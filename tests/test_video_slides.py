@@ -18,7 +18,7 @@ import pytest
 from conftest import BIN, Server, start_server, stop_server
 
 from lingua_fusion.config import LimitSettings, Settings
-from lingua_fusion.errors import TooLarge
+from lingua_fusion.errors import InvalidParameter, TooLarge
 from lingua_fusion.files import FileRequest, FileTranslator
 from lingua_fusion.files.captions import to_srt, to_vtt
 from lingua_fusion.lab.slidevideo import Nuisance, SlideSpec, frames_at, render_slide, slide_video
@@ -322,6 +322,8 @@ def test_an_in_process_stream_reads_frames_too() -> None:
     async def run() -> list[object]:
         translator = MultimodalTranslator.local(settings=Settings())
         async with translator.stream(["es"], inputs=["video"], partials=False) as s:
+            with pytest.raises(InvalidParameter):  # no media time: refused, the stream goes on
+                await s.send_frame(jpeg(frames[0][1]), ts=None)
             for t, rgb in frames:
                 await s.send_frame(jpeg(rgb), ts=t)
             await s.end()

@@ -344,6 +344,8 @@ class StreamSession:
 
         self._live("video")
         ts = check_ts(ts)
+        if ts is None:
+            raise InvalidParameter("a frame message needs its media timestamp ts: change detection runs on time")
         if self.owner.degraded(self.spec.slo, "skip_vision"):
             self.frames_dropped += 1
             return
@@ -353,7 +355,7 @@ class StreamSession:
             return
         if self.video is None:
             self.video = StreamVideo(self.jobs, self._emit, self._spawn, lambda: self.state != State.CLOSED,
-                                     self.settings.limits, self.image_slots)
+                                     self.settings.limits, self.image_slots, owner=self)
             if self.spec.vocabulary_id:  # signs too, against the key's vocabulary (vision/stream_signs.py)
                 from ..vision import stream_signs
 

@@ -100,6 +100,8 @@ def decode_frames(data: bytes, limits: LimitSettings, on_frame: Callable[[VideoF
         period = 1.0 / fps
         next_tick = 0.0
         decoded = 0
+        last_t = 0.0
+        track_s = float(vs.duration * vs.time_base) if vs.duration is not None and vs.time_base is not None else None
         max_frames = int(limits.max_media_seconds * MAX_FPS_DECODED) + 1
         try:
             for frame in container.decode(vs):
@@ -109,6 +111,7 @@ def decode_frames(data: bytes, limits: LimitSettings, on_frame: Callable[[VideoF
                 t = (float(frame.time) - origin) if frame.time is not None else (decoded - 1) * period
                 if not math.isfinite(t):
                     continue
+                last_t = max(last_t, t)
                 if t > limits.max_media_seconds:
                     raise TooLarge(f"video is longer than {limits.max_media_seconds:.0f} s",
                                    details={"limit": "max_media_seconds"})
@@ -123,4 +126,7 @@ def decode_frames(data: bytes, limits: LimitSettings, on_frame: Callable[[VideoF
             if isinstance(exc, ValueError) and not isinstance(exc, av.error.FFmpegError):
                 raise UnsupportedMedia(f"cannot convert the video frames: {exc}") from exc
             raise _av_error(exc, "video") from exc
+    if track_s is not None and track_s > 2.0 and last_t < 0.8 * track_s - 1.0:
+        raise CorruptMedia(f"the video track is truncated: its header says {track_s:.1f} s but frames stop at "
+                           f"{last_t:.1f} s", details={"declared_s": round(track_s, 2), "decoded_s": round(last_t, 2)})
     return info, decoded

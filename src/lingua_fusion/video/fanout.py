@@ -3,7 +3,8 @@
 A file (or a stream) builds one ``FrameFanout`` and attaches its consumers: the slide reader at 2 fps, a landmark
 extractor at whatever rate it asks. The decoder samples at the fastest rate any consumer wants (``fanout.fps``);
 each consumer is offered only the frames that fall on its own ticks. A consumer registered in ``FILE_CONSUMERS``
-is attached to every video file's fanout without touching the file path:
+is attached to every video file's fanout without touching the file path (``STREAM_CONSUMERS``: to every stream
+that sends ``frame`` messages, the factory given the StreamSession):
 
     from lingua_fusion.video.fanout import FILE_CONSUMERS, Tap
     FILE_CONSUMERS["landmarks"] = lambda ctx: Tap("landmarks", MyExtractor(ctx), fps=10)  # or None: not this file
@@ -46,6 +47,8 @@ class FrameContext:
 
 
 FILE_CONSUMERS: dict[str, Callable[[FrameContext], Tap | None]] = {}
+# the same for live streams' ``frame`` messages: factory(session) -> Tap or None (video/stream_slides.py StreamVideo)
+STREAM_CONSUMERS: dict[str, Callable[[Any], Tap | None]] = {}
 
 
 class FrameFanout:

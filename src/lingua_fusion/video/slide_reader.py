@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import BackendError
 from ..models.base import OCRLine
 from .frames import FrameStats, VideoFrame
 from .slides import Change, DetectorConfig, Row, SlideDetector, reading_order, same_text, signature
@@ -110,7 +111,7 @@ class SlideReader:
             self.capped = True
             return
         if not self._room.acquire(timeout=OCR_WAIT_S):
-            raise TimeoutError("slide OCR did not keep up")
+            raise BackendError(f"the OCR backend did not answer in {OCR_WAIT_S:.0f} s")
         self.analysed += 1
         fut = self._pool.submit(self._ocr, rgb)
         fut.add_done_callback(lambda _f: self._room.release())

@@ -151,8 +151,8 @@ class StreamVideo:
 
     def __init__(self, jobs: StreamJobs, emit: Callable[[Event], None],
                  spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], alive: Callable[[], bool],
-                 limits: Any, slots: Any) -> None:
-        from .fanout import FrameFanout, Tap
+                 limits: Any, slots: Any, owner: Any = None) -> None:
+        from .fanout import STREAM_CONSUMERS, FrameFanout, Tap
 
         def spawn_live(coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
             if not alive():  # the stream closed while this change settled: nothing more is read
@@ -164,6 +164,11 @@ class StreamVideo:
 
         self.slides = StreamSlides(jobs, emit, spawn_live, asyncio.get_running_loop())
         self.fanout = FrameFanout([Tap("slides", self.slides, fps=30.0)])  # every frame sent is looked at
+        for name, factory in STREAM_CONSUMERS.items():
+            tap = factory(owner)
+            if tap is not None:
+                tap.name = tap.name or name
+                self.fanout.attach(tap)
         self._limits = limits
         self._slots = slots
 
