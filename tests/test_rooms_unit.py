@@ -149,7 +149,8 @@ def test_what_a_listener_is_sent_is_its_languages_only() -> None:
     p = project(e, ("de",))
     assert p is not None and p["text"] == "hallo" and p["low_confidence"] == ["de"]
     partial = {"type": "partial", "source_text": "hel", "text": "hol", "lang": "es"}
-    assert project(partial, ("es",)) == {"type": "partial", "source_text": "hel", "translations": {"es": "hol"}}
+    assert project(partial, ("es",)) == {"type": "partial", "source_text": "hel", "translations": {"es": "hol"},
+                                        "text": "hol"}
     assert project(partial, ("ca",)) == {"type": "partial", "source_text": "hel"}
     speech = {"type": "speech", "seq": 1, "lang": "es", "audio_base64": "AA=="}
     assert project(speech, ("es",)) is None and project(speech, ("es",), speech=True) == speech

@@ -85,9 +85,13 @@ def project(event: dict[str, Any], langs: tuple[str, ...], speech: bool = False)
             out["low_confidence"] = low
         return out
     if kind in ("partial", "revision"):
-        out = {k: v for k, v in event.items() if k not in ("text", "lang")}
-        if event.get("lang") in langs:  # the partial's tentative translation is into the publisher's first target
-            out["translations"] = {event["lang"]: event.get("text", "")}
+        # tentative translations: the stream's first target, and the room's other languages when they were made
+        have = event.get("translations") or ({event["lang"]: event.get("text", "")} if event.get("lang") else {})
+        out = {k: v for k, v in event.items() if k not in ("text", "lang", "translations")}
+        mine = {lang: have[lang] for lang in langs if lang in have}
+        if mine:
+            out["translations"] = mine
+            out["text"] = mine.get(langs[0], "")
         return out
     if kind == "speech":
         return dict(event) if speech and event.get("lang") in langs else None

@@ -28,6 +28,7 @@ from .model import PUBLISHED, State
 log = logging.getLogger("lingua_fusion.rooms")
 SYNC_S = 0.5
 PUBLISH_QUEUE = 1024
+PARTIAL_MT_S = 2.0  # a partial's translation into the room's other languages is dropped past this
 
 
 class RoomPublisher:
@@ -48,11 +49,31 @@ class RoomPublisher:
         self._tasks: list[asyncio.Task[None]] = []
         self.ended = False
         self._busy = False
+        self.finals_tapped = 0
+        self._partial: tuple[dict[str, Any], int] | None = None
+        self._partial_ready = asyncio.Event()
 
     def start(self) -> None:
         self.session.tap = self.tap
         self._tasks = [asyncio.create_task(self._pump(), name=f"room-pump:{self.room_id}"),
-                       asyncio.create_task(self._sync(), name=f"room-sync:{self.room_id}")]
+                       asyncio.create_task(self._sync(), name=f"room-sync:{self.room_id}"),
+                       asyncio.create_task(self._partials(), name=f"room-partials:{self.room_id}")]
+
+    async def _partials(self) -> None:
+        """A partial's tentative translation into the room's other languages (the stream makes only its first
+        target's): tentative work, shed first under load; one at a time, the newest partial only, dropped when a
+        final came meanwhile (it would arrive after the caption it announced)."""
+        while True:
+            await self._partial_ready.wait()
+            self._partial_ready.clear()
+            if self._partial is None:
+                continue
+            wire, finals_then = self._partial
+            self._partial = None
+            outs = await self._translate_partial(str(wire["source_text"]))
+            wire["translations"].update(outs)
+            if self.finals_tapped == finals_then and not self.ended:
+                self._put(wire)
 
     def tap(self, event: Event) -> None:
         if event.TYPE not in PUBLISHED or self.ended:
@@ -60,13 +81,39 @@ class RoomPublisher:
         wire = event.to_wire()
         wire["published_at"] = round(self.clock(), 6)
         if event.TYPE in ("partial", "revision"):
-            wire["lang"] = self.session.spec.targets[0]
+            targets = self.session.spec.targets
+            wire["translations"] = {targets[0]: wire.get("text", "")}
+            if len(targets) > 1 and wire.get("source_text"):
+                self._partial = (wire, self.finals_tapped)  # the newest waits; older ones are superseded
+                self._partial_ready.set()
+                return
+        if event.TYPE == "final":
+            self.finals_tapped += 1
+        self._put(wire)
+
+    def _put(self, wire: dict[str, Any]) -> None:
         try:
             self._queue.put_nowait(wire)
         except asyncio.QueueFull:
             self.dropped += 1  # the bus is far behind: this room's listeners reconnect from the history
             if self.metrics is not None:
                 self.metrics.room_events_dropped.inc()
+
+    async def _translate_partial(self, text: str) -> dict[str, str]:
+        from ..serving.keys import ModelKey
+        from ..serving.ports import CallContext, MtInput
+
+        spec = self.session.spec
+        ctx = CallContext(spec.stream_id, spec.slo, spec.importance, True, key_id=spec.key_id)
+        langs = [t for t in spec.targets[1:] if t != spec.source_lang]
+        port, glossary = self.session.jobs.port, self.session.jobs.glossary
+        try:
+            outs = await asyncio.wait_for(asyncio.gather(*(
+                port.run(ModelKey.mt(spec.source_lang, lang), MtInput(text, glossary), ctx) for lang in langs)),
+                PARTIAL_MT_S)
+        except (LinguaFusionError, TimeoutError):
+            return {}
+        return {lang: str(o) for lang, o in zip(langs, outs, strict=True) if o is not None}
 
     async def _pump(self) -> None:
         while True:
@@ -90,6 +137,7 @@ class RoomPublisher:
 
     async def _finish(self) -> None:
         self.ended = True
+        self._tasks[2].cancel()  # no partial after `closed`
         with contextlib.suppress(LinguaFusionError):
             room = await self.directory.get(self.room_id)
             if room is not None:
@@ -114,6 +162,7 @@ class RoomPublisher:
                 # attach again): stop publishing, the room stays live
                 self.ended = True
                 self._tasks[0].cancel()
+                self._tasks[2].cancel()
                 return
             await asyncio.sleep(SYNC_S)
 
