@@ -242,6 +242,7 @@ class CaptionsRun:
     session_key: str
     played: int  # speech events the page decoded and scheduled for playback
     notices: str
+    copied: str  # the clipboard after Copy (export language: Spanish)
 
 
 @pytest.fixture(scope="module")
@@ -263,10 +264,17 @@ def captions_run(site: Site, speech_wav: Path, downloads: Path,
         driver.find_element(By.ID, "download-srt").click()
         srt_path = downloads / "captions-es.srt"
         wait(driver, lambda d: srt_path.exists() and srt_path.stat().st_size > 0, 20, "the SRT download")
+        driver.execute_cdp_cmd("Browser.grantPermissions", {"origin": site.url, "permissions": [
+            "clipboardReadWrite", "clipboardSanitizedWrite"]})
+        driver.find_element(By.ID, "copy").click()
+        wait(driver, lambda d: "copied" in d.find_element(By.ID, "notices").text, 10, "the copy")
+        copied = driver.execute_async_script("navigator.clipboard.readText().then(arguments[0], "
+                                             "e => arguments[0]('error: ' + e))")
         session_key = driver.execute_script("return sessionStorage.getItem('linguafusion.key')")
         spoken = int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-played") or 0)
         notices = driver.find_element(By.ID, "notices").text
-        yield CaptionsRun(events, captions, srt_path.read_text(encoding="utf-8"), session_key, spoken, notices)
+        yield CaptionsRun(events, captions, srt_path.read_text(encoding="utf-8"), session_key, spoken, notices,
+                          copied)
     finally:
         driver.quit()
 
@@ -288,6 +296,11 @@ def test_a_file_played_as_a_live_stream_gives_partials_then_finals(captions_run:
     heard = " ".join(c["source"] for c in captions_run.captions)
     wer = jiwer.wer(_words(" ".join(SENTENCES)), _words(heard))
     assert wer <= 0.2, (wer, heard)
+
+
+def test_copy_puts_the_spanish_captions_on_the_clipboard(captions_run: CaptionsRun) -> None:
+    finals = [e for e in received(captions_run.events) if e["type"] == "final"]
+    assert captions_run.copied == "\n".join(f["translations"]["es"].strip() for f in finals if f["translations"]["es"])
 
 
 def test_translations_are_spoken_when_asked(captions_run: CaptionsRun) -> None:
