@@ -13,6 +13,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from .recogniser import Example, Recogniser, RecogniserPolicy
 EXPORT_FORMAT = "linguafusion-vocabulary/1"
 MAX_GLOSS = 64
 MAX_NAME = 100
+MAX_CACHED = 64  # recognisers kept built (a large vocabulary's is a few MB)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class VocabularyStore:
         self.policy = policy or RecogniserPolicy()
         self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[int, Recogniser]] = {}
+        self._cache: OrderedDict[str, tuple[int, Recogniser]] = OrderedDict()  # at most MAX_CACHED, LRU
         self._version: dict[str, int] = {}
         with self._lock, self._db:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -209,12 +211,17 @@ class VocabularyStore:
             version = self._version.get(vocab_id, 0)
             cached = self._cache.get(vocab_id)
         if cached is not None and cached[0] == version:
+            with self._lock:
+                if vocab_id in self._cache:
+                    self._cache.move_to_end(vocab_id)
             return cached[1]
         rec = Recogniser(vocab.kind, [Example(g, features(s, vocab.kind)) for g, s in self._sequences(vocab_id)],
                          self.policy)
         with self._lock:
             if self._version.get(vocab_id, 0) == version:  # not changed while it was built
                 self._cache[vocab_id] = (version, rec)
+                while len(self._cache) > MAX_CACHED:
+                    self._cache.popitem(last=False)
         return rec
 
     def _changed(self, vocab_id: str) -> None:
