@@ -1,0 +1,101 @@
+"""The wire between stream workers and the model process: length-prefixed msgpack frames over a Unix socket.
+
+A frame is a 4-byte big-endian length and a msgpack map. Only a closed set of types crosses it (no pickle: the
+model process never runs code it was sent): msgpack's own types, ``np.ndarray`` as dtype, shape and its raw bytes
+(audio travels as float32 bytes, images as uint8), the ports' payloads and results (``AsrInput``, ``AsrOutput``,
+``MtInput``, ``Term``, ``OCRLine``), ``Demand``, and ``LinguaFusionError`` by class name, message, details and
+retry_after (``error_of``). Anything else is a ``TypeError`` at the sender.
+
+Messages (``op``): worker -> model ``run`` {id, key, mode, payload, ctx}, ``admit`` {id, demand, key_id, mode,
+force}, ``release`` {stream_id, mode}, ``depth``-less (every reply carries its key's depth), ``ping`` {id};
+model -> worker ``ok`` {id, value, depth}, ``err`` {id, error}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ... import errors
+from ...glossary import Term
+from ...models.base import OCRLine
+from ..ports import AsrInput, AsrOutput, MtInput
+from ..scheduler import Demand
+
+MAX_FRAME = 64 * 1024 * 1024  # a 4 MiB PCM16 message is 131 s: 8 MiB as float32; an image frame is less
+_HEAD = struct.Struct(">I")
+_TYPES: dict[str, type] = {t.__name__: t for t in (AsrInput, AsrOutput, MtInput, Term, OCRLine, Demand)}
+_TUPLES = {"glossary", "names", "box"}  # fields rebuilt as tuples (hashable: MT compiles a glossary once per tuple)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        return {"__nd": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if dataclasses.is_dataclass(obj) and type(obj).__name__ in _TYPES:
+        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return {"__t": type(obj).__name__, **fields}
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} cannot cross to the model process")
+
+
+def _hook(m: dict[Any, Any]) -> Any:
+    if "__nd" in m:
+        # a copy: backends may write into their input (the wire buffer is read-only)
+        return np.frombuffer(m["data"], dtype=np.dtype(m["__nd"])).reshape(m["shape"]).copy()
+    name = m.pop("__t", None)
+    if name is None:
+        return m
+    cls = _TYPES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown type {name!r} on the model wire")
+    return cls(**{k: tuple(v) if k in _TUPLES and isinstance(v, list) else v for k, v in m.items()})
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    body = msgpack.packb(msg, default=_default, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise ValueError(f"a model message of {len(body)} bytes is over {MAX_FRAME}")
+    return _HEAD.pack(len(body)) + body
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    msg = msgpack.unpackb(body, object_hook=_hook, raw=False, strict_map_key=False)
+    if not isinstance(msg, dict):
+        raise ValueError("a model message must be a map")
+    return msg
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+    """The next message. Raises ``asyncio.IncompleteReadError`` at the end of the stream, ``ValueError`` on a frame
+    that is too large or not ours."""
+    (n,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    if n > MAX_FRAME:
+        raise ValueError(f"a model frame of {n} bytes is over {MAX_FRAME}")
+    return decode(await reader.readexactly(n))
+
+
+def error_to_wire(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, errors.LinguaFusionError):
+        return {"cls": type(exc).__name__, "message": exc.message, "details": exc.details,
+                "retry_after": getattr(exc, "retry_after", None)}
+    return {"cls": "BackendError", "message": f"{type(exc).__name__}: {exc}", "details": {}, "retry_after": None}
+
+
+def error_of(wire: dict[str, Any]) -> errors.LinguaFusionError:
+    """The typed error a reply carries (an unknown class name becomes a BackendError)."""
+    cls = getattr(errors, str(wire.get("cls")), None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.LinguaFusionError)):
+        cls = errors.BackendError
+    message, details = str(wire.get("message", "")), wire.get("details") or {}
+    if issubclass(cls, errors.Overloaded):
+        return cls(message, retry_after=float(wire.get("retry_after") or 1.0), details=details)
+    return cls(message, details=details)

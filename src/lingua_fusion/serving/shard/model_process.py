@@ -1,0 +1,204 @@
+"""The model process: ONE executor (scheduler, per-key workers, VAD lane, retries, admission) for the streams of
+every worker process, served over a Unix socket (codec.py).
+
+Each worker connects once; its requests run concurrently here, so work from every worker's streams meets in the
+same scheduler queues and batches (cross-worker batching, the SLO scheduler's fairness between API keys). What
+lives here and nowhere else:
+- the models (and on a GPU machine the GPU engine: the executor's ``backends``, serving/gpu),
+- admission: the admitted streams of all workers and their estimated load (``Executor.admit``), ``max_streams``,
+  and the per-key stream count (``server.max_streams_per_key`` across all workers),
+- which worker owns which admitted stream: when a worker's connection ends, its streams are released.
+A worker re-registers its live streams after this process restarts (``admit`` with ``force``), so admission
+stays right across a model-process restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...config import Settings
+from ...errors import LinguaFusionError, Overloaded
+from ...models.registry import Registry
+from ..executor import Executor
+from ..keys import ModelKey
+from ..ports import CallContext
+from ..scheduler import Demand
+from . import codec
+
+log = logging.getLogger("lingua_fusion.serving.shard")
+MAX_IN_FLIGHT = 4096  # requests one worker connection may have running here (its own bound is lower)
+MODES = ("batched", "per-stream")
+
+
+@dataclass
+class KeyCounts:
+    """Admitted streams per API key, over all workers."""
+
+    limit: int
+    open: dict[str, int] = field(default_factory=dict)
+
+    def take(self, key_id: str, force: bool = False) -> None:
+        if not force and self.open.get(key_id, 0) >= self.limit:
+            raise Overloaded("this key has too many open streams", retry_after=5.0)
+        self.open[key_id] = self.open.get(key_id, 0) + 1
+
+    def give(self, key_id: str) -> None:
+        self.open[key_id] = max(0, self.open.get(key_id, 1) - 1)
+
+
+class ModelServer:
+    """The executors ("batched", and "per-stream" for admin benchmark streams) behind one socket."""
+
+    def __init__(self, settings: Settings, registry: Registry, metrics: Any = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.metrics = metrics
+        self.keys = KeyCounts(settings.server.max_streams_per_key)
+        self.engines: dict[str, Executor] = {}
+        self.owners: dict[tuple[str, str], tuple[int, str]] = {}  # (mode, stream) -> (connection, key id)
+        self._conns = 0
+
+    def engine(self, mode: str) -> Executor:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if mode not in self.engines:
+            self.engines[mode] = Executor(self.registry, self.settings,
+                                          self.metrics if mode == "batched" else None, mode=mode)
+        return self.engines[mode]
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One worker's connection: requests in, replies out, until it ends; then its streams are released."""
+        self._conns += 1
+        conn = self._conns
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    msg = await codec.read_frame(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                if msg.get("op") == "release":
+                    self._release(str(msg["mode"]), str(msg["stream_id"]))
+                    continue
+                if len(tasks) >= MAX_IN_FLIGHT:
+                    self._reply(writer, msg, error=Overloaded("the model process is full", retry_after=1.0))
+                    continue
+                task = asyncio.create_task(self._serve(conn, writer, msg))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        except ValueError as exc:  # a frame that is not ours: drop the connection, not the process
+            log.error("bad frame from a worker: %s", exc)
+        finally:
+            for t in list(tasks):
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for (mode, sid), (c, _key) in list(self.owners.items()):
+                if c == conn:
+                    self._release(mode, sid)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(self, conn: int, writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        try:
+            if op == "run":
+                key = ModelKey.parse(str(msg["key"]))
+                ctx = CallContext(**msg["ctx"])
+                engine = self.engine(str(msg["mode"]))
+                value = await engine.run(key, msg["payload"], ctx)
+                self._reply(writer, msg, value=value, depth=engine.depth(key))
+            elif op == "admit":
+                self._admit(conn, str(msg["mode"]), msg["demand"], str(msg["key_id"]), bool(msg.get("force")))
+                self._reply(writer, msg)
+            elif op == "ping":
+                self._reply(writer, msg, value=os.getpid())
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except LinguaFusionError as exc:
+            self._reply(writer, msg, error=exc)
+        except (ValueError, TypeError, KeyError) as exc:
+            self._reply(writer, msg, error=LinguaFusionError(f"bad model request: {exc}"))
+
+    def _admit(self, conn: int, mode: str, demand: Demand, key_id: str, force: bool) -> None:
+        engine = self.engine(mode)
+        ident = (mode, demand.stream_id)
+        if ident in self.owners:  # admitted twice (a resume racing its old session): one reservation
+            self._release(mode, demand.stream_id)
+        engine.prepare(demand)
+        self.keys.take(key_id, force)
+        try:
+            if force:  # re-registered after this process restarted: it was admitted before
+                engine.scheduler.admitted[demand.stream_id] = demand
+            else:
+                engine.admit(demand)
+        except BaseException:
+            self.keys.give(key_id)
+            raise
+        self.owners[ident] = (conn, key_id)
+
+    def _release(self, mode: str, stream_id: str) -> None:
+        owner = self.owners.pop((mode, stream_id), None)
+        if owner is None:
+            return
+        self.keys.give(owner[1])
+        self.engine(mode).release(stream_id)
+
+    @staticmethod
+    def _reply(writer: asyncio.StreamWriter, msg: dict[str, Any], *, value: Any = None, depth: int = 0,
+               error: LinguaFusionError | None = None) -> None:
+        if writer.is_closing():
+            return
+        if error is not None:
+            out = {"op": "err", "id": msg.get("id"), "error": codec.error_to_wire(error)}
+        else:
+            out = {"op": "ok", "id": msg.get("id"), "value": value, "depth": depth}
+        try:
+            frame = codec.encode(out)
+        except (TypeError, ValueError) as exc:
+            frame = codec.encode({"op": "err", "id": msg.get("id"), "error": codec.error_to_wire(exc)})
+        writer.write(frame)
+
+    async def close(self) -> None:
+        for engine in self.engines.values():
+            await engine.close()
+
+
+async def serve(path: str, settings: Settings, metrics: Any = None, *, ready: Any = None) -> None:
+    """Serve on the Unix socket ``path`` until SIGTERM / SIGINT. ``ready`` (an Event) is set once it listens."""
+    server = ModelServer(settings, Registry(settings), metrics)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = await asyncio.start_unix_server(server.handle, path=path, limit=codec.MAX_FRAME)
+    os.chmod(path, 0o600)  # only this user's processes (the workers) may connect
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)  # from the supervisor, once the workers have drained
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the workers drain first
+    log.info("model process %d serving on %s", os.getpid(), path)
+    warming = asyncio.create_task(asyncio.to_thread(_warm, server.registry), name="warm")
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        listener.close()
+        await server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(warming, timeout=60)
+
+
+def _warm(registry: Registry) -> None:
+    """The default stream models loaded before the first stream asks (what the server's own warm-up loads)."""
+    try:
+        registry.asr("en")
+        registry.vad()
+        registry.mt("apertium").warm("en", "es")
+    except LinguaFusionError as exc:
+        log.error("model warm-up failed: %s", exc.message)

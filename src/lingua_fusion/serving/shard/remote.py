@@ -1,0 +1,256 @@
+"""The ModelPort of a stream worker process: model work and admission sent to the model process (model_process.py).
+
+``ModelLink`` is the worker's one connection: it (re)connects with backoff, numbers requests, resolves each
+request's future from its reply, and when the connection ends fails every request in flight at once with
+``ModelProcessLost`` (a ``BackendError``, ``backend_unavailable``), then connects again and re-registers the
+worker's admitted streams. ``RemotePort`` is one engine's view of it ("batched", or the admin-only "per-stream"
+baseline), with the face the StreamService uses (``run``, ``depth``, ``demand``, ``reserve``, ``release``,
+``close``):
+- ``run``: tentative work fails at once when the model process is lost (the contract: never retried); committed
+  work is retried (``retries`` times) once the link is back, so a caption in flight when the model process dies is
+  transcribed by its successor, or its final says ``failed``. Every call ends within ``server.request_timeout_s``
+  (``ModelTimeout``), like the in-process executor's.
+- retries of backend failures inside the model process happen there (Executor.run), not twice.
+- the stage latency of committed work (send -> reply, IPC included) goes to this worker's StageObserver, so each
+  worker's SLO breaker hears its own streams.
+- at most ``max_in_flight`` requests wait on the link; beyond that, and while the model process is down for
+  longer than ``connect_wait_s``, a new stream is refused with ``Overloaded`` (429 / 4429); committed work waits
+  up to ``RESTART_WAIT_S`` for the successor (each retry), tentative work fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...config import Settings
+from ...errors import BackendError, ModelTimeout, Overloaded
+from ...models.registry import Registry
+from ..executor import stream_demand
+from ..faults import Fault
+from ..keys import ModelKey
+from ..ports import CallContext, StageObserver
+from ..scheduler import Demand
+from . import codec
+
+log = logging.getLogger("lingua_fusion.serving.shard")
+BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+RESTART_WAIT_S = 30.0  # committed work waits this long for a model process's successor (a start takes seconds)
+
+
+class ModelProcessLost(BackendError):
+    """The model process ended (or its socket broke) while this request was in flight."""
+
+
+class ModelLink:
+    def __init__(self, path: str, *, max_in_flight: int = 1024, connect_wait_s: float = 5.0) -> None:
+        self.path = path
+        self.connect_wait_s = connect_wait_s
+        self.max_in_flight = max_in_flight
+        self.admitted: dict[tuple[str, str], tuple[Demand, str]] = {}  # (mode, stream) -> (demand, key id)
+        self.losses = 0  # connections lost (a test and the logs read it)
+        self.model_pid = 0  # the model process's, from the handshake
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._up = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ---- requests ----------------------------------------------------------------------------------------------
+    async def call(self, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send ``msg`` and wait for its reply (a dict with ``value`` and ``depth``); raises the typed error the
+        model process answered, ``ModelProcessLost``, ``ModelTimeout`` or ``Overloaded``."""
+        await self.wait_up(min(timeout_s, self.connect_wait_s))
+        if len(self._pending) >= self.max_in_flight:
+            raise Overloaded("too many model requests in flight from this worker", retry_after=1.0)
+        ident = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[ident] = fut
+        try:
+            self._send({**msg, "id": ident})
+            reply = await asyncio.wait_for(fut, timeout=timeout_s)
+        except TimeoutError:
+            raise ModelTimeout(f"the model process gave no answer in {timeout_s:.0f} s") from None
+        finally:
+            self._pending.pop(ident, None)
+        if reply["op"] == "err":
+            raise codec.error_of(reply["error"])
+        return reply
+
+    def tell(self, msg: dict[str, Any]) -> None:
+        """A message with no reply (``release``); dropped while the link is down (the successor does not know the
+        stream either: it is re-registered from ``admitted`` only if still there)."""
+        if self._up.is_set():
+            self._send(msg)
+
+    async def wait_up(self, timeout_s: float) -> None:
+        self.start()
+        try:
+            await asyncio.wait_for(self._up.wait(), timeout=max(0.01, timeout_s))
+        except TimeoutError:
+            raise ModelProcessLost("the model process is not reachable (restarting?)") from None
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        frame = codec.encode(msg)  # TypeError / ValueError at the caller: a payload that cannot cross
+        if self._writer is None or self._writer.is_closing():
+            raise ModelProcessLost("the model process connection is down")
+        self._writer.write(frame)
+
+    # ---- the connection ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._closed:
+            raise ModelProcessLost("the model link is closed")
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._connect_loop(), name="model-link")
+
+    async def _connect_loop(self) -> None:
+        tries = 0
+        while not self._closed:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.path, limit=codec.MAX_FRAME)
+            except OSError:
+                await asyncio.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
+                tries += 1
+                continue
+            self._writer = writer
+            served = False
+            try:
+                # a handshake first: a socket that accepts but does not answer (a wedged or dying process, a
+                # connection left in a closed listener's backlog) is not a model process
+                self._send({"op": "ping", "id": 0})
+                hello = await asyncio.wait_for(codec.read_frame(reader), timeout=self.connect_wait_s)
+                if hello.get("op") != "ok":
+                    raise ModelProcessLost("the model process did not answer its handshake")
+                self.model_pid, served, tries = int(hello.get("value") or 0), True, 0
+                for (mode, _sid), (demand, key_id) in list(self.admitted.items()):  # a successor: tell it ours
+                    self._send({"op": "admit", "id": 0, "mode": mode, "demand": demand, "key_id": key_id,
+                                "force": True})
+                self._up.set()
+                await self._read(reader)
+            except (ModelProcessLost, TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError):
+                pass
+            finally:
+                self._up.clear()
+                self._writer = None
+                writer.close()
+                failed = self._fail_pending()
+            if served:
+                self.losses += 1
+                if not self._closed:
+                    log.warning("the model process connection ended; %d requests failed, connecting again", failed)
+            else:
+                await asyncio.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
+                tries += 1
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                msg = await codec.read_frame(reader)
+            except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+                return
+            fut = self._pending.get(int(msg.get("id") or 0))
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    def _fail_pending(self) -> int:
+        failed = 0
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ModelProcessLost("the model process ended while this work was in flight"))
+                failed += 1
+        return failed
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._fail_pending()
+
+
+class NoThreads:
+    """The model threads are in the model process: /v1/admin/faults shows none stuck here."""
+
+    def stuck(self) -> dict[str, int]:
+        return {}
+
+
+class RemotePort:
+    """One engine of the model process ("batched" or "per-stream") as this worker's ModelPort and admission."""
+
+    def __init__(self, link: ModelLink, registry: Registry, settings: Settings, *, mode: str = "batched",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.link = link
+        self.registry = registry  # routes only (StreamService.open parses a start message): no model loads here
+        self.settings = settings
+        self.mode = mode
+        self.clock = clock
+        self.observer: StageObserver | None = None
+        self.retries = 2
+        self.faults: dict[str, Fault] = {}  # chaos runs on a single-process server (serve refuses --chaos here)
+        self.threads = NoThreads()
+        self._depth: dict[ModelKey, int] = {}
+
+    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+        msg = {"op": "run", "key": str(key), "mode": self.mode, "payload": payload, "ctx": _ctx_wire(ctx)}
+        wait_s = self.settings.server.request_timeout_s
+        end = self.clock() + wait_s
+        attempt = 0
+        while True:
+            t0 = self.clock()
+            try:
+                reply = await self.link.call(msg, timeout_s=max(0.01, end - t0))
+            except ModelProcessLost:
+                if ctx.tentative or attempt >= self.retries or self.clock() >= end:
+                    raise
+                attempt += 1  # committed: wait for the successor, then send it again
+                with contextlib.suppress(ModelProcessLost):
+                    await self.link.wait_up(min(RESTART_WAIT_S, end - self.clock()))
+                continue
+            self._depth[key] = int(reply.get("depth") or 0)
+            if self.observer is not None and not ctx.tentative and self.mode == "batched" \
+                    and reply.get("value") is not None:
+                self.observer.stage_done(ctx.slo, key.stage, self.clock() - t0)
+            return reply.get("value")
+
+    def depth(self, key: ModelKey) -> int:
+        return self._depth.get(key, 0)
+
+    # ---- admission (decided in the model process, across every worker) -------------------------------------
+    def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
+               inputs: list[str]) -> Demand:
+        return stream_demand(stream_id, slo, source, targets, partials, step_s, inputs)
+
+    async def reserve(self, demand: Demand, key_id: str = "") -> None:
+        ident = (self.mode, demand.stream_id)
+        msg = {"op": "admit", "mode": self.mode, "demand": demand, "key_id": key_id}
+        try:
+            await self.link.call(msg, timeout_s=self.link.connect_wait_s * 2)
+        except ModelProcessLost:
+            raise Overloaded("the model process is restarting; retry shortly", retry_after=2.0) from None
+        except BaseException:  # refused, or cancelled while asking: no reservation may stay behind
+            self.link.tell({"op": "release", "mode": self.mode, "stream_id": demand.stream_id})
+            raise
+        self.link.admitted[ident] = (demand, key_id)
+
+    def release(self, stream_id: str) -> None:
+        """A stream ended: its queued work resolves to None there and its reservation is freed."""
+        self.link.admitted.pop((self.mode, stream_id), None)
+        with contextlib.suppress(ModelProcessLost):
+            self.link.tell({"op": "release", "mode": self.mode, "stream_id": stream_id})
+
+    async def close(self) -> None:
+        await self.link.close()
+
+
+def _ctx_wire(ctx: CallContext) -> dict[str, Any]:
+    """The call context's plain fields (a tracing span stays in this process)."""
+    return {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name != "trace"}

@@ -1,0 +1,210 @@
+"""Streams sharded over worker processes (``serve --workers 2``) feeding one model process: the same finals as one
+process, admission across workers, and a model process killed mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import pytest
+from conftest import start_server, stop_server, talk_wav
+from test_streaming import SENTENCES, _norm, pcm16
+
+from lingua_fusion import MultimodalTranslator
+from lingua_fusion.config import Settings
+from lingua_fusion.errors import BackendError, ModelTimeout, Overloaded
+from lingua_fusion.glossary import Term
+from lingua_fusion.models.registry import Registry
+from lingua_fusion.serving.keys import ModelKey
+from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext, MtInput
+from lingua_fusion.serving.scheduler import Demand
+from lingua_fusion.serving.shard import codec
+from lingua_fusion.serving.shard.model_process import ModelServer
+from lingua_fusion.serving.shard.remote import ModelLink, ModelProcessLost, RemotePort
+
+OTHER = ["The train to the airport leaves every hour.", "Our team will present the results on Monday.",
+         "Thank you all for coming today."]
+Final = tuple[float, float, str, str]
+
+
+@pytest.fixture(scope="module")
+def talks(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    return [pcm16(talk_wav(SENTENCES)), pcm16(talk_wav(OTHER))]
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    state = tmp_path_factory.mktemp("sharded")
+    url, proc = start_server(state, "--no-auth", "--workers", "2", port=18810)
+    yield url, state
+    stop_server(proc)
+    assert proc.returncode == 0  # the supervisor drained its workers and ended the model process
+
+
+async def _finals(url: str, audio: bytes) -> list[Final]:
+    async with MultimodalTranslator(base_url=url).stream(["es"], partials=False, slo="batch") as s:
+        await s.send_audio(audio, ts=0.0)
+        await s.end()
+        return [(e.start, e.end, e.source_text or "", e.text or "") async for e in s if e.type == "final"]
+
+
+async def test_sharded_and_single_process_give_the_same_finals(sharded: tuple[str, Path], talks: list[bytes],
+                                                               tmp_path: Path) -> None:
+    single_url, proc = start_server(tmp_path, "--no-auth", port=18811)
+    try:
+        one = [await _finals(single_url, audio) for audio in talks]
+    finally:
+        stop_server(proc)
+    url, _ = sharded
+    # the same streams, two at a time on the sharded server (one per worker where the kernel spreads them)
+    many = await asyncio.gather(*(_finals(url, audio) for audio in talks))
+    assert list(many) == one
+    assert len(SENTENCES) <= len(one[0]) <= len(SENTENCES) + 2
+    assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(" ".join(f[2] for f in one[0]))) <= 0.15
+
+
+def _pids(state: Path) -> dict[str, object]:
+    return json.loads((state / "serve.json").read_text())
+
+
+async def test_model_process_killed_mid_stream_then_the_server_recovers(sharded: tuple[str, Path],
+                                                                        talks: list[bytes]) -> None:
+    url, state = sharded
+    before = _pids(state)
+    audio = talks[0]
+    chunk = 16000 * 2 // 2  # 0.5 s of PCM16
+    events = []
+    async with MultimodalTranslator(base_url=url).stream(["es"], slo="standard") as s:
+        for i in range(0, len(audio), chunk):
+            await s.send_audio(audio[i:i + chunk], ts=i / 32000)
+            if i == 6 * chunk:  # 3 s in: the first utterance is being committed
+                os.kill(int(before["model"]), signal.SIGKILL)  # type: ignore[call-overload]
+            await asyncio.sleep(0.25)
+        await s.end()
+        events = [e async for e in s]
+    finals = [e for e in events if e.type == "final"]
+    assert events[-1].type == "closed"
+    assert [f.seq for f in finals] == list(range(1, len(finals) + 1))  # gap-free: none lost, none twice
+    # each committed caption is either transcribed by the model process's successor or says it failed
+    assert all(f.source_text or f.failed for f in finals)
+    kept = " ".join(f.source_text or "" for f in finals if not f.failed)
+    assert "project" in kept.lower()  # the words spoken after the restart are transcribed
+    for _ in range(300):  # the supervisor has started a successor (at most 60 s)
+        if _pids(state)["model"] != before["model"]:
+            break
+        await asyncio.sleep(0.2)
+    after = _pids(state)
+    assert after["model"] != before["model"] and after["workers"] == before["workers"]
+    fresh = await _finals(url, talks[1])  # a new stream after the restart: served whole
+    assert jiwer.wer(_norm(" ".join(OTHER)), _norm(" ".join(f[2] for f in fresh))) <= 0.15
+
+
+# ---- one level down: the wire and the model process's admission, over a real Unix socket, no models run ----
+def test_codec_round_trips_the_payloads_and_typed_errors() -> None:
+    audio = np.linspace(-1, 1, 16000, dtype=np.float32)
+    msg = {"op": "run", "payload": [AsrInput(audio, "slide words"), MtInput("bank", (Term("bank", "orilla"),)),
+                                    AsrOutput("hi", 0.9)], "demand": Demand("s1", "standard", {"mt:en-es": 0.3})}
+    frame = codec.encode(msg)
+    back = codec.decode(frame[4:])
+    asr, mt, out = back["payload"]
+    assert np.array_equal(asr.audio, audio) and asr.audio.dtype == np.float32 and asr.prompt == "slide words"
+    assert len(frame) < audio.nbytes + 400  # raw float32 bytes, a small header
+    assert mt == MtInput("bank", (Term("bank", "orilla"),)) and isinstance(mt.glossary, tuple)
+    assert out == AsrOutput("hi", 0.9) and back["demand"] == Demand("s1", "standard", {"mt:en-es": 0.3})
+    err = codec.error_of(codec.error_to_wire(Overloaded("full", retry_after=3.0)))
+    assert isinstance(err, Overloaded) and err.retry_after == 3.0
+    assert isinstance(codec.error_of(codec.error_to_wire(ModelTimeout("slow"))), ModelTimeout)
+    assert type(codec.error_of({"cls": "SystemExit", "message": "x"})) is BackendError  # only our errors
+    with pytest.raises(TypeError):
+        codec.encode({"payload": object()})
+    with pytest.raises(ValueError):
+        codec.decode(codec.encode({"x": {"__t": "Popen", "args": "ls"}})[4:])
+
+
+async def _model_server(path: str, settings: Settings) -> tuple[ModelServer, asyncio.Server]:
+    server = ModelServer(settings, Registry(settings))
+    return server, await asyncio.start_unix_server(server.handle, path=path)
+
+
+def _ctx(stream: str) -> CallContext:
+    return CallContext(stream, "standard", key_id="k1")
+
+
+async def test_admission_and_key_quota_hold_across_workers(tmp_path: Path) -> None:
+    settings = Settings()
+    settings.state_dir = tmp_path
+    settings.server.max_streams_per_key = 2
+    path = str(tmp_path / "m.sock")
+    server, listener = await _model_server(path, settings)
+    links = [ModelLink(path), ModelLink(path)]  # two workers
+    a, b = (RemotePort(link, Registry(settings), settings) for link in links)
+    try:
+        await a.reserve(a.demand("s1", "standard", "en", ["es"], True, 0.5, ["audio"]), "k1")
+        await b.reserve(b.demand("s2", "standard", "en", ["es"], True, 0.5, ["audio"]), "k1")
+        with pytest.raises(Overloaded, match="too many open streams"):  # the key's third stream, on either worker
+            await a.reserve(a.demand("s3", "standard", "en", ["es"], True, 0.5, ["audio"]), "k1")
+        await b.reserve(b.demand("s4", "standard", "en", ["es"], True, 0.5, ["audio"]), "k2")  # another key
+        assert set(server.engine("batched").scheduler.admitted) == {"s1", "s2", "s4"}
+        await links[1].close()  # worker b ends: its streams are released there
+        for _ in range(100):
+            if set(server.engine("batched").scheduler.admitted) == {"s1"}:
+                break
+            await asyncio.sleep(0.02)
+        assert set(server.engine("batched").scheduler.admitted) == {"s1"}
+        assert server.keys.open == {"k1": 1, "k2": 0}
+        a.release("s1")
+        await a.reserve(a.demand("s5", "standard", "en", ["es"], True, 0.5, ["audio"]), "k1")
+
+        # the model process is replaced: worker a re-registers its live stream with the successor
+        listener.close()
+        os.unlink(path)
+        successor, listener = await _model_server(path, settings)
+        links[0]._writer.close()  # type: ignore[union-attr]  # the old process's socket ends
+        for _ in range(250):
+            if "s5" in successor.engine("batched").scheduler.admitted:
+                break
+            await asyncio.sleep(0.02)
+        assert set(successor.engine("batched").scheduler.admitted) == {"s5"}
+        assert successor.keys.open == {"k1": 1}
+    finally:
+        await links[0].close()
+        listener.close()
+        await server.close()
+
+
+async def test_in_flight_work_fails_typed_when_the_model_process_is_gone(tmp_path: Path) -> None:
+    settings = Settings()
+    settings.state_dir = tmp_path
+    path = str(tmp_path / "m.sock")
+    started = asyncio.Event()
+    conns: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(writer)
+        await codec.read_frame(reader)  # takes the request, then dies without answering
+        started.set()
+        writer.close()
+
+    listener = await asyncio.start_unix_server(swallow, path=path)
+    link = ModelLink(path, connect_wait_s=0.5)
+    port = RemotePort(link, Registry(settings), settings)
+    port.retries = 0
+    try:
+        with pytest.raises(ModelProcessLost) as lost:
+            await port.run(ModelKey.mt("en", "es"), MtInput("hello"), _ctx("s1"))
+        assert isinstance(lost.value, BackendError) and lost.value.code == "backend_unavailable"
+        assert started.is_set()
+        listener.close()  # the process is gone for good: its socket file too, and the link's new connection
+        os.unlink(path)
+        for w in conns:
+            w.close()
+        with pytest.raises(ModelProcessLost):  # nobody there: tentative work fails at once, no hang
+            await port.run(ModelKey.mt("en", "es"), MtInput("hello"), CallContext("s1", tentative=True))
+    finally:
+        await link.close()
