@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from hdrh.histogram import HdrHistogram
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
@@ -81,4 +83,10 @@ class Metrics:
         self.stage_latency.labels(stage=name).observe(seconds)
 
     def render(self) -> bytes:
+        """This process's metrics; under ``serve --workers N`` (PROMETHEUS_MULTIPROC_DIR set) those of every process
+        of the server summed (serving/shard/metrics.py)."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from .serving.shard.metrics import render_all
+
+            return render_all()
         return generate_latest(self.registry)

@@ -282,9 +282,13 @@ class Executor:
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
                inputs: list[str]) -> Demand:
         demand = stream_demand(stream_id, slo, source, targets, partials, step_s, inputs)
-        for model in demand.rate:
-            self._runner(ModelKey.parse(model))  # its cost model (the prior) must exist before admission
+        self.prepare(demand)
         return demand
+
+    def prepare(self, demand: Demand) -> None:
+        """The runners of the models ``demand`` names (no model is loaded): admission reads their cost models."""
+        for model in demand.rate:
+            self._runner(ModelKey.parse(model))
 
     async def reserve(self, demand: Demand, key_id: str = "") -> None:
         """``admit`` as the StreamService awaits it: a ModelPort in another process (serving/shard) answers it over
