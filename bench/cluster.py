@@ -16,6 +16,12 @@ loopback (cluster/local.py: one CPU per node, so one model replica per node).
    replica kill -> its replacement's process.
 
     bash scripts/with-redis.sh .venv/bin/python bench/cluster.py --kills 3 --json bench/results/cluster_kills.json
+
+4. Autoscaling (``--autoscale``; writes bench/results/cluster_autoscale.json): the model deployment with
+   ``min 1, max 2`` replicas under ``autoscale.slo_policy``, 400 captions with 40 in flight; the replica states
+   every 3 s (Serve's status) and when the second replica was asked for and running.
+
+    .venv/bin/python bench/cluster.py --autoscale --json bench/results/cluster_autoscale.json
 """
 
 from __future__ import annotations
@@ -255,6 +261,56 @@ def one_kill(target: str, talk: Path, redis_url: str, pause_s: float) -> dict[st
             "replacement_process_s": replaced_s, "exit": cli.returncode}
 
 
+async def autoscale_run(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+    from ray import serve
+
+    from lingua_fusion.cluster.deploy import NAMESPACE, ClusterSpec, model_app
+    from lingua_fusion.cluster.gateway import MODEL_DEPLOYMENT, MODELS_APP
+    from lingua_fusion.cluster.port import ClusterExecutor
+    from lingua_fusion.config import Settings
+    from lingua_fusion.models.registry import Registry
+
+    audio = utterances()
+    ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
+    serve.start(proxy_location="Disabled")
+    settings = Settings()
+    serve.run(model_app(settings, ClusterSpec(model_replicas=1, max_model_replicas=2)), name=MODELS_APP,
+              route_prefix=None)
+    port = ClusterExecutor(Registry(settings), settings,
+                           handle=serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=MODELS_APP))
+    t0 = time.perf_counter()
+    timeline: list[dict[str, Any]] = []
+
+    async def watch() -> None:
+        while True:
+            st = serve.status().applications[MODELS_APP].deployments[MODEL_DEPLOYMENT]
+            timeline.append({"t_s": round(time.perf_counter() - t0, 1), **{str(k): v for k, v in
+                                                                          st.replica_states.items()}})
+            await asyncio.sleep(3)
+
+    watcher = asyncio.create_task(watch())
+    gate = asyncio.Semaphore(args.autoscale_in_flight)
+
+    async def one(n: int) -> None:
+        async with gate:
+            await caption(port, audio[n % len(audio)], n)
+
+    await asyncio.gather(*(one(n) for n in range(args.autoscale_captions)))
+    load_s = round(time.perf_counter() - t0, 1)
+    await asyncio.sleep(6)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    await port.close()
+    serve.shutdown()
+    ray.shutdown()
+    asked = next((p["t_s"] for p in timeline if sum(v for k, v in p.items() if k != "t_s") > 1), None)
+    running = next((p["t_s"] for p in timeline if p.get("RUNNING", 0) > 1), None)
+    return {"autoscale": {"min_replicas": 1, "max_replicas": 2, "in_flight": args.autoscale_in_flight,
+                          "captions": args.autoscale_captions, "load_s": load_s, "second_replica_asked_s": asked,
+                          "second_replica_running_s": running, "timeline": timeline}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, default=ROOT / "bench/results/cluster.json")
@@ -264,6 +320,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20, help="timed single items per stage and path (hop latency)")
     ap.add_argument("--kills", type=int, default=0, help="the kill experiment instead: N kills of each kind")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--autoscale", action="store_true", help="the autoscaling run instead")
+    ap.add_argument("--autoscale-in-flight", type=int, default=40)
+    ap.add_argument("--autoscale-captions", type=int, default=400)
     ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     args = ap.parse_args()
 
@@ -276,14 +335,17 @@ def main() -> None:
     cluster.start()
     args.address = cluster.address
     try:
-        result = kill_runs(args, cluster.address) if args.kills else asyncio.run(main_async(args))
+        if args.kills:
+            result = kill_runs(args, cluster.address)
+        else:
+            result = asyncio.run(autoscale_run(args) if args.autoscale else main_async(args))
     finally:
         cluster.stop()
     report = {"commit": git_commit(), "machine": machine(), "load_avg_1m": [load_before, os.getloadavg()[0]],
               "nodes": 2, "cpus_per_node": 1, **result}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k in ("throughput", "hop", "kills")}, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k in ("throughput", "hop", "kills", "autoscale")}, indent=1))
 
 
 if __name__ == "__main__":

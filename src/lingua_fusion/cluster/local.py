@@ -22,6 +22,7 @@ from .heartbeat import Beat, read_beats
 RAY = str(Path(sys.executable).parent / "ray")
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
 TIMEOUT_S = 120
+START_ATTEMPTS = 3
 
 
 @dataclass
@@ -38,8 +39,24 @@ class LocalRay:
         return f"127.0.0.1:{self.base}"
 
     def start(self) -> None:
+        # loopback only: no token auth. Ray 2.60 turns it on for a node when ~/.ray/auth_token exists (any local
+        # ray.init() writes one) but not for a node joining it, which is then refused; this process and its
+        # children (the serve driver, benchmark drivers) are told the same
+        os.environ["RAY_AUTH_MODE"] = "disabled"
         for k in range(self.nodes):
-            self._run(self._node_args(k))
+            for attempt in range(START_ATTEMPTS):
+                try:
+                    self._run(self._node_args(k))
+                    break
+                except RuntimeError:
+                    # seen on a loaded machine: a node joining a head that has just started is refused (GCS not
+                    # ready, or an auth-token error from the previous cluster's GCS still on the port): try again
+                    if attempt == START_ATTEMPTS - 1:
+                        self.stop()
+                        raise
+                    if k == 0:
+                        self.stop()
+                    time.sleep(2.0)
 
     def _node_args(self, k: int) -> list[str]:
         p = self.base + 1 + 8 * k  # node k's block (the head's GCS port is base itself)
