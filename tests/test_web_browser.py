@@ -476,8 +476,8 @@ def test_the_ops_page_numbers_equal_metrics(site: Site, speech_wav: Path, browse
     wait(browser, lambda d: snapshots(d) >= seen + 2, 30, "two more snapshots")
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-stages path")  # p50 / p99 lines over time
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-queues path")
-    browser.find_element(By.ID, "pause").click()
-    time.sleep(0.5)  # a poll that was out when Pause was clicked is dropped by the page
+    browser.find_element(By.ID, "pause").click()  # from here the page shows nothing new (a poll still out is dropped)
+    assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-paused") == "true"
     shown = browser.execute_script("""
         return [...document.querySelectorAll('[data-metric],[data-histogram]')].map(n => ({
           metric: n.dataset.metric || null, histogram: n.dataset.histogram || null,
