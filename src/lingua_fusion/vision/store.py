@@ -1,4 +1,5 @@
-"""Vocabularies of taught examples, per API key, in SQLite (the same database file as keys and glossaries).
+"""Vocabularies of taught examples, per API key, in SQLite (``vocabularies.sqlite3`` in the state directory, a file
+of its own: no other store's connections or locks are involved).
 
 A vocabulary has a kind (``sign`` or ``lip``), a name, the language its glosses are written in (what MT
 translates them from) and examples: a gloss and its landmark sequence (the JSON form of ``landmarks.LandmarkSeq``).
@@ -65,7 +66,7 @@ def check_kind(kind: Any) -> str:
 class VocabularyStore:
     def __init__(self, state_dir: Path, *, max_per_key: int = 20, max_examples: int = 500,
                  policy: RecogniserPolicy | None = None) -> None:
-        self.path = private_file(private_dir(state_dir) / "linguafusion.sqlite3")
+        self.path = private_file(private_dir(state_dir) / "vocabularies.sqlite3")
         self.max_per_key = max_per_key
         self.max_examples = max_examples
         self.policy = policy or RecogniserPolicy()
