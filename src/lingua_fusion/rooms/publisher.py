@@ -28,7 +28,7 @@ from .model import PUBLISHED, State
 log = logging.getLogger("lingua_fusion.rooms")
 SYNC_S = 0.5
 PUBLISH_QUEUE = 1024
-PARTIAL_MT_S = 2.0  # a partial's translation into the room's other languages is dropped past this
+PARTIAL_MT_S = 5.0  # a partial's translation into the room's other languages is dropped past this
 
 
 class RoomPublisher:
