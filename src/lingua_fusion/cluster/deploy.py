@@ -95,9 +95,9 @@ def run_cluster(settings: Settings, spec: ClusterSpec, *, address: str | None, h
                 ready: Any = None) -> None:
     """Deploy, call ``ready()``, then block until SIGINT / SIGTERM and shut Serve down."""
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     deploy(settings, spec, address=address, host=host, port=port)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs handlers of its own
+        signal.signal(sig, lambda *_: stop.set())
     try:
         if ready is not None:
             ready()
