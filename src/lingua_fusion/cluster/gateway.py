@@ -58,7 +58,8 @@ class Gateway:
         service = state.streams
         rooms = getattr(state, "rooms", None)  # the rooms' service, where this app has rooms (api/rooms.py)
         listeners = sum(len(f.listeners) for f in rooms.feeds.values()) if rooms is not None else 0
-        executor = service.executor
+        executor = self.executor
+        assert executor is not None  # built with the app
         return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), len(executor.scheduler.admitted),
                     listeners, executor.hop_retries)
 
