@@ -4,6 +4,7 @@ Apertium), the CLI as a subprocess, and two gateways sharing one real Redis."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import BIN, REDIS, needs_redis, start_server, stop_server, talk_wav
+from conftest import BIN, REDIS, needs_redis, render_slide, start_server, stop_server, talk_wav
 from websockets.asyncio.client import connect
 
 from lingua_fusion import MultimodalTranslator
@@ -42,7 +43,7 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     state = tmp_path_factory.mktemp("rooms")
-    keys = [new_key(state) for _ in range(5)]  # made before the server starts (see docs/rooms.md, Tests)
+    keys = [new_key(state) for _ in range(6)]  # made before the server starts (see docs/rooms.md, Tests)
     url, proc = start_server(state)
     yield Live(url, keys)
     stop_server(proc)
@@ -56,10 +57,12 @@ class Publisher:
         self.finals: list[dict[str, Any]] = []
 
     @classmethod
-    async def open(cls, base: str, key: str, targets: list[str], room: Any = True) -> Publisher:
-        ws = await connect(base + "/v1/streams", additional_headers={"Authorization": f"Bearer {key}"})
-        await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": targets, "inputs": ["text"],
-                                  "partials": False, "room": room}))
+    async def open(cls, base: str, key: str, targets: list[str], room: Any = True,
+                   inputs: tuple[str, ...] = ("text",)) -> Publisher:
+        ws = await connect(base + "/v1/streams", additional_headers={"Authorization": f"Bearer {key}"},
+                           max_size=16 * 1024 * 1024)
+        await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": targets,
+                                  "inputs": list(inputs), "partials": False, "room": room}))
         ready = json.loads(await ws.recv())
         assert ready["type"] == "ready", ready
         return cls(ws, ready)
@@ -256,6 +259,30 @@ async def test_sse_reconnect_and_a_language_added_live_costs_nothing_once_nobody
                     break
             assert [d["seq"] for d in datas] == list(range(last + 1, len(pub.finals) + 1))
     await pub.end()
+
+
+async def test_a_slide_reaches_listeners_translated_into_their_language(live: Live) -> None:
+    pub = await Publisher.open(live.ws, live.key(), ["es"], inputs=("text", "image"))
+    room_id, token = pub.ready["room_id"], pub.ready["listener_token"]
+    listener = await listen_ws(live.ws, room_id, token, "ca")
+
+    async def catalan_on() -> bool:
+        return "ca" in (await pub.say("Welcome to the review.")).get("translations", {})
+
+    await until(catalan_on, "the room to translate into ca")
+    await pub.ws.send(json.dumps({"type": "image", "ts": float(pub.n),
+                                  "data": base64.b64encode(render_slide(["Quarterly review", "The new office"]))
+                                  .decode()}))
+    await pub.say("The slide is on the screen.")
+    slide = None
+    while slide is None:
+        ev = json.loads(await asyncio.wait_for(listener.recv(), 60))
+        slide = ev if ev["type"] == "slide" else None
+    assert "review" in slide["source_text"].lower()
+    assert set(slide["translations"]) == {"ca"} and slide["translations"]["ca"]
+    assert "review" not in slide["translations"]["ca"].lower()  # Catalan, not the English slide
+    await pub.end()
+    await listener.close()
 
 
 # ---- two gateways, one Redis -------------------------------------------------------------------------------------

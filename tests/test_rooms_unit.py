@@ -155,3 +155,6 @@ def test_what_a_listener_is_sent_is_its_languages_only() -> None:
     speech = {"type": "speech", "seq": 1, "lang": "es", "audio_base64": "AA=="}
     assert project(speech, ("es",)) is None and project(speech, ("es",), speech=True) == speech
     assert project({"type": "metrics"}, ("es",)) is None
+    slide = {"type": "slide", "t": 1.0, "source_text": "Review", "translations": {"es": "Revisión", "ca": "Revisió"}}
+    assert project(slide, ("ca",)) == {"type": "slide", "t": 1.0, "source_text": "Review",
+                                       "translations": {"ca": "Revisió"}}

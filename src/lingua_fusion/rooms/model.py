@@ -95,6 +95,11 @@ def project(event: dict[str, Any], langs: tuple[str, ...], speech: bool = False)
         return out
     if kind == "speech":
         return dict(event) if speech and event.get("lang") in langs else None
-    if kind in ("slide", "closed"):
+    if kind == "slide":
+        out = {k: v for k, v in event.items() if k != "translations"}
+        have = event.get("translations") or {}
+        out["translations"] = {lang: have[lang] for lang in langs if lang in have}
+        return out
+    if kind == "closed":
         return dict(event)
     return None

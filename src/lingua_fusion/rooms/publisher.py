@@ -28,6 +28,7 @@ from .model import PUBLISHED, State
 log = logging.getLogger("lingua_fusion.rooms")
 SYNC_S = 0.5
 PUBLISH_QUEUE = 1024
+MAX_SLIDES_IN_FLIGHT = 2  # slides being translated for the room at once; more go out untranslated
 PARTIAL_MT_S = 5.0  # a partial's translation into the room's other languages is dropped past this
 
 
@@ -52,6 +53,7 @@ class RoomPublisher:
         self.finals_tapped = 0
         self._partial: tuple[dict[str, Any], int] | None = None
         self._partial_ready = asyncio.Event()
+        self._slides: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self.session.tap = self.tap
@@ -70,7 +72,7 @@ class RoomPublisher:
                 continue
             wire, finals_then = self._partial
             self._partial = None
-            outs = await self._translate_partial(str(wire["source_text"]))
+            outs = await self._translate(str(wire["source_text"]), self.session.spec.targets[1:])
             wire["translations"].update(outs)
             if self.finals_tapped == finals_then and not self.ended:
                 self._put(wire)
@@ -87,9 +89,22 @@ class RoomPublisher:
                 self._partial = (wire, self.finals_tapped)  # the newest waits; older ones are superseded
                 self._partial_ready.set()
                 return
+        if event.TYPE == "slide" and wire.get("source_text") and len(self._slides) < MAX_SLIDES_IN_FLIGHT:
+            task = asyncio.create_task(self._slide(wire), name=f"room-slide:{self.room_id}")
+            self._slides.add(task)
+            task.add_done_callback(self._slides.discard)
+            return
         if event.TYPE == "final":
             self.finals_tapped += 1
         self._put(wire)
+
+    async def _slide(self, wire: dict[str, Any]) -> None:
+        """A slide's text in every language of the room (the translation memory makes a deck shown in several
+        rooms, or again, cost its MT once), then published; untranslated languages are simply absent."""
+        spec = self.session.spec
+        wire["translations"] = await self._translate(str(wire["source_text"]), list(spec.targets))
+        if not self.ended:
+            self._put(wire)
 
     def _put(self, wire: dict[str, Any]) -> None:
         try:
@@ -99,21 +114,24 @@ class RoomPublisher:
             if self.metrics is not None:
                 self.metrics.room_events_dropped.inc()
 
-    async def _translate_partial(self, text: str) -> dict[str, str]:
+    async def _translate(self, text: str, targets: list[str]) -> dict[str, str]:
+        """``text`` in ``targets`` as tentative work (shed first under load); what did not come in time is left
+        out. The source language itself is the text."""
         from ..serving.keys import ModelKey
         from ..serving.ports import CallContext, MtInput
 
         spec = self.session.spec
         ctx = CallContext(spec.stream_id, spec.slo, spec.importance, True, key_id=spec.key_id)
-        langs = [t for t in spec.targets[1:] if t != spec.source_lang]
+        langs = [t for t in targets if t != spec.source_lang]
+        same = {t: text for t in targets if t == spec.source_lang}
         port, glossary = self.session.jobs.port, self.session.jobs.glossary
         try:
             outs = await asyncio.wait_for(asyncio.gather(*(
                 port.run(ModelKey.mt(spec.source_lang, lang), MtInput(text, glossary), ctx) for lang in langs)),
                 PARTIAL_MT_S)
         except (LinguaFusionError, TimeoutError):
-            return {}
-        return {lang: str(o) for lang, o in zip(langs, outs, strict=True) if o is not None}
+            return same
+        return {**same, **{lang: str(o) for lang, o in zip(langs, outs, strict=True) if o is not None}}
 
     async def _pump(self) -> None:
         while True:
@@ -186,8 +204,8 @@ class RoomPublisher:
 
     async def close(self) -> None:
         self.ended = True
-        for task in self._tasks:
+        for task in [*self._tasks, *self._slides]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._slides]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
