@@ -80,7 +80,9 @@ async def test_model_process_killed_mid_stream_then_the_server_recovers(sharded:
     audio = talks[0]
     chunk = 16000 * 2 // 2  # 0.5 s of PCM16
     events = []
-    async with MultimodalTranslator(base_url=url).stream(["es"], slo="standard") as s:
+    # with partials (tentative work in flight too); the batch class, so admission does not depend on how busy the
+    # shared test machine made the learned model costs
+    async with MultimodalTranslator(base_url=url).stream(["es"], slo="batch") as s:
         for i in range(0, len(audio), chunk):
             await s.send_audio(audio[i:i + chunk], ts=i / 32000)
             if i == 6 * chunk:  # 3 s in: the first utterance is being committed
@@ -92,8 +94,9 @@ async def test_model_process_killed_mid_stream_then_the_server_recovers(sharded:
     assert events[-1].type == "closed"
     assert [f.seq for f in finals] == list(range(1, len(finals) + 1))  # gap-free: none lost, none twice
     # each committed caption is either transcribed by the model process's successor or says it failed
-    assert all(f.source_text or f.failed for f in finals)
-    kept = " ".join(f.source_text or "" for f in finals if not f.failed)
+    failed = [(f.model_extra or {}).get("failed") for f in finals]
+    assert all(f.source_text or bad for f, bad in zip(finals, failed, strict=True))
+    kept = " ".join(f.source_text or "" for f, bad in zip(finals, failed, strict=True) if not bad)
     assert "project" in kept.lower()  # the words spoken after the restart are transcribed
     for _ in range(300):  # the supervisor has started a successor (at most 60 s)
         if _pids(state)["model"] != before["model"]:
