@@ -158,3 +158,19 @@ def test_what_a_listener_is_sent_is_its_languages_only() -> None:
     slide = {"type": "slide", "t": 1.0, "source_text": "Review", "translations": {"es": "Revisión", "ca": "Revisió"}}
     assert project(slide, ("ca",)) == {"type": "slide", "t": 1.0, "source_text": "Review",
                                        "translations": {"ca": "Revisió"}}
+
+
+async def test_the_in_process_bus_keeps_a_bounded_number_of_ended_rooms() -> None:
+    from lingua_fusion.rooms.bus import MAX_ENDED_ROOMS
+
+    bus = LocalRoomBus(max_finals=3)
+    for seq in range(1, 10):
+        await bus.publish("rm_live", final(seq, es="x"))
+    assert [e["seq"] for e in await bus.history("rm_live", 0)] == [7, 8, 9]  # the last max_finals
+    for i in range(MAX_ENDED_ROOMS + 10):
+        await bus.publish(f"rm_{i}", final(1, es="x"))
+        await bus.publish(f"rm_{i}", {"type": "closed", "finals": 1})
+    assert await bus.history("rm_0", 0) == []  # the oldest ended rooms are dropped
+    kept = await bus.history(f"rm_{MAX_ENDED_ROOMS + 9}", 0)
+    assert [e["type"] for e in kept] == ["final", "closed"]
+    assert [e["seq"] for e in await bus.history("rm_live", 0)] == [7, 8, 9]  # a live room is never dropped

@@ -22,6 +22,7 @@ from .model import Room
 
 MAX_FINALS = 1000  # finals a room keeps for late joiners and reconnecting listeners
 MAX_LIVE = 2000  # live events a room's bus keeps for followers that fell behind
+MAX_ENDED_ROOMS = 256  # in-process: ended rooms whose history is kept (Redis expires them instead)
 CLOSED_SEQ = 2**53  # the room's `closed` event is kept in its history after every final (a late joiner gets it)
 
 
@@ -92,6 +93,7 @@ class LocalRoomBus:
     def __init__(self, max_finals: int = MAX_FINALS) -> None:
         self.max_finals = max_finals
         self._rooms: dict[str, _Channel] = {}
+        self._ended: deque[str] = deque()
 
     def _ch(self, room_id: str) -> _Channel:
         ch = self._rooms.get(room_id)
@@ -108,6 +110,10 @@ class LocalRoomBus:
                 del ch.finals[min(ch.finals)]
         ch.counter += 1
         ch.live.append((ch.counter, event))
+        if kind == "closed" and room_id not in self._ended:
+            self._ended.append(room_id)  # kept for late joiners, the oldest dropped past MAX_ENDED_ROOMS
+            while len(self._ended) > MAX_ENDED_ROOMS:
+                self._rooms.pop(self._ended.popleft(), None)
         async with ch.changed:
             ch.changed.notify_all()
 
