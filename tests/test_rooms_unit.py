@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from conftest import REDIS, needs_redis
 
 from lingua_fusion.errors import AuthenticationError, InvalidParameter, NotFound, UnknownLanguage, UnsupportedPair
 from lingua_fusion.rooms.bus import LocalRoomBus, LocalRoomDirectory
@@ -24,9 +25,17 @@ def check_pair(source: str, target: str) -> None:
         raise UnsupportedPair(f"no installed model translates {source} -> {target}")
 
 
-def service() -> RoomService:
+def service(kind: str = "local") -> RoomService:
+    if kind == "redis":
+        from lingua_fusion.rooms.redis_bus import RedisRoomBus, RedisRoomDirectory
+
+        bus, directory = RedisRoomBus(REDIS or ""), RedisRoomDirectory(REDIS or "")
+        return RoomService(bus, directory, check_pair=check_pair, low_confidence=lambda s, t: t == "de")
     return RoomService(LocalRoomBus(), LocalRoomDirectory(), check_pair=check_pair,
                        low_confidence=lambda s, t: t == "de")
+
+
+BUSES = ["local", pytest.param("redis", marks=needs_redis)]
 
 
 async def live_room(rooms: RoomService) -> tuple[str, str]:
@@ -41,8 +50,9 @@ async def collect(listener: Any, out: list[dict[str, Any]]) -> None:
         out.append(o.event)
 
 
-async def test_late_joiners_get_history_then_live_exactly_once_while_finals_keep_coming() -> None:
-    rooms = service()
+@pytest.mark.parametrize("kind", BUSES)
+async def test_late_joiners_get_history_then_live_exactly_once_while_finals_keep_coming(kind: str) -> None:
+    rooms = service(kind)
     room_id, token = await live_room(rooms)
     n = 300
 
@@ -92,8 +102,9 @@ async def test_a_slow_listener_is_dropped_and_never_holds_back_the_room_or_the_o
     await rooms.close()
 
 
-async def test_tokens_rooms_and_languages_are_checked() -> None:
-    rooms = service()
+@pytest.mark.parametrize("kind", BUSES)
+async def test_tokens_rooms_and_languages_are_checked(kind: str) -> None:
+    rooms = service(kind)
     room_id, token = await live_room(rooms)
     other_id, other_token = await live_room(rooms)
     with pytest.raises(AuthenticationError):
@@ -117,8 +128,9 @@ async def test_tokens_rooms_and_languages_are_checked() -> None:
     await rooms.close()
 
 
-async def test_presence_counts_listeners_per_language_and_an_ended_room_replays_then_closes() -> None:
-    rooms = service()
+@pytest.mark.parametrize("kind", BUSES)
+async def test_presence_counts_listeners_per_language_and_an_ended_room_replays_then_closes(kind: str) -> None:
+    rooms = service(kind)
     room_id, token = await live_room(rooms)
     a = await rooms.join(room_id, token, ["es", "ca"])
     b = await rooms.join(room_id, token, ["es"])

@@ -104,10 +104,13 @@ class LocalRoomBus:
     async def publish(self, room_id: str, event: dict[str, Any]) -> None:
         ch = self._ch(room_id)
         kind = event.get("type")
-        if kind in ("final", "closed"):
-            ch.finals[int(event["seq"]) if kind == "final" else CLOSED_SEQ] = event
-            while len(ch.finals) > self.max_finals + 1:
-                del ch.finals[min(ch.finals)]
+        if kind == "final":
+            seq = int(event["seq"])
+            ch.finals[seq] = event
+            for old in [s for s in ch.finals if s <= seq - self.max_finals]:  # the last max_finals kept
+                del ch.finals[old]
+        elif kind == "closed":
+            ch.finals[CLOSED_SEQ] = event
         ch.counter += 1
         ch.live.append((ch.counter, event))
         if kind == "closed" and room_id not in self._ended:

@@ -59,7 +59,8 @@ class RedisRoomBus:
                 fin = keys.room_finals(room_id)
                 pipe.zremrangebyscore(fin, seq, seq)  # idempotent: a final published again replaces itself
                 pipe.zadd(fin, {body: seq})
-                pipe.zremrangebyrank(fin, 0, -self.max_finals - 2)  # the finals and `closed`
+                if event["type"] == "final":  # the last max_finals finals kept (and `closed`, scored past them)
+                    pipe.zremrangebyscore(fin, "-inf", seq - self.max_finals)
                 pipe.expire(fin, self.ttl_s)
             pipe.xadd(keys.room_live(room_id), {"e": body}, maxlen=MAX_LIVE, approximate=True)
             pipe.expire(keys.room_live(room_id), self.ttl_s)
