@@ -196,6 +196,7 @@ async def test_owner_routes_tokens_and_what_a_listener_token_cannot_do(live: Liv
         assert [(r["room_id"], r["state"], r["listeners"]) for r in listed] == [(room_id, "live", 1)]
         metrics = (await http.get("/metrics")).text
         assert "linguafusion_room_listeners 1.0" in metrics and "linguafusion_rooms_published 1.0" in metrics
+        assert 'linguafusion_tm_lookups_total{result="miss"}' in metrics  # the room's MT went through the memory
         ended = (await http.delete(f"/v1/rooms/{room_id}", headers=h)).json()
         assert ended["state"] == "ended"
         events = await asyncio.wait_for(read_all(listener), 30)

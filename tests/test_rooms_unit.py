@@ -186,3 +186,20 @@ async def test_the_in_process_bus_keeps_a_bounded_number_of_ended_rooms() -> Non
     kept = await bus.history(f"rm_{MAX_ENDED_ROOMS + 9}", 0)
     assert [e["type"] for e in kept] == ["final", "closed"]
     assert [e["seq"] for e in await bus.history("rm_live", 0)] == [7, 8, 9]  # a live room is never dropped
+
+
+async def test_a_listener_from_further_back_than_the_history_is_told_what_it_missed() -> None:
+    rooms = RoomService(LocalRoomBus(max_finals=3), LocalRoomDirectory(), check_pair=check_pair,
+                        low_confidence=lambda s, t: False)
+    room_id, token = await live_room(rooms)
+    for seq in range(1, 10):
+        await rooms.bus.publish(room_id, final(seq, es=f"e{seq}"))
+    await rooms.bus.publish(room_id, {"type": "closed", "finals": 9})
+    got: list[dict[str, Any]] = []
+    await asyncio.wait_for(collect(await rooms.join(room_id, token, ["es"], after_seq=2), got), 5)
+    assert got[0]["type"] == "error" and got[0]["code"] == "log_compacted" and "3..6" in got[0]["message"]
+    assert [e.get("seq") for e in got[1:]] == [7, 8, 9, None]
+    got = []
+    await asyncio.wait_for(collect(await rooms.join(room_id, token, ["es"], after_seq=6), got), 5)
+    assert [e["type"] for e in got] == ["final", "final", "final", "closed"]  # nothing missed: no notice
+    await rooms.close()

@@ -95,7 +95,9 @@ class Listener:
             if out.type == "closed":
                 yield out
                 return
-            if out.seq is not None and out.seq > self._through:
+            if out.seq is None:  # a notice (log_compacted)
+                yield out
+            elif out.seq > self._through:
                 self._through = out.seq
                 yield out
         self._history = []

@@ -29,6 +29,7 @@ log = logging.getLogger("lingua_fusion.rooms")
 SYNC_S = 0.5
 PUBLISH_QUEUE = 1024
 MAX_SLIDES_IN_FLIGHT = 2  # slides being translated for the room at once; more go out untranslated
+SLIDE_MT_S = 30.0  # a slide goes out with the languages translated by then
 PARTIAL_MT_S = 5.0  # a partial's translation into the room's other languages is dropped past this
 
 
@@ -102,7 +103,9 @@ class RoomPublisher:
         """A slide's text in every language of the room (the translation memory makes a deck shown in several
         rooms, or again, cost its MT once), then published; untranslated languages are simply absent."""
         spec = self.session.spec
-        wire["translations"] = await self._translate(str(wire["source_text"]), list(spec.targets))
+        # committed work, not tentative: a slide read is content listeners keep, not a preview
+        wire["translations"] = await self._translate(str(wire["source_text"]), list(spec.targets), tentative=False,
+                                                     within_s=SLIDE_MT_S)
         if not self.ended:
             self._put(wire)
 
@@ -114,21 +117,22 @@ class RoomPublisher:
             if self.metrics is not None:
                 self.metrics.room_events_dropped.inc()
 
-    async def _translate(self, text: str, targets: list[str]) -> dict[str, str]:
-        """``text`` in ``targets`` as tentative work (shed first under load); what did not come in time is left
-        out. The source language itself is the text."""
+    async def _translate(self, text: str, targets: list[str], *, tentative: bool = True,
+                         within_s: float = PARTIAL_MT_S) -> dict[str, str]:
+        """``text`` in ``targets`` (tentative work is shed first under load); what did not come within
+        ``within_s`` is left out. The source language itself is the text."""
         from ..serving.keys import ModelKey
         from ..serving.ports import CallContext, MtInput
 
         spec = self.session.spec
-        ctx = CallContext(spec.stream_id, spec.slo, spec.importance, True, key_id=spec.key_id)
+        ctx = CallContext(spec.stream_id, spec.slo, spec.importance, tentative, key_id=spec.key_id)
         langs = [t for t in targets if t != spec.source_lang]
         same = {t: text for t in targets if t == spec.source_lang}
         port, glossary = self.session.jobs.port, self.session.jobs.glossary
         try:
             outs = await asyncio.wait_for(asyncio.gather(*(
                 port.run(ModelKey.mt(spec.source_lang, lang), MtInput(text, glossary), ctx) for lang in langs)),
-                PARTIAL_MT_S)
+                within_s)
         except (LinguaFusionError, TimeoutError):
             return same
         return {**same, **{lang: str(o) for lang, o in zip(langs, outs, strict=True) if o is not None}}

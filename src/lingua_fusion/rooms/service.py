@@ -167,7 +167,8 @@ class RoomService:
         listener = Listener(room_id, langs, speech, after_seq)
         if room.state == State.ENDED:
             history = await self.bus.history(room_id, after_seq)
-            listener.prime(self._with_closed(encode_history(history, langs), room))
+            listener.prime(self._gap_notice(after_seq, history)
+                           + self._with_closed(encode_history(history, langs), room))
             listener.close()
             return listener
         feed = await self._feed(room_id)
@@ -179,8 +180,19 @@ class RoomService:
         except BaseException:
             self.leave(listener, "disconnected")
             raise
-        listener.prime(encode_history(history, langs))
+        listener.prime(self._gap_notice(after_seq, history) + encode_history(history, langs))
         return listener
+
+    @staticmethod
+    def _gap_notice(after_seq: int, history: list[dict[str, Any]]) -> list[Outgoing]:
+        """An ``error`` first when the history no longer holds every final after ``after_seq`` (a listener
+        reconnecting from further back than the last MAX_FINALS), as a resumed stream is told ``log_compacted``."""
+        first = next((int(e["seq"]) for e in history if e.get("type") == "final"), None)
+        if after_seq <= 0 or first is None or first <= after_seq + 1:
+            return []
+        notice = {"type": "error", "code": "log_compacted",
+                  "message": f"finals {after_seq + 1}..{first - 1} are past the room's history and cannot be replayed"}
+        return [Outgoing(notice, json.dumps(notice))]
 
     def _languages(self, room: Room, targets: list[str]) -> tuple[str, ...]:
         if not targets or len(targets) > MAX_LISTEN_LANGS:
