@@ -187,7 +187,8 @@ def kill_runs(args: argparse.Namespace, address: str) -> dict[str, Any]:
     talk.write_bytes(talk_wav(SENTENCES))
     env = {**os.environ, "LINGUAFUSION_STATE__REDIS_URL": redis_url, "RAY_USAGE_STATS_ENABLED": "0"}
     driver = subprocess.Popen([str(BIN), "serve", "--cluster", "--ray-address", address, "--port", "18719",
-                               "--no-auth", "--state-dir", str(tmp), "--gateways", "2", "--model-replicas", "1"],
+                               "--no-auth", "--state-dir", str(tmp), "--gateways", "2", "--model-replicas",
+                               str(args.kill_model_replicas)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
     def ready() -> bool:
@@ -208,7 +209,7 @@ def kill_runs(args: argparse.Namespace, address: str) -> dict[str, Any]:
             driver.wait(timeout=60)
         except subprocess.TimeoutExpired:
             driver.kill()
-    return {"kills": runs}
+    return {"kills": runs, "model_replicas": args.kill_model_replicas}
 
 
 def one_kill(target: str, talk: Path, redis_url: str, pause_s: float) -> dict[str, Any]:
@@ -243,10 +244,10 @@ def one_kill(target: str, talk: Path, redis_url: str, pause_s: float) -> dict[st
         t_kill = time.monotonic()
         os.kill(victim, signal.SIGKILL)
     else:
-        (victim,) = replica_pids(REPLICA)
-        kill_when_busy(victim)
+        before = replica_pids(REPLICA)
+        kill_when_busy(before[0])
         t_kill = time.monotonic()
-        until(lambda: [p for p in replica_pids(REPLICA) if p != victim], 120)
+        until(lambda: [p for p in replica_pids(REPLICA) if p not in before], 120)
         replaced_s = round(time.monotonic() - t_kill, 2)
     cli.wait(timeout=180)
     reader.join(timeout=10)
@@ -320,6 +321,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20, help="timed single items per stage and path (hop latency)")
     ap.add_argument("--kills", type=int, default=0, help="the kill experiment instead: N kills of each kind")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kill-model-replicas", type=int, default=1, help="model replicas in the kill experiment")
     ap.add_argument("--autoscale", action="store_true", help="the autoscaling run instead")
     ap.add_argument("--autoscale-in-flight", type=int, default=40)
     ap.add_argument("--autoscale-captions", type=int, default=400)
