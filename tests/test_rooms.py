@@ -43,7 +43,7 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     state = tmp_path_factory.mktemp("rooms")
-    keys = [new_key(state) for _ in range(6)]  # made before the server starts (see docs/rooms.md, Tests)
+    keys = [new_key(state) for _ in range(8)]  # made before the server starts (see docs/rooms.md, Tests)
     url, proc = start_server(state)
     yield Live(url, keys)
     stop_server(proc)
@@ -284,6 +284,28 @@ async def test_a_slide_reaches_listeners_translated_into_their_language(live: Li
     assert "review" not in slide["translations"]["ca"].lower()  # Catalan, not the English slide
     await pub.end()
     await listener.close()
+
+
+async def test_a_listener_who_asks_for_speech_hears_its_own_language(live: Live) -> None:
+    pub = await Publisher.open(live.ws, live.key(), ["es"])
+    room_id, token = pub.ready["room_id"], pub.ready["listener_token"]
+    spoken = await connect(f"{live.ws}/v1/rooms/{room_id}/listen?targets=ca&speech=true",
+                           additional_headers={"Authorization": f"Bearer {token}"}, max_size=16 * 1024 * 1024)
+    quiet = await listen_ws(live.ws, room_id, token, "ca")  # no speech asked: none sent
+
+    async def catalan_on() -> bool:
+        return "ca" in (await pub.say("Good morning.")).get("translations", {})
+
+    await until(catalan_on, "the room to translate into ca")
+    final = await pub.say("The meeting starts now.")
+    speech = None
+    while speech is None:
+        ev = json.loads(await asyncio.wait_for(spoken.recv(), 60))
+        speech = ev if ev["type"] == "speech" and ev["seq"] >= final["seq"] else None
+    assert speech["lang"] == "ca" and base64.b64decode(speech["audio_base64"])[:4] == b"RIFF"
+    await pub.end()
+    assert all(e["type"] != "speech" for e in await asyncio.wait_for(read_all(quiet), 30))
+    await spoken.close()
 
 
 # ---- two gateways, one Redis -------------------------------------------------------------------------------------

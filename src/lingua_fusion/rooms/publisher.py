@@ -13,6 +13,7 @@ one nobody listens to any more stops costing anything.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
@@ -29,6 +30,8 @@ log = logging.getLogger("lingua_fusion.rooms")
 SYNC_S = 0.5
 PUBLISH_QUEUE = 1024
 MAX_SLIDES_IN_FLIGHT = 2  # slides being translated for the room at once; more go out untranslated
+SPEECH = "speech:"  # presence key of listeners who want a language spoken (rooms/service.py)
+SPEECH_S = 30.0
 SLIDE_MT_S = 30.0  # a slide goes out with the languages translated by then
 PARTIAL_MT_S = 5.0  # a partial's translation into the room's other languages is dropped past this
 
@@ -55,12 +58,15 @@ class RoomPublisher:
         self._partial: tuple[dict[str, Any], int] | None = None
         self._partial_ready = asyncio.Event()
         self._slides: set[asyncio.Task[None]] = set()
+        self.speech_langs: set[str] = set()  # languages some listener wants spoken
+        self._to_speak: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=16)
 
     def start(self) -> None:
         self.session.tap = self.tap
         self._tasks = [asyncio.create_task(self._pump(), name=f"room-pump:{self.room_id}"),
                        asyncio.create_task(self._sync(), name=f"room-sync:{self.room_id}"),
-                       asyncio.create_task(self._partials(), name=f"room-partials:{self.room_id}")]
+                       asyncio.create_task(self._partials(), name=f"room-partials:{self.room_id}"),
+                       asyncio.create_task(self._speak(), name=f"room-speech:{self.room_id}")]
 
     async def _partials(self) -> None:
         """A partial's tentative translation into the room's other languages (the stream makes only its first
@@ -97,7 +103,36 @@ class RoomPublisher:
             return
         if event.TYPE == "final":
             self.finals_tapped += 1
+            if self.speech_langs:
+                with contextlib.suppress(asyncio.QueueFull):  # far behind: this caption is not spoken
+                    self._to_speak.put_nowait(wire)
         self._put(wire)
+
+    async def _speak(self) -> None:
+        """Speech for listeners who asked for it (``speech=true``), in their languages: each final's translation
+        synthesized once per language however many listen (the publisher's own speech, in its first target when
+        it asked for speech, is already among the room's events)."""
+        from ..serving.keys import ModelKey
+        from ..serving.ports import CallContext
+
+        while True:
+            wire = await self._to_speak.get()
+            spec = self.session.spec
+            ctx = CallContext(spec.stream_id, spec.slo, spec.importance, False, key_id=spec.key_id)
+            for lang in sorted(self.speech_langs):
+                text = (wire.get("translations") or {}).get(lang)
+                if not text or (spec.speech and lang == spec.targets[0]):
+                    continue
+                try:
+                    wav = await asyncio.wait_for(self.session.jobs.port.run(ModelKey.tts(lang), text, ctx), SPEECH_S)
+                except (LinguaFusionError, TimeoutError) as exc:
+                    log.info("room %s: speech for caption %s in %s failed: %s", self.room_id, wire.get("seq"), lang,
+                             exc)
+                    continue
+                if wav and not self.ended:
+                    self._put({"type": "speech", "seq": wire["seq"], "lang": lang, "format": "wav",
+                               "audio_base64": base64.b64encode(wav).decode("ascii"),
+                               "published_at": round(self.clock(), 6)})
 
     async def _slide(self, wire: dict[str, Any]) -> None:
         """A slide's text in every language of the room (the translation memory makes a deck shown in several
@@ -159,7 +194,8 @@ class RoomPublisher:
 
     async def _finish(self) -> None:
         self.ended = True
-        self._tasks[2].cancel()  # no partial after `closed`
+        for task in self._tasks[2:]:  # no partial or speech after `closed`
+            task.cancel()
         with contextlib.suppress(LinguaFusionError):
             room = await self.directory.get(self.room_id)
             if room is not None:
@@ -178,13 +214,15 @@ class RoomPublisher:
                 self.ended = True  # ended by its owner (perhaps on another gateway): stop publishing
                 return
             if wanted is not None:
-                self.retarget(set(wanted))
+                self.speech_langs = {k.removeprefix(SPEECH) for k in wanted if k.startswith(SPEECH)}
+                self.retarget({k.removeprefix(SPEECH) for k in wanted})
             if self.session.closed.is_set() and self._queue.empty() and not self._busy:
                 # the stream ended without `closed` (a lost connection; it may resume, here or elsewhere, and
                 # attach again): stop publishing, the room stays live
                 self.ended = True
+                for task in self._tasks[2:]:
+                    task.cancel()
                 self._tasks[0].cancel()
-                self._tasks[2].cancel()
                 return
             await asyncio.sleep(SYNC_S)
 

@@ -33,7 +33,7 @@ from .bus import LocalRoomBus, LocalRoomDirectory, RoomBus, RoomDirectory
 from .feed import Feed, Listener, Outgoing, encode_history
 from .metrics import RoomMetrics
 from .model import MAX_LISTEN_LANGS, ROOM_ID, Room, State, digest, new_room_id, new_token
-from .publisher import RoomPublisher
+from .publisher import SPEECH, RoomPublisher
 
 log = logging.getLogger("lingua_fusion.rooms")
 PRESENCE_S = 2.0  # how often a gateway says again who listens to what
@@ -92,7 +92,10 @@ class RoomService:
         return token
 
     async def describe(self, room: Room) -> dict[str, Any]:
-        return room.public(await self.directory.languages(room.room_id, self.clock()))
+        counts = await self.directory.languages(room.room_id, self.clock())
+        out = room.public({k: n for k, n in counts.items() if not k.startswith(SPEECH)})
+        out["speech"] = {k.removeprefix(SPEECH): n for k, n in counts.items() if k.startswith(SPEECH)}
+        return out
 
     async def list(self, owner: str) -> list[dict[str, Any]]:
         return [await self.describe(r) for r in sorted(await self.directory.rooms_of(owner), key=lambda r: r.created)]
@@ -250,6 +253,8 @@ class RoomService:
         for listener in feed.listeners if feed is not None else ():
             for lang in listener.langs:
                 counts[lang] = counts.get(lang, 0) + 1
+                if listener.speech:  # the publisher synthesizes these languages too (rooms/publisher.py)
+                    counts[SPEECH + lang] = counts.get(SPEECH + lang, 0) + 1
         return counts
 
     async def _say_presence(self, room_id: str) -> None:
