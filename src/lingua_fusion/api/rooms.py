@@ -181,7 +181,8 @@ async def _until_disconnect(ws: WebSocket) -> None:
 async def _write_ws(ws: WebSocket, listener: Listener) -> str:
     try:
         async for out in listener.outgoing():
-            await asyncio.wait_for(ws.send_text(out.text), SEND_TIMEOUT_S)
+            async with asyncio.timeout(SEND_TIMEOUT_S):  # not wait_for: no task per event per listener
+                await ws.send_text(out.text)
     except TimeoutError:
         listener.close(SlowConsumer("this listener's connection took too long to take an event"))
     except (WebSocketDisconnect, RuntimeError, OSError):
