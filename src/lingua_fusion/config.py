@@ -71,6 +71,9 @@ class ModelSettings(BaseModel):
     asr_beam_size: int = 1
     backend: str = "ctranslate2"  # ASR engine: "ctranslate2" (faster-whisper, int8) or "torch" (models/whisper_torch)
     device: str = "cpu"  # "cpu" or "cuda" (the torch backend only)
+    # the GPU engine's paged KV pools take this share of the GPU memory free at start, after the weights
+    # (serving/gpu/memory.py, GpuRunner.sized); the rest is left to activations and the CUDA graphs
+    gpu_memory_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
     user_mt_dirs: list[Path] = Field(default_factory=list)

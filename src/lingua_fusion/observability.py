@@ -7,6 +7,8 @@ import os
 from hdrh.histogram import HdrHistogram
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
+from .serving.gpu.memory import MemoryCollector
+
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -63,6 +65,10 @@ class Metrics:
         self.unlogged_finals = Gauge("linguafusion_unlogged_finals", "Finals sent but not yet in the stream log",
                                      registry=self.registry)
         self._hdr: dict[str, HdrHistogram] = {}
+        # the GPU engine's pools and encoder cache, read at scrape time: whoever builds a GpuRunner for the
+        # executor's ``backends`` calls ``gpu_memory.watch(str(key), lambda: runner.memory)`` (serving/gpu/memory.py)
+        self.gpu_memory = MemoryCollector()
+        self.registry.register(self.gpu_memory)
 
     def depth(self, model: str, depth: int) -> None:
         self.queue_depth.labels(model=model).set(depth)

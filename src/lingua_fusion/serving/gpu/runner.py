@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -18,8 +19,11 @@ import torch
 
 from ...errors import BackendError, Overloaded
 from .decoder import Decoded, DecodeEngine, DecoderModel
+from .memory import MemoryReport, PoolMemory, budget_bytes, pool_blocks
+from .paged import PagedKV
 
 log = logging.getLogger("lingua_fusion.gpu")
+PUBLISH_S = 0.25  # the memory report is refreshed at most this often (and when the runner goes idle)
 
 
 class Recipe(Protocol):
@@ -64,8 +68,40 @@ class GpuRunner:
         self._pending = 0
         self._closed = False
         self.encoded = self.reused = 0
+        d = recipe.decoder
+        self._token_bytes = PagedKV.bytes_per_token(d.n_layer, d.n_head, d.head_dim, dtype)
+        self.memory: MemoryReport | None = None  # published by the runner's thread (serving/gpu/memory.py)
+        self._published = 0.0
+        self._publish()
         self._thread = threading.Thread(target=self._loop, name=f"gpu-{name}", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def sized(cls, recipe: Recipe, *, fraction: float, device: str = "cuda", block_size: int = 16,
+              cross_block_size: int = 64, cross_share: float = 0.5, dtype: torch.dtype = torch.float16,
+              **kwargs: Any) -> GpuRunner:
+        """A runner whose pools take ``fraction`` of the GPU memory free now (after the weights are loaded),
+        ``cross_share`` of it for encoder outputs (``models.gpu_memory_fraction``)."""
+        d = recipe.decoder
+        token_bytes = PagedKV.bytes_per_token(d.n_layer, d.n_head, d.head_dim, dtype)
+        blocks, cross = pool_blocks(budget_bytes(device, fraction), token_bytes, token_bytes, block_size=block_size,
+                                    cross_block_size=cross_block_size, cross_share=cross_share)
+        log.info("GPU pools: %d self blocks of %d tokens, %d cross blocks of %d frames (%.1f GiB)", blocks,
+                 block_size, cross, cross_block_size,
+                 (blocks * block_size + cross * cross_block_size) * token_bytes / 2**30)
+        return cls(recipe, blocks=blocks, cross_blocks=cross, block_size=block_size,
+                   cross_block_size=cross_block_size, dtype=dtype, device=device, **kwargs)
+
+    def _publish(self, every_s: float = 0.0) -> None:
+        """A fresh MemoryReport (on the runner's thread, which owns the pools), at most every ``every_s``."""
+        now = time.monotonic()
+        if now - self._published < every_s:
+            return
+        self._published = now
+        e = self.engine
+        self.memory = MemoryReport({"self": PoolMemory.of(e.pool.stats(), self._token_bytes),
+                                    "cross": PoolMemory.of(e.cross_pool.stats(), self._token_bytes)},
+                                   encoder_cache_entries=len(self._memo))
 
     # ---- ContinuousRunner ---------------------------------------------------------------------------------
     def room(self) -> int:
@@ -93,6 +129,7 @@ class GpuRunner:
         while True:
             with self._cv:
                 while not self._inbox and self.engine.idle() and not self._closed:
+                    self._publish()  # idle: what is left held (the encoder cache) is reported as it is
                     self._cv.wait(timeout=0.5)
                 if self._closed:
                     break
@@ -106,6 +143,7 @@ class GpuRunner:
             except Exception as exc:  # a CUDA error, out of memory: fail what is in flight, keep serving
                 log.exception("GPU runner step failed")
                 self._fail_all(new, BackendError(f"the GPU engine failed: {type(exc).__name__}: {exc}"))
+            self._publish(PUBLISH_S)
         self._fail_all([], BackendError("the GPU runner closed"))
 
     def _done(self, fut: Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
