@@ -97,12 +97,16 @@ class Final(Event):
     note: str | None = _opt()
     durable: bool | None = _opt()  # False: sent before it was logged (the stream log was down)
     low_confidence: list[str] | None = _opt()  # targets the tiny LLM translated (check them: often wrong)
+    replaced: list[list[str]] | None = _opt()  # [heard, lip-read] words the lips replaced (vision/stream_lips.py)
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
-    modality: str = field(default="audio", metadata=INTERNAL)  # audio | text: which cursor it moves in the log
+    modality: str = field(default="audio", metadata=INTERNAL)  # audio | text | lips: which cursor it moves in the log
+    # what contributed when more than its input did (speech confirmed or changed by lips: ["audio", "lips"])
+    modalities: list[str] | None = field(default=None, metadata=INTERNAL)
 
     def to_wire(self) -> dict[str, Any]:
         out = super().to_wire()
-        out["modalities"] = [self.modality]  # what the caption was made from (``sign`` events: ["sign"])
+        # what the caption was made from (``sign`` events: ["sign"])
+        out["modalities"] = list(self.modalities or [self.modality])
         return out
 
 

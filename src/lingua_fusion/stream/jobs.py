@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,7 @@ class StreamJobs:
         self.trace = trace  # the stream's span (tracing on): every model call's span is its child
         self.slides: list[tuple[float, str]] = []  # (stream time, OCR text), oldest first
         self.glossary = tuple(spec.glossary)  # one tuple for the stream's life: the MT thread compiles it once
+        self.lips: Any = None  # vision/stream_lips.py StreamLips: a lip vocabulary's evidence, fused into finals
 
     def _ctx(self, tentative: bool, start: float | None = None) -> CallContext:
         return CallContext(self.spec.stream_id, self.spec.slo, self.spec.importance, tentative, start,
@@ -78,6 +80,9 @@ class StreamJobs:
         """A committed utterance -> its final (unnumbered), or None when it held no words."""
         span = {"start": round(start, 3), "end": round(end, 3), "source_text": "", "text": "",
                 "translations": {t: "" for t in self.spec.targets}, "wall_ref": wall_ref}
+        lips = self.lips
+        if lips is not None:
+            lips.claim(start, end)  # this utterance's lip movements are fused here, not captioned on their own
         try:
             res: AsrOutput | None = await self.port.run(ModelKey.asr(self.spec.source_lang),
                                                         AsrInput(audio, self._prompt()), self._ctx(False, wall_ref))
@@ -85,14 +90,30 @@ class StreamJobs:
             # retried and still failing: the span gets a final that says so, keeping the numbering gap-free
             return Final(**span, confidence=0.0, failed=["asr"],
                          note=f"speech recognition failed: {exc.public_message}")
+        asr_ms = (time.monotonic() - wall_ref) * 1000
+        fused = None if lips is None else await lips.fuse(res.text if res else "", res.confidence if res else 0.0,
+                                                          start, end)
+        if fused is not None and "audio" not in fused.modalities:  # unsure or no speech: what the lips said
+            return await self._fused(fused, start, end, wall_ref, asr_ms)
         if res is None or not res.text.strip():
             return None
         if res.confidence < self.spec.min_confidence:
             return Final(**span, confidence=res.confidence, gated=["asr"],
                          note=f"speech confidence {res.confidence:.2f} below {self.spec.min_confidence}")
-        asr_ms = (time.monotonic() - wall_ref) * 1000
+        if fused is not None and "lips" in fused.modalities:  # confirmed, re-ranked or corrected by the lips
+            return await self._fused(fused, start, end, wall_ref, asr_ms)
         return await self.translate(res.text, start, end, confidence=res.confidence, wall_ref=wall_ref,
                                     asr_ms=asr_ms)
+
+    async def _fused(self, fused: Any, start: float, end: float, wall_ref: float, asr_ms: float) -> Final | None:
+        """A final from ``vision.fusion.fuse``'s caption, saying which modalities made it (an utterance's span:
+        it moves the audio cursor of the log whatever made its text)."""
+        final = await self.translate(fused.text, start, end, confidence=fused.confidence, wall_ref=wall_ref,
+                                     asr_ms=asr_ms)
+        if final is not None:
+            final.modalities = list(fused.modalities)
+            final.replaced = [list(p) for p in fused.replaced] or None
+        return final
 
     async def translate(self, text: str, start: float, end: float, *, confidence: float, wall_ref: float,
                         asr_ms: float = 0.0, modality: str = "audio") -> Final | None:

@@ -356,12 +356,17 @@ class StreamSession:
         if self.video is None:
             self.video = StreamVideo(self.jobs, self._emit, self._spawn, lambda: self.state != State.CLOSED,
                                      self.settings.limits, self.image_slots, owner=self)
-            if self.spec.vocabulary_id:  # signs too, against the key's vocabulary (vision/stream_signs.py)
+            if self.spec.vocabulary_id:  # signs (or lips, fused with speech) too, against the key's vocabulary
                 from ..vision import stream_signs
 
-                stream_signs.attach(self.video, self.owner.vision, self.spec, self.jobs, self._emit, self._spawn)
+                stream_signs.attach(self.video, self.owner.vision, self.spec, self.jobs, self._emit, self._spawn,
+                                    queue=self._queue, heard=self._heard)
         self._last_video_t = t
         await self.video.feed(data, t)
+
+    def _heard(self) -> tuple[float, float | None, bool]:
+        """For lips (vision/stream_lips.py): audio heard by the VAD until (stream s), the open speech's start."""
+        return self._vad_pos / SR, self.policy.speech_start, "audio" in self.spec.inputs
 
     def _image_done(self) -> None:
         self._images -= 1

@@ -72,7 +72,7 @@ class FusedCaption:
     replaced: tuple[tuple[str, str], ...] = ()  # (ASR word, lip word)
 
 
-def _norm(word: str) -> str:
+def norm_word(word: str) -> str:
     return "".join(ch for ch in word.lower() if ch.isalnum() or ch in "'-")
 
 
@@ -95,15 +95,15 @@ def _score(hyp: AsrHypothesis, lips: Sequence[Evidence], vocab: set[str], policy
            ) -> tuple[float, bool]:
     score, used = hyp.confidence, False
     for w in hyp.words:
-        if _norm(w.text) not in vocab:
+        if norm_word(w.text) not in vocab:
             continue
         e = _lip_for(w, lips, policy)
         if e is None:
             continue
-        if _norm(e.gloss) == _norm(w.text):
+        if norm_word(e.gloss) == norm_word(w.text):
             score += policy.confirm_bonus * e.confidence
             used = True
-        elif _norm(e.gloss) in vocab:
+        elif norm_word(e.gloss) in vocab:
             score -= policy.contradict_penalty * e.confidence
             used = True
     return score, used
@@ -112,7 +112,7 @@ def _score(hyp: AsrHypothesis, lips: Sequence[Evidence], vocab: set[str], policy
 def fuse(hypotheses: Sequence[AsrHypothesis], evidence: Sequence[Evidence], lip_vocabulary: set[str],
          policy: FusionPolicy | None = None) -> FusedCaption | None:
     p = policy or FusionPolicy()
-    vocab = {_norm(w) for w in lip_vocabulary}
+    vocab = {norm_word(w) for w in lip_vocabulary}
     lips = [e for e in evidence if e.modality == "lips"]
     signs = [e for e in evidence if e.modality == "sign"]
     speech = [h for h in hypotheses if h.words]
@@ -124,8 +124,8 @@ def fuse(hypotheses: Sequence[AsrHypothesis], evidence: Sequence[Evidence], lip_
     (score, used), rank, best = max(scored, key=lambda x: (x[0][0], -x[1]))
     words, replaced = [], []
     for w in best.words:
-        e = _lip_for(w, lips, p) if _norm(w.text) in vocab else None
-        if (e is not None and _norm(e.gloss) in vocab and _norm(e.gloss) != _norm(w.text)
+        e = _lip_for(w, lips, p) if norm_word(w.text) in vocab else None
+        if (e is not None and norm_word(e.gloss) in vocab and norm_word(e.gloss) != norm_word(w.text)
                 and e.confidence >= p.replace_confidence and w.probability < p.weak_word):
             words.append(e.gloss)
             replaced.append((w.text, e.gloss))

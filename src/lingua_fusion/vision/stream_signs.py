@@ -151,11 +151,20 @@ class StreamSigns:
 
 
 def attach(video: Any, vision: Any, spec: Any, jobs: Any, emit: Callable[[Event], None],
-           spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]) -> StreamSigns:
-    """Attach a stream's signs consumer to its video fan-out (``video.stream_slides.StreamVideo``)."""
+           spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], *,
+           queue: Callable[[Coroutine[Any, Any, Any]], None] | None = None,
+           heard: Callable[[], tuple[float, float | None, bool]] | None = None) -> Any:
+    """Attach a stream's vocabulary consumer to its video fan-out (``video.stream_slides.StreamVideo``): signs
+    for a sign vocabulary; for a lip vocabulary, lips fused with the stream's speech (``stream_lips.py``, which
+    needs the session's ``queue`` of finals and what audio it has ``heard``)."""
     from ..video.fanout import Tap
 
     recogniser = vision.store.recogniser(spec.key_id, spec.vocabulary_id)
+    if recogniser.kind == "lip":
+        from . import stream_lips
+
+        assert queue is not None and heard is not None
+        return stream_lips.attach(video, vision, recogniser, jobs, emit, spawn, queue, heard)
     extractor = vision.extractor()
     session = f"stream-{spec.stream_id}"
 
@@ -168,6 +177,7 @@ def attach(video: Any, vision: Any, spec: Any, jobs: Any, emit: Callable[[Event]
 
 
 async def finish(video: Any, wait_s: float) -> None:
-    signs = video.fanout.get("signs")
-    if isinstance(signs, StreamSigns):
-        await signs.finish(wait_s)
+    """The stream ends: a sign still being made, or lip movements not yet decided, go out (bounded)."""
+    consumer = video.fanout.get("signs") or video.fanout.get("lips")
+    if consumer is not None:
+        await consumer.finish(wait_s)
