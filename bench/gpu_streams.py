@@ -120,17 +120,19 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
     return out
 
 
-async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
-                      state_dir: Path) -> dict[str, Any]:
+async def drive_streams(port: Any, first: int, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
+                        state_dir: Path) -> dict[str, Any]:
+    """Streams ``first .. first + n - 1`` of a run, paced at real time through sessions on ``port`` (the in-process
+    Executor, or a worker's RemotePort to the model process). Returns the raw figures of this process."""
     from lingua_fusion.state.streams import SQLiteStreamStore
     from lingua_fusion.stream.journal import StreamLog
     from lingua_fusion.stream.protocol import StreamSpec
     from lingua_fusion.stream.service import StreamService
     from lingua_fusion.stream.session import StreamSession
 
-    settings = executor.settings
+    settings = port.settings
     log = StreamLog(SQLiteStreamStore(state_dir))
-    service = StreamService(executor, settings, log=log)
+    service = StreamService(port, settings, log=log)
     chunk = int(SR * chunk_ms / 1000)
     pcm = (audio * 32767).astype("<i2")
     latencies: list[float] = []
@@ -140,7 +142,7 @@ async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int,
 
     async def one(i: int) -> None:
         spec = StreamSpec(source_lang="en", targets=["es"], slo=slo, partials=True, min_confidence=0.0)
-        s = StreamSession(spec, executor, service, settings, log=log)
+        s = StreamSession(spec, port, service, settings, log=log)
         await s.open()
         offset = (i * 7919 * chunk) % (len(pcm) - int(seconds * SR)) // chunk * chunk
         t0 = t_start + (i % 100) * chunk_ms / 100_000  # starts spread over one chunk
@@ -161,7 +163,7 @@ async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int,
         await s.end()
         await asyncio.wait_for(reader, timeout=120)
 
-    async def watch() -> None:  # event-loop lag, GPU busy, CPU
+    async def watch() -> None:  # event-loop lag
         while True:
             t = loop.time()
             await asyncio.sleep(0.1)
@@ -169,23 +171,129 @@ async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int,
 
     watcher = asyncio.create_task(watch())
     cpu0, wall0 = time.process_time(), time.monotonic()
-    gpu = _gpu_sampler()
-    stacks = _stack_sampler() if SAMPLE_STACKS is not None else None
     try:
-        await asyncio.gather(*(one(i) for i in range(n)))
+        await asyncio.gather(*(one(i) for i in range(first, first + n)))
     finally:
         watcher.cancel()
         await service.close()  # its breaker ticker would keep the executor (and the GPU pools) alive
+    return {"latencies": latencies, "lags": lags, "cpu_s": time.process_time() - cpu0,
+            "wall_s": time.monotonic() - wall0}
+
+
+def summarise(n: int, parts: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    latencies = [x for p in parts for x in p["latencies"]]
+    lags = [x for p in parts for x in p["lags"]]
+    lat = np.array(latencies) if latencies else np.array([float("nan")])
+    return {"streams": n, "finals": len(latencies), "caption_p50_s": round(float(np.percentile(lat, 50)), 3),
+            "caption_p99_s": round(float(np.percentile(lat, 99)), 3), "wall_s": round(wall, 1),
+            "loop_lag_p99_ms": round(float(np.percentile(lags, 99)) * 1000, 1) if lags else None}
+
+
+async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
+                      state_dir: Path) -> dict[str, Any]:
+    """All streams in this process, beside the GPU engine (the one-process server)."""
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    gpu = _gpu_sampler()
+    stacks = _stack_sampler() if SAMPLE_STACKS is not None else None
+    try:
+        part = await drive_streams(executor, 0, n, seconds, chunk_ms, slo, audio, state_dir)
+    finally:
         if stacks is not None and SAMPLE_STACKS is not None:
             await asyncio.to_thread(SAMPLE_STACKS.write_text, stacks())
     wall = time.monotonic() - wall0
-    lat = np.array(latencies) if latencies else np.array([float("nan")])
-    row = {"streams": n, "finals": len(latencies), "caption_p50_s": round(float(np.percentile(lat, 50)), 3),
-           "caption_p99_s": round(float(np.percentile(lat, 99)), 3), "wall_s": round(wall, 1),
-           "cpu_cores_busy": round((time.process_time() - cpu0) / wall, 2),
-           "loop_lag_p99_ms": round(float(np.percentile(lags, 99)) * 1000, 1) if lags else None,
-           "gpu_busy_pct": gpu()}
+    row = summarise(n, [part], wall)
+    row["cpu_cores_busy"] = round((time.process_time() - cpu0) / wall, 2)
+    row["gpu_busy_pct"] = gpu()
     return row
+
+
+def _worker_main(path: str, first: int, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
+                 out: Any) -> None:
+    """A stream worker process (``serve --workers``): its share of the streams, model work over the socket."""
+    from lingua_fusion.serving.shard.remote import ModelLink, RemotePort
+
+    async def go() -> dict[str, Any]:
+        settings = bench_settings()
+        link = ModelLink(path, max_in_flight=1 << 15, connect_wait_s=30.0)
+        link.start()
+        await link.wait_up(30.0)
+        port = RemotePort(link, None, settings)  # type: ignore[arg-type]
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                return await drive_streams(port, first, n, seconds, chunk_ms, slo, audio, Path(tmp))
+        finally:
+            await link.close()
+
+    try:
+        out.put(asyncio.run(go()))
+    except BaseException as exc:  # the parent must hear of it, not wait for its timeout
+        out.put({"error": repr(exc)})
+        raise
+
+
+async def run_sharded(executor: Executor, n: int, workers: int, seconds: float, chunk_ms: int, slo: str,
+                      audio: np.ndarray) -> dict[str, Any]:
+    """Streams sharded over ``workers`` processes; this process is the model process (the GPU engine)."""
+    import multiprocessing as mp
+
+    from lingua_fusion.serving.shard import codec
+    from lingua_fusion.serving.shard.model_process import ModelServer
+
+    server = ModelServer(executor.settings, None)  # type: ignore[arg-type]
+    server.engines["batched"] = executor
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "model.sock")
+        listener = await asyncio.start_unix_server(server.handle, path=path, limit=codec.MAX_FRAME)
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        shares = [n // workers + (1 if w < n % workers else 0) for w in range(workers)]
+        firsts = [sum(shares[:w]) for w in range(workers)]
+        procs = [ctx.Process(target=_worker_main, args=(path, firsts[w], shares[w], seconds, chunk_ms, slo, audio, out),
+                             daemon=True) for w in range(workers)]
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        gpu = _gpu_sampler()
+        lags: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        async def watch() -> None:  # the model process's own loop
+            while True:
+                t = loop.time()
+                await asyncio.sleep(0.1)
+                lags.append(loop.time() - t - 0.1)
+
+        watcher = asyncio.create_task(watch())
+        for p in procs:
+            p.start()
+        parts = []
+        try:
+            for _ in procs:
+                part = await asyncio.to_thread(out.get, True, seconds + 300)
+                if "error" in part:
+                    raise RuntimeError(f"a stream worker failed: {part['error']}")
+                parts.append(part)
+        finally:
+            watcher.cancel()
+            for p in procs:
+                await asyncio.to_thread(p.join, 30)
+                if p.is_alive():
+                    p.kill()
+            listener.close()
+    wall = time.monotonic() - wall0
+    row = summarise(n, parts, wall)
+    row["workers"] = workers
+    row["model_process_cores_busy"] = round((time.process_time() - cpu0) / wall, 2)
+    row["worker_cores_busy"] = [round(p["cpu_s"] / p["wall_s"], 2) for p in parts]
+    row["model_loop_lag_p99_ms"] = round(float(np.percentile(lags, 99)) * 1000, 1) if lags else None
+    row["gpu_busy_pct"] = gpu()
+    return row
+
+
+def bench_settings() -> Settings:
+    settings = Settings()
+    settings.server.max_streams = 1 << 20
+    settings.server.max_streams_per_key = 1 << 20
+    settings.server.request_timeout_s = 60
+    return settings
 
 
 SAMPLE_STACKS: Path | None = None
@@ -253,18 +361,20 @@ def _gpu_sampler() -> Any:
 
 
 async def sweep(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, baseline: bool,
-                counts: list[int], rows: list[dict[str, Any]], on_row: Any = None) -> list[dict[str, Any]]:
+                counts: list[int], rows: list[dict[str, Any]], on_row: Any = None,
+                workers: int = 0) -> list[dict[str, Any]]:
     audio = speech_like(args.seconds * 4, seed=1)
     for n in counts:
         asr, mt = build_runners(args, asr_model, mt_model, baseline=baseline)
-        settings = Settings()
-        settings.server.max_streams = 1 << 20
-        settings.server.request_timeout_s = 60
+        settings = bench_settings()
         executor = Executor(None, settings, max_batch=args.max_batch, max_queue=1 << 16,  # type: ignore[arg-type]
                             backends={"asr": lambda _k, r=asr: r, "mt": lambda _k, r=mt: r,
                                       "vad": lambda _k: energy_vad(args.device)})
-        with tempfile.TemporaryDirectory() as tmp:
-            row = await run_streams(executor, n, args.seconds, args.chunk_ms, args.slo, audio, Path(tmp))
+        if workers:
+            row = await run_sharded(executor, n, workers, args.seconds, args.chunk_ms, args.slo, audio)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                row = await run_streams(executor, n, args.seconds, args.chunk_ms, args.slo, audio, Path(tmp))
         row["asr_encoded"], row["asr_reused_encodings"] = asr.encoded, asr.reused
         row["asr_preemptions"] = asr.engine.preemptions
         await executor.close()
@@ -278,7 +388,8 @@ async def sweep(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, base
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         row["meets_1s"], row["meets_3s"] = row["caption_p99_s"] <= 1.0, row["caption_p99_s"] <= 3.0
-        print(("baseline " if baseline else "batched  ") + json.dumps(row), flush=True)
+        label = "baseline " if baseline else (f"sharded{workers} " if workers else "batched  ")
+        print(label + json.dumps(row), flush=True)
         rows.append(row)
         if on_row is not None:
             on_row()
@@ -451,7 +562,10 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="write a torch.profiler table of one decoder step at the largest "
                                                   "decoder batch here")
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
-    ap.add_argument("--parts", default="decoder,memory,baseline,streams")
+    ap.add_argument("--parts", default="decoder,memory,baseline,streams",
+                    help="any of decoder, memory, baseline, streams, sharded")
+    ap.add_argument("--workers", type=int, default=4, help="stream worker processes of the 'sharded' part")
+    ap.add_argument("--sharded-streams", default="100,200,300,400,600,800,1200")
     ap.add_argument("--quick", action="store_true", help="tiny models and counts (a CPU check of the code)")
     args = ap.parse_args()
     args.dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
@@ -504,6 +618,14 @@ def main() -> None:
         asyncio.run(sweep(args, asr_model, mt_model, baseline=False,
                           counts=[int(c) for c in args.streams.split(",")], rows=rows, on_row=save))
         report["streams_p99_1s"], report["streams_p99_3s"] = best(rows, "meets_1s"), best(rows, "meets_3s")
+    if "sharded" in parts:
+        rows = report["sharded_runs"] = []
+        report["sharded_workers"] = args.workers
+        asyncio.run(sweep(args, asr_model, mt_model, baseline=False, workers=args.workers,
+                          counts=[int(c) for c in args.sharded_streams.split(",")], rows=rows, on_row=save))
+        report["sharded_streams_p99_1s"] = best(rows, "meets_1s")
+        report["sharded_streams_p99_3s"] = best(rows, "meets_3s")
+        save()
     if "streams_p99_1s" in report and report.get("baseline_streams_p99_1s"):
         report["ratio_p99_1s"] = round(report["streams_p99_1s"] / report["baseline_streams_p99_1s"], 1)
     if "streams_p99_3s" in report and report.get("baseline_streams_p99_3s"):
