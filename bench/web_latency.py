@@ -1,11 +1,11 @@
 """Caption latency through the web page (headless Chromium) vs the CLI, on one server, alternating runs.
 
 The same Piper WAV is played as a live stream, ``--runs`` times each, alternating: by the page at ``/`` (media
-element -> AudioWorklet -> 100 ms PCM16 frames, ticket, WebSocket) and by ``linguafusion stream --realtime``
-(250 ms chunks paced by the clock; the per-stream baseline of the same engine).
+element -> AudioWorklet -> 100 ms PCM16 audio messages, ticket, WebSocket) and by ``linguafusion stream --realtime``
+(250 ms chunks paced by the clock: the baseline, the same server and engine).
 
 Latency of a final:
-- page: when the browser received the final minus when it sent the binary frame that holds the audio at the
+- page: when the browser received the final minus when it sent the audio message that holds the audio at the
   final's ``end`` (DevTools network log timestamps, one clock);
 - CLI: its own ``latency_s``: received minus the moment the audio at ``end`` was due (t0 + end).
 The server-side figure (audio end received -> caption sent, ``latency_ms.caption`` in the final) is reported for
@@ -95,18 +95,17 @@ def page_run(url: str, key: str, wav: Path) -> list[dict[str, float]]:
         events = [json.loads(e["message"])["message"] for e in driver.get_log("performance")]
     finally:
         driver.quit()
-    sent: list[tuple[float, int]] = []  # (time, samples sent through this frame)
+    sent: list[tuple[float, float]] = []  # (time, media time at the end of this audio message)
     out = []
-    total = 0
     for e in events:
-        if e["method"] == "Network.webSocketFrameSent" and e["params"]["response"]["opcode"] == 2:
-            total += len(base64.b64decode(e["params"]["response"]["payloadData"])) // 2
-            sent.append((e["params"]["timestamp"], total))
+        if e["method"] == "Network.webSocketFrameSent" and e["params"]["response"]["opcode"] == 1:
+            msg = json.loads(e["params"]["response"]["payloadData"])
+            if msg.get("type") == "audio":
+                sent.append((e["params"]["timestamp"], msg["ts"] + len(base64.b64decode(msg["data"])) / 32000))
         elif e["method"] == "Network.webSocketFrameReceived" and e["params"]["response"]["opcode"] == 1:
             ev = json.loads(e["params"]["response"]["payloadData"])
             if ev.get("type") == "final":
-                need = ev["end"] * 16000
-                when = next((t for t, n in sent if n >= need), sent[-1][0])
+                when = next((t for t, media in sent if media >= ev["end"]), sent[-1][0])
                 out.append({"latency_s": e["params"]["timestamp"] - when,
                             "server_caption_s": ev["latency_ms"]["caption"] / 1000})
     return out

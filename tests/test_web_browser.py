@@ -165,6 +165,12 @@ def play_file(driver: WebDriver, site: Site, media: Path, targets: list[str], sl
         driver.find_element(By.ID, "status").text
 
 
+def sent_messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The JSON messages the page's WebSocket sent, in order."""
+    return [json.loads(e["params"]["response"]["payloadData"]) for e in events
+            if e["method"] == "Network.webSocketFrameSent" and e["params"]["response"]["opcode"] == 1]
+
+
 def received(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The JSON events the page's WebSocket received, in order."""
     return [json.loads(e["params"]["response"]["payloadData"]) for e in events
@@ -341,8 +347,7 @@ def test_a_video_shows_its_slides_translated_beside_the_captions(site: Site, sli
                                                                 screens: Callable[[WebDriver, str], Path]) -> None:
     play_file(browser, site, slide_video, ["es"], slo="standard")
     events = network(browser)
-    sent = [json.loads(e["params"]["response"]["payloadData"]) for e in events
-            if e["method"] == "Network.webSocketFrameSent" and e["params"]["response"]["opcode"] == 1]
+    sent = sent_messages(events)
     assert sent[0]["inputs"] == ["audio", "video"] and sum(m["type"] == "frame" for m in sent) >= 8
     got = received(events)
     slides = [e for e in got if e["type"] == "slide"]
@@ -369,17 +374,65 @@ def test_the_microphone_streams_pcm_until_stopped(site: Site, browser: WebDriver
     browser.find_element(By.CSS_SELECTOR, "input[name=input][value=mic]").click()
     browser.find_element(By.ID, "start").click()
     wait(browser, lambda d: d.find_element(By.ID, "status").get_attribute("data-state") == "live", 30, "live")
-    sent: list[dict[str, Any]] = []
+    audio: list[dict[str, Any]] = []
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and sum(len(base64.b64decode(e["params"]["response"]["payloadData"]))
-                                              for e in sent) < 32000:  # one second of PCM16 16 kHz
-        sent += [e for e in network(browser) if e["method"] == "Network.webSocketFrameSent"
-                 and e["params"]["response"]["opcode"] == 2]
+    while time.monotonic() < deadline and len(audio) < 10:  # one second of audio
+        audio += [m for m in sent_messages(network(browser)) if m["type"] == "audio"]
         time.sleep(0.2)
-    frames = [base64.b64decode(e["params"]["response"]["payloadData"]) for e in sent]
-    assert sum(map(len, frames)) >= 32000 and all(len(f) == 3200 for f in frames[:-1])  # 100 ms chunks
+    pcm = [base64.b64decode(m["data"]) for m in audio]
+    assert len(pcm) >= 10 and all(len(p) == 3200 for p in pcm)  # 100 ms of PCM16 16 kHz each
+    assert [m["ts"] for m in audio] == pytest.approx([i * 0.1 for i in range(len(audio))])  # on the media clock
     browser.find_element(By.ID, "stop").click()
     wait(browser, lambda d: d.find_element(By.ID, "status").get_attribute("data-state") == "closed", 30, "closed")
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_the_page_resumes_its_stream_across_a_server_restart(how: str, tmp_path: Path, speech_wav: Path,
+                                                             downloads: Path,
+                                                             screens: Callable[[WebDriver, str], Path]) -> None:
+    """The server SIGKILLed (the socket drops) or SIGTERMed (it drains: close 1012) while a file plays, a new one
+    started on the same state: the page reconnects with a new ticket, resumes, re-sends the audio the server had
+    not committed, and shows every final exactly once."""
+    state = tmp_path / "state"
+    state.mkdir()
+    key = subprocess.run([str(BIN), "keys", "create", "--state-dir", str(state)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    url, proc = start_server(state, port=PORT + 20)
+    driver = chromium(downloads)
+    try:
+        driver.get(url + "/")
+        driver.execute_script("sessionStorage.setItem('linguafusion.key', arguments[0])", key)
+        driver.get(url + "/")
+        choose_targets(driver, ["es"])
+        Select(driver.find_element(By.ID, "slo")).select_by_value("standard")
+        driver.find_element(By.ID, "file-input").send_keys(str(speech_wav))
+        driver.find_element(By.ID, "start").click()
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#captions .final"), 60, "a first final")
+        if how == "sigkill":
+            proc.kill()  # a crash: the socket drops (1006), the stream log keeps what was committed
+            proc.wait(timeout=30)
+        else:
+            stop_server(proc)  # drains: committed work is logged and sent, then close 1012
+        wait(driver, lambda d: d.find_element(By.ID, "status").get_attribute("data-state") == "reconnecting", 30,
+             "the page to notice")
+        url, proc = start_server(state, port=PORT + 20)
+        wait(driver, lambda d: d.find_element(By.ID, "status").get_attribute("data-state") in ("closed", "error"),
+             120, "the resumed stream to close")
+        assert driver.find_element(By.ID, "status").get_attribute("data-state") == "closed"
+        events = network(driver)
+        got = received(events)
+        readies = [e for e in got if e["type"] == "ready"]
+        assert len(readies) >= 2 and readies[-1].get("resumed") is True
+        shown = [int(li.get_attribute("data-seq")) for li in driver.find_elements(By.CSS_SELECTOR,
+                                                                                  "#captions .final")]
+        closed = [e for e in got if e["type"] == "closed"][-1]
+        assert shown == list(range(1, closed["finals"] + 1))  # every final once, in order, none missing
+        heard = " ".join(li.text for li in driver.find_elements(By.CSS_SELECTOR, "#captions .final .src"))
+        assert jiwer.wer(_words(" ".join(SENTENCES)), _words(heard)) <= 0.25, heard
+        screens(driver, f"captions-resumed-{how}")
+    finally:
+        driver.quit()
+        stop_server(proc)
 
 
 # ---- tickets -----------------------------------------------------------------------------------------------------

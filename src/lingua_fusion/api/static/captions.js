@@ -5,7 +5,7 @@
 
 const $ = (id) => document.getElementById(id);
 const state = {
-  ws: null, source: null, speech: new SpeechQueue(), finals: [], targets: [], sourceLang: "en",
+  stream: null, source: null, speech: new SpeechQueue(), finals: [], targets: [], sourceLang: "en",
   counts: { partial: 0, revision: 0, final: 0, slide: 0, speech: 0, played: 0 }, lastPartial: "", frames: [],
 };
 
@@ -83,73 +83,68 @@ async function start() {
   if (!targets.length) return setStatus("error", "choose at least one target language");
   state.speech.unlock();
   resetCaptions(targets);
+  if (state.stream) state.stream.abandon();
   $("start").disabled = true;
   setStatus("connecting", "asking for a stream ticket…");
-  let t;
-  try {
-    t = await ticket();
-  } catch (e) {
-    $("start").disabled = false;
-    return setStatus("error", e.message);
-  }
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const ws = new WebSocket(`${scheme}://${location.host}/v1/streams?ticket=${encodeURIComponent(t)}`,
-    ["linguafusion"]);
-  ws.binaryType = "arraybuffer";
-  state.ws = ws;
   const video = mode === "file" && file.type.startsWith("video/");
   const inputs = video && $("send-frames").checked ? ["audio", "video"] : ["audio"];
-  ws.onopen = () => ws.send(JSON.stringify({ type: "start", source_lang: state.sourceLang, target_langs: targets,
-    slo: $("slo").value, speech: $("speak").checked, partials: true, audio_format: "pcm16", inputs }));
-  ws.onmessage = (m) => onEvent(JSON.parse(m.data));
-  ws.onclose = (e) => onClose(e);
-  ws.onerror = () => {};
+  const stream = new LiveStream({ type: "start", source_lang: state.sourceLang, target_langs: targets,
+    slo: $("slo").value, speech: $("speak").checked, partials: true, audio_format: "pcm16", inputs }, {
+    ticket,
+    event: onEvent,
+    status: setStatus,
+    ended: onEnded,
+  });
+  state.stream = stream;
+  try {
+    await stream.open();
+  } catch (e) {
+    $("start").disabled = false;
+    return setStatus("error", e.message + (state.lastError ? ": " + state.lastError : ""));
+  }
   $("stop").disabled = false;
-  state.startInput = async () => {
-    state.source = new CaptureSource({
-      pcm: (buf) => ws.readyState === WebSocket.OPEN && ws.send(buf),
-      frame: (b64, ts, thumb) => sendFrame(b64, ts, thumb),
-      ended: () => endInput(),
-    });
-    try {
-      if (mode === "mic") await state.source.startMicrophone($("mic-select").value);
-      else await state.source.startFile(file, $("player"), $("send-frames").checked);
-      setStatus("live", mode === "mic" ? "listening" : "playing " + file.name + " as a live stream");
-    } catch (e) {
-      setStatus("error", "could not start the input: " + e.message);
-      stop();
-    }
-  };
+  state.source = new CaptureSource({
+    pcm: (buf) => stream.sendPcm(buf),
+    frame: (b64, ts, thumb) => sendFrame(b64, ts, thumb),
+    ended: () => endInput(),
+  });
+  try {
+    if (mode === "mic") await state.source.startMicrophone($("mic-select").value);
+    else await state.source.startFile(file, $("player"), $("send-frames").checked);
+    setStatus("live", mode === "mic" ? "listening" : "playing " + file.name + " as a live stream");
+  } catch (e) {
+    setStatus("error", "could not start the input: " + e.message);
+    stop();
+  }
 }
 
 const KEEP_FRAMES = 40; // thumbnails of the frames sent last, to show beside the slide the server finds in them
 
 function sendFrame(b64, ts, thumb) {
-  if (!state.ws || state.ws.readyState !== WebSocket.OPEN) return;
-  state.ws.send(JSON.stringify({ type: "frame", data: b64, ts }));
+  state.stream.sendFrame(b64, ts);
   state.frames.push({ ts, thumb });
   if (state.frames.length > KEEP_FRAMES) state.frames.shift();
 }
 
 function endInput() {
-  if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify({ type: "end" }));
-  setStatus("ending", "input ended; waiting for the last captions");
+  state.stream.end();
+  if ($("status").dataset.state !== "reconnecting") setStatus("ending", "input ended; waiting for the last captions");
 }
 
 function stop() {
   if (state.source) state.source.stop();
-  if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify({ type: "end" }));
+  if (state.stream) state.stream.end();
   $("stop").disabled = true;
 }
 
-function onClose(e) {
+function onEnded(e) {
   if (state.source) state.source.stop();
   $("start").disabled = false;
   $("stop").disabled = true;
   const st = $("status").dataset.state;
   if (e.code === 1000 && st === "closed") return;
   if (e.code !== 1000) setStatus("error", `stream closed (${e.code}${e.reason ? " " + e.reason : ""})` +
-    (state.lastError ? ": " + state.lastError : ""));
+    (e.error ? ": " + e.error : state.lastError ? ": " + state.lastError : ""));
   else if (st !== "error") setStatus("closed", `closed: ${state.finals.length} captions`);
 }
 
@@ -162,7 +157,7 @@ function onEvent(ev) {
 const HANDLERS = {
   ready(ev) {
     $("stream-id").textContent = ev.stream_id;
-    if (state.startInput) state.startInput();
+    if (ev.resumed) notice(`resumed after a break (${ev.last_seq} caption${ev.last_seq === 1 ? "" : "s"} already here)`);
   },
   partial(ev) { showPartial(ev, false); },
   revision(ev) { showPartial(ev, true); },
