@@ -169,7 +169,8 @@ async def test_owner_routes_tokens_and_what_a_listener_token_cannot_do(live: Liv
         for path in ("/v1/rooms", f"/v1/rooms/{room_id}"):
             r = await http.get(path, headers={"Authorization": f"Bearer {token}"})
             assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
-        assert (await http.get("/v1/rooms/rm_zz/events?targets=es&token=" + token)).status_code == 401
+        assert (await http.get("/v1/rooms/rm_zz/events?targets=es&token=" + token)).status_code == 404
+        assert (await http.get(f"/v1/rooms/{room_id}/events?targets=es")).status_code == 401  # no token
         r = await http.get(f"/v1/rooms/{room_id}/events?targets=es&after_seq=x&token={token}")
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter"
         r = await http.get(f"/v1/rooms/{room_id}/events?targets=ja&token={token}")

@@ -111,7 +111,7 @@ async def test_tokens_rooms_and_languages_are_checked(kind: str) -> None:
         await rooms.join(room_id, other_token, ["es"])  # a token opens its own room only
     with pytest.raises(AuthenticationError):
         await rooms.join(room_id, None, ["es"])
-    with pytest.raises(AuthenticationError):
+    with pytest.raises(NotFound):
         await rooms.join("rm_" + "0" * 16, token, ["es"])
     with pytest.raises(UnknownLanguage):
         await rooms.join(room_id, token, ["xx"])

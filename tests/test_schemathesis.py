@@ -55,6 +55,9 @@ OPERATIONS = [
     ("POST", "/v1/vocabularies/import"), ("POST", "/v1/vocabularies/{vocab_id}/recognise"),
     # the web pages' routes (api/web.py): stream tickets (8 unused a key: the 8 examples fit), the ops JSON
     ("POST", "/v1/stream-tickets"), ("GET", "/v1/ops/metrics"),
+    # rooms (api/rooms.py): owner routes and the SSE listener route (a generated room id is a 404)
+    ("POST", "/v1/rooms"), ("GET", "/v1/rooms"), ("GET", "/v1/rooms/{room_id}"), ("DELETE", "/v1/rooms/{room_id}"),
+    ("POST", "/v1/rooms/{room_id}/tokens"), ("GET", "/v1/rooms/{room_id}/events"),
 ]
 # Pairs served by Apertium and Bergamot (milliseconds a call) and one that nothing serves (it: 422). de, fr and zh are
 # left out: pairs only the Gemma LLM serves take seconds a call here (up to 256 generated tokens on 2 cores), which is
@@ -93,6 +96,7 @@ REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/v1/vocabularies"): json_body({
         "type": "object", "required": ["kind"],
         "properties": {"name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]}, "lang": {"enum": LANGS}}}),
+    ("POST", "/v1/rooms"): json_body({"type": "object", "properties": {"source_lang": {"enum": LANGS}}}),
     # an import of a vocabulary with no examples (examples with valid landmark sequences are beyond a schema:
     # t must not decrease, a sign needs hands in two frames); tests/test_vision_api.py imports real ones
     ("POST", "/v1/vocabularies/import"): json_body({
@@ -138,6 +142,7 @@ NEGATIVE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
             "properties"], "model": {"type": "string", "pattern": r"^(\*|asr|mt|ocr|tts)$|:"},
             "jitter_s": {"type": "number", "minimum": 0, "maximum": 60}}}),
     ("POST", "/v1/keys"): REQUEST_BODIES[("POST", "/v1/keys")],
+    ("POST", "/v1/rooms"): json_body({"type": "object", "properties": {"source_lang": {"type": "string"}}}),
     ("POST", "/v1/vocabularies"): json_body({
         "type": "object", "required": ["kind"],
         "properties": {"name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]}, "lang": {"type": "string"}}}),

@@ -36,6 +36,7 @@ from ..rooms.metrics import RoomMetrics
 from ..rooms.service import RoomService, open_rooms
 from ..stream.events import error_event
 from ..stream.protocol import close_code
+from . import spec
 from .deps import TranslateKey, flag
 
 log = logging.getLogger("lingua_fusion.api")
@@ -62,11 +63,14 @@ def _rooms(request: Request | WebSocket) -> RoomService:
 
 
 # ---- owner routes ------------------------------------------------------------------------------------------------
-@router.post("/v1/rooms")
+ROOM = spec.json_body({"type": "object", "properties": {"source_lang": {"type": "string"}}})
+
+
+@router.post("/v1/rooms", status_code=201, openapi_extra=spec.body(ROOM))
 async def create_room(request: Request, key: TranslateKey) -> JSONResponse:
     body = await _optional_json(request)
     source = body.get("source_lang")
-    if source is not None and not isinstance(source, str):
+    if "source_lang" in body and not isinstance(source, str):  # null included: leave it out for no source
         raise InvalidParameter("source_lang is a language code")
     room, token = await _rooms(request).create(key.key_id, source)
     return JSONResponse({**room.public(), "listener_token": token}, status_code=201)
@@ -83,7 +87,7 @@ async def get_room(room_id: str, request: Request, key: TranslateKey) -> dict[st
     return await rooms.describe(await rooms.owned(room_id, key.key_id))
 
 
-@router.post("/v1/rooms/{room_id}/tokens")
+@router.post("/v1/rooms/{room_id}/tokens", status_code=201)
 async def mint_token(room_id: str, request: Request, key: TranslateKey) -> JSONResponse:
     token = await _rooms(request).mint(room_id, key.key_id)
     return JSONResponse({"room_id": room_id, "listener_token": token}, status_code=201)

@@ -161,8 +161,9 @@ class RoomService:
         if not token:
             raise AuthenticationError("a listener token is needed (Authorization: Bearer lt_..., or ?token=)")
         room = await self.directory.get(room_id) if ROOM_ID.match(room_id) else None
-        if room is None or not await self.directory.token_ok(room_id, digest(token)):
-            # a wrong token and a wrong room look the same: a token tells nothing about other rooms
+        if room is None:  # room ids are 64 random bits: saying one does not exist gives nothing away
+            raise NotFound(f"no room {room_id}")
+        if not await self.directory.token_ok(room_id, digest(token)):
             raise AuthenticationError("this listener token does not open this room")
         langs = self._languages(room, targets)
         if not 0 <= after_seq < 2**53:
