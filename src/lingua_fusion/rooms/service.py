@@ -82,7 +82,7 @@ class RoomService:
         """The room if ``owner`` made it; another key's room is a 404, as one that does not exist."""
         room = await self.directory.get(room_id) if ROOM_ID.match(room_id) else None
         if room is None or room.owner != owner:
-            raise NotFound(f"no room {room_id} for this key")
+            raise NotFound(f"no room {room_id[:40]} for this key")
         return room
 
     async def mint(self, room_id: str, owner: str) -> str:
@@ -162,7 +162,7 @@ class RoomService:
             raise AuthenticationError("a listener token is needed (Authorization: Bearer lt_..., or ?token=)")
         room = await self.directory.get(room_id) if ROOM_ID.match(room_id) else None
         if room is None:  # room ids are 64 random bits: saying one does not exist gives nothing away
-            raise NotFound(f"no room {room_id}")
+            raise NotFound(f"no room {room_id[:40]}")
         if not await self.directory.token_ok(room_id, digest(token)):
             raise AuthenticationError("this listener token does not open this room")
         langs = self._languages(room, targets)
