@@ -113,6 +113,48 @@ def test_reads_become_slides_same_text_merged_and_a_blank_ends_one() -> None:
                                                                   (9.0, 12.0, "End")]
 
 
+def test_names_kept_as_written_are_product_names_not_days_or_languages() -> None:
+    from lingua_fusion.video.slides import names_in
+
+    assert names_in(["Rain on Monday and in May", "Deploy with Kubernetes and AWS", "Speak Spanish on S3"]) == [
+        "AWS", "Kubernetes", "S3"]
+
+
+def test_slide_prompts_only_correct_slide_terms_spelt_alike() -> None:
+    from lingua_fusion.models.base import ASRSegment
+    from lingua_fusion.video.context import _norm, correct_terms
+
+    def words(text: str) -> set[str]:
+        return {_norm(w) for w in text.split()}
+
+    slide = words("Kubernetes cluster. Helm charts for each release. PostgreSQL replication.")
+    plain = [ASRSegment(0, 3, "We deploy on Qber needs with home charts.", 0.9),
+             ASRSegment(3, 6, "It uses Post-R SQL.", 0.9)]
+    fixed = correct_terms(plain, "We deploy on Kubernetes with Helm charts. It uses PostgreSQL.", slide)
+    assert [(s.start, s.text) for s in fixed] == [(0, "We deploy on Kubernetes with Helm charts."),
+                                                  (3, "It uses PostgreSQL.")]
+    # slide wording that leaked in, words skipped because the speaker read the slide, a recited prompt: no change
+    said = [ASRSegment(0, 4, "But on Friday the sun will shine.", 0.9)]
+    assert correct_terms(said, "Sun on Friday. Sun will shine.", words("Sun on Friday.")) == said
+    read = [ASRSegment(0, 4, "Welcome everyone, today we talk about the weather.", 0.9)]
+    assert correct_terms(read, "", words("Welcome. Today we talk about the weather.")) == read
+    assert correct_terms(read, "Welcome. Welcome. Welcome. " * 3, words("Welcome.")) == read
+
+
+def test_the_audio_is_cut_at_slide_changes_in_the_silence_nearby() -> None:
+    from lingua_fusion.video.context import pieces
+    from lingua_fusion.video.slide_reader import SlideSpan
+
+    audio = np.zeros(16000 * 10, np.float32)
+    audio[: 16000 * 4] = 0.1 * np.sin(np.arange(16000 * 4) / 5)  # speech until 4.0 s, the slide changes at 4.6 s
+    audio[16000 * 5:] = 0.1 * np.sin(np.arange(16000 * 5) / 5)
+    spans = [SlideSpan(0.0, 4.6, [Row("First", (0, 0, 1, 1), 0.9)]),
+             SlideSpan(4.6, 10.0, [Row("• Second point", (0, 0, 1, 1), 0.9)])]
+    cut = pieces(spans, audio)
+    assert len(cut) == 2 and 4.0 <= cut[0].end <= 5.0 and cut[1].start == cut[0].end
+    assert cut[0].prompt == "First." and cut[1].prompt == "Second point."  # bullets left out
+
+
 def test_captions_interleave_slides_by_time_and_put_them_at_the_top() -> None:
     segs = [Segment(start=1.0, end=2.5, source_text="Hello", text="Hola")]
     slides = [SlideText(start=0.0, end=4.0, source_text="Title\nline", text="Título\nlínea"),
@@ -205,6 +247,31 @@ def test_a_video_file_gives_segments_and_slides_on_one_timeline(engine: FileTran
     assert r.segments[0].start < 1.0 and 3.7 <= r.segments[1].start <= 5.0  # both on the media clock
     assert not any("not yet" in w or "video frames" in w for w in r.warnings)
     assert r.models["ocr"] and r.models["asr"]
+
+
+def test_slide_words_correct_what_asr_misheard(engine: FileTranslator) -> None:
+    from conftest import espeak_wav
+
+    from lingua_fusion.lab.slidevideo import speech_track
+    from lingua_fusion.media.audio import decode_audio
+
+    said = decode_audio(espeak_wav("We deploy every service on Kubernetes with Helm charts."), LimitSettings())[0]
+    video = slide_video([SlideSpec(0.0, "Kubernetes cluster", ("Every service runs on Kubernetes",
+                                                              "Helm charts for each release"))], 6.0,
+                        speech=speech_track([(0.5, said, 16000)]), size=(640, 360))
+    req = FileRequest(source_modality="video", data=video, source_lang="en", target_lang="es")
+    try:
+        engine.slide_context = False
+        off = engine.translate(req)
+    finally:
+        engine.slide_context = True
+    on = engine.translate(req)
+    assert "Kubernetes" not in off.source_text  # espeak's voice: tiny.en mishears it
+    assert "Kubernetes" in on.source_text and "Kubernetes" in on.text
+    before, after = off.source_text.split(), on.source_text.split()
+    assert len(before) == len(after)  # corrected, nothing added or dropped
+    changed = {b.strip(".,") for a, b in zip(before, after, strict=True) if a != b}
+    assert changed and changed <= {"Kubernetes", "Helm"}  # only slide words came in
 
 
 def test_a_video_without_audio_gives_its_slides(engine: FileTranslator) -> None:

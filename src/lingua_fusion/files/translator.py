@@ -51,6 +51,7 @@ class FileRequest:
     filename: str = ""
     prompt: str | None = None  # ASR context (Whisper's initial prompt): names, spellings, the style wanted
     transcribe_only: bool = False  # speech -> text in the spoken language: no MT; target_lang is not used
+    signs: Any = None  # vision/file_signs.py SignReader: a video's signs read with the key's vocabulary_id
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class _Work:
     models: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames (ASR and MT context)
+    signs: list[Any] = field(default_factory=list)  # vision/service.py GlossSpan: signs read (vocabulary_id)
 
 
 class _Stages:
@@ -307,18 +309,23 @@ class FileTranslator:
 
     def _transcribe(self, asr: Any, audio: np.ndarray, work: _Work, task: str, hot: str | None,
                     prompt: str | None) -> Any:
-        """One Whisper call; or, for a video whose slides were read (the language known), one call per slide shown,
-        that slide's words as the prompt (video/context.py)."""
-        def run(x: np.ndarray, slide_prompt: str | None = None) -> Any:
+        """One Whisper call; for a video whose slides were read, slide terms are then corrected from each slide's
+        audio transcribed again with the slide's words as the prompt (video/context.py). Slides in another language
+        than the speech are not used (they would pull Whisper into their language)."""
+        def run(x: np.ndarray, slide_prompt: str | None = None, language: str | None = work.source) -> Any:
             both = " ".join(p for p in (prompt, slide_prompt) if p) or None
-            return asr.transcribe(x, language=work.source, task=task, hotwords=hot, initial_prompt=both)
+            return asr.transcribe(x, language=language, task=task, hotwords=hot, initial_prompt=both)
 
-        if (work.video is None or not work.video.slides or not self.slide_context or work.source is None
-                or task != "transcribe"):
-            return run(audio)
-        from ..video.context import pieces, transcribe_pieces
+        res = run(audio)
+        if work.video is None or not work.video.slides or not self.slide_context or task != "transcribe":
+            return res
+        from ..video.context import correct_with_slides, pieces
 
-        return transcribe_pieces(run, audio, pieces(work.video.slides, audio))
+        shown = langs.identify(" ".join(s.source_text for s in work.video.slides))
+        if not res.segments or (shown.sure and shown.lang != res.language):
+            return res
+        return correct_with_slides(res, lambda x, p: run(x, p, res.language), audio,
+                                   pieces(work.video.slides, audio))
 
     def _ocr(self, image: np.ndarray, source: str | None, models: dict[str, str]) -> list[Segment]:
         ocr = self.registry.ocr()
@@ -343,7 +350,7 @@ class FileTranslator:
                 work.source, work.confidence = self._identify(" ".join(s.source_text for s in segs))
                 work.detected = True
             return segs
-        if valid.source_modality == Modality.VIDEO and not self._read_frames(data, work, st):
+        if valid.source_modality == Modality.VIDEO and not self._read_frames(data, work, st, valid.request.signs):
             return []  # a video without an audio track: its slides are what it says
         with st.stage("decode"):
             audio, info = decode_audio(data, self.settings.limits, what=valid.source_modality.value)
@@ -353,7 +360,7 @@ class FileTranslator:
         with st.stage("asr"):
             return self._asr(audio, work, valid.request.glossary, valid.request.prompt)
 
-    def _read_frames(self, data: bytes, work: _Work, st: _Stages) -> bool:
+    def _read_frames(self, data: bytes, work: _Work, st: _Stages, signs: Any = None) -> bool:
         """A video's frames -> its slides (``work.video``; their words become ASR prompts and MT names). Returns
         whether the file has an audio track to transcribe."""
         from ..video.fanout import FrameContext
@@ -362,8 +369,9 @@ class FileTranslator:
 
         with st.stage("video"):
             video = read_video(data, self.settings, self.registry,
-                               FrameContext(work.source, work.target, self.settings, self.registry),
+                               FrameContext(work.source, work.target, self.settings, self.registry, signs),
                                deadline=st.deadline)
+            work.signs = signs.finish() if signs is not None else []
         if not video.probe.has_video:
             return True
         work.video = video
@@ -408,14 +416,45 @@ class FileTranslator:
         with st.stage("slides_mt"):
             return slide_texts(work.video.slides, mt if route is not None else None, braille)
 
+    def _signs(self, reader: Any, work: _Work, st: _Stages) -> list[Any]:
+        """The video's known signs, each gloss translated from the vocabulary's language (vision/file_signs.py)."""
+        from ..vision.file_signs import sign_texts
+
+        route = None
+        if reader.lang != work.target:
+            try:
+                route = self.check_pair(reader.lang, work.target)
+            except UnsupportedPair:
+                work.warnings.append(f"signs were not translated: no model translates {reader.lang} -> {work.target}")
+
+        def mt(texts: list[str]) -> list[str]:
+            assert route is not None
+            segs = [Segment(start=0.0, end=0.0, source_text=t, text=t) for t in texts]
+            self._translate(segs, route, [], work.models, st.deadline)
+            return [s.text for s in segs]
+
+        with st.stage("signs_mt"):
+            return sign_texts(work.signs, mt if route is not None else None)
+
     def _slide_names(self, work: _Work, segs: list[Segment], glossary: list[Term]) -> list[Term]:
-        """Names on the slides (acronyms, product names) that the speech says: MT keeps them as written."""
-        if work.video is None or not self.slide_context:
+        """Names on the slides (acronyms, product names) that the speech says and that MT would mangle: each is
+        translated alone once; one that comes back changed but spelt alike ("Acme" -> "Acmé") is kept as written,
+        one that comes back unchanged needs nothing, and one translated for real ("Monday" -> "lunes") is left to MT
+        (a protected term also changes the words around it: Apertium put "encima" for "on" before one)."""
+        from difflib import SequenceMatcher
+
+        if work.video is None or not self.slide_context or work.route is None:
             return []
         own = {t.source.lower() for t in glossary}
         said = " ".join(s.source_text for s in segs)
-        return [Term(n, n) for n in work.video.names()
-                if n.lower() not in own and re.search(rf"\b{re.escape(n)}\b", said)]
+        names = [n for n in work.video.names()
+                 if n.lower() not in own and re.search(rf"\b{re.escape(n)}\b", said)]
+        if not names:
+            return []
+        probe = [Segment(start=0.0, end=0.0, source_text=n, text=n) for n in names]
+        self._translate(probe, work.route, [], {}, None)
+        return [Term(n, n) for n, p in zip(names, probe, strict=True)
+                if p.text.strip() != n and SequenceMatcher(None, n.lower(), p.text.strip().lower()).ratio() >= 0.6]
 
     # ---- translate -----------------------------------------------------------------------------------------
     def _translate(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str],
@@ -485,8 +524,11 @@ class FileTranslator:
                      speech_translation=valid.speech_translation, confidence=valid.source_confidence,
                      detected=valid.source_confidence is not None, transcribe_only=valid.request.transcribe_only)
         segs = self._recognise(valid, work, st)
-        if not segs and not (work.video is not None and work.video.slides):
+        if not segs and not (work.video is not None and work.video.slides) and not any(
+                s.recognition.known for s in work.signs):
             raise NoContent("no speech or text was found in the input")
+        if work.source is None and valid.request.signs is not None:  # only signs: their vocabulary's language
+            work.source = valid.request.signs.lang
         assert work.source is not None
         if work.speech_translation:
             work.models["mt"] = "none (Whisper speech translation)" if work.route is None else ""
@@ -503,16 +545,18 @@ class FileTranslator:
                 applied = self._translate(segs, work.route, glossary + names, work.models, st.deadline)
             applied = [t for t in applied if t not in names]
         slides = self._slides(work, glossary, tgt_mod, st) if work.video is not None and work.video.slides else []
+        signs = self._signs(valid.request.signs, work, st) if work.signs else []
         work.models = {k: v for k, v in work.models.items() if v}
         self._say_what_happened(work)
         route = work.route
         described = route.describe() if route else None
         if work.speech_translation:
             described = "whisper speech->en" + (f", {described}" if described else "")
-        shown = segs or slides  # a video without speech: its slides are its text
+        shown = segs or slides or signs  # a video without speech: its slides (or signs) are its text
         result = TranslationResult(
             text=("\n\n" if not segs else " ").join(s.text for s in shown).strip(),
             source_text=("\n\n" if not segs else " ").join(s.source_text for s in shown).strip(), slides=slides,
+            signs=signs,
             source_lang=work.source, target_lang=work.target, source_modality=valid.source_modality.value,
             target_modality=tgt_mod.value, segments=segs, models=work.models,
             pivot="en" if work.speech_translation and route else (route.pivot if route else None),

@@ -44,6 +44,7 @@ class FrameContext:
     target_lang: str
     settings: Any
     registry: Any
+    signs: Any = None  # vision/file_signs.py SignReader: the request named a sign vocabulary (vocabulary_id)
 
 
 FILE_CONSUMERS: dict[str, Callable[[FrameContext], Tap | None]] = {}

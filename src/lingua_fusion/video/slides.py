@@ -210,14 +210,22 @@ def same_text(a: str, b: str, threshold: float = 0.85) -> bool:
 
 
 # ---- slide words as context ------------------------------------------------------------------------------------
+# English capitalises these inside a sentence, but they are words to translate, not names to keep
+NOT_NAMES = frozenset("""monday tuesday wednesday thursday friday saturday sunday january february march april may
+june july august september october november december english spanish french german portuguese catalan italian
+chinese japanese european american british i""".split())
+
+
 def names_in(texts: list[str]) -> list[str]:
     """Names on slides that MT must keep as written: acronyms, words with digits, capitalised words inside a line
-    (as the stream path does, stream/jobs.py)."""
+    (as the stream path does, stream/jobs.py), but not the days, months and languages English capitalises."""
     names: set[str] = set()
     for text in texts:
         for line in text.splitlines():
             words = re.findall(r"[A-Za-z][A-Za-z0-9]+", line)
             for i, w in enumerate(words):
+                if w.lower() in NOT_NAMES:
+                    continue
                 if (w.isupper() and len(w) > 1) or any(c.isdigit() for c in w) or (i > 0 and w[0].isupper()):
                     names.add(w)
     return sorted(names)
