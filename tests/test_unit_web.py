@@ -80,3 +80,10 @@ def test_the_snapshot_holds_the_registry_samples_and_its_digest() -> None:
     assert asr["count"] == 3.0 and asr["sum"] == pytest.approx(0.55)
     assert asr["buckets"] == [[0.1, 1.0], [1.0, 3.0], ["+Inf", 3.0]]
     assert asr["p50"] == pytest.approx(0.1 + 0.9 * (1.5 - 1) / 2)
+
+
+def test_an_unused_ticket_is_masked_in_logs() -> None:
+    from lingua_fusion.redact import redact
+
+    line = 'GET /v1/streams?ticket=wst_abc123&x=1 HTTP/1.1" 101'
+    assert "wst_abc123" not in redact(line) and "x=1" in redact(line)

@@ -16,7 +16,7 @@ _API_KEY = re.compile(r"sk_[A-Za-z0-9_\-]{16,}")
 # so a long run of letters (a 60,000-character path in an error message) costs linear time, not quadratic
 _URL_PASSWORD = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]{0,31}://)(?P<user>[^:/@\s]{0,256}):[^@/\s]{0,1024}@")
 # query parameters that carry credentials
-_QUERY_SECRET = re.compile(r"(?P<name>[?&](?:api_key|apikey|key|token|access_token|resume_token|password)=)"
+_QUERY_SECRET = re.compile(r"(?P<name>[?&](?:api_key|apikey|key|token|access_token|resume_token|ticket|password)=)"
                            r"[^&\s\"']*", re.IGNORECASE)
 MASK = "***"
 
