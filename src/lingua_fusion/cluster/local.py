@@ -105,17 +105,17 @@ def alive(pid: int) -> bool:
 
 
 def kill_when_busy(pid: int, timeout_s: float = 60.0) -> None:
-    """SIGKILL ``pid`` in the middle of a burst of CPU work (two 50 ms samples in a row that used 20 ms of CPU or
-    more: a model batch running), or after ``timeout_s``."""
+    """SIGKILL ``pid`` in the middle of a burst of CPU work (three 20 ms samples in a row, each with CPU time
+    charged: a model batch running, 60 ms in), or after ``timeout_s``."""
     def cpu() -> int:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+        return int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks (10 ms)
 
     last, busy, end = cpu(), 0, time.monotonic() + timeout_s
-    while time.monotonic() < end and busy < 2:
-        time.sleep(0.05)
+    while time.monotonic() < end and busy < 3:
+        time.sleep(0.02)
         now = cpu()
-        busy = busy + 1 if now - last >= 2 else 0
+        busy = busy + 1 if now > last else 0
         last = now
     os.kill(pid, signal.SIGKILL)
 
