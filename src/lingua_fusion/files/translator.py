@@ -118,6 +118,7 @@ class _Work:
     models: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames (ASR and MT context)
+    deadline: Deadline | None = None  # the request's: optional work (slide corrections) stops early near it
     signs: list[Any] = field(default_factory=list)  # vision/service.py GlossSpan: signs read (vocabulary_id)
 
 
@@ -324,8 +325,10 @@ class FileTranslator:
         shown = langs.identify(" ".join(s.source_text for s in work.video.slides))
         if not res.segments or (shown.sure and shown.lang != res.language):
             return res
+        deadline = work.deadline
         return correct_with_slides(res, lambda x, p: run(x, p, res.language), audio,
-                                   pieces(work.video.slides, audio))
+                                   pieces(work.video.slides, audio),
+                                   stop=(lambda: deadline.left() < deadline.seconds / 3) if deadline else None)
 
     def _ocr(self, image: np.ndarray, source: str | None, models: dict[str, str]) -> list[Segment]:
         ocr = self.registry.ocr()
@@ -374,7 +377,7 @@ class FileTranslator:
             work.signs = signs.finish() if signs is not None else []
         if not video.probe.has_video:
             return True
-        work.video = video
+        work.video, work.deadline = video, st.deadline
         if video.slides:
             work.models["ocr"] = video.ocr_model
         else:

@@ -113,12 +113,15 @@ def pieces(slides: list[SlideSpan], audio: np.ndarray, sr: int = SR) -> list[Pie
 
 
 def correct_with_slides(plain: ASRResult, transcribe: Callable[[np.ndarray, str], ASRResult], audio: np.ndarray,
-                        cut: list[Piece], sr: int = SR) -> ASRResult:
+                        cut: list[Piece], sr: int = SR, *, stop: Callable[[], bool] | None = None) -> ASRResult:
     """``plain`` (the whole file transcribed without prompts) with slide terms corrected: each piece that shows a
     slide is transcribed again with the slide's words as the prompt, and ``correct_terms`` takes from it only
-    slide words spelt like the plain words they replace, in the plain segments whose middle falls in the piece."""
+    slide words spelt like the plain words they replace, in the plain segments whose middle falls in the piece.
+    ``stop()`` true: the request is running out of time; the rest stays uncorrected (the correction is optional)."""
     segments = list(plain.segments)
     for p in cut:
+        if stop is not None and stop():
+            break
         idx = [i for i, s in enumerate(segments) if p.start <= (s.start + s.end) / 2 < p.end]
         if not p.prompt or not idx:
             continue
