@@ -159,6 +159,8 @@ def translate(
     out: Path | None = typer.Option(None, "--out", "-o",
                                     help="Write the output here instead of stdout (speech: the WAV)."),
     glossary: Path | None = typer.Option(None, "--glossary", help="CSV/JSON term list to apply."),
+    vocabulary: str | None = typer.Option(None, "--vocabulary",
+                                          help="A sign vocabulary's id: the video's signs are read (JSON: signs)."),
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
 ) -> None:
     """Translate a file or text, through a server (--url) or in-process. Warnings go to stderr."""
@@ -177,7 +179,7 @@ def translate(
             result = client.translate(str(file) if file else None, text=text, target_lang=to,
                                       source_lang=source_lang, source_modality=modality,
                                       target_modality=target_modality, enable_glossary=gid is not None,
-                                      glossary_id=gid)
+                                      glossary_id=gid, vocabulary_id=vocabulary)
     except LinguaFusionError as exc:
         fail(exc)
     warn(result.warnings)

@@ -50,6 +50,18 @@ class SlideText(BaseModel):
     braille: str | None = None  # target_modality braille: the translation in braille cells
 
 
+class SignText(BaseModel):
+    """A sign recognised in a video with the request's sign vocabulary (vocabulary_id): on the same timeline as
+    ``segments`` (seconds)."""
+
+    start: float
+    end: float
+    gloss: str  # the taught label
+    source_text: str  # the gloss as text in the vocabulary's language (THANK-YOU -> "thank you")
+    text: str  # its translation
+    confidence: float
+
+
 class TranslationResult(BaseModel):
     text: str
     source_text: str
@@ -59,6 +71,7 @@ class TranslationResult(BaseModel):
     target_modality: str
     segments: list[Segment] = Field(default_factory=list)
     slides: list[SlideText] = Field(default_factory=list)  # video input: slides read from its frames
+    signs: list[SignText] = Field(default_factory=list)  # video input with a vocabulary_id: signs read from it
     models: dict[str, str] = Field(default_factory=dict)
     latency_ms: dict[str, float] = Field(default_factory=dict)
     pivot: str | None = None

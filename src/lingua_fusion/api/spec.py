@@ -34,7 +34,9 @@ TRANSLATE = form_body({
         "target_lang": {"type": "string", "description": "ISO 639-1"},
         "output_format": {"enum": ["json", "srt", "vtt", "text", "wav"]},
         "enable_glossary": {"enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]},
-        "glossary_id": {"type": "string"}}})
+        "glossary_id": {"type": "string"},
+        "vocabulary_id": {"type": "string", "description": "a sign vocabulary of this key: a video's signs are read "
+                                                           "(the result's signs)"}}})
 GLOSSARY = form_body({
     "type": "object", "anyOf": [{"required": ["terms"]}, {"required": ["file"]}],
     "properties": {"file": {"type": "string", "format": "binary", "description": "CSV (source,target) or JSON"},

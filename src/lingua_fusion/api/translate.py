@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import secrets
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
@@ -44,13 +45,19 @@ async def translate(request: Request, key: TranslateKey) -> Response:
             raise InvalidParameter("enable_glossary is set but this key has no glossary: upload one first "
                                    "(POST /v1/glossaries) or pass glossary_id", details={"field": "enable_glossary"})
         _meta, terms = ctx.store.get_glossary(key.key_id, str(gid))
+    signs = None
+    if form.get("vocabulary_id"):  # a video's signs, read with this key's sign vocabulary (vision/file_signs.py)
+        from ..vision import file_signs
+
+        signs = file_signs.reader(request.app.state.vision, key.key_id, form.get("vocabulary_id"),
+                                  secrets.token_hex(6))
     source_modality = form.get("source_modality")  # None: FileTranslator.validate tells it from the bytes
     req = FileRequest(source_modality=str(source_modality) if source_modality else None,
                       target_lang=str(form.get("target_lang") or ""),
                       target_modality=str(form.get("target_modality") or "text"),
                       source_lang=str(form.get("source_lang")) if form.get("source_lang") else None,
                       data=data, text=str(text) if text is not None else None, glossary=terms,
-                      filename=filename)
+                      filename=filename, signs=signs)
     # every check (size, languages and pair, modality vs bytes, UTF-8): before the queue, before any decoding
     valid = ctx.translator.validate(req)
     # the time limit covers the wait for a slot and the work; the work checks it as it goes (a thread cannot be

@@ -29,7 +29,7 @@ class LocalTranslator(LocalVocabularyMethods):
     def translate(self, input_media: MediaInput | None = None, *, target_lang: str,
                   source_modality: str | None = None, target_modality: str = "text",
                   source_lang: str | None = None, text: str | None = None, enable_glossary: bool = False,
-                  glossary_id: str | None = None) -> TranslationResult:
+                  glossary_id: str | None = None, vocabulary_id: str | None = None) -> TranslationResult:
         # FileTranslator.translate validates the request (size, modality vs bytes, UTF-8, languages, pair) as
         # it does for the server; a text file is handed over as bytes so that it gets the same checks
         data, text, modality, filename = read_input(input_media, text, source_modality)
@@ -40,8 +40,14 @@ class LocalTranslator(LocalVocabularyMethods):
                 raise InvalidParameter("enable_glossary is set but no glossary was uploaded: call "
                                        "upload_glossary first", details={"field": "enable_glossary"})
             terms = self._glossary(gid)
+        signs = None
+        if vocabulary_id:  # a video's signs, read with this sign vocabulary (vision/file_signs.py)
+            from ..vision import file_signs
+
+            signs = file_signs.reader(self._vision(), self.OWNER, vocabulary_id, "local")
         req = FileRequest(source_modality=modality, target_lang=target_lang, target_modality=target_modality,
-                          source_lang=source_lang, data=data, text=text, glossary=terms, filename=filename)
+                          source_lang=source_lang, data=data, text=text, glossary=terms, filename=filename,
+                          signs=signs)
         if self.tracer is None:
             return self.engine.translate(req)
         trace = self.tracer.root("translate")
