@@ -47,8 +47,8 @@ class ClusterExecutor(Executor):
         super().__init__(registry, settings, metrics)
         self.handle = handle  # DeploymentHandle of ModelReplica
         self.remote = remote
-        self.hops = 0  # calls sent to a replica, retries included (tests and /metrics read it)
-        self.hop_retries = 0
+        self.hops = 0  # calls sent to a replica, retries included
+        self.hop_retries = 0  # calls sent again after the replica failed or none was running (the heartbeat says)
         self._depths: dict[ModelKey, int] = {}
         self._hop_errors = _hop_errors()
         self.others: Callable[[], int] = lambda: 0  # streams admitted on the other gateways (heartbeat.py)
@@ -77,11 +77,11 @@ class ClusterExecutor(Executor):
                 raise ModelTimeout(f"{key}: no model replica answered in time")
             try:
                 self.hops += 1
-                reply: Reply = await asyncio.wait_for(self.handle.run.remote(Call.make(key, payload, ctx, t0)),
-                                                      timeout=left)
-            except TimeoutError:
-                continue  # the loop's deadline check answers
-            except self._hop_errors as exc:
+                call = Call.make(key, payload, ctx, self.clock())  # the caption's age as of this send
+                reply: Reply = await asyncio.wait_for(self.handle.run.remote(call), timeout=left)
+            except (TimeoutError, *self._hop_errors) as exc:
+                if deadline - loop.time() <= 0:
+                    raise ModelTimeout(f"{key}: no model replica answered in time") from exc
                 if ctx.tentative or self._closing:
                     raise BackendError(f"{key}: the model replica failed: {type(exc).__name__}") from exc
                 self.hop_retries += 1
