@@ -160,3 +160,21 @@ def test_the_cluster_stream_cap_counts_the_other_gateways() -> None:
     port.others = lambda: 2
     port.admit(demand)
     assert "st_1" in port.scheduler.admitted
+
+
+async def test_a_model_replica_runs_a_call_on_its_executor_and_answers_errors_as_codes() -> None:
+    from lingua_fusion.cluster.replica import ModelReplica
+
+    replica = ModelReplica(Settings().model_dump(mode="json"), warm=())
+    try:
+        ok = await replica.run(Call.make(ModelKey.mt("en", "es"), MtInput("Good morning."), CallContext("st_1"), 0.0))
+        assert ok.code is None and "buenos" in ok.result().lower()
+        bad = await replica.run(Call.make(ModelKey.mt("en", "xx"), MtInput("Good morning."), CallContext("st_1"), 0.0))
+        assert bad.code is not None  # a typed error, not an exception across the hop
+        with pytest.raises(Exception) as err:
+            bad.result()
+        assert getattr(err.value, "code", None) == bad.code
+        stats = replica.record_autoscaling_stats()
+        assert stats["queue_depth"] == 0.0 and 0.0 <= stats["slo_pressure"]
+    finally:
+        await replica.close()

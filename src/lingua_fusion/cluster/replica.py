@@ -18,6 +18,7 @@ from ..config import Settings
 from ..errors import LinguaFusionError
 from ..models.registry import Registry
 from ..serving.executor import Executor
+from ..serving.keys import ModelKey
 from ..serving.scheduler import SLO_CLASSES, stage_deadline
 from .autoscale import PressureWindow
 from .wire import Call, Reply
@@ -46,13 +47,13 @@ class ModelReplica:
 
     def _warm(self, keys: tuple[str, ...]) -> None:
         """Load the usual models before Serve routes here (the constructor runs before the replica is ready)."""
-        for key in keys:
+        for text in keys:
+            key = ModelKey.parse(text)
             try:
-                if key.startswith("asr:"):
-                    self.registry.asr("en" if key == "asr:tiny.en" else key.rpartition(":")[2])
-                elif key.startswith("mt:"):
-                    src, _, tgt = key[3:].partition("-")
-                    self.registry.mt("apertium").warm(src, tgt)
+                if key.task == "asr":
+                    self.registry.asr(key.source)
+                elif key.task == "mt":  # the default pairs are Apertium's
+                    self.registry.mt("apertium").warm(key.source, key.target)
             except LinguaFusionError as exc:
                 log.warning("warm-up of %s failed: %s", key, exc.message)
 
@@ -72,5 +73,10 @@ class ModelReplica:
         """Serve's custom-metrics hook, read by ``autoscale.slo_policy``."""
         return {"queue_depth": float(self.queue_depth()), "slo_pressure": self.pressure.p90(time.monotonic())}
 
-    async def __del__(self) -> None:
+    async def close(self) -> None:
         await self.executor.close()
+
+    def __del__(self) -> None:
+        # Serve calls this when it stops the replica, and the process ends right after; the model threads are let
+        # go here (an ``async def __del__`` would also be called, never awaited, by the garbage collector)
+        self.executor.threads.close()
