@@ -256,7 +256,8 @@ def captions_run(site: Site, speech_wav: Path, downloads: Path,
                  screens: Callable[[WebDriver, str], Path]) -> Iterator[CaptionsRun]:
     driver = chromium(downloads)
     try:
-        play_file(driver, site, speech_wav, ["es", "ca"], slo="standard", speak=True,
+        # the batch class: its partials have a 30 s budget, so a loaded machine does not shed them all
+        play_file(driver, site, speech_wav, ["es", "ca"], slo="batch", speak=True,
                   on_partial=lambda d: screens(d, "captions-partial"))
         events = network(driver)
         captions = driver.execute_script("""

@@ -145,7 +145,7 @@ function onEnded(e) {
   if (e.code === 1000 && st === "closed") return;
   if (e.code !== 1000) setStatus("error", `stream closed (${e.code}${e.reason ? " " + e.reason : ""})` +
     (e.error ? ": " + e.error : state.lastError ? ": " + state.lastError : ""));
-  else if (st !== "error") setStatus("closed", `closed: ${state.finals.length} captions`);
+  else if (st !== "error") setStatus("closed", `closed: ${plural(state.finals.length, "caption")}`);
 }
 
 // ---- events ------------------------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ function onEvent(ev) {
 const HANDLERS = {
   ready(ev) {
     $("stream-id").textContent = ev.stream_id;
-    if (ev.resumed) notice(`resumed after a break (${ev.last_seq} caption${ev.last_seq === 1 ? "" : "s"} already here)`);
+    if (ev.resumed) notice(`resumed after a break (${plural(ev.last_seq, "caption")} already here)`);
   },
   partial(ev) { showPartial(ev, false); },
   revision(ev) { showPartial(ev, true); },
@@ -182,9 +182,11 @@ const HANDLERS = {
   },
   closed(ev) {
     $("partial").replaceChildren();
-    setStatus("closed", `closed: ${ev.finals} captions (${ev.reason})`);
+    setStatus("closed", `closed: ${plural(ev.finals, "caption")} (${ev.reason})`);
   },
 };
+
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
 
 function count(kind) {
   state.counts[kind] += 1;
@@ -309,7 +311,7 @@ async function copyText() {
     document.execCommand("copy");
     area.remove();
   }
-  notice(`copied ${state.finals.length} captions`);
+  notice(`copied ${plural(state.finals.length, "caption")}`);
 }
 
 function downloadSrt() {
