@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import BIN, REDIS, needs_redis, render_slide, start_server, stop_server, talk_wav
+from conftest import BIN, REDIS, free_port, needs_redis, render_slide, start_server, stop_server, talk_wav
 from websockets.asyncio.client import connect
 
 from lingua_fusion import MultimodalTranslator
@@ -338,6 +338,53 @@ async def test_a_listener_on_gateway_b_hears_a_room_published_on_gateway_a(tmp_p
             late = list(sdk.listen(room_id, token=token, targets=["es"], after_seq=1))  # after the end: history
         assert [e.seq for e in late if e.type == "final"] == [f["seq"] for f in pub.finals][1:]
         assert late[-1].type == "closed"
+    finally:
+        stop_server(a)
+        stop_server(b)
+
+
+@needs_redis
+async def test_the_publishers_server_killed_mid_room_listeners_miss_nothing(tmp_path: Path) -> None:
+    """SIGKILL the publisher's gateway mid-room and restart it: the SDK resumes the stream, the stream re-attaches
+    to its room, finals logged but never published are published from the log, and a listener on the other
+    gateway gets 1..N exactly once with the publisher's translations."""
+    env = {"LINGUAFUSION_STATE__REDIS_URL": REDIS or ""}
+    key = new_key(tmp_path)
+    port = free_port()
+    a_url, a = start_server(tmp_path, env=env, port=port)
+    b_url, b = start_server(tmp_path, env=env)
+    sentences = ["Good morning.", "The river is long.", "The water is cold.", "The sky is blue.",
+                 "The bank is closed.", "Thank you."]
+    try:
+        translator = MultimodalTranslator(api_key=key, base_url=a_url)
+        stream = translator.stream(["es"], partials=False, inputs=["text"], room=True)
+        async with stream as s:
+            room_id, token = s.ready["room_id"], s.ready["listener_token"]
+            listener = await listen_ws(b_url.replace("http", "ws"), room_id, token, "es")
+            published: list[Any] = []
+            events = s.__aiter__()
+
+            async def finals_until(n: int) -> None:
+                while len(published) < n:
+                    ev = await asyncio.wait_for(events.__anext__(), 120)
+                    if ev.type == "final":
+                        published.append(ev)
+
+            for i, text in enumerate(sentences[:3]):
+                await s.send_text(text, ts=float(i))
+            await finals_until(3)
+            a.kill()  # SIGKILL: whatever the room had not published yet is lost with the process
+            a.wait(timeout=30)
+            a_url, a = start_server(tmp_path, env=env, port=port)
+            for i, text in enumerate(sentences[3:], start=3):
+                await s.send_text(text, ts=float(i))  # waits for the SDK's reconnection, then resumes
+            await s.end()
+            await finals_until(6)
+            async for ev in events:  # through `closed`: the room ends with the stream
+                assert ev.type != "final"
+        heard = finals_of(await asyncio.wait_for(read_all(listener), 60))
+        assert [f["seq"] for f in heard] == [p.seq for p in published] == list(range(1, 7))
+        assert [f["translations"]["es"] for f in heard] == [p.translations["es"] for p in published]
     finally:
         stop_server(a)
         stop_server(b)

@@ -35,6 +35,7 @@ class Room:
     targets: list[str] = field(default_factory=list)  # the publisher's own targets
     stream_id: str | None = None  # the publishing stream (its resume re-attaches here)
     finals: int = 0
+    epoch: int = 0  # how many times a stream attached: a publisher that left ends the room unless another came
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,7 +45,7 @@ class Room:
         return cls(room_id=str(d["room_id"]), owner=str(d["owner"]), created=float(d["created"]),
                    state=str(d.get("state", State.WAITING)), source_lang=d.get("source_lang"),
                    targets=list(d.get("targets") or []), stream_id=d.get("stream_id"),
-                   finals=int(d.get("finals", 0)))
+                   finals=int(d.get("finals", 0)), epoch=int(d.get("epoch", 0)))
 
     def public(self, listeners: dict[str, int] | None = None) -> dict[str, Any]:
         out = {"room_id": self.room_id, "state": self.state, "source_lang": self.source_lang,

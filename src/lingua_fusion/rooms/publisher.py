@@ -28,6 +28,7 @@ from .model import PUBLISHED, State
 
 log = logging.getLogger("lingua_fusion.rooms")
 SYNC_S = 0.5
+ORPHAN_S = 120.0  # a room whose stream left without ending (and did not resume) ends after this
 PUBLISH_QUEUE = 1024
 MAX_SLIDES_IN_FLIGHT = 2  # slides being translated for the room at once; more go out untranslated
 SPEECH = "speech:"  # presence key of listeners who want a language spoken (rooms/service.py)
@@ -39,8 +40,10 @@ PARTIAL_MT_S = 5.0  # a partial's translation into the room's other languages is
 class RoomPublisher:
     def __init__(self, room_id: str, session: StreamSession, bus: RoomBus, directory: RoomDirectory, *,
                  low_confidence: Callable[[str], bool], clock: Callable[[], float] = time.time,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, epoch: int = 0, orphan_s: float = ORPHAN_S) -> None:
         self.room_id = room_id
+        self.epoch = epoch
+        self.orphan_s = orphan_s
         self.session = session
         self.bus = bus
         self.directory = directory
@@ -212,19 +215,32 @@ class RoomPublisher:
                 wanted, room = None, None
             if room is not None and room.state == State.ENDED:
                 self.ended = True  # ended by its owner (perhaps on another gateway): stop publishing
+                self._stop_others()
                 return
             if wanted is not None:
                 self.speech_langs = {k.removeprefix(SPEECH) for k in wanted if k.startswith(SPEECH)}
                 self.retarget({k.removeprefix(SPEECH) for k in wanted})
             if self.session.closed.is_set() and self._queue.empty() and not self._busy:
                 # the stream ended without `closed` (a lost connection; it may resume, here or elsewhere, and
-                # attach again): stop publishing, the room stays live
+                # attach again): stop publishing; the room ends if no stream attached within orphan_s
                 self.ended = True
-                for task in self._tasks[2:]:
-                    task.cancel()
-                self._tasks[0].cancel()
+                self._stop_others()
+                await self._end_if_orphaned()
                 return
             await asyncio.sleep(SYNC_S)
+
+    async def _end_if_orphaned(self) -> None:
+        await asyncio.sleep(self.orphan_s)
+        try:
+            room = await self.directory.get(self.room_id)
+            if room is None or room.state == State.ENDED or room.epoch != self.epoch:
+                return  # ended, or the stream resumed (perhaps on another gateway) and attached again
+            room.state, room.finals = State.ENDED, max(room.finals, self.finals)
+            await self.directory.save(room)
+            await self.bus.publish(self.room_id, {"type": "closed", "finals": room.finals,
+                                                  "reason": "the publisher left", "published_at": self.clock()})
+        except LinguaFusionError as exc:
+            log.warning("room %s: could not end the orphaned room: %s", self.room_id, exc.message)
 
     def retarget(self, listened: set[str]) -> None:
         """The stream's targets := its own, then the listened languages (in a stable order). A new list, never
@@ -241,8 +257,14 @@ class RoomPublisher:
 
     @property
     def done(self) -> asyncio.Task[None]:
-        """The pump: done once the room's `closed` is published, or the stream ended without one."""
-        return self._tasks[0]
+        """Done once the room's `closed` is published, the room was ended, or the stream left and the room was
+        ended as orphaned (or taken over by a resumed stream)."""
+        return self._tasks[1]
+
+    def _stop_others(self) -> None:
+        for task in [self._tasks[0], *self._tasks[2:]]:
+            if task is not asyncio.current_task():
+                task.cancel()
 
     async def close(self) -> None:
         self.ended = True

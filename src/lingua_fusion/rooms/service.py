@@ -132,7 +132,7 @@ class RoomService:
             record = await self.owned(room_id, key_id)
             if record.state == State.ENDED and not resumed:
                 raise InvalidParameter(f"room {room_id} has ended; create another")
-        record.state, record.stream_id = State.LIVE, spec.stream_id
+        record.state, record.stream_id, record.epoch = State.LIVE, spec.stream_id, record.epoch + 1
         record.source_lang, record.targets = spec.source_lang, list(spec.targets)
         await self.directory.save(record)
         token = new_token()
@@ -140,7 +140,9 @@ class RoomService:
         old = self.publishers.pop(record.room_id, None)
         if old is not None:
             await old.close()
-        pub = RoomPublisher(record.room_id, session, self.bus, self.directory, clock=self.clock,
+        if resumed:
+            await self._catch_up(record.room_id, session)
+        pub = RoomPublisher(record.room_id, session, self.bus, self.directory, clock=self.clock, epoch=record.epoch,
                             low_confidence=lambda t: self.low_confidence(spec.source_lang, t), metrics=self.metrics)
         pub.finals = session.seq
         pub.retarget(set((await self.directory.languages(record.room_id, self.clock())).keys()))
@@ -149,6 +151,20 @@ class RoomService:
         self.publishers[record.room_id] = pub
         self.metrics.rooms.set(len(self.publishers))
         ready.room_id, ready.listener_token = record.room_id, token  # type: ignore[attr-defined]
+
+    async def _catch_up(self, room_id: str, session: StreamSession) -> None:
+        """A resumed publisher (its server died, or its connection broke): finals it logged but whose room event
+        never went out (the tap's queue died with the old server) are published from the stream log first, in
+        order, so listeners get 1..N with no gap."""
+        journal = session.journal
+        if journal is None:
+            return
+        kept = await self.bus.history(room_id, 0)
+        last = max((int(e["seq"]) for e in kept if e.get("type") == "final"), default=0)
+        missed = await journal.log.call(journal.log.store.finals_after, session.spec.stream_id, last)
+        for event in missed:
+            if int(event["seq"]) <= session.seq:
+                await self.bus.publish(room_id, {**event, "published_at": round(self.clock(), 6)})
 
     def _publisher_done(self, pub: RoomPublisher) -> None:
         if self.publishers.get(pub.room_id) is pub:
