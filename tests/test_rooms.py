@@ -43,7 +43,7 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     state = tmp_path_factory.mktemp("rooms")
-    keys = [new_key(state) for _ in range(8)]  # made before the server starts (see docs/rooms.md, Tests)
+    keys = [new_key(state) for _ in range(9)]  # made before the server starts (see docs/rooms.md, Tests)
     url, proc = start_server(state)
     yield Live(url, keys)
     stop_server(proc)
@@ -388,3 +388,18 @@ async def test_the_publishers_server_killed_mid_room_listeners_miss_nothing(tmp_
     finally:
         stop_server(a)
         stop_server(b)
+
+
+def test_cli_listen_errors_are_clear(live: Live) -> None:
+    def listen(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN), "listen", *args], capture_output=True, text=True, timeout=60)
+
+    p = listen("rm_0123456789abcdef", "--token", "lt_x", "--to", "es", "--url", live.url)
+    assert p.returncode == 2 and p.stderr.startswith("error [not_found]:"), p.stderr
+    made = httpx.post(live.url + "/v1/rooms", headers={"Authorization": f"Bearer {live.key()}"}, timeout=30).json()
+    p = listen(made["room_id"], "--token", "lt_wrong", "--to", "es", "--url", live.url)
+    assert p.returncode == 2 and p.stderr.startswith("error [unauthenticated]:"), p.stderr
+    p = listen(made["room_id"], "--token", made["listener_token"], "--to", "xx", "--url", live.url)
+    assert p.returncode == 2 and p.stderr.startswith("error [unknown_language]:"), p.stderr
+    p = listen(made["room_id"], "--token", made["listener_token"], "--to", "es")
+    assert p.returncode == 2 and "--url" in p.stderr and p.stderr.startswith("error [invalid_parameter]:")
