@@ -208,16 +208,19 @@ async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int,
 
 
 def _worker_main(path: str, first: int, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
-                 out: Any) -> None:
-    """A stream worker process (``serve --workers``): its share of the streams, model work over the socket."""
+                 out: Any, go: Any) -> None:
+    """A stream worker process (``serve --workers``): its share of the streams, model work over the socket.
+    It connects, says so, and starts its streams when every worker has (``go``)."""
     from lingua_fusion.serving.shard.remote import ModelLink, RemotePort
 
-    async def go() -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
         settings = bench_settings()
         link = ModelLink(path, max_in_flight=1 << 15, connect_wait_s=30.0)
         link.start()
         await link.wait_up(30.0)
         port = RemotePort(link, None, settings)  # type: ignore[arg-type]
+        out.put({"ready": first})
+        await asyncio.to_thread(go.wait, 300)
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 return await drive_streams(port, first, n, seconds, chunk_ms, slo, audio, Path(tmp))
@@ -225,7 +228,7 @@ def _worker_main(path: str, first: int, n: int, seconds: float, chunk_ms: int, s
             await link.close()
 
     try:
-        out.put(asyncio.run(go()))
+        out.put(asyncio.run(run()))
     except BaseException as exc:  # the parent must hear of it, not wait for its timeout
         out.put({"error": repr(exc)})
         raise
@@ -245,13 +248,21 @@ async def run_sharded(executor: Executor, n: int, workers: int, seconds: float, 
         path = str(Path(tmp) / "model.sock")
         listener = await asyncio.start_unix_server(server.handle, path=path, limit=codec.MAX_FRAME)
         ctx = mp.get_context("spawn")
-        out = ctx.Queue()
+        out, go = ctx.Queue(), ctx.Event()
         shares = [n // workers + (1 if w < n % workers else 0) for w in range(workers)]
         firsts = [sum(shares[:w]) for w in range(workers)]
-        procs = [ctx.Process(target=_worker_main, args=(path, firsts[w], shares[w], seconds, chunk_ms, slo, audio, out),
-                             daemon=True) for w in range(workers)]
+        procs = [ctx.Process(target=_worker_main, daemon=True,
+                             args=(path, firsts[w], shares[w], seconds, chunk_ms, slo, audio, out, go))
+                 for w in range(workers)]
+        for p in procs:  # off the loop: a spawn start blocks until the child has imported this module
+            await asyncio.to_thread(p.start)
+        for _ in procs:
+            hello = await asyncio.to_thread(out.get, True, 300)
+            if "error" in hello:
+                raise RuntimeError(f"a stream worker failed: {hello['error']}")
         cpu0, wall0 = time.process_time(), time.monotonic()
         gpu = _gpu_sampler()
+        stacks = _stack_sampler() if SAMPLE_STACKS is not None else None
         lags: list[float] = []
         loop = asyncio.get_running_loop()
 
@@ -262,8 +273,7 @@ async def run_sharded(executor: Executor, n: int, workers: int, seconds: float, 
                 lags.append(loop.time() - t - 0.1)
 
         watcher = asyncio.create_task(watch())
-        for p in procs:
-            p.start()
+        go.set()
         parts = []
         try:
             for _ in procs:
@@ -273,6 +283,8 @@ async def run_sharded(executor: Executor, n: int, workers: int, seconds: float, 
                 parts.append(part)
         finally:
             watcher.cancel()
+            if stacks is not None and SAMPLE_STACKS is not None:
+                await asyncio.to_thread(SAMPLE_STACKS.with_suffix(f".sharded{n}.txt").write_text, stacks())
             for p in procs:
                 await asyncio.to_thread(p.join, 30)
                 if p.is_alive():
@@ -564,6 +576,7 @@ def main() -> None:
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
     ap.add_argument("--parts", default="decoder,memory,baseline,streams",
                     help="any of decoder, memory, baseline, streams, sharded")
+    ap.add_argument("--warmup", type=int, default=0, help="streams of an unrecorded 6 s run before the sweeps")
     ap.add_argument("--workers", type=int, default=4, help="stream worker processes of the 'sharded' part")
     ap.add_argument("--sharded-streams", default="100,200,300,400,600,800,1200")
     ap.add_argument("--quick", action="store_true", help="tiny models and counts (a CPU check of the code)")
@@ -599,6 +612,9 @@ def main() -> None:
     def save() -> None:  # after every part, so a run cut short by its time limit still leaves what it measured
         report["wall_s"] = round(time.monotonic() - t0, 1)
         args.json.write_text(json.dumps(report, indent=2))
+    if args.warmup:  # Triton compiles and first-shape work land here, not in the first recorded run
+        asyncio.run(sweep(argparse.Namespace(**{**vars(args), "seconds": 6.0}), asr_model, mt_model, baseline=False,
+                          counts=[args.warmup], rows=[]))
     if "decoder" in parts:
         report["decoder"] = decoder_figures(args, asr_model, [int(b) for b in args.decoder_batches.split(",")])
         save()
