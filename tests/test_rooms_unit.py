@@ -203,3 +203,65 @@ async def test_a_listener_from_further_back_than_the_history_is_told_what_it_mis
     await asyncio.wait_for(collect(await rooms.join(room_id, token, ["es"], after_seq=6), got), 5)
     assert [e["type"] for e in got] == ["final", "final", "final", "closed"]  # nothing missed: no notice
     await rooms.close()
+
+
+# ---- the publisher on a real StreamSession (its ModelPort faked: MT upper-cases, every call recorded) ------------
+async def published_room(rooms: RoomService) -> tuple[Any, Any, str]:
+    from fakes import FakePort, session
+
+    from lingua_fusion.stream.protocol import StreamSpec
+
+    port = FakePort()
+    s = session(port, spec=StreamSpec(source_lang="en", targets=["es"], inputs=["text"], key_id="key_owner"))
+    ready = await s.open()
+    await rooms.attach(s, True, "key_owner", ready)
+    assert ready.room_id is not None and ready.listener_token is not None
+    return s, port, ready.room_id
+
+
+async def test_each_language_is_translated_once_per_final_however_many_listen() -> None:
+    from lingua_fusion.rooms.publisher import SYNC_S
+
+    rooms = service()
+    s, port, room_id = await published_room(rooms)
+    many = {"ca": 50, "fr": 30, "speech:fr": 2}  # 80 listeners on another gateway, two want French spoken
+    await rooms.directory.listen(room_id, "gw_other", many, rooms.clock() + 60)
+    await asyncio.sleep(SYNC_S * 3)  # the publisher reads who listens
+    assert s.spec.targets == ["es", "ca", "fr"]
+    await s.feed_text("good morning", ts=0.0)
+    await s.end()
+    async for _ in s.outgoing():
+        pass
+    mt = [(k.target, p.text) for k, p, _c in port.calls if k.task == "mt"]
+    assert sorted(mt) == [("ca", "good morning"), ("es", "good morning"), ("fr", "good morning")]  # once each
+    history = await rooms.bus.history(room_id, 0)
+    assert history[0]["translations"] == {"es": "GOOD MORNING", "ca": "GOOD MORNING", "fr": "GOOD MORNING"}
+    assert history[-1]["type"] == "closed"
+    assert [k.source for k, _p, _c in port.calls if k.task == "tts"] == ["fr"]  # spoken once, for French
+    await rooms.directory.listen(room_id, "gw_other", {}, rooms.clock() + 60)  # everyone left
+    await rooms.close()
+
+
+async def test_a_language_nobody_listens_to_any_more_is_dropped_and_an_orphaned_room_ends() -> None:
+    from lingua_fusion.rooms.publisher import SYNC_S
+
+    rooms = service()
+    s, port, room_id = await published_room(rooms)
+    await rooms.directory.listen(room_id, "gw_other", {"ca": 1}, rooms.clock() + 60)
+    await asyncio.sleep(SYNC_S * 3)
+    assert s.spec.targets == ["es", "ca"]
+    await rooms.directory.listen(room_id, "gw_other", {}, rooms.clock() + 60)
+    await asyncio.sleep(SYNC_S * 3)
+    assert s.spec.targets == ["es"]  # the publisher's own target stays
+    rooms.publishers[room_id].orphan_s = 0.05
+    s.abort()  # the connection went away: no `closed`, and nobody resumes it
+    for _ in range(100):
+        room = await rooms.directory.get(room_id)
+        if room is not None and room.state == "ended":
+            break
+        await asyncio.sleep(0.05)
+    assert room is not None and room.state == "ended"
+    history = await rooms.bus.history(room_id, 0)
+    assert history[-1]["type"] == "closed" and history[-1]["reason"] == "the publisher left"
+    assert room_id not in rooms.publishers
+    await rooms.close()
