@@ -523,9 +523,10 @@ def test_the_ops_page_numbers_equal_metrics(site: Site, speech_wav: Path, browse
     enter_key(browser, site.admin_key)
     wait(browser, lambda d: snapshots(d) >= 2, 30, "two snapshots")
     # a live stream while the page watches: its stages appear on the charts over time
-    subprocess.run([str(BIN), "stream", str(speech_wav), "--to", "es", "--from", "en", "--slo", "interactive",
-                    "--realtime", "--json", "--url", site.url, "--api-key", site.user_key], capture_output=True,
-                   timeout=120, check=True)
+    run = subprocess.run([str(BIN), "stream", str(speech_wav), "--to", "es", "--from", "en", "--slo", "standard",
+                          "--realtime", "--json", "--url", site.url, "--api-key", site.user_key], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
     seen = snapshots(browser)
     wait(browser, lambda d: snapshots(d) >= seen + 2, 30, "two more snapshots")
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-stages path")  # p50 / p99 lines over time
