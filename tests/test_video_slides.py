@@ -312,6 +312,20 @@ def test_the_cli_json_srt_and_vtt_of_a_video(talk: bytes, tmp_path: Path) -> Non
     assert starts == sorted(starts) and len(starts) == 3 + len(body["segments"])
 
 
+def test_the_cli_plays_a_video_as_a_live_stream_with_its_slides(talk: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "talk.mp4"
+    path.write_bytes(talk)
+    p = cli("stream", str(path), "--from", "en", "--to", "es", "--json")
+    assert p.returncode == 0, p.stderr
+    events = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    slides = [e for e in events if e["type"] == "slide"]
+    assert len(slides) == 3, slides
+    for spec, ev in zip(SLIDES, slides, strict=True):
+        assert abs(ev["t"] - spec.t) <= 1.0 and ev["source_text"].splitlines()[0] == spec.title
+    assert "Madrid" in slides[1]["text"] and any(e["type"] == "final" for e in events)
+    assert events[-1]["type"] == "closed" and events[-1]["video"]["ocr_calls"] == 3
+
+
 # ---- over the network --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Server:

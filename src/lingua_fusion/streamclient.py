@@ -84,6 +84,9 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
     targets, source_lang = await asyncio.to_thread(check_request, client, targets, slo, source_lang)
     audio, _info = decode_audio(data, Settings().limits, what=path.name)
+    from .video.stream_source import has_video, video_frames
+
+    frames = video_frames(data, Settings().limits) if has_video(data, Settings().limits) else None  # slides too
     if source_lang is None:
         source_lang = await asyncio.to_thread(detect_language, audio, console)
     pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
@@ -101,15 +104,26 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
             _show_room(s.ready, as_json, console)
 
         async def send() -> None:
+            frame = await anext(frames, None) if frames is not None else None
             for i, off in enumerate(range(0, len(pcm), step)):
                 ts = off / 2 / 16000
                 if realtime:
                     delay = t0 + ts - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
+                while frame is not None and frames is not None and frame[0] <= ts:  # video frames up to now
+                    await s.send_frame(frame[1], frame[0])
+                    frame = await anext(frames, None)
+                    if not realtime:
+                        await asyncio.sleep(0.04)  # the server takes at most 50 messages a second
                 await s.send_audio(pcm[off:off + step], ts)
                 if not realtime and i % 8 == 0:
                     await asyncio.sleep(0)
+            while frame is not None and frames is not None:
+                await s.send_frame(frame[1], frame[0])
+                frame = await anext(frames, None)
+                if not realtime:
+                    await asyncio.sleep(0.04)
             await s.end()
 
         sender = asyncio.create_task(send())
@@ -135,6 +149,8 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
                 sender.cancel()
             else:
                 sender.result()
+            if frames is not None:
+                await frames.aclose()
     if finals:
         from .lab.eval.latency import summarize
 

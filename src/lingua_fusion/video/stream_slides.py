@@ -31,6 +31,7 @@ from .frames import FrameStats, VideoFrame
 from .slides import Change, DetectorConfig, Row, SlideDetector, reading_order, same_text, signature
 
 MAX_WAITING = 4  # settled changes waiting for OCR per stream (frames sent faster than real time)
+FINISH_WAIT_S = 60.0  # at the end of a stream, slides still being read get this long (a cold OCR model loads first)
 
 
 class StreamSlides:
@@ -139,9 +140,10 @@ class StreamSlides:
         task = self._running
         if task is not None and not task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(task), timeout=wait_s)
+                await asyncio.wait_for(asyncio.shield(task), timeout=max(wait_s, FINISH_WAIT_S))
             except Exception:  # noqa: BLE001 - a timeout, or an error already sent as an event
-                return
+                self._waiting.clear()
+                task.cancel()  # nothing may be sent after the stream's closed event
 
 
 class StreamVideo:
