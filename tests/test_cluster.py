@@ -35,6 +35,7 @@ SERVE_PORT = 18718
 SENTENCES = ["Good morning everyone and welcome to the quarterly review.", "The new office will open in the spring.",
              "Please send me the report before Friday.", "We need more time to finish the project.",
              "The train to the airport leaves every hour.", "Thank you all for your hard work."]
+SHORT = SENTENCES[:4]  # the talk the gateway and room tests stream (14 s)
 NORM = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.Strip()])
 
 
@@ -63,7 +64,7 @@ def _wait(cond: Any, timeout: float, what: str) -> Any:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("cluster")
     talk = tmp / "talk.wav"
-    talk.write_bytes(talk_wav(SENTENCES))
+    talk.write_bytes(talk_wav(SHORT))
     long_talk = tmp / "long_talk.wav"
     long_talk.write_bytes(talk_wav(SENTENCES, pause_s=0.15))
     ray = LocalRay(nodes=2, cpus_per_node=1)
@@ -99,8 +100,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 class Stream:
     """`linguafusion stream FILE --to es --realtime --json` against the cluster, read as it goes."""
 
-    def __init__(self, c: Cluster, *extra: str, talk: Path | None = None) -> None:
-        self.proc = subprocess.Popen([str(BIN), "stream", str(talk or c.talk), "--to", "es", "--realtime", "--json",
+    def __init__(self, c: Cluster, *extra: str, long: bool = False) -> None:
+        self.sentences = SENTENCES if long else SHORT
+        talk = c.long_talk if long else c.talk
+        self.proc = subprocess.Popen([str(BIN), "stream", str(talk), "--to", "es", "--realtime", "--json",
                                       "--url", c.url, "--no-partials", *extra], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.events: list[dict[str, Any]] = []
@@ -128,12 +131,12 @@ class Stream:
         return self.events, err
 
 
-def _check_captions(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _check_captions(events: list[dict[str, Any]], sentences: list[str]) -> list[dict[str, Any]]:
     finals = [e for e in events if e["type"] == "final"]
     assert [f["seq"] for f in finals] == list(range(1, len(finals) + 1))  # none lost, none repeated
     assert not [f for f in finals if f.get("failed")]  # no stage gave up
     spoken = " ".join(f["source_text"] for f in finals)
-    assert jiwer.wer(NORM(" ".join(SENTENCES)), NORM(spoken)) <= 0.2, spoken  # the whole recording is covered
+    assert jiwer.wer(NORM(" ".join(sentences)), NORM(spoken)) <= 0.2, spoken  # the whole recording is covered
     assert events[-1]["type"] == "closed"
     return finals
 
@@ -153,21 +156,21 @@ def test_a_gateway_killed_mid_stream_the_client_resumes_on_another(cluster: Clus
                   "the stream on another gateway")
     assert moved.streams == victim.streams  # the same stream id, resumed
     events, err = s.finish()
-    _check_captions(events)
+    _check_captions(events, s.sentences)
     assert "reconnected" in err
 
 
 def test_the_model_replica_killed_mid_stream_is_restarted_and_nothing_is_lost(cluster: Cluster) -> None:
     name = "ServeReplica:lf-models:ModelReplica"
     (old,) = replica_pids(name)
-    s = Stream(cluster, talk=cluster.long_talk)
+    s = Stream(cluster, long=True)
     assert s.first_final.wait(90), "no caption before the kill"
     holder = _holder(cluster)
     kill_when_busy(old)  # while it runs a batch: that committed work is lost with it and must be sent again
     new = _wait(lambda: [p for p in replica_pids(name) if p != old], 90, "Serve to start another model replica")
     assert len(new) == 1
     events, err = s.finish()
-    finals = _check_captions(events)
+    finals = _check_captions(events, s.sentences)
     assert "reconnected" not in err  # the gateway kept the connection: only the model work moved
     assert len(finals) >= 2
     assert alive(holder.pid)  # the gateway was not touched
@@ -199,7 +202,7 @@ def test_a_listener_on_one_gateway_hears_a_room_published_on_the_other_through_i
     os.kill(publisher.pid, signal.SIGKILL)
     events, err = pub.finish()
     assert "reconnected" in err
-    published = _check_captions(events)
+    published = _check_captions(events, pub.sentences)
     out, err = listener.communicate(timeout=60)
     assert listener.returncode == 0, err
     heard = [json.loads(line) for line in out.splitlines() if line.strip()]
