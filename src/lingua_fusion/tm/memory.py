@@ -30,6 +30,19 @@ class TmStats:
     bypassed: int = 0  # segments too long (or empty) to keep
 
 
+class _Batch:
+    """One call's segments: their keys (None: not kept), and what is known of each so far."""
+
+    def __init__(self, texts: list[str], terms: list[Sequence[Term]], names: list[Sequence[Term]]) -> None:
+        self.texts, self.terms, self.names = texts, terms, names
+        self.keys: list[str | None] = []
+        self.outs: list[str | None] = [None] * len(texts)
+        self.applied: list[list[Term]] = [[] for _ in texts]
+
+    def give(self, i: int, text: str, applied: tuple[str, ...]) -> None:
+        self.outs[i], self.applied[i] = text, _terms(applied, self.terms[i], self.names[i])
+
+
 class TranslationMemory:
     def __init__(self, local: LRU, shared: SharedTier | None = None, *, max_segment_chars: int = 2000,
                  clock: Callable[[], float] = time.time) -> None:
@@ -45,55 +58,63 @@ class TranslationMemory:
                   deadline: Deadline | None = None) -> tuple[list[str], list[list[Term]]]:
         """``apply_mt_batch`` with a memory: the same (translations, glossary terms applied per text)."""
         extra: list[Sequence[Term]] = names if names is not None else [() for _ in texts]
-        now = self.clock()
-        outs: list[str | None] = [None] * len(texts)
-        applied: list[list[Term]] = [[] for _ in texts]
-        keys: list[str | None] = []
+        batch = _Batch(texts, terms, extra)
         for t, ts, ns in zip(texts, terms, extra, strict=True):
             keep = 0 < len(normalise(t)) <= self.max_segment_chars
-            keys.append(entry_key(t, route, glossary_version(ts, ns)) if keep else None)
-        hits_local = hits_shared = bypassed = 0
-        for i, k in enumerate(keys):
-            if k is None:
-                bypassed += 1
-                continue
-            entry = self.local.get(k, now)
-            if entry is not None:
-                outs[i], applied[i] = entry.text, _terms(entry.applied, terms[i], extra[i])
-                hits_local += 1
-        wanted = sorted({k for i, k in enumerate(keys) if k is not None and outs[i] is None})
-        if self.shared is not None and wanted:
-            found = dict(zip(wanted, self.shared.get_many(wanted), strict=True))
-            for i, k in enumerate(keys):
-                got = found.get(k) if k is not None and outs[i] is None else None
-                if got is not None:
-                    outs[i], applied[i] = str(got["t"]), _terms(tuple(got["a"]), terms[i], extra[i])
-                    self.local.put(k, str(got["t"]), tuple(got["a"]), now)  # type: ignore[arg-type]
-                    hits_shared += 1
-        todo: dict[str, list[int]] = {}  # one MT call per distinct key (or per uncached text)
-        for i, k in enumerate(keys):
-            if outs[i] is None:
-                todo.setdefault(k if k is not None else f"#{i}", []).append(i)
-        if todo:
-            first = [idx[0] for idx in todo.values()]
-            made, used = apply_mt_batch([texts[i] for i in first], [terms[i] for i in first], translate,
-                                        names=[extra[i] for i in first], deadline=deadline)
-            fresh: dict[str, dict[str, Any]] = {}
-            for (k, idx), out, terms_used in zip(todo.items(), made, used, strict=True):
-                for i in idx:
-                    outs[i], applied[i] = out, list(terms_used)
-                if keys[idx[0]] is not None:
-                    sources = tuple(t.source for t in terms_used)
-                    self.local.put(k, out, sources, now)
-                    fresh[k] = {"t": out, "a": list(sources)}
-            if self.shared is not None:
-                self.shared.put_many(fresh)
+            batch.keys.append(entry_key(t, route, glossary_version(ts, ns)) if keep else None)
+        now = self.clock()
+        hits_local, hits_shared = self._lookup(batch, now)
+        self._fill(batch, translate, deadline, now)
         with self._lock:
+            cached = sum(1 for k in batch.keys if k is not None)
             self.stats.hits_local += hits_local
             self.stats.hits_shared += hits_shared
-            self.stats.bypassed += bypassed
-            self.stats.misses += sum(1 for k in keys if k is not None) - hits_local - hits_shared
-        return [o if o is not None else "" for o in outs], applied
+            self.stats.bypassed += len(texts) - cached
+            self.stats.misses += cached - hits_local - hits_shared
+        return [o if o is not None else "" for o in batch.outs], batch.applied
+
+    def _lookup(self, batch: _Batch, now: float) -> tuple[int, int]:
+        """The local tier, then the shared one for what it lacks (one MGET). Returns (local hits, shared hits)."""
+        hits_local = hits_shared = 0
+        for i, k in enumerate(batch.keys):
+            entry = self.local.get(k, now) if k is not None else None
+            if entry is not None:
+                batch.give(i, entry.text, entry.applied)
+                hits_local += 1
+        wanted = sorted({k for i, k in enumerate(batch.keys) if k is not None and batch.outs[i] is None})
+        if self.shared is None or not wanted:
+            return hits_local, 0
+        found = dict(zip(wanted, self.shared.get_many(wanted), strict=True))
+        for i, k in enumerate(batch.keys):
+            got = found.get(k) if k is not None and batch.outs[i] is None else None
+            if got is not None:
+                batch.give(i, str(got["t"]), tuple(got["a"]))
+                self.local.put(str(k), str(got["t"]), tuple(got["a"]), now)
+                hits_shared += 1
+        return hits_local, hits_shared
+
+    def _fill(self, batch: _Batch, translate: Callable[[list[str]], list[str]], deadline: Deadline | None,
+              now: float) -> None:
+        """MT for the misses, one segment per distinct key (or per text not kept); the results kept in both tiers."""
+        todo: dict[str, list[int]] = {}
+        for i, k in enumerate(batch.keys):
+            if batch.outs[i] is None:
+                todo.setdefault(k if k is not None else f"#{i}", []).append(i)
+        if not todo:
+            return
+        first = [idx[0] for idx in todo.values()]
+        made, used = apply_mt_batch([batch.texts[i] for i in first], [batch.terms[i] for i in first], translate,
+                                    names=[batch.names[i] for i in first], deadline=deadline)
+        fresh: dict[str, dict[str, Any]] = {}
+        for (k, idx), out, terms_used in zip(todo.items(), made, used, strict=True):
+            for i in idx:
+                batch.outs[i], batch.applied[i] = out, list(terms_used)
+            if batch.keys[idx[0]] is not None:
+                sources = tuple(t.source for t in terms_used)
+                self.local.put(k, out, sources, now)
+                fresh[k] = {"t": out, "a": list(sources)}
+        if self.shared is not None:
+            self.shared.put_many(fresh)
 
     def close(self) -> None:
         if self.shared is not None:
