@@ -102,6 +102,10 @@ def test_reading_order_puts_the_title_first_and_joins_boxes_of_one_row() -> None
     # a tall line low on the slide is not a title: plain top-to-bottom order
     low = reading_order([OCRLine("top", 0.9, (0, 10, 100, 40)), OCRLine("FOOTER", 0.9, (0, 600, 300, 700))])
     assert [r.text for r in low] == ["top", "FOOTER"] and not low[0].title
+    # a pointer or bullet read as a symbol is not a row to translate
+    marks = reading_order([OCRLine("Next steps", 0.9, (0, 10, 300, 60)), OCRLine("●", 0.8, (500, 400, 510, 410)),
+                           OCRLine("- 3 -", 0.8, (0, 600, 60, 630))])
+    assert [r.text for r in marks] == ["Next steps", "- 3 -"]
 
 
 def test_reads_become_slides_same_text_merged_and_a_blank_ends_one() -> None:

@@ -169,8 +169,9 @@ class Row:
 
 def reading_order(lines: list[OCRLine]) -> list[Row]:
     """OCR boxes -> rows in reading order: the title first (a line clearly taller than the others, in the upper
-    half), then rows top to bottom; boxes on one visual row are joined left to right."""
-    boxes = [ln for ln in lines if ln.text.strip()]
+    half), then rows top to bottom; boxes on one visual row are joined left to right. A box without a letter or a
+    digit (a bullet, a cursor read as "●", a rule) is not text to translate."""
+    boxes = [ln for ln in lines if any(ch.isalnum() for ch in ln.text)]
     if not boxes:
         return []
     heights = np.array([max(1.0, ln.box[3] - ln.box[1]) for ln in boxes])
