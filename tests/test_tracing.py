@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from conftest import SRC, render_slide, talk_wav
+from conftest import SRC, render_slide, start_server, stop_server, talk_wav
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_streaming import SENTENCES, pcm16
@@ -33,7 +33,7 @@ from lingua_fusion.sdk.local import LocalTranslator
 from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import CallContext, MtInput
-from lingua_fusion.tracing import Tracer, record_batch
+from lingua_fusion.tracing import Tracer, TraceRef, record_batch
 
 PORTS = iter(range(18310, 18399))
 L = "linguafusion."
@@ -385,3 +385,215 @@ print(json.dumps({{"status": r.status_code, "text": r.json().get("text", r.text)
     assert out["status"] == 200 and out["text"] == "El perro es negro." and out["finals"] == ["El perro es negro."]
     assert out["tracer"] is None and out["local"] is None and out["calls"] >= 1 and out["traces"] == []
     assert out["sdk"] == []
+
+
+# ---- across process boundaries: serve --workers' model process, a cluster's model replica ------------------------
+SHARD_PORTS = iter(range(18900, 18999))
+
+
+def _shard_port() -> int:
+    import socket
+
+    for port in SHARD_PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 18900-18998")
+
+
+def _one(spans: list[ReadableSpan], name: str) -> ReadableSpan:
+    (found,) = [s for s in spans if s.name == name]
+    return found
+
+
+def _remote_pair(gateway: list[ReadableSpan], model: list[ReadableSpan], stream: TraceRef, name: str) -> None:
+    """``gateway`` holds the caller's client span ``name`` under ``stream`` (remote, kind CLIENT); ``model`` (the
+    other side's exporter) the item's batch span under that client span, on the same trace."""
+    from opentelemetry.trace import SpanKind
+
+    client, item = _one(gateway, name), _one(model, name)
+    assert client.kind == SpanKind.CLIENT and attr(client, "remote") is True
+    assert client.parent is not None and client.parent.span_id == stream.span.context.span_id
+    assert client.context is not None and item.context is not None and item.parent is not None
+    assert item.parent.is_remote and item.parent.span_id == client.context.span_id
+    assert item.context.trace_id == client.context.trace_id == stream.span.context.trace_id
+    assert attr(item, "batch_size") == 1 and attr(item, "model_key") == attr(client, "model_key") == "mt:en-es"
+    assert client.start_time <= item.start_time <= item.end_time <= client.end_time  # type: ignore[operator]
+
+
+async def test_a_model_call_to_the_model_process_carries_its_trace_over_the_socket(tmp_path: Path) -> None:
+    """A worker's RemotePort and a ModelServer over a real Unix socket (each with its own tracer, as two processes
+    have): the worker's client span goes over the wire as a traceparent and the model process records the batch
+    span under it. Tracing off: the message carries no traceparent."""
+    from lingua_fusion.models.registry import Registry
+    from lingua_fusion.serving.shard.model_process import ModelServer
+    from lingua_fusion.serving.shard.remote import ModelLink, RemotePort
+
+    settings = Settings(state_dir=tmp_path)
+    worker_spans, model_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    worker, model = Tracer.to_exporter(worker_spans, "lf-worker"), Tracer.to_exporter(model_spans, "lf-model")
+    path = str(tmp_path / "m.sock")
+    server = ModelServer(settings, Registry(settings), tracer=model)
+    listener = await asyncio.start_unix_server(server.handle, path=path)
+    link = ModelLink(path)
+    port = RemotePort(link, Registry(settings), settings)
+    sent: list[dict[str, Any]] = []
+    call = link.call
+
+    async def spy(msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        sent.append(msg)
+        return await call(msg, timeout_s)
+
+    link.call = spy  # type: ignore[method-assign]
+    stream = worker.stream("st_a", "key_a", "standard", "en", ["es"])
+    try:
+        key = ModelKey.mt("en", "es")
+        assert await port.run(key, MtInput("The dog is black."), CallContext("st_a", trace=stream)) == \
+            "El perro es negro."
+        assert await port.run(key, MtInput("The house is big."), CallContext("st_b")) == "La casa es grande."
+    finally:
+        stream.end()
+        await link.close()
+        listener.close()
+        await server.close()
+    assert [m["op"] for m in sent] == ["run", "run"]
+    client = _one(list(worker_spans.get_finished_spans()), "mt").context
+    assert client is not None and sent[0]["traceparent"] == \
+        f"00-{client.trace_id:032x}-{client.span_id:016x}-{client.trace_flags:02x}"
+    assert "traceparent" not in sent[1] and "trace" not in sent[1]["ctx"]  # off: nothing added
+    spans = list(worker_spans.get_finished_spans())
+    assert sorted(s.name for s in spans) == ["mt", "stream"]
+    _remote_pair(spans, list(model_spans.get_finished_spans()), stream, "mt")  # the untraced call: no span there
+    (item,) = model_spans.get_finished_spans()
+    assert item.resource.attributes["service.name"] == "lf-model"
+
+
+async def test_a_model_call_to_a_cluster_replica_carries_its_trace_in_the_call() -> None:
+    """The gateway's ClusterExecutor and a real ModelReplica (no Serve: the handle pickles the Call as Ray does):
+    the client span's traceparent rides in the Call and the replica's own tracer records the batch span under it."""
+    import pickle
+    from types import SimpleNamespace
+
+    from lingua_fusion.cluster.port import ClusterExecutor
+    from lingua_fusion.cluster.replica import ModelReplica
+    from lingua_fusion.cluster.wire import Call, Reply
+    from lingua_fusion.models.registry import Registry
+
+    settings = Settings()
+    replica = ModelReplica(settings.model_dump(mode="json"), warm=())
+    assert replica.tracer is None  # deployed without otel.endpoint: off
+    gateway_spans, replica_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    gateway = Tracer.to_exporter(gateway_spans, "lf-gateway")
+    replica.tracer = Tracer.to_exporter(replica_spans, "lf-replica")
+    calls: list[Call] = []
+
+    async def remote(call: Call) -> Reply:
+        calls.append(call)
+        return await replica.run(pickle.loads(pickle.dumps(call)))
+
+    port = ClusterExecutor(Registry(settings), settings, handle=SimpleNamespace(run=SimpleNamespace(remote=remote)))
+    stream = gateway.stream("st_a", "key_a", "standard", "en", ["es"])
+    try:
+        key = ModelKey.mt("en", "es")
+        assert await port.run(key, MtInput("The dog is black."), CallContext("st_a", trace=stream)) == \
+            "El perro es negro."
+        assert await port.run(key, MtInput("The house is big."), CallContext("st_b")) == "La casa es grande."
+    finally:
+        stream.end()
+        await port.close()
+        await replica.close()
+    assert calls[0].traceparent and calls[1].traceparent is None  # off: nothing added
+    _remote_pair(list(gateway_spans.get_finished_spans()), list(replica_spans.get_finished_spans()), stream, "mt")
+
+
+class SpanCollector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver keeping each span's ids, parent, kind, attributes and the exporting process's pid."""
+
+    spans: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        def value(v: Any) -> Any:
+            return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
+
+        req = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+        for rs in req.resource_spans:
+            resource = {a.key: value(a.value) for a in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                self.spans.extend({"name": s.name, "trace": s.trace_id.hex(), "id": s.span_id.hex(),
+                                   "parent": s.parent_span_id.hex(), "kind": s.kind, "start": s.start_time_unix_nano,
+                                   "end": s.end_time_unix_nano, "pid": resource.get("process.pid"),
+                                   "service": resource.get("service.name"),
+                                   "attrs": {a.key: value(a.value) for a in s.attributes}} for s in ss.spans)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def test_a_sharded_servers_model_process_exports_its_spans_under_the_workers(tmp_path: Path,
+                                                                                  speech: bytes) -> None:
+    """``serve --workers 2`` with tracing on, exporting to a real OTLP/HTTP receiver: a stream's model calls are
+    client spans in the worker (under the stream) and batch spans exported by the model process (its own pid),
+    each the child of its worker span on the stream's trace."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
+
+    SpanCollector.spans = []
+    collector = ThreadingHTTPServer(("127.0.0.1", _shard_port()), SpanCollector)
+    receiving = threading.Thread(target=collector.serve_forever, daemon=True)
+    receiving.start()
+    env = {"LINGUAFUSION_OTEL__ENDPOINT": f"http://127.0.0.1:{collector.server_address[1]}",
+           "LINGUAFUSION_OTEL__SERVICE_NAME": "lf-sharded", "LINGUAFUSION_OTEL__EXPORT_INTERVAL_S": "0.2"}
+    proc = None
+    try:
+        url, proc = await asyncio.to_thread(start_server, tmp_path, "--no-auth", "--workers", "2", env=env,
+                                            port=_shard_port())
+        pids = json.loads((tmp_path / "serve.json").read_text())
+        finals = 0
+        async with MultimodalTranslator(base_url=url).stream(["es"], partials=False, slo="batch") as s:
+            stream_id = s.ready["stream_id"]
+            await s.send_audio(pcm16(speech), ts=0.0)
+            await s.end()
+            finals = len([ev async for ev in s if ev.type == "final"])
+        assert finals >= 2
+
+        def model_side(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [x for x in spans if x["pid"] == pids["model"]]
+
+        def complete() -> bool:
+            spans = list(SpanCollector.spans)
+            names = [x["name"] for x in model_side(spans)]
+            return any(x["name"] == "stream" for x in spans) and names.count("asr") >= finals and "mt" in names
+
+        def settle() -> None:  # the processes export every 0.2 s; the stream span when the stream has ended
+            deadline = time.monotonic() + 60
+            while not complete() and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+        await asyncio.to_thread(settle)
+    finally:
+        if proc is not None:
+            await asyncio.to_thread(stop_server, proc)
+        collector.shutdown()
+        collector.server_close()
+    spans = list(SpanCollector.spans)
+    root = next(x for x in spans if x["name"] == "stream")
+    assert root["attrs"][L + "stream_id"] == stream_id and root["pid"] in pids["workers"]
+    by_id = {x["id"]: x for x in spans}
+    items = [x for x in model_side(spans) if x["name"] in ("vad", "asr", "mt")]
+    assert [x["name"] for x in items].count("asr") >= finals and "mt" in {x["name"] for x in items}
+    for item in items:  # each under the worker's client span of that call, on the stream's trace
+        client = by_id[item["parent"]]
+        assert client["pid"] == root["pid"] and client["name"] == item["name"]
+        assert client["kind"] == OtlpSpan.SpanKind.SPAN_KIND_CLIENT and client["attrs"][L + "remote"] is True
+        assert client["parent"] == root["id"] and item["trace"] == client["trace"] == root["trace"]
+        assert client["start"] <= item["start"] <= item["end"] <= client["end"]
+        assert item["attrs"][L + "model_key"] == client["attrs"][L + "model_key"] and item["service"] == "lf-sharded"
+        assert item["attrs"][L + "batch_size"] >= 1
+    assert proc.returncode == 0

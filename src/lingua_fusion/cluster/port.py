@@ -10,6 +10,9 @@ work is retried when the replica dies or Serve has none running (a killed replic
 backoff 0.25 s doubling to 2 s, until ``server.request_timeout_s`` after the call began; the replica itself already
 retried backend failures twice. A retried item is model work only (no side effect), so running it twice is safe.
 The stage latency the service's breaker hears includes the hop.
+
+Traces: a traced call (``ctx.trace``) gets a client span here for the hop (retries included) and sends its
+``traceparent`` in the ``Call``; the replica records the batch span under it with its own tracer.
 """
 
 from __future__ import annotations
@@ -67,6 +70,15 @@ class ClusterExecutor(Executor):
     async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
         if key.task not in self.remote:
             return await super().run(key, payload, ctx)
+        if ctx.trace is None:  # tracing off: nothing added to the call
+            return await self._hop(key, payload, ctx, None)
+        with ctx.trace.client(key.stage, model_key=str(key), tentative=ctx.tentative) as span:
+            value = await self._hop(key, payload, ctx, span.traceparent())
+            if value is None:
+                span.set(shed=True)
+            return value
+
+    async def _hop(self, key: ModelKey, payload: Any, ctx: CallContext, traceparent: str | None) -> Any:
         loop = asyncio.get_running_loop()
         t0 = self.clock()
         deadline = loop.time() + self.settings.server.request_timeout_s
@@ -77,7 +89,7 @@ class ClusterExecutor(Executor):
                 raise ModelTimeout(f"{key}: no model replica answered in time")
             try:
                 self.hops += 1
-                call = Call.make(key, payload, ctx, self.clock())  # the caption's age as of this send
+                call = Call.make(key, payload, ctx, self.clock(), traceparent)  # the caption's age as of this send
                 reply: Reply = await asyncio.wait_for(self.handle.run.remote(call), timeout=left)
             except (TimeoutError, *self._hop_errors) as exc:
                 if deadline - loop.time() <= 0:

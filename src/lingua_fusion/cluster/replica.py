@@ -6,10 +6,14 @@ arrival, while a batch here must hold one model key's items in SLO-deadline orde
 
 The deployment options (replicas, autoscaling, health checks) are applied in ``deploy.py``; this class is plain
 so that a test can build one without Serve.
+
+Traces: the replica sets up its own tracer from the settings it is deployed with (``otel``, as the gateways'), and
+records each traced call's batch span under the gateway's client span (``Call.traceparent``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -20,6 +24,7 @@ from ..models.registry import Registry
 from ..serving.executor import Executor
 from ..serving.keys import ModelKey
 from ..serving.scheduler import SLO_CLASSES, stage_deadline
+from ..tracing import from_settings
 from .autoscale import PressureWindow
 from .wire import Call, Reply
 
@@ -43,6 +48,7 @@ class ModelReplica:
         self.registry = Registry(self.settings)
         self.pressure = PressureWindow()
         self.executor = Executor(self.registry, self.settings, observer=_Pressure(self.pressure))
+        self.tracer = from_settings(self.settings)  # None: tracing off
         self._warm(warm)
 
     def _warm(self, keys: tuple[str, ...]) -> None:
@@ -61,7 +67,8 @@ class ModelReplica:
         """One item of model work (wire.py: the call's clock is rebuilt here, errors go back as codes)."""
         key = call.model_key()
         try:
-            value = await self.executor.run(key, call.payload, call.context(time.monotonic()))
+            trace = self.tracer.remote(call.traceparent) if self.tracer is not None else None
+            value = await self.executor.run(key, call.payload, call.context(time.monotonic(), trace))
         except LinguaFusionError as exc:
             return Reply.failed(exc, self.executor.depth(key))
         return Reply.ok(value, self.executor.depth(key))
@@ -75,8 +82,13 @@ class ModelReplica:
 
     async def close(self) -> None:
         await self.executor.close()
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)
 
     def __del__(self) -> None:
         # Serve calls this when it stops the replica, and the process ends right after; the model threads are let
         # go here (an ``async def __del__`` would also be called, never awaited, by the garbage collector)
         self.executor.threads.close()
+        tracer = getattr(self, "tracer", None)
+        if tracer is not None:  # the spans still queued, sent (bounded by otel.timeout_s)
+            tracer.shutdown()

@@ -11,6 +11,9 @@ Off by default, and then free: nothing imports OpenTelemetry, no span object is 
 The context is carried explicitly, never through contextvars across threads: a ``TraceRef`` (a span and the
 ``Tracer`` that made it) rides in ``CallContext.trace`` to the executor, which records each item's span once its
 batch has run (``record_batch``), and in ``FileTranslator.translate(trace=...)`` to the request's worker thread.
+Model work in another process (``serve --workers``' model process, a cluster's model replica): the caller's client
+span goes over the wire as a W3C ``traceparent`` string (``TraceRef.client`` / ``traceparent``), and that process's
+own tracer records the batch spans under it (``Tracer.remote``).
 """
 
 from .core import Tracer, TraceRef, from_settings, record_batch, span

@@ -4,6 +4,10 @@ A batched model call serves many streams, so its span is recorded once per item 
 span has the batch's start and end and is parented to that item's own stream (or request), with the attributes
 ``batch_size``, ``batch_id`` (shared by the items of one batch, to find its siblings), ``model_key``,
 ``queue_wait_s`` and ``tentative``. Why per item and not one batch span with links: docs/observability.md.
+
+Across a process boundary (``serve --workers``' model process, a cluster's model replica) the caller opens a client
+span per call (``TraceRef.client``) and sends its W3C ``traceparent`` string (``TraceRef.traceparent``); the other
+process's tracer turns it back into a parent (``Tracer.remote``) and records the batch spans under it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -59,9 +64,10 @@ class TraceRef:
         return self._context
 
     @contextlib.contextmanager
-    def child(self, name: str, **attrs: Any) -> Iterator[TraceRef]:
+    def child(self, name: str, *, kind: Any = None, **attrs: Any) -> Iterator[TraceRef]:
         """A span timed by the ``with`` block (any thread); an exception leaving the block marks it failed."""
-        ref = TraceRef(self.tracer, self.tracer.otel.start_span(name, context=self.context, attributes=_attrs(attrs)))
+        ref = TraceRef(self.tracer, self.tracer.otel.start_span(name, context=self.context, attributes=_attrs(attrs),
+                                                                kind=kind or self.tracer.api.SpanKind.INTERNAL))
         try:
             yield ref
         except BaseException as exc:
@@ -69,6 +75,17 @@ class TraceRef:
             raise
         finally:
             ref.end()
+
+    def client(self, name: str, **attrs: Any) -> contextlib.AbstractContextManager[TraceRef]:
+        """A ``child`` of kind CLIENT with ``remote = true``: a call whose work another process records under it
+        (send it ``traceparent()``)."""
+        return self.child(name, kind=self.tracer.api.SpanKind.CLIENT, remote=True, **attrs)
+
+    def traceparent(self) -> str:
+        """This span as a W3C ``traceparent`` string (``00-<trace id>-<span id>-<flags>``), for another process."""
+        carrier: dict[str, str] = {}
+        self.tracer.propagator.inject(carrier, context=self.context)
+        return carrier.get("traceparent", "")
 
     def record(self, name: str, start: float, end: float, attrs: Mapping[str, Any],
                error: BaseException | None = None) -> None:
@@ -119,11 +136,14 @@ class Tracer:
 
         self.api = api
         self.status_error = api.StatusCode.ERROR
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
+        # process.pid: a sharded server's worker and model process (or a cluster's gateway and replica) share
+        # service.name; the pid says which process recorded a span
+        resource = Resource.create({"service.name": service_name, "process.pid": os.getpid()})
+        self.provider = TracerProvider(resource=resource,
                                        sampler=ParentBased(TraceIdRatioBased(sample_ratio)), shutdown_on_exit=False)
         self.provider.add_span_processor(processor)
         self.otel = self.provider.get_tracer("lingua_fusion")
-        self._propagator = TraceContextTextMapPropagator()
+        self.propagator = TraceContextTextMapPropagator()
 
     @classmethod
     def otlp(cls, cfg: OtelSettings) -> Tracer:
@@ -149,9 +169,22 @@ class Tracer:
 
     def root(self, name: str, headers: Mapping[str, str] | None = None, **attrs: Any) -> TraceRef:
         """A span that starts a trace, or continues the caller's when ``headers`` hold a W3C ``traceparent``."""
-        parent = self._propagator.extract(headers) if headers else None
+        parent = self.propagator.extract(headers) if headers else None
         return TraceRef(self, self.otel.start_span(name, context=parent, attributes=_attrs(attrs),
                                                    kind=self.api.SpanKind.SERVER))
+
+    def remote(self, traceparent: str | None) -> TraceRef | None:
+        """The parent another process sent (``TraceRef.traceparent``): spans recorded under it join the caller's
+        trace, as children of its client span. None when nothing (or nothing valid) was sent."""
+        if not traceparent:
+            return None
+        parent = self.propagator.extract({"traceparent": traceparent})
+        remote_span = self.api.get_current_span(parent)
+        if not remote_span.get_span_context().is_valid:
+            return None
+        ref = TraceRef(self, remote_span)  # a NonRecordingSpan: ending it does nothing, exporting it never happens
+        ref._context = parent
+        return ref
 
     def stream(self, stream_id: str, key_id: str, slo: str, source_lang: str, targets: list[str],
                resumed: bool = False) -> TraceRef:

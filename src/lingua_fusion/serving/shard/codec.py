@@ -6,8 +6,9 @@ model process never runs code it was sent): msgpack's own types, ``np.ndarray`` 
 ``MtInput``, ``Term``, ``OCRLine``), ``Demand``, and ``LinguaFusionError`` by class name, message, details and
 retry_after (``error_of``). Anything else is a ``TypeError`` at the sender.
 
-Messages (``op``): worker -> model ``run`` {id, key, mode, payload, ctx}, ``admit`` {id, demand, key_id, mode,
-force}, ``release`` {stream_id, mode}, ``depth``-less (every reply carries its key's depth), ``ping`` {id};
+Messages (``op``): worker -> model ``run`` {id, key, mode, payload, ctx, traceparent (tracing on only)}, ``admit``
+{id, demand, key_id, mode, force}, ``release`` {stream_id, mode}, ``depth``-less (every reply carries its key's
+depth), ``ping`` {id};
 model -> worker ``ok`` {id, value, depth}, ``err`` {id, error}.
 """
 

@@ -10,6 +10,10 @@ lives here and nowhere else:
 - which worker owns which admitted stream: when a worker's connection ends, its streams are released.
 A worker re-registers its live streams after this process restarts (``admit`` with ``force``), so admission
 stays right across a model-process restart.
+
+Traces (on when ``otel.endpoint`` is set: the same settings as the workers'): a ``run`` from a traced stream carries
+the worker's client span as a W3C ``traceparent``; this process's own tracer records the item's batch span under it
+(``Executor`` -> ``record_batch``) and exports it itself.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 from ...config import Settings
 from ...errors import LinguaFusionError, Overloaded
 from ...models.registry import Registry
+from ...tracing import Tracer, TraceRef, from_settings
 from ..executor import Executor
 from ..keys import ModelKey
 from ..ports import CallContext
@@ -55,10 +60,12 @@ class KeyCounts:
 class ModelServer:
     """The executors ("batched", and "per-stream" for admin benchmark streams) behind one socket."""
 
-    def __init__(self, settings: Settings, registry: Registry, metrics: Any = None) -> None:
+    def __init__(self, settings: Settings, registry: Registry, metrics: Any = None,
+                 tracer: Tracer | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.metrics = metrics
+        self.tracer = tracer  # None: tracing off (a traceparent sent anyway is ignored)
         self.keys = KeyCounts(settings.server.max_streams_per_key)
         self.engines: dict[str, Executor] = {}
         self.owners: dict[tuple[str, str], tuple[int, str]] = {}  # (mode, stream) -> (connection, key id)
@@ -110,7 +117,7 @@ class ModelServer:
         try:
             if op == "run":
                 key = ModelKey.parse(str(msg["key"]))
-                ctx = CallContext(**msg["ctx"])
+                ctx = CallContext(**msg["ctx"], trace=self._parent(msg))
                 engine = self.engine(str(msg["mode"]))
                 value = await engine.run(key, msg["payload"], ctx)
                 self._reply(writer, msg, value=value, depth=engine.depth(key))
@@ -125,6 +132,13 @@ class ModelServer:
             self._reply(writer, msg, error=exc)
         except (ValueError, TypeError, KeyError) as exc:
             self._reply(writer, msg, error=LinguaFusionError(f"bad model request: {exc}"))
+
+    def _parent(self, msg: dict[str, Any]) -> TraceRef | None:
+        """The worker's client span of this call (tracing on, and a traceparent sent), parent of its batch span."""
+        if self.tracer is None:
+            return None
+        traceparent = msg.get("traceparent")
+        return self.tracer.remote(traceparent) if isinstance(traceparent, str) else None
 
     def _admit(self, conn: int, mode: str, demand: Demand, key_id: str, force: bool) -> None:
         engine = self.engine(mode)
@@ -172,7 +186,8 @@ class ModelServer:
 
 async def serve(path: str, settings: Settings, metrics: Any = None, *, ready: Any = None) -> None:
     """Serve on the Unix socket ``path`` until SIGTERM / SIGINT. ``ready`` (an Event) is set once it listens."""
-    server = ModelServer(settings, Registry(settings), metrics)
+    tracer = from_settings(settings)
+    server = ModelServer(settings, Registry(settings), metrics, tracer=tracer)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = await asyncio.start_unix_server(server.handle, path=path, limit=codec.MAX_FRAME)
@@ -190,6 +205,8 @@ async def serve(path: str, settings: Settings, metrics: Any = None, *, ready: An
     finally:
         listener.close()
         await server.close()
+        if tracer is not None:  # the spans still queued, sent (bounded by the exporter's timeout)
+            await asyncio.to_thread(tracer.shutdown)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(warming, timeout=60)
 

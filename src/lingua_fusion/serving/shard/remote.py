@@ -201,6 +201,18 @@ class RemotePort:
 
     async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
         msg = {"op": "run", "key": str(key), "mode": self.mode, "payload": payload, "ctx": _ctx_wire(ctx)}
+        if ctx.trace is None:  # tracing off: nothing added to the message
+            return await self._call(key, msg, ctx)
+        # tracing on: a client span for the round trip (retries included); the model process records the batch's
+        # span under it, from the W3C traceparent sent beside the context (lingua_fusion/tracing)
+        with ctx.trace.client(key.stage, model_key=str(key), tentative=ctx.tentative) as span:
+            msg["traceparent"] = span.traceparent()
+            value = await self._call(key, msg, ctx)
+            if value is None:
+                span.set(shed=True)
+            return value
+
+    async def _call(self, key: ModelKey, msg: dict[str, Any], ctx: CallContext) -> Any:
         wait_s = self.settings.server.request_timeout_s
         end = self.clock() + wait_s
         attempt = 0
@@ -252,5 +264,5 @@ class RemotePort:
 
 
 def _ctx_wire(ctx: CallContext) -> dict[str, Any]:
-    """The call context's plain fields (a tracing span stays in this process)."""
+    """The call context's plain fields (a tracing span stays in this process; its ``traceparent`` is sent)."""
     return {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name != "trace"}
