@@ -156,6 +156,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 REPLICA = "ServeReplica:lf-models:ModelReplica"
 KILL_URL = "http://127.0.0.1:18719"
+KILL_CLUSTER = "127.0.0.1:18719"  # its name in Redis keys (heartbeat.cluster_name)
 
 
 def until(cond: Any, timeout: float) -> Any:
@@ -193,7 +194,8 @@ def kill_runs(args: argparse.Namespace, address: str) -> dict[str, Any]:
 
     def ready() -> bool:
         try:
-            return httpx.get(KILL_URL + "/readyz", timeout=2).status_code == 200 and len(live_gateways(redis_url)) == 2
+            up = httpx.get(KILL_URL + "/readyz", timeout=2).status_code == 200
+            return up and len(live_gateways(redis_url, KILL_CLUSTER)) == 2
         except httpx.TransportError:
             return False
 
@@ -240,7 +242,7 @@ def one_kill(target: str, talk: Path, redis_url: str, pause_s: float) -> dict[st
     replaced_s = None
     if target == "gateway":
         time.sleep(pause_s)
-        victim = until(lambda: next((b for b in live_gateways(redis_url) if b.streams), None), 20).pid
+        victim = until(lambda: next((b for b in live_gateways(redis_url, KILL_CLUSTER) if b.streams), None), 20).pid
         t_kill = time.monotonic()
         os.kill(victim, signal.SIGKILL)
     else:

@@ -6,7 +6,9 @@
 - the model replica SIGKILLed mid-stream: Serve starts another, the committed work sent meanwhile is retried,
   every caption arrives, none failed, on the same connection;
 - a room published through one gateway is heard by a listener connected to the other one (the rooms' Redis bus),
-  every final once, also when the publisher's gateway is killed mid-room and the publisher resumes elsewhere.
+  every final once, also when the publisher's gateway is killed mid-room and the publisher resumes elsewhere;
+- SIGTERM to `serve --cluster` drains every gateway before Serve stops: a live stream gets its captions, then the
+  close that tells it to reconnect (1012). It stops the cluster, so it runs last.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Cluster:
     driver: subprocess.Popen[bytes]  # to be killed in the middle of it
 
     def beats(self) -> list[Beat]:
-        return live_gateways(REDIS or "")
+        return live_gateways(REDIS or "", f"127.0.0.1:{SERVE_PORT}")
 
 
 def _wait(cond: Any, timeout: float, what: str) -> Any:
@@ -209,3 +211,29 @@ def test_a_listener_on_one_gateway_hears_a_room_published_on_the_other_through_i
     heard_finals = [e for e in heard if e["type"] == "final"]
     assert [f["seq"] for f in heard_finals] == [f["seq"] for f in published]  # a late joiner gets 1..N once
     assert [f["translations"]["es"] for f in heard_finals] == [f["translations"]["es"] for f in published]
+
+
+async def test_sigterm_drains_every_gateway_then_stops_the_cluster(cluster: Cluster) -> None:
+    import asyncio
+    import contextlib
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    got: list[dict[str, Any]] = []
+    async with connect(f"ws://127.0.0.1:{SERVE_PORT}/v1/streams", open_timeout=30) as ws:
+        await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"],
+                                  "partials": False}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] == "ready"
+        for i, text in enumerate(SHORT):
+            await ws.send(json.dumps({"type": "text", "text": text, "ts": float(i)}))
+        cluster.driver.send_signal(signal.SIGTERM)
+        with contextlib.suppress(ConnectionClosed):
+            async with asyncio.timeout(60):
+                async for raw in ws:  # until the server closes the socket
+                    got.append(json.loads(raw))
+        code = ws.close_code
+    assert code == 1012  # draining: reconnect (here the cluster is going away; a restarted one would resume it)
+    finals = [e for e in got if e["type"] == "final"]
+    assert [f["seq"] for f in finals] == [1, 2, 3, 4]  # what was sent was translated and sent before the close
+    assert await asyncio.to_thread(cluster.driver.wait, 60) == 0

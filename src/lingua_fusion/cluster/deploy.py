@@ -7,11 +7,13 @@
   I/O and sessions; VAD is light), behind Serve's HTTP proxy on ``host:port``.
 
 ``run_cluster`` is what ``linguafusion serve --cluster`` runs: connect to a Ray cluster (``address``; none starts
-a local one owned by this process), deploy both, wait for SIGINT / SIGTERM, then shut Serve down.
+a local one owned by this process), deploy both, wait for SIGINT / SIGTERM, have every gateway drain its streams
+(heartbeat.py's drain signal in Redis), then shut Serve down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -20,12 +22,14 @@ from typing import Any
 
 from ..config import Settings
 from .gateway import MODEL_DEPLOYMENT, MODELS_APP, Gateway
+from .heartbeat import cluster_name, request_drain, wait_drained
 from .replica import ModelReplica
 
 log = logging.getLogger("lingua_fusion.cluster")
 GATEWAY_APP = "lf-gateway"
 NAMESPACE = "linguafusion"
 MAX_ONGOING_MODEL_CALLS = 1024  # calls a model replica takes at once: all of them meet in its scheduler
+DRAIN_GRACE_S = 3.0  # beyond server.drain_timeout_s: a beat to see the signal and one to report done
 MAX_ONGOING_GATEWAY = 512  # HTTP requests and WebSockets a gateway replica holds at once (= server.max_connections)
 
 
@@ -65,17 +69,21 @@ def gateway_app(settings: Settings, spec: ClusterSpec) -> Any:
                             health_check_period_s=2.0)(ingress).bind(settings.model_dump(mode="json"), MODELS_APP)
 
 
-def deploy(settings: Settings, spec: ClusterSpec, *, address: str | None, host: str, port: int,
-           local_cpus: int | None = None) -> None:
-    """Connect (or start a local Ray), start Serve's proxy on host:port, deploy the models, then the gateways."""
+def connect(address: str | None, local_cpus: int | None = None) -> None:
+    """Join the Ray cluster at ``address``, or start a local one owned by this process."""
     import ray
-    from ray import serve
 
     if address:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
     else:
         ray.init(namespace=NAMESPACE, num_cpus=local_cpus, include_dashboard=False, log_to_driver=False,
                  object_store_memory=200 * 1024 * 1024)
+
+
+def deploy(settings: Settings, spec: ClusterSpec, *, host: str, port: int) -> None:
+    """Start Serve's proxy on host:port, deploy the models, then the gateways (connected to Ray already)."""
+    from ray import serve
+
     serve.start(http_options={"host": host, "port": port})
     serve.run(model_app(settings, spec), name=MODELS_APP, route_prefix=None, blocking=False)
     serve.run(gateway_app(settings, spec), name=GATEWAY_APP, route_prefix="/", blocking=False)
@@ -93,15 +101,24 @@ def shutdown() -> None:
 
 def run_cluster(settings: Settings, spec: ClusterSpec, *, address: str | None, host: str, port: int,
                 ready: Any = None) -> None:
-    """Deploy, call ``ready()``, then block until SIGINT / SIGTERM and shut Serve down."""
+    """Deploy, call ``ready()``, then block until SIGINT / SIGTERM; then drain every gateway's streams (as a
+    single server does on SIGTERM) and shut Serve down."""
+    redis_url, cluster = settings.state.redis_url or "", cluster_name(host, port)
+    request_drain(redis_url, cluster, on=False)  # a drain signal left by an earlier run of this cluster
     stop = threading.Event()
-    deploy(settings, spec, address=address, host=host, port=port)
+    connect(address)
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs handlers of its own
         signal.signal(sig, lambda *_: stop.set())
     try:
-        if ready is not None:
+        deploy(settings, spec, host=host, port=port)  # a signal meanwhile is acted on once it is done
+        if ready is not None and not stop.is_set():
             ready()
         while not stop.wait(1.0):
             pass
+        request_drain(redis_url, cluster)
+        if not wait_drained(redis_url, cluster, settings.server.drain_timeout_s + DRAIN_GRACE_S):
+            log.warning("gateways did not all drain in time; shutting down anyway")
     finally:
         shutdown()
+        with contextlib.suppress(Exception):
+            request_drain(redis_url, cluster, on=False)

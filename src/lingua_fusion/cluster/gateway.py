@@ -17,7 +17,7 @@ from typing import Any
 from ..config import Settings
 from ..models.registry import Registry
 from ..observability import Metrics
-from .heartbeat import Beat, Heartbeat
+from .heartbeat import Beat, Heartbeat, cluster_name
 from .port import ClusterExecutor
 
 MODELS_APP = "lf-models"  # the Serve application of the model replicas
@@ -48,7 +48,9 @@ class Gateway:
 
         self._fastapi = create_app(self.settings, warm=False, executor=executor)
         assert self.executor is not None
-        self.heartbeat = Heartbeat(self.settings.state.redis_url or "", self._beat)
+        server = self.settings.server
+        self.heartbeat = Heartbeat(self.settings.state.redis_url or "", cluster_name(server.host, server.port),
+                                   self._beat, on_drain=lambda: self._fastapi.state.drain(server.drain_timeout_s))
         self.executor.others = lambda: self.heartbeat.others_admitted if self.heartbeat is not None else 0
         self.heartbeat.start()
         return self._fastapi
@@ -60,8 +62,9 @@ class Gateway:
         listeners = sum(len(f.listeners) for f in rooms.feeds.values()) if rooms is not None else 0
         executor = self.executor
         assert executor is not None  # built with the app
+        draining = self.heartbeat is not None and self.heartbeat.draining
         return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), len(executor.scheduler.admitted),
-                    listeners, executor.hop_retries)
+                    listeners, executor.hop_retries, draining)
 
     async def __del__(self) -> None:
         if self.heartbeat is not None:

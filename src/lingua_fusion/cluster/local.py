@@ -120,14 +120,14 @@ def kill_when_busy(pid: int, timeout_s: float = 60.0) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def live_gateways(redis_url: str) -> list[Beat]:
-    """The heartbeats of the gateways whose process is alive (this machine's pids)."""
+def live_gateways(redis_url: str, cluster: str) -> list[Beat]:
+    """The heartbeats of ``cluster``'s gateways whose process is alive (this machine's pids)."""
     import redis.asyncio as aioredis
 
     async def read() -> list[Beat]:
         client = aioredis.from_url(redis_url, socket_timeout=2)
         try:
-            return await read_beats(client)
+            return await read_beats(client, cluster)
         finally:
             await client.aclose()
 

@@ -53,9 +53,17 @@ def tm_entry(digest: str) -> str:
     return f"{PREFIX}tm:{digest}"
 
 
-def cluster_gateway(gateway_id: str) -> str:
-    """String (JSON, short TTL): a cluster gateway's heartbeat: its pid, its live stream ids, its admitted streams."""
-    return f"{PREFIX}cluster:gateway:{gateway_id}"
+def cluster_gateway(cluster: str, gateway_id: str) -> str:
+    """String (JSON, short TTL): a cluster gateway's heartbeat: its pid, its live stream ids, its admitted streams.
+    ``cluster``: the cluster's proxy address (host:port), so clusters sharing a Redis do not count each other."""
+    return f"{PREFIX}cluster:{cluster}:gateway:{gateway_id}"
 
 
-CLUSTER_GATEWAYS = f"{PREFIX}cluster:gateway:*"  # SCAN pattern of every gateway's heartbeat
+def cluster_gateways(cluster: str) -> str:
+    """SCAN pattern of every gateway heartbeat of ``cluster``."""
+    return f"{PREFIX}cluster:{cluster}:gateway:*"
+
+
+def cluster_drain(cluster: str) -> str:
+    """String (TTL): set by ``serve --cluster`` on SIGTERM: every gateway of ``cluster`` drains its streams."""
+    return f"{PREFIX}cluster:{cluster}:drain"
