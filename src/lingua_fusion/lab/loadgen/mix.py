@@ -11,6 +11,7 @@
         importance: 0.5
         partials: true
         slides: false         # also send a rendered slide of the next sentence every 10 s
+        video_fps: 0          # also send video frame messages at this rate (a screen share: that slide as JPEG)
       - weight: 0.2
         source: text
         targets: [es, ca]
@@ -38,6 +39,7 @@ class StreamKind:
     importance: float = 0.5
     partials: bool = True
     slides: bool = False
+    video_fps: float = 0.0  # frame messages a second: the current sentence's slide, 1280x720 JPEG, new every 10 s
 
 
 @dataclass

@@ -40,6 +40,22 @@ class StreamResult:
     failed: int = 0  # finals whose ASR or MT backend kept failing (numbered, texts empty)
 
 
+_FRAMES: dict[int, bytes] = {}
+
+
+def _frame(i: int, sentences: list[str]) -> bytes:
+    """Sentence ``i``'s slide as a JPEG video frame (made once per slide)."""
+    if i not in _FRAMES:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.open(io.BytesIO(slide_png(sentences[i]))).convert("RGB").save(buf, format="JPEG", quality=80)
+        _FRAMES[i] = buf.getvalue()
+    return _FRAMES[i]
+
+
 def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
@@ -84,6 +100,12 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
                 a = (offset * chunk + k * chunk) % max(chunk, len(mat.pcm) - chunk)
                 a -= a % 2
                 await stream.send_audio(mat.pcm[a:a + chunk], ts)
+                if kind.video_fps > 0:  # a screen share: frames of the current slide at video_fps
+                    first, last = int(np.ceil(ts * kind.video_fps)), int(np.ceil((ts + 0.25) * kind.video_fps))
+                    per_slide = max(1, int(10 * kind.video_fps))  # a new slide every 10 s
+                    for j in range(first, last):
+                        slide = (offset + j // per_slide) % len(mat.sentences)
+                        await stream.send_frame(_frame(slide, mat.sentences), j / kind.video_fps)
                 if kind.slides and k % 40 == 0:
                     png: bytes | None = slide_png(mat.sentences[(offset + k // 40) % len(mat.sentences)])
                     if image_fault is not None:
