@@ -6,7 +6,9 @@
   ``origin_not_allowed``; a WebSocket handshake from one is refused with 403 before it is accepted. Clients that
   are not browsers send no Origin and are not concerned.
 - Body size, counted as the bytes arrive, whatever Content-Length or Transfer-Encoding say: past the route's limit
-  the request ends with 413 ``too_large`` (a chunked upload no longer reaches a temporary file whole).
+  the request ends with 413 ``too_large`` (a chunked upload no longer reaches a temporary file whole). The rest
+  of the body is then read and dropped, up to 16 MiB and 5 s, so a client still sending reads the 413 instead of
+  a broken connection.
 
 Defaults (``server.allowed_hosts`` / ``server.allowed_origins`` left unset): with auth on, any host and origin (a
 page without a key can do nothing); with ``--no-auth``, the loopback names only and the server's own origin only.
@@ -14,6 +16,8 @@ page without a key can do nothing); with ``--no-auth``, the loopback names only 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -106,21 +110,63 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        counted: _Counted | None = None
         try:
             self.policy.check_host(headers.get("host"))
             self.policy.check_origin(headers.get("origin"), headers.get("host"), scope.get("scheme", "http"))
             if scope["type"] == "http":
                 limit = body_limit(self.settings, scope["method"], scope["path"])
                 _check_length(headers.get("content-length"), limit)
-                receive = _counted(receive, limit)
+                counted = _Counted(receive, limit)
         except LinguaFusionError as exc:
             _count(scope, exc)
             if scope["type"] == "websocket":
                 await _refuse_handshake(scope, send, exc)
-            else:
-                await error_response(exc)(scope, receive, send)
+                return
+            whole = isinstance(exc, TooLarge) and await _drain(receive)
+            response = error_response(exc)
+            if not whole:
+                response.headers["connection"] = "close"  # the body was not read: this connection cannot go on
+            await response(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if counted is None:
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, counted, _closing_if(counted, send))
+
+
+DRAIN_BYTES = 16 * 1024 * 1024  # before a 413 is sent, the rest of the body up to this much is read and dropped ...
+DRAIN_S = 5.0  # ... for at most this long, so that a client still sending reads the answer
+
+
+async def _drain(receive: Receive) -> bool:
+    """Read and drop what is left of a refused request's body, bounded in bytes and time; True when it all came.
+
+    The server (uvicorn) stops delivering the body once a response is complete, and a connection closed while the
+    client is still sending makes many clients report a broken connection instead of the 413 they were sent; so
+    the rest is read first. Past the bounds the answer says ``Connection: close``."""
+    seen = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(DRAIN_S):
+            while seen <= DRAIN_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False
+                seen += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return True
+    return False
+
+
+def _closing_if(counted: _Counted, send: Send) -> Send:
+    """``send`` that marks the response ``Connection: close`` when the body was cut short and not drained."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and counted.over and not counted.whole:
+            message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+        await send(message)
+
+    return sending
 
 
 def _check_length(value: str | None, limit: int) -> None:
@@ -129,22 +175,26 @@ def _check_length(value: str | None, limit: int) -> None:
                        details={"limit_bytes": limit})
 
 
-def _counted(receive: Receive, limit: int) -> Receive:
-    """``receive`` that counts body bytes and raises TooLarge (413, through the app's error map) past ``limit``:
-    the request stops there, the rest of the body is never read."""
-    seen = 0
+class _Counted:
+    """``receive`` that counts body bytes and raises TooLarge (413, through the app's error map) past ``limit``,
+    once it has drained what is left of the body (bounded)."""
 
-    async def counted() -> Message:
-        nonlocal seen
-        message = await receive()
+    def __init__(self, receive: Receive, limit: int) -> None:
+        self.receive, self.limit = receive, limit
+        self.seen = 0
+        self.over = False
+        self.whole = False  # the rest of the body was drained
+
+    async def __call__(self) -> Message:
+        message = await self.receive()
         if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > limit:
-                raise TooLarge(f"request body is over {limit} bytes, the limit of this route",
-                               details={"limit_bytes": limit})
+            self.seen += len(message.get("body", b""))
+            if self.seen > self.limit:
+                self.over = True
+                self.whole = not message.get("more_body", False) or await _drain(self.receive)
+                raise TooLarge(f"request body is over {self.limit} bytes, the limit of this route",
+                               details={"limit_bytes": self.limit})
         return message
-
-    return counted
 
 
 async def _refuse_handshake(scope: Scope, send: Send, exc: LinguaFusionError) -> None:
