@@ -132,3 +132,9 @@ def test_a_vocabulary_that_cannot_read_signs_is_refused_with_a_code(live: Live) 
     assert "lip" in r.json()["error"]["message"]
     r = post("vo_000000000000")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.post(f"{live.url}/v1/translate", headers={"Authorization": f"Bearer {live.key}"}, timeout=60,
+                   data={"target_lang": "es", "source_lang": "en", "text": "Good morning.",
+                         "vocabulary_id": live.vocabulary_id})
+    assert r.status_code == 200, r.text
+    assert r.json()["signs"] == []  # text has no frames: said so, not ignored silently
+    assert any("vocabulary_id" in w for w in r.json()["warnings"])

@@ -339,6 +339,8 @@ class FileTranslator:
 
     def _recognise(self, valid: ValidRequest, work: _Work, st: _Stages) -> list[Segment]:
         data = valid.request.data
+        if valid.request.signs is not None and valid.source_modality != Modality.VIDEO:
+            work.warnings.append("vocabulary_id: signs are read from a video's frames; this input has none")
         if valid.source_modality == Modality.TEXT:
             assert valid.text is not None
             return [Segment(start=0.0, end=0.0, source_text=p.strip(), text=p.strip())

@@ -73,8 +73,9 @@ class _Base:
         """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``. ``inputs``: what the
         stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity.
         ``room``: True publishes the stream as a new room (``s.ready["room_id"]``, ``s.ready["listener_token"]``),
-        or the id of a room made with ``create_room()``. ``vocabulary_id``: a sign vocabulary of this key; the
-        stream's video frames are then also read for signs (``sign`` events)."""
+        or the id of a room made with ``create_room()``. ``vocabulary_id``: a sign or lip vocabulary of this key;
+        the stream's video frames are then also read for signs (``sign`` events) or lips (fused into the finals:
+        their ``modalities`` say ``["audio", "lips"]`` or ``["lips"]``)."""
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
                               min_confidence, audio_format, inputs)
         if room:
