@@ -125,7 +125,10 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
         keys = SQLiteStore(settings.resolved_state_dir())
         _banner(keys, settings, host, port)
         keys.close()
-        serve_sharded(settings, workers, log_level)
+        try:
+            serve_sharded(settings, workers, log_level)
+        except OSError as exc:  # the port is taken, the host is not ours
+            usage(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
         return
     app_ = create_app(settings)
     _banner(app_.state.store, settings, host, port)
