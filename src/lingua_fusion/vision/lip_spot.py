@@ -59,9 +59,9 @@ def rest_level(openings: Sequence[float], policy: SpotPolicy) -> float:
     return float(np.quantile(np.asarray(openings), policy.rest_quantile)) if len(openings) else 0.0
 
 
-def smoothed(frames: Sequence[LandmarkFrame]) -> np.ndarray:
-    """Each frame's opening, averaged with its neighbours' (the face mesh jitters)."""
-    raw = np.array([opening(f) for f in frames], np.float64)
+def smooth(openings: Sequence[float]) -> np.ndarray:
+    """Openings averaged with their neighbours' (the face mesh jitters)."""
+    raw = np.asarray(openings, np.float64)
     if len(raw) < 3:
         return raw
     out = raw.copy()
@@ -69,14 +69,18 @@ def smoothed(frames: Sequence[LandmarkFrame]) -> np.ndarray:
     return out
 
 
-def active_spans(frames: Sequence[LandmarkFrame], rest: float, policy: SpotPolicy) -> list[Span]:
+def active_spans(frames: Sequence[LandmarkFrame], rest: float, policy: SpotPolicy,
+                 openings: Sequence[float] | None = None) -> list[Span]:
     """Movements of the mouth: runs of frames opened ``active_above`` over ``rest`` (joined across gaps shorter
-    than ``gap_s``), each widened to the frames around it still a third of that open (the word's start and end)."""
-    frames = [f for f in frames if f.lips_present]
+    than ``gap_s``), each widened to the frames around it still a third of that open (the word's start and end).
+    ``openings``: the frames' openings when already known (all frames then have lips)."""
+    if openings is None:
+        frames = [f for f in frames if f.lips_present]
+        openings = [opening(f) for f in frames]
     if not frames:
         return []
     t = np.array([f.t for f in frames])
-    o = smoothed(frames)
+    o = smooth(openings)
     high, low = rest + policy.active_above, rest + policy.active_above / 3
     runs: list[list[int]] = []
     for i in np.flatnonzero(o >= high).tolist():

@@ -36,7 +36,7 @@ from ..stream.events import Error, Event, Final
 from ..video.frames import FrameStats, VideoFrame
 from .fusion import Evidence, FusedCaption, FusionPolicy, fuse
 from .landmarks import LandmarkFrame
-from .lip_spot import SpotPolicy, active_spans, hypothesis, rest_level, smoothed, spot
+from .lip_spot import SpotPolicy, active_spans, hypothesis, opening, rest_level, smooth, spot
 from .recogniser import Recogniser
 from .sampler import AdaptiveSampler, SamplingPolicy
 from .segment import Span
@@ -44,6 +44,7 @@ from .service import gloss_text
 
 MAX_QUEUED = 16  # frames waiting for the extractor per stream
 MAX_KEPT = 900  # frames with their lips kept (a minute at 15 fps)
+RECENT_S = 6.0  # unclaimed lip movements are looked for in this much of the newest frames
 MAX_ALONE = 8  # unclaimed lip movements waiting to learn whether speech covered them
 EVIDENCE_WAIT_S = 2.0
 FUSE_TIMEOUT_S = 5.0
@@ -80,6 +81,8 @@ class StreamLips:
         self._queue: deque[tuple[float, np.ndarray]] = deque()
         self._task: asyncio.Task[None] | None = None
         self.frames: deque[LandmarkFrame] = deque(maxlen=MAX_KEPT)
+        self._openings: deque[float] = deque(maxlen=MAX_KEPT)  # each kept frame's mouth opening
+        self._rest = 0.0  # the stream's resting opening, updated as frames come
         self._analysed_t = -1e9
         self._offered = (-1e9, 0.0)  # (media time, wall clock) of the last frame handed to the loop
         self._progress = asyncio.Event()
@@ -122,6 +125,8 @@ class StreamLips:
             self._analysed_t = max(self._analysed_t, lm.t)
             if lm.lips_present:
                 self.frames.append(lm)
+                self._openings.append(opening(lm))
+                self._rest = rest_level(smooth(self._openings), self.spotting)
             self._progress.set()
             self._unclaimed()
 
@@ -145,11 +150,12 @@ class StreamLips:
 
     async def _evidence(self, start: float, end: float) -> list[Evidence]:
         m = self.spotting.margin_s
-        frames = [f for f in self.frames if start - m <= f.t <= end + m]
-        if len(frames) < 3:
+        pairs = [(f, o) for f, o in zip(self.frames, self._openings, strict=True) if start - m <= f.t <= end + m]
+        if len(pairs) < 3:
             return []
-        rest = rest_level(smoothed(list(self.frames)), self.spotting)
-        spans = [s for s in active_spans(frames, rest, self.spotting) if s.end >= start and s.start <= end]
+        frames = [f for f, _ in pairs]
+        spans = [s for s in active_spans(frames, self._rest, self.spotting, [o for _, o in pairs])
+                 if s.end >= start and s.start <= end]
         if not spans:
             return []
         return await asyncio.to_thread(spot, frames, spans, self.recogniser, self.spotting)
@@ -188,11 +194,11 @@ class StreamLips:
 
     def _unclaimed(self) -> None:
         """Closed lip movements after the last handled one that no utterance claimed: each is decided apart."""
-        recent = [f for f in self.frames if f.t > self._handled_until]
+        since = max(self._handled_until, self._analysed_t - RECENT_S)
+        recent = [(f, o) for f, o in zip(self.frames, self._openings, strict=True) if f.t > since]
         if len(recent) < 3:
             return
-        rest = rest_level(smoothed(list(self.frames)), self.spotting)
-        for span in active_spans(recent, rest, self.spotting):
+        for span in active_spans([f for f, _ in recent], self._rest, self.spotting, [o for _, o in recent]):
             if not self._ending and self._analysed_t - span.end < self.spotting.gap_s:
                 break  # still moving
             self._handled_until = span.end + self.spotting.gap_s
