@@ -10,6 +10,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import jiwer
 import numpy as np
 import pytest
@@ -65,8 +66,17 @@ async def test_sharded_and_single_process_give_the_same_finals(sharded: tuple[st
     # the same streams, two at a time on the sharded server (one per worker where the kernel spreads them)
     many = await asyncio.gather(*(_finals(url, audio) for audio in talks))
     assert list(many) == one
+    # /metrics on either worker counts every process's captions; CPU is the whole server's
+    metrics = (await asyncio.to_thread(httpx.get, url + "/metrics", timeout=10)).text
+    assert _sum(metrics, "linguafusion_caption_latency_seconds_count") == sum(len(f) for f in many)
+    assert _sum(metrics, "process_cpu_seconds_total") > 0
     assert len(SENTENCES) <= len(one[0]) <= len(SENTENCES) + 2
     assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(" ".join(f[2] for f in one[0]))) <= 0.15
+
+
+def _sum(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.split("{", 1)[0].split(" ", 1)[0] == name)
 
 
 def _pids(state: Path) -> dict[str, object]:

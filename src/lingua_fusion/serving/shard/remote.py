@@ -249,7 +249,8 @@ class RemotePort:
         except ModelProcessLost:
             raise Overloaded("the model process is restarting; retry shortly", retry_after=2.0) from None
         except BaseException:  # refused, or cancelled while asking: no reservation may stay behind
-            self.link.tell({"op": "release", "mode": self.mode, "stream_id": demand.stream_id})
+            with contextlib.suppress(ModelProcessLost):
+                self.link.tell({"op": "release", "mode": self.mode, "stream_id": demand.stream_id})
             raise
         self.link.admitted[ident] = (demand, key_id)
 
