@@ -107,7 +107,11 @@ class Supervisor:
         os.makedirs(os.path.join(self.run_dir, "metrics"))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(self.run_dir, "metrics")
         os.environ["LINGUAFUSION_SUPERVISOR_PID"] = str(os.getpid())
-        sock = bind(self.settings.server.host, self.settings.server.port)
+        try:
+            sock = bind(self.settings.server.host, self.settings.server.port)
+        except OSError:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
         try:
