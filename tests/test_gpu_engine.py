@@ -287,3 +287,306 @@ def test_the_runner_encodes_an_audio_window_once_for_its_partial_and_its_commit(
         runner.close()
     assert partial == commit and runner.encoded == 2 and runner.reused == 1
     assert other.text and runner.room() == runner.max_pending  # every item accounted for
+
+
+# ---- prefix reuse where exact: the same audio window, a prompt that starts the same way ---------------------------
+GLOSSARY = [50, 7, 31, 31, 8, 62, 19, 44, 5, 90, 23]  # <|startofprev|> terms ... <|startoftranscript|>: 11 tokens
+
+
+def _prefixed_requests(seed: int) -> list[tuple[int, list[int], bool]]:
+    """(window, prompt, tentative) in submission order: every window decoded three times (two partials and the
+    commit) with the glossary prompt, some with the previous utterance after it, mixed with prompt-less decodes."""
+    rng = random.Random(seed)
+    out = []
+    for window in range(8):
+        context = [rng.randint(1, 96) for _ in range(rng.randint(0, 6))] if window % 2 else []
+        for tentative in (True, True, False):
+            out.append((window, GLOSSARY + context if window % 4 != 3 else [2], tentative))
+    return out
+
+
+def _decode_windows(engine: DecodeEngine, memories: list[torch.Tensor], reqs: list[tuple[int, list[int], bool]],
+                    max_new: int) -> list[list[int]]:
+    cids = [engine.add_memory(m) for m in memories]  # held by the caller (the runner's memo) throughout
+    futures = []
+    for i, (window, prompt, tentative) in enumerate(reqs):
+        cid = cids[window]
+        assert cid is not None
+        futures.append(engine.submit(prompt, cid, max_new=max_new, stop=STOP, tentative=tentative))
+        for _ in range(i % 5):
+            engine.step()  # later decodes of a window join while earlier ones are at every point of the prompt
+    engine.run()
+    for cid in cids:
+        assert cid is not None
+        engine.release(cid)
+    return [f.result(timeout=0).tokens for f in futures]
+
+
+@pytest.mark.parametrize("blocks", [512, 20])  # plenty; and so few that sequences sharing a prefix are preempted
+def test_prefix_reuse_gives_the_tokens_of_decoding_without_it(blocks: int) -> None:
+    model = TinyWhisper()
+    torch.manual_seed(blocks)
+    memories = [4 * torch.randn(random.Random(w).randint(3, 40), 32) for w in range(8)]  # loud: audio matters
+    reqs = _prefixed_requests(seed=blocks)
+    plain = DecodeEngine(WhisperDecoder(model), blocks=blocks, block_size=4, cross_blocks=64, cross_block_size=8,
+                         prefix_cache=False)
+    shared = _engine(model, blocks)
+    expected = _decode_windows(plain, memories, reqs, 16)
+    got = _decode_windows(shared, memories, reqs, 16)
+    assert got == expected
+    assert got == [reference_greedy(model, memories[w], p, 16, STOP) for w, p, _ in reqs]
+    s, p = shared.stats(), plain.stats()
+    assert s.prefix_hits > 0 and s.prefix_tokens > 0 and p.prefix_tokens == 0
+    if not (s.preemptions or p.preemptions):  # (a preempted sequence recomputes: its tokens count twice)
+        assert s.tokens == p.tokens - s.prefix_tokens  # each reused prompt token is not fed
+    if blocks == 20:
+        assert s.preemptions > 0, "the small pool should have forced preemption"
+    for st_ in (s, p):  # everything given back, nothing left cached once the windows are released
+        assert st_.self_blocks_used == 0 and st_.self_blocks_cached == 0 and st_.cross_blocks_used == 0
+
+
+@pytest.mark.parametrize("n", [2, 5, 16])
+def test_n_sequences_sharing_a_prefix_hold_its_full_blocks_once(n: int) -> None:
+    model = TinyWhisper()
+    engine = _engine(model, 256)  # block size 4
+    mem = torch.randn(20, 32)
+    cid = engine.add_memory(mem)
+    assert cid is not None
+    prompt = GLOSSARY + [11, 12]  # 13 tokens: 3 full blocks are shareable, the 13th token is fed by each
+    first = engine.submit(prompt, cid, max_new=30, stop=frozenset())
+    for _ in range(len(prompt)):
+        engine.step()  # the first sequence has read its prompt and published 3 blocks
+    assert engine.stats().self_blocks_used == 4
+    rest = [engine.submit(prompt, cid, max_new=30, stop=frozenset()) for _ in range(n - 1)]
+    engine.step()  # each later one takes the 3 blocks and feeds token 13 into a block of its own
+    stats = engine.stats()
+    assert stats.self_blocks_used == 3 + n  # not 4 * n
+    assert stats.self_blocks_shared == (3 if n > 1 else 0)
+    assert stats.prefix_hits == n - 1 and stats.prefix_tokens == 12 * (n - 1)
+    tables = [engine.pool.table(s.id) for s in engine.running]
+    assert all(t[:3] == tables[0][:3] for t in tables) and len({t[3] for t in tables}) == n
+    engine.run()
+    expected = reference_greedy(model, mem, prompt, 30, frozenset())
+    assert [f.result().tokens for f in [first, *rest]] == [expected] * n
+    stats = engine.stats()
+    assert stats.self_blocks_used == 0 and stats.self_blocks_cached == 3  # cached while the window lives
+    late = engine.submit(prompt, cid, max_new=3, stop=frozenset())  # the last user gone: still reusable
+    engine.run()
+    assert late.result().tokens == expected[:3] and engine.stats().prefix_hits == n
+    engine.release(cid)
+    assert engine.stats().self_blocks_cached == 0 and engine.stats().self_blocks_used == 0
+
+
+@pytest.mark.parametrize("lag", [0, 2, 5])
+def test_a_decode_that_follows_another_of_its_window_takes_its_blocks_as_they_fill(lag: int) -> None:
+    """The commit submitted ``lag`` steps after the partial of the same window: it sits out until each block of the
+    partial's prompt is full and takes it, so it feeds only the prompt's last token and whatever the partial had
+    not written when the commit arrived past a block boundary."""
+    model = TinyWhisper()
+    engine = _engine(model, 128)  # block size 4; the glossary's 11 tokens: blocks 0 and 1 are shareable
+    mem = torch.randn(12, 32)
+    cid = engine.add_memory(mem)
+    assert cid is not None
+    partial = engine.submit(GLOSSARY, cid, max_new=6, stop=frozenset(), tentative=True)
+    for _ in range(lag):
+        engine.step()
+    commit = engine.submit(GLOSSARY, cid, max_new=6, stop=frozenset())
+    engine.run()
+    expected = reference_greedy(model, mem, GLOSSARY, 6, frozenset())
+    assert partial.result().tokens == commit.result().tokens == expected
+    stats = engine.stats()
+    assert stats.prefix_tokens == 8 and stats.tokens == 2 * (len(GLOSSARY) + 5) - 8
+    # it sits out while the other writes a block it needs: both blocks (lag 0), the rest of block 0 and block 1
+    # (lag 2), the rest of block 1 (lag 5: block 0 is written already); it never finishes later than alone
+    assert stats.prefix_waits == {0: 8, 2: 6, 5: 3}[lag]
+    assert stats.steps <= lag + len(GLOSSARY) + 5  # the steps the commit alone takes once it arrives
+    engine.release(cid)
+    assert engine.stats().self_blocks_used == 0 and engine.stats().self_blocks_cached == 0
+
+
+def test_a_prompt_over_different_audio_is_not_shared() -> None:
+    """Past the first layer a prompt position's keys/values depend on the audio (cross-attention), so the same
+    prompt over another window is another cache: sharing it would change the output."""
+    model = TinyWhisper()
+    engine = _engine(model, 128)
+    mems = [torch.randn(9, 32), torch.randn(9, 32)]
+    cids = [engine.add_memory(m) for m in mems]
+    blocks = []
+    for cid, mem in zip(cids, mems, strict=True):
+        assert cid is not None
+        fut = engine.submit(GLOSSARY, cid, max_new=5, stop=STOP)
+        engine.run()
+        assert fut.result().tokens == reference_greedy(model, mem, GLOSSARY, 5, STOP)
+        blocks.append(engine.pool.cached([(cid, tuple(GLOSSARY[:4]))]))
+    assert engine.stats().prefix_hits == 0 and engine.stats().self_blocks_cached == 4  # 2 full blocks each
+    (a,), (b,) = blocks
+    rows_a, rows_b = slice(a * 4, a * 4 + 4), slice(b * 4, b * 4 + 4)
+    assert torch.equal(engine.kv.k[0, rows_a], engine.kv.k[0, rows_b])  # layer 0: tokens and positions only
+    assert not torch.allclose(engine.kv.k[1, rows_a], engine.kv.k[1, rows_b])  # layer 1: the audio too
+
+
+def test_unused_prefix_blocks_are_handed_out_again_least_recently_used_first() -> None:
+    pool = BlockPool(num_blocks=6, block_size=2, reserved=1)  # 5 usable blocks
+    for seq, key in ((1, "a"), (2, "b")):
+        assert pool.allocate(seq, 4)  # two full blocks each
+        assert pool.publish(seq, 0, "w", key + "0") and pool.publish(seq, 1, "w", key + "1")
+    a, b = pool.table(1), pool.table(2)
+    pool.free(1)
+    pool.free(2)  # the last users end: the four blocks stay cached, counted free
+    assert pool.stats().used == 0 and pool.stats().cached == 4 and pool.cached(["a0", "a1"]) == a
+    assert pool.allocate(3, 2)  # the plain free block goes first
+    assert pool.stats().cached == 4
+    assert pool.append(3) is not None and pool.append(3) is not None  # a second block: a cached one goes
+    assert pool.cached(["a0", "a1"]) == a[:1] and pool.cached(["b0", "b1"]) == b  # a's tail, the oldest
+    assert pool.allocate(4, 4)
+    assert pool.cached(["a0"]) == [] and pool.cached(["b0", "b1"]) == b[:1]
+    assert pool.stats().cached == 1 and pool.stats().free == 1
+    pool.drop_group("w")  # the window died: its cached blocks are plain free blocks again
+    assert pool.stats().cached == 0 and pool.stats().free == 1 and pool.cached(["b0"]) == []
+
+
+class SharedPoolMachine(RuleBasedStateMachine):
+    """Sequences that start from published prefix blocks, grow, publish, are preempted or end, and windows that
+    die: every block is held by exactly the tables that list it, a shared block is full in every holder, a
+    published key names the prompt prefix of every holder, and nothing leaks (used + free = all, cached counted
+    free)."""
+
+    PROMPTS = ([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [5, 6, 7, 8, 9, 10, 20, 21, 22], [30, 31, 32, 33])
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bs = 3
+        self.pool = BlockPool(num_blocks=8, block_size=self.bs, reserved=1)  # small: cached blocks get reused
+        self.seqs: dict[int, tuple[int, list[int]]] = {}  # seq -> (window, prompt)
+        self.lengths: dict[int, int] = {}
+        self.keys: set[tuple[int, tuple[int, ...]]] = set()  # every key ever published (some evicted since)
+        self.next_id = 0
+
+    def _key(self, window: int, prompt: list[int], blocks: int) -> tuple[int, tuple[int, ...]]:
+        return window, tuple(prompt[: blocks * self.bs])
+
+    @rule(window=st.integers(0, 1), which=st.integers(0, 2), tokens=st.sampled_from([0, 0, 1, 3, 4]))
+    def start(self, window: int, which: int, tokens: int) -> None:
+        """A sequence starts (new, or preempted and started again) with ``tokens`` of its own."""
+        fits = self.pool.blocks_for(tokens) <= self.pool.stats().free
+        ok = self.pool.allocate(self.next_id, tokens)
+        assert ok == fits
+        if ok:
+            self.seqs[self.next_id], self.lengths[self.next_id] = (window, self.PROMPTS[which]), tokens
+        self.next_id += 1
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def catch_up(self, data: st.DataObject) -> None:
+        """At a block boundary a sequence takes what is cached of its prompt's next full blocks."""
+        seq = data.draw(st.sampled_from(sorted(self.lengths)))
+        window, prompt = self.seqs[seq]
+        n, table = self.lengths[seq], self.pool.table(seq)
+        if n != len(table) * self.bs:
+            with pytest.raises(ValueError):
+                self.pool.extend(seq, self.pool.cached([self._key(window, prompt, n // self.bs + 1)]) or [0])
+            return
+        keys = [self._key(window, prompt, j) for j in range(n // self.bs + 1, len(prompt) // self.bs + 1)]
+        shared = self.pool.cached(keys)
+        free_before, before = self.pool.stats().free, list(table)
+        idle = sum(1 for b in shared if self.pool.refs(b) == 0)
+        self.pool.extend(seq, shared)
+        assert self.pool.table(seq) == before + shared
+        assert self.pool.stats().free == free_before - idle  # a cached block in use again stops being free
+        self.lengths[seq] = n + len(shared) * self.bs
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def append(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.lengths)))
+        free_before = self.pool.stats().free
+        slot = self.pool.append(seq)
+        if slot is None:
+            assert free_before == 0 and self.lengths[seq] % self.bs == 0
+        else:
+            self.lengths[seq] += 1
+            assert self.pool.refs(slot // self.bs) == 1  # a token is only ever written to a private block
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def another_decode_of_the_window(self, data: st.DataObject) -> None:
+        """A decode of a live sequence's window and prompt starts and takes the blocks published so far."""
+        window, prompt = self.seqs[data.draw(st.sampled_from(sorted(self.lengths)))]
+        assert self.pool.allocate(self.next_id, 0)
+        shared = self.pool.cached(self._key(window, prompt, j) for j in range(1, len(prompt) // self.bs + 1))
+        self.pool.extend(self.next_id, shared)
+        self.seqs[self.next_id], self.lengths[self.next_id] = (window, prompt), len(shared) * self.bs
+        self.next_id += 1
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def feed_a_block(self, data: st.DataObject) -> None:
+        """As the engine does: tokens up to the end of a block, which is published if it holds prompt only."""
+        seq = data.draw(st.sampled_from(sorted(self.lengths)))
+        window, prompt = self.seqs[seq]
+        while True:
+            if self.pool.append(seq) is None:
+                return
+            self.lengths[seq] += 1
+            if self.lengths[seq] % self.bs == 0:
+                break
+        if self.lengths[seq] <= len(prompt):
+            index = self.lengths[seq] // self.bs - 1
+            if self.pool.publish(seq, index, window, self._key(window, prompt, index + 1)):
+                self.keys.add(self._key(window, prompt, index + 1))
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def publish(self, data: st.DataObject) -> None:
+        seq = data.draw(st.sampled_from(sorted(self.lengths)))
+        window, prompt = self.seqs[seq]
+        full = min(self.lengths[seq], len(prompt)) // self.bs
+        if full:
+            index = data.draw(st.integers(0, full - 1))
+            key = self._key(window, prompt, index + 1)
+            if self.pool.publish(seq, index, window, key):
+                self.keys.add(key)
+
+    @precondition(lambda self: self.lengths)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        """A sequence ends or is preempted, shared prefix or not (the last user's end leaves the blocks cached)."""
+        seq = data.draw(st.sampled_from(sorted(self.lengths)))
+        self.pool.free(seq)
+        del self.lengths[seq], self.seqs[seq]
+
+    @rule(window=st.integers(0, 2))
+    def window_dies(self, window: int) -> None:
+        for seq in [s for s, (w, _) in self.seqs.items() if w == window]:  # its sequences went first (they hold it)
+            self.pool.free(seq)
+            del self.lengths[seq], self.seqs[seq]
+        self.pool.drop_group(window)
+        assert not any(self.pool.cached([k]) for k in self.keys if k[0] == window)
+
+    @invariant()
+    def every_block_accounted_for(self) -> None:
+        holders: dict[int, list[tuple[int, int]]] = {}
+        for seq, table in ((s, self.pool.table(s)) for s in self.lengths):
+            assert len(table) == self.pool.blocks_for(self.lengths[seq])
+            for i, b in enumerate(table):
+                holders.setdefault(b, []).append((seq, i))
+        live = {k: self.pool.cached([k])[0] for k in self.keys if self.pool.cached([k])}
+        assert len(set(live.values())) == len(live)  # a block under one key at most
+        stats = self.pool.stats()
+        assert stats.used == len(holders) and stats.free + stats.used == self.pool.num_blocks - 1
+        assert stats.cached == sum(1 for b in live.values() if b not in holders)
+        assert stats.shared == sum(1 for h in holders.values() if len(h) > 1)
+        slots = {self.pool.slot(s, p) for s in self.lengths for p in range(self.lengths[s])}
+        assert stats.tokens == len(slots) and 0 not in {b for b in holders}  # the reserved block is never used
+        for b, hs in holders.items():
+            assert self.pool.refs(b) == len(hs)
+            if len(hs) > 1:
+                assert all((i + 1) * self.bs <= self.lengths[s] for s, i in hs)  # shared blocks are full
+        for key, b in live.items():  # exact: a published key is the prompt prefix of every holder of its block
+            for s, i in holders.get(b, []):
+                window, prompt = self.seqs[s]
+                assert key == self._key(window, prompt, i + 1)
+
+
+TestSharedPool = SharedPoolMachine.TestCase
+TestSharedPool.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)

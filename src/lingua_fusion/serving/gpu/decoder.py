@@ -8,6 +8,16 @@ shared by every decode of that window (a partial re-decode and the commit of the
 entry). When the self-attention pool is full the lowest-priority running sequence (tentative work first) is
 preempted: its blocks go back and it starts again later (greedy decoding recomputes the same tokens).
 
+Prefix reuse where exact: a decode of the same audio window with a prompt that starts the same way (a partial and
+the commit of one window, with the same glossary / context prompt) takes the full blocks of that prompt prefix that
+another decode of the window wrote and skips those prompt positions (at its start, and at each block boundary while
+it follows a decode further on in the prompt; a decode that reaches a block another decode of its window is writing
+sits out until that block is full, at most ``block_size`` - 1 steps, then takes it). The key is (cross-attention
+entry, exact prompt tokens up to the block's end): past the first layer a position's keys/values depend on the
+cross-attention to the audio, so the same prompt over different audio is NOT the same cache and is never shared.
+Blocks are refcounted in the pool (serving/gpu/blocks.py); only full blocks are shared, so nothing is copied on
+write; unused cached blocks are handed out again least recently used first, and dropped with their cross entry.
+
 The architecture is behind ``DecoderModel`` (serving/gpu/models.py has Whisper's); the engine knows layers,
 heads, and attention, nothing of a particular model.
 """
@@ -80,6 +90,7 @@ class _Seq:
     pos: int = 0  # tokens fed so far
     preempted: int = 0
     row: int = -1  # its row in the engine's block-table mirror while it runs
+    keys: list[tuple[int, tuple[int, ...]]] | None = None  # prefix-cache keys of its prompt's full blocks
 
     @property
     def rank(self) -> tuple[bool, float, int]:
@@ -135,13 +146,20 @@ class EngineStats:
     cross_blocks_used: int
     cross_blocks: int
     fragmentation: float
+    prefix_tokens: int = 0  # prompt tokens not fed because their keys/values were reused
+    prefix_hits: int = 0  # times a sequence took cached prefix blocks (at its start, or catching up)
+    prefix_waits: int = 0  # steps a sequence sat out for a block another decode of its window was writing
+    self_blocks_shared: int = 0  # blocks held by more than one running sequence now
+    self_blocks_cached: int = 0  # free blocks still holding a reusable prefix
 
 
 class DecodeEngine:
     def __init__(self, model: DecoderModel, *, blocks: int, block_size: int = 16, cross_blocks: int,
                  cross_block_size: int = 64, max_batch: int = 256, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", max_memory: int = 1500, kernel: str = "auto") -> None:
+                 device: torch.device | str = "cpu", max_memory: int = 1500, kernel: str = "auto",
+                 prefix_cache: bool = True) -> None:
         self.model = model
+        self.prefix_cache = prefix_cache
         self.device = torch.device(device)
         self.max_batch = max_batch
         self.pool = BlockPool(blocks, block_size, reserved=1)  # block 0: scratch for a CUDA graph's padding rows
@@ -164,6 +182,7 @@ class DecodeEngine:
         self.running: list[_Seq] = []
         self.graphs: Any = None  # serving/gpu/graphs.py StepGraphs, once use_graphs() was called
         self.steps = self.tokens = self.preemptions = 0
+        self.prefix_tokens = self.prefix_hits = self.prefix_waits = 0
 
     # ---- cross-attention entries ----------------------------------------------------------------------------
     def add_memory(self, memory: torch.Tensor) -> int | None:
@@ -207,6 +226,7 @@ class DecodeEngine:
         self._cross_refs[cid] -= 1
         if self._cross_refs[cid] <= 0:
             del self._cross_refs[cid]
+            self.pool.drop_group(cid)  # its prefixes can never be asked for again
             self.cross_pool.free(cid)
             self._free_cross_rows.append(self._cross_row.pop(cid))
             del self._cross_len[cid]
@@ -230,7 +250,8 @@ class DecodeEngine:
     def stats(self) -> EngineStats:
         s, c = self.pool.stats(), self.cross_pool.stats()
         return EngineStats(len(self.running), len(self.waiting), self.steps, self.tokens, self.preemptions, s.used,
-                           s.blocks, c.used, c.blocks, s.fragmentation)
+                           s.blocks, c.used, c.blocks, s.fragmentation, self.prefix_tokens, self.prefix_hits,
+                           self.prefix_waits, s.shared, s.cached)
 
     def _admit(self) -> None:
         # keep one free block per running sequence in reserve, so admission does not cause immediate preemption
@@ -246,6 +267,48 @@ class DecodeEngine:
             seq.row = self._free_rows.pop()
             self.running.append(seq)
 
+    def _keys(self, seq: _Seq) -> list[tuple[int, tuple[int, ...]]]:
+        """The cache keys of ``seq``'s prompt blocks (block ``i``: its window and the prompt up to the block's end)."""
+        if seq.keys is None:
+            bs = self.pool.block_size
+            seq.keys = [(seq.cross, tuple(seq.prompt[:end])) for end in range(bs, len(seq.prompt) + 1, bs)]
+        return seq.keys
+
+    def _share_prefixes(self) -> set[int]:
+        """Every running sequence at a block boundary of its prompt takes the next blocks of it that another decode
+        of its window has written (published) instead of feeding those tokens. Returns the sequences that sit this
+        step out: the block they would feed next is being written by another decode of their window (at most
+        ``block_size`` - 1 steps ahead, or starting it in this step), which they take once it is full."""
+        bs = self.pool.block_size
+        writing = {self._keys(s)[s.pos // bs] for s in self.running if s.pos % bs and s.pos // bs < len(self._keys(s))}
+        parked: set[int] = set()
+        for seq in self.running:
+            if seq.pos % bs or seq.pos + bs >= len(seq.prompt):  # its last prompt token is always fed (first output)
+                continue
+            keys = self._keys(seq)
+            at = seq.pos // bs
+            shared = self.pool.cached(keys[at: (len(seq.prompt) - 1) // bs])
+            if shared:
+                self.pool.extend(seq.id, shared)
+                self._table[seq.row, at: at + len(shared)] = shared
+                seq.pos += len(shared) * bs  # those prompt positions are read, not fed
+                self.prefix_tokens += len(shared) * bs
+                self.prefix_hits += 1
+                at += len(shared)
+            if seq.pos + bs < len(seq.prompt):
+                if keys[at] in writing:
+                    parked.add(seq.id)
+                    self.prefix_waits += 1
+                else:
+                    writing.add(keys[at])  # it writes that block now: the same decode at the same point waits
+        return parked
+
+    def _publish(self, seq: _Seq) -> None:
+        """``seq`` has just filled a block with prompt tokens only: offer it to later decodes of its window."""
+        bs = self.pool.block_size
+        if self.prefix_cache and seq.pos <= len(seq.prompt) and seq.pos % bs == 0:
+            self.pool.publish(seq.id, seq.pos // bs - 1, seq.cross, self._keys(seq)[seq.pos // bs - 1])
+
     def _preempt(self) -> None:
         """Give back the blocks of the lowest-ranked running sequence; it waits and starts again later."""
         victim = min(self.running, key=lambda s: s.rank)
@@ -256,13 +319,14 @@ class DecodeEngine:
         self.preemptions += 1
         (self.waiting.appendleft if not victim.tentative else self.waiting.append)(victim)
 
-    def _slots(self) -> list[int]:
-        """One slot per running sequence for the token it reads now, preempting while the pool is short."""
+    def _slots(self, parked: set[int]) -> list[int]:
+        """One slot per running sequence (but the ``parked``) for the token it reads now, preempting while the pool
+        is short."""
         slots: dict[int, int] = {}
         while self.running:
             short = False
             for seq in self.running:
-                if seq.id in slots:
+                if seq.id in slots or seq.id in parked:
                     continue
                 slot = self.pool.append(seq.id)
                 if slot is None:
@@ -281,7 +345,7 @@ class DecodeEngine:
                 break
             self._preempt()
             slots = {sid: slot for sid, slot in slots.items() if sid in self.pool}
-        return [slots[s.id] for s in self.running]
+        return [slots[s.id] for s in self.running if s.id not in parked]
 
     # ---- one step -------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -290,8 +354,10 @@ class DecodeEngine:
         self._admit()
         if not self.running:
             return 0
-        slots = self._slots()
-        batch = self.running
+        parked = self._share_prefixes() if self.prefix_cache else set()
+        slots = self._slots(parked)
+        batch = [s for s in self.running if s.id not in parked] if parked else self.running
+        waiting = [s for s in self.running if s.id in parked] if parked else []
         if not batch:
             return 0
         n = len(batch)
@@ -321,6 +387,7 @@ class DecodeEngine:
         keep: list[_Seq] = []
         for seq, tok, lp in zip(batch, best_l, best_lp_l, strict=True):
             seq.pos += 1
+            self._publish(seq)
             if seq.pos >= len(seq.prompt):  # this step's output is a generated token
                 if tok in seq.stop:
                     self._end(seq)
@@ -331,7 +398,7 @@ class DecodeEngine:
                     self._end(seq)
                     continue
             keep.append(seq)
-        self.running = keep
+        self.running = keep + waiting
         return len(batch)
 
     def forward(self, x: DeviceInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -50,11 +50,11 @@ class GpuRunner:
                  cross_block_size: int = 64, max_batch: int = 1024, max_pending: int = 8192,
                  encode_batch: int = 128, memo: int = 2048, dtype: torch.dtype = torch.float16,
                  device: str | torch.device = "cuda", name: str = "gpu", kernel: str = "auto",
-                 graphs: bool = False) -> None:
+                 graphs: bool = False, prefix_cache: bool = True) -> None:
         self.recipe = recipe
         self.engine = DecodeEngine(recipe.decoder, blocks=blocks, block_size=block_size, cross_blocks=cross_blocks,
                                    cross_block_size=cross_block_size, max_batch=max_batch, dtype=dtype,
-                                   device=device, kernel=kernel)
+                                   device=device, kernel=kernel, prefix_cache=prefix_cache)
         if graphs:
             from .graphs import buckets_up_to
 
