@@ -247,7 +247,10 @@ def test_a_video_file_gives_segments_and_slides_on_one_timeline(engine: FileTran
     r = engine.translate(FileRequest(source_modality=None, data=talk, source_lang="en", target_lang="es"))
     body = r.to_json_dict()
     check_slides(body["slides"])
-    assert "ingenieros" in r.text and len(r.segments) >= 2  # the speech was translated too
+    # the speech was translated too (Piper's synthesis varies: "engineers" came out once as "engineneres")
+    spanish = {"ingresos", "crecieron", "contrataremos", "ingenieros", "gracias"}
+    assert len(spanish & set(r.text.lower().replace(".", " ").split())) >= 3, r.text
+    assert len(r.segments) >= 2
     assert r.segments[0].start < 1.0 and 3.7 <= r.segments[1].start <= 5.0  # both on the media clock
     assert not any("not yet" in w or "video frames" in w for w in r.warnings)
     assert r.models["ocr"] and r.models["asr"]

@@ -77,7 +77,7 @@ def close(app: FastAPI) -> None:
 
 def _text(body: dict[str, Any], field: str) -> str:
     value = body.get(field)
-    if value is not None and not isinstance(value, str):
+    if field in body and not isinstance(value, str):  # an explicit null too: the schema says string
         raise InvalidParameter(f"'{field}' must be a string", details={"field": field})
     return value or ""
 
