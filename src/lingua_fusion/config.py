@@ -74,6 +74,9 @@ class ModelSettings(BaseModel):
     # the GPU engine's paged KV pools take this share of the GPU memory free at start, after the weights
     # (serving/gpu/memory.py, GpuRunner.sized); the rest is left to activations and the CUDA graphs
     gpu_memory_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
+    # "continuous": live streams' ASR runs on the continuous-batching engine (serving/gpu/server.py) on ``device``,
+    # from the same Whisper weights in torch; "" (the default): the ``backend`` runners
+    engine: str = ""
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
     user_mt_dirs: list[Path] = Field(default_factory=list)
@@ -83,6 +86,13 @@ class ModelSettings(BaseModel):
     def _ocr(cls, v: str) -> str:
         if v not in {"rapidocr", "tesseract"}:
             raise ValueError("ocr_engine must be rapidocr or tesseract")
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        if v not in {"", "continuous"}:
+            raise ValueError("engine must be empty or continuous")
         return v
 
     @field_validator("backend")

@@ -34,6 +34,7 @@ from ..files import FileTranslator
 from ..models.registry import Registry
 from ..observability import Metrics
 from ..serving.executor import Executor
+from ..serving.gpu.server import build_executor
 from ..state.sqlite import SQLiteStore
 from ..state.streams import open_store
 from ..stream.journal import StreamLog
@@ -107,7 +108,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     vocab_api.install(app, settings)  # /v1/vocabularies: taught signs and lip words (api/vocab.py)
     docs.install(app)  # /docs offline, bearer auth in the OpenAPI document (api/docs.py)
     web.install(app)  # /, /ops, /static, stream tickets, /v1/ops/metrics (api/web.py)
-    streams = _install_streams(app, settings, translator, metrics, store, executor or Executor)
+    streams = _install_streams(app, settings, translator, metrics, store, executor or build_executor)
     tracing_http.install(app, tracer if tracer is not None else from_settings(settings))
     app.state.started = time.time()
     return app

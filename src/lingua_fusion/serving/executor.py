@@ -332,6 +332,9 @@ class Executor:
         self._workers.clear()
         for p in self._vad:
             p.future.cancel()
+        for runner in self._runners.values():  # a continuous runner's own thread (serving/gpu)
+            if _continuous(runner) and hasattr(runner, "close"):
+                await asyncio.to_thread(runner.close)
         self.threads.close()
 
 

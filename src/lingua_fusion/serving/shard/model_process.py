@@ -31,6 +31,7 @@ from ...errors import LinguaFusionError, Overloaded
 from ...models.registry import Registry
 from ...tracing import Tracer, TraceRef, from_settings
 from ..executor import Executor
+from ..gpu.server import engine_backends
 from ..keys import ModelKey
 from ..ports import CallContext
 from ..scheduler import Demand
@@ -75,8 +76,10 @@ class ModelServer:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         if mode not in self.engines:
+            backends = engine_backends(self.registry, self.settings, self.metrics) if mode == "batched" else {}
             self.engines[mode] = Executor(self.registry, self.settings,
-                                          self.metrics if mode == "batched" else None, mode=mode)
+                                          self.metrics if mode == "batched" else None, mode=mode,
+                                          backends=backends)
         return self.engines[mode]
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,0 +1,83 @@
+"""``TorchWhisperRecipe``: the GPU runner's Recipe (serving/gpu/runner.py) over the torch Whisper backend
+(models/asr_whisper_torch.py WhisperTorchASR): its ``decode_clips`` step by step: the same trimmed windows
+(``window_samples``), log-mel and masked encoder call, prompt, token budget, suppressed tokens and text clean-up
+(``collapse_repeats``), so a clip's greedy transcript is the torch backend's. Decoding differs in one rule: no
+4-gram repeat ban (the engine's sampler is plain greedy), which only matters for a decoder loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...config import Settings
+from ...models.asr_whisper import ZH_PROMPT, collapse_repeats, window_samples
+from ...types import SR
+from ..ports import AsrInput, AsrOutput
+from .decoder import Decoded
+from .models import WhisperDecoder
+from .recipes import confidence
+from .runner import GpuRunner
+
+CPU_POOLS = {"blocks": 512, "cross_blocks": 256}  # 16-token / 64-frame blocks: ~40 clips of 10 s on tiny.en
+CPU_MAX_BATCH = 32
+
+
+class TorchWhisperRecipe:
+    """``Recipe`` over ``WhisperTorchASR`` (models/asr_whisper_torch.py): its ``decode_clips`` step by step."""
+
+    def __init__(self, asr: Any, language: str, max_new_tokens: int = 160) -> None:
+        from ...models.asr_whisper_torch import build_prompt
+
+        self.asr = asr
+        self.lang = "en" if not asr.multilingual else language
+        self.tok = asr.tokenizer(self.lang)
+        gen = asr.model.gen
+        self.decoder = WhisperDecoder(asr.model, suppress=gen.suppress_ids, suppress_first=gen.suppress_ids_begin)
+        self.stop = frozenset({self.tok.eot})
+        self.max_new_tokens = max_new_tokens
+        self._build_prompt = build_prompt
+
+    def encode(self, payloads: list[AsrInput]) -> list[torch.Tensor]:
+        windows = []
+        for p in payloads:
+            a = np.asarray(p.audio, dtype=np.float32)
+            n = window_samples(len(a))
+            w = np.zeros(n, dtype=np.float32)
+            w[: min(n, len(a))] = a[-n:] if len(a) > n else a
+            windows.append(w)
+        with self.asr._lock, torch.inference_mode():  # the torch backend's own encoder call (masked, trimmed)
+            xa, frames = self.asr._encode(windows)
+        return [xa[i, : int(frames[i]) // 2] for i in range(len(windows))]
+
+    def prompt(self, payload: AsrInput) -> list[int]:
+        text = payload.prompt or (ZH_PROMPT if self.lang == "zh" else None)
+        prev = self.tok.encode(" " + text.strip())[-100:] if text else []
+        return self._build_prompt(self.tok, prev, timestamps=False)
+
+    def max_new(self, payload: AsrInput) -> int:
+        # the torch backend's budget (CTranslate2's max_length: half of it, less the tokens before the start token)
+        budget = min(self.max_new_tokens, int(8 * len(payload.audio) / SR) + 16)
+        return max(1, min(budget // 2, budget - (len(self.prompt(payload)) - 1)))
+
+    def key(self, payload: AsrInput) -> bytes:
+        return hashlib.blake2b(np.ascontiguousarray(payload.audio).tobytes(), digest_size=16).digest()
+
+    def result(self, payload: AsrInput, decoded: Decoded) -> AsrOutput:
+        text = collapse_repeats(self.tok.decode(decoded.tokens).strip())
+        return AsrOutput(text, round(min(1.0, confidence(decoded.logprobs)), 4))
+
+
+def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRunner:
+    """A GpuRunner decoding ``asr``'s model (a loaded WhisperTorchASR) for ``language``."""
+    device = settings.models.device
+    recipe = TorchWhisperRecipe(asr, language)
+    dtype = asr.model.decoder.token_embedding.weight.dtype
+    if device.startswith("cuda"):
+        return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
+                               name=name)
+    return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=8,
+                     memo=64, **CPU_POOLS)

@@ -1,0 +1,128 @@
+"""The continuous engine behind the server's ModelPort (issue 12, ``LINGUAFUSION_MODELS__ENGINE=continuous``), on
+the CPU with the shipped Whisper weights: the same transcripts as the torch backend through the same Executor, and
+a live server stream through the engine with its pool gauges on /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jiwer
+import numpy as np
+import pytest
+from conftest import piper_wav, start_server, stop_server, talk_wav
+
+from lingua_fusion import MultimodalTranslator
+from lingua_fusion.config import LimitSettings, Settings
+from lingua_fusion.media.audio import decode_audio
+from lingua_fusion.models.registry import Registry
+from lingua_fusion.observability import Metrics
+from lingua_fusion.serving.executor import Executor
+from lingua_fusion.serving.gpu.runner import GpuRunner
+from lingua_fusion.serving.gpu.server import build_executor, engine_backends
+from lingua_fusion.serving.keys import ModelKey
+from lingua_fusion.serving.ports import AsrInput, CallContext
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = ["The meeting starts at ten o'clock in the main hall.", "Please send me the report before Friday.",
+             "Our new product will be available in three colours.", "The train to the airport leaves every hour."]
+
+
+def pcm(wav: bytes) -> np.ndarray:
+    return decode_audio(wav, LimitSettings())[0]
+
+
+def _norm(s: str) -> str:
+    return jiwer.RemovePunctuation()(s.lower()).strip()
+
+
+async def _transcripts(executor: Executor, clips: list[tuple[np.ndarray, str | None]]) -> list[tuple[str, float]]:
+    key = ModelKey.asr("en")
+    try:
+        outs = await asyncio.gather(*(executor.run(key, AsrInput(a, prompt=p), CallContext(stream_id=f"s{i}"))
+                                      for i, (a, p) in enumerate(clips)))
+    finally:
+        await executor.close()
+    return [(o.text, o.confidence) for o in outs]
+
+
+async def test_engine_transcripts_equal_the_torch_backend() -> None:
+    clips: list[tuple[np.ndarray, str | None]] = [(pcm(piper_wav(s)), None) for s in SENTENCES]
+    clips.append((clips[1][0], "the quarterly report"))  # a prompt (a slide's words) before the start token
+    clips.append((pcm(talk_wav(SENTENCES[:2])), None))  # two sentences in one clip (a longer window)
+
+    torch_settings = Settings(models={"backend": "torch"})  # type: ignore[arg-type]
+    expected = await _transcripts(Executor(Registry(torch_settings), torch_settings), clips)
+
+    settings = Settings(models={"engine": "continuous", "device": "cpu"})  # type: ignore[arg-type]
+    metrics = Metrics()
+    registry = Registry(settings)
+    executor = build_executor(registry, settings, metrics)
+    assert set(executor.backends) == {"asr"}  # MT on its CPU runner, VAD Silero (not CUDA)
+    runner = executor._runner(ModelKey.asr("en"))
+    assert isinstance(runner, GpuRunner)
+    got = await _transcripts(executor, clips)
+
+    assert [t for t, _ in got] == [t for t, _ in expected], (got, expected)
+    for (_, c_engine), (text, c_torch) in zip(got, expected, strict=True):
+        assert text and 0.3 < c_engine <= 1.0 and abs(c_engine - c_torch) < 0.25
+    assert runner.encoded == len(clips) and runner.engine.idle()
+    assert registry.loaded() == ["asr:tiny.en:torch"]  # the shipped weights in the torch model, nothing else
+    scraped = _scrape(metrics)
+    assert 'linguafusion_gpu_pool_blocks{model="asr:tiny.en",pool="self",state="free"}' in scraped
+
+
+def _scrape(metrics: Metrics) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(metrics.registry).decode()
+
+
+def test_engine_off_by_default() -> None:
+    settings = Settings()
+    assert settings.models.engine == "" and engine_backends(None, settings) == {}
+    assert not any(m["name"].endswith("-continuous") for m in Registry(settings).capabilities())
+    with pytest.raises(ValueError):
+        Settings(models={"engine": "vllm"})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url, proc = start_server(tmp_path_factory.mktemp("engine"), "--no-auth",
+                             env={"LINGUAFUSION_MODELS__ENGINE": "continuous", "LINGUAFUSION_MODELS__DEVICE": "cpu"})
+    yield url
+    stop_server(proc)
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def test_live_stream_through_the_engine(engine_server: str, tmp_path: Path) -> None:
+    audio = pcm(talk_wav(SENTENCES))
+    data = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    t = MultimodalTranslator(base_url=engine_server)
+    async with t.stream(["es"], partials=True, slo="batch") as s:
+        for at in range(0, len(data), 16000):  # 0.5 s messages
+            await s.send_audio(data[at: at + 16000], ts=at / 32000)
+        await s.end()
+        finals = [e async for e in s if e.type == "final"]
+    assert len(SENTENCES) <= len(finals) <= len(SENTENCES) + 2, [f.source_text for f in finals]
+    spoken = " ".join(f.source_text or "" for f in finals)
+    assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(spoken)) <= 0.15, spoken
+    assert all(f.text and f.text != f.source_text for f in finals)  # translated (MT on its CPU runner)
+    models = httpx.get(engine_server + "/v1/models", timeout=10).json()["models"]
+    engine = [m for m in models if m["name"] == "whisper-tiny.en-torch-continuous"]
+    assert engine and engine[0]["task"] == "asr" and "continuous engine (cpu)" in engine[0]["quality"]
+    text = httpx.get(engine_server + "/metrics", timeout=10).text
+    assert _metric(text, 'linguafusion_gpu_pool_blocks{model="asr:tiny.en",pool="self",state="free"}') > 0
+    assert _metric(text, 'linguafusion_gpu_pool_bytes{model="asr:tiny.en",pool="cross"}') > 0
+    assert re.search(r'linguafusion_gpu_encoder_cache_entries\{model="asr:tiny.en"\} \d', text)
+    assert _metric(text, 'linguafusion_batch_size_count{model="asr:tiny.en"}') >= len(SENTENCES)
