@@ -42,6 +42,7 @@ from ..stream.protocol import close_code, parse_start
 from ..stream.service import Principal, StreamService
 from ..stream.session import StreamSession
 from . import openai_realtime_events as ev
+from .handshake import offered_secret
 from .openai_compat import error_type, openai_error, realtime_model
 from .openai_realtime_audio import Converter
 from .openai_realtime_events import BETA, GA, SessionConfig
@@ -118,15 +119,7 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
 def _credentials(ws: WebSocket) -> tuple[str | None, str | None]:
     """(the key, the subprotocol to answer with): the Authorization header, else the browser's
     ``openai-insecure-api-key.<key>`` subprotocol (answered with ``realtime``, never the key)."""
-    offered = [p.strip() for p in ws.scope.get("subprotocols", [])]
-    chosen = next((p for p in SUBPROTOCOLS if p in offered), None)
-    header = ws.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:].strip(), chosen
-    for p in offered:
-        if p.startswith(KEY_SUBPROTOCOL):
-            return p[len(KEY_SUBPROTOCOL):], chosen
-    return None, chosen
+    return offered_secret(ws, answers=tuple(SUBPROTOCOLS), prefix=KEY_SUBPROTOCOL)
 
 
 class Transcription:

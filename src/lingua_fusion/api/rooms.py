@@ -38,6 +38,7 @@ from ..stream.events import error_event
 from ..stream.protocol import close_code
 from . import spec
 from .deps import TranslateKey, flag
+from .handshake import offered_secret
 
 log = logging.getLogger("lingua_fusion.api")
 router = APIRouter()
@@ -131,15 +132,8 @@ def _listen_args(q: QueryParams, last_event_id: str | None = None) -> tuple[list
 
 
 def _ws_token(ws: WebSocket) -> tuple[str | None, str | None]:
-    offered = [p.strip() for p in ws.scope.get("subprotocols", [])]
-    chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None
-    header = ws.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:].strip(), chosen
-    for p in offered:
-        if p.lower().startswith(BEARER):
-            return p[len(BEARER):], chosen
-    return ws.query_params.get("token"), chosen
+    token, chosen = offered_secret(ws, answers=(SUBPROTOCOL,), prefix=BEARER)
+    return (token if token is not None else ws.query_params.get("token")), chosen
 
 
 @router.websocket("/v1/rooms/{room_id}/listen")

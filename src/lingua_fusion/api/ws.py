@@ -31,6 +31,7 @@ from ..stream.events import Event, error_event
 from ..stream.protocol import MAX_START_BYTES, close_code
 from ..stream.service import Principal, StreamService
 from ..stream.session import StreamSession
+from .handshake import offered_secret
 from .tickets import is_ticket
 
 log = logging.getLogger("lingua_fusion.api")
@@ -106,14 +107,9 @@ def _credentials(ws: WebSocket) -> tuple[str | None, str | None]:
     """(the key, the subprotocol to answer with): Authorization header, else a ``bearer.<key>`` subprotocol, else
     a single-use ``?ticket=`` (api/tickets.py: what the web page uses; a key there is not taken), else
     ``?api_key=`` (kept for old clients; masked in the logs)."""
-    offered = [p.strip() for p in ws.scope.get("subprotocols", [])]
-    chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None
-    header = ws.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:].strip(), chosen
-    for p in offered:
-        if p.lower().startswith(BEARER):
-            return p[len(BEARER):], chosen
+    secret, chosen = offered_secret(ws, answers=(SUBPROTOCOL,), prefix=BEARER)
+    if secret is not None:
+        return secret, chosen
     ticket = ws.query_params.get("ticket")
     if ticket is not None:
         return (ticket if is_ticket(ticket) else None), chosen
