@@ -9,7 +9,8 @@ real models and auth on.
   with a single-use ticket.
 - The operations page's numbers equal /metrics read right after (the page paused).
 
-Screenshots are saved in the test's tmp dir and copied to bench/results/screens/ (committed).
+Screenshots are saved in the test's tmp dir and copied to build/screens/ (the run's artefacts, not tracked), or to
+$LINGUAFUSION_SCREENS_DIR: the committed ones in bench/results/screens/ come from a run with it set there.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import shutil
 import subprocess
 import time
@@ -43,7 +45,8 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from lingua_fusion.api.opsview import histogram_quantile
 
-SCREENS = Path(__file__).resolve().parents[1] / "bench" / "results" / "screens"
+SCREENS = Path(os.environ.get("LINGUAFUSION_SCREENS_DIR")
+               or Path(__file__).resolve().parents[1] / "build" / "screens")
 PORT = 18210
 SENTENCES = ["Good morning everyone.",  # a long second sentence: partials while it is spoken
              "Today we talk about the weather in the city and the river bank, which is green in the spring and "
