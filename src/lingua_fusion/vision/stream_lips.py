@@ -1,10 +1,8 @@
 """A live stream's lips: the lip-landmarks ``FrameConsumer`` of a stream started with a lip vocabulary, and the
 fusion of what they said with each utterance's speech before its final is committed.
 
-Frames: as for signs (``stream_signs.py``): ``offer`` runs in the decoding worker thread, the adaptive sampler
-chooses frames within the stream's budget (a steadier floor than for signs: lips move little and fast), chosen
-frames go to a bounded queue on the event loop (``MAX_QUEUED``, the oldest dropped and counted) and one task per
-stream extracts their lips on the vision pool. The last ``MAX_KEPT`` frames with their lips are kept.
+Frames are sampled, queued and read as ``lane.py`` says (a steadier sampling floor than for signs: lips move little
+and fast). The last ``MAX_KEPT`` frames with their lips are kept.
 
 Fusion (``StreamJobs.commit`` calls ``claim`` when an utterance is committed and ``fuse`` once its ASR is back):
 the lips of the utterance's span are spotted for vocabulary words (``lip_spot.py``) and ``fusion.fuse`` confirms,
@@ -21,7 +19,6 @@ and a known word becomes a final of its own (``modalities: ["lips"]``), queued i
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -31,18 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, LinguaFusionError
-from ..stream.events import Error, Event, Final
-from ..video.frames import FrameStats, VideoFrame
+from ..stream.events import Event, Final
 from .fusion import Evidence, FusedCaption, FusionPolicy, fuse
 from .landmarks import LandmarkFrame
+from .lane import LandmarkLane
 from .lip_spot import SpotPolicy, active_spans, hypothesis, opening, rest_level, smooth, spot
 from .recogniser import Recogniser
 from .sampler import AdaptiveSampler, SamplingPolicy
 from .segment import Span
 from .service import gloss_text
 
-MAX_QUEUED = 16  # frames waiting for the extractor per stream
 MAX_KEPT = 900  # frames with their lips kept (a minute at 15 fps)
 RECENT_S = 6.0  # unclaimed lip movements are looked for in this much of the newest frames
 MAX_ALONE = 8  # unclaimed lip movements waiting to learn whether speech covered them
@@ -59,82 +54,46 @@ LIP_SAMPLING = SamplingPolicy(min_fps=15.0, max_fps=25.0, budget_fps=20.0, burst
 Heard = Callable[[], tuple[float, float | None, bool]]
 
 
-class StreamLips:
+class StreamLips(LandmarkLane):
+    what = "lip"
+
     def __init__(self, recogniser: Recogniser, extract: Callable[[float, np.ndarray], LandmarkFrame], jobs: Any,
                  emit: Callable[[Event], None], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
                  queue: Callable[[Coroutine[Any, Any, Final | None]], None], heard: Heard,
                  loop: asyncio.AbstractEventLoop, *, sampling: SamplingPolicy | None = None,
                  spotting: SpotPolicy | None = None, pool: Executor | None = None) -> None:
+        super().__init__(extract, emit, spawn, loop, AdaptiveSampler(sampling or LIP_SAMPLING), pool)
         self.recogniser = recogniser
         self.vocabulary = set(recogniser.glosses)
-        self._extract = extract
-        self._pool = pool
         self.jobs = jobs
-        self._emit = emit
-        self._spawn = spawn
         self._queue_final = queue
         self._heard = heard
-        self._loop = loop
-        self.sampler = AdaptiveSampler(sampling or LIP_SAMPLING)
         self.spotting = spotting or SpotPolicy()
-        self._lock = threading.Lock()
-        self._queue: deque[tuple[float, np.ndarray]] = deque()
-        self._task: asyncio.Task[None] | None = None
         self.frames: deque[LandmarkFrame] = deque(maxlen=MAX_KEPT)
         self._openings: deque[float] = deque(maxlen=MAX_KEPT)  # each kept frame's mouth opening
         self._rest = 0.0  # the stream's resting opening, updated as frames come
         self._analysed_t = -1e9
-        self._offered = (-1e9, 0.0)  # (media time, wall clock) of the last frame handed to the loop
         self._progress = asyncio.Event()
         self._claims: deque[tuple[float, float]] = deque(maxlen=256)
         self._handled_until = -1e9  # lip movements up to here are claimed or being decided
         self._alone: set[asyncio.Task[None]] = set()
         self._ending = False
-        self.dropped = 0
         self.confirmed = 0  # finals the lips confirmed, re-ranked or changed
         self.alone = 0  # finals made from lips alone
 
-    # ---- FrameConsumer (worker thread) -----------------------------------------------------------------------
-    def offer(self, frame: VideoFrame) -> None:
-        with self._lock:
-            wanted = self.sampler.offer(frame.t, frame.rgb)
-        if wanted:
-            self._loop.call_soon_threadsafe(self._want, frame.t, frame.rgb)
-
-    def stats(self) -> FrameStats:
-        return self.sampler.stats()
-
-    # ---- extraction (event loop) -----------------------------------------------------------------------------
-    def _want(self, t: float, rgb: np.ndarray) -> None:
-        self._offered = (t, time.monotonic())
-        if len(self._queue) >= MAX_QUEUED:
-            self._queue.popleft()
-            self.dropped += 1
-        self._queue.append((t, rgb))
-        if self._task is None or self._task.done():
-            self._task = self._spawn(self._drain(), "lips")
-
-    async def _drain(self) -> None:
-        while self._queue:
-            t, rgb = self._queue.popleft()
-            try:
-                lm = await self._loop.run_in_executor(self._pool, self._extract, t, rgb)
-            except (BackendError, LinguaFusionError) as exc:
-                self._emit(Error(exc.code, f"lip landmarks not read: {exc.public_message}"))
-                continue
-            self._analysed_t = max(self._analysed_t, lm.t)
-            if lm.lips_present:
-                self.frames.append(lm)
-                self._openings.append(opening(lm))
-                self._rest = rest_level(smooth(self._openings), self.spotting)
-            self._progress.set()
-            self._unclaimed()
+    async def landmarks(self, lm: LandmarkFrame) -> None:
+        self._analysed_t = max(self._analysed_t, lm.t)
+        if lm.lips_present:
+            self.frames.append(lm)
+            self._openings.append(opening(lm))
+            self._rest = rest_level(smooth(self._openings), self.spotting)
+        self._progress.set()
+        self._unclaimed()
 
     def _busy(self, end: float) -> bool:
         """Are lips of time ``end`` still to come: frames queued or being read, or frames arriving short of it."""
         t, wall = self._offered
-        return bool(self._queue) or (self._task is not None and not self._task.done()) or (
-            t < end and time.monotonic() - wall < 0.5)
+        return self.reading() or (t < end and time.monotonic() - wall < 0.5)
 
     async def _caught_up(self, end: float, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -257,9 +216,7 @@ class StreamLips:
     async def finish(self, wait_s: float) -> None:
         """The stream ends: read what is queued, decide every lip movement not yet decided (bounded)."""
         async def last() -> None:
-            task = self._task
-            if task is not None and not task.done():
-                await asyncio.shield(task)
+            await self.read_all()
             self._ending = True
             self._unclaimed()
             if self._alone:

@@ -1,10 +1,7 @@
 """A live stream's signs: the landmarks ``FrameConsumer`` of a stream started with a ``vocabulary_id``.
 
-``StreamSigns.offer`` runs in the worker thread that decoded the frame; the adaptive sampler (``sampler.py``)
-decides whether to analyse it, within the stream's frame budget. Frames to analyse go to the event loop
-(``call_soon_threadsafe``) into a bounded queue (``MAX_QUEUED``; beyond it the oldest is dropped and counted); one
-task per stream drains it: landmarks from the extractor on a worker thread (mediapipe's tracking kept per stream),
-the sampler told the hands' speed, frames with a hand collected into the current sign. A sign ends when no hand has
+Frames are sampled, queued and read as ``lane.py`` says; each frame's landmarks tell the sampler the hands' speed,
+and frames with a hand are collected into the current sign. A sign ends when no hand has
 been seen for ``gap_s``; it is then recognised against the stream's vocabulary, and a known gloss is translated into
 every target over the ModelPort (MT, like any source text) and sent as a ``sign`` event on the stream's timeline.
 ``finish`` (the stream ends) recognises a sign still open.
@@ -13,83 +10,44 @@ every target over the ModelPort (MT, like any source text) and sent as a ``sign`
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, LinguaFusionError
+from ..errors import BackendError
 from ..serving.keys import ModelKey
 from ..serving.ports import CallContext, MtInput
-from ..stream.events import Error, Event, Sign
-from ..video.frames import FrameStats, VideoFrame
+from ..stream.events import Event, Sign
 from .landmarks import LandmarkFrame, LandmarkSeq
+from .lane import LandmarkLane
 from .recogniser import Recogniser
 from .sampler import AdaptiveSampler, SamplingPolicy
 from .segment import sign_spans
 from .service import gloss_text
 
-MAX_QUEUED = 16  # frames waiting for the extractor per stream
 MAX_SIGN_FRAMES = 600  # one sign's frames at most (a hand never leaving the picture is cut there)
 
 
-class StreamSigns:
+class StreamSigns(LandmarkLane):
+    what = "sign"
+
     def __init__(self, recogniser: Recogniser, extract: Callable[[float, np.ndarray], LandmarkFrame], jobs: Any,
                  emit: Callable[[Event], None], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
                  loop: asyncio.AbstractEventLoop, policy: SamplingPolicy | None = None, gap_s: float = 0.6,
                  pool: Executor | None = None) -> None:
+        super().__init__(extract, emit, spawn, loop, AdaptiveSampler(policy), pool)
         self.recogniser = recogniser
-        self._extract = extract
-        self._pool = pool  # where extraction runs (VisionService.pool); None: the loop's default threads
         self.jobs = jobs
-        self._emit = emit
-        self._spawn = spawn
-        self._loop = loop
-        self.sampler = AdaptiveSampler(policy)
         self.gap_s = gap_s
-        self._lock = threading.Lock()
-        self._queue: deque[tuple[float, np.ndarray]] = deque()
-        self._task: asyncio.Task[None] | None = None
         self._sign: list[LandmarkFrame] = []
         self._last_hand_t: float | None = None
-        self.dropped = 0
         self.signs = 0
 
-    # ---- FrameConsumer (worker thread) -----------------------------------------------------------------------
-    def offer(self, frame: VideoFrame) -> None:
+    async def landmarks(self, lm: LandmarkFrame) -> None:
         with self._lock:
-            wanted = self.sampler.offer(frame.t, frame.rgb)
-        if wanted:
-            self._loop.call_soon_threadsafe(self._want, frame.t, frame.rgb)
-
-    def stats(self) -> FrameStats:
-        return self.sampler.stats()
-
-    # ---- analysis (event loop) -------------------------------------------------------------------------------
-    def _want(self, t: float, rgb: np.ndarray) -> None:
-        if len(self._queue) >= MAX_QUEUED:
-            self._queue.popleft()
-            self.dropped += 1
-        self._queue.append((t, rgb))
-        if self._task is None or self._task.done():
-            self._task = self._spawn(self._drain(), "signs")
-
-    async def _drain(self) -> None:
-        while self._queue:
-            t, rgb = self._queue.popleft()
-            try:
-                lm = await self._loop.run_in_executor(self._pool, self._extract, t, rgb)
-            except (BackendError, LinguaFusionError) as exc:
-                self._emit(Error(exc.code, f"sign landmarks not read: {exc.public_message}"))
-                continue
-            with self._lock:
-                self.sampler.observe(lm)
-            await self._landmarks(lm)
-
-    async def _landmarks(self, lm: LandmarkFrame) -> None:
+            self.sampler.observe(lm)
         if lm.any_hand:
             self._sign.append(lm)
             self._last_hand_t = lm.t
@@ -138,9 +96,7 @@ class StreamSigns:
     async def finish(self, wait_s: float) -> None:
         """The stream ends: analyse what is queued and recognise a sign still open (bounded by ``wait_s``)."""
         async def last() -> None:
-            task = self._task
-            if task is not None and not task.done():
-                await asyncio.shield(task)
+            await self.read_all()
             if self._sign:
                 await self._close_sign()
 
