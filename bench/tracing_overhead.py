@@ -53,19 +53,6 @@ SENTENCES = ["Good morning everyone and welcome to the quarterly review.", "The 
              "Please send me the report before Friday.", "We need more time to finish the project."]
 
 
-def free_port(lo: int = 18390, hi: int = 18399) -> int:
-    import socket
-
-    for port in range(lo, hi + 1):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
-
-
 def span_counter() -> Any:
     """A span processor that counts ended spans (beside the exporting one)."""
     from opentelemetry.sdk.trace import SpanProcessor
@@ -177,7 +164,7 @@ def main() -> None:
     off_import = subprocess.run([sys.executable, "-c", OFF_CHECK, str(ROOT / "src")], capture_output=True,
                                 text=True, timeout=300, check=True).stdout.strip().splitlines()[-1]
 
-    from conftest import talk_wav
+    from conftest import free_port, talk_wav
 
     from lingua_fusion.config import OtelSettings, Settings
     from lingua_fusion.lab.fixtures import git_commit, machine

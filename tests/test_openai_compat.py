@@ -5,7 +5,6 @@ errors a client of OpenAI's API expects (unknown model, wrong key) in OpenAI's e
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,23 +13,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import BIN, espeak_wav, piper_wav, render_slide, start_server, stop_server
+from conftest import BIN, espeak_wav, free_port, piper_wav, render_slide, start_server, stop_server
 
 pytestmark = pytest.mark.slow
-PORTS = range(18100, 18150)  # this file's servers (the realtime tests use 18150-18199)
 ENGLISH = "Good morning everyone. Today we talk about the school budget."
 SPANISH = "Buenos días a todos. La casa es muy grande y tiene un jardín bonito."
-
-
-def port_in(ports: range) -> int:
-    for port in ports:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {ports}")
 
 
 @dataclass
@@ -48,7 +35,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     state = tmp_path_factory.mktemp("openai-state")
     key = subprocess.run([str(BIN), "keys", "create", "--state-dir", str(state)], capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
-    url, proc = start_server(state, port=port_in(PORTS))
+    url, proc = start_server(state, port=free_port())
     yield Api(url, key, state)
     stop_server(proc)
 

@@ -21,15 +21,13 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from conftest import BIN, piper_wav, start_server, stop_server
-from test_openai_compat import port_in
+from conftest import BIN, free_port, piper_wav, start_server, stop_server
 
 from lingua_fusion.api.openai_realtime_audio import ULAW, Converter
 from lingua_fusion.api.openai_realtime_events import BETA, GA, SessionConfig
 from lingua_fusion.errors import InvalidParameter, NotFound
 
 pytestmark = pytest.mark.slow
-PORTS = range(18150, 18200)  # this file's servers (test_openai_compat.py uses 18100-18149)
 FIRST, SECOND = "Good morning everyone. Today we talk about the school budget.", "The house is very big."
 TIMEOUT_S = 120.0
 COMPLETED = "conversation.item.input_audio_transcription.completed"
@@ -49,7 +47,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     state = tmp_path_factory.mktemp("realtime-state")
     key = subprocess.run([str(BIN), "keys", "create", "--state-dir", str(state)], capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
-    url, proc = start_server(state, port=port_in(PORTS))
+    url, proc = start_server(state, port=free_port())
     yield Api(url, key)
     stop_server(proc)
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from conftest import SRC, render_slide, start_server, stop_server, talk_wav
+from conftest import SRC, free_port, render_slide, start_server, stop_server, talk_wav
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from test_streaming import SENTENCES, pcm16
@@ -35,21 +35,7 @@ from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import CallContext, MtInput
 from lingua_fusion.tracing import Tracer, TraceRef, record_batch
 
-PORTS = iter(range(18310, 18399))
 L = "linguafusion."
-
-
-def _port() -> int:
-    import socket
-
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18310-18398")
 
 
 class LiveApp:
@@ -57,7 +43,7 @@ class LiveApp:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.port = _port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn-tracing", daemon=True)
@@ -318,7 +304,7 @@ class Collector(BaseHTTPRequestHandler):
 
 def test_spans_are_exported_over_otlp_http_when_the_endpoint_is_set(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    collector = ThreadingHTTPServer(("127.0.0.1", _port()), Collector)
+    collector = ThreadingHTTPServer(("127.0.0.1", free_port()), Collector)
     receiving = threading.Thread(target=collector.serve_forever, daemon=True)
     receiving.start()
     try:
@@ -388,22 +374,6 @@ print(json.dumps({{"status": r.status_code, "text": r.json().get("text", r.text)
 
 
 # ---- across process boundaries: serve --workers' model process, a cluster's model replica ------------------------
-SHARD_PORTS = iter(range(18900, 18999))
-
-
-def _shard_port() -> int:
-    import socket
-
-    for port in SHARD_PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 18900-18998")
-
-
 def _one(spans: list[ReadableSpan], name: str) -> ReadableSpan:
     (found,) = [s for s in spans if s.name == name]
     return found
@@ -545,7 +515,7 @@ async def test_a_sharded_servers_model_process_exports_its_spans_under_the_worke
     from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 
     SpanCollector.spans = []
-    collector = ThreadingHTTPServer(("127.0.0.1", _shard_port()), SpanCollector)
+    collector = ThreadingHTTPServer(("127.0.0.1", free_port()), SpanCollector)
     receiving = threading.Thread(target=collector.serve_forever, daemon=True)
     receiving.start()
     env = {"LINGUAFUSION_OTEL__ENDPOINT": f"http://127.0.0.1:{collector.server_address[1]}",
@@ -553,7 +523,7 @@ async def test_a_sharded_servers_model_process_exports_its_spans_under_the_worke
     proc = None
     try:
         url, proc = await asyncio.to_thread(start_server, tmp_path, "--no-auth", "--workers", "2", env=env,
-                                            port=_shard_port())
+                                            port=free_port())
         pids = json.loads((tmp_path / "serve.json").read_text())
         finals = 0
         async with MultimodalTranslator(base_url=url).stream(["es"], partials=False, slo="batch") as s:
