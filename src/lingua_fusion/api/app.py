@@ -25,9 +25,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import glossary as glossary_mod
+from ..asgi import StatusOf
 from ..config import Settings
 from ..errors import LinguaFusionError
 from ..files import FileTranslator
@@ -137,20 +138,13 @@ class CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
-
-        async def sent(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = StatusOf(send)
         try:
             await self.app(scope, receive, sent)
         finally:
             route = scope.get("route")
             scope["app"].state.metrics.requests.labels(route=getattr(route, "path", "unmatched"),
-                                                       status=str(status)).inc()
+                                                       status=str(sent.status)).inc()
 
 
 def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslator, metrics: Metrics,

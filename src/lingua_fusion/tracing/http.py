@@ -12,8 +12,9 @@ import asyncio
 from typing import Any
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..asgi import StatusOf
 from .core import Tracer, TraceRef
 
 STATE_KEY = "lingua_fusion.trace"
@@ -35,14 +36,7 @@ class TraceRequests:
         ref = self.tracer.root(f"{method} {scope['path']}", headers, **{"http.request.method": method,
                                                                       "url.path": scope["path"]})
         scope.setdefault("state", {})[STATE_KEY] = ref
-        status = 500
-
-        async def sent(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = StatusOf(send)
         try:
             await self.app(scope, receive, sent)
         except BaseException as exc:
@@ -52,9 +46,9 @@ class TraceRequests:
             route = getattr(scope.get("route"), "path", None)
             if route is not None:
                 ref.span.update_name(f"{method} {route}")
-            if status >= 500:
-                ref.span.set_status(self.tracer.status_error, f"HTTP {status}")
-            ref.end(**{"http.route": route, "http.response.status_code": status})
+            if sent.status >= 500:
+                ref.span.set_status(self.tracer.status_error, f"HTTP {sent.status}")
+            ref.end(**{"http.route": route, "http.response.status_code": sent.status})
 
 
 def request_trace(request: Request, **attrs: Any) -> TraceRef | None:
