@@ -136,13 +136,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
                     if realtime and ev.end is not None:
                         data["latency_s"] = round(time.monotonic() - t0 - ev.end, 3)
                     finals.append(data)
-                if as_json:
-                    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
-                    sys.stdout.flush()
-                elif ev.type == "final":
-                    _print_final(data, targets)
-                elif ev.type in ("partial", "revision"):
-                    console.print(f"  ... {data.get('source_text', '')}", style="dim", markup=False)
+                print_event(ev.type, data, targets, as_json=as_json, console=console)
                 _tell(ev.type, data, console, shown)
         finally:
             if not sender.done():
@@ -175,9 +169,21 @@ class _Shown:
         self.low: set[str] = set()
 
 
+def print_event(kind: str, data: dict[str, Any], targets: list[str], *, as_json: bool, console: Any) -> None:
+    """One event on stdout, as a stream or a room listener shows it: a JSON line each with --json, else finals as
+    captions and partials / revisions dimmed."""
+    if as_json:
+        sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    elif kind == "final":
+        _print_final(data, targets)
+    elif kind in ("partial", "revision"):
+        console.print(f"  ... {data.get('source_text', '')}", style="dim", markup=False)
+
+
 def _print_final(data: dict[str, Any], targets: list[str]) -> None:
     """One caption: every target's translation (a stream with two targets prints both)."""
-    head = f"[{data['start']:7.2f}-{data['end']:7.2f}] #{data['seq']}"
+    head = f"[{data.get('start', 0):7.2f}-{data.get('end', 0):7.2f}] #{data.get('seq')}"
     translations = data.get("translations") or {}
     low = set(data.get("low_confidence") or ())
     if len(targets) == 1:
