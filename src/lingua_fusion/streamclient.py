@@ -107,8 +107,8 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
             frame = await anext(frames, None) if frames is not None else None
             for i, off in enumerate(range(0, len(pcm), step)):
                 ts = off / 2 / 16000
-                if realtime:
-                    delay = t0 + ts - time.monotonic()
+                if realtime:  # a live source has a chunk once its last sample was spoken, not at its first
+                    delay = t0 + (off + len(pcm[off:off + step])) / 2 / 16000 - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
                 while frame is not None and frames is not None and frame[0] <= ts:  # video frames up to now
