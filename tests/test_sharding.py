@@ -178,7 +178,7 @@ async def test_admission_and_key_quota_hold_across_workers(tmp_path: Path) -> No
         listener.close()
         os.unlink(path)
         successor, listener = await _model_server(path, settings)
-        links[0]._writer.close()  # type: ignore[union-attr]  # the old process's socket ends
+        links[0]._outbox.writer.close()  # type: ignore[union-attr]  # the old process's socket ends
         for _ in range(250):
             if "s5" in successor.engine("batched").scheduler.admitted:
                 break
@@ -187,6 +187,35 @@ async def test_admission_and_key_quota_hold_across_workers(tmp_path: Path) -> No
         assert successor.keys.open == {"k1": 1}
     finally:
         await links[0].close()
+        listener.close()
+        await server.close()
+
+
+async def test_requests_of_one_loop_turn_cross_in_one_frame_each_way(tmp_path: Path) -> None:
+    """Many streams' requests written in one turn of a worker's loop leave as one frame (one write), the model
+    process answers them in few frames, and every caller gets its own answer."""
+    settings = Settings()
+    settings.state_dir = tmp_path
+    path = str(tmp_path / "m.sock")
+    server, listener = await _model_server(path, settings)
+    link = ModelLink(path)
+    port = RemotePort(link, Registry(settings), settings)
+    try:
+        await link.wait_up(5)
+        sent = link._outbox.frames  # type: ignore[union-attr]  # the handshake's
+        demands = [port.demand(f"s{i}", "batch", "en", ["es"], False, 1.0, ["audio"]) for i in range(30)]
+        await asyncio.gather(*(port.reserve(d, f"k{i % 3}") for i, d in enumerate(demands)))
+        assert link._outbox.frames - sent == 1 and link._outbox.messages - sent == 30  # type: ignore[union-attr]
+        assert set(server.engine("batched").scheduler.admitted) == {f"s{i}" for i in range(30)}
+        assert server.keys.open == {"k0": 10, "k1": 10, "k2": 10}
+        server.keys.limit = 11  # one more per key, then a typed refusal: answers are not mixed up
+        more = [port.demand(f"t{i}", "batch", "en", ["es"], False, 1.0, ["audio"]) for i in range(6)]
+        results = await asyncio.gather(*(port.reserve(d, f"k{i % 3}") for i, d in enumerate(more)),
+                                       return_exceptions=True)
+        assert [r is None for r in results] == [True] * 3 + [False] * 3, results
+        assert all(isinstance(r, Overloaded) for r in results[3:])
+    finally:
+        await link.close()
         listener.close()
         await server.close()
 

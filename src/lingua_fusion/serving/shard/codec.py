@@ -1,6 +1,9 @@
 """The wire between stream workers and the model process: length-prefixed msgpack frames over a Unix socket.
 
-A frame is a 4-byte big-endian length and a msgpack map. Only a closed set of types crosses it (no pickle: the
+A frame is a 4-byte big-endian length and a msgpack map (one message) or an array of maps (the messages one side
+wrote in one turn of its event loop, sent as one frame in one write: ``Outbox``; at hundreds of streams a worker
+sends thousands of small requests a second, and a frame, a read and a write each is what the model process's one
+event loop would otherwise spend its time on). Only a closed set of types crosses it (no pickle: the
 model process never runs code it was sent): msgpack's own types, ``np.ndarray`` as dtype, shape and its raw bytes
 (audio travels as float32 bytes, images as uint8), the ports' payloads and results (``AsrInput``, ``AsrOutput``,
 ``MtInput``, ``Term``, ``OCRLine``), ``Demand``, and ``LinguaFusionError`` by class name, message, details and
@@ -69,19 +72,84 @@ def encode(msg: dict[str, Any]) -> bytes:
 
 
 def decode(body: bytes) -> dict[str, Any]:
+    msgs = decode_many(body)
+    if len(msgs) != 1:
+        raise ValueError("expected one model message, got a batch")
+    return msgs[0]
+
+
+def decode_many(body: bytes) -> list[dict[str, Any]]:
+    """The messages of one frame: a map, or an array of maps."""
     msg = msgpack.unpackb(body, object_hook=_hook, raw=False, strict_map_key=False)
-    if not isinstance(msg, dict):
+    msgs = msg if isinstance(msg, list) else [msg]
+    if not msgs or not all(isinstance(m, dict) for m in msgs):
         raise ValueError("a model message must be a map")
-    return msg
+    return msgs
 
 
 async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
-    """The next message. Raises ``asyncio.IncompleteReadError`` at the end of the stream, ``ValueError`` on a frame
-    that is too large or not ours."""
+    """The next message (a frame of exactly one). Raises ``asyncio.IncompleteReadError`` at the end of the stream,
+    ``ValueError`` on a frame that is too large or not ours."""
+    msgs = await read_frames(reader)
+    if len(msgs) != 1:
+        raise ValueError("expected one model message, got a batch")
+    return msgs[0]
+
+
+async def read_frames(reader: asyncio.StreamReader) -> list[dict[str, Any]]:
+    """The messages of the next frame (one, or the batch an ``Outbox`` sent)."""
     (n,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
     if n > MAX_FRAME:
         raise ValueError(f"a model frame of {n} bytes is over {MAX_FRAME}")
-    return decode(await reader.readexactly(n))
+    return decode_many(await reader.readexactly(n))
+
+
+class Outbox:
+    """Messages written during one turn of the event loop leave together, at the end of it: as one frame (an array
+    of the messages' maps) and one write. Each message is encoded when it is put, so a payload that cannot cross
+    raises at the caller. A frame holds at most ``batch_bytes`` (then the next one starts)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, *, batch_bytes: int = 4 * 1024 * 1024) -> None:
+        self.writer = writer
+        self.batch_bytes = batch_bytes
+        self.frames = self.messages = 0  # what was sent (the tests and the benchmark read them)
+        self._bodies: list[bytes] = []
+        self._size = 0
+        self._scheduled = False
+
+    def put(self, msg: dict[str, Any]) -> None:
+        body = msgpack.packb(msg, default=_default, use_bin_type=True)
+        if len(body) > MAX_FRAME - 16:
+            raise ValueError(f"a model message of {len(body)} bytes is over {MAX_FRAME}")
+        if self._size + len(body) > self.batch_bytes:
+            self.flush()
+        self._bodies.append(body)
+        self._size += len(body)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        bodies, self._bodies, self._size = self._bodies, [], 0
+        if not bodies or self.writer.is_closing():
+            return  # a connection that ended: its requests fail from the reader's side
+        self.frames += 1
+        self.messages += len(bodies)
+        if len(bodies) == 1:
+            self.writer.write(_HEAD.pack(len(bodies[0])) + bodies[0])
+            return
+        head = _array_head(len(bodies))
+        self.writer.write(b"".join([_HEAD.pack(len(head) + sum(map(len, bodies))), head, *bodies]))
+
+
+def _array_head(n: int) -> bytes:
+    """msgpack's header of an array of ``n`` items (the items follow, already encoded)."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + struct.pack(">H", n)
+    return b"\xdd" + struct.pack(">I", n)
 
 
 def error_to_wire(exc: BaseException) -> dict[str, Any]:

@@ -86,22 +86,24 @@ class ModelServer:
         """One worker's connection: requests in, replies out, until it ends; then its streams are released."""
         self._conns += 1
         conn = self._conns
+        out = codec.Outbox(writer)  # the replies of one turn of the loop leave in one frame
         tasks: set[asyncio.Task[None]] = set()
         try:
             while True:
                 try:
-                    msg = await codec.read_frame(reader)
+                    msgs = await codec.read_frames(reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                if msg.get("op") == "release":
-                    self._release(str(msg["mode"]), str(msg["stream_id"]))
-                    continue
-                if len(tasks) >= MAX_IN_FLIGHT:
-                    self._reply(writer, msg, error=Overloaded("the model process is full", retry_after=1.0))
-                    continue
-                task = asyncio.create_task(self._serve(conn, writer, msg))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                for msg in msgs:
+                    if msg.get("op") == "release":
+                        self._release(str(msg["mode"]), str(msg["stream_id"]))
+                        continue
+                    if len(tasks) >= MAX_IN_FLIGHT:
+                        self._reply(out, msg, error=Overloaded("the model process is full", retry_after=1.0))
+                        continue
+                    task = asyncio.create_task(self._serve(conn, out, msg))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
         except ValueError as exc:  # a frame that is not ours: drop the connection, not the process
             log.error("bad frame from a worker: %s", exc)
         finally:
@@ -115,7 +117,7 @@ class ModelServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _serve(self, conn: int, writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
+    async def _serve(self, conn: int, out: codec.Outbox, msg: dict[str, Any]) -> None:
         op = msg.get("op")
         try:
             if op == "run":
@@ -123,18 +125,18 @@ class ModelServer:
                 ctx = CallContext(**msg["ctx"], trace=self._parent(msg))
                 engine = self.engine(str(msg["mode"]))
                 value = await engine.run(key, msg["payload"], ctx)
-                self._reply(writer, msg, value=value, depth=engine.depth(key))
+                self._reply(out, msg, value=value, depth=engine.depth(key))
             elif op == "admit":
                 self._admit(conn, str(msg["mode"]), msg["demand"], str(msg["key_id"]), bool(msg.get("force")))
-                self._reply(writer, msg)
+                self._reply(out, msg)
             elif op == "ping":
-                self._reply(writer, msg, value=os.getpid())
+                self._reply(out, msg, value=os.getpid())
             else:
                 raise ValueError(f"unknown op {op!r}")
         except LinguaFusionError as exc:
-            self._reply(writer, msg, error=exc)
+            self._reply(out, msg, error=exc)
         except (ValueError, TypeError, KeyError) as exc:
-            self._reply(writer, msg, error=LinguaFusionError(f"bad model request: {exc}"))
+            self._reply(out, msg, error=LinguaFusionError(f"bad model request: {exc}"))
 
     def _parent(self, msg: dict[str, Any]) -> TraceRef | None:
         """The worker's client span of this call (tracing on, and a traceparent sent), parent of its batch span."""
@@ -168,19 +170,18 @@ class ModelServer:
         self.engine(mode).release(stream_id)
 
     @staticmethod
-    def _reply(writer: asyncio.StreamWriter, msg: dict[str, Any], *, value: Any = None, depth: int = 0,
+    def _reply(out: codec.Outbox, msg: dict[str, Any], *, value: Any = None, depth: int = 0,
                error: LinguaFusionError | None = None) -> None:
-        if writer.is_closing():
+        if out.writer.is_closing():
             return
         if error is not None:
-            out = {"op": "err", "id": msg.get("id"), "error": codec.error_to_wire(error)}
+            reply = {"op": "err", "id": msg.get("id"), "error": codec.error_to_wire(error)}
         else:
-            out = {"op": "ok", "id": msg.get("id"), "value": value, "depth": depth}
+            reply = {"op": "ok", "id": msg.get("id"), "value": value, "depth": depth}
         try:
-            frame = codec.encode(out)
+            out.put(reply)
         except (TypeError, ValueError) as exc:
-            frame = codec.encode({"op": "err", "id": msg.get("id"), "error": codec.error_to_wire(exc)})
-        writer.write(frame)
+            out.put({"op": "err", "id": msg.get("id"), "error": codec.error_to_wire(exc)})
 
     async def close(self) -> None:
         for engine in self.engines.values():

@@ -58,7 +58,7 @@ class ModelLink:
         self.model_pid = 0  # the model process's, from the handshake
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._outbox: codec.Outbox | None = None  # this connection's: a turn of the loop's requests in one frame
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -98,10 +98,9 @@ class ModelLink:
             raise ModelProcessLost("the model process is not reachable (restarting?)") from None
 
     def _send(self, msg: dict[str, Any]) -> None:
-        frame = codec.encode(msg)  # TypeError / ValueError at the caller: a payload that cannot cross
-        if self._writer is None or self._writer.is_closing():
+        if self._outbox is None or self._outbox.writer.is_closing():
             raise ModelProcessLost("the model process connection is down")
-        self._writer.write(frame)
+        self._outbox.put(msg)  # TypeError / ValueError at the caller: a payload that cannot cross
 
     # ---- the connection ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -119,7 +118,7 @@ class ModelLink:
                 await asyncio.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
                 tries += 1
                 continue
-            self._writer = writer
+            self._outbox = codec.Outbox(writer)
             served = False
             try:
                 # a handshake first: a socket that accepts but does not answer (a wedged or dying process, a
@@ -138,7 +137,7 @@ class ModelLink:
                 pass
             finally:
                 self._up.clear()
-                self._writer = None
+                self._outbox = None
                 writer.close()
                 failed = self._fail_pending()
             if served:
@@ -152,12 +151,13 @@ class ModelLink:
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while True:
             try:
-                msg = await codec.read_frame(reader)
+                msgs = await codec.read_frames(reader)
             except (asyncio.IncompleteReadError, ConnectionError, ValueError):
                 return
-            fut = self._pending.get(int(msg.get("id") or 0))
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+            for msg in msgs:
+                fut = self._pending.get(int(msg.get("id") or 0))
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
 
     def _fail_pending(self) -> int:
         failed = 0
