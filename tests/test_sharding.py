@@ -4,6 +4,7 @@ process, admission across workers, and a model process killed mid-stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -250,3 +251,101 @@ async def test_in_flight_work_fails_typed_when_the_model_process_is_gone(tmp_pat
             await port.run(ModelKey.mt("en", "es"), MtInput("hello"), CallContext("s1", tentative=True))
     finally:
         await link.close()
+
+
+# ---- several model processes (--model-processes): the caps hold across them ----
+def test_shared_ledger_holds_key_and_total_caps_across_model_processes(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lingua_fusion.serving.shard.ledger import SharedLedger
+
+    path = tmp_path / "admitted.db"
+    a, b = (SharedLedger(path, j, key_limit=2, total_limit=5) for j in range(2))
+    a.take(("batched", "s1"), "k1")
+    b.take(("batched", "s2"), "k1")
+    with pytest.raises(Overloaded, match="too many open streams"):  # the key's third, on the other process
+        a.take(("batched", "s3"), "k1")
+    b.take(("batched", "s3"), "k2")
+    a.take(("batched", "s4"), "k3")
+    b.take(("batched", "s5"), "k3")
+    with pytest.raises(Overloaded, match="no capacity"):  # the server's sixth stream
+        a.take(("batched", "s6"), "k4")
+    b.give(("batched", "s2"), "k1")
+    a.take(("batched", "s6"), "k1")  # room again for k1, and in all
+    assert (a.count("k1"), a.count()) == (2, 5)
+
+    # process 1 dies and starts again: its predecessor's rows go; its workers re-register (force: never refused)
+    b.close()
+    b = SharedLedger(path, 1, key_limit=2, total_limit=5)
+    assert (b.count("k1"), b.count("k2"), b.count()) == (2, 0, 3)
+    b.take(("batched", "s3"), "k2", force=True)
+    b.take(("batched", "s5"), "k3", force=True)
+    assert b.count() == 5
+    a.give(("batched", "s5"), "k3")  # not a's stream: a cannot release another process's row
+    assert b.count("k3") == 2
+
+    # many admissions at once from both processes (threads): never more than the key's cap
+    for ledger in (a, b):
+        for s in ("s1", "s3", "s4", "s5", "s6"):
+            ledger.give(("batched", s), "")
+    assert a.count() == 0
+    many = [SharedLedger(path, 2 + j, key_limit=2, total_limit=5) for j in range(8)]  # 8 more processes
+    won = []
+
+    def admit(i: int) -> None:
+        with contextlib.suppress(Overloaded):
+            many[i % 8].take(("batched", f"r{i}"), "hot")
+            won.append(i)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(admit, range(40)))
+    assert len(won) == 2 and a.count("hot") == 2
+    for ledger in (a, b, *many):
+        ledger.close()
+
+
+def test_pool_memory_is_split_evenly_between_model_processes() -> None:
+    from lingua_fusion.serving.gpu.memory import share_budget
+
+    gib = 1 << 30
+    assert share_budget(100 * gib, 140 * gib, 0.8) == 80 * gib  # one process: 0.8 of what is free
+    # four processes starting together: each at most a quarter of 0.8 of the total, whatever it saw free
+    first = share_budget(130 * gib, 140 * gib, 0.8, share=0.25)
+    later = share_budget(130 * gib - 2 * first, 140 * gib, 0.8, share=0.25)
+    assert first == later == int(140 * gib * 0.8 * 0.25)
+    assert share_budget(10 * gib, 140 * gib, 0.8, share=0.25) == 8 * gib  # less free than its share: what is free
+
+
+async def test_two_model_processes_serve_streams_and_one_recovers_from_a_kill(talks: list[bytes],
+                                                                              tmp_path: Path) -> None:
+    env = {"LINGUAFUSION_SERVER__MAX_STREAMS_PER_KEY": "3"}
+    url, proc = start_server(tmp_path, "--no-auth", "--workers", "2", "--model-processes", "2", env=env)
+    try:
+        pids = _pids(tmp_path)
+        assert len(pids["models"]) == 2 and len(set(pids["models"])) == 2
+        finals = await asyncio.gather(*(_finals(url, talks[i % 2]) for i in range(3)))
+        for i, f in enumerate(finals):
+            script = SENTENCES if i % 2 == 0 else OTHER
+            assert jiwer.wer(_norm(" ".join(script)), _norm(" ".join(x[2] for x in f))) <= 0.15
+        # the key's cap (3) holds across both model processes: a fourth concurrent stream is refused
+        async with contextlib.AsyncExitStack() as stack:
+            streams = [await stack.enter_async_context(MultimodalTranslator(base_url=url).stream(["es"], slo="batch"))
+                       for _ in range(3)]
+            with pytest.raises(Overloaded):
+                async with MultimodalTranslator(base_url=url).stream(["es"], slo="batch"):
+                    pass
+            for s in streams:
+                await s.end()
+        os.kill(int(pids["models"][1]), signal.SIGKILL)
+        for _ in range(300):
+            now = _pids(tmp_path)
+            if now["models"][1] not in (None, pids["models"][1]):
+                break
+            await asyncio.sleep(0.2)
+        assert now["models"][0] == pids["models"][0] and now["models"][1] != pids["models"][1]
+        again = await asyncio.gather(*(_finals(url, talks[0]) for _ in range(2)))  # both groups serve again
+        for f in again:
+            assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(" ".join(x[2] for x in f))) <= 0.15
+    finally:
+        stop_server(proc)
+    assert proc.returncode == 0

@@ -77,6 +77,9 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
           workers: int = typer.Option(1, "--workers", min=1, max=64,
                                       help="Stream worker processes sharing one model process (api/workers.py); "
                                            "1: everything in this process."),
+          model_processes: int = typer.Option(1, "--model-processes", min=1, max=64,
+                                              help="With --workers: model processes (each its own engine and share "
+                                                   "of the GPU; worker i feeds model process i % M)."),
           cluster: bool = typer.Option(False, "--cluster", help="Run on Ray Serve: gateway and model replicas, "
                                                                  "state in Redis (docs/cluster.md)."),
           ray_address: str | None = typer.Option(None, "--ray-address", envvar="RAY_ADDRESS",
@@ -116,6 +119,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
         spec = ClusterSpec(gateways, model_replicas, max_model_replicas or None)
         run_cluster(settings, spec, address=ray_address, host=host, port=port, ready=ready)
         return
+    if model_processes > workers:
+        usage(f"--model-processes {model_processes} needs at least as many --workers (each feeds one)")
     if workers > 1:
         if settings.server.chaos:
             usage("--chaos needs a single process: fault injection is not sent to the model process (--workers 1)")
@@ -126,7 +131,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
         _banner(keys, settings, host, port)
         keys.close()
         try:
-            serve_sharded(settings, workers, log_level)
+            serve_sharded(settings, workers, log_level, model_processes)
         except OSError as exc:  # the port is taken, the host is not ours
             usage(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
         return

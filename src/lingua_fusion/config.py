@@ -74,6 +74,9 @@ class ModelSettings(BaseModel):
     # the GPU engine's paged KV pools take this share of the GPU memory free at start, after the weights
     # (serving/gpu/memory.py, GpuRunner.sized); the rest is left to activations and the CUDA graphs
     gpu_memory_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
+    # the share of that this process's pools may take, of the GPU's total memory (``serve --model-processes M`` gives
+    # each model process 1/M: they start together, so "free at start" alone would give the first one the most)
+    gpu_memory_share: float = Field(default=1.0, gt=0.0, le=1.0)
     # "continuous": live streams' ASR runs on the continuous-batching engine (serving/gpu/server.py) on ``device``,
     # from the same Whisper weights in torch; "" (the default): the ``backend`` runners
     engine: str = ""

@@ -1,4 +1,5 @@
-"""``linguafusion serve --workers N``: N stream worker processes and one model process, supervised.
+"""``linguafusion serve --workers N [--model-processes M]``: N stream worker processes and M model processes (one by
+default), supervised.
 
 - The supervisor (this process) binds the listening socket once and hands it to every worker, as uvicorn's own
   ``--workers`` does: each worker accepts on it (the kernel gives a new connection to one waiting worker; a busy
@@ -8,7 +9,10 @@
   event encoding, WebSocket I/O, file requests) with its live streams' ModelPort pointing at the model process
   (serving/shard/remote.py).
 - The model process (serving/shard/model_process.py) holds the models, the one executor and scheduler that
-  batches every worker's streams, and admission (stream load and per-key stream counts across workers).
+  batches every worker's streams, and admission (stream load and per-key stream counts across workers). With
+  ``--model-processes M`` worker ``i`` feeds model process ``i % M``; each has its own engine (on a GPU: ``1/M`` of
+  the pools' memory, ``models.gpu_memory_share``), and the per-key and total stream caps hold across them
+  (serving/shard/ledger.py). For a GPU whose engine outruns one process's Python.
 - A process that dies is started again (``RESTART_BACKOFF_S``); a worker's clients resume on any worker (the
   stream log is shared); a model process's successor gets each worker's live streams re-registered.
 - SIGTERM / SIGINT: the workers drain (finals logged and sent, clients told to reconnect), then the model process
@@ -57,17 +61,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def model_main(settings: Settings, path: str, log_level: str) -> None:
-    """The model process."""
+def model_main(settings: Settings, path: str, log_level: str, index: int = 0, ledger_path: str | None = None) -> None:
+    """Model process ``index``; ``ledger_path``: the admitted streams shared with the others (several)."""
     import asyncio
+    from pathlib import Path
 
     _die_with_parent()
     from ..observability import Metrics
+    from ..serving.shard.ledger import SharedLedger
     from ..serving.shard.model_process import serve
     from .server import install_logging
 
     install_logging(log_level)
-    asyncio.run(serve(path, settings, Metrics()))
+    s = settings.server
+    ledger = None if ledger_path is None else \
+        SharedLedger(Path(ledger_path), index, key_limit=s.max_streams_per_key, total_limit=s.max_streams)
+    asyncio.run(serve(path, settings, Metrics(), ledger=ledger))
 
 
 def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: str) -> None:
@@ -90,15 +99,19 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, workers: int, log_level: str = "info") -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, workers: int, log_level: str = "info", model_processes: int = 1) -> None:
+        if not 1 <= model_processes <= workers:
+            raise ValueError("model processes must be between 1 and the number of workers")
+        self.settings = settings.model_copy(deep=True)
+        self.settings.models.gpu_memory_share = 1.0 / model_processes  # each engine's share of the pools' memory
         self.n = workers
         self.log_level = log_level
-        self.run_dir = tempfile.mkdtemp(prefix="linguafusion-")  # 0700: the model socket and the metrics files
-        self.path = os.path.join(self.run_dir, "model.sock")
+        self.run_dir = tempfile.mkdtemp(prefix="linguafusion-")  # 0700: the model sockets and the metrics files
+        self.paths = [os.path.join(self.run_dir, f"model-{j}.sock") for j in range(model_processes)]
+        self.ledger = os.path.join(self.run_dir, "admitted.db") if model_processes > 1 else None
         self.ctx = multiprocessing.get_context("spawn")
         self.stopping = False
-        self.model: BaseProcess | None = None
+        self.models: list[BaseProcess | None] = [None] * model_processes
         self.workers: list[BaseProcess | None] = [None] * workers
         self.restarts = 0
         self._recorded = ""
@@ -115,10 +128,12 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
         try:
-            self.model = self._start_model()
+            for j in range(len(self.models)):
+                self.models[j] = self._start_model(j)
             for i in range(self.n):
-                self.workers[i] = self._start_worker(sock)
-            log.info("serving with %d stream workers and a model process (%s)", self.n, self.path)
+                self.workers[i] = self._start_worker(sock, i)
+            log.info("serving with %d stream workers and %d model process(es) (%s)", self.n, len(self.models),
+                     self.run_dir)
             self._record()
             while not self.stopping:
                 self._watch(sock)
@@ -128,13 +143,15 @@ class Supervisor:
             sock.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def _start_model(self) -> BaseProcess:
-        p = self.ctx.Process(target=model_main, args=(self.settings, self.path, self.log_level), name="lf-model")
+    def _start_model(self, j: int) -> BaseProcess:
+        p = self.ctx.Process(target=model_main, args=(self.settings, self.paths[j], self.log_level, j, self.ledger),
+                             name=f"lf-model-{j}")
         p.start()
         return p
 
-    def _start_worker(self, sock: socket.socket) -> BaseProcess:
-        p = self.ctx.Process(target=worker_main, args=(self.settings, sock, self.path, self.log_level),
+    def _start_worker(self, sock: socket.socket, i: int) -> BaseProcess:
+        path = self.paths[i % len(self.paths)]
+        p = self.ctx.Process(target=worker_main, args=(self.settings, sock, path, self.log_level),
                              name="lf-worker")
         p.start()
         return p
@@ -142,7 +159,8 @@ class Supervisor:
     def _record(self) -> None:
         """``serve.json`` in the state directory: which process is which (for operators, and the tests that kill
         one)."""
-        pids = {"supervisor": os.getpid(), "model": self.model.pid if self.model else None,
+        models = [p.pid if p is not None else None for p in self.models]
+        pids = {"supervisor": os.getpid(), "model": models[0], "models": models,
                 "workers": [p.pid for p in self.workers if p is not None], "restarts": self.restarts}
         path = self.settings.resolved_state_dir() / "serve.json"
         text = json.dumps(pids)
@@ -155,19 +173,20 @@ class Supervisor:
         os.replace(tmp, path)
 
     def _watch(self, sock: socket.socket) -> None:
-        live = [p for p in [self.model, *self.workers] if p is not None]
+        live = [p for p in [*self.models, *self.workers] if p is not None]
         multiprocessing.connection.wait([p.sentinel for p in live], timeout=1.0)
         if self.stopping:
             return
         from prometheus_client import multiprocess
 
-        if self.model is not None and not self.model.is_alive():
-            log.error("the model process %s ended (exit %s); starting another", self.model.pid, self.model.exitcode)
-            multiprocess.mark_process_dead(self.model.pid)
-            self.model.join()
-            time.sleep(RESTART_BACKOFF_S)
-            self.restarts += 1
-            self.model = self._start_model()
+        for j, m in enumerate(self.models):
+            if m is not None and not m.is_alive():
+                log.error("model process %s ended (exit %s); starting another", m.pid, m.exitcode)
+                multiprocess.mark_process_dead(m.pid)  # type: ignore[arg-type]
+                m.join()
+                time.sleep(RESTART_BACKOFF_S)
+                self.restarts += 1
+                self.models[j] = self._start_model(j)
         for i, p in enumerate(self.workers):
             if p is not None and not p.is_alive():
                 log.error("stream worker %s ended (exit %s); starting another", p.pid, p.exitcode)
@@ -175,7 +194,7 @@ class Supervisor:
                 p.join()
                 time.sleep(RESTART_BACKOFF_S)
                 self.restarts += 1
-                self.workers[i] = self._start_worker(sock)
+                self.workers[i] = self._start_worker(sock, i)
 
     def _stop(self, signum: int, _frame: Any) -> None:
         self.stopping = True
@@ -190,13 +209,15 @@ class Supervisor:
             if p.is_alive():
                 p.kill()
                 p.join(5)
-        if self.model is not None and self.model.is_alive():
-            self.model.terminate()
-            self.model.join(10)
-            if self.model.is_alive():
-                self.model.kill()
-                self.model.join(5)
+        models = [m for m in self.models if m is not None and m.is_alive()]
+        for m in models:
+            m.terminate()
+        for m in models:
+            m.join(10)
+            if m.is_alive():
+                m.kill()
+                m.join(5)
 
 
-def serve_sharded(settings: Settings, workers: int, log_level: str = "info") -> None:
-    Supervisor(settings, workers, log_level).run()
+def serve_sharded(settings: Settings, workers: int, log_level: str = "info", model_processes: int = 1) -> None:
+    Supervisor(settings, workers, log_level, model_processes).run()

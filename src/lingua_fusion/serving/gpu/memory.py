@@ -4,7 +4,8 @@
   outputs as cross-attention entries) blocks used and free, internal fragmentation (allocated slots that hold no
   token), and bytes; the encoder cache's bytes (cross-attention entries kept for re-decodes of the same window).
 - ``pool_blocks`` (pure): how many blocks each pool gets from a byte budget; ``budget_bytes`` reads the GPU's
-  free memory at start (``torch.cuda.mem_get_info``) times ``models.gpu_memory_fraction``.
+  free memory at start (``torch.cuda.mem_get_info``) times ``models.gpu_memory_fraction``, capped at this process's
+  share of the total (``models.gpu_memory_share``, ``share_budget``).
 - ``MemoryCollector``: a Prometheus collector over named sources (a GpuRunner's ``memory``), read at scrape time:
   ``linguafusion_gpu_pool_blocks{model,pool,state=used|free}``, ``linguafusion_gpu_pool_fragmentation{model,pool}``,
   ``linguafusion_gpu_pool_bytes{model,pool}``, ``linguafusion_gpu_encoder_cache_bytes{model}``,
@@ -66,14 +67,24 @@ def pool_blocks(budget: int, self_token_bytes: int, cross_token_bytes: int, *, b
     return self_blocks, cross_blocks
 
 
-def budget_bytes(device: str, fraction: float) -> int:
-    """``fraction`` of the memory free on ``device`` now (call it after the weights are loaded)."""
+def budget_bytes(device: str, fraction: float, share: float = 1.0) -> int:
+    """``fraction`` of the memory free on ``device`` now (call it after the weights are loaded), at most ``share``
+    of ``fraction`` of its total (``share_budget``)."""
     import torch
 
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return share_budget(free, total, fraction, share)
+
+
+def share_budget(free: int, total: int, fraction: float, share: float = 1.0) -> int:
+    """The pools' bytes: ``fraction`` of what is free, and no more than ``share`` of ``fraction`` of the total, so
+    M processes that start together (``serve --model-processes M``: share 1/M) split the memory evenly instead of
+    the first taking most of it."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError("gpu_memory_fraction must be in (0, 1]")
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
-    return int(free * fraction)
+    if not 0.0 < share <= 1.0:
+        raise ValueError("gpu_memory_share must be in (0, 1]")
+    return int(min(free * fraction, total * fraction * share))
 
 
 class MemoryCollector:

@@ -79,13 +79,14 @@ class GpuRunner:
     @classmethod
     def sized(cls, recipe: Recipe, *, fraction: float, device: str = "cuda", block_size: int = 16,
               cross_block_size: int = 64, cross_share: float = 0.5, dtype: torch.dtype = torch.float16,
-              **kwargs: Any) -> GpuRunner:
-        """A runner whose pools take ``fraction`` of the GPU memory free now (after the weights are loaded),
-        ``cross_share`` of it for encoder outputs (``models.gpu_memory_fraction``)."""
+              share: float = 1.0, **kwargs: Any) -> GpuRunner:
+        """A runner whose pools take ``fraction`` of the GPU memory free now (after the weights are loaded), at most
+        ``share`` of that fraction of the total (``models.gpu_memory_fraction``, ``models.gpu_memory_share``),
+        ``cross_share`` of it for encoder outputs."""
         d = recipe.decoder
         token_bytes = PagedKV.bytes_per_token(d.n_layer, d.n_head, d.head_dim, dtype)
-        blocks, cross = pool_blocks(budget_bytes(device, fraction), token_bytes, token_bytes, block_size=block_size,
-                                    cross_block_size=cross_block_size, cross_share=cross_share)
+        blocks, cross = pool_blocks(budget_bytes(device, fraction, share), token_bytes, token_bytes,
+                                    block_size=block_size, cross_block_size=cross_block_size, cross_share=cross_share)
         log.info("GPU pools: %d self blocks of %d tokens, %d cross blocks of %d frames (%.1f GiB)", blocks,
                  block_size, cross, cross_block_size,
                  (blocks * block_size + cross * cross_block_size) * token_bytes / 2**30)

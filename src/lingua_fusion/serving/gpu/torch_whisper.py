@@ -78,6 +78,6 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
     dtype = asr.model.decoder.token_embedding.weight.dtype
     if device.startswith("cuda"):
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
-                               name=name)
+                               share=settings.models.gpu_memory_share, name=name)
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=8,
                      memo=64, **CPU_POOLS)

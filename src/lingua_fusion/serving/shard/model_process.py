@@ -1,12 +1,15 @@
 """The model process: ONE executor (scheduler, per-key workers, VAD lane, retries, admission) for the streams of
-every worker process, served over a Unix socket (codec.py).
+every worker process it serves, over a Unix socket (codec.py). A server runs one (``serve --workers N``), or
+several (``--model-processes M``: each with its own engine and its share of the GPU memory, each feeding the workers
+``i % M == its index``, for when one process's Python is the limit before the GPU is).
 
 Each worker connects once; its requests run concurrently here, so work from every worker's streams meets in the
 same scheduler queues and batches (cross-worker batching, the SLO scheduler's fairness between API keys). What
 lives here and nowhere else:
 - the models (and on a GPU machine the GPU engine: the executor's ``backends``, serving/gpu),
-- admission: the admitted streams of all workers and their estimated load (``Executor.admit``), ``max_streams``,
-  and the per-key stream count (``server.max_streams_per_key`` across all workers),
+- admission: the admitted streams of its workers and their estimated load (``Executor.admit``), ``max_streams``,
+  and the per-key stream count (``server.max_streams_per_key`` across all workers; with several model processes
+  the count and the total are in the shared ledger.py, so they hold across all of them),
 - which worker owns which admitted stream: when a worker's connection ends, its streams are released.
 A worker re-registers its live streams after this process restarts (``admit`` with ``force``), so admission
 stays right across a model-process restart.
@@ -23,7 +26,6 @@ import contextlib
 import logging
 import os
 import signal
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...config import Settings
@@ -36,38 +38,24 @@ from ..keys import ModelKey
 from ..ports import CallContext
 from ..scheduler import Demand
 from . import codec
+from .ledger import KeyCounts, Ledger
 
 log = logging.getLogger("lingua_fusion.serving.shard")
 MAX_IN_FLIGHT = 4096  # requests one worker connection may have running here (its own bound is lower)
 MODES = ("batched", "per-stream")
 
 
-@dataclass
-class KeyCounts:
-    """Admitted streams per API key, over all workers."""
-
-    limit: int
-    open: dict[str, int] = field(default_factory=dict)
-
-    def take(self, key_id: str, force: bool = False) -> None:
-        if not force and self.open.get(key_id, 0) >= self.limit:
-            raise Overloaded("this key has too many open streams", retry_after=5.0)
-        self.open[key_id] = self.open.get(key_id, 0) + 1
-
-    def give(self, key_id: str) -> None:
-        self.open[key_id] = max(0, self.open.get(key_id, 1) - 1)
-
-
 class ModelServer:
     """The executors ("batched", and "per-stream" for admin benchmark streams) behind one socket."""
 
     def __init__(self, settings: Settings, registry: Registry, metrics: Any = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, ledger: Ledger | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.metrics = metrics
         self.tracer = tracer  # None: tracing off (a traceparent sent anyway is ignored)
-        self.keys = KeyCounts(settings.server.max_streams_per_key)
+        # streams per key (and in all): here, or across model processes (``--model-processes``: ledger.py)
+        self.keys: Ledger = ledger if ledger is not None else KeyCounts(settings.server.max_streams_per_key)
         self.engines: dict[str, Executor] = {}
         self.owners: dict[tuple[str, str], tuple[int, str]] = {}  # (mode, stream) -> (connection, key id)
         self._conns = 0
@@ -151,14 +139,14 @@ class ModelServer:
         if ident in self.owners:  # admitted twice (a resume racing its old session): one reservation
             self._release(mode, demand.stream_id)
         engine.prepare(demand)
-        self.keys.take(key_id, force)
+        self.keys.take(ident, key_id, force)
         try:
             if force:  # re-registered after this process restarted: it was admitted before
                 engine.scheduler.admitted[demand.stream_id] = demand
             else:
                 engine.admit(demand)
         except BaseException:
-            self.keys.give(key_id)
+            self.keys.give(ident, key_id)
             raise
         self.owners[ident] = (conn, key_id)
 
@@ -166,7 +154,7 @@ class ModelServer:
         owner = self.owners.pop((mode, stream_id), None)
         if owner is None:
             return
-        self.keys.give(owner[1])
+        self.keys.give((mode, stream_id), owner[1])
         self.engine(mode).release(stream_id)
 
     @staticmethod
@@ -188,10 +176,12 @@ class ModelServer:
             await engine.close()
 
 
-async def serve(path: str, settings: Settings, metrics: Any = None, *, ready: Any = None) -> None:
-    """Serve on the Unix socket ``path`` until SIGTERM / SIGINT. ``ready`` (an Event) is set once it listens."""
+async def serve(path: str, settings: Settings, metrics: Any = None, *, ready: Any = None,
+                ledger: Ledger | None = None) -> None:
+    """Serve on the Unix socket ``path`` until SIGTERM / SIGINT. ``ready`` (an Event) is set once it listens.
+    ``ledger``: the admitted streams shared with the other model processes (several: ledger.py)."""
     tracer = from_settings(settings)
-    server = ModelServer(settings, Registry(settings), metrics, tracer=tracer)
+    server = ModelServer(settings, Registry(settings), metrics, tracer=tracer, ledger=ledger)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = await asyncio.start_unix_server(server.handle, path=path, limit=codec.MAX_FRAME)
