@@ -1,0 +1,65 @@
+"""A validated request's input -> source segments, by modality: text split into sentences; an image decoded and
+read (OCR); a video's frames read first (files/visuals.py), then its audio track; audio decoded and transcribed
+(files/speech.py). A source language learnt on the way (OCR text, slides, Whisper) is noted in the ``Work``."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..config import Settings
+from ..media import decode_audio, decode_image
+from ..models.registry import Registry
+from ..types import Modality, Segment
+from .request import ValidRequest
+from .speech import SpeechRecogniser
+from .validate import identify
+from .visuals import VideoVisuals
+from .work import Stages, Work
+
+SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+
+
+class Recogniser:
+    def __init__(self, settings: Settings, registry: Registry, speech: SpeechRecogniser,
+                 visuals: VideoVisuals) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.speech = speech
+        self.visuals = visuals
+
+    def recognise(self, valid: ValidRequest, work: Work, st: Stages) -> list[Segment]:
+        data = valid.request.data
+        if valid.request.signs is not None and valid.source_modality != Modality.VIDEO:
+            work.warnings.append("vocabulary_id: signs are read from a video's frames; this input has none")
+        if valid.source_modality == Modality.TEXT:
+            assert valid.text is not None
+            return [Segment(start=0.0, end=0.0, source_text=p.strip(), text=p.strip())
+                    for p in SENTENCE.split(valid.text) if p.strip()]
+        assert data is not None
+        if valid.source_modality == Modality.IMAGE:
+            with st.stage("decode"):
+                image = decode_image(data, self.settings.limits)
+            with st.stage("ocr"):
+                segs = self._ocr(image, work.source, work.models)
+            if segs and work.source is None:
+                work.source, work.confidence = identify(" ".join(s.source_text for s in segs))
+                work.detected = True
+            return segs
+        if valid.source_modality == Modality.VIDEO and not self.visuals.read(data, work, st, valid.request.signs):
+            return []  # a video without an audio track: its slides are what it says
+        with st.stage("decode"):
+            audio, info = decode_audio(data, self.settings.limits, what=valid.source_modality.value)
+        work.duration = float(info["duration_s"])  # type: ignore[arg-type]
+        if info["has_video"] and work.video is None:
+            work.warnings.append("video frames were not read (source_modality audio): only the audio track was used")
+        with st.stage("asr"):
+            return self.speech.recognise(audio, work, valid.request.glossary, valid.request.prompt)
+
+    def _ocr(self, image: np.ndarray, source: str | None, models: dict[str, str]) -> list[Segment]:
+        ocr = self.registry.ocr()
+        models["ocr"] = ocr.info.name
+        lines = ocr.recognize(image, language=source)
+        return [Segment(start=0.0, end=0.0, source_text=ln.text, text=ln.text,
+                        confidence=round(ln.confidence, 4)) for ln in lines if ln.text.strip()]

@@ -1,0 +1,115 @@
+"""A video's frames on the file path: read into slides (and signs, with a vocabulary_id) before the speech, the
+slide names that MT would mangle kept as written, then each slide row and sign gloss translated."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..config import Settings
+from ..errors import UnsupportedPair
+from ..glossary import Term
+from ..models.registry import Registry
+from ..types import Modality, Segment
+from .mt import SegmentMT
+from .validate import check_pair, identify
+from .work import Stages, Work
+
+
+class VideoVisuals:
+    def __init__(self, settings: Settings, registry: Registry, mt: SegmentMT) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.mt = mt
+
+    def read(self, data: bytes, work: Work, st: Stages, signs: Any = None) -> bool:
+        """A video's frames -> its slides (``work.video``; their words become ASR prompts and MT names). Returns
+        whether the file has an audio track to transcribe."""
+        from ..video.fanout import FrameContext
+        from ..video.file_video import read_video
+        from ..video.slide_reader import MAX_READS
+
+        with st.stage("video"):
+            video = read_video(data, self.settings, self.registry,
+                               FrameContext(work.source, work.target, self.settings, self.registry, signs),
+                               deadline=st.deadline)
+            work.signs = signs.finish() if signs is not None else []
+        if not video.probe.has_video:
+            return True
+        work.video, work.deadline = video, st.deadline
+        if video.slides:
+            work.models["ocr"] = video.ocr_model
+        else:
+            work.warnings.append("no slide or whiteboard text was found in the video frames")
+        if video.capped:
+            work.warnings.append(f"the slide changed more than {MAX_READS} times: later slides were not read")
+        if video.probe.has_audio:
+            return True
+        work.duration = video.probe.duration_s
+        if video.slides and work.source is None:
+            work.source, work.confidence = identify(" ".join(s.source_text for s in video.slides))
+            work.detected = True
+        return False
+
+    def slide_names(self, work: Work, segs: list[Segment], glossary: list[Term]) -> list[Term]:
+        """Names on the slides (acronyms, product names) that the speech says and that MT would mangle: each is
+        translated alone once; one that comes back changed but spelt alike ("Acme" -> "Acmé") is kept as written,
+        one that comes back unchanged needs nothing, and one translated for real ("Monday" -> "lunes") is left to MT
+        (a protected term also changes the words around it: Apertium put "encima" for "on" before one)."""
+        from difflib import SequenceMatcher
+
+        if work.video is None or not work.slide_context or work.route is None:
+            return []
+        own = {t.source.lower() for t in glossary}
+        said = " ".join(s.source_text for s in segs)
+        names = [n for n in work.video.names()
+                 if n.lower() not in own and re.search(rf"\b{re.escape(n)}\b", said)]
+        if not names:
+            return []
+        probe = [Segment(start=0.0, end=0.0, source_text=n, text=n) for n in names]
+        self.mt.translate(probe, work.route, [], {}, None)
+        return [Term(n, n) for n, p in zip(names, probe, strict=True)
+                if p.text.strip() != n and SequenceMatcher(None, n.lower(), p.text.strip().lower()).ratio() >= 0.6]
+
+    def slides(self, work: Work, glossary: list[Term], tgt_mod: Modality, st: Stages) -> list[Any]:
+        """The video's slides, each row translated (the same route and glossary as the speech), as results."""
+        from ..video.file_video import slide_texts
+
+        assert work.source is not None
+        route = work.route
+        if work.speech_translation:  # Whisper translated the speech; the slides need a text pair of their own
+            try:
+                route = check_pair(self.registry, work.source, work.target)
+            except UnsupportedPair:
+                route = None
+                work.warnings.append(f"slides were not translated: no model translates {work.source} -> "
+                                     f"{work.target} text")
+
+        def mt(rows: list[str]) -> list[str]:
+            assert route is not None
+            return self.mt.texts(rows, route, glossary, work.models, st.deadline)
+
+        braille = None
+        if tgt_mod == Modality.BRAILLE:
+            br = self.registry.braille()
+            braille = lambda text: br.translate(text, language=work.target)  # noqa: E731
+        with st.stage("slides_mt"):
+            return slide_texts(work.video.slides, mt if route is not None else None, braille)
+
+    def signs(self, reader: Any, work: Work, st: Stages) -> list[Any]:
+        """The video's known signs, each gloss translated from the vocabulary's language (vision/file_signs.py)."""
+        from ..vision.file_signs import sign_texts
+
+        route = None
+        if reader.lang != work.target:
+            try:
+                route = check_pair(self.registry, reader.lang, work.target)
+            except UnsupportedPair:
+                work.warnings.append(f"signs were not translated: no model translates {reader.lang} -> {work.target}")
+
+        def mt(texts: list[str]) -> list[str]:
+            assert route is not None
+            return self.mt.texts(texts, route, [], work.models, st.deadline)
+
+        with st.stage("signs_mt"):
+            return sign_texts(work.signs, mt if route is not None else None)

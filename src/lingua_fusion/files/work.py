@@ -1,0 +1,57 @@
+"""What one file request carries between its stages: ``Work`` (what it learns on its way) and ``Stages``
+(per-stage latency, the deadline checked as each stage starts, a trace span per stage)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..deadline import Deadline
+from ..models.registry import MTRoute
+from ..tracing import TraceRef, span
+
+
+@dataclass
+class Work:
+    """What one request learns on its way: the source language (given or detected), the route, warnings."""
+
+    source: str | None
+    target: str
+    route: MTRoute | None
+    speech_translation: bool = False
+    confidence: float | None = None
+    detected: bool = False
+    transcribe_only: bool = False  # the target is the spoken language, whatever it turns out to be
+    duration: float | None = None
+    models: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames (ASR and MT context)
+    deadline: Deadline | None = None  # the request's: optional work (slide corrections) stops early near it
+    signs: list[Any] = field(default_factory=list)  # vision/service.py GlossSpan: signs read (vocabulary_id)
+    slide_context: bool = True  # FileTranslator.slide_context when the request started: slide words feed ASR, MT
+
+
+class Stages:
+    """Per-stage latency, and the request's deadline checked as each stage starts."""
+
+    def __init__(self, deadline: Deadline | None = None, trace: TraceRef | None = None) -> None:
+        self.ms: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+        self.deadline = deadline
+        self.trace = trace  # the request's span (tracing on): each stage is a child span
+
+    @contextmanager
+    def stage(self, name: str):  # type: ignore[no-untyped-def]
+        if self.deadline is not None:
+            self.deadline.check(name)  # RequestTimeout (504): the thread stops here instead of finishing late
+        t = time.perf_counter()
+        try:
+            with span(self.trace, name):
+                yield
+        finally:
+            self.ms[name] = round(self.ms.get(name, 0.0) + (time.perf_counter() - t) * 1000, 2)
+
+    def total(self) -> dict[str, float]:
+        return {**self.ms, "total": round((time.perf_counter() - self._t0) * 1000, 2)}
