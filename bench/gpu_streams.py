@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -300,6 +301,142 @@ async def run_sharded(executor: Executor, n: int, workers: int, seconds: float, 
     return row
 
 
+def _model_proc_main(path: str, opts: dict[str, Any], share: int, out: Any, stop: Any) -> None:
+    """One model process of the ``multi`` part (``serve --workers N --model-processes M``): its own models (random
+    weights), GPU runners with 1/M of the pools, executor and ModelServer on ``path``, until ``stop`` is set."""
+    from lingua_fusion.serving.shard import codec
+    from lingua_fusion.serving.shard.model_process import ModelServer
+
+    args = argparse.Namespace(**opts)
+    for name in ("asr_self_gb", "asr_cross_gb", "mt_gb"):
+        setattr(args, name, getattr(args, name) / share)
+    asr_model = whisper(args.asr, args.device, args.dtype)
+    mt_model = marian(args.device, args.dtype, small=args.quick)
+    asr, mt = build_runners(args, asr_model, mt_model, baseline=False)
+
+    async def run() -> dict[str, Any]:
+        settings = bench_settings()
+        executor = Executor(None, settings, max_batch=args.max_batch, max_queue=1 << 16,  # type: ignore[arg-type]
+                            backends={"asr": lambda _k: asr, "mt": lambda _k: mt,
+                                      "vad": lambda _k: energy_vad(args.device)})
+        server = ModelServer(settings, None)  # type: ignore[arg-type]
+        server.engines["batched"] = executor
+        listener = await asyncio.start_unix_server(server.handle, path=path, limit=codec.MAX_FRAME)
+        loop = asyncio.get_running_loop()
+        lags: list[float] = []
+
+        async def watch() -> None:
+            while True:
+                t = loop.time()
+                await asyncio.sleep(0.1)
+                lags.append(loop.time() - t - 0.1)
+
+        watcher = asyncio.create_task(watch())
+        out.put({"ready": os.getpid()})
+        await asyncio.to_thread(stop.wait, 3600)
+        watcher.cancel()
+        listener.close()
+        await executor.close()
+        return {"lag_p99_ms": round(float(np.percentile(lags, 99)) * 1000, 1) if lags else None}
+
+    try:
+        asyncio.run(run())
+    finally:
+        asr.close()
+        mt.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_multi(args: argparse.Namespace, counts: list[int], workers: int, model_procs: int,
+                    audio: np.ndarray, on_row: Any) -> None:
+    """Streams over ``workers`` worker processes feeding ``model_procs`` model processes (worker w -> w % M), all
+    on one GPU: ``serve --workers N --model-processes M``. The model processes live through the whole sweep (a
+    server that keeps running); the workers and their streams are fresh for each count."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    opts = {k: v for k, v in vars(args).items() if k != "json"}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [str(Path(tmp) / f"model-{j}.sock") for j in range(model_procs)]
+        mq, stop = ctx.Queue(), ctx.Event()
+        models = [ctx.Process(target=_model_proc_main, args=(paths[j], opts, model_procs, mq, stop), daemon=True)
+                  for j in range(model_procs)]
+        for p in models:
+            await asyncio.to_thread(p.start)
+        try:
+            for _ in models:
+                hello = await asyncio.to_thread(mq.get, True, 600)
+                if "ready" not in hello:
+                    raise RuntimeError(f"a model process failed: {hello}")
+            for n in counts:
+                row = await _multi_once(args, n, workers, paths, [p.pid for p in models], ctx, audio)  # type: ignore[misc]
+                on_row(row)
+                if not row["meets_3s"] or row["finals"] == 0:
+                    break
+        finally:
+            stop.set()
+            for p in models:
+                await asyncio.to_thread(p.join, 60)
+                if p.is_alive():
+                    p.kill()
+
+
+async def _multi_once(args: argparse.Namespace, n: int, workers: int, paths: list[str], pids: list[int],
+                      ctx: Any, audio: np.ndarray) -> dict[str, Any]:
+    out, go = ctx.Queue(), ctx.Event()
+    shares = [n // workers + (1 if w < n % workers else 0) for w in range(workers)]
+    firsts = [sum(shares[:w]) for w in range(workers)]
+    procs = [ctx.Process(target=_worker_main, daemon=True,
+                         args=(paths[w % len(paths)], firsts[w], shares[w], args.seconds, args.chunk_ms, args.slo,
+                               audio, out, go))
+             for w in range(workers)]
+    for p in procs:
+        await asyncio.to_thread(p.start)
+    parts = []
+    try:
+        for _ in procs:
+            hello = await asyncio.to_thread(out.get, True, 300)
+            if "error" in hello:
+                raise RuntimeError(f"a stream worker failed: {hello['error']}")
+        cpu0 = [_cpu_s(pid) for pid in pids]
+        wall0 = time.monotonic()
+        gpu = _gpu_sampler()
+        go.set()
+        for _ in procs:
+            part = await asyncio.to_thread(out.get, True, args.seconds + 300)
+            if "error" in part:
+                raise RuntimeError(f"a stream worker failed: {part['error']}")
+            parts.append(part)
+        wall = time.monotonic() - wall0
+        cores = [round((_cpu_s(pid) - c) / wall, 2) for pid, c in zip(pids, cpu0, strict=True)]
+        busy = gpu()
+    finally:
+        for p in procs:
+            await asyncio.to_thread(p.join, 30)
+            if p.is_alive():
+                p.kill()
+    row = summarise(n, parts, wall)
+    row["workers"], row["model_processes"] = workers, len(paths)
+    row["model_process_cores_busy"] = cores
+    row["worker_cores_busy"] = [round(p["cpu_s"] / p["wall_s"], 2) for p in parts]
+    row["worker_loop_lag_p99_ms"] = row.pop("loop_lag_p99_ms")
+    row["gpu_busy_pct"] = busy
+    if args.device.startswith("cuda"):
+        import pynvml
+
+        with contextlib.suppress(Exception):
+            pynvml.nvmlInit()
+            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+            row["gpu_memory_used_gb"] = round(info.used / 1e9, 1)
+    row["meets_1s"], row["meets_3s"] = row["caption_p99_s"] <= 1.0, row["caption_p99_s"] <= 3.0
+    return row
+
+
 def bench_settings() -> Settings:
     settings = Settings()
     settings.server.max_streams = 1 << 20
@@ -575,10 +712,13 @@ def main() -> None:
                                                   "decoder batch here")
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
     ap.add_argument("--parts", default="decoder,memory,baseline,streams",
-                    help="any of decoder, memory, baseline, streams, sharded")
+                    help="any of decoder, memory, baseline, streams, sharded, multi")
     ap.add_argument("--warmup", type=int, default=0, help="streams of an unrecorded 6 s run before the sweeps")
     ap.add_argument("--workers", type=int, default=4, help="stream worker processes of the 'sharded' part")
     ap.add_argument("--sharded-streams", default="100,200,300,400,600,800,1200")
+    ap.add_argument("--model-processes", type=int, default=4, help="model processes of the 'multi' part")
+    ap.add_argument("--multi-workers", type=int, default=8, help="stream worker processes of the 'multi' part")
+    ap.add_argument("--multi-streams", default="300,600,900,1200,1600,2400")
     ap.add_argument("--quick", action="store_true", help="tiny models and counts (a CPU check of the code)")
     args = ap.parse_args()
     args.dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
@@ -641,6 +781,21 @@ def main() -> None:
                           counts=[int(c) for c in args.sharded_streams.split(",")], rows=rows, on_row=save))
         report["sharded_streams_p99_1s"] = best(rows, "meets_1s")
         report["sharded_streams_p99_3s"] = best(rows, "meets_3s")
+        save()
+    if "multi" in parts:
+        rows = report["multi_runs"] = []
+        report["multi_model_processes"], report["multi_workers"] = args.model_processes, args.multi_workers
+        audio = speech_like(args.seconds * 4, seed=1)
+
+        def on_multi(row: dict[str, Any]) -> None:
+            print(f"multi{args.model_processes}x{args.multi_workers} " + json.dumps(row), flush=True)
+            rows.append(row)
+            save()
+
+        asyncio.run(run_multi(args, [int(c) for c in args.multi_streams.split(",")], args.multi_workers,
+                              args.model_processes, audio, on_multi))
+        report["multi_streams_p99_1s"] = best(rows, "meets_1s")
+        report["multi_streams_p99_3s"] = best(rows, "meets_3s")
         save()
     if "streams_p99_1s" in report and report.get("baseline_streams_p99_1s"):
         report["ratio_p99_1s"] = round(report["streams_p99_1s"] / report["baseline_streams_p99_1s"], 1)

@@ -127,6 +127,9 @@ class GpuRunner:
 
     # ---- the runner's thread ------------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.engine.device.type == "cuda":  # this runner's own CUDA stream: another runner's encoder batch or the
+            torch.cuda.synchronize(self.engine.device)  # VAD's copy never waits behind its steps (the pools and
+            torch.cuda.set_stream(torch.cuda.Stream(self.engine.device))  # graphs made on the default one first)
         while True:
             with self._cv:
                 while not self._inbox and self.engine.idle() and not self._closed:
