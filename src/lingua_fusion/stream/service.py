@@ -32,10 +32,11 @@ from ..serving.breaker import SLOBreaker, Transition
 from ..serving.executor import Executor
 from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
 from ..tracing import Tracer
+from .contracts import Slots
 from .events import Closed, Degraded, Error, Event, Logged, Restored
 from .journal import StreamLog
 from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
-from .session import Slots, StreamSession
+from .session import StreamSession
 
 log = logging.getLogger("lingua_fusion.streams")
 DRAIN_POLL_S = 0.05

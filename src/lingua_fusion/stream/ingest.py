@@ -1,0 +1,126 @@
+"""A stream's audio in: PCM16 placed on the timeline at once, WebM/Ogg decoded on a StreamDecoder thread and pumped
+back onto the loop; then the VAD over every new 32 ms window (in order, each seen once, through the ModelPort) and
+the policy's decisions handed on. ``Arrivals`` remembers when each piece of stream time arrived (caption latency)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidParameter, LinguaFusionError
+from ..media.stream_decoder import StreamDecoder
+from ..tracing import TraceRef, span
+from ..types import SR
+from .contracts import Alive, Emit, Spawn
+from .events import Error
+from .jobs import StreamJobs
+from .policy import WINDOW, CommitPolicy, Decision
+from .protocol import StreamSpec
+from .timeline import AudioTimeline
+
+
+class Arrivals:
+    """(stream time end, wall clock) of the latest audio pieces: when a commit's last word arrived."""
+
+    def __init__(self) -> None:
+        self._seen: deque[tuple[float, float]] = deque(maxlen=4096)
+
+    def note(self, end_s: float) -> None:
+        self._seen.append((end_s, time.monotonic()))
+
+    def of(self, t: float) -> float:
+        for end, wall in self._seen:
+            if end >= t - 1e-3:
+                return wall
+        return time.monotonic()
+
+
+class AudioIngest:
+    def __init__(self, spec: StreamSpec, timeline: AudioTimeline, policy: CommitPolicy, jobs: StreamJobs,
+                 arrivals: Arrivals, decide: Callable[[Decision], None], closed: Alive, emit: Emit, spawn: Spawn,
+                 trace: TraceRef | None = None) -> None:
+        self.spec = spec
+        self.timeline = timeline
+        self.policy = policy
+        self.jobs = jobs
+        self.arrivals = arrivals
+        self._decide = decide
+        self._closed = closed  # True once the session closed: VAD results that come back later decide nothing
+        self._emit = emit
+        self._spawn = spawn
+        self.trace = trace
+        self._vad_lock = asyncio.Lock()
+        self.vad_pos = 0  # next sample the VAD has not seen
+        self._decoder: StreamDecoder | None = None
+        self._pump: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """The stream went live: a compressed stream (WebM/Ogg) gets its decoder thread and pump task."""
+        if self.spec.audio_format == "pcm16":
+            return
+        loop = asyncio.get_running_loop()
+        decoded: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+
+        def sink(item: Any) -> None:  # on the decoder thread: blocks while the stream is behind
+            asyncio.run_coroutine_threadsafe(decoded.put(item), loop).result(timeout=120)
+
+        self._decoder = StreamDecoder(self.spec.audio_format, sink)
+        self._pump = self._spawn(self._pump_decoded(decoded), "decode-pump")
+
+    async def feed(self, data: bytes, ts: float | None) -> None:
+        """PCM16 LE mono 16 kHz bytes at media time ``ts``, or a piece of the declared WebM/Ogg stream."""
+        if self._decoder is not None:
+            with span(self.trace, "decode", media=self.spec.audio_format, bytes=len(data)):
+                await asyncio.to_thread(self._decoder.feed, data)
+            return
+        if len(data) % 2:
+            raise InvalidParameter("PCM16 audio must have an even number of bytes")
+        await self._ingest(np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0, ts)
+
+    async def _pump_decoded(self, decoded: asyncio.Queue[Any]) -> None:
+        while True:
+            item = await decoded.get()
+            if item is None:
+                return
+            if isinstance(item, LinguaFusionError):
+                self._emit(Error(item.code, item.public_message))
+                continue
+            await self._ingest(item, None)
+
+    async def _ingest(self, samples: np.ndarray, ts: float | None) -> None:
+        if not self.timeline.write(samples, ts):
+            return
+        self.arrivals.note(self.timeline.end_s)
+        async with self._vad_lock:  # windows in order, each seen once
+            end = self.timeline.end
+            start = max(self.vad_pos, self.timeline.start)
+            n = (end - start) // WINDOW
+            if n <= 0:
+                return
+            probs = await self.jobs.vad(self.timeline.view(start / SR, (start + n * WINDOW) / SR))
+            self.vad_pos = start + n * WINDOW
+            if self._closed():
+                return
+            for d in self.policy.on_vad(probs, self.vad_pos / SR):
+                self._decide(d)
+
+    def heard(self) -> tuple[float, float | None, bool]:
+        """For lips (vision/stream_lips.py): audio heard by the VAD until (stream s), the open speech's start."""
+        return self.vad_pos / SR, self.policy.speech_start, "audio" in self.spec.inputs
+
+    async def finish(self) -> None:
+        """The client finished sending: the decoder's last samples are placed (within 60 s)."""
+        if self._decoder is not None and self._pump is not None:
+            self._decoder.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._pump), timeout=60)
+
+    def abort(self) -> None:
+        if self._decoder is not None:
+            self._decoder.close()
