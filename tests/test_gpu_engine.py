@@ -289,6 +289,38 @@ def test_the_runner_encodes_an_audio_window_once_for_its_partial_and_its_commit(
     assert other.text and runner.room() == runner.max_pending  # every item accounted for
 
 
+def test_a_full_cross_pool_fails_an_item_as_a_retryable_backend_error_and_the_runner_goes_on() -> None:
+    """Pool exhaustion is a BackendError (the executor retries committed work; a partial is dropped), never an
+    Overloaded that a stream's job would not expect."""
+    import numpy as np
+    from gpu_models import hf_whisper
+
+    from lingua_fusion.errors import BackendError, CapacityExhausted
+    from lingua_fusion.serving.gpu.models import HFWhisperDecoder
+    from lingua_fusion.serving.gpu.recipes import WhisperRecipe, hf_whisper_encoder
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    model = hf_whisper()
+    recipe = WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model),
+                           mel=lambda a: a[: len(a) // 160 * 160].view(-1, 160)[:, :8].T.contiguous(),
+                           prompt=lambda _p: [2], text=lambda t: " ".join(map(str, t)), stop=frozenset({3}),
+                           device="cpu", dtype=torch.float32, tokens_per_s=4.0)
+    # 3 cross blocks of 16 frames past the scratch one: one 2 s clip (100 frames after the encoder) cannot fit
+    runner = GpuRunner(recipe, blocks=128, cross_blocks=4, block_size=8, cross_block_size=16, dtype=torch.float32,
+                       device="cpu", memo=0)
+    rng = np.random.default_rng(1)
+    try:
+        big = runner.submit([AsrInput(rng.normal(0, 0.1, 16000 * 2).astype(np.float32))], [False])[0]
+        with pytest.raises(CapacityExhausted) as full:
+            big.result(timeout=60)
+        assert isinstance(full.value, BackendError) and full.value.code == "engine_full"
+        small = runner.submit([AsrInput(rng.normal(0, 0.1, 8000).astype(np.float32))], [True])[0].result(timeout=60)
+    finally:
+        runner.close()
+    assert small.text and runner.room() == runner.max_pending
+
+
 # ---- prefix reuse where exact: the same audio window, a prompt that starts the same way ---------------------------
 GLOSSARY = [50, 7, 31, 31, 8, 62, 19, 44, 5, 90, 23]  # <|startofprev|> terms ... <|startoftranscript|>: 11 tokens
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 from fakes import FakeOwner, FakePort, drain, session
 
 from lingua_fusion.config import Settings
-from lingua_fusion.errors import SlowConsumer
+from lingua_fusion.errors import CapacityExhausted, Overloaded, SlowConsumer
 from lingua_fusion.stream.protocol import StreamSpec
 from lingua_fusion.stream.session import State
 
@@ -161,3 +162,18 @@ async def test_a_resumed_stream_drops_text_it_had_already_logged() -> None:
     await s.end()
     finals = [e for e in await drain(s) if e["type"] == "final"]
     assert [(f["seq"], f["text"]) for f in finals] == [(3, "NEW ONE"), (4, "NEW TWO")]
+
+
+@pytest.mark.parametrize("error", [Overloaded("the queue is full"), CapacityExhausted("the GPU pool is full")])
+async def test_a_partial_whose_model_work_is_refused_is_dropped_not_raised(error: Exception) -> None:
+    """A tentative re-decode that the engine refuses (queue or GPU pool full) shows no partial; nothing escapes
+    into the stream's tasks."""
+    from lingua_fusion.stream.jobs import StreamJobs
+
+    class Refusing:
+        async def run(self, key: Any, payload: Any, ctx: Any) -> Any:
+            assert ctx.tentative
+            raise error
+
+    jobs = StreamJobs(StreamSpec(source_lang="en", targets=["es"]), Refusing())  # type: ignore[arg-type]
+    assert await jobs.partial(np.zeros(16000, dtype=np.float32), lambda: True) is None

@@ -191,6 +191,14 @@ class ModelTimeout(BackendError):
     public = "a model did not answer in time; retry later"
 
 
+class CapacityExhausted(BackendError):
+    """A model engine's memory (the GPU's paged pools) is full for now: committed work is retried, a partial is
+    dropped."""
+
+    code = "engine_full"
+    public = "the model engine is full for the moment; retry later"
+
+
 class MalformedOutput(BackendError):
     code = "malformed_output"
     public = "a model returned malformed output; retry later"

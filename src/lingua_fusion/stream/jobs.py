@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, Overloaded
 from ..glossary import Term
 from ..serving.keys import ModelKey
 from ..serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput
@@ -72,7 +72,7 @@ class StreamJobs:
                 if out is None or not current():
                     return None
                 translation = str(out)
-        except BackendError:
+        except (BackendError, Overloaded):  # tentative: never retried, never an error the stream sees
             return None
         return Tentative(res.text, res.confidence, translation)
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ...errors import Overloaded
+from ...errors import CapacityExhausted
 from .blocks import BlockPool
 from .paged import Gather, PagedKV, slots_of
 
@@ -341,7 +341,7 @@ class DecodeEngine:
             if len(self.running) == 1:  # alone and still short: it can never fit; fail it rather than spin
                 seq = self.running.pop()
                 tokens = self.pool.length(seq.id)
-                self._end(seq, exc=Overloaded(f"a sequence of {tokens + 1} tokens does not fit the KV pool"))
+                self._end(seq, exc=CapacityExhausted(f"a sequence of {tokens + 1} tokens does not fit the KV pool"))
                 break
             self._preempt()
             slots = {sid: slot for sid, slot in slots.items() if sid in self.pool}

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ...errors import BackendError, Overloaded
+from ...errors import BackendError, CapacityExhausted
 from .decoder import Decoded, DecodeEngine, DecoderModel
 from .memory import MemoryReport, PoolMemory, budget_bytes, pool_blocks
 from .paged import PagedKV
@@ -175,7 +175,7 @@ class GpuRunner:
             key = keys[i]
             cid = added[i] if i in added else self._memo.get(key) if key is not None else None
             if cid is None:
-                self._done(fut, exc=Overloaded("the GPU cross-attention pool is full", retry_after=0.5))
+                self._done(fut, exc=CapacityExhausted("the GPU cross-attention pool is full"))
                 continue
             if i not in added:
                 self._memo.move_to_end(key)  # type: ignore[arg-type]
