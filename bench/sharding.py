@@ -10,7 +10,12 @@ it holds. The knee of each is the largest N of the grid that met the SLO with ev
 the sharded server, each run also records the cores its model process and each worker used.
 
     .venv/bin/python bench/sharding.py --json bench/results/load_knee_sharding.json \
-        [--streams 4,8,12,14,16,20] [--baseline 2,3,4] [--duration 30] [--workers 2]
+        [--streams 4,8,12,14,16,20] [--baseline 2,3,4] [--duration 30] [--servers single=1,sharded=2]
+
+``--servers`` names the servers compared, each ``name=WORKERS[/ASR_PARALLEL]``: ``--workers`` of ``serve`` (1: one
+process) and, when given, ``LINGUAFUSION_MODELS__ASR_PARALLEL`` (Whisper batches run at once). For example
+``--servers p1=1/1,p2=1/2,sharded-p2=2/2`` (load_knee_parallel.json). Every run records the cores each server
+process used (``/proc``: the serving process, or the model process and each worker, and their child processes).
 
 The same knee from the command line, one server at a time (not interleaved):
     linguafusion serve --no-auth --port 8767 [--workers 2] &
@@ -42,9 +47,9 @@ from lingua_fusion.lab.loadgen.run import run_load  # noqa: E402
 BIN = ROOT / ".venv" / "bin" / "linguafusion"
 
 
-def start(port: int, state: Path, *extra: str) -> subprocess.Popen[bytes]:
+def start(port: int, state: Path, *extra: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     log = open(state / "server.log", "wb")  # noqa: SIM115 - closed with the process
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env_extra or {})}
     proc = subprocess.Popen([str(BIN), "serve", "--no-auth", "--port", str(port), "--state-dir", str(state),
                              "--log-level", "warning", *extra], stdout=log, stderr=subprocess.STDOUT, env=env)
     for _ in range(600):
@@ -90,83 +95,139 @@ def line(name: str, r: dict[str, Any]) -> str:
             f", captions {r['server']['captions']}/{r['client_captions']}, meets {r['meets_slo']}")
 
 
-def process_cpu(state: Path) -> dict[str, Any]:
-    """CPU seconds so far of the sharded server's model process and of each worker (serve.json names them)."""
-    pids = json.loads((state / "serve.json").read_text())
-
-    def cpu(pid: int) -> float:
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) of one live process, 0 when it is gone."""
+    try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    return {"model": cpu(pids["model"]), "workers": [cpu(p) for p in pids["workers"]]}
+
+def _children(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Apertium pipes, the sharded server's processes), from /proc/*/stat."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def process_cpu(server: dict[str, Any]) -> dict[str, Any]:
+    """CPU seconds so far of a server's processes: the serving process (one process), or the model process and
+    each worker (``serve.json`` names them); ``other``: every other descendant of the launched process."""
+    top = server["proc"].pid
+    path = server["state"] / "serve.json"
+    if path.exists():
+        pids = json.loads(path.read_text())
+        named = {"supervisor": top, "model": pids["model"],
+                 **{f"worker{i}": p for i, p in enumerate(pids["workers"])}}
+    else:
+        named = {"server": top}
+    known = set(named.values()) | {top}
+    out = {k: _cpu(p) for k, p in named.items()}
+    out["other"] = sum(_cpu(p) for p in _children(top) if p not in known)
+    return out
 
 
 def split(before: dict[str, Any], after: dict[str, Any], wall: float) -> dict[str, Any]:
-    """Cores each process of the sharded server used during a run."""
-    return {"model": round((after["model"] - before["model"]) / wall, 2),
-            "workers": [round((a - b) / wall, 2) for a, b in zip(after["workers"], before["workers"], strict=True)]}
+    """Cores each process of a server used during a run (a process that started mid-run counts from 0)."""
+    # "other" sums live children only: one that ended mid-run takes its seconds with it (hence the floor at 0)
+    return {k: max(0.0, round((after[k] - before.get(k, 0.0)) / wall, 2)) for k in after}
 
 
-async def level(urls: dict[str, str], n: int, order: tuple[str, ...], args: argparse.Namespace,
+async def level(servers: dict[str, dict[str, Any]], n: int, order: tuple[str, ...], args: argparse.Namespace,
                 baseline: bool = False) -> dict[str, dict[str, Any]]:
     """One offered load N on fresh servers: warm each (its first batches load the models), then measure each."""
     mix = load_mix(None)
     for name in order:
-        await run_load(urls[name], None, mix, 2, 10, seed=99)
+        await run_load(servers[name]["url"], None, mix, 2, 10, seed=99)
     out = {}
     for name in order:
-        before = process_cpu(args.sharded_state) if name == "sharded" else None
-        r = await run_load(urls[name], None, mix, n, args.duration, seed=args.seed, baseline=baseline)
+        before = process_cpu(servers[name])
+        load0, own0 = os.getloadavg()[0], time.process_time()
+        r = await run_load(servers[name]["url"], None, mix, n, args.duration, seed=args.seed, baseline=baseline)
         r["load_average"] = round(os.getloadavg()[0], 1)
-        if before is not None:
-            r["server"]["cores_by_process"] = split(before, process_cpu(args.sharded_state), r["wall_s"])
+        r["load_average_start"] = round(load0, 1)
+        r["loadgen_cores"] = round((time.process_time() - own0) / r["wall_s"], 2)
+        cores = split(before, process_cpu(servers[name]), r["wall_s"])
+        r["server"]["cores_by_process"] = cores
+        r["server"]["cores_total"] = round(sum(cores.values()), 2)
+        r["server_config"] = servers[name]["config"]
         label = "baseline" if baseline else name
-        print(line(label, r), r["server"].get("cores_by_process", ""), "load", r["load_average"], flush=True)
+        print(line(label, r), cores, "load", r["load_average_start"], "->", r["load_average"],
+              "loadgen", r["loadgen_cores"], flush=True)
         out[label] = brief(r)
     return out
 
 
 def fresh(args: argparse.Namespace, tmp: str, n: int, order: tuple[str, ...],
           baseline: bool = False) -> dict[str, dict[str, Any]]:
-    """Both servers started for this N only (no cost model learned at another load carries over), then stopped."""
-    procs: list[subprocess.Popen[bytes]] = []
-    urls = {}
+    """The servers started for this N only (no cost model learned at another load carries over), then stopped."""
+    servers: dict[str, dict[str, Any]] = {}
     try:
         for k, name in enumerate(order):
+            workers, parallel = args.configs[name]
             state = Path(tempfile.mkdtemp(dir=tmp))
-            extra = ("--workers", str(args.workers)) if name == "sharded" else ()
-            if name == "sharded":
-                args.sharded_state = state
-            procs.append(start(args.port + k, state, *extra))
-            urls[name] = f"http://127.0.0.1:{args.port + k}"
-        return asyncio.run(level(urls, n, order, args, baseline))
+            extra = ("--workers", str(workers)) if workers > 1 else ()
+            env = {"LINGUAFUSION_MODELS__ASR_PARALLEL": str(parallel)} if parallel else {}
+            proc = start(args.port + k, state, *extra, env_extra=env)
+            servers[name] = {"proc": proc, "state": state, "url": f"http://127.0.0.1:{args.port + k}",
+                             "config": {"workers": workers, "asr_parallel": parallel}}
+        return asyncio.run(level(servers, n, order, args, baseline))
     finally:
-        for p in procs:
-            stop(p)
+        for srv in servers.values():
+            stop(srv["proc"])
+
+
+def parse_servers(text: str) -> dict[str, tuple[int, int | None]]:
+    """``single=1,sharded=2`` or ``p1=1/1,p2=1/2``: name -> (workers, asr_parallel or None for the default)."""
+    out: dict[str, tuple[int, int | None]] = {}
+    for part in text.split(","):
+        name, _, spec = part.partition("=")
+        workers, _, parallel = spec.partition("/")
+        out[name.strip()] = (int(workers or 1), int(parallel) if parallel else None)
+    return out
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     args.grid = [int(x) for x in args.streams.split(",")]
     args.base_grid = [int(x) for x in args.baseline.split(",")] if args.baseline else []
-    runs: dict[str, list[dict[str, Any]]] = {"single": [], "sharded": [], "baseline": []}
+    args.configs = parse_servers(args.servers)
+    names = tuple(args.configs)
+    base_name = names[0]  # the per-stream baseline runs on the first server
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    runs["baseline"] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, n in enumerate(args.grid):
-            order = ("single", "sharded") if i % 2 == 0 else ("sharded", "single")  # ABBA: neither always first
+            # rotated (ABBA for two): each server first at some N, so none always sees the quietest machine
+            order = names[i % len(names):] + names[:i % len(names)]
             for name, r in fresh(args, tmp, n, order).items():
                 runs[name].append(r)
         for n in args.base_grid:
-            runs["baseline"].append(fresh(args, tmp, n, ("single",), baseline=True)["baseline"])
-    out = {"schema": "linguafusion.bench.sharding/1", "commit": git_commit(), "machine": machine(),
-           "note": "one machine shared with other jobs (7 other engineers' tests; load_average per run): single "
-                   "and sharded interleaved at each N (ABBA), fresh servers per N; load generator on the same 2 "
-                   "cores",
+            runs["baseline"].append(fresh(args, tmp, n, (base_name,), baseline=True)["baseline"])
+    loads = [r["load_average"] for rs in runs.values() for r in rs]
+    out = {"schema": "linguafusion.bench.sharding/2", "commit": git_commit(), "machine": machine(),
+           "note": "servers interleaved at each N (order rotated), fresh servers per N; load generator on the same "
+                   "cores (loadgen_cores per run); load_average (1 min) at the start and end of each run",
            "config": {"streams": args.grid, "baseline": args.base_grid, "duration_s": args.duration,
-                      "seed": args.seed, "workers": args.workers,
+                      "seed": args.seed, "servers": {k: {"workers": w, "asr_parallel": p}
+                                                     for k, (w, p) in args.configs.items()},
                       "mix": "default (en speech -> es, standard, partials, Poisson 5 s)"},
-           "knee_streams": {name: knee(rs) for name, rs in runs.items()}, "runs": runs}
+           "load_average_range": [min(loads), max(loads)] if loads else None,
+           "knee_streams": {name: knee(rs) for name, rs in runs.items() if rs}, "runs": runs}
     k = out["knee_streams"]
-    out["ratio_sharded_vs_single"] = round(k["sharded"] / k["single"], 2) if k["single"] else None
-    out["ratio_sharded_vs_baseline"] = round(k["sharded"] / k["baseline"], 2) if k["baseline"] else None
+    first = k.get(base_name)
+    out["ratio_vs_first"] = {name: round(v / first, 2) if first else None for name, v in k.items()}
     return out
 
 
@@ -177,9 +238,11 @@ if __name__ == "__main__":
     ap.add_argument("--baseline", default="2,3,4")
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--servers", default="single=1,sharded=2",
+                    help="name=WORKERS[/ASR_PARALLEL],...: the servers compared (the first also runs the baseline)")
     ap.add_argument("--port", type=int, default=18820)
     args = ap.parse_args()
     report = main(args)
     args.json.write_text(json.dumps(report, indent=1))
-    print(json.dumps({"knee_streams": report["knee_streams"], "ratio": report["ratio_sharded_vs_single"]}))
+    print(json.dumps({"knee_streams": report["knee_streams"], "ratio": report["ratio_vs_first"],
+                      "load_average_range": report["load_average_range"]}))

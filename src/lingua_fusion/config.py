@@ -68,6 +68,9 @@ class ModelSettings(BaseModel):
     cache_dir: Path = Field(default_factory=default_cache_dir)
     asr_compute_type: str = "int8"
     asr_threads: int = 2
+    # Whisper batches (ctranslate2 backend) that run at once, each on its own executor lane: CTranslate2 runs that
+    # many generate calls in parallel (num_workers) and asr_threads is split between them. 0 = min(2, cores)
+    asr_parallel: int = Field(default=0, ge=0, le=16)
     asr_beam_size: int = 1
     backend: str = "ctranslate2"  # ASR engine: "ctranslate2" (faster-whisper, int8) or "torch" (models/whisper_torch)
     device: str = "cpu"  # "cpu" or "cuda" (the torch backend only)
@@ -83,6 +86,13 @@ class ModelSettings(BaseModel):
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
     user_mt_dirs: list[Path] = Field(default_factory=list)
+
+    def asr_lanes(self) -> int:
+        """``asr_parallel`` resolved: 0 means min(2, the cores this process may use)."""
+        if self.asr_parallel:
+            return self.asr_parallel
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(2, cores))
 
     @field_validator("ocr_engine")
     @classmethod

@@ -77,16 +77,22 @@ def collapse_repeats(text: str, min_words: int = 3) -> str:
 
 class WhisperASR:
     def __init__(self, model_dir: Path, info: BackendInfo, *, compute_type: str = "int8", threads: int = 2,
-                 beam_size: int = 1) -> None:
+                 beam_size: int = 1, workers: int = 1) -> None:
+        """``workers``: decodes that run at once (from as many threads); CTranslate2 keeps that many workers
+        (inter_threads) over one copy of the weights, and ``threads`` is split between them (at least 1 each)."""
         from faster_whisper import WhisperModel
 
+        self.workers = max(1, workers)
+        self.threads_per_worker = max(1, threads // self.workers)
         try:
-            self._model = WhisperModel(str(model_dir), device="cpu", compute_type=compute_type, cpu_threads=threads)
+            self._model = WhisperModel(str(model_dir), device="cpu", compute_type=compute_type,
+                                       cpu_threads=self.threads_per_worker, num_workers=self.workers)
         except Exception as exc:  # CTranslate2 raises RuntimeError on missing/corrupt files
             raise BackendError(f"cannot load Whisper model from {model_dir}: {exc}") from exc
         self.info = info
         self._beam = beam_size
-        self._lock = threading.Lock()  # one decode at a time per model; CTranslate2 uses the cores itself
+        # at most ``workers`` decodes at once: a further caller waits here, not inside CTranslate2's queue
+        self._lock = threading.BoundedSemaphore(self.workers)
         self.multilingual = self._model.model.is_multilingual
 
     def transcribe_batch(self, audios: list[np.ndarray], *, language: str | None,

@@ -144,7 +144,7 @@ class Registry:
 
                 return WhisperTorchASR(path, asr_info(info, m.backend), device=m.device, threads=m.asr_threads)
             return WhisperASR(path, info, compute_type=m.asr_compute_type, threads=m.asr_threads,
-                              beam_size=m.asr_beam_size)
+                              beam_size=m.asr_beam_size, workers=m.asr_lanes())
 
         if language == "en" and task == "transcribe":
             return self._get("asr:tiny.en", lambda: build(get_model_path(), WHISPER_TINY_EN))

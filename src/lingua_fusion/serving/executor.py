@@ -1,7 +1,10 @@
-"""The executor: every stream's model work through one scheduler and one worker per model key (the ModelPort).
+"""The executor: every stream's model work through one scheduler and workers per model key (the ModelPort).
 
 A worker's step reads: next batch from the scheduler -> run it on the model's thread -> resolve each item's
 future -> observe (cost model, metrics, stage latency to the StageObserver). Shed items resolve to ``None``.
+A model key has one worker (one batch at a time) unless it has more lanes: Whisper through CTranslate2 runs
+``models.asr_parallel`` batches at once (one worker per lane, each taking its own batch from the scheduler, on the
+event loop; CTranslate2 decodes them in parallel), and admission counts its capacity times its lanes.
 VAD needs no scheduling (it is cheap and every caption waits on it): every stream's pending windows run in one call
 on the VAD thread. Admission refuses a stream whose load would break admitted streams' SLOs.
 """
@@ -73,12 +76,13 @@ class Executor:
         # messages cannot fill a batch that another key's caption then waits behind
         self.scheduler.max_units = {"mt": MT_BATCH_CHARS}
         self.scheduler.max_queue_per_key = max(1, max_queue // 2)  # one key never holds a whole model queue
-        self.threads = ModelThreads(self._timeout, metrics)
+        self.threads = ModelThreads(self._timeout, metrics, self.lanes)
         self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: runners.py
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
         self._runners: dict[ModelKey, Runner | ContinuousRunner] = {}
         self._wake: dict[ModelKey, asyncio.Event] = {}
-        self._workers: dict[ModelKey, asyncio.Task[None]] = {}
+        self._workers: dict[ModelKey, list[asyncio.Task[None]]] = {}  # one per lane
+        self._lanes: dict[ModelKey, int] = {}
         self._vad: list[_Pending] = []
         self._closing = False
 
@@ -156,7 +160,14 @@ class Executor:
             # a continuous runner batches on its own: hand it everything scheduled, at no modelled cost
             cost = CostModel(0.0, 0.0) if _continuous(runner) else _prior(str(key))
             self.scheduler.costs.setdefault(str(key), cost)
+            lanes = 1 if _continuous(runner) else _lanes_of(key, self.settings)
+            self._lanes[key] = lanes
+            self.scheduler.lanes[str(key)] = lanes  # admission: the key's capacity is per lane
         return runner
+
+    def lanes(self, key: ModelKey) -> int:
+        """Batches of ``key`` that run at once (its workers and model threads)."""
+        return self._lanes.get(key, 1)
 
     def _timeout(self, key: ModelKey, n: int, warm: bool) -> float:
         base = self.settings.server.model_timeout_s
@@ -165,14 +176,24 @@ class Executor:
         return max(base, self.settings.server.model_timeout_factor * self.scheduler.cost(str(key)).predict(n))
 
     def _ensure_worker(self, key: ModelKey) -> None:
-        if key not in self._workers or self._workers[key].done():
-            self._wake.setdefault(key, asyncio.Event())
-            runner = self._runners[key]
-            step = self._vad_step if key == VAD_KEY and not _continuous(runner) else \
-                self._hand_over if _continuous(runner) else self._step
-            self._workers[key] = asyncio.create_task(self._worker(key, step), name=f"worker:{key}")
+        tasks = self._workers.setdefault(key, [])
+        if len(tasks) >= self.lanes(key) and not any(t.done() for t in tasks):
+            return
+        self._wake.setdefault(key, asyncio.Event())
+        runner = self._runners[key]
+        if key == VAD_KEY and not _continuous(runner):
+            step, lanes = self._vad_step, 1
+        elif _continuous(runner):
+            step, lanes = self._hand_over, 1
+        else:
+            step, lanes = self._step, self.lanes(key)
+        tasks[:] = [t for t in tasks if not t.done()]
+        while len(tasks) < lanes:  # one worker per lane: each runs one batch at a time
+            tasks.append(asyncio.create_task(self._worker(key, step), name=f"worker:{key}#{len(tasks)}"))
 
     async def _worker(self, key: ModelKey, step: Callable[[ModelKey], Any]) -> None:
+        # every lane of a key waits on the same event (set() wakes them all); a lane that finds the queue empty
+        # goes back to waiting, so a lone item runs on whichever lane is free first
         wake = self._wake[key]
         while not self._closing:
             with contextlib.suppress(TimeoutError):
@@ -324,9 +345,10 @@ class Executor:
         self._closing = True
         for ev in self._wake.values():
             ev.set()
-        for task in self._workers.values():
+        tasks = [t for lane in self._workers.values() for t in lane]
+        for task in tasks:
             task.cancel()
-        for task in self._workers.values():
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._workers.clear()
@@ -350,6 +372,15 @@ def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], par
         if t != source:
             rate[str(ModelKey.mt(source, t))] = 0.3
     return Demand(stream_id, slo, rate)
+
+
+def _lanes_of(key: ModelKey, settings: Settings) -> int:
+    """Whisper through CTranslate2 runs ``models.asr_parallel`` batches at once (its WhisperASR has that many
+    CTranslate2 workers); every other model (and the torch backend, whose threads are process-wide) one."""
+    m = settings.models
+    if key.task == "asr" and m.backend == "ctranslate2" and m.engine == "":
+        return m.asr_lanes()
+    return 1
 
 
 def _continuous(runner: object) -> bool:

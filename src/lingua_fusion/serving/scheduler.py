@@ -216,6 +216,9 @@ class Scheduler:
         self.finish: dict[str, dict[str, float]] = defaultdict(dict)  # per model: key -> finish tag
         self.target_utilisation = target_utilisation
         self.costs: dict[str, CostModel] = costs or {}
+        # batches of a model that run at once (the executor's lanes: Whisper with models.asr_parallel); its cost
+        # model is one lane's batch latency, so its capacity is that many times one lane's
+        self.lanes: dict[str, int] = {}
         self.queues: dict[str, ModelQueue] = defaultdict(ModelQueue)
         self.admitted: dict[str, Demand] = {}
         self.stats = SchedulerStats()
@@ -345,11 +348,11 @@ class Scheduler:
 
     # ---- admission ------------------------------------------------------------------------------------------
     def capacity(self, model: str, slo: str) -> float:
-        """Items/s the model sustains with batches small enough for the SLO's stage budget."""
+        """Items/s the model sustains with batches small enough for the SLO's stage budget, on all its lanes."""
         cm = self.cost(model)
         budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(model.split(":")[0], 0.5)
         b = cm.max_batch_within(budget / 2, self.batch_cap(model))  # half the budget to serve, half to wait
-        return b / max(1e-6, cm.predict(b))
+        return self.lanes.get(model, 1) * b / max(1e-6, cm.predict(b))
 
     def admit(self, demand: Demand) -> bool:
         streams = [*self.admitted.values(), demand]

@@ -1,4 +1,7 @@
-"""Model threads: each model key runs its batches on a thread of its own, with a timeout and an output check.
+"""Model threads: each model key runs its batches on threads of its own, with a timeout and an output check.
+
+A key has as many threads as it has lanes (batches that may run at once: ``lanes_for``, 1 for most models; Whisper
+through CTranslate2 ``models.asr_parallel``).
 
 A backend that hangs past its timeout is abandoned with its thread (which ends on its own) instead of blocking the
 executor everything else uses; after ``MAX_HUNG`` stuck threads that model fails fast. Chaos faults (server started
@@ -24,8 +27,10 @@ COLD_TIMEOUT_S = 120.0  # a model's first batch may include loading it
 
 
 class ModelThreads:
-    def __init__(self, timeout_for: Callable[[ModelKey, int, bool], float], metrics: Any = None) -> None:
+    def __init__(self, timeout_for: Callable[[ModelKey, int, bool], float], metrics: Any = None,
+                 lanes_for: Callable[[ModelKey], int] | None = None) -> None:
         self._timeout_for = timeout_for  # (key, batch size, warm) -> seconds
+        self._lanes_for = lanes_for or (lambda key: 1)  # key -> batches of it that run at once (its threads)
         self.metrics = metrics
         self.faults: dict[str, Fault] = {}  # chaos: "model/kind" -> fault
         self._rng = random.Random(0)
@@ -52,7 +57,8 @@ class ModelThreads:
 
         pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[key] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{key}")
+            pool = self._pools[key] = ThreadPoolExecutor(max_workers=max(1, self._lanes_for(key)),
+                                                         thread_name_prefix=f"model-{key}")
         running = asyncio.get_running_loop().run_in_executor(pool, work)
         timeout = self._timeout_for(key, len(payloads), key in self.warm)
         try:
@@ -76,7 +82,10 @@ class ModelThreads:
 
     def _abandon(self, key: ModelKey, pool: ThreadPoolExecutor, running: asyncio.Future[Any]) -> None:
         self._hung[key] = self._hung.get(key, 0) + 1  # read again: one may have returned meanwhile
-        self._pools.pop(key, None)
+        # the stuck thread's pool takes no more work (its other lanes' calls finish on it); the next call gets a
+        # fresh pool. Another lane may have replaced it already: that newer pool stays.
+        if self._pools.get(key) is pool:
+            del self._pools[key]
         pool.shutdown(wait=False)
 
         def unstuck(f: asyncio.Future[Any]) -> None:
