@@ -8,6 +8,10 @@ directory the operator provides. The directory holds the model (CTranslate2 ``mo
      "lang_codes": {"en": "eng_Latn", "zh": "zho_Hans"}}   # lang_codes only for NLLB / M2M100
 
 Register directories with ``LINGUAFUSION_MODELS__USER_MT_DIRS='["/path/a", "/path/b"]'``.
+
+With the continuous engine on (``models.engine``), a transformers directory whose decoder the engine has
+(``ENGINE_TYPES``) is decoded there instead (serving/gpu/torch_mt.py): this class then only tokenizes
+(``token_ids``, ``target_token``) and reads tokens back (``detokenize``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from ..errors import BackendError
 from .base import BackendInfo
 
 MANIFEST = "linguafusion.json"
+MAX_SOURCE_TOKENS = 512
+MAX_NEW_TOKENS = 256
+ENGINE_TYPES = ("marian", "m2m_100")  # transformers model types with a decoder in serving/gpu/models.py (NLLB: m2m_100)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -31,6 +38,16 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise BackendError(f"{path}: missing or invalid {MANIFEST}: {exc}") from exc
     meta["pairs"] = pairs
     return meta
+
+
+def model_type(path: Path) -> str | None:
+    """The transformers ``model_type`` of a directory (None: CTranslate2, or no readable config.json)."""
+    if (path / "model.bin").exists():
+        return None
+    try:
+        return str(json.loads((path / "config.json").read_text())["model_type"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class LocalDirMT:
@@ -68,9 +85,32 @@ class LocalDirMT:
         if source in self._codes and hasattr(self._tok, "src_lang"):
             self._tok.src_lang = self._codes[source]
 
-    def translate(self, texts: list[str], source: str, target: str) -> list[str]:
+    @property
+    def model(self) -> Any:
+        """The transformers model (None for a CTranslate2 directory)."""
+        return self._hf
+
+    def check_pair(self, source: str, target: str) -> None:
         if (source, target) not in self.info.pairs:
             raise BackendError(f"{self.info.name} does not serve {source}-{target}")
+
+    def token_ids(self, texts: list[str], source: str) -> list[list[int]]:
+        """Each text's encoder input ids (the source language's code where the tokenizer adds one)."""
+        with self._lock:  # src_lang is the tokenizer's state
+            self._set_src(source)
+            return [list(ids) for ids in self._tok(texts, truncation=True, max_length=MAX_SOURCE_TOKENS)["input_ids"]]
+
+    def target_token(self, target: str) -> int | None:
+        """The token that starts a translation into ``target`` (NLLB / M2M100 language codes), if any."""
+        code = self._codes.get(target)
+        return int(self._tok.convert_tokens_to_ids(code)) if code else None
+
+    def detokenize(self, sequences: Any) -> list[str]:
+        """Texts of token sequences (lists, or generate()'s tensor); special tokens dropped."""
+        return [t.strip() for t in self._tok.batch_decode(sequences, skip_special_tokens=True)]
+
+    def translate(self, texts: list[str], source: str, target: str) -> list[str]:
+        self.check_pair(source, target)
         if not texts:
             return []
         with self._lock:
@@ -79,7 +119,8 @@ class LocalDirMT:
             if self._ct2 is not None:
                 batch = [self._tok.convert_ids_to_tokens(self._tok.encode(t)) for t in texts]
                 prefix = [[tgt_code]] * len(texts) if tgt_code else None
-                res = self._ct2.translate_batch(batch, target_prefix=prefix, beam_size=2, max_decoding_length=256)
+                res = self._ct2.translate_batch(batch, target_prefix=prefix, beam_size=2,
+                                                max_decoding_length=MAX_NEW_TOKENS)
                 out = []
                 for r in res:
                     toks = r.hypotheses[0]
@@ -89,10 +130,10 @@ class LocalDirMT:
                 return [o.strip() for o in out]
             import torch
 
-            enc = self._tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=512)
-            kwargs: dict[str, Any] = {"max_new_tokens": 256, "num_beams": 2}
+            enc = self._tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=MAX_SOURCE_TOKENS)
+            kwargs: dict[str, Any] = {"max_new_tokens": MAX_NEW_TOKENS, "num_beams": 2}
             if tgt_code:
                 kwargs["forced_bos_token_id"] = self._tok.convert_tokens_to_ids(tgt_code)
             with torch.no_grad():
                 gen = self._hf.generate(**enc, **kwargs)
-            return [t.strip() for t in self._tok.batch_decode(gen, skip_special_tokens=True)]
+        return self.detokenize(gen)

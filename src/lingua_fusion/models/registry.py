@@ -71,6 +71,13 @@ class Registry:
         self._guard = threading.Lock()
         self._mt_infos = self._discover_mt()
         self._tm: Any = None  # the translation memory (lingua_fusion/tm), made on first use
+        self._mt_engine: Callable[[str, Any], Any | None] | None = None  # see decode_mt_with
+
+    def decode_mt_with(self, engine: Callable[[str, Any], Any | None]) -> None:
+        """Serve each user model directory as ``engine(key, LocalDirMT)`` returns it (None: the LocalDirMT itself):
+        the continuous engine decodes transformers directories (serving/gpu/server.py). Set before any MT runs;
+        routes, glossaries and the translation memory around the backend are unchanged."""
+        self._mt_engine = engine
 
     def translation_memory(self) -> Any:
         """The MT cache every translation through this registry shares (streams, rooms, REST); None when
@@ -194,7 +201,13 @@ class Registry:
             from .mt_local import LocalDirMT
 
             path = Path(self.settings.models.user_mt_dirs[int(key[5:])])
-            return self._get(key, lambda: LocalDirMT(path))
+
+            def load() -> Any:
+                local = LocalDirMT(path)
+                served = self._mt_engine(key, local) if self._mt_engine is not None else None
+                return local if served is None else served
+
+            return self._get(key, load)
         raise BackendError(f"unknown MT backend {key}")
 
     def mt_info(self, key: str) -> BackendInfo:
@@ -317,6 +330,13 @@ class Registry:
                       for i in (asr_info(WHISPER_TINY_EN, "torch"),
                                 asr_info(whisper_base_info(tuple(sorted(KNOWN))), "torch"))]
         infos += [("mt", i) for i in self._mt_infos.values()]
+        if m.engine:  # user transformers directories the engine has a decoder for (serving/gpu/torch_mt.py)
+            from .mt_local import ENGINE_TYPES, model_type
+
+            infos += [("mt", replace(i, name=f"{i.name}-{m.engine}",
+                                     quality=f"{i.quality}; greedy on the {m.engine} engine ({m.device})"))
+                      for k, i in self._mt_infos.items() if k.startswith("user:")
+                      and model_type(Path(m.user_mt_dirs[int(k[5:])])) in ENGINE_TYPES]
         infos += [("ocr", RapidOCRBackend.info), ("ocr", TesseractBackend.info), ("tts", PiperTTS.info),
                   ("tts", BackendInfo(name="espeak-ng", task="tts", languages=("many",), licence="GPL-3.0+",
                                       quality="robotic, instant")),

@@ -1,5 +1,6 @@
 """Architectures behind the DecodeEngine's ``DecoderModel``: Whisper's decoder (OpenAI whisper's module layout, as
-models/whisper_torch.py builds it from the shipped weights)."""
+models/whisper_torch.py builds it from the shipped weights), Hugging Face's Whisper, and the MT decoders of
+Hugging Face's Marian (OPUS-MT) and M2M100 (NLLB-200 has that architecture)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ class _HFDecoder:
     """What Hugging Face's encoder-decoders share: ``model.model.decoder.layers`` with ``self_attn`` and
     ``encoder_attn``, sizes in ``model.config``."""
 
-    def __init__(self, model: Any, max_positions: int) -> None:
+    def __init__(self, model: Any, max_positions: int, *, suppress: Sequence[int] = (),
+                 suppress_first: Sequence[int] = ()) -> None:
         self.dec = model.model.decoder
         cfg = model.config
         self.n_layer = cfg.decoder_layers
@@ -85,6 +87,14 @@ class _HFDecoder:
         self.max_positions = max_positions
         self._attn = [(_HFAttention(lyr.self_attn, self.n_head), _HFAttention(lyr.encoder_attn, self.n_head))
                       for lyr in self.dec.layers]
+        weight = model.get_output_embeddings().weight
+        self._mask = torch.zeros(weight.shape[0], device=weight.device)  # tokens the model never outputs
+        self._mask[list(suppress)] = float("-inf")
+        self._first = torch.zeros_like(self._mask)  # ... and never as its first output
+        self._first[list(suppress_first)] = -1e9  # added only where ``first``: a finite value keeps 0 * it at 0
+
+    def _suppressed(self, logits: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        return logits.float() + self._mask + first[:, None].float() * self._first
 
     def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._attn[i][1].kv(memory)
@@ -95,13 +105,8 @@ class HFWhisperDecoder(_HFDecoder):
     ``proj_out``): the layout of the random-weight models the GPU benchmark builds from a ``WhisperConfig``."""
 
     def __init__(self, model: Any, *, suppress: Sequence[int] = (), suppress_first: Sequence[int] = ()) -> None:
-        super().__init__(model, model.config.max_target_positions)
+        super().__init__(model, model.config.max_target_positions, suppress=suppress, suppress_first=suppress_first)
         self.proj = model.proj_out
-        vocab = self.proj.weight.shape[0]
-        self._mask = torch.zeros(vocab, device=self.proj.weight.device)
-        self._mask[list(suppress)] = float("-inf")
-        self._first = torch.zeros_like(self._mask)
-        self._first[list(suppress_first)] = -1e9
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.dec.embed_tokens(tokens) + self.dec.embed_positions.weight[positions]
@@ -114,15 +119,16 @@ class HFWhisperDecoder(_HFDecoder):
         return x + lyr.fc2(lyr.activation_fn(lyr.fc1(lyr.final_layer_norm(x))))
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.dec.layer_norm(x)).float() + self._mask + first[:, None].float() * self._first
+        return self._suppressed(self.proj(self.dec.layer_norm(x)), first)
 
 
 class MarianDecoder(_HFDecoder):
     """``DecoderModel`` over Hugging Face's ``MarianMTModel`` (OPUS-MT; post-norm layers, scaled embeddings,
-    sinusoidal positions, ``final_logits_bias``). NLLB / M2M100 differ in norm placement and would get their own."""
+    sinusoidal positions from 0, ``final_logits_bias``)."""
 
-    def __init__(self, model: Any) -> None:
-        super().__init__(model, model.config.max_position_embeddings)
+    def __init__(self, model: Any, *, suppress: Sequence[int] = (), suppress_first: Sequence[int] = ()) -> None:
+        super().__init__(model, model.config.max_position_embeddings, suppress=suppress,
+                         suppress_first=suppress_first)
         self.head = model.lm_head
         self.bias = model.final_logits_bias
         self.scale = float(getattr(self.dec, "embed_scale", 1.0))
@@ -138,4 +144,31 @@ class MarianDecoder(_HFDecoder):
         return lyr.final_layer_norm(x + lyr.fc2(lyr.activation_fn(lyr.fc1(x))))
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        return (self.head(x) + self.bias).float()
+        return self._suppressed(self.head(x) + self.bias, first)
+
+
+class M2M100Decoder(_HFDecoder):
+    """``DecoderModel`` over Hugging Face's ``M2M100ForConditionalGeneration`` (M2M100 and NLLB-200: pre-norm
+    layers, a final layer norm, embeddings scaled inside ``embed_tokens``, sinusoidal positions that start at
+    ``pad_token_id`` + 1, logits from ``lm_head`` without a bias)."""
+
+    def __init__(self, model: Any, *, suppress: Sequence[int] = (), suppress_first: Sequence[int] = ()) -> None:
+        dec = model.model.decoder
+        self.offset = int(dec.embed_positions.padding_idx) + 1  # a decoder input never holds the pad token
+        super().__init__(model, int(dec.embed_positions.weights.shape[0]) - self.offset, suppress=suppress,
+                         suppress_first=suppress_first)
+        self.head = model.lm_head
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        table = self.dec.embed_positions.weights
+        return self.dec.embed_tokens(tokens) + table[positions + self.offset].to(table.dtype)
+
+    def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
+        lyr = self.dec.layers[i]
+        sa, ca = self._attn[i]
+        x = x + sa.out(self_attn(*sa.qkv(lyr.self_attn_layer_norm(x))))
+        x = x + ca.out(cross_attn(ca.heads(ca.a.q_proj(lyr.encoder_attn_layer_norm(x)))))
+        return x + lyr.fc2(lyr.activation_fn(lyr.fc1(lyr.final_layer_norm(x))))
+
+    def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        return self._suppressed(self.head(self.dec.layer_norm(x)), first)

@@ -2,7 +2,8 @@
 
 ``WhisperRecipe``: ASR, ``AsrInput`` -> ``AsrOutput``: a log-mel per clip, the encoder on the batch's longest
 clip rounded up to 1 s (the positional table cut, not Whisper's padded 30 s window), greedy decoding.
-``Seq2SeqTextRecipe``: MT (Marian / OPUS-MT), ``MtInput`` -> ``str``.
+``Seq2SeqTextRecipe``: MT (Marian / OPUS-MT), ``MtInput`` -> ``str`` (the GPU benchmark's). The server's MT
+recipe is serving/gpu/torch_mt.py's; both run the encoder through ``encoder_outputs``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def hf_whisper_encoder(model: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         return enc.layer_norm(x)
 
     return encode
+
+
+def encoder_outputs(encoder: Any, ids: list[list[int]], pad: int, device: torch.device) -> list[torch.Tensor]:
+    """A Hugging Face text encoder on a padded batch of token ids (padding masked): each row's output
+    [len(ids[i]), d_model], as ``generate`` computes it for the same batch."""
+    width = max(len(i) for i in ids)
+    batch = torch.full((len(ids), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, seq in enumerate(ids):
+        batch[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+    with torch.inference_mode():
+        hidden = encoder(input_ids=batch.to(device), attention_mask=mask.to(device)).last_hidden_state
+    return [hidden[i, : len(seq)] for i, seq in enumerate(ids)]
 
 
 class WhisperRecipe:
@@ -96,16 +111,7 @@ class Seq2SeqTextRecipe:
 
     def encode(self, payloads: list[MtInput]) -> list[torch.Tensor]:
         ids = [self._tok(p.text)[: self.max_tokens] or [self._pad] for p in payloads]
-        width = max(len(i) for i in ids)
-        batch = torch.full((len(ids), width), self._pad, dtype=torch.long)
-        for row, seq in enumerate(ids):
-            batch[row, : len(seq)] = torch.tensor(seq)
-        mask = (batch != self._pad).long()
-        mask[:, 0] = 1
-        with torch.inference_mode():
-            out = self.model.model.encoder(input_ids=batch.to(self.device), attention_mask=mask.to(self.device))
-        hidden = out.last_hidden_state
-        return [hidden[i, : len(seq)] for i, seq in enumerate(ids)]
+        return encoder_outputs(self.model.model.encoder, ids, self._pad, self.device)
 
     def prompt(self, payload: MtInput) -> list[int]:
         return [self._start]

