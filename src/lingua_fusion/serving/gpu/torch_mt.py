@@ -153,6 +153,9 @@ class EngineMT:
         self.runner.close()
 
 
+MT_POOL_SHARE = 0.25  # of this process's pool memory (ASR's runner takes the rest: serving/gpu/torch_whisper.py)
+
+
 def mt_runner(model: Any, decoder: DecoderModel, plan: GreedyPlan, settings: Settings, name: str) -> GpuRunner:
     """A GpuRunner decoding ``model`` (already on ``models.device``)."""
     device = settings.models.device
@@ -160,7 +163,7 @@ def mt_runner(model: Any, decoder: DecoderModel, plan: GreedyPlan, settings: Set
     dtype = next(model.parameters()).dtype
     if device.startswith("cuda"):
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
-                               name=name)
+                               share=settings.models.gpu_memory_share * MT_POOL_SHARE, name=name)
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=16,
                      memo=64, **CPU_POOLS)
 

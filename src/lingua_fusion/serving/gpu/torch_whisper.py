@@ -24,6 +24,7 @@ from .runner import GpuRunner
 
 CPU_POOLS = {"blocks": 512, "cross_blocks": 256}  # 16-token / 64-frame blocks: ~40 clips of 10 s on tiny.en
 CPU_MAX_BATCH = 32
+ASR_POOL_SHARE = 0.75  # of this process's pool memory; a user MT directory's runner takes the rest (torch_mt.py)
 
 
 class TorchWhisperRecipe:
@@ -78,6 +79,6 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
     dtype = asr.model.decoder.token_embedding.weight.dtype
     if device.startswith("cuda"):
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
-                               share=settings.models.gpu_memory_share, name=name)
+                               share=settings.models.gpu_memory_share * ASR_POOL_SHARE, name=name)
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=8,
                      memo=64, **CPU_POOLS)
