@@ -89,7 +89,8 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
 
     _die_with_parent()
     install_logging(log_level)
-    link = ModelLink(path)
+    # requests in flight on the link: a stream has a few at a time (VAD, a partial, a commit, MT per target)
+    link = ModelLink(path, max_in_flight=max(1024, 8 * settings.server.max_streams))
 
     def port(registry: Registry, s: Settings, _metrics: Metrics) -> Any:
         return RemotePort(link, registry, s)
