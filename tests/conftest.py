@@ -114,6 +114,14 @@ def start_server(state_dir: Path, *extra: str, env: dict[str, str] | None = None
     raise RuntimeError("server did not become ready in 120 s")
 
 
+def metric(text: str, name: str) -> float:
+    """The value of the sample ``name`` (with its labels, as /metrics prints them) in a Prometheus text page."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:

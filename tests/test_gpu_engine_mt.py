@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import start_server, stop_server
+from conftest import metric, start_server, stop_server
 from test_user_model_dir import build_tiny_marian
 
 from lingua_fusion import MultimodalTranslator
@@ -237,12 +237,6 @@ def mt_server(terse_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     stop_server(proc)
 
 
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in /metrics")
-
 
 @pytest.mark.slow
 async def test_server_text_and_stream_through_the_engine(mt_server: str, terse_dir: Path) -> None:
@@ -259,12 +253,12 @@ async def test_server_text_and_stream_through_the_engine(mt_server: str, terse_d
     assert r.models["mt"] == "tiny-marian-continuous"
     assert r.text == _generate(local, [f"{PLACEHOLDER} world"])[0].replace(PLACEHOLDER, "HOLA")
     assert r.glossary_terms_applied == [{"source": "hello", "target": "HOLA"}]
-    hits = _metric(httpx.get(mt_server + "/metrics", timeout=10).text, TM_HITS)
+    hits = metric(httpx.get(mt_server + "/metrics", timeout=10).text, TM_HITS)
     again = await asyncio.to_thread(t.translate, text="hello world", source_lang="en", target_lang="zh",
                                     enable_glossary=True, glossary_id=gid)
     assert again.text == r.text
     text = httpx.get(mt_server + "/metrics", timeout=10).text
-    assert _metric(text, TM_HITS) == hits + 1  # the repeat came from the translation memory
+    assert metric(text, TM_HITS) == hits + 1  # the repeat came from the translation memory
 
     # a live stream's final: MT through the executor's MT key, on the same engine
     async with t.stream(["zh"], inputs=["text"], partials=False) as s:
@@ -274,6 +268,6 @@ async def test_server_text_and_stream_through_the_engine(mt_server: str, terse_d
     assert len(finals) == 1 and finals[0].source_text
     assert finals[0].text == _generate(local, [finals[0].source_text])[0]
     text = httpx.get(mt_server + "/metrics", timeout=10).text
-    assert _metric(text, 'linguafusion_gpu_pool_blocks{model="mt:user:0",pool="self",state="free"}') > 0
-    assert _metric(text, 'linguafusion_gpu_pool_bytes{model="mt:user:0",pool="cross"}') > 0
-    assert _metric(text, 'linguafusion_batch_size_count{model="mt:en-zh"}') >= 1
+    assert metric(text, 'linguafusion_gpu_pool_blocks{model="mt:user:0",pool="self",state="free"}') > 0
+    assert metric(text, 'linguafusion_gpu_pool_bytes{model="mt:user:0",pool="cross"}') > 0
+    assert metric(text, 'linguafusion_batch_size_count{model="mt:en-zh"}') >= 1

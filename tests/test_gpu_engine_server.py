@@ -13,7 +13,7 @@ import httpx
 import jiwer
 import numpy as np
 import pytest
-from conftest import piper_wav, start_server, stop_server, talk_wav
+from conftest import metric, piper_wav, start_server, stop_server, talk_wav
 
 from lingua_fusion import MultimodalTranslator
 from lingua_fusion.config import LimitSettings, Settings
@@ -98,12 +98,6 @@ def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     stop_server(proc)
 
 
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in /metrics")
-
 
 async def test_live_stream_through_the_engine(engine_server: str, tmp_path: Path) -> None:
     audio = pcm(talk_wav(SENTENCES))
@@ -122,7 +116,7 @@ async def test_live_stream_through_the_engine(engine_server: str, tmp_path: Path
     engine = [m for m in models if m["name"] == "whisper-tiny.en-torch-continuous"]
     assert engine and engine[0]["task"] == "asr" and "continuous engine (cpu)" in engine[0]["quality"]
     text = httpx.get(engine_server + "/metrics", timeout=10).text
-    assert _metric(text, 'linguafusion_gpu_pool_blocks{model="asr:tiny.en",pool="self",state="free"}') > 0
-    assert _metric(text, 'linguafusion_gpu_pool_bytes{model="asr:tiny.en",pool="cross"}') > 0
+    assert metric(text, 'linguafusion_gpu_pool_blocks{model="asr:tiny.en",pool="self",state="free"}') > 0
+    assert metric(text, 'linguafusion_gpu_pool_bytes{model="asr:tiny.en",pool="cross"}') > 0
     assert re.search(r'linguafusion_gpu_encoder_cache_entries\{model="asr:tiny.en"\} \d', text)
-    assert _metric(text, 'linguafusion_batch_size_count{model="asr:tiny.en"}') >= len(SENTENCES)
+    assert metric(text, 'linguafusion_batch_size_count{model="asr:tiny.en"}') >= len(SENTENCES)

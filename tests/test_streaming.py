@@ -14,7 +14,7 @@ import httpx
 import jiwer
 import numpy as np
 import pytest
-from conftest import BIN, Server, render_slide, start_server, stop_server, talk_wav
+from conftest import BIN, Server, metric, render_slide, start_server, stop_server, talk_wav
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -208,14 +208,8 @@ async def test_concurrent_streams_are_each_transcribed_whole(open_server: str, t
         assert len(SENTENCES) <= len(finals) <= len(SENTENCES) + 2, finals  # a comma's pause may end an utterance
         assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(" ".join(finals))) <= 0.15
     metrics = httpx.get(open_server + "/metrics", timeout=10).text
-    assert _metric(metrics, 'linguafusion_batch_size_count{model="asr:tiny.en"}') >= 1
+    assert metric(metrics, 'linguafusion_batch_size_count{model="asr:tiny.en"}') >= 1
 
-
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 async def test_local_stream_without_server(talk: Path) -> None:

@@ -100,7 +100,18 @@ class _HFDecoder:
         return self._attn[i][1].kv(memory)
 
 
-class HFWhisperDecoder(_HFDecoder):
+class _PreNormDecoder(_HFDecoder):
+    """Layers that normalise before each sub-layer (Whisper, M2M100 / NLLB; Marian normalises after)."""
+
+    def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
+        lyr = self.dec.layers[i]
+        sa, ca = self._attn[i]
+        x = x + sa.out(self_attn(*sa.qkv(lyr.self_attn_layer_norm(x))))
+        x = x + ca.out(cross_attn(ca.heads(ca.a.q_proj(lyr.encoder_attn_layer_norm(x)))))
+        return x + lyr.fc2(lyr.activation_fn(lyr.fc1(lyr.final_layer_norm(x))))
+
+
+class HFWhisperDecoder(_PreNormDecoder):
     """``DecoderModel`` over Hugging Face's ``WhisperForConditionalGeneration`` (pre-norm layers, logits from
     ``proj_out``): the layout of the random-weight models the GPU benchmark builds from a ``WhisperConfig``."""
 
@@ -110,13 +121,6 @@ class HFWhisperDecoder(_HFDecoder):
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.dec.embed_tokens(tokens) + self.dec.embed_positions.weight[positions]
-
-    def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
-        lyr = self.dec.layers[i]
-        sa, ca = self._attn[i]
-        x = x + sa.out(self_attn(*sa.qkv(lyr.self_attn_layer_norm(x))))
-        x = x + ca.out(cross_attn(ca.heads(ca.a.q_proj(lyr.encoder_attn_layer_norm(x)))))
-        return x + lyr.fc2(lyr.activation_fn(lyr.fc1(lyr.final_layer_norm(x))))
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return self._suppressed(self.proj(self.dec.layer_norm(x)), first)
@@ -147,7 +151,7 @@ class MarianDecoder(_HFDecoder):
         return self._suppressed(self.head(x) + self.bias, first)
 
 
-class M2M100Decoder(_HFDecoder):
+class M2M100Decoder(_PreNormDecoder):
     """``DecoderModel`` over Hugging Face's ``M2M100ForConditionalGeneration`` (M2M100 and NLLB-200: pre-norm
     layers, a final layer norm, embeddings scaled inside ``embed_tokens``, sinusoidal positions that start at
     ``pad_token_id`` + 1, logits from ``lm_head`` without a bias)."""
@@ -162,13 +166,6 @@ class M2M100Decoder(_HFDecoder):
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         table = self.dec.embed_positions.weights
         return self.dec.embed_tokens(tokens) + table[positions + self.offset].to(table.dtype)
-
-    def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
-        lyr = self.dec.layers[i]
-        sa, ca = self._attn[i]
-        x = x + sa.out(self_attn(*sa.qkv(lyr.self_attn_layer_norm(x))))
-        x = x + ca.out(cross_attn(ca.heads(ca.a.q_proj(lyr.encoder_attn_layer_norm(x)))))
-        return x + lyr.fc2(lyr.activation_fn(lyr.fc1(lyr.final_layer_norm(x))))
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return self._suppressed(self.head(self.dec.layer_norm(x)), first)
