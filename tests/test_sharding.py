@@ -349,3 +349,27 @@ async def test_two_model_processes_serve_streams_and_one_recovers_from_a_kill(ta
     finally:
         stop_server(proc)
     assert proc.returncode == 0
+
+
+def test_a_locked_ledger_refuses_a_stream_typed_and_a_release_is_not_lost(tmp_path: Path) -> None:
+    """The ledger's file held by a wedged transaction elsewhere: an admission is a typed refusal (429 / 4429 with
+    retry_after, not an untyped error the model process cannot answer), a release neither raises (it runs in the
+    model process's read loop) nor is forgotten: its row goes once the file is free again."""
+    import sqlite3
+
+    from lingua_fusion.serving.shard.ledger import SharedLedger
+
+    path = tmp_path / "admitted.db"
+    ledger = SharedLedger(path, 0, key_limit=1, total_limit=5, busy_ms=50)
+    ledger.take(("batched", "s1"), "k1")
+    other = sqlite3.connect(str(path), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another model process, wedged mid-transaction
+    with pytest.raises(Overloaded) as refused:
+        ledger.take(("batched", "s2"), "k2")
+    assert refused.value.retry_after > 0
+    ledger.give(("batched", "s1"), "k1")  # cannot write now: kept, not raised
+    other.execute("ROLLBACK")
+    other.close()
+    ledger.take(("batched", "s3"), "k1")  # k1's one stream ended: the key may open another
+    assert (ledger.count("k1"), ledger.count()) == (1, 1)
+    ledger.close()

@@ -9,10 +9,15 @@ transaction, so two processes admitting a key's last stream at once cannot both 
 (or starts again after a crash) first deletes the rows of its predecessor at its index; its workers then
 re-register their live streams (``force``: counted, never refused). The file lives and dies with the run: nothing
 in it outlasts the server.
+
+A file that stays locked past ``BUSY_MS`` (another process wedged mid-transaction) refuses the admission with
+``Overloaded`` (a 429 / 4429 with ``retry_after``, as a full server does); a release that cannot be written then is
+kept and written by this process's next transaction, so a stream's row never outlives it for good.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from dataclasses import dataclass, field
@@ -21,6 +26,7 @@ from typing import Protocol
 
 from ...errors import Overloaded
 
+log = logging.getLogger("lingua_fusion.serving.shard")
 Ident = tuple[str, str]  # (engine mode, stream id)
 BUSY_MS = 2000  # another process's admission transaction is a few microseconds; this bounds a wedged one
 
@@ -62,12 +68,13 @@ class KeyCounts:
 class SharedLedger:
     """The admitted streams of every model process, in one SQLite file (see the module's docstring)."""
 
-    def __init__(self, path: Path, process: int, *, key_limit: int, total_limit: int) -> None:
+    def __init__(self, path: Path, process: int, *, key_limit: int, total_limit: int, busy_ms: int = BUSY_MS) -> None:
         self.process = process
         self.key_limit = key_limit
         self.total_limit = total_limit
         self._lock = threading.Lock()  # one transaction at a time on this connection (a process uses it from its loop)
-        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=BUSY_MS / 1000,
+        self._unwritten: set[Ident] = set()  # releases the locked file refused: deleted by the next transaction
+        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=busy_ms / 1000,
                                    check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=OFF")  # the file is the run's scratch: a crash of the host ends it
@@ -78,12 +85,17 @@ class SharedLedger:
 
     def take(self, ident: Ident, key_id: str, force: bool = False) -> None:
         with self._lock:
-            self._take(ident, key_id, force)
+            try:
+                self._take(ident, key_id, force)
+            except sqlite3.OperationalError as exc:  # locked past busy_ms: refused, typed, like a full server
+                log.error("the stream ledger is busy: %s", exc)
+                raise Overloaded("stream admission is busy; retry shortly", retry_after=1.0) from None
 
     def _take(self, ident: Ident, key_id: str, force: bool) -> None:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
+            self._write_releases()
             db.execute("DELETE FROM admitted WHERE mode = ? AND stream = ?", ident)  # admitted again: one row
             if not force:
                 (n_key,) = db.execute("SELECT COUNT(*) FROM admitted WHERE key = ?", (key_id,)).fetchone()
@@ -93,15 +105,27 @@ class SharedLedger:
                 if n_all >= self.total_limit:
                     raise _server_full(n_all)
             db.execute("INSERT INTO admitted VALUES (?, ?, ?, ?)", (*ident, key_id, self.process))
+            db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
+        self._unwritten.clear()
 
     def give(self, ident: Ident, key_id: str) -> None:
+        """Never raises (it runs in the model process's read loop): a locked file keeps the release for later."""
         with self._lock:
-            self._db.execute("DELETE FROM admitted WHERE mode = ? AND stream = ? AND process = ?",
-                             (*ident, self.process))
+            self._unwritten.add(ident)
+            try:
+                self._write_releases()
+            except sqlite3.OperationalError as exc:
+                log.error("the stream ledger is busy (%s): %d releases kept for later", exc, len(self._unwritten))
+                return
+            self._unwritten.clear()
+
+    def _write_releases(self) -> None:
+        self._db.executemany("DELETE FROM admitted WHERE mode = ? AND stream = ? AND process = ?",
+                             [(*ident, self.process) for ident in self._unwritten])
 
     def count(self, key_id: str | None = None) -> int:
         with self._lock:
