@@ -351,6 +351,35 @@ async def test_two_model_processes_serve_streams_and_one_recovers_from_a_kill(ta
     assert proc.returncode == 0
 
 
+async def test_a_release_right_behind_its_admit_frees_the_reservation(tmp_path: Path) -> None:
+    """A worker that admits a stream and releases it at once (the client left while its start was being admitted):
+    both arrive in one read, and the model process applies them in order, so no reservation (nor a count against
+    the key) stays behind for the rest of the worker's connection."""
+    settings = Settings()
+    settings.state_dir = tmp_path
+    settings.server.max_streams_per_key = 1
+    path = str(tmp_path / "m.sock")
+    server, listener = await _model_server(path, settings)
+    demand = RemotePort(ModelLink(path), Registry(settings), settings).demand("s1", "standard", "en", ["es"], False,
+                                                                                1.0, ["audio"])
+    reader, writer = await asyncio.open_unix_connection(path)
+    try:
+        writer.write(codec.encode({"op": "admit", "id": 1, "mode": "batched", "demand": demand, "key_id": "k1"})
+                     + codec.encode({"op": "release", "mode": "batched", "stream_id": "s1"})
+                     + codec.encode({"op": "ping", "id": 2}))
+        replies: dict[int, dict[str, object]] = {}
+        while len(replies) < 2:
+            for m in await asyncio.wait_for(codec.read_frames(reader), 5):
+                replies[int(m["id"])] = m
+        assert replies[1]["op"] == "ok"
+        assert server.owners == {} and "s1" not in server.engine("batched").scheduler.admitted
+        assert server.keys.open.get("k1", 0) == 0  # the key may open its one stream again
+    finally:
+        writer.close()
+        listener.close()
+        await server.close()
+
+
 def test_a_locked_ledger_refuses_a_stream_typed_and_a_release_is_not_lost(tmp_path: Path) -> None:
     """The ledger's file held by a wedged transaction elsewhere: an admission is a typed refusal (429 / 4429 with
     retry_after, not an untyped error the model process cannot answer), a release neither raises (it runs in the

@@ -29,7 +29,7 @@ import signal
 from typing import Any
 
 from ...config import Settings
-from ...errors import LinguaFusionError, Overloaded
+from ...errors import BackendError, LinguaFusionError, Overloaded
 from ...models.registry import Registry
 from ...tracing import Tracer, TraceRef, from_settings
 from ..executor import Executor
@@ -83,8 +83,13 @@ class ModelServer:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 for msg in msgs:
+                    # admission is answered here, in the order it came: a release sent right behind its admit
+                    # (in the same frame, or the next one already read) frees what that admit reserved
                     if msg.get("op") == "release":
                         self._release(str(msg["mode"]), str(msg["stream_id"]))
+                        continue
+                    if msg.get("op") in ("admit", "ping"):
+                        self._answer(conn, out, msg)
                         continue
                     if len(tasks) >= MAX_IN_FLIGHT:
                         self._reply(out, msg, error=Overloaded("the model process is full", retry_after=1.0))
@@ -108,23 +113,33 @@ class ModelServer:
     async def _serve(self, conn: int, out: codec.Outbox, msg: dict[str, Any]) -> None:
         op = msg.get("op")
         try:
-            if op == "run":
-                key = ModelKey.parse(str(msg["key"]))
-                ctx = CallContext(**msg["ctx"], trace=self._parent(msg))
-                engine = self.engine(str(msg["mode"]))
-                value = await engine.run(key, msg["payload"], ctx)
-                self._reply(out, msg, value=value, depth=engine.depth(key))
-            elif op == "admit":
-                self._admit(conn, str(msg["mode"]), msg["demand"], str(msg["key_id"]), bool(msg.get("force")))
-                self._reply(out, msg)
-            elif op == "ping":
-                self._reply(out, msg, value=os.getpid())
-            else:
+            if op != "run":
                 raise ValueError(f"unknown op {op!r}")
+            key = ModelKey.parse(str(msg["key"]))
+            ctx = CallContext(**msg["ctx"], trace=self._parent(msg))
+            engine = self.engine(str(msg["mode"]))
+            value = await engine.run(key, msg["payload"], ctx)
+            self._reply(out, msg, value=value, depth=engine.depth(key))
         except LinguaFusionError as exc:
             self._reply(out, msg, error=exc)
         except (ValueError, TypeError, KeyError) as exc:
             self._reply(out, msg, error=LinguaFusionError(f"bad model request: {exc}"))
+
+    def _answer(self, conn: int, out: codec.Outbox, msg: dict[str, Any]) -> None:
+        """``admit`` and ``ping``: answered at once, in the connection's order (no awaiting in them)."""
+        try:
+            if msg.get("op") == "admit":
+                self._admit(conn, str(msg["mode"]), msg["demand"], str(msg["key_id"]), bool(msg.get("force")))
+                self._reply(out, msg)
+            else:
+                self._reply(out, msg, value=os.getpid())
+        except LinguaFusionError as exc:
+            self._reply(out, msg, error=exc)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            self._reply(out, msg, error=LinguaFusionError(f"bad model request: {exc}"))
+        except Exception as exc:  # answered, typed: the read loop (and the worker's other streams) go on
+            log.exception("admission failed")
+            self._reply(out, msg, error=BackendError(f"admission failed: {type(exc).__name__}: {exc}"))
 
     def _parent(self, msg: dict[str, Any]) -> TraceRef | None:
         """The worker's client span of this call (tracing on, and a traceparent sent), parent of its batch span."""
