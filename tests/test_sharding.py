@@ -402,3 +402,32 @@ def test_a_locked_ledger_refuses_a_stream_typed_and_a_release_is_not_lost(tmp_pa
     ledger.take(("batched", "s3"), "k1")  # k1's one stream ended: the key may open another
     assert (ledger.count("k1"), ledger.count()) == (1, 1)
     ledger.close()
+
+
+async def test_the_model_process_runs_as_many_requests_as_a_worker_link_lets_through(tmp_path: Path) -> None:
+    """A worker's link lets 8 requests per admitted stream be in flight (600 streams: 4,800); the model process
+    must not refuse the ones past its own fixed bound (4,096) with 'the model process is full' (a committed caption
+    refused so fails its final: RemotePort retries only a lost model process)."""
+    from lingua_fusion.serving.shard.remote import link_in_flight
+
+    settings = Settings()
+    settings.state_dir = tmp_path
+    settings.server.max_streams = 600
+    path = str(tmp_path / "m.sock")
+    server, listener = await _model_server(path, settings)
+    n = link_in_flight(settings) - 100
+    assert n > 4096
+    reader, writer = await asyncio.open_unix_connection(path, limit=codec.MAX_FRAME)
+    try:
+        out = codec.Outbox(writer)
+        for i in range(n):  # one turn of the loop: one frame, all read before any of them runs
+            out.put({"op": "run", "id": i + 1, "key": "nonsense", "mode": "batched", "payload": None, "ctx": {}})
+        replies: list[dict[str, object]] = []
+        while len(replies) < n:
+            replies += await asyncio.wait_for(codec.read_frames(reader), 10)
+        full = [r for r in replies if "is full" in str(r.get("error", {}))]
+        assert not full and all(r["op"] == "err" for r in replies)  # each one answered (a bad key), none refused
+    finally:
+        writer.close()
+        listener.close()
+        await server.close()

@@ -83,14 +83,13 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     """One stream worker: the app, serving on the shared socket, its streams' models in the model process."""
     from ..models.registry import Registry
     from ..observability import Metrics
-    from ..serving.shard.remote import ModelLink, RemotePort
+    from ..serving.shard.remote import ModelLink, RemotePort, link_in_flight
     from .app import create_app
     from .server import build_server, install_logging
 
     _die_with_parent()
     install_logging(log_level)
-    # requests in flight on the link: a stream has a few at a time (VAD, a partial, a commit, MT per target)
-    link = ModelLink(path, max_in_flight=max(1024, 8 * settings.server.max_streams))
+    link = ModelLink(path, max_in_flight=link_in_flight(settings))
 
     def port(registry: Registry, s: Settings, _metrics: Metrics) -> Any:
         return RemotePort(link, registry, s)

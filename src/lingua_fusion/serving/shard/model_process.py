@@ -39,9 +39,10 @@ from ..ports import CallContext
 from ..scheduler import Demand
 from . import codec
 from .ledger import KeyCounts, Ledger
+from .remote import link_in_flight
 
 log = logging.getLogger("lingua_fusion.serving.shard")
-MAX_IN_FLIGHT = 4096  # requests one worker connection may have running here (its own bound is lower)
+MAX_IN_FLIGHT = 4096  # requests one worker connection may have running here, at least (or the link's bound)
 MODES = ("batched", "per-stream")
 
 
@@ -58,6 +59,9 @@ class ModelServer:
         self.keys: Ledger = ledger if ledger is not None else KeyCounts(settings.server.max_streams_per_key)
         self.engines: dict[str, Executor] = {}
         self.owners: dict[tuple[str, str], tuple[int, str]] = {}  # (mode, stream) -> (connection, key id)
+        # a connection's running requests: as many as a worker's link lets through, so committed work a worker sent
+        # within its own bound is never refused here (Overloaded is not retried by RemotePort: its final would fail)
+        self.max_in_flight = max(MAX_IN_FLIGHT, link_in_flight(settings))
         self._conns = 0
 
     def engine(self, mode: str) -> Executor:
@@ -91,7 +95,7 @@ class ModelServer:
                     if msg.get("op") in ("admit", "ping"):
                         self._answer(conn, out, msg)
                         continue
-                    if len(tasks) >= MAX_IN_FLIGHT:
+                    if len(tasks) >= self.max_in_flight:
                         self._reply(out, msg, error=Overloaded("the model process is full", retry_after=1.0))
                         continue
                     task = asyncio.create_task(self._serve(conn, out, msg))

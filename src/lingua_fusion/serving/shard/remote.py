@@ -44,6 +44,13 @@ BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 RESTART_WAIT_S = 30.0  # committed work waits this long for a model process's successor (a start takes seconds)
 
 
+def link_in_flight(settings: Settings) -> int:
+    """A worker's bound on requests in flight on its link: a stream has a few at a time (VAD, a partial, a commit,
+    MT per target), so 8 per stream the server admits, at least 1,024. The model process lets a connection have as
+    many (model_process.py), so what the link lets through is never refused there."""
+    return max(1024, 8 * settings.server.max_streams)
+
+
 class ModelProcessLost(BackendError):
     """The model process ended (or its socket broke) while this request was in flight."""
 
