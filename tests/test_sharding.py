@@ -431,3 +431,40 @@ async def test_the_model_process_runs_as_many_requests_as_a_worker_link_lets_thr
         writer.close()
         listener.close()
         await server.close()
+
+
+async def test_an_old_sessions_release_does_not_free_the_stream_resumed_on_another_worker(tmp_path: Path) -> None:
+    """A client resumes its stream on another worker while its old session is still open on the first; when the old
+    session ends, its release must not free the resumed stream's reservation (nor its count against the key)."""
+    settings = Settings()
+    settings.state_dir = tmp_path
+    settings.server.max_streams_per_key = 1
+    path = str(tmp_path / "m.sock")
+    server, listener = await _model_server(path, settings)
+    demand = RemotePort(ModelLink(path), Registry(settings), settings).demand("s1", "standard", "en", ["es"], False,
+                                                                                1.0, ["audio"])
+    conns = [await asyncio.open_unix_connection(path) for _ in range(2)]  # two workers
+    admit = {"op": "admit", "mode": "batched", "demand": demand, "key_id": "k1"}
+
+    async def ask(j: int, msg: dict[str, object]) -> dict[str, object]:
+        conns[j][1].write(codec.encode(msg))
+        return await asyncio.wait_for(codec.read_frame(conns[j][0]), 5)
+
+    try:
+        assert (await ask(0, {**admit, "id": 1}))["op"] == "ok"
+        assert (await ask(1, {**admit, "id": 2}))["op"] == "ok"  # resumed on the second worker
+        conns[0][1].write(codec.encode({"op": "release", "mode": "batched", "stream_id": "s1"}))  # the old one ends
+        await ask(0, {"op": "ping", "id": 3})  # the release was read before this
+        assert "s1" in server.engine("batched").scheduler.admitted and server.keys.open["k1"] == 1
+        other = RemotePort(ModelLink(path), Registry(settings), settings).demand("s2", "standard", "en", ["es"],
+                                                                                   False, 1.0, ["audio"])
+        refused = await ask(0, {**admit, "id": 4, "demand": other})  # the key's one stream is still open
+        assert refused["op"] == "err" and refused["error"]["cls"] == "Overloaded"  # type: ignore[index]
+        conns[1][1].write(codec.encode({"op": "release", "mode": "batched", "stream_id": "s1"}))
+        await ask(1, {"op": "ping", "id": 5})
+        assert server.owners == {} and server.keys.open["k1"] == 0
+    finally:
+        for _, w in conns:
+            w.close()
+        listener.close()
+        await server.close()

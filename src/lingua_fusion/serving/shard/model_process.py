@@ -90,7 +90,7 @@ class ModelServer:
                     # admission is answered here, in the order it came: a release sent right behind its admit
                     # (in the same frame, or the next one already read) frees what that admit reserved
                     if msg.get("op") == "release":
-                        self._release(str(msg["mode"]), str(msg["stream_id"]))
+                        self._release(str(msg["mode"]), str(msg["stream_id"]), conn)
                         continue
                     if msg.get("op") in ("admit", "ping"):
                         self._answer(conn, out, msg)
@@ -169,10 +169,13 @@ class ModelServer:
             raise
         self.owners[ident] = (conn, key_id)
 
-    def _release(self, mode: str, stream_id: str) -> None:
-        owner = self.owners.pop((mode, stream_id), None)
-        if owner is None:
+    def _release(self, mode: str, stream_id: str, conn: int | None = None) -> None:
+        """``conn``: released by that connection's worker, so only if it owns the stream (a stream resumed on
+        another worker since is that worker's; the old session ending later frees nothing of it)."""
+        owner = self.owners.get((mode, stream_id))
+        if owner is None or (conn is not None and owner[0] != conn):
             return
+        del self.owners[(mode, stream_id)]
         self.keys.give((mode, stream_id), owner[1])
         self.engine(mode).release(stream_id)
 
