@@ -73,6 +73,10 @@ async def test_a_keys_batches_overlap_up_to_its_lanes_and_never_more(lanes: int)
     assert runner.peak == lanes
     assert [r.text for r in results] == [f"clip {i}" for i in range(12)]
     assert sum(runner.batches) == 12 and max(runner.batches) <= 2
+    # batches that ran alongside another lane are the overlapped cost samples admission reads (the first, cold
+    # batch is no sample)
+    overlapped = ex.scheduler.overlap_costs.get(str(KEY))
+    assert (overlapped.observations if overlapped else 0) > 0 if lanes > 1 else overlapped is None
 
 
 async def test_mt_keeps_one_lane_when_asr_has_two() -> None:
@@ -128,24 +132,33 @@ async def test_two_stuck_lanes_count_as_two_hung_calls_then_the_model_fails_fast
     await ex.close()
 
 
-def test_admission_counts_a_models_capacity_once_per_lane() -> None:
-    """The cost model is one lane's batch latency: two lanes admit twice the streams of one (to a stream)."""
+def test_admission_counts_lanes_at_the_cost_their_batches_have_while_overlapping() -> None:
+    """Two lanes admit as one until batches that ran alongside another lane were seen; then twice the streams of one
+    lane when overlapping costs nothing (free cores), and no more than one lane's when it doubles a batch's latency
+    (the lanes share the cores other jobs leave)."""
 
-    def admitted(lanes: int) -> int:
+    def admitted(lanes: int, overlapped: list[float]) -> int:
         sched = Scheduler(costs={"asr:tiny.en": CostModel(0.3, 0.05)})
         sched.lanes["asr:tiny.en"] = lanes
+        for b, seconds in enumerate(overlapped):
+            sched.observe("asr:tiny.en", 1 + b % 3, seconds * (0.3 + 0.05 * (1 + b % 3)) / 0.35, overlapped=True)
         n = 0
         while sched.admit(Demand(f"s{n}", "standard", {"asr:tiny.en": 0.4})):
             n += 1
         return n
 
-    one, two = admitted(1), admitted(2)
+    one = admitted(1, [])
     assert one >= 3
-    assert 2 * one <= two <= 2 * one + 1
+    assert admitted(2, []) == one  # not yet seen to overlap
+    assert admitted(2, [0.35] * 3) == one  # too few overlapped batches
+    assert 2 * one <= admitted(2, [0.35] * 10) <= 2 * one + 1  # overlapping batches as fast as lone ones
+    # overlapping batches twice as slow: no more than one lane (smaller batches fit the stage budget, too)
+    assert 1 <= admitted(2, [0.7] * 10) <= one
 
 
 def test_asr_parallel_resolves_to_at_most_two_lanes_and_is_set_by_environment(monkeypatch: Any) -> None:
-    assert 1 <= ModelSettings().asr_lanes() <= 2
+    assert ModelSettings().asr_lanes() == 1  # one batch at a time unless asked (the measured default)
+    assert 1 <= ModelSettings(asr_parallel=0).asr_lanes() <= 2
     monkeypatch.setenv("LINGUAFUSION_MODELS__ASR_PARALLEL", "3")
     assert Settings().models.asr_lanes() == 3
     with pytest.raises(ValueError):

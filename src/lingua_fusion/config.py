@@ -69,8 +69,9 @@ class ModelSettings(BaseModel):
     asr_compute_type: str = "int8"
     asr_threads: int = 2
     # Whisper batches (ctranslate2 backend) that run at once, each on its own executor lane: CTranslate2 runs that
-    # many generate calls in parallel (num_workers) and asr_threads is split between them. 0 = min(2, cores)
-    asr_parallel: int = Field(default=0, ge=0, le=16)
+    # many generate calls in parallel (num_workers) and asr_threads is split between them. 0 = min(2, cores).
+    # Default 1: on the shared 2-core test machine 2 lanes did not raise the knee (docs/benchmarks.md, issue 12 fig. 4)
+    asr_parallel: int = Field(default=1, ge=0, le=16)
     asr_beam_size: int = 1
     backend: str = "ctranslate2"  # ASR engine: "ctranslate2" (faster-whisper, int8) or "torch" (models/whisper_torch)
     device: str = "cpu"  # "cpu" or "cuda" (the torch backend only)

@@ -4,7 +4,8 @@ A worker's step reads: next batch from the scheduler -> run it on the model's th
 future -> observe (cost model, metrics, stage latency to the StageObserver). Shed items resolve to ``None``.
 A model key has one worker (one batch at a time) unless it has more lanes: Whisper through CTranslate2 runs
 ``models.asr_parallel`` batches at once (one worker per lane, each taking its own batch from the scheduler, on the
-event loop; CTranslate2 decodes them in parallel), and admission counts its capacity times its lanes.
+event loop; CTranslate2 decodes them in parallel); a batch that ran while another lane's did is an "overlapped"
+cost sample, and admission counts the lanes at that cost once it has seen some (scheduler.capacity).
 VAD needs no scheduling (it is cheap and every caption waits on it): every stream's pending windows run in one call
 on the VAD thread. Admission refuses a stream whose load would break admitted streams' SLOs.
 """
@@ -41,6 +42,13 @@ VAD_BATCH = 256  # streams' windows per VAD call
 VAD_BATCH_S = 120.0  # seconds of audio per VAD call (a 4 MiB PCM message is 131 s: it goes alone)
 MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 cores); one longer item runs alone
 VAD_KEY = ModelKey.vad()
+
+
+@dataclass(eq=False)
+class _Flight:
+    """One batch in flight on a lane; ``overlapped`` once another batch of its model ran during it."""
+
+    overlapped: bool = False
 
 
 @dataclass
@@ -83,6 +91,7 @@ class Executor:
         self._wake: dict[ModelKey, asyncio.Event] = {}
         self._workers: dict[ModelKey, list[asyncio.Task[None]]] = {}  # one per lane
         self._lanes: dict[ModelKey, int] = {}
+        self._flights: dict[ModelKey, list[_Flight]] = {}  # batches in flight per key (one per busy lane)
         self._vad: list[_Pending] = []
         self._closing = False
 
@@ -213,15 +222,22 @@ class Executor:
             return False
         t0 = self.clock()
         cold = key not in self.threads.warm  # a first batch includes loading the model: not a cost sample
+        flights = self._flights.setdefault(key, [])
+        flight = _Flight(overlapped=bool(flights))
+        for other in flights:  # they ran alongside this one too
+            other.overlapped = True
+        flights.append(flight)
         try:
             results = await self.threads.run(key, self._runners[key], [w.payload.payload for w in batch])
         except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
             self._failed(key, [w.payload for w in batch], exc, t0)
             return True
+        finally:
+            flights.remove(flight)
         done = self.clock()
         for w, r in zip(batch, results, strict=True):
             _resolve(w.payload.future, r)
-        self._observe(key, batch, t0, done, cold)
+        self._observe(key, batch, t0, done, cold, flight.overlapped)
         return True
 
     async def _hand_over(self, key: ModelKey) -> bool:
@@ -284,9 +300,10 @@ class Executor:
             if not p.future.done():
                 p.future.set_exception(exc)
 
-    def _observe(self, key: ModelKey, batch: list[WorkItem], t0: float, done: float, cold: bool) -> None:
+    def _observe(self, key: ModelKey, batch: list[WorkItem], t0: float, done: float, cold: bool,
+                 overlapped: bool = False) -> None:
         if not cold:
-            self.scheduler.observe(str(key), len(batch), done - t0)
+            self.scheduler.observe(str(key), len(batch), done - t0, overlapped)
         record_batch(key, key.stage, [(w.payload.trace, w.enqueued, w.tentative) for w in batch], t0, done)
         if self.metrics is not None:
             self.metrics.batch_size.labels(model=str(key)).observe(len(batch))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admission counts a model's lanes
 SLO_CLASSES: dict[str, float] = {"interactive": 1.0, "standard": 3.0, "batch": 30.0}  # caption p99 target (s)
 # share of the caption budget each stage may use (the rest is network / emit slack)
 STAGE_BUDGET = {"asr": 0.6, "mt": 0.3, "tts": 0.5, "ocr": 0.5}
@@ -216,9 +217,11 @@ class Scheduler:
         self.finish: dict[str, dict[str, float]] = defaultdict(dict)  # per model: key -> finish tag
         self.target_utilisation = target_utilisation
         self.costs: dict[str, CostModel] = costs or {}
-        # batches of a model that run at once (the executor's lanes: Whisper with models.asr_parallel); its cost
-        # model is one lane's batch latency, so its capacity is that many times one lane's
+        # batches of a model that run at once (the executor's lanes: Whisper with models.asr_parallel), and the
+        # cost of a lane's batch while another lane of the model ran too: admission counts the lanes only at that
+        # cost, once it has been seen (two lanes on cores other jobs hold are no faster than one)
         self.lanes: dict[str, int] = {}
+        self.overlap_costs: dict[str, CostModel] = {}
         self.queues: dict[str, ModelQueue] = defaultdict(ModelQueue)
         self.admitted: dict[str, Demand] = {}
         self.stats = SchedulerStats()
@@ -343,16 +346,27 @@ class Scheduler:
     def batch_cap(self, model: str) -> int:
         return self.max_batch * self.batch_scale.get(model.split(":")[0], 1) if self.max_batch > 1 else 1
 
-    def observe(self, model: str, batch: int, seconds: float) -> None:
-        self.cost(model).observe(batch, seconds)
+    def observe(self, model: str, batch: int, seconds: float, overlapped: bool = False) -> None:
+        """A batch's latency; ``overlapped``: another batch of the model ran during it (another lane)."""
+        cm = self.cost(model)
+        cm.observe(batch, seconds)
+        if overlapped:
+            if model not in self.overlap_costs:
+                self.overlap_costs[model] = CostModel(cm.c0, cm.c1)
+            self.overlap_costs[model].observe(batch, seconds)
 
     # ---- admission ------------------------------------------------------------------------------------------
     def capacity(self, model: str, slo: str) -> float:
-        """Items/s the model sustains with batches small enough for the SLO's stage budget, on all its lanes."""
-        cm = self.cost(model)
+        """Items/s the model sustains with batches small enough for the SLO's stage budget. A model with several
+        lanes: each lane's at the latency its batches have while other lanes run, once OVERLAP_MIN_OBSERVATIONS
+        such batches were seen; until then one lane's (capacity is proven, not assumed)."""
+        cm, lanes = self.cost(model), 1
+        overlap = self.overlap_costs.get(model)
+        if self.lanes.get(model, 1) > 1 and overlap is not None and overlap.observations >= OVERLAP_MIN_OBSERVATIONS:
+            cm, lanes = overlap, self.lanes[model]
         budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(model.split(":")[0], 0.5)
         b = cm.max_batch_within(budget / 2, self.batch_cap(model))  # half the budget to serve, half to wait
-        return self.lanes.get(model, 1) * b / max(1e-6, cm.predict(b))
+        return lanes * b / max(1e-6, cm.predict(b))
 
     def admit(self, demand: Demand) -> bool:
         streams = [*self.admitted.values(), demand]
