@@ -12,10 +12,12 @@ the sharded server, each run also records the cores its model process and each w
     .venv/bin/python bench/sharding.py --json bench/results/load_knee_sharding.json \
         [--streams 4,8,12,14,16,20] [--baseline 2,3,4] [--duration 30] [--servers single=1,sharded=2]
 
-``--servers`` names the servers compared, each ``name=WORKERS[/ASR_PARALLEL]``: ``--workers`` of ``serve`` (1: one
-process) and, when given, ``LINGUAFUSION_MODELS__ASR_PARALLEL`` (Whisper batches run at once). For example
-``--servers p1=1/1,p2=1/2,sharded-p2=2/2`` (load_knee_parallel.json). Every run records the cores each server
-process used (``/proc``: the serving process, or the model process and each worker, and their child processes).
+``--servers`` names the servers compared, each ``name=WORKERS[xMODELS][/ASR_PARALLEL]``: ``--workers`` of ``serve``
+(1: one process), ``--model-processes`` (default 1) and, when given, ``LINGUAFUSION_MODELS__ASR_PARALLEL`` (Whisper
+batches run at once). For example ``--servers p1=1/1,p2=1/2,sharded-p2=2/2`` (load_knee_parallel.json) or
+``--servers single=1,m2=2x2`` (two workers feeding two model processes: load_knee_model_processes.json). Every run
+records the cores each server process used (``/proc``: the serving process, or the model processes and each worker,
+and their child processes).
 
 The same knee from the command line, one server at a time (not interleaved):
     linguafusion serve --no-auth --port 8767 [--workers 2] &
@@ -129,7 +131,8 @@ def process_cpu(server: dict[str, Any]) -> dict[str, Any]:
     path = server["state"] / "serve.json"
     if path.exists():
         pids = json.loads(path.read_text())
-        named = {"supervisor": top, "model": pids["model"],
+        models = pids.get("models") or [pids["model"]]
+        named = {"supervisor": top, **{("model" if j == 0 else f"model{j}"): p for j, p in enumerate(models)},
                  **{f"worker{i}": p for i, p in enumerate(pids["workers"])}}
     else:
         named = {"server": top}
@@ -176,26 +179,28 @@ def fresh(args: argparse.Namespace, tmp: str, n: int, order: tuple[str, ...],
     servers: dict[str, dict[str, Any]] = {}
     try:
         for k, name in enumerate(order):
-            workers, parallel = args.configs[name]
+            workers, models, parallel = args.configs[name]
             state = Path(tempfile.mkdtemp(dir=tmp))
-            extra = ("--workers", str(workers)) if workers > 1 else ()
+            extra = ("--workers", str(workers), "--model-processes", str(models)) if workers > 1 else ()
             env = {"LINGUAFUSION_MODELS__ASR_PARALLEL": str(parallel)} if parallel else {}
             proc = start(args.port + k, state, *extra, env_extra=env)
             servers[name] = {"proc": proc, "state": state, "url": f"http://127.0.0.1:{args.port + k}",
-                             "config": {"workers": workers, "asr_parallel": parallel}}
+                             "config": {"workers": workers, "model_processes": models, "asr_parallel": parallel}}
         return asyncio.run(level(servers, n, order, args, baseline))
     finally:
         for srv in servers.values():
             stop(srv["proc"])
 
 
-def parse_servers(text: str) -> dict[str, tuple[int, int | None]]:
-    """``single=1,sharded=2`` or ``p1=1/1,p2=1/2``: name -> (workers, asr_parallel or None for the default)."""
-    out: dict[str, tuple[int, int | None]] = {}
+def parse_servers(text: str) -> dict[str, tuple[int, int, int | None]]:
+    """``single=1,sharded=2``, ``p1=1/1,p2=1/2`` or ``m2=2x2``: name -> (workers, model processes, asr_parallel or
+    None for the default)."""
+    out: dict[str, tuple[int, int, int | None]] = {}
     for part in text.split(","):
         name, _, spec = part.partition("=")
-        workers, _, parallel = spec.partition("/")
-        out[name.strip()] = (int(workers or 1), int(parallel) if parallel else None)
+        procs, _, parallel = spec.partition("/")
+        workers, _, models = procs.partition("x")
+        out[name.strip()] = (int(workers or 1), int(models or 1), int(parallel) if parallel else None)
     return out
 
 
@@ -220,8 +225,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
            "note": "servers interleaved at each N (order rotated), fresh servers per N; load generator on the same "
                    "cores (loadgen_cores per run); load_average (1 min) at the start and end of each run",
            "config": {"streams": args.grid, "baseline": args.base_grid, "duration_s": args.duration,
-                      "seed": args.seed, "servers": {k: {"workers": w, "asr_parallel": p}
-                                                     for k, (w, p) in args.configs.items()},
+                      "seed": args.seed, "servers": {k: {"workers": w, "model_processes": m, "asr_parallel": p}
+                                                     for k, (w, m, p) in args.configs.items()},
                       "mix": "default (en speech -> es, standard, partials, Poisson 5 s)"},
            "load_average_range": [min(loads), max(loads)] if loads else None,
            "knee_streams": {name: knee(rs) for name, rs in runs.items() if rs}, "runs": runs}

@@ -317,6 +317,25 @@ def test_pool_memory_is_split_evenly_between_model_processes() -> None:
     assert share_budget(10 * gib, 140 * gib, 0.8, share=0.25) == 8 * gib  # less free than its share: what is free
 
 
+def test_model_processes_share_the_gpu_pools_and_the_cpu_threads() -> None:
+    import shutil
+
+    from lingua_fusion.api.workers import Supervisor
+
+    settings = Settings()
+    settings.models.asr_threads = 2
+    sup = Supervisor(settings, 4, model_processes=2)
+    try:
+        m = sup.settings.models
+        assert (m.gpu_memory_share, m.asr_threads) == (0.5, 1)  # two CPU Whisper processes: a thread each
+        assert len(sup.paths) == 2 and sup.ledger is not None
+        assert settings.models.asr_threads == 2  # the caller's settings are not changed
+    finally:
+        shutil.rmtree(sup.run_dir)
+    with pytest.raises(ValueError):
+        Supervisor(settings, 2, model_processes=3)
+
+
 async def test_two_model_processes_serve_streams_and_one_recovers_from_a_kill(talks: list[bytes],
                                                                               tmp_path: Path) -> None:
     env = {"LINGUAFUSION_SERVER__MAX_STREAMS_PER_KEY": "3"}

@@ -103,7 +103,9 @@ class Supervisor:
         if not 1 <= model_processes <= workers:
             raise ValueError("model processes must be between 1 and the number of workers")
         self.settings = settings.model_copy(deep=True)
-        self.settings.models.gpu_memory_share = 1.0 / model_processes  # each engine's share of the pools' memory
+        m = self.settings.models
+        m.gpu_memory_share = 1.0 / model_processes  # each engine's share of the pools' memory
+        m.asr_threads = max(1, m.asr_threads // model_processes)  # ... and of the cores for CPU models
         self.n = workers
         self.log_level = log_level
         self.run_dir = tempfile.mkdtemp(prefix="linguafusion-")  # 0700: the model sockets and the metrics files
