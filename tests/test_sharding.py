@@ -332,6 +332,10 @@ def test_model_processes_share_the_gpu_pools_and_the_cpu_threads() -> None:
         assert settings.models.asr_threads == 2  # the caller's settings are not changed
     finally:
         shutil.rmtree(sup.run_dir)
+    settings.models.gpu_memory_share = 0.5  # an operator's own share is split, not replaced
+    sup = Supervisor(settings, 2, model_processes=2)
+    shutil.rmtree(sup.run_dir)
+    assert sup.settings.models.gpu_memory_share == 0.25
     with pytest.raises(ValueError):
         Supervisor(settings, 2, model_processes=3)
 
@@ -343,6 +347,7 @@ async def test_two_model_processes_serve_streams_and_one_recovers_from_a_kill(ta
     try:
         pids = _pids(tmp_path)
         assert len(pids["models"]) == 2 and len(set(pids["models"])) == 2
+        assert pids["restarts"] == 0  # a fresh state directory: no worker tripped over another opening it
         finals = await asyncio.gather(*(_finals(url, talks[i % 2]) for i in range(3)))
         for i, f in enumerate(finals):
             script = SENTENCES if i % 2 == 0 else OTHER

@@ -106,8 +106,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
         from .cluster.deploy import ClusterSpec, run_cluster
         from .state.sqlite import SQLiteStore
 
-        if workers > 1 or settings.server.chaos:
-            usage("--cluster runs its own processes: it takes neither --workers nor --chaos")
+        if workers > 1 or model_processes > 1 or settings.server.chaos:
+            usage("--cluster runs its own processes: it takes neither --workers, --model-processes nor --chaos")
         if not settings.state.redis_url:
             usage("--cluster needs Redis for the shared stream log: set LINGUAFUSION_STATE__REDIS_URL")
 

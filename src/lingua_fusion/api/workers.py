@@ -104,7 +104,7 @@ class Supervisor:
             raise ValueError("model processes must be between 1 and the number of workers")
         self.settings = settings.model_copy(deep=True)
         m = self.settings.models
-        m.gpu_memory_share = 1.0 / model_processes  # each engine's share of the pools' memory
+        m.gpu_memory_share /= model_processes  # each engine's share of the pools' memory
         m.asr_threads = max(1, m.asr_threads // model_processes)  # ... and of the cores for CPU models
         self.n = workers
         self.log_level = log_level
@@ -130,6 +130,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
         try:
+            self._prepare_state()
             for j in range(len(self.models)):
                 self.models[j] = self._start_model(j)
             for i in range(self.n):
@@ -144,6 +145,14 @@ class Supervisor:
             self._shutdown()
             sock.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _prepare_state(self) -> None:
+        """The SQLite stream log made (and switched to WAL) once, here, before the workers open it together: two
+        processes switching a fresh file's journal mode at once can get 'database is locked' at once."""
+        if not self.settings.state.redis_url:
+            from ..state.streams import SQLiteStreamStore
+
+            SQLiteStreamStore(self.settings.resolved_state_dir()).close()
 
     def _start_model(self, j: int) -> BaseProcess:
         p = self.ctx.Process(target=model_main, args=(self.settings, self.paths[j], self.log_level, j, self.ledger),
