@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -84,6 +85,9 @@ class ModelSettings(BaseModel):
     # "continuous": live streams' ASR runs on the continuous-batching engine (serving/gpu/server.py) on ``device``,
     # from the same Whisper weights in torch; "" (the default): the ``backend`` runners
     engine: str = ""
+    # VAD with the engine on a CUDA device: "energy" (a level threshold) or "silero" (Silero v6 in torch, every
+    # stream's windows in one batched call: serving/gpu/silero.py); on the CPU the engine keeps Silero on onnxruntime
+    gpu_vad: Literal["energy", "silero"] = "energy"
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
     user_mt_dirs: list[Path] = Field(default_factory=list)

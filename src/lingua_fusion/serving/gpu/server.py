@@ -56,10 +56,20 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
 
     backends: dict[str, Callable[[ModelKey], Any]] = {"asr": asr}
     if device.startswith("cuda"):
-        from .vad import energy_vad
-
-        backends["vad"] = lambda _k: energy_vad(device)
+        backends["vad"] = lambda _k: gpu_vad(settings.models.gpu_vad, device)
     return backends
+
+
+def gpu_vad(kind: str, device: str) -> Any:
+    """The VAD lane's batch runner on a CUDA ``device`` (``models.gpu_vad``)."""
+    if kind == "silero":
+        from .silero import silero_vad
+
+        log.info("vad: Silero v6 in torch, batched across streams (%s)", device)
+        return silero_vad(device)
+    from .vad import energy_vad
+
+    return energy_vad(device)
 
 
 def mt_on_engine(settings: Settings, metrics: Any = None) -> Callable[[str, Any], Any | None]:
