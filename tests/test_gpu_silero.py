@@ -84,10 +84,12 @@ def test_streams_of_different_lengths_in_one_call(onnx_vad: SileroVAD, torch_vad
     assert len(results[4]) == 0  # under one window: no probability
 
 
-def test_the_callers_audio_is_left_as_it_was(torch_vad: Runner, speech: np.ndarray) -> None:
-    audio = speech[:16000].copy()
-    torch_vad([audio])
-    np.testing.assert_array_equal(audio, speech[:16000])
+def test_the_callers_audio_is_left_as_it_was(onnx_vad: SileroVAD, torch_vad: Runner, speech: np.ndarray) -> None:
+    """Neither VAD writes into the audio it reads (a stream's timeline, which ASR reads afterwards)."""
+    for vad in (torch_vad, lambda windows: [onnx_vad.probabilities(w) for w in windows]):
+        audio = speech[:16000].copy()
+        vad([audio])
+        np.testing.assert_array_equal(audio, speech[:16000])
 
 
 def test_another_onnx_model_is_refused() -> None:

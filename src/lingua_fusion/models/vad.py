@@ -29,7 +29,9 @@ class SileroVAD:
         if n == 0:
             return np.zeros(0, dtype=np.float32)
         with self._lock:
-            out = self._model(np.ascontiguousarray(audio[: n * CHUNK], dtype=np.float32))
+            # a copy: faster-whisper's model zeroes the last window's context in the array it is given, which
+            # would otherwise be the caller's (a stream's timeline: 4 ms of audio that ASR reads later)
+            out = self._model(np.array(audio[: n * CHUNK], dtype=np.float32))
         return np.asarray(out, dtype=np.float32).reshape(-1)[:n]
 
     def speech_regions(self, audio: np.ndarray, *, threshold: float = 0.5, min_silence_s: float = 0.5,
