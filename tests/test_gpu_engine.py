@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -262,20 +263,27 @@ async def test_live_streams_through_the_executor_on_continuous_gpu_runners() -> 
     assert asr.engine.stats().self_blocks_used == 0 and mt.engine.stats().self_blocks_used == 0
 
 
-def test_the_runner_encodes_an_audio_window_once_for_its_partial_and_its_commit() -> None:
-    import numpy as np
+def _tiny_asr_recipe() -> Any:
+    """A WhisperRecipe over a tiny random Hugging Face Whisper: any [n_mels, frames] at 100 frames/s will do."""
     from gpu_models import hf_whisper
 
     from lingua_fusion.serving.gpu.models import HFWhisperDecoder
     from lingua_fusion.serving.gpu.recipes import WhisperRecipe, hf_whisper_encoder
+
+    model = hf_whisper()
+    return WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model),
+                         mel=lambda a: a[: len(a) // 160 * 160].view(-1, 160)[:, :8].T.contiguous(),
+                         prompt=lambda _p: [2], text=lambda t: " ".join(map(str, t)), stop=frozenset({3}),
+                         device="cpu", dtype=torch.float32, tokens_per_s=4.0)
+
+
+def test_the_runner_encodes_an_audio_window_once_for_its_partial_and_its_commit() -> None:
+    import numpy as np
+
     from lingua_fusion.serving.gpu.runner import GpuRunner
     from lingua_fusion.serving.ports import AsrInput
 
-    model = hf_whisper()
-    recipe = WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model),
-                           mel=lambda a: a[: len(a) // 160 * 160].view(-1, 160)[:, :8].T.contiguous(),
-                           prompt=lambda _p: [2], text=lambda t: " ".join(map(str, t)), stop=frozenset({3}),
-                           device="cpu", dtype=torch.float32, tokens_per_s=4.0)
+    recipe = _tiny_asr_recipe()
     runner = GpuRunner(recipe, blocks=128, cross_blocks=32, block_size=8, cross_block_size=16, dtype=torch.float32,
                        device="cpu", memo=4)
     clip = AsrInput(np.random.default_rng(0).normal(0, 0.1, 16000 * 2).astype(np.float32))
@@ -293,19 +301,12 @@ def test_a_full_cross_pool_fails_an_item_as_a_retryable_backend_error_and_the_ru
     """Pool exhaustion is a BackendError (the executor retries committed work; a partial is dropped), never an
     Overloaded that a stream's job would not expect."""
     import numpy as np
-    from gpu_models import hf_whisper
 
     from lingua_fusion.errors import BackendError, CapacityExhausted
-    from lingua_fusion.serving.gpu.models import HFWhisperDecoder
-    from lingua_fusion.serving.gpu.recipes import WhisperRecipe, hf_whisper_encoder
     from lingua_fusion.serving.gpu.runner import GpuRunner
     from lingua_fusion.serving.ports import AsrInput
 
-    model = hf_whisper()
-    recipe = WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model),
-                           mel=lambda a: a[: len(a) // 160 * 160].view(-1, 160)[:, :8].T.contiguous(),
-                           prompt=lambda _p: [2], text=lambda t: " ".join(map(str, t)), stop=frozenset({3}),
-                           device="cpu", dtype=torch.float32, tokens_per_s=4.0)
+    recipe = _tiny_asr_recipe()
     # 3 cross blocks of 16 frames past the scratch one: one 2 s clip (100 frames after the encoder) cannot fit
     runner = GpuRunner(recipe, blocks=128, cross_blocks=4, block_size=8, cross_block_size=16, dtype=torch.float32,
                        device="cpu", memo=0)

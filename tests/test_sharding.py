@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -376,10 +377,8 @@ async def test_two_model_processes_serve_streams_and_one_recovers_from_a_kill(ta
     assert proc.returncode == 0
 
 
-async def test_a_release_right_behind_its_admit_frees_the_reservation(tmp_path: Path) -> None:
-    """A worker that admits a stream and releases it at once (the client left while its start was being admitted):
-    both arrive in one read, and the model process applies them in order, so no reservation (nor a count against
-    the key) stays behind for the rest of the worker's connection."""
+async def _one_stream_per_key(tmp_path: Path) -> tuple[str, ModelServer, asyncio.Server, Demand]:
+    """A model process that lets a key have one stream, and the demand of a stream ``s1``."""
     settings = Settings()
     settings.state_dir = tmp_path
     settings.server.max_streams_per_key = 1
@@ -387,6 +386,14 @@ async def test_a_release_right_behind_its_admit_frees_the_reservation(tmp_path: 
     server, listener = await _model_server(path, settings)
     demand = RemotePort(ModelLink(path), Registry(settings), settings).demand("s1", "standard", "en", ["es"], False,
                                                                                 1.0, ["audio"])
+    return path, server, listener, demand
+
+
+async def test_a_release_right_behind_its_admit_frees_the_reservation(tmp_path: Path) -> None:
+    """A worker that admits a stream and releases it at once (the client left while its start was being admitted):
+    both arrive in one read, and the model process applies them in order, so no reservation (nor a count against
+    the key) stays behind for the rest of the worker's connection."""
+    path, server, listener, demand = await _one_stream_per_key(tmp_path)
     reader, writer = await asyncio.open_unix_connection(path)
     try:
         writer.write(codec.encode({"op": "admit", "id": 1, "mode": "batched", "demand": demand, "key_id": "k1"})
@@ -461,13 +468,7 @@ async def test_the_model_process_runs_as_many_requests_as_a_worker_link_lets_thr
 async def test_an_old_sessions_release_does_not_free_the_stream_resumed_on_another_worker(tmp_path: Path) -> None:
     """A client resumes its stream on another worker while its old session is still open on the first; when the old
     session ends, its release must not free the resumed stream's reservation (nor its count against the key)."""
-    settings = Settings()
-    settings.state_dir = tmp_path
-    settings.server.max_streams_per_key = 1
-    path = str(tmp_path / "m.sock")
-    server, listener = await _model_server(path, settings)
-    demand = RemotePort(ModelLink(path), Registry(settings), settings).demand("s1", "standard", "en", ["es"], False,
-                                                                                1.0, ["audio"])
+    path, server, listener, demand = await _one_stream_per_key(tmp_path)
     conns = [await asyncio.open_unix_connection(path) for _ in range(2)]  # two workers
     admit = {"op": "admit", "mode": "batched", "demand": demand, "key_id": "k1"}
 
@@ -481,8 +482,7 @@ async def test_an_old_sessions_release_does_not_free_the_stream_resumed_on_anoth
         conns[0][1].write(codec.encode({"op": "release", "mode": "batched", "stream_id": "s1"}))  # the old one ends
         await ask(0, {"op": "ping", "id": 3})  # the release was read before this
         assert "s1" in server.engine("batched").scheduler.admitted and server.keys.open["k1"] == 1
-        other = RemotePort(ModelLink(path), Registry(settings), settings).demand("s2", "standard", "en", ["es"],
-                                                                                   False, 1.0, ["audio"])
+        other = dataclasses.replace(demand, stream_id="s2")
         refused = await ask(0, {**admit, "id": 4, "demand": other})  # the key's one stream is still open
         assert refused["op"] == "err" and refused["error"]["cls"] == "Overloaded"  # type: ignore[index]
         conns[1][1].write(codec.encode({"op": "release", "mode": "batched", "stream_id": "s1"}))
