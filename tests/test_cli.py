@@ -90,3 +90,18 @@ def test_models_and_keys(tmp_path: Path) -> None:
 def test_no_auth_refuses_non_loopback() -> None:
     p = run("serve", "--host", "0.0.0.0", "--port", "1", "--no-auth", timeout=60)
     assert p.returncode == 2 and "loopback" in p.stderr
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("serve", "--workers", "0"), "--workers"),  # a value out of range
+    (("serve", "--workers", "2", "--model-processes", "3"), "--model-processes 3"),  # one model process per worker
+    (("translate", "--bogus"), "--bogus"),  # an unknown option
+    (("translate", "notes.txt"), "--to"),  # a missing one
+    (("frobnicate",), "frobnicate"),  # an unknown command
+])
+def test_usage_errors_are_told_in_the_documented_form(args: tuple[str, ...], said: str) -> None:
+    """A command line the CLI cannot run: `error [invalid_parameter]: ...` on stderr and exit 2, no traceback, no
+    box."""
+    p = run(*args, timeout=60)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith("error [invalid_parameter]: ") and said in p.stderr and "Traceback" not in p.stderr

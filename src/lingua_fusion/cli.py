@@ -507,16 +507,26 @@ def eval_cmd(
 
 
 def main() -> None:
+    from typer.exceptions import TyperException  # typer's usage errors (its own click's ClickException) are these
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        app()
+        code = app(standalone_mode=False)  # usage errors come back here, to be told in the documented form
+    except TyperException as exc:  # an unknown option or command, a value out of range, a missing argument
+        code = _exit_code(usage, exc.format_message() if hasattr(exc, "format_message") else str(exc))
     except LinguaFusionError as exc:  # a typed error that a command did not catch: still the documented form
-        try:
-            fail(exc)
-        except typer.Exit as done:
-            sys.exit(done.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        code = _exit_code(fail, exc)
+    except (KeyboardInterrupt, typer.Abort):
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _exit_code(report: Any, what: Any) -> int:
+    try:
+        report(what)
+    except typer.Exit as done:
+        return int(done.exit_code)
+    return 2
 
 
 if __name__ == "__main__":

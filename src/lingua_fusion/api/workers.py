@@ -34,6 +34,7 @@ import socket
 import tempfile
 import time
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from ..config import Settings
@@ -64,7 +65,6 @@ def _die_with_parent() -> None:
 def model_main(settings: Settings, path: str, log_level: str, index: int = 0, ledger_path: str | None = None) -> None:
     """Model process ``index``; ``ledger_path``: the admitted streams shared with the others (several)."""
     import asyncio
-    from pathlib import Path
 
     _die_with_parent()
     from ..observability import Metrics
@@ -145,6 +145,9 @@ class Supervisor:
             self._shutdown()
             sock.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            if self._recorded:  # its pids are gone: an operator (or a test) must not signal whoever gets them next
+                with contextlib.suppress(OSError):
+                    (self.settings.resolved_state_dir() / "serve.json").unlink()
 
     def _prepare_state(self) -> None:
         """The SQLite stream log made (and switched to WAL) once, here, before the workers open it together: two
@@ -195,6 +198,10 @@ class Supervisor:
                 log.error("model process %s ended (exit %s); starting another", m.pid, m.exitcode)
                 multiprocess.mark_process_dead(m.pid)  # type: ignore[arg-type]
                 m.join()
+                if self.ledger is not None:  # its streams stop counting against their keys now
+                    from ..serving.shard.ledger import drop_process
+
+                    drop_process(Path(self.ledger), j)
                 time.sleep(RESTART_BACKOFF_S)
                 self.restarts += 1
                 self.models[j] = self._start_model(j)

@@ -135,3 +135,15 @@ class SharedLedger:
 
     def close(self) -> None:
         self._db.close()
+
+
+def drop_process(path: Path, process: int) -> None:
+    """Forget the streams model process ``process`` admitted (it died: the supervisor calls this at once, so its
+    streams stop counting against their keys before its successor starts; its workers re-register theirs)."""
+    db = sqlite3.connect(str(path), isolation_level=None, timeout=BUSY_MS / 1000)
+    try:
+        db.execute("DELETE FROM admitted WHERE process = ?", (process,))
+    except sqlite3.OperationalError:
+        pass  # no table yet, or locked: the successor deletes them when it starts
+    finally:
+        db.close()
