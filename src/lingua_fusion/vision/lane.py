@@ -9,6 +9,7 @@ the reader's ``landmarks``. A frame the extractor could not read becomes an erro
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import threading
 import time
@@ -28,7 +29,7 @@ from .sampler import AdaptiveSampler
 MAX_QUEUED = 16  # frames waiting for the extractor per stream
 
 
-class LandmarkLane:
+class LandmarkLane(abc.ABC):
     """A FrameConsumer that reads landmarks of sampled frames in order; subclasses say what the landmarks mean."""
 
     what = "landmarks"  # names the task and the error events ("sign", "lip")
@@ -59,9 +60,9 @@ class LandmarkLane:
         return self.sampler.stats()
 
     # ---- reading (event loop) --------------------------------------------------------------------------------
+    @abc.abstractmethod
     async def landmarks(self, lm: LandmarkFrame) -> None:
-        """One analysed frame's landmarks, in media-time order."""
-        raise NotImplementedError
+        """One analysed frame's landmarks, in media-time order (what a sign or lip reader does with them)."""
 
     def reading(self) -> bool:
         """Frames queued or being read."""
