@@ -420,10 +420,7 @@ async def test_a_model_call_to_the_model_process_carries_its_trace_over_the_sock
     link.call = spy  # type: ignore[method-assign]
     stream = worker.stream("st_a", "key_a", "standard", "en", ["es"])
     try:
-        key = ModelKey.mt("en", "es")
-        assert await port.run(key, MtInput("The dog is black."), CallContext("st_a", trace=stream)) == \
-            "El perro es negro."
-        assert await port.run(key, MtInput("The house is big."), CallContext("st_b")) == "La casa es grande."
+        await _one_traced_one_untraced_call(port, stream)
     finally:
         stream.end()
         await link.close()
@@ -439,6 +436,14 @@ async def test_a_model_call_to_the_model_process_carries_its_trace_over_the_sock
     _remote_pair(spans, list(model_spans.get_finished_spans()), stream, "mt")  # the untraced call: no span there
     (item,) = model_spans.get_finished_spans()
     assert item.resource.attributes["service.name"] == "lf-model"
+
+
+async def _one_traced_one_untraced_call(port: Any, stream: Any) -> None:
+    """An MT call from a traced stream, then one from an untraced stream, through ``port``: both translate."""
+    key = ModelKey.mt("en", "es")
+    assert await port.run(key, MtInput("The dog is black."), CallContext("st_a", trace=stream)) == \
+        "El perro es negro."
+    assert await port.run(key, MtInput("The house is big."), CallContext("st_b")) == "La casa es grande."
 
 
 async def test_a_model_call_to_a_cluster_replica_carries_its_trace_in_the_call() -> None:
@@ -467,10 +472,7 @@ async def test_a_model_call_to_a_cluster_replica_carries_its_trace_in_the_call()
     port = ClusterExecutor(Registry(settings), settings, handle=SimpleNamespace(run=SimpleNamespace(remote=remote)))
     stream = gateway.stream("st_a", "key_a", "standard", "en", ["es"])
     try:
-        key = ModelKey.mt("en", "es")
-        assert await port.run(key, MtInput("The dog is black."), CallContext("st_a", trace=stream)) == \
-            "El perro es negro."
-        assert await port.run(key, MtInput("The house is big."), CallContext("st_b")) == "La casa es grande."
+        await _one_traced_one_untraced_call(port, stream)
     finally:
         stream.end()
         await port.close()
