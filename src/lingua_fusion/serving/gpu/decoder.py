@@ -25,7 +25,6 @@ heads, and attention, nothing of a particular model.
 from __future__ import annotations
 
 import itertools
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -37,10 +36,10 @@ import torch
 
 from ...errors import CapacityExhausted
 from .blocks import BlockPool
+from .device_call import wait
 from .paged import Gather, PagedKV, slots_of
 
 Attend = Callable[..., torch.Tensor]
-WAIT_POLL_S = 0.0002
 
 
 class DecoderModel(Protocol):
@@ -379,8 +378,7 @@ class DecodeEngine:
         if best.is_cuda:  # wait for the GPU without holding Python's lock (a bare .tolist() holds it while the
             done = torch.cuda.Event()  # step runs, and the event loop serving the streams starves)
             done.record()
-            while not done.query():
-                time.sleep(WAIT_POLL_S)
+            wait(done)
         best_l, best_lp_l = best.tolist()[:n], best_lp.tolist()[:n]
         self.steps += 1
         self.tokens += len(batch)

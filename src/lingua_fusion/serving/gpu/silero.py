@@ -21,15 +21,15 @@ writes the zeros through a view before building the input), so the GPU engine an
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from .device_call import DeviceCall
 from .onnx_weights import read_graph
-from .vad import WAIT_POLL_S, Runner
+from .vad import Runner
 
 WINDOW = 512
 CONTEXT = 64
@@ -149,32 +149,14 @@ def silero_vad(device: torch.device | str, model: SileroV6 | None = None) -> Run
     audio at 16 kHz (a trailing partial window is left out), each result that audio's per-window probabilities.
     On CUDA the call runs on a stream of its own and waits for its result by polling an event, so Python's lock is
     free during the wait (as energy_vad does)."""
-    dev = torch.device(device)
-    net = (SileroV6.from_onnx() if model is None else model).to(dev)
-    stream = None
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)  # the weights' copies (default stream) are done before the VAD's stream reads them
-        stream = torch.cuda.Stream(dev)
+    net = (SileroV6.from_onnx() if model is None else model).to(torch.device(device))
+    call = DeviceCall(device)  # after the weights' copies: its stream reads them once they are there
 
     @torch.inference_mode()
     def run(audio: list[np.ndarray]) -> list[np.ndarray]:
         batch = _Batch(audio)
         if batch.windows.shape[0] == 0:
             return [np.zeros(0, dtype=np.float32) for _ in audio]
-        host = batch.tensors()
-        if stream is None:
-            prob = _probabilities(net, batch, *(t.to(dev) for t in host)).cpu().numpy()
-        else:
-            with torch.cuda.stream(stream):
-                on_dev = [t.pin_memory().to(dev, non_blocking=True) for t in host]
-                result = _probabilities(net, batch, *on_dev)
-                out = torch.empty(result.shape, dtype=torch.float32, pin_memory=True)
-                out.copy_(result, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(stream)
-            while not done.query():
-                time.sleep(WAIT_POLL_S)
-            prob = out.numpy()
-        return batch.split(prob)
+        return batch.split(call(lambda *on_dev: _probabilities(net, batch, *on_dev), *batch.tensors()))
 
     return run

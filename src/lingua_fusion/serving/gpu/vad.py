@@ -7,25 +7,22 @@ probability. It is a plain batch runner (serving/runners.py Runner) for the exec
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from .device_call import DeviceCall
+
 WINDOW = 512
-WAIT_POLL_S = 0.0002
 
 
 Runner = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 
 def energy_vad(device: torch.device | str, threshold_db: float = -35.0) -> Runner:
-    """On CUDA the call runs on a stream of its own (the decoders' steps are not in its way) and waits for its
-    result without holding Python's lock (a plain ``.cpu()`` would hold it while the GPU catches up, and every other
-    thread of the process, the event loop first, would wait with it)."""
-    dev = torch.device(device)
-    stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+    """On CUDA the call runs on a stream of its own and waits without holding Python's lock (``DeviceCall``)."""
+    call = DeviceCall(device)
 
     def probabilities(x: torch.Tensor) -> torch.Tensor:
         level = 10.0 * torch.log10(x.pow(2).mean(dim=1) + 1e-10)
@@ -36,19 +33,7 @@ def energy_vad(device: torch.device | str, threshold_db: float = -35.0) -> Runne
         flat = np.concatenate([w[: n * WINDOW] for w, n in zip(windows, counts, strict=True)] or [np.zeros(0)])
         if flat.size == 0:
             return [np.zeros(0, dtype=np.float32) for _ in windows]
-        host = torch.from_numpy(flat.astype(np.float32, copy=False)).view(-1, WINDOW)
-        if stream is None:
-            prob = probabilities(host.to(dev)).cpu().numpy()
-        else:
-            with torch.cuda.stream(stream):
-                x = host.pin_memory().to(dev, non_blocking=True)
-                out = torch.empty(x.shape[0], dtype=torch.float32, pin_memory=True)
-                out.copy_(probabilities(x), non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(stream)
-            while not done.query():
-                time.sleep(WAIT_POLL_S)
-            prob = out.numpy()
+        prob = call(probabilities, torch.from_numpy(flat.astype(np.float32, copy=False)).view(-1, WINDOW))
         return np.split(prob, np.cumsum(counts)[:-1])
 
     return run
