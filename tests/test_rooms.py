@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import BIN, REDIS, free_port, needs_redis, render_slide, start_server, stop_server, talk_wav
+from conftest import BIN, REDIS, free_port, metric, needs_redis, render_slide, start_server, stop_server, talk_wav
 from websockets.asyncio.client import connect
 
 from lingua_fusion import MultimodalTranslator
@@ -97,6 +97,18 @@ async def until(cond: Any, what: str, within_s: float = 30.0) -> None:
     end = time.monotonic() + within_s
     while not await cond():
         assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def settled_metrics(http: httpx.AsyncClient, want: dict[str, float], within: float = 15) -> str:
+    """/metrics once the gauges in ``want`` read those values; fails with what they read after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        text = (await http.get("/metrics")).text
+        seen = {name: metric(text, name) for name in want}
+        if seen == want:
+            return text
+        assert time.monotonic() < deadline, f"gauges read {seen}, expected {want}"
         await asyncio.sleep(0.1)
 
 
@@ -195,8 +207,8 @@ async def test_owner_routes_tokens_and_what_a_listener_token_cannot_do(live: Liv
         first = await pub.say("Good morning.")
         listed = (await http.get("/v1/rooms", headers=h)).json()["rooms"]
         assert [(r["room_id"], r["state"], r["listeners"]) for r in listed] == [(room_id, "live", 1)]
-        metrics = (await http.get("/metrics")).text
-        assert "linguafusion_room_listeners 1.0" in metrics and "linguafusion_rooms_published 1.0" in metrics
+        # the previous test's CLI clients exit on "closed" before the gateway has counted them out: wait for that
+        metrics = await settled_metrics(http, {"linguafusion_room_listeners": 1, "linguafusion_rooms_published": 1})
         assert 'linguafusion_tm_lookups_total{result="miss"}' in metrics  # the room's MT went through the memory
         ended = (await http.delete(f"/v1/rooms/{room_id}", headers=h)).json()
         assert ended["state"] == "ended"
