@@ -301,9 +301,10 @@ async def run_sharded(executor: Executor, n: int, workers: int, seconds: float, 
     return row
 
 
-def _model_proc_main(path: str, opts: dict[str, Any], share: int, out: Any, stop: Any) -> None:
+def _model_proc_main(path: str, opts: dict[str, Any], share: int, out: Any, stop: Any, trace: Any = None) -> None:
     """One model process of the ``multi`` part (``serve --workers N --model-processes M``): its own models (random
-    weights), GPU runners with 1/M of the pools, executor and ModelServer on ``path``, until ``stop`` is set."""
+    weights), GPU runners with 1/M of the pools, executor and ModelServer on ``path``, until ``stop`` is set. With
+    ``trace`` (an event), a torch.profiler window is written under ``--trace-dir`` once it is set."""
     from lingua_fusion.serving.shard import codec
     from lingua_fusion.serving.shard.model_process import ModelServer
 
@@ -313,6 +314,10 @@ def _model_proc_main(path: str, opts: dict[str, Any], share: int, out: Any, stop
     asr_model = whisper(args.asr, args.device, args.dtype)
     mt_model = marian(args.device, args.dtype, small=args.quick)
     asr, mt = build_runners(args, asr_model, mt_model, baseline=False)
+    if trace is not None:
+        from gpu_trace import capture_when
+
+        capture_when(trace, args.trace_dir / f"streams{args.trace_at}", args.trace_seconds, {"asr": asr, "mt": mt})
 
     async def run() -> dict[str, Any]:
         settings = bench_settings()
@@ -363,8 +368,9 @@ async def run_multi(args: argparse.Namespace, counts: list[int], workers: int, m
     opts = {k: v for k, v in vars(args).items() if k != "json"}
     with tempfile.TemporaryDirectory() as tmp:
         paths = [str(Path(tmp) / f"model-{j}.sock") for j in range(model_procs)]
-        mq, stop = ctx.Queue(), ctx.Event()
-        models = [ctx.Process(target=_model_proc_main, args=(paths[j], opts, model_procs, mq, stop), daemon=True)
+        mq, stop, trace = ctx.Queue(), ctx.Event(), ctx.Event()
+        models = [ctx.Process(target=_model_proc_main, daemon=True,
+                              args=(paths[j], opts, model_procs, mq, stop, trace if args.trace_at and j == 0 else None))
                   for j in range(model_procs)]
         for p in models:
             await asyncio.to_thread(p.start)
@@ -374,7 +380,8 @@ async def run_multi(args: argparse.Namespace, counts: list[int], workers: int, m
                 if "ready" not in hello:
                     raise RuntimeError(f"a model process failed: {hello}")
             for n in counts:
-                row = await _multi_once(args, n, workers, paths, [p.pid for p in models], ctx, audio)  # type: ignore[misc]
+                row = await _multi_once(args, n, workers, paths, [p.pid for p in models], ctx, audio,  # type: ignore[misc]
+                                        trace if n == args.trace_at else None)
                 on_row(row)
                 if not row["meets_3s"] or row["finals"] == 0:
                     break
@@ -387,7 +394,7 @@ async def run_multi(args: argparse.Namespace, counts: list[int], workers: int, m
 
 
 async def _multi_once(args: argparse.Namespace, n: int, workers: int, paths: list[str], pids: list[int],
-                      ctx: Any, audio: np.ndarray) -> dict[str, Any]:
+                      ctx: Any, audio: np.ndarray, trace: Any = None) -> dict[str, Any]:
     out, go = ctx.Queue(), ctx.Event()
     shares = [n // workers + (1 if w < n % workers else 0) for w in range(workers)]
     firsts = [sum(shares[:w]) for w in range(workers)]
@@ -407,6 +414,8 @@ async def _multi_once(args: argparse.Namespace, n: int, workers: int, paths: lis
         wall0 = time.monotonic()
         gpu = _gpu_sampler()
         go.set()
+        if trace is not None:  # model process 0 profiles a window in the middle of the run
+            asyncio.get_running_loop().call_later(args.seconds * 0.4, trace.set)
         for _ in procs:
             part = await asyncio.to_thread(out.get, True, args.seconds + 300)
             if "error" in part:
@@ -719,6 +728,10 @@ def main() -> None:
     ap.add_argument("--model-processes", type=int, default=4, help="model processes of the 'multi' part")
     ap.add_argument("--multi-workers", type=int, default=8, help="stream worker processes of the 'multi' part")
     ap.add_argument("--multi-streams", default="300,600,900,1200,1600,2400")
+    ap.add_argument("--trace-at", type=int, default=0,
+                    help="streams of the 'multi' run during which model process 0 records a torch.profiler window")
+    ap.add_argument("--trace-dir", type=Path, default=Path("gpu_trace"), help="where that window is written")
+    ap.add_argument("--trace-seconds", type=float, default=2.0)
     ap.add_argument("--quick", action="store_true", help="tiny models and counts (a CPU check of the code)")
     args = ap.parse_args()
     args.dtype = torch.float16 if args.device.startswith("cuda") else torch.float32

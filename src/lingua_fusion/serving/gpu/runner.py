@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -45,6 +46,20 @@ class Recipe(Protocol):
     def result(self, payload: Any, decoded: Decoded) -> Any: ...
 
 
+@dataclass
+class RunnerLoad:
+    """What a runner's thread did since it started: its batches of new work (encoded, then joined to the running
+    batch) and its decode steps, with the rows they carried and the thread's wall time in each (a step waits for
+    its tokens, so its time is the GPU's; a start's is mostly launching the encoder)."""
+
+    starts: int = 0
+    started_items: int = 0
+    start_s: float = 0.0
+    steps: int = 0
+    step_rows: int = 0
+    step_s: float = 0.0
+
+
 class GpuRunner:
     def __init__(self, recipe: Recipe, *, blocks: int, cross_blocks: int, block_size: int = 16,
                  cross_block_size: int = 64, max_batch: int = 1024, max_pending: int = 8192,
@@ -68,6 +83,8 @@ class GpuRunner:
         self._pending = 0
         self._closed = False
         self.encoded = self.reused = 0
+        self.load = RunnerLoad()
+        self._labels = (f"gpu.{name}.start", f"gpu.{name}.step")  # ranges a torch.profiler trace shows
         d = recipe.decoder
         self._token_bytes = PagedKV.bytes_per_token(d.n_layer, d.n_head, d.head_dim, dtype)
         self.memory: MemoryReport | None = None  # published by the runner's thread (serving/gpu/memory.py)
@@ -141,14 +158,30 @@ class GpuRunner:
                 self._inbox.clear()
             try:
                 if new:
-                    self._start(new)
+                    self._timed_start(new)
                 if not self.engine.idle():
-                    self.engine.step()
+                    self._timed_step()
             except Exception as exc:  # a CUDA error, out of memory: fail what is in flight, keep serving
                 log.exception("GPU runner step failed")
                 self._fail_all(new, BackendError(f"the GPU engine failed: {type(exc).__name__}: {exc}"))
             self._publish(PUBLISH_S)
         self._fail_all([], BackendError("the GPU runner closed"))
+
+    def _timed_start(self, new: list[tuple[Any, bool, Future[Any]]]) -> None:
+        t = time.perf_counter()
+        with torch.profiler.record_function(self._labels[0]):
+            self._start(new)
+        self.load.starts += 1
+        self.load.started_items += len(new)
+        self.load.start_s += time.perf_counter() - t
+
+    def _timed_step(self) -> None:
+        t = time.perf_counter()
+        with torch.profiler.record_function(self._labels[1]):
+            rows = self.engine.step()
+        self.load.steps += 1
+        self.load.step_rows += rows
+        self.load.step_s += time.perf_counter() - t
 
     def _done(self, fut: Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
         with self._cv:
