@@ -82,6 +82,7 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
     vocab = mt_model.config.vocab_size
     asr_recipe = WhisperRecipe(HFWhisperDecoder(asr_model), encode=hf_whisper_encoder(asr_model),
                                mel=lambda a: logmel(a[None])[0], prompt=lambda _p: SOT, text=words,
+                               mels=logmel.ragged if dev.startswith("cuda") else None,  # bench/mel_batch.py: why
                                stop=frozenset({50257}), device=dev, dtype=dtype, tokens_per_s=3.0, max_tokens=96,
                                pad_to_s=30.0 if baseline else None)
     mt_recipe = Seq2SeqTextRecipe(mt_model, MarianDecoder(mt_model),

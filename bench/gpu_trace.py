@@ -118,7 +118,7 @@ def summarize(trace: dict[str, Any], top: int = 6) -> dict[str, Any]:
     t1 = max(k["ts"] + k["dur"] for k in kernels)
     window = t1 - t0
     busy = _union_us([(k["ts"], k["ts"] + k["dur"]) for k in kernels])
-    return {"window_s": round(window / 1e6, 3), "kernels": len(kernels),
+    return {"window_s": round(window / 1e6, 3), "kernels": len(kernels), "host_in_ranges": host_in_ranges(events),
             "gpu_busy_pct": round(100 * busy / window, 1),
             "kernel_time_pct_of_window": round(100 * sum(k["dur"] for k in kernels) / window, 1),
             "mean_kernel_us": round(sum(k["dur"] for k in kernels) / len(kernels), 1),
@@ -126,6 +126,35 @@ def summarize(trace: dict[str, Any], top: int = 6) -> dict[str, Any]:
                                 "mean_kernel_us": round(b.busy_us / b.kernels, 1),
                                 "top": {n: round(100 * us / b.busy_us, 1) for n, us in b.names.most_common(top)}}
                          for name, b in sorted(buckets.items(), key=lambda kv: -kv[1].busy_us)}}
+
+
+def host_in_ranges(events: list[dict[str, Any]], top: int = 8) -> dict[str, Any]:
+    """For each range name: its time on its thread, and the outermost operators inside it by time (what the
+    thread did there, Python's lock held or not), with the time between them."""
+    ops: dict[Any, list[dict[str, Any]]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("cpu_op", "cuda_runtime") and "dur" in e:
+            ops[e["tid"]].append(e)
+    for rs in ops.values():
+        rs.sort(key=lambda e: (e["ts"], -e["dur"]))
+    out: dict[str, Any] = {}
+    for r in (e for e in events if e.get("cat") == "user_annotation" and "dur" in e):
+        a, b = r["ts"], r["ts"] + r["dur"]
+        entry = out.setdefault(r["name"], {"ranges": 0, "ms": 0.0, "ops_ms": 0.0, "by_op": collections.Counter(),
+                                           "calls": collections.Counter()})
+        entry["ranges"] += 1
+        entry["ms"] += r["dur"] / 1000
+        end = a
+        for e in ops.get(r["tid"], []):
+            if a <= e["ts"] < b and e["ts"] >= end:  # outermost: not inside the operator before it
+                entry["by_op"][e["name"]] += e["dur"] / 1000
+                entry["calls"][e["name"]] += 1
+                entry["ops_ms"] += e["dur"] / 1000
+                end = e["ts"] + e["dur"]
+    return {name: {"ranges": v["ranges"], "ms": round(v["ms"], 1), "ops_ms": round(v["ops_ms"], 1),
+                   "top_ops": {n: {"ms": round(ms, 1), "calls": v["calls"][n]}
+                               for n, ms in v["by_op"].most_common(top)}}
+            for name, v in out.items()}
 
 
 def main() -> None:

@@ -89,12 +89,12 @@ def reference_greedy(model: TinyWhisper, memory: torch.Tensor, prompt: list[int]
 IDS = {"pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 3, "decoder_start_token_id": 2}
 
 
-def hf_whisper(seed: int = 0) -> torch.nn.Module:
+def hf_whisper(seed: int = 0, n_mels: int = 8) -> torch.nn.Module:
     """A tiny Hugging Face Whisper (the real architecture, random weights)."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     torch.manual_seed(seed)
-    cfg = WhisperConfig(vocab_size=97, num_mel_bins=8, encoder_layers=1, decoder_layers=2, d_model=32,
+    cfg = WhisperConfig(vocab_size=97, num_mel_bins=n_mels, encoder_layers=1, decoder_layers=2, d_model=32,
                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
                         max_source_positions=1500, max_target_positions=48, **IDS)
     return WhisperForConditionalGeneration(cfg).eval()

@@ -297,6 +297,80 @@ def test_the_runner_encodes_an_audio_window_once_for_its_partial_and_its_commit(
     assert other.text and runner.room() == runner.max_pending  # every item accounted for
 
 
+def test_a_burst_of_new_work_is_encoded_between_steps_of_what_runs() -> None:
+    """Six clips arrive at once, two per encoder batch: the running decodes step between the batches (not after
+    all six are encoded), and every clip decodes as it does alone."""
+    import numpy as np
+
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    recipe = _tiny_asr_recipe()
+    steps_at_encode: list[int] = []
+    encode = recipe.encode
+    recipe.encode = lambda payloads: steps_at_encode.append(runner.engine.steps) or encode(payloads)
+    runner = GpuRunner(recipe, blocks=256, cross_blocks=64, block_size=8, cross_block_size=16, dtype=torch.float32,
+                       device="cpu", encode_batch=2)
+    rng = np.random.default_rng(5)
+    clips = [AsrInput(rng.normal(0, 0.1, 16000 * 2 + 800 * i).astype(np.float32)) for i in range(6)]
+    try:
+        together = [f.result(timeout=60) for f in runner.submit(clips, [False] * 6)]
+        alone = [runner.submit([c], [False])[0].result(timeout=60) for c in clips]
+    finally:
+        runner.close()
+    burst = steps_at_encode[:3]
+    assert len(burst) == 3 and burst[0] < burst[1] < burst[2], steps_at_encode
+    assert [o.text for o in together] == [o.text for o in alone] and runner.load.started_items == 12
+    assert [o.confidence for o in together] == pytest.approx([o.confidence for o in alone], rel=1e-5)
+
+
+def test_work_still_queued_when_the_runner_closes_fails_instead_of_hanging() -> None:
+    import concurrent.futures
+
+    import numpy as np
+
+    from lingua_fusion.errors import BackendError
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    runner = GpuRunner(_tiny_asr_recipe(), blocks=256, cross_blocks=64, block_size=8, cross_block_size=16,
+                       dtype=torch.float32, device="cpu", encode_batch=1)
+    clips = [AsrInput(np.full(16000 + i, 0.01 * (i + 1), dtype=np.float32)) for i in range(40)]
+    futures = runner.submit(clips, [False] * len(clips))
+    runner.close()
+    done, late = concurrent.futures.wait(futures, timeout=30)
+    assert not late
+    failed = [f for f in done if f.exception() is not None]
+    assert failed and all(isinstance(f.exception(), BackendError) for f in failed)
+
+
+def test_a_batch_of_clips_is_encoded_as_each_clip_alone_with_its_log_mel_in_one_call() -> None:
+    """The benchmark's recipe on the H200 takes every clip's log-mel in one call (LogMel.ragged): the encoder
+    outputs are those of the clip-by-clip path, clips of different lengths in one batch."""
+    import numpy as np
+    from gpu_models import hf_whisper
+
+    from lingua_fusion.models.whisper_torch import LogMel
+    from lingua_fusion.serving.gpu.models import HFWhisperDecoder
+    from lingua_fusion.serving.gpu.recipes import WhisperRecipe, hf_whisper_encoder
+    from lingua_fusion.serving.ports import AsrInput
+
+    model, logmel = hf_whisper(n_mels=80), LogMel(80)
+
+    def recipe(**mel: Any) -> WhisperRecipe:
+        return WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model), prompt=lambda _p: [2],
+                             text=str, stop=frozenset({3}), device="cpu", dtype=torch.float32, **mel)
+
+    rng = np.random.default_rng(4)
+    clips = [AsrInput(rng.normal(0, 0.1, n).astype(np.float32)) for n in (16000, 8123, 40000, 480, 23999)]
+    one = lambda a: logmel(a[None])[0]  # noqa: E731
+    alone = recipe(mel=one).encode(clips)
+    batched = recipe(mel=one, mels=logmel.ragged).encode(clips)
+    assert [t.shape for t in batched] == [t.shape for t in alone]
+    for a, b in zip(alone, batched, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
 def test_a_full_cross_pool_fails_an_item_as_a_retryable_backend_error_and_the_runner_goes_on() -> None:
     """Pool exhaustion is a BackendError (the executor retries committed work; a partial is dropped), never an
     Overloaded that a stream's job would not expect."""

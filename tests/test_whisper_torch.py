@@ -192,6 +192,13 @@ def test_torch_log_mel_equals_faster_whisper(speech: list[np.ndarray], n_mels: i
         ours = mel(torch.from_numpy(clip)[None])[0].numpy()
         assert ours.shape == ref.shape
         assert np.abs(ours - ref).max() < 1e-4
+    # the GPU engine's batched call: every clip at once, each row that clip's own, zeros after its frames
+    batch, frames = mel.ragged(clips + [speech[0][:1000]])
+    for i, clip in enumerate(clips + [speech[0][:1000]]):
+        alone = mel(torch.from_numpy(clip)[None])[0]
+        assert frames[i] == alone.shape[-1]
+        assert torch.abs(batch[i, :, : frames[i]] - alone).max() < 1e-4
+        assert not batch[i, :, frames[i]:].any()
 
 
 def test_encoder_equals_ctranslate2_float32_on_a_trimmed_window(tiny: dict[str, Any], speech: list[np.ndarray]

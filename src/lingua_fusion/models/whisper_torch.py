@@ -266,3 +266,20 @@ class LogMel(nn.Module):
         log_spec = torch.log10(torch.clamp(self.filters @ power, min=1e-10))  # type: ignore[operator]
         peak = log_spec.amax(dim=(-2, -1), keepdim=True)
         return (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0
+
+    def ragged(self, clips: list[np.ndarray]) -> tuple[Tensor, list[int]]:
+        """Clips of any lengths in one call: ([B, n_mels, most frames], each clip's frames). Row ``i`` is
+        ``forward`` of clip ``i`` alone (its own peak and floor), zeros past its frames. The centring reflection is
+        done per clip on the host, so the device sees one copy and one STFT for the batch, not one per clip."""
+        half = N_FFT // 2
+        frames = [(len(c) + HOP) // HOP for c in clips]  # forward's frame count: (n + HOP) / HOP + 1, less the last
+        host = np.zeros((len(clips), max(len(c) for c in clips) + HOP + N_FFT), dtype=np.float32)
+        for row, c in zip(host, clips, strict=True):
+            x = np.pad(np.asarray(c, dtype=np.float32), (0, HOP))
+            row[: len(x) + N_FFT] = np.pad(x, half, mode="reflect")
+        x = torch.from_numpy(host).to(self.window.device, non_blocking=True)
+        spec = torch.stft(x, N_FFT, HOP, window=self.window, center=False, return_complex=True)[..., : max(frames)]
+        log_spec = torch.log10(torch.clamp(self.filters @ (spec.abs() ** 2), min=1e-10))  # type: ignore[operator]
+        valid = torch.arange(max(frames), device=x.device) < torch.tensor(frames, device=x.device)[:, None]
+        peak = log_spec.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=(-2, -1), keepdim=True)
+        return ((torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0).masked_fill(~valid[:, None, :], 0.0), frames

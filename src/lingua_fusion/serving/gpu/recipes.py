@@ -22,6 +22,7 @@ from ..ports import AsrInput, AsrOutput, MtInput
 from .decoder import Decoded, DecoderModel
 
 MEL_FRAMES_PER_S = 100
+Mels = Callable[[list[np.ndarray]], tuple[torch.Tensor, list[int]]]  # clips -> ([B, n_mels, frames], frames each)
 
 
 def confidence(logprobs: list[float]) -> float:
@@ -62,25 +63,29 @@ class WhisperRecipe:
                  mel: Callable[[torch.Tensor], torch.Tensor], prompt: Callable[[str | None], list[int]],
                  text: Callable[[list[int]], str], stop: frozenset[int], device: torch.device | str,
                  dtype: torch.dtype, tokens_per_s: float | None = None, max_tokens: int = 128,
-                 pad_to_s: float | None = None) -> None:
+                 pad_to_s: float | None = None, mels: Mels | None = None) -> None:
         self.decoder = decoder
         self.stop = stop
         self._encode, self._mel, self._prompt, self._text = encode, mel, prompt, text
+        self._mels = mels  # every clip of a batch in one call (LogMel.ragged), else ``mel`` clip by clip
         self.device, self.dtype = torch.device(device), dtype
         self.tokens_per_s = tokens_per_s  # random weights never say end-of-text: cap at a real speech rate
         self.max_tokens = max_tokens
         self.pad_to_s = pad_to_s  # the per-stream baseline: every clip padded to Whisper's 30 s window
 
     def encode(self, payloads: list[AsrInput]) -> list[torch.Tensor]:
-        mels = [self._mel(torch.from_numpy(np.ascontiguousarray(p.audio)).to(self.device)) for p in payloads]
-        frames = max(m.shape[-1] for m in mels)
-        width = -(-frames // MEL_FRAMES_PER_S) * MEL_FRAMES_PER_S  # the longest clip, rounded up to 1 s
-        if self.pad_to_s is not None:
-            width = max(width, int(self.pad_to_s * MEL_FRAMES_PER_S))
-        batch = torch.stack([F.pad(m, (0, width - m.shape[-1])) for m in mels]).to(self.dtype)
         with torch.inference_mode():
-            out = self._encode(batch)
-        return [out[i, : -(-m.shape[-1] // 2)] for i, m in enumerate(mels)]
+            if self._mels is not None:
+                mel, frames = self._mels([p.audio for p in payloads])
+            else:
+                one = [self._mel(torch.from_numpy(np.ascontiguousarray(p.audio)).to(self.device)) for p in payloads]
+                frames = [m.shape[-1] for m in one]
+                mel = torch.stack([F.pad(m, (0, max(frames) - m.shape[-1])) for m in one])
+            width = -(-max(frames) // MEL_FRAMES_PER_S) * MEL_FRAMES_PER_S  # the longest clip, rounded up to 1 s
+            if self.pad_to_s is not None:
+                width = max(width, int(self.pad_to_s * MEL_FRAMES_PER_S))
+            out = self._encode(F.pad(mel, (0, width - mel.shape[-1])).to(self.dtype))
+        return [out[i, : -(-n // 2)] for i, n in enumerate(frames)]
 
     def prompt(self, payload: AsrInput) -> list[int]:
         return self._prompt(payload.prompt)

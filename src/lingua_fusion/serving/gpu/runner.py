@@ -1,5 +1,7 @@
 """A continuous runner (serving/runners.py ContinuousRunner) for any encoder-decoder: its own thread runs the
 encoder on batches of new work and steps the DecodeEngine, so new items join the running batch at the next step.
+It alternates: one encoder batch (``encode_batch`` items at most) of what waits, then one step, so a burst of new
+work is encoded between the steps of what already runs instead of holding them all up.
 
 What a model needs is its ``Recipe`` (serving/gpu/recipes.py): how to encode a batch of payloads, the prompt and
 length of each, and how to read the tokens back. Encoder outputs are kept per payload key (the same audio window
@@ -154,8 +156,8 @@ class GpuRunner:
                     self._cv.wait(timeout=0.5)
                 if self._closed:
                     break
-                new = list(self._inbox)
-                self._inbox.clear()
+                # one encoder batch at most, then a step: running decodes never wait behind a long queue of starts
+                new = [self._inbox.popleft() for _ in range(min(len(self._inbox), self.encode_batch))]
             try:
                 if new:
                     self._timed_start(new)
@@ -165,7 +167,10 @@ class GpuRunner:
                 log.exception("GPU runner step failed")
                 self._fail_all(new, BackendError(f"the GPU engine failed: {type(exc).__name__}: {exc}"))
             self._publish(PUBLISH_S)
-        self._fail_all([], BackendError("the GPU runner closed"))
+        with self._cv:
+            left = list(self._inbox)
+            self._inbox.clear()
+        self._fail_all(left, BackendError("the GPU runner closed"))
 
     def _timed_start(self, new: list[tuple[Any, bool, Future[Any]]]) -> None:
         t = time.perf_counter()
