@@ -87,7 +87,7 @@ def summarize(trace: dict[str, Any], top: int = 6) -> dict[str, Any]:
     events = trace.get("traceEvents", [])
     kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
     launches = {e["args"]["correlation"]: e for e in events
-                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     ranges: dict[Any, list[tuple[float, float, str]]] = collections.defaultdict(list)
     for e in events:
         if e.get("cat") == "user_annotation" and "dur" in e:
