@@ -513,3 +513,86 @@ async def test_an_old_sessions_release_does_not_free_the_stream_resumed_on_anoth
             w.close()
         listener.close()
         await server.close()
+
+
+async def test_a_model_process_that_never_answers_an_admission_refuses_the_stream_as_overloaded(
+        tmp_path: Path) -> None:
+    """A wedged model process (it took the connection and the handshake, then stopped: SIGSTOP, a native deadlock)
+    refuses a new stream as a full server would, ``overloaded`` with retry_after (4429), not ``model_timeout``,
+    which a client saw as a server error (1011); the release is sent behind it, so the admit frees nothing twice
+    nor leaves a reservation once the process answers again."""
+    path = str(tmp_path / "m.sock")
+    seen: list[str] = []
+
+    async def wedged(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = await codec.read_frame(reader)
+        writer.write(codec.encode({"op": "ok", "id": hello["id"], "value": 1, "depth": 0}))
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:  # reads what comes, answers nothing
+                seen.extend(str(m.get("op")) for m in await codec.read_frames(reader))
+
+    listener = await asyncio.start_unix_server(wedged, path=path)
+    settings = Settings()
+    settings.state_dir = tmp_path
+    link = ModelLink(path, connect_wait_s=0.2)
+    port = RemotePort(link, Registry(settings), settings)
+    try:
+        with pytest.raises(Overloaded) as refused:
+            await port.reserve(port.demand("s1", "standard", "en", ["es"], True, 0.5, ["audio"]), "k1")
+        assert refused.value.retry_after > 0 and refused.value.code == "overloaded"
+        assert ("batched", "s1") not in link.admitted
+        for _ in range(100):
+            if "release" in seen:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == ["admit", "release"]
+    finally:
+        await link.close()
+        listener.close()
+
+
+def test_a_lone_surrogate_is_refused_where_client_json_enters() -> None:
+    """"\\ud800" is a valid JSON escape but no character: it used to pass the parser and fail later (SQLite: a 500 on
+    POST /v1/glossaries, /v1/keys, /v1/vocabularies; the model wire's msgpack: a stream's text message killed its
+    caption emitter under ``serve --workers``). A surrogate pair is one character and passes."""
+    from lingua_fusion import glossary, strict_json
+    from lingua_fusion.errors import InvalidParameter
+
+    assert strict_json.loads('{"t": "\\ud83d\\ude00"}') == {"t": "\U0001f600"}
+    assert strict_json.loads('{"t": "\\\\ud800"}') == {"t": "\\ud800"}  # an escaped backslash, not a surrogate
+    for raw in ('{"t": "a\\ud800b"}', b'["\\uDFFF"]', '{"t": NaN}'):
+        with pytest.raises(ValueError):
+            strict_json.loads(raw)
+    with pytest.raises(InvalidParameter):
+        glossary.parse(b'{"bank": "orilla\\ud800"}', max_terms=10)
+    with pytest.raises(UnicodeEncodeError):  # what the model wire did with it (codec.Outbox.put)
+        codec.encode({"op": "run", "payload": MtInput("Hello \ud800 world")})
+
+
+async def test_a_text_message_with_a_lone_surrogate_is_refused_on_a_sharded_server(sharded: tuple[str, Path]) -> None:
+    """On ``serve --workers 2`` a text message holding "\\ud800" is refused (invalid_parameter, 4400) with the
+    captions already sent intact, and the worker goes on serving streams; before, the stream's emitter died on the
+    model wire and the stream closed 1000 without ``closed``, its later captions lost."""
+    import websockets
+
+    url, _state = sharded
+    ws_url = url.replace("http", "ws", 1) + "/v1/streams"
+    async with websockets.connect(ws_url, open_timeout=30) as ws:
+        await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"]}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] == "ready"
+        await ws.send(json.dumps({"type": "text", "text": "The river is calm.", "ts": 1.0}))
+        await ws.send('{"type": "text", "text": "Hello \\ud800 world.", "ts": 2.0}')
+        events = []
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while True:
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
+        assert ws.close_code == 4400, events
+    assert [e["code"] for e in events if e["type"] == "error"] == ["invalid_parameter"]
+    async with websockets.connect(ws_url, open_timeout=30) as ws:  # the worker still serves a stream whole
+        await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"]}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] == "ready"
+        await ws.send(json.dumps({"type": "text", "text": "The river is calm.", "ts": 1.0}))
+        await ws.send(json.dumps({"type": "end"}))
+        events = [json.loads(m) async for m in ws]
+    assert [e["type"] for e in events if e["type"] in ("final", "closed")] == ["final", "closed"]
+    assert events[-1]["finals"] == 1

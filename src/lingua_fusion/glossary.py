@@ -12,12 +12,11 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import agreement
+from . import agreement, strict_json
 from .deadline import Deadline
 from .errors import InvalidParameter, TooLarge
 
@@ -37,7 +36,7 @@ def parse(data: bytes, *, max_terms: int, filename: str = "") -> list[Term]:
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")) or filename.endswith(".json"):
         try:
-            obj = json.loads(text)
+            obj = strict_json.loads(text)  # a lone surrogate would reach SQLite and the model wire
         except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
             raise InvalidParameter(f"glossary JSON is invalid: {exc}") from exc
         if isinstance(obj, dict) and "terms" in obj:

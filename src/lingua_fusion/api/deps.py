@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 
+from .. import strict_json
 from ..config import Settings
 from ..errors import InvalidParameter, TooLarge, UnsupportedContentType
 from ..files import FileTranslator
@@ -101,13 +101,9 @@ async def require_json(request: Request) -> None:
                                      f"(not {ctype or 'none'})")
     body = await request.body()
     try:
-        json.loads(body, parse_constant=_not_json)
+        strict_json.loads(body)  # NaN / Infinity and lone surrogates refused too
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise InvalidParameter("the body is not valid JSON") from exc
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 JsonBody = Depends(require_json)

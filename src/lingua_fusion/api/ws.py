@@ -17,7 +17,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
+from .. import strict_json
 from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge
 from ..stream.events import Event, error_event
@@ -131,13 +131,9 @@ async def _start(ws: WebSocket, settings: Settings) -> dict[str, Any]:
     return msg
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _json(raw: str, message: str) -> Any:
-    try:  # NaN / Infinity are Python's extension, not JSON: refused like any other malformed text
-        return json.loads(raw, parse_constant=_reject_constant)
+    try:  # NaN / Infinity and lone surrogates: refused like any other malformed text (strict_json.py)
+        return strict_json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise InvalidParameter(message) from exc
 

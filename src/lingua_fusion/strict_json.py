@@ -1,0 +1,38 @@
+"""JSON from clients, parsed strictly at the boundary (WebSocket messages, JSON bodies, glossary files).
+
+Two things Python's ``json.loads`` accepts that are not text a server can keep:
+- ``NaN`` / ``Infinity``: Python's extension, not JSON;
+- a lone UTF-16 surrogate (``"\\ud800"``): a valid JSON escape that names no character. It parses into a ``str``
+  that no UTF-8 encoder takes, so it failed later and far away: SQLite refused it (a 500 on ``POST /v1/glossaries``,
+  ``/v1/keys``, ``/v1/vocabularies``) and the model processes' msgpack wire refused it (a stream's text message
+  killed the stream's caption emitter under ``serve --workers``: no ``closed``, later captions lost).
+
+Both raise ``ValueError`` here, which every caller already maps to ``invalid_parameter``. A surrogate *pair*
+(``"\\ud83d\\ude00"``) is one character and passes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(raw: str | bytes) -> Any:
+    """``json.loads`` that refuses NaN / Infinity and lone surrogates (``ValueError``; ``RecursionError`` on
+    nesting too deep, as ``json.loads``)."""
+    obj = json.loads(raw, parse_constant=_not_json)
+    escaped = _SURROGATE_BYTES.search(raw) if isinstance(raw, bytes) else _SURROGATE.search(raw)
+    if escaped is not None:  # rare: only then is the whole value checked
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a lone UTF-16 surrogate (\\ud800-\\udfff) is not a character") from None
+    return obj
