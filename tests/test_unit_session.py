@@ -177,3 +177,35 @@ async def test_a_partial_whose_model_work_is_refused_is_dropped_not_raised(error
 
     jobs = StreamJobs(StreamSpec(source_lang="en", targets=["es"]), Refusing())  # type: ignore[arg-type]
     assert await jobs.partial(np.zeros(16000, dtype=np.float32), lambda: True) is None
+
+
+async def test_a_cancelled_reader_of_the_outbox_leaves_no_task_behind() -> None:
+    """The WebSocket writer is cancelled when its client leaves mid-stream; the outbox's two waiters (the queue's
+    get, the closed event's wait) used to stay pending and be garbage-collected later ("Task was destroyed but it
+    is pending!" in the server log, once per abandoned stream). Events still queued are not lost to it."""
+    from lingua_fusion.stream.events import error_event
+    from lingua_fusion.stream.outbox import Outbox
+
+    outbox = Outbox(8, full=lambda: None)
+    closed = asyncio.Event()
+    seen: list[str] = []
+
+    async def read() -> None:
+        async for event in outbox.outgoing(closed, lambda: None):
+            seen.append(event.TYPE)
+
+    reader = asyncio.create_task(read())
+    outbox.emit(error_event(Overloaded("one")))
+    for _ in range(20):
+        if seen:
+            break
+        await asyncio.sleep(0)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    await asyncio.sleep(0)
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    assert seen == ["error"]
+    outbox.emit(error_event(Overloaded("two")))  # queued after the reader left: a new reader gets it
+    closed.set()
+    assert [e.TYPE async for e in outbox.outgoing(closed, lambda: None)] == ["error"]

@@ -33,15 +33,18 @@ class Outbox:
         while True:
             get = asyncio.ensure_future(self.events.get())
             was_closed = asyncio.ensure_future(closed.wait())
-            done, _ = await asyncio.wait({get, was_closed}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait({get, was_closed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # also when the reader is cancelled (its client left): neither waiter is left pending
+                for waiter in (get, was_closed):
+                    if not waiter.done():
+                        waiter.cancel()
             if get in done:
-                was_closed.cancel()
                 event = get.result()
                 yield event
                 if event.TYPE == "closed":
                     return
                 continue
-            get.cancel()
             while not self.events.empty():
                 yield self.events.get_nowait()
             why = error()
