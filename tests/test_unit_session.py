@@ -209,3 +209,27 @@ async def test_a_cancelled_reader_of_the_outbox_leaves_no_task_behind() -> None:
     outbox.emit(error_event(Overloaded("two")))  # queued after the reader left: a new reader gets it
     closed.set()
     assert [e.TYPE async for e in outbox.outgoing(closed, lambda: None)] == ["error"]
+
+
+async def test_a_bug_in_a_captions_work_is_told_to_the_client_not_a_quiet_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An error no stage typed (a bug: under ``serve --workers`` a text the model wire could not encode did this)
+    used to end the emitter silently: no ``closed``, no error, a WebSocket close 1000, and 'Task exception was
+    never retrieved'. The client now gets ``error`` ``internal`` (1011 on the wire) and the server log says why."""
+    from lingua_fusion.errors import LinguaFusionError
+
+    def bug(key: Any, payload: Any) -> Any:
+        if key.task == "mt" and "bad" in payload.text:
+            raise TypeError("a bug")
+        return None
+
+    s = session(FakePort(on_call=bug))
+    s.start()
+    for text in ("one good", "bad one", "three good"):
+        await s.feed_text(text)
+    await s.end()
+    events = [e.to_wire() async for e in s.outgoing()]
+    assert [(e["type"], e.get("seq")) for e in events if e["type"] != "metrics"] == [("final", 1), ("error", None)]
+    assert events[-1]["code"] == "internal" and "a bug" not in events[-1]["message"]  # the details stay in the log
+    assert type(s.error) is LinguaFusionError and s.state == State.CLOSED
+    assert any("its finals failed" in r.getMessage() for r in caplog.records)

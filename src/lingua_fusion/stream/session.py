@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
@@ -44,6 +45,8 @@ from .policy import CommitPolicy
 from .protocol import StreamSpec, check_ts
 from .resume import ResumePoint
 from .timeline import AudioTimeline
+
+log = logging.getLogger("lingua_fusion.streams")
 
 __all__ = ["LOW_FRAME_INTERVAL_S", "MAX_IMAGES_IN_FLIGHT", "Slots", "State", "StreamOwner", "StreamSession"]
 
@@ -303,6 +306,11 @@ class StreamSession:
                               video=self.video.stats() if self.video is not None else None,
                               timeline={"late_dropped": tl.late_dropped, "reordered": tl.reordered,
                                         "gap_seconds": round(tl.gap_seconds, 3)}))
+        except Exception as exc:  # a bug in a caption's work (an error no stage typed): logged, and the client told
+            # (`internal`, 1011) instead of a quiet close without `closed` and the captions after it lost unsaid
+            log.exception("stream %s: its finals failed", self.spec.stream_id)
+            if self.error is None:
+                self.error = LinguaFusionError(f"finals failed: {type(exc).__name__}: {exc}")
         finally:
             self.state = State.CLOSED
             self.owner.released(self)
