@@ -596,3 +596,30 @@ async def test_a_text_message_with_a_lone_surrogate_is_refused_on_a_sharded_serv
         events = [json.loads(m) async for m in ws]
     assert [e["type"] for e in events if e["type"] in ("final", "closed")] == ["final", "closed"]
     assert events[-1]["finals"] == 1
+
+
+async def test_a_payload_the_wire_cannot_carry_fails_that_call_typed_and_the_link_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OCR image over the wire's frame bound (a 40 MP slide is 120 MB as pixels, the frame bound 64 MiB) or a text
+    that is not Unicode raised a bare ValueError out of the worker's port: the slide's OCR task died unobserved (no
+    ``slide``, no ``error`` event, 'Task exception was never retrieved'), a final's emitter died with it. Now the
+    call fails as a BackendError (a slide 'not read' error event, a final marked failed) and the link serves on."""
+    settings = Settings()
+    settings.state_dir = tmp_path
+    path = str(tmp_path / "m.sock")
+    server, listener = await _model_server(path, settings)
+    link = ModelLink(path)
+    port = RemotePort(link, Registry(settings), settings)
+    monkeypatch.setattr(codec, "MAX_FRAME", 1024 * 1024)
+    try:
+        with pytest.raises(BackendError) as big:
+            await port.run(ModelKey.ocr(), np.zeros((1000, 1000, 3), dtype=np.uint8), _ctx("s1"))
+        assert not isinstance(big.value, ModelProcessLost)
+        with pytest.raises(BackendError):
+            await port.run(ModelKey.mt("en", "es"), MtInput("Hello \ud800 world"), _ctx("s1"))
+        assert link.losses == 0
+        assert await port.run(ModelKey.mt("en", "es"), MtInput("Good morning."), _ctx("s1"))  # the same link
+    finally:
+        await link.close()
+        listener.close()
+        await server.close()

@@ -73,7 +73,8 @@ class ModelLink:
     # ---- requests ----------------------------------------------------------------------------------------------
     async def call(self, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send ``msg`` and wait for its reply (a dict with ``value`` and ``depth``); raises the typed error the
-        model process answered, ``ModelProcessLost``, ``ModelTimeout`` or ``Overloaded``."""
+        model process answered, ``ModelProcessLost``, ``ModelTimeout``, ``Overloaded``, or ``BackendError`` for a
+        payload the wire cannot carry."""
         await self.wait_up(min(timeout_s, self.connect_wait_s))
         if len(self._pending) >= self.max_in_flight:
             raise Overloaded("too many model requests in flight from this worker", retry_after=1.0)
@@ -81,7 +82,11 @@ class ModelLink:
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[ident] = fut
         try:
-            self._send({**msg, "id": ident})
+            try:
+                self._send({**msg, "id": ident})
+            except (TypeError, ValueError) as exc:  # a payload the wire cannot carry (over MAX_FRAME, a str that
+                # is not Unicode): this request fails typed, as a backend failure; the link and its other requests go on
+                raise BackendError(f"this request cannot cross to the model process: {exc}") from exc
             reply = await asyncio.wait_for(fut, timeout=timeout_s)
         except TimeoutError:
             raise ModelTimeout(f"the model process gave no answer in {timeout_s:.0f} s") from None
