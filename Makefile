@@ -17,9 +17,12 @@ run: setup
 run-dev: setup
 	$(VENV)/bin/linguafusion serve --host 127.0.0.1 --port $(PORT) --no-auth
 
+# the suite on TEST_WORKERS pytest-xdist workers, one test file per worker at a time (--dist loadfile: a module's
+# live servers and fixed ports stay on one worker); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/ruff check src tests bench
-	bash scripts/with-redis.sh $(PY) -m pytest -q -p no:cacheprovider
+	bash scripts/with-redis.sh $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # mutation testing of the pure cores (mutmut, one module at a time; slow: not part of `make test`)
 # MODULES="scheduler journal" runs some; the others keep their results in bench/results/mutation.json
