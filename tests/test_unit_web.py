@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from lingua_fusion.api.opsview import histogram_quantile, snapshot
+from lingua_fusion.api.shared_tickets import SharedTicketBook
 from lingua_fusion.api.tickets import PREFIX, TicketBook, is_ticket
 from lingua_fusion.errors import AuthenticationError
 
@@ -53,6 +55,37 @@ def test_unknown_tokens_and_keys_are_not_tickets() -> None:
     assert not is_ticket(None) and not is_ticket("") and not is_ticket("sk_abc")
     with pytest.raises(AuthenticationError):
         TicketBook().redeem(PREFIX + "made-up", now=0.0)
+
+
+def test_a_ticket_from_one_worker_is_redeemed_once_by_another(tmp_path: Path) -> None:
+    """``serve --workers``: the ticket's POST and its WebSocket land on whichever worker accepts each connection;
+    with one in-memory book per worker every ticket redeemed on the other worker was 'unauthenticated' (the
+    live-captions page could not open a stream). Two books on one file stand for two workers."""
+    path = tmp_path / "tickets.db"
+    a, b = SharedTicketBook(path, ttl_s=60, max_tickets=5, per_key=3), SharedTicketBook(path, ttl_s=60,
+                                                                                           max_tickets=5, per_key=3)
+    ticket = a.issue("key_a", admin=True, now=100.0)
+    assert ticket is not None and is_ticket(ticket.token)
+    redeemed = b.redeem(ticket.token, now=101.0)
+    assert (redeemed.key_id, redeemed.admin) == ("key_a", True)
+    for book in (a, b):  # once, on any worker
+        with pytest.raises(AuthenticationError):
+            book.redeem(ticket.token, now=101.5)
+    assert a.issue("k", False, now=0.0) and b.issue("k", False, now=0.0) and a.issue("k", False, now=0.0)
+    assert b.issue("k", False, now=1.0) is None  # the key's share, counted across workers
+    assert a.issue("j", False, now=1.0) and b.issue("j", False, now=1.0) and a.issue("i", False, now=1.0) is None
+    assert b.issue("k", False, now=61.0) is not None  # k's first tickets expired
+    late = a.issue("j", False, now=61.0)
+    assert late is not None and b.revoke("j") == 1 and len(a) == 1  # revoked on one worker, gone on both
+    with pytest.raises(AuthenticationError):
+        a.redeem(late.token, now=62.0)
+    expiring = b.issue("m", False, now=100.0)
+    assert expiring is not None
+    with pytest.raises(AuthenticationError):
+        a.redeem(expiring.token, now=160.0)
+    assert expiring.token.encode() not in path.read_bytes()  # digests only
+    a.close()
+    b.close()
 
 
 def test_histogram_quantile_interpolates_like_prometheus() -> None:

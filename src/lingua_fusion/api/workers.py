@@ -18,6 +18,8 @@ default), supervised.
 - SIGTERM / SIGINT: the workers drain (finals logged and sent, clients told to reconnect), then the model process
   ends.
 - /metrics on any worker sums every process (serving/shard/metrics.py).
+- Stream tickets (``POST /v1/stream-tickets``) are kept in the run directory, shared: any worker redeems them
+  (api/shared_tickets.py).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     from ..serving.shard.remote import ModelLink, RemotePort, link_in_flight
     from .app import create_app
     from .server import build_server, install_logging
+    from .shared_tickets import SharedTicketBook
 
     _die_with_parent()
     install_logging(log_level)
@@ -95,6 +98,8 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
         return RemotePort(link, registry, s)
 
     app = create_app(settings, executor=port)
+    # a ticket issued by one worker opens a stream on any (api/shared_tickets.py); the file lives in the run dir
+    app.state.tickets = SharedTicketBook(Path(path).parent / "tickets.db")
     build_server(app, settings, log_level=log_level).run(sockets=[sock])
 
 
