@@ -623,3 +623,28 @@ async def test_a_payload_the_wire_cannot_carry_fails_that_call_typed_and_the_lin
         await link.close()
         listener.close()
         await server.close()
+
+
+async def test_rooms_without_a_shared_redis_are_refused_clearly_on_a_sharded_server(sharded: tuple[str, Path]
+                                                                                     ) -> None:
+    """Rooms kept in one worker's memory would be found by half the listeners (each request lands on any worker):
+    without Redis, ``serve --workers`` makes none, by REST or by a stream started with ``"room": true``, and says
+    why (501 not_configured); the stream service goes on."""
+    import websockets
+
+    url, _state = sharded
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        for _ in range(4):  # whichever worker answers
+            r = await http.post("/v1/rooms", json={"source_lang": "en"})
+            assert r.status_code == 501 and r.json()["error"]["code"] == "not_configured", r.text
+            assert "LINGUAFUSION_STATE__REDIS_URL" in r.json()["error"]["message"]
+    ws_url = url.replace("http", "ws", 1) + "/v1/streams"
+    async with websockets.connect(ws_url, open_timeout=30) as ws:
+        await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"],
+                                  "room": True}))
+        events = []
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while True:
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+    assert [(e["type"], e.get("code")) for e in events] == [("error", "not_configured")], events
+    assert await _finals_when_admitted(url, pcm16(talk_wav(OTHER[:1])))  # the key's reservation was given back

@@ -179,6 +179,15 @@ class Draining(LinguaFusionError):
     public = None
 
 
+class NotConfigured(LinguaFusionError):
+    """What this server, as it is configured, does not offer (rooms under ``serve --workers`` without a shared
+    Redis): the operator can change that, the client cannot."""
+
+    status = 501
+    code = "not_configured"
+    public = None
+
+
 class BackendError(LinguaFusionError):
     status = 503
     code = "backend_unavailable"

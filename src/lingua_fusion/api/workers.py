@@ -100,6 +100,9 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     app = create_app(settings, executor=port)
     # a ticket issued by one worker opens a stream on any (api/shared_tickets.py); the file lives in the run dir
     app.state.tickets = SharedTicketBook(Path(path).parent / "tickets.db")
+    if not settings.state.redis_url:  # in-process rooms would be one worker's: a listener on another finds none
+        app.state.rooms.unavailable = ("rooms need a shared Redis when the server runs several worker processes: "
+                                       "set LINGUAFUSION_STATE__REDIS_URL, or serve without --workers")
     build_server(app, settings, log_level=log_level).run(sockets=[sock])
 
 

@@ -24,6 +24,7 @@ from ..errors import (
     AuthenticationError,
     InvalidParameter,
     LinguaFusionError,
+    NotConfigured,
     NotFound,
     QuotaExceeded,
 )
@@ -56,6 +57,7 @@ class RoomService:
                  clock: Callable[[], float] = time.time) -> None:
         self.bus = bus
         self.directory = directory
+        self.unavailable: str | None = None  # why this server makes no rooms (set by serve --workers without Redis)
         self.check_pair = check_pair  # (source, target) -> route; raises unsupported_pair
         self.low_confidence = low_confidence
         self.metrics = metrics or RoomMetrics()
@@ -67,7 +69,12 @@ class RoomService:
         self._presence: asyncio.Task[None] | None = None
 
     # ---- owner routes ------------------------------------------------------------------------------------------
+    def _check_available(self) -> None:
+        if self.unavailable is not None:
+            raise NotConfigured(self.unavailable)
+
     async def create(self, owner: str, source_lang: str | None = None) -> tuple[Room, str]:
+        self._check_available()
         mine = await self.directory.rooms_of(owner)
         if sum(r.state != State.ENDED for r in mine) >= MAX_ROOMS_PER_KEY:
             raise QuotaExceeded(f"this key has {MAX_ROOMS_PER_KEY} rooms open; end one first (DELETE "
@@ -118,6 +125,7 @@ class RoomService:
 
     # ---- publishing (RoomHost) ---------------------------------------------------------------------------------
     async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event) -> None:
+        self._check_available()
         spec = session.spec
         resumed = getattr(ready, "resumed", None) is not None
         room_id = await self.directory.room_of_stream(spec.stream_id) if resumed else None
