@@ -648,3 +648,25 @@ async def test_rooms_without_a_shared_redis_are_refused_clearly_on_a_sharded_ser
                 events.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
     assert [(e["type"], e.get("code")) for e in events] == [("error", "not_configured")], events
     assert await _finals_when_admitted(url, pcm16(talk_wav(OTHER[:1])))  # the key's reservation was given back
+
+
+async def test_a_wedged_model_process_makes_the_workers_not_ready_until_it_answers_again(
+        sharded: tuple[str, Path]) -> None:
+    """/readyz under ``serve --workers`` asks the worker's model process too: SIGSTOPped, every worker answers 503
+    with what is wrong (a balancer moves on); resumed, 200 again. /healthz (the process is alive) stays 200."""
+    url, state = sharded
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        ready = (await http.get("/readyz")).json()
+        assert ready["ready"] is True and ready["model_process"] == "ok"
+        model = int(_pids(state)["model"])  # type: ignore[call-overload]
+        os.kill(model, signal.SIGSTOP)
+        try:
+            for _ in range(4):  # whichever worker answers
+                r = await http.get("/readyz")
+                assert r.status_code == 503 and r.json()["ready"] is False, r.text
+                assert r.json()["model_process"].startswith("model_timeout")
+            assert (await http.get("/healthz")).status_code == 200
+        finally:
+            os.kill(model, signal.SIGCONT)
+        r = await http.get("/readyz")
+        assert r.status_code == 200 and r.json()["model_process"] == "ok"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,9 +20,17 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
+    """Ready once warmed up; under ``serve --workers`` also only while this worker's model process answers
+    (``app.state.model_check``: a wedged or restarting one makes the worker not ready, so a balancer moves on)."""
     ctx = context(request)
-    body = {"ready": ctx.ready.is_set(), "loaded": ctx.translator.registry.loaded()}
-    return JSONResponse(body, status_code=200 if ctx.ready.is_set() else 503)
+    ready = ctx.ready.is_set()
+    body: dict[str, Any] = {"ready": ready, "loaded": ctx.translator.registry.loaded()}
+    check: Callable[[], Awaitable[str | None]] | None = getattr(request.app.state, "model_check", None)
+    if check is not None:
+        problem = await check()
+        body["model_process"] = problem or "ok"
+        body["ready"] = ready = ready and problem is None
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/metrics")

@@ -40,9 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
+from ..errors import LinguaFusionError
 
 log = logging.getLogger("lingua_fusion.api")
 RESTART_BACKOFF_S = 1.0
+READY_PING_S = 2.0  # /readyz: a model process that does not answer a ping this fast is not serving
 STOP_GRACE_S = 15.0  # past the drain deadline, before a worker is killed
 
 
@@ -100,6 +102,15 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     app = create_app(settings, executor=port)
     # a ticket issued by one worker opens a stream on any (api/shared_tickets.py); the file lives in the run dir
     app.state.tickets = SharedTicketBook(Path(path).parent / "tickets.db")
+
+    async def model_check() -> str | None:  # /readyz: this worker's model process answers (api/health.py)
+        try:
+            await link.ping(READY_PING_S)
+            return None
+        except LinguaFusionError as exc:
+            return f"{exc.code}: {exc.message}"
+
+    app.state.model_check = model_check
     if not settings.state.redis_url:  # in-process rooms would be one worker's: a listener on another finds none
         app.state.rooms.unavailable = ("rooms need a shared Redis when the server runs several worker processes: "
                                        "set LINGUAFUSION_STATE__REDIS_URL, or serve without --workers")

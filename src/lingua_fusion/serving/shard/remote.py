@@ -96,6 +96,11 @@ class ModelLink:
             raise codec.error_of(reply["error"])
         return reply
 
+    async def ping(self, timeout_s: float) -> int:
+        """The model process's pid once it answers (admission's path: its event loop, no model work), or the
+        error of ``call``: ``ModelProcessLost`` while it is down, ``ModelTimeout`` when it is wedged."""
+        return int((await self.call({"op": "ping"}, timeout_s))["value"] or 0)
+
     def tell(self, msg: dict[str, Any]) -> None:
         """A message with no reply (``release``); dropped while the link is down (the successor does not know the
         stream either: it is re-registered from ``admitted`` only if still there)."""
