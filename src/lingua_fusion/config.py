@@ -36,6 +36,9 @@ class ServerSettings(BaseModel):
     max_streams_per_key: int = 32
     stream_idle_timeout_s: float = 60.0
     drain_timeout_s: float = 10.0
+    # how often each process asks the key store whether a key with live streams here was revoked elsewhere (by
+    # another worker of `serve --workers`, another server on the state directory, `keys revoke`): api/revocation.py
+    key_check_interval_s: float = Field(default=1.0, gt=0)
     breaker_window_s: float = 5.0
     breaker_k: int = 3
     chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default

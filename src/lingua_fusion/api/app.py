@@ -50,6 +50,7 @@ from . import ws as ws_routes
 from .admission import Admission
 from .deps import ANONYMOUS, AppContext
 from .guard import Guard
+from .revocation import RevocationWatch
 
 log = logging.getLogger("lingua_fusion.api")
 
@@ -151,7 +152,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                      store: SQLiteStore, executor: ExecutorFactory) -> StreamsLifetime:
     """Build the StreamService (and the per-stream baseline it hands admin benchmark streams to), set
     ``app.state.streams`` and ``app.state.drain``, install /v1/streams; return the streams' lifetime (the
-    compaction loop while serving; the services and the stream log closed after)."""
+    compaction loop and the revoked-key watch while serving; the services and the stream log closed after)."""
     log_store = open_store(settings.resolved_state_dir(), settings.state.redis_url,
                            max_log=settings.state.max_log_finals, retention_s=settings.state.retention_s)
     quota = KeyQuota(settings.server.max_streams_per_key)
@@ -174,15 +175,24 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
             except LinguaFusionError as exc:
                 log.warning("stream log compaction failed: %s", exc.message)
 
+    def live_keys() -> set[str]:
+        return {s.spec.key_id for svc in (service, baseline) for s in svc.sessions.values()}
+
+    # streams of a key revoked on another worker (or server, or by the CLI) end here too (api/revocation.py)
+    watch = RevocationWatch(live_keys, store.revoked_among, service.revoke, settings.server.key_check_interval_s)
+
     @contextlib.asynccontextmanager
     async def lifetime() -> AsyncIterator[None]:
-        compactor = asyncio.create_task(_compact_loop(), name="compact")
+        tasks = [asyncio.create_task(_compact_loop(), name="compact")]
+        if settings.server.auth:
+            tasks.append(asyncio.create_task(watch.run(), name="revocation-watch"))
         try:
             yield
         finally:
-            compactor.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await compactor
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             await service.close()
 
     app.state.streams = service

@@ -8,6 +8,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,17 @@ class SQLiteStore:
             cur = self._db.execute("UPDATE api_keys SET revoked=1 WHERE key_id=?", (key_id,))
         if cur.rowcount == 0:
             raise NotFound(f"no key {key_id}")
+
+    def revoked_among(self, key_ids: Collection[str]) -> set[str]:
+        """Which of ``key_ids`` are revoked (one query per 500 ids; an id the store does not hold is not revoked)."""
+        ids, out = sorted(key_ids), set()
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            with self._lock:
+                rows = self._db.execute("SELECT key_id FROM api_keys WHERE revoked=1 AND key_id IN "
+                                        f"({','.join('?' * len(part))})", part).fetchall()
+            out.update(r[0] for r in rows)
+        return out
 
     def authenticate(self, secret: str | None, scope: str = "translate") -> ApiKey:
         if not secret:

@@ -1,0 +1,117 @@
+"""Revoking a key on ``serve --workers 2`` (auth on): its live streams end on both workers, not only on the one that
+served ``DELETE /v1/keys/{id}`` (api/revocation.py), and the key opens nothing anywhere after. Found by an attack:
+the stream on the other worker went on translating."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import start_server, stop_server
+from test_security import Srv, admin_key, connect, ending, event, opened, start
+
+from lingua_fusion.api.revocation import RevocationWatch
+from lingua_fusion.state.sqlite import SQLiteStore
+
+MAX_TRIES = 16  # streams opened until both workers hold one (the kernel hands each connection to one of them)
+
+
+@pytest.fixture(scope="module")
+def workers2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
+    state = tmp_path_factory.mktemp("revocation")
+    admin = admin_key(state)
+    url, proc = start_server(state, "--workers", "2")
+    yield Srv(url, proc, state, admin)
+    stop_server(proc)
+
+
+def _worker_of(srv: Srv, ws: Any) -> int:
+    """The pid of the worker that holds ``ws``'s connection: the server end's socket in /proc/net/tcp (local port
+    the server's, remote port ours), then the worker whose file descriptors include that socket."""
+    ours = ws.local_address[1]
+    inodes = {line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+              if int(line.split()[1].rsplit(":", 1)[1], 16) == srv.port
+              and int(line.split()[2].rsplit(":", 1)[1], 16) == ours}
+    workers = json.loads((srv.state / "serve.json").read_text())["workers"]
+    for pid in workers:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in inodes:
+                    return int(pid)
+            except OSError:  # a descriptor closed while we looked
+                continue
+    raise AssertionError(f"no worker of {workers} holds the connection from port {ours}")
+
+
+async def _one_per_worker(srv: Srv, key: str) -> dict[int, list[Any]]:
+    """Streams of ``key`` opened until each of the two workers holds at least one; by worker pid."""
+    by_worker: dict[int, list[Any]] = {}
+    for _ in range(MAX_TRIES):
+        ws, _ready = await opened(srv.ws, key, start(["text"]))
+        by_worker.setdefault(_worker_of(srv, ws), []).append(ws)
+        if len(by_worker) == 2:
+            return by_worker
+    raise AssertionError(f"{MAX_TRIES} streams all landed on one worker")
+
+
+async def test_revoking_a_key_closes_its_streams_on_every_worker(workers2: Srv) -> None:
+    key, key_id = workers2.new_key("to-revoke")
+    other, _ = workers2.new_key("stays")
+    doomed = await _one_per_worker(workers2, key)
+    kept, _ = await opened(workers2.ws, other, start(["text"]))
+
+    r = httpx.delete(f"{workers2.url}/v1/keys/{key_id}", headers=workers2.auth(), timeout=10)
+    assert r.status_code == 200 and r.json()["revoked"] is True, r.text
+
+    for pid, streams in doomed.items():  # before the fix the other worker's streams stayed open
+        for ws in streams:
+            try:
+                events, code = await ending(ws)
+            except TimeoutError:
+                raise AssertionError(f"a stream of the revoked key on worker {pid} is still open") from None
+            assert events and events[-1]["type"] == "error", (pid, events)
+            assert events[-1]["code"] == "unauthenticated" and "revoked" in events[-1]["message"], (pid, events)
+            assert code == 4401, (pid, code)
+
+    # another key's stream goes on translating
+    await kept.send(json.dumps({"type": "text", "text": "The river is calm today.", "ts": 1.0}))
+    final = await event(kept)
+    while final["type"] != "final":
+        final = await event(kept)
+    assert final["source_text"] and final["text"]
+    await kept.close()
+
+    # the revoked key opens nothing and is refused by REST, whichever worker answers
+    for _ in range(4):
+        ws = await connect(workers2.ws, key)
+        await ws.send(json.dumps(start(["text"])))
+        events, code = await ending(ws)
+        assert events[0]["code"] == "unauthenticated" and code == 4401, (events, code)
+        r = httpx.get(f"{workers2.url}/v1/glossaries", headers=workers2.auth(key), timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated", r.text
+
+
+# ---- one level down: the store's answer and one look of the watch, no server ------------------------------------
+async def test_the_watch_closes_only_the_live_keys_the_store_says_are_revoked(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path)
+    ids = [store.create_key(name)[1].key_id for name in ("a", "b", "c")]
+    store.revoke_key(ids[0])
+    store.revoke_key(ids[2])  # revoked, but no live stream here
+    live = {ids[0], ids[1], "anonymous"}
+    closed: list[str] = []
+
+    async def close(key_id: str) -> int:
+        closed.append(key_id)
+        live.discard(key_id)
+        return 1
+
+    watch = RevocationWatch(lambda: set(live), store.revoked_among, close, interval_s=1.0)
+    assert await watch.check() == 1 and closed == [ids[0]]
+    assert await watch.check() == 0 and closed == [ids[0]]  # its streams are gone: nothing more to close
+    assert store.revoked_among(ids) == {ids[0], ids[2]}
+    store.close()
