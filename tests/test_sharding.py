@@ -131,6 +131,9 @@ async def test_model_process_killed_mid_stream_then_the_server_recovers(sharded:
     assert after["model"] != before["model"] and after["workers"] == before["workers"]
     fresh = await _finals(url, talks[1])  # a new stream after the restart: served whole
     assert jiwer.wer(_norm(" ".join(OTHER)), _norm(" ".join(f[2] for f in fresh))) <= 0.15
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:  # the dead process's gauges left with it
+        text = (await http.get("/metrics")).text
+    assert f'pid="{after["model"]}"' in text and f'pid="{before["model"]}"' not in text
 
 
 # ---- one level down: the wire and the model process's admission, over a real Unix socket, no models run ----

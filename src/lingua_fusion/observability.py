@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from hdrh.histogram import HdrHistogram
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from .serving.gpu.memory import MemoryCollector
+
+
+def gauge(name: str, doc: str, labels: Sequence[str] = (), *, registry: CollectorRegistry) -> Gauge:
+    """A gauge whose series, under ``serve --workers`` (one series per process, label ``pid``), are the live
+    processes' only: a dead worker's or model process's last values leave /metrics with it (``mark_process_dead``)."""
+    return Gauge(name, doc, labels, registry=registry, multiprocess_mode="liveall")
+
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -22,16 +30,16 @@ class Metrics:
                               registry=self.registry)
         self.stage_latency = Histogram("linguafusion_stage_latency_seconds", "Latency per pipeline stage",
                                        ["stage"], buckets=BUCKETS, registry=self.registry)
-        self.in_flight = Gauge("linguafusion_requests_in_flight", "Translations running", registry=self.registry)
-        self.waiting = Gauge("linguafusion_requests_waiting", "Translations waiting for a worker",
+        self.in_flight = gauge("linguafusion_requests_in_flight", "Translations running", registry=self.registry)
+        self.waiting = gauge("linguafusion_requests_waiting", "Translations waiting for a worker",
                              registry=self.registry)
         self.rejected = Counter("linguafusion_rejected_total", "Requests refused for overload",
                                 registry=self.registry)
 
-        self.queue_depth_max = Gauge("linguafusion_queue_depth_max", "Largest scheduler queue depth seen per model",
+        self.queue_depth_max = gauge("linguafusion_queue_depth_max", "Largest scheduler queue depth seen per model",
                                      ["model"], registry=self.registry)
         self._depth_max: dict[str, int] = {}
-        self.queue_depth = Gauge("linguafusion_queue_depth", "Scheduler queue depth per model", ["model"],
+        self.queue_depth = gauge("linguafusion_queue_depth", "Scheduler queue depth per model", ["model"],
                                  registry=self.registry)
         self.batch_size = Histogram("linguafusion_batch_size", "Items per model batch (across streams)", ["model"],
                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=self.registry)
@@ -43,14 +51,14 @@ class Metrics:
                                         registry=self.registry)
         self.streams_rejected = Counter("linguafusion_streams_rejected_total", "Streams refused by admission",
                                         registry=self.registry)
-        self.active_streams = Gauge("linguafusion_active_streams", "Live streams", registry=self.registry)
+        self.active_streams = gauge("linguafusion_active_streams", "Live streams", registry=self.registry)
         self.caption_latency = Histogram("linguafusion_caption_latency_seconds",
                                          "Audio end received -> committed caption sent", ["slo"], buckets=BUCKETS,
                                          registry=self.registry)
-        self.caption_quantiles = Gauge("linguafusion_caption_latency_quantile_seconds",
+        self.caption_quantiles = gauge("linguafusion_caption_latency_quantile_seconds",
                                        "Caption latency quantiles (HdrHistogram)", ["slo", "quantile"],
                                        registry=self.registry)
-        self.degradation_level = Gauge("linguafusion_degradation_level", "SLO breaker level per class (0 = normal)",
+        self.degradation_level = gauge("linguafusion_degradation_level", "SLO breaker level per class (0 = normal)",
                                        ["slo"], registry=self.registry)
         self.breaker_transitions = Counter("linguafusion_breaker_transitions_total", "SLO breaker moves",
                                            ["slo", "direction"], registry=self.registry)
@@ -62,7 +70,7 @@ class Metrics:
                                       ["model"], registry=self.registry)
         self.store_failures = Counter("linguafusion_store_failures_total", "Stream-log writes that failed",
                                       registry=self.registry)
-        self.unlogged_finals = Gauge("linguafusion_unlogged_finals", "Finals sent but not yet in the stream log",
+        self.unlogged_finals = gauge("linguafusion_unlogged_finals", "Finals sent but not yet in the stream log",
                                      registry=self.registry)
         self._hdr: dict[str, HdrHistogram] = {}
         # the GPU engine's pools and encoder cache, read at scrape time: whoever builds a GpuRunner for the

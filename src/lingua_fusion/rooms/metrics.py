@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter
+
+from ..observability import gauge
 
 
 class RoomMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry or CollectorRegistry()
-        self.rooms = Gauge("linguafusion_rooms_published", "Rooms whose publisher streams through this gateway",
+        self.rooms = gauge("linguafusion_rooms_published", "Rooms whose publisher streams through this gateway",
                            registry=r)
-        self.listeners = Gauge("linguafusion_room_listeners", "Room listeners connected to this gateway",
+        self.listeners = gauge("linguafusion_room_listeners", "Room listeners connected to this gateway",
                                registry=r)
-        self.feeds = Gauge("linguafusion_room_feeds", "Rooms this gateway follows for its listeners", registry=r)
+        self.feeds = gauge("linguafusion_room_feeds", "Rooms this gateway follows for its listeners", registry=r)
         self.joined = Counter("linguafusion_room_listeners_joined_total", "Listeners that joined a room",
                               registry=r)
         self.left = Counter("linguafusion_room_listeners_left_total",

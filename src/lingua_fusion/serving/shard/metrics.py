@@ -3,9 +3,9 @@ process figures (CPU seconds, resident memory) of the whole server, not of the w
 
 ``linguafusion serve --workers N`` sets ``PROMETHEUS_MULTIPROC_DIR`` for its children, so each worker's and the
 model process's counters and histograms land in files there; any worker answers /metrics with their sum. Gauges
-carry a ``pid`` label (one series per process). CPU: the supervisor's own and its reaped children's time
-(``cutime``/``cstime``: a restarted process's CPU is not lost) plus every live child's; memory: the live processes'
-resident sets.
+carry a ``pid`` label (one series per live process: observability.gauge). CPU: the supervisor's own and its
+reaped children's time (``cutime``/``cstime``: a restarted process's CPU is not lost) plus every live child's;
+memory: the live processes' resident sets.
 """
 
 from __future__ import annotations
