@@ -28,7 +28,8 @@ class MemStore:
     def open_stream(self, sid: str, token: str, snap: dict[str, Any]) -> None:
         self.calls.append(("open", sid, token, snap))
 
-    def append_final(self, sid: str, final: dict[str, Any], committed: Any, origin: Any, text_until: Any) -> None:
+    def append_final(self, sid: str, final: dict[str, Any], committed: Any, origin: Any, text_until: Any,
+                     epoch: Any = None) -> None:
         from lingua_fusion.errors import NotFound, StoreUnavailable
 
         self.gate.wait(30)
@@ -38,7 +39,7 @@ class MemStore:
             raise StoreUnavailable("redis down")
         self.calls.append(("append", final["seq"], committed, origin, text_until))
 
-    def close_stream(self, sid: str) -> None:
+    def close_stream(self, sid: str, epoch: Any = None) -> None:
         from lingua_fusion.errors import StoreUnavailable
 
         if self.down:

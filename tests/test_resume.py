@@ -15,7 +15,7 @@ import jiwer
 import pytest
 from conftest import BIN, REDIS, free_port, needs_redis, start_server, stop_server, talk_wav
 
-from lingua_fusion.errors import AuthenticationError, NotFound
+from lingua_fusion.errors import AuthenticationError, NotFound, TakenOver
 from lingua_fusion.state.streams import RedisStreamStore, SQLiteStreamStore, StreamStore
 
 SENTENCES = ["Good morning everyone and welcome to the quarterly review.", "The new office will open in the spring.",
@@ -71,6 +71,26 @@ def test_compaction_trims_long_logs_and_drops_expired_streams(kind: str, tmp_pat
         assert store.resume(live, "tok")["last_seq"] == 8
     finally:
         store.close()
+
+
+def test_a_resume_claims_the_stream_and_the_older_session_can_no_longer_write(store_factory: Any) -> None:
+    sid = f"st_claim_{time.monotonic_ns()}"
+    a, b = store_factory(), store_factory()  # two worker processes sharing the store
+    a.open_stream(sid, "tok", {"spec": {}})
+    a.append_final(sid, {"type": "final", "seq": 1, "end": 1.0, "text": "t1"}, 1.0, None, None, 0)
+    with pytest.raises(AuthenticationError):
+        b.claim(sid, "wrong")
+    snap = b.claim(sid, "tok")  # a resume on the other process
+    assert snap["epoch"] == 1 and snap["last_seq"] == 1
+    with pytest.raises(TakenOver):  # the first session's next final is refused, not logged under seq 2
+        a.append_final(sid, {"type": "final", "seq": 2, "end": 2.0, "text": "old"}, 2.0, None, None, 0)
+    for _ in range(2):  # the resumed session's, retried, is logged once
+        b.append_final(sid, {"type": "final", "seq": 2, "end": 2.0, "text": "new"}, 2.0, None, None, 1)
+    with pytest.raises(TakenOver):  # nor may the first session close it
+        a.close_stream(sid, 0)
+    assert [e["text"] for e in a.finals_after(sid, 0)] == ["t1", "new"] and not a.resume(sid, "tok")["closed"]
+    b.close_stream(sid, 1)
+    assert a.resume(sid, "tok")["closed"] is True
 
 
 def test_log_survives_a_new_process_and_checks_the_token(store_factory: Any) -> None:

@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import uvicorn
-from conftest import free_port
+from conftest import REDIS, free_port, needs_redis
 
 from lingua_fusion.api import create_app
 from lingua_fusion.config import Settings
@@ -185,3 +186,51 @@ async def test_a_failed_stream_frees_its_quota_and_admission(tmp_path: Path) -> 
     finally:
         await service.close()
         translator.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=needs_redis)])
+async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_path: Path) -> None:
+    """Two servers (like the worker processes of ``serve --workers 2``) share one stream store. A stream resumed on
+    the second while its first connection is still open is taken over: the first connection ends ``taken_over``
+    (4409) at its next caption instead of logging it, and the log holds exactly the second connection's finals
+    after the resume point (before, both logged finals under the same seq and the second one's were lost)."""
+    settings = settings_for(tmp_path)
+    if kind == "redis":
+        settings.state.redis_url = REDIS
+    apps = [create_app(settings, warm=False) for _ in range(2)]
+    servers = [uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
+                                             lifespan="on")) for app in apps]
+    serving = [asyncio.create_task(s.serve()) for s in servers]
+    try:
+        async with asyncio.timeout(30):
+            while not all(s.started for s in servers):  # noqa: ASYNC110 (uvicorn offers no event for it)
+                await asyncio.sleep(0.05)
+        url_a, url_b = (f"ws://127.0.0.1:{s.config.port}/v1/streams" for s in servers)
+        first, send_first = await open_ws(url_a, start(0.5))
+        ready = await first.until(lambda e: e["type"] == "ready")
+        await send_first("One.", 1.0)
+        await first.until(lambda e: e["type"] == "final")
+        resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
+                                              "last_seq": 1}}
+        second, send_second = await open_ws(url_b, resume)
+        await second.until(lambda e: e["type"] == "ready")
+        await send_first("Two from the first.", 2.0)
+        await send_second("Three from the second.", 3.0)
+        await first.until(lambda e: e["type"] == "error")
+        assert first.task is not None
+        await asyncio.wait_for(first.task, 10)
+        await send_second("Five from the second.", 5.0)
+        await second.until(lambda e: e["type"] == "final" and e["seq"] == 3)
+        replay = {"type": "start", "resume": {**resume["resume"], "last_seq": 0}}
+        third, _ = await open_ws(url_a, replay)
+        await third.until(lambda e: e["type"] == "final" and e["seq"] == 3)
+    finally:
+        for s in servers:
+            s.should_exit = True
+        await asyncio.wait_for(asyncio.gather(*serving), 30)
+    assert [(e["seq"], e["source_text"]) for e in first.events if e["type"] == "final"] == [(1, "One.")]
+    assert first.types()[-1] == "error:taken_over" and first.close_code == 4409
+    got = [(e["seq"], e["source_text"]) for e in second.events if e["type"] == "final"]
+    assert got == [(2, "Three from the second."), (3, "Five from the second.")]
+    logged = [(e["seq"], e["source_text"]) for e in third.events if e["type"] == "final"]
+    assert logged == [(1, "One."), *got]

@@ -5,6 +5,11 @@ One interface, two stores (SQLite, the embedded default; Redis for shared state)
 of its resume token, the last sequence number logged, and ``committed_until`` (stream time up to which audio is
 covered by logged finals: a resuming client re-sends audio from there).
 
+Ownership is in the snapshot too: ``epoch`` counts the resumes. A resume ``claim``s the stream (the epoch goes up,
+atomically, in the store that every worker process and server shares); a session writes with the epoch it got, and
+a write from an older epoch is refused with ``TakenOver``: a session whose stream was resumed elsewhere stops
+writing, and no two sessions log finals under the same seq.
+
 What can be lost (see docs/reliability.md): SQLite runs in WAL mode with synchronous=NORMAL, so a killed *process*
 loses nothing that was logged (the OS has it); a power loss can lose the last transactions. Redis with
 ``appendonly yes`` and ``appendfsync everysec`` can lose up to about one second of writes if Redis itself dies.
@@ -12,21 +17,24 @@ loses nothing that was logged (the OS has it); a power loss can lose the last tr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from ..errors import AuthenticationError, BackendError, NotFound
+from ..errors import AuthenticationError, BackendError, ClientError, NotFound, TakenOver
 from ..redact import redact_url
 from . import redis_keys
 from .private import private_dir, private_file
 
 log = logging.getLogger("lingua_fusion.state")
+T = TypeVar("T")
 
 
 def token_digest(token: str) -> str:
@@ -37,13 +45,24 @@ class StreamStore(Protocol):
     def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None: ...
 
     def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
-                     origin: float | None = None, text_until: float | None = None) -> None: ...
+                     origin: float | None = None, text_until: float | None = None,
+                     epoch: int | None = None) -> None:
+        """Log ``event`` (a seq already logged is a retry: nothing happens). ``epoch``: the writing session's; a
+        stream claimed since is not written (``TakenOver``). None: no owner check (tools, tests)."""
+        ...
 
-    def resume(self, stream_id: str, token: str) -> dict[str, Any]: ...
+    def resume(self, stream_id: str, token: str) -> dict[str, Any]:
+        """The snapshot (token checked), read only."""
+        ...
+
+    def claim(self, stream_id: str, token: str) -> dict[str, Any]:
+        """A resume takes the stream over: the token checked, the epoch raised by one in the same transaction; the
+        snapshot returned carries the new ``epoch``, which the resumed session writes with."""
+        ...
 
     def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]: ...
 
-    def close_stream(self, stream_id: str) -> None: ...
+    def close_stream(self, stream_id: str, epoch: int | None = None) -> None: ...
 
     def compact(self, retention_s: float, max_log: int) -> dict[str, int]: ...
 
@@ -61,6 +80,12 @@ def _advance(snap: dict[str, Any], event: dict[str, Any], committed_until: float
         snap["text_until"] = max(float(snap.get("text_until", -1.0)), text_until)
     if origin is not None:
         snap["origin"] = origin
+
+
+def _owned(snap: dict[str, Any], epoch: int | None) -> None:
+    """A session writes only while it holds the stream's current epoch (nobody resumed the stream since)."""
+    if epoch is not None and int(snap.get("epoch", 0)) != epoch:
+        raise TakenOver("this stream was resumed by another connection; this one is closed")
 
 
 def _check(snapshot: dict[str, Any] | None, stream_id: str, token: str) -> dict[str, Any]:
@@ -87,32 +112,60 @@ class SQLiteStreamStore:
 
     def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None:
         body = {**snapshot, "token_digest": token_digest(token), "last_seq": 0, "committed_until": 0.0,
-                "closed": False}
+                "closed": False, "epoch": 0}
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO stream_snapshot VALUES (?,?,?)",
                              (stream_id, json.dumps(body), time.time()))
 
-    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
-                     origin: float | None = None, text_until: float | None = None) -> None:
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction holding the file's write lock from its first read (BEGIN IMMEDIATE): a check and the
+        write it guards are not split by another process sharing the file (``serve --workers``)."""
         with self._lock:
-            row = self._db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (stream_id,)).fetchone()
-            if row is None:
-                raise NotFound(f"no stream {stream_id}")
-            snap = json.loads(row[0])
-            if int(snap.get("last_seq", 0)) >= int(event["seq"]):
-                return  # already logged (a retried write whose first try got through)
-            _advance(snap, event, committed_until, origin, text_until)
-            self._db.execute("BEGIN")
             try:
-                self._db.execute("INSERT INTO stream_log VALUES (?,?,?)",
-                                 (stream_id, int(event["seq"]), json.dumps(event, ensure_ascii=False)))
-                self._db.execute("UPDATE stream_snapshot SET body=?, updated=? WHERE stream_id=?",
-                                 (json.dumps(snap), time.time(), stream_id))
+                self._db.execute("BEGIN IMMEDIATE")
+                yield self._db
                 self._db.execute("COMMIT")
+            except ClientError:  # the store answered (not found, wrong token, taken over): nothing written
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
             except Exception as exc:  # anything (an overflowing seq too): never leave the connection mid-transaction
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise BackendError(f"stream log write failed: {exc}") from exc
+
+    @staticmethod
+    def _read(db: sqlite3.Connection, stream_id: str) -> dict[str, Any] | None:
+        row = db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (stream_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    @staticmethod
+    def _put(db: sqlite3.Connection, stream_id: str, snap: dict[str, Any]) -> None:
+        db.execute("UPDATE stream_snapshot SET body=?, updated=? WHERE stream_id=?",
+                   (json.dumps(snap), time.time(), stream_id))
+
+    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
+                     origin: float | None = None, text_until: float | None = None,
+                     epoch: int | None = None) -> None:
+        with self._write() as db:
+            snap = self._read(db, stream_id)
+            if snap is None:
+                raise NotFound(f"no stream {stream_id}")
+            _owned(snap, epoch)
+            if int(snap.get("last_seq", 0)) >= int(event["seq"]):
+                return  # already logged (a retried write whose first try got through)
+            _advance(snap, event, committed_until, origin, text_until)
+            db.execute("INSERT INTO stream_log VALUES (?,?,?)",
+                       (stream_id, int(event["seq"]), json.dumps(event, ensure_ascii=False)))
+            self._put(db, stream_id, snap)
+
+    def claim(self, stream_id: str, token: str) -> dict[str, Any]:
+        with self._write() as db:
+            snap = _check(self._read(db, stream_id), stream_id, token)
+            snap["epoch"] = int(snap.get("epoch", 0)) + 1
+            self._put(db, stream_id, snap)
+        return snap
 
     def _snapshot(self, stream_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -128,13 +181,13 @@ class SQLiteStreamStore:
                                     (stream_id, seq)).fetchall()
         return [json.loads(r[0]) for r in rows]
 
-    def close_stream(self, stream_id: str) -> None:
-        snap = self._snapshot(stream_id)
-        if snap is not None:
-            snap["closed"] = True
-            with self._lock:
-                self._db.execute("UPDATE stream_snapshot SET body=?, updated=? WHERE stream_id=?",
-                                 (json.dumps(snap), time.time(), stream_id))
+    def close_stream(self, stream_id: str, epoch: int | None = None) -> None:
+        with self._write() as db:
+            snap = self._read(db, stream_id)
+            if snap is not None:
+                _owned(snap, epoch)
+                snap["closed"] = True
+                self._put(db, stream_id, snap)
 
     def compact(self, retention_s: float, max_log: int) -> dict[str, int]:
         """Drop streams closed (or silent) for ``retention_s``; keep a live stream's last ``max_log`` finals (its
@@ -202,7 +255,7 @@ class RedisStreamStore:
 
     def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None:
         body = {**snapshot, "token_digest": token_digest(token), "last_seq": 0, "committed_until": 0.0,
-                "closed": False}
+                "closed": False, "epoch": 0}
         key = redis_keys.stream_snapshot(stream_id)
 
         def run() -> None:
@@ -213,37 +266,59 @@ class RedisStreamStore:
 
         self._run(run)
 
-    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
-                     origin: float | None = None, text_until: float | None = None) -> None:
+    def _watched(self, stream_id: str, change: Callable[[Any, dict[str, Any] | None], T]) -> T:
+        """``change(pipe, snapshot)`` with the snapshot WATCHed: it checks what it read and queues its writes
+        after ``pipe.multi()`` (or none); when anyone changed the snapshot in between (a retried write racing its
+        first try, a resume on another process), nothing is written and it runs again on the new snapshot."""
         key = redis_keys.stream_snapshot(stream_id)
 
-        def run() -> None:
-            # WATCH the snapshot: a retried write racing its own first try cannot log the final twice
+        def run() -> T:
             for _ in range(5):
                 with self._r.pipeline(transaction=True) as pipe:
                     try:
                         pipe.watch(key)
                         raw = pipe.get(key)
-                        if raw is None:
-                            raise NotFound(f"no stream {stream_id}")
-                        snap = json.loads(raw)
-                        if int(snap.get("last_seq", 0)) >= int(event["seq"]):
-                            return  # already logged
-                        _advance(snap, event, committed_until, origin, text_until)
-                        # compaction: the log keeps the last max_log finals; the snapshot says where it starts
-                        snap["log_from"] = max(1, int(event["seq"]) - self._max_log + 1)
-                        pipe.multi()
-                        pipe.rpush(redis_keys.stream_log(stream_id), json.dumps(event, ensure_ascii=False))
-                        pipe.ltrim(redis_keys.stream_log(stream_id), -self._max_log, -1)
-                        pipe.expire(redis_keys.stream_log(stream_id), self._ttl)
-                        pipe.set(key, json.dumps(snap), ex=self._ttl)
-                        pipe.execute()
-                        return
+                        out = change(pipe, json.loads(raw) if raw else None)
+                        if pipe.explicit_transaction:  # change queued writes
+                            pipe.execute()
+                        return out
                     except self._watch_error:
                         continue
             raise BackendError(f"stream {stream_id}: the snapshot kept changing under the write")
 
-        self._run(run)
+        return self._run(run)
+
+    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
+                     origin: float | None = None, text_until: float | None = None,
+                     epoch: int | None = None) -> None:
+        key, log_key = redis_keys.stream_snapshot(stream_id), redis_keys.stream_log(stream_id)
+
+        def change(pipe: Any, snap: dict[str, Any] | None) -> None:
+            if snap is None:
+                raise NotFound(f"no stream {stream_id}")
+            _owned(snap, epoch)
+            if int(snap.get("last_seq", 0)) >= int(event["seq"]):
+                return  # already logged
+            _advance(snap, event, committed_until, origin, text_until)
+            # compaction: the log keeps the last max_log finals; the snapshot says where it starts
+            snap["log_from"] = max(1, int(event["seq"]) - self._max_log + 1)
+            pipe.multi()
+            pipe.rpush(log_key, json.dumps(event, ensure_ascii=False))
+            pipe.ltrim(log_key, -self._max_log, -1)
+            pipe.expire(log_key, self._ttl)
+            pipe.set(key, json.dumps(snap), ex=self._ttl)
+
+        self._watched(stream_id, change)
+
+    def claim(self, stream_id: str, token: str) -> dict[str, Any]:
+        def change(pipe: Any, snap: dict[str, Any] | None) -> dict[str, Any]:
+            snap = _check(snap, stream_id, token)
+            snap["epoch"] = int(snap.get("epoch", 0)) + 1
+            pipe.multi()
+            pipe.set(redis_keys.stream_snapshot(stream_id), json.dumps(snap), keepttl=True)
+            return snap
+
+        return self._watched(stream_id, change)
 
     def resume(self, stream_id: str, token: str) -> dict[str, Any]:
         raw = self._run(lambda: self._r.get(redis_keys.stream_snapshot(stream_id)))
@@ -253,20 +328,17 @@ class RedisStreamStore:
         rows = self._run(lambda: self._r.lrange(redis_keys.stream_log(stream_id), 0, -1))
         return [e for e in (json.loads(r) for r in rows) if int(e["seq"]) > seq]
 
-    def close_stream(self, stream_id: str) -> None:
-        key = redis_keys.stream_snapshot(stream_id)
-        raw = self._run(lambda: self._r.get(key))
-        if raw:
-            snap = json.loads(raw)
+    def close_stream(self, stream_id: str, epoch: int | None = None) -> None:
+        def change(pipe: Any, snap: dict[str, Any] | None) -> None:
+            if snap is None:
+                return
+            _owned(snap, epoch)
             snap["closed"] = True
+            pipe.multi()
+            pipe.set(redis_keys.stream_snapshot(stream_id), json.dumps(snap), ex=self._retention)
+            pipe.expire(redis_keys.stream_log(stream_id), self._retention)
 
-            def run() -> None:
-                pipe = self._r.pipeline(transaction=True)
-                pipe.set(key, json.dumps(snap), ex=self._retention)
-                pipe.expire(redis_keys.stream_log(stream_id), self._retention)
-                pipe.execute()
-
-            self._run(run)
+        self._watched(stream_id, change)
 
     def compact(self, retention_s: float, max_log: int) -> dict[str, int]:
         """Nothing to sweep: Redis expires closed streams after the retention and silent ones after the TTL, and

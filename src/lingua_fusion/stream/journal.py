@@ -9,6 +9,10 @@ flowing: a final that could not wait goes out marked ``durable: false`` (after a
 queued (bounded) and is written when the store answers; a ``durable`` event then says up to which seq everything is
 logged. When the stream ends with finals still unlogged, their writer is handed to the StreamLog, which owns it
 until they are written or ``BACKLOG_AFTER_CLOSE_S`` pass.
+
+Every write carries the journal's ``epoch`` (the stream's owner epoch, state/streams.py): when the stream was resumed
+by another connection, on any worker process or server sharing the store, the store refuses it (``TakenOver``); the
+finals not yet logged are dropped and the session is failed with it (the client gets ``taken_over``, close 4409).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ClientError, LinguaFusionError
+from ..errors import ClientError, LinguaFusionError, TakenOver
 from .events import Durable, Error, Event, Final, NotDurable
 from .storelink import STORE_WAIT_S, StoreLink
 
@@ -73,10 +77,12 @@ class _Entry:
 
 class Journal:
     def __init__(self, log: StreamLog, stream_id: str, emit: Callable[[Event], None], *, wait_s: float,
-                 max_unlogged: int = MAX_UNLOGGED) -> None:
+                 max_unlogged: int = MAX_UNLOGGED, fail: Callable[[LinguaFusionError], None] | None = None) -> None:
         self.log = log
         self.stream_id = stream_id
         self._emit = emit
+        self._fail = fail  # ends the session (its stream was taken over elsewhere)
+        self.epoch = 0  # the stream's owner epoch this session holds: a resumed one's is set from its claim
         self.wait_s = wait_s
         self.max_unlogged = max_unlogged
         self.logged_seq = 0
@@ -133,7 +139,12 @@ class Journal:
             end = float(entry.final["end"])
             try:
                 await link.call(self.log.store.append_final, self.stream_id, entry.final,
-                                end if entry.audio else None, entry.origin, None if entry.audio else end)
+                                end if entry.audio else None, entry.origin, None if entry.audio else end, self.epoch)
+            except TakenOver as exc:  # resumed by another connection: that session numbers and logs from here
+                self._unlogged.clear()
+                if self._closed_at is None and self._fail is not None:
+                    self._fail(exc)
+                return
             except ClientError as exc:  # the store answered: this stream is gone from it (compacted, Redis lost it)
                 self._unlogged.clear()
                 if self._closed_at is None:
@@ -154,13 +165,18 @@ class Journal:
 
     async def finish(self, wait_s: float) -> int:
         """The stream ended: give the backlog ``wait_s`` seconds to reach the log, then record the stream as closed
-        when nothing is left. Returns how many finals stayed unlogged."""
+        when nothing is left. Returns how many finals stayed unlogged. Raises ``TakenOver`` when the stream was
+        resumed by another connection meanwhile (this session must not close it)."""
         if self._writer is not None and not self._writer.done():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._writer), wait_s)
         if not self._unlogged:
-            with contextlib.suppress(LinguaFusionError):
-                await self.log.call(self.log.store.close_stream, self.stream_id)
+            try:
+                await self.log.call(self.log.store.close_stream, self.stream_id, self.epoch)
+            except TakenOver:
+                raise
+            except LinguaFusionError:
+                pass
         return len(self._unlogged)
 
     def detach(self) -> None:

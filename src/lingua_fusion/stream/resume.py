@@ -13,13 +13,14 @@ class ResumePoint:
     text_until: float  # re-sent text at or before this stream time was logged already
     committed_until: float  # stream seconds committed: the client re-sends audio after them
     origin: float | None  # the stream clock's origin on the media clock, when it was fixed
+    epoch: int = 0  # the owner epoch this resume claimed (state/streams.py): the session's writes carry it
 
     @classmethod
     def of(cls, snap: dict[str, Any]) -> ResumePoint:
         origin = snap.get("origin")
         return cls(last_seq=int(snap.get("last_seq", 0)), text_until=float(snap.get("text_until", -1.0)),
                    committed_until=float(snap.get("committed_until", 0.0)),
-                   origin=float(origin) if origin is not None else None)
+                   origin=float(origin) if origin is not None else None, epoch=int(snap.get("epoch", 0)))
 
     def resumed(self) -> dict[str, Any]:
         """The ``ready`` event's ``resumed``: the last seq, where to re-send from (stream and media time)."""

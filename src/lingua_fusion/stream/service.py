@@ -2,7 +2,8 @@
 
 ``open`` runs the whole ceremony of a stream's start (auth is the caller's): parse the start message (or the resume
 request: only the key that opened the stream, or an admin key, may resume it; an older session of the same stream
-ends with ``taken_over`` and the log is read again), per-key quota, drain check, admission,
+ends with ``taken_over``, here or on another worker process or server sharing the stream store: the resume
+claims the stream's owner epoch, and the old session's next write is refused), per-key quota, drain check, admission,
 registration, the ``ready`` event, and for a resume the finals the client missed (exactly once, in order) with a
 notice when compaction dropped some. ``drain`` ends every stream for a shutdown. The service is also where the SLO
 breaker lives: it hears every caption's latency (StreamOwner) and every committed model stage's (StageObserver),
@@ -184,9 +185,13 @@ class StreamService:
         old = self.sessions.get(spec.stream_id)
         if old is not None:
             # the client saw the break before this server did (or another connection holds the stream): end the
-            # old session, saying so, then read the log again, so nothing it logged meanwhile is numbered twice
+            # old session, saying so, and let its last finals reach the log
             old.fail(TakenOver("this stream was resumed by another connection; this one is closed"))
-            spec, snapshot = await self._snapshot(req)
+            await self.log.settled(req.stream_id)
+        # take the stream over in the store (its owner epoch goes up): a session of it on another worker process
+        # or server is refused its next write and ends taken_over; the snapshot is read in the same transaction,
+        # so nothing logged before is numbered twice
+        snapshot = await self.log.call(self.log.store.claim, req.stream_id, req.resume_token)
         if req.last_seq > int(snapshot.get("last_seq", 0)):
             # the server died holding finals it had sent but not logged (the log was down): number on from what
             # the client has, so no seq is reused; their audio, re-sent from committed_until, is transcribed again

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
 from ..config import Settings
-from ..errors import InvalidParameter, LinguaFusionError, SlowConsumer, TooLarge
+from ..errors import InvalidParameter, LinguaFusionError, SlowConsumer, TakenOver, TooLarge
 from ..serving.ports import ModelPort
 from ..tracing import TraceRef
 from ..types import SR
@@ -93,8 +93,8 @@ class StreamSession:
             "the client is not reading events; the stream was closed")))
         self.events = self.outbox.events
         self._emit = self.outbox.emit
-        self.journal = Journal(log, spec.stream_id, self._emit, wait_s=settings.state.log_wait_s) \
-            if log is not None else None
+        self.journal = Journal(log, spec.stream_id, self._emit, wait_s=settings.state.log_wait_s,
+                               fail=self.fail) if log is not None else None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._emitter: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
@@ -157,6 +157,7 @@ class StreamSession:
             self.finals.seq = point.last_seq
             if self.journal is not None:
                 self.journal.logged_seq = point.last_seq
+                self.journal.epoch = point.epoch
             self._text_until = point.text_until
             if point.origin is not None:
                 self.timeline.origin = point.origin
@@ -306,6 +307,8 @@ class StreamSession:
                               video=self.video.stats() if self.video is not None else None,
                               timeline={"late_dropped": tl.late_dropped, "reordered": tl.reordered,
                                         "gap_seconds": round(tl.gap_seconds, 3)}))
+        except TakenOver as exc:  # resumed elsewhere while this one ended: not closed by this session (journal.py)
+            self.error = exc
         except Exception as exc:  # a bug in a caption's work (an error no stage typed): logged, and the client told
             # (`internal`, 1011) instead of a quiet close without `closed` and the captions after it lost unsaid
             log.exception("stream %s: its finals failed", self.spec.stream_id)
