@@ -158,6 +158,18 @@ def test_codec_round_trips_the_payloads_and_typed_errors() -> None:
         codec.decode(codec.encode({"x": {"__t": "Popen", "args": "ls"}})[4:])
 
 
+def test_an_image_at_the_pixel_limit_crosses_the_wire() -> None:
+    """A slide as large as a client may send (limits.max_image_pixels) reaches OCR in the model process: under
+    ``serve --workers`` a 36 MP slide was 'not read' (the frame bound was 64 MiB) where one process read it."""
+    from lingua_fusion.config import LimitSettings
+
+    side = int(LimitSettings().max_image_pixels ** 0.5)
+    image = np.zeros((side, side, 3), dtype=np.uint8)
+    image[::97, ::89] = 255
+    back = codec.decode(codec.encode({"op": "run", "payload": image})[4:])["payload"]
+    assert back.shape == image.shape and back.dtype == np.uint8 and np.array_equal(back, image)
+
+
 async def _model_server(path: str, settings: Settings) -> tuple[ModelServer, asyncio.Server]:
     server = ModelServer(settings, Registry(settings))
     return server, await asyncio.start_unix_server(server.handle, path=path)

@@ -31,7 +31,9 @@ from ...models.base import OCRLine
 from ..ports import AsrInput, AsrOutput, MtInput
 from ..scheduler import Demand
 
-MAX_FRAME = 64 * 1024 * 1024  # a 4 MiB PCM16 message is 131 s: 8 MiB as float32; an image frame is less
+# the largest image a client may send (limits.max_image_pixels, 40 MP) is 120 MB as RGB pixels for OCR; a 4 MiB
+# PCM16 message is 131 s, 8 MiB as float32. Over this, a call fails typed (BackendError), the link goes on
+MAX_FRAME = 160 * 1024 * 1024
 _HEAD = struct.Struct(">I")
 _TYPES: dict[str, type] = {t.__name__: t for t in (AsrInput, AsrOutput, MtInput, Term, OCRLine, Demand)}
 _TUPLES = {"glossary", "names", "box"}  # fields rebuilt as tuples (hashable: MT compiles a glossary once per tuple)
