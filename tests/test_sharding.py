@@ -175,6 +175,16 @@ async def _model_server(path: str, settings: Settings) -> tuple[ModelServer, asy
     return server, await asyncio.start_unix_server(server.handle, path=path)
 
 
+async def _one_worker(tmp_path: Path) -> tuple[ModelServer, asyncio.Server, ModelLink, RemotePort]:
+    """A model process's server on a socket in ``tmp_path`` and one worker's link and port to it."""
+    settings = Settings()
+    settings.state_dir = tmp_path
+    path = str(tmp_path / "m.sock")
+    server, listener = await _model_server(path, settings)
+    link = ModelLink(path)
+    return server, listener, link, RemotePort(link, Registry(settings), settings)
+
+
 def _ctx(stream: str) -> CallContext:
     return CallContext(stream, "standard", key_id="k1")
 
@@ -224,12 +234,7 @@ async def test_admission_and_key_quota_hold_across_workers(tmp_path: Path) -> No
 async def test_requests_of_one_loop_turn_cross_in_one_frame_each_way(tmp_path: Path) -> None:
     """Many streams' requests written in one turn of a worker's loop leave as one frame (one write), the model
     process answers them in few frames, and every caller gets its own answer."""
-    settings = Settings()
-    settings.state_dir = tmp_path
-    path = str(tmp_path / "m.sock")
-    server, listener = await _model_server(path, settings)
-    link = ModelLink(path)
-    port = RemotePort(link, Registry(settings), settings)
+    server, listener, link, port = await _one_worker(tmp_path)
     try:
         await link.wait_up(5)
         sent = link._outbox.frames  # type: ignore[union-attr]  # the handshake's
@@ -619,12 +624,7 @@ async def test_a_payload_the_wire_cannot_carry_fails_that_call_typed_and_the_lin
     that is not Unicode raised a bare ValueError out of the worker's port: the slide's OCR task died unobserved (no
     ``slide``, no ``error`` event, 'Task exception was never retrieved'), a final's emitter died with it. Now the
     call fails as a BackendError (a slide 'not read' error event, a final marked failed) and the link serves on."""
-    settings = Settings()
-    settings.state_dir = tmp_path
-    path = str(tmp_path / "m.sock")
-    server, listener = await _model_server(path, settings)
-    link = ModelLink(path)
-    port = RemotePort(link, Registry(settings), settings)
+    server, listener, link, port = await _one_worker(tmp_path)
     monkeypatch.setattr(codec, "MAX_FRAME", 1024 * 1024)
     try:
         with pytest.raises(BackendError) as big:
