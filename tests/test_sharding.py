@@ -356,6 +356,28 @@ def test_pool_memory_is_split_evenly_between_model_processes() -> None:
     assert share_budget(10 * gib, 140 * gib, 0.8, share=0.25) == 8 * gib  # less free than its share: what is free
 
 
+def test_a_supervisor_removes_the_run_directories_of_supervisors_killed_before_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A supervisor killed with SIGKILL leaves its run directory (model sockets, metrics files, ledger) behind; the
+    next one removes those whose supervisor is gone, and no other."""
+    import subprocess
+    import tempfile
+
+    from lingua_fusion.api.workers import OWNER_FILE, Supervisor
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dirs = {name: tmp_path / f"linguafusion-{name}" for name in ("stale", "live", "unowned")}
+    for d in dirs.values():
+        (d / "metrics").mkdir(parents=True)
+    (dirs["stale"] / OWNER_FILE).write_text(str(gone.pid))
+    (dirs["live"] / OWNER_FILE).write_text(str(os.getpid()))
+    sup = Supervisor(Settings(), 2)
+    assert not dirs["stale"].exists() and dirs["live"].exists() and dirs["unowned"].exists()
+    assert Path(sup.run_dir).parent == tmp_path and (Path(sup.run_dir) / OWNER_FILE).read_text() == str(os.getpid())
+
+
 def test_model_processes_share_the_gpu_pools_and_the_cpu_threads() -> None:
     import shutil
 

@@ -44,6 +44,8 @@ from ..errors import LinguaFusionError
 
 log = logging.getLogger("lingua_fusion.api")
 RESTART_BACKOFF_S = 1.0
+RUN_DIR_PREFIX = "linguafusion-"
+OWNER_FILE = "supervisor.pid"
 READY_PING_S = 2.0  # /readyz: a model process that does not answer a ping this fast is not serving
 STOP_GRACE_S = 15.0  # past the drain deadline, before a worker is killed
 
@@ -117,6 +119,30 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     build_server(app, settings, log_level=log_level).run(sockets=[sock])
 
 
+def sweep_stale_run_dirs() -> list[str]:
+    """Remove the run directories (sockets, metrics files, ledger) of supervisors that are gone: killed with SIGKILL,
+    one cannot clean up after itself. A directory is stale when its owner file names a process that no longer
+    exists; one without that file (being made right now, or an older version's) is left alone."""
+    removed = []
+    for d in Path(tempfile.gettempdir()).glob(RUN_DIR_PREFIX + "*"):
+        try:
+            if d.stat().st_uid != os.getuid():
+                continue
+            pid = int((d / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+        except PermissionError:  # another user's live process
+            continue
+    if removed:
+        log.info("removed %d run directories of supervisors that are gone", len(removed))
+    return removed
+
+
 class Supervisor:
     def __init__(self, settings: Settings, workers: int, log_level: str = "info", model_processes: int = 1) -> None:
         if not 1 <= model_processes <= workers:
@@ -127,7 +153,9 @@ class Supervisor:
         m.asr_threads = max(1, m.asr_threads // model_processes)  # ... and of the cores for CPU models
         self.n = workers
         self.log_level = log_level
-        self.run_dir = tempfile.mkdtemp(prefix="linguafusion-")  # 0700: the model sockets and the metrics files
+        sweep_stale_run_dirs()
+        self.run_dir = tempfile.mkdtemp(prefix=RUN_DIR_PREFIX)  # 0700: the model sockets and the metrics files
+        Path(self.run_dir, OWNER_FILE).write_text(str(os.getpid()))
         self.paths = [os.path.join(self.run_dir, f"model-{j}.sock") for j in range(model_processes)]
         self.ledger = os.path.join(self.run_dir, "admitted.db") if model_processes > 1 else None
         self.ctx = multiprocessing.get_context("spawn")
