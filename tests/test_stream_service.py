@@ -234,3 +234,57 @@ async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_p
     assert got == [(2, "Three from the second."), (3, "Five from the second.")]
     logged = [(e["seq"], e["source_text"]) for e in third.events if e["type"] == "final"]
     assert logged == [(1, "One."), *got]
+
+
+class _BothClaimsInFlight:
+    """The real SQLite stream store; ``claim`` returns only once two resumes are claiming at the same time (the
+    window two reconnects of one client hit when the store is slow)."""
+
+    def __init__(self, real: Any) -> None:
+        import threading
+
+        self.real = real
+        self.together = threading.Barrier(2, timeout=10)
+
+    def claim(self, stream_id: str, token: str) -> dict[str, Any]:
+        self.together.wait()
+        return self.real.claim(stream_id, token)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+async def test_two_concurrent_resumes_on_one_server_leave_one_live_session(tmp_path: Path) -> None:
+    """Two resumes of one stream on one server, both past the 'is an older session here?' check before either is
+    registered: the newer claim keeps the stream, the other ends taken_over, and the key's quota is all given back
+    when the stream ends (before, both went live, the one left out of the service's sessions was never told, and
+    its quota slot stayed taken)."""
+    from lingua_fusion.errors import TakenOver
+    from lingua_fusion.serving.executor import Executor
+    from lingua_fusion.state.streams import SQLiteStreamStore
+    from lingua_fusion.stream.journal import StreamLog
+    from lingua_fusion.stream.service import Principal
+
+    settings = settings_for(tmp_path)
+    translator = LocalTranslator(settings)
+    store = _BothClaimsInFlight(SQLiteStreamStore(tmp_path))
+    service = StreamService(Executor(translator.engine.registry, settings), settings, log=StreamLog(store))
+    who = Principal("key_a")
+    try:
+        first = await service.open(start(0.5), who)
+        ready = first.greeting[0].to_wire()
+        first.session.abort()  # the connection broke
+        resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
+                                              "last_seq": 0}}
+        outcomes = await asyncio.gather(service.open(resume, who), service.open(resume, who), return_exceptions=True)
+        live = [o.session for o in outcomes if not isinstance(o, BaseException) and o.session.error is None]
+        ended = [o for o in outcomes if isinstance(o, TakenOver)
+                 or (not isinstance(o, BaseException) and isinstance(o.session.error, TakenOver))]
+        assert len(live) == 1 and len(ended) == 1, outcomes
+        assert service.sessions == {ready["stream_id"]: live[0]}
+        assert live[0].journal is not None and live[0].journal.epoch == 2  # the newer claim
+        live[0].abort()
+        assert service.quota.open["key_a"] == 0
+    finally:
+        await service.close()
+        translator.close()

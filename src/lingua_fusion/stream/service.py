@@ -192,11 +192,24 @@ class StreamService:
         # or server is refused its next write and ends taken_over; the snapshot is read in the same transaction,
         # so nothing logged before is numbered twice
         snapshot = await self.log.call(self.log.store.claim, req.stream_id, req.resume_token)
+        self._displace(req.stream_id, int(snapshot.get("epoch", 0)))
         if req.last_seq > int(snapshot.get("last_seq", 0)):
             # the server died holding finals it had sent but not logged (the log was down): number on from what
             # the client has, so no seq is reused; their audio, re-sent from committed_until, is transcribed again
             snapshot = {**snapshot, "last_seq": req.last_seq}
         return spec, snapshot
+
+    def _displace(self, stream_id: str, epoch: int) -> None:
+        """After the claim: a session of this stream that a concurrent resume registered here while this one waited
+        on the store (two reconnects of one client) holds another epoch. The newer claim keeps the stream, the older
+        one ends ``taken_over``; without this both went live and the one left out of ``sessions`` kept its quota."""
+        current = self.sessions.get(stream_id)
+        if current is None:
+            return
+        taken = TakenOver("this stream was resumed by another connection; this one is closed")
+        if current.journal is not None and current.journal.epoch > epoch:
+            raise taken
+        current.fail(taken)
 
     async def _snapshot(self, req: ResumeRequest) -> tuple[StreamSpec, dict[str, Any]]:
         assert self.log is not None
