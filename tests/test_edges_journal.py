@@ -401,3 +401,33 @@ async def test_settled_gives_up_after_its_wait() -> None:
     assert loop.time() - t < 10  # a hang detector: 0.05 s asked, the write hangs for 30 s
     store.gate.set()
     await j.log.close()
+
+
+@pytest.mark.parametrize("refusal", ["taken_over", "lost"])
+async def test_a_refused_backlog_leaves_the_unlogged_gauge(refusal: str) -> None:
+    """The store refuses the backlog for good (the stream was resumed elsewhere, or is gone from the store): the
+    finals are dropped, and /metrics' unlogged-finals gauge goes back down (before, it kept them counted for the
+    life of the process)."""
+    from lingua_fusion.errors import TakenOver
+
+    store = MemStore()
+    store.down = True  # two finals go out before they are logged
+    metrics = FakeMetrics()
+    j, _events = journal_on(store, wait_s=0.05, metrics=metrics)
+    await j.append(final(1), 0.0)
+    await j.append(final(2), 0.0)
+    assert metrics.unlogged_finals.value == 2
+    failed: list[Any] = []
+    j._fail = failed.append
+    if refusal == "lost":
+        store.lost = True
+    else:
+        def taken(*_args: Any) -> None:
+            raise TakenOver("resumed elsewhere")
+
+        store.append_final = taken  # type: ignore[method-assign]
+    store.down = False
+    await j._writer  # type: ignore[misc]
+    assert j.pending == 0 and metrics.unlogged_finals.value == 0
+    assert [type(e) for e in failed] == ([TakenOver] if refusal == "taken_over" else [])
+    await j.log.close()

@@ -141,12 +141,12 @@ class Journal:
                 await link.call(self.log.store.append_final, self.stream_id, entry.final,
                                 end if entry.audio else None, entry.origin, None if entry.audio else end, self.epoch)
             except TakenOver as exc:  # resumed by another connection: that session numbers and logs from here
-                self._unlogged.clear()
+                self._drop_unlogged()
                 if self._closed_at is None and self._fail is not None:
                     self._fail(exc)
                 return
             except ClientError as exc:  # the store answered: this stream is gone from it (compacted, Redis lost it)
-                self._unlogged.clear()
+                self._drop_unlogged()
                 if self._closed_at is None:
                     self._emit(Error(exc.code, f"the stream log lost this stream: {exc.public_message}"))
                 return
@@ -162,6 +162,14 @@ class Journal:
             if not self._unlogged and self._outage and self._closed_at is None:
                 self._outage = False
                 self._emit(Durable(through_seq=self.logged_seq))
+
+    def _drop_unlogged(self) -> None:
+        """The store refused this stream's backlog for good: nobody will write it, so it leaves the unlogged-finals
+        gauge too (it stayed counted for the life of the process)."""
+        if self.log.metrics is not None:
+            for _ in self._unlogged:
+                self.log.metrics.unlogged_finals.dec()
+        self._unlogged.clear()
 
     async def finish(self, wait_s: float) -> int:
         """The stream ended: give the backlog ``wait_s`` seconds to reach the log, then record the stream as closed
