@@ -258,3 +258,36 @@ async def test_a_hostile_resume_is_refused_and_the_log_keeps_working(tmp_path: P
         assert [e["seq"] for e in store.finals_after(s2.ready["stream_id"], 0)] == [1]
     finally:
         store.close()
+
+
+def test_compaction_keeps_a_stream_another_process_resumes_meanwhile(tmp_path: Path) -> None:
+    """serve --workers: one worker compacts while another resumes a stream silent past the retention. The resume
+    (its claim refreshes the snapshot) commits while the compaction waits for the write lock: the stream and its
+    log stay (before, the compaction had chosen the streams to drop before taking the lock, and dropped it)."""
+    import sqlite3
+
+    sid = f"st_compact_{time.monotonic_ns()}"
+    compacting = SQLiteStreamStore(tmp_path)
+    compacting.open_stream(sid, "tok", {"spec": {}})
+    compacting.append_final(sid, {"type": "final", "seq": 1, "end": 1.0, "text": "kept"}, 1.0)
+    compacting._db.execute("UPDATE stream_snapshot SET updated=? WHERE stream_id=?", (time.time() - 7200, sid))
+    other = sqlite3.connect(next(tmp_path.rglob("streams.sqlite3")), isolation_level=None, timeout=10)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # the other worker's claim, not committed yet
+        other.execute("UPDATE stream_snapshot SET updated=? WHERE stream_id=?", (time.time(), sid))
+        waiting = threading.Event()  # the compaction reached the statement that waits for the write lock
+        compacting._db.set_trace_callback(lambda sql: waiting.set() if sql.startswith(("BEGIN IMMEDIATE", "DELETE"))
+                                          else None)
+        done: dict[str, Any] = {}
+        worker = threading.Thread(target=lambda: done.update(compacting.compact(3600, 100)))
+        worker.start()
+        assert waiting.wait(10)
+        other.execute("COMMIT")
+        worker.join(20)
+        compacting._db.set_trace_callback(None)
+        assert done == {"streams_dropped": 0, "finals_trimmed": 0}
+        assert [e["text"] for e in compacting.finals_after(sid, 0)] == ["kept"]
+        assert compacting.resume(sid, "tok")["last_seq"] == 1
+    finally:
+        other.close()
+        compacting.close()

@@ -194,11 +194,13 @@ class SQLiteStreamStore:
         snapshot says where its log now starts); checkpoint the WAL file back to zero length."""
         cutoff = time.time() - retention_s
         with self._lock:
-            old = [r[0] for r in self._db.execute("SELECT stream_id FROM stream_snapshot WHERE updated < ?",
-                                                  (cutoff,)).fetchall()]
             trimmed = 0
-            self._db.execute("BEGIN")
             try:
+                # the write lock before the choice (serve --workers: another process may resume a silent stream,
+                # refreshing its `updated`, between a choice made outside and the delete: its log was dropped)
+                self._db.execute("BEGIN IMMEDIATE")
+                old = [r[0] for r in self._db.execute("SELECT stream_id FROM stream_snapshot WHERE updated < ?",
+                                                      (cutoff,)).fetchall()]
                 for sid in old:
                     self._db.execute("DELETE FROM stream_log WHERE stream_id=?", (sid,))
                     self._db.execute("DELETE FROM stream_snapshot WHERE stream_id=?", (sid,))
