@@ -115,3 +115,33 @@ async def test_the_watch_closes_only_the_live_keys_the_store_says_are_revoked(tm
     assert await watch.check() == 0 and closed == [ids[0]]  # its streams are gone: nothing more to close
     assert store.revoked_among(ids) == {ids[0], ids[2]}
     store.close()
+
+
+async def test_a_failed_look_does_not_end_the_watch(tmp_path: Path) -> None:
+    """One look fails with something other than the store's own errors (closing a stream raised): the watch goes on,
+    and the next look still closes the revoked key's streams (before, the task ended and revocations stopped reaching
+    this process)."""
+    import asyncio
+
+    store = SQLiteStore(tmp_path)
+    key_id = store.create_key("a")[1].key_id
+    store.revoke_key(key_id)
+    looks: list[str] = []
+    closed = asyncio.Event()
+
+    async def close(k: str) -> int:
+        looks.append(k)
+        if len(looks) == 1:
+            raise RuntimeError("a stream failed to close")
+        closed.set()
+        return 1
+
+    watch = RevocationWatch(lambda: {key_id}, store.revoked_among, close, interval_s=0.01)
+    task = asyncio.create_task(watch.run())
+    try:
+        await asyncio.wait_for(closed.wait(), 10)
+        assert looks[:2] == [key_id, key_id]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()

@@ -50,5 +50,9 @@ class RevocationWatch:
             except (TimeoutError, sqlite3.Error) as exc:
                 log.warning("revoked-key check failed: %r", exc)
                 continue
+            except Exception:  # noqa: BLE001 - anything else (a stream that failed to close): the watch goes on;
+                # ended, it would stop revocations reaching this process until a restart, and nobody would know
+                log.exception("revoked-key check failed")
+                continue
             if closed:
                 log.info("closed %d stream(s) of keys revoked elsewhere", closed)
