@@ -2,9 +2,8 @@
 
 - Connections: at most ``server.max_connections`` at once (more are answered 503 and closed at once); a request's
   head (request line and headers, at most ``server.max_header_bytes``) must arrive within ``server.header_timeout_s``
-  of the connection, or of its first byte on a kept-alive connection, so an idle socket or one that sends a header
-  byte every few seconds is closed (uvicorn alone keeps both open forever). Idle keep-alive connections close after
-  KEEP_ALIVE_S (15 s: longer than clients keep them, so none sends on a connection being closed).
+  of the connection or of the previous response, so an idle socket or one that sends a header byte every few
+  seconds is closed (uvicorn alone keeps both open forever). Idle keep-alive connections close after 5 s (uvicorn).
 - WebSocket messages: ``ws_max_size`` = ``server.max_ws_message_bytes``, so an oversized message is refused by the
   protocol layer (close 1009) before it is buffered.
 - Logs: every handler of uvicorn's and our loggers masks API keys, URL passwords and key-bearing query parameters
@@ -27,10 +26,7 @@ from .. import redact
 from ..config import Settings
 
 log = logging.getLogger("lingua_fusion.api")
-# an idle kept-alive connection is closed after this; longer than HTTP clients keep idle connections for reuse
-# (httpx: 5 s), so a client never sends its next request on a connection the server is closing at that moment
-# ("Server disconnected without sending a response": the request is lost, a POST is not retried)
-KEEP_ALIVE_S = 15
+KEEP_ALIVE_S = 5
 LINGER_S = 2.0  # after answering a request whose body was refused part-way
 
 
@@ -61,8 +57,6 @@ def guarded_http(settings: Settings) -> type[asyncio.Protocol] | str:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self._in_head and self._head_timer is None:  # a kept-alive connection's next request begins
-                self._arm()
             in_head = self._in_head
             super().data_received(data)
             if in_head and self._in_head and not self.transport.is_closing():  # still no complete head
@@ -82,9 +76,9 @@ def guarded_http(settings: Settings) -> type[asyncio.Protocol] | str:
                 return
             if unfinished:
                 self._linger()
-            elif not self.pipeline:  # keep-alive: idle until KEEP_ALIVE_S; the next head is timed from its first byte
-                self._disarm()
+            elif not self.pipeline:  # keep-alive: the next request's head is timed too
                 self._in_head, self._head_bytes = True, 0
+                self._arm()
 
         def _linger(self) -> None:
             """The rest of a refused body is not wanted: say we are done (FIN after the answer), read and drop
