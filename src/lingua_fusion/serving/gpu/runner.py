@@ -199,13 +199,12 @@ class GpuRunner:
             fut.set_result(value)
 
     def _start(self, items: list[tuple[Any, bool, Future[Any]]]) -> None:
+        """One encoder batch: ``items`` are at most ``encode_batch`` (the loop takes no more per turn)."""
         keys = [self.recipe.key(p) for p, _, _ in items]
         fresh = [i for i, k in enumerate(keys) if k is None or k not in self._memo]
         memories: dict[int, torch.Tensor] = {}
-        for at in range(0, len(fresh), self.encode_batch):
-            chunk = fresh[at: at + self.encode_batch]
-            for i, mem in zip(chunk, self.recipe.encode([items[i][0] for i in chunk]), strict=True):
-                memories[i] = mem
+        if fresh:
+            memories = dict(zip(fresh, self.recipe.encode([items[i][0] for i in fresh]), strict=True))
         self.encoded += len(fresh)
         added = dict(zip(memories, self._add([memories[i] for i in memories], [keys[i] for i in memories]),
                          strict=True))
