@@ -380,6 +380,9 @@ async def run_multi(args: argparse.Namespace, counts: list[int], workers: int, m
                 hello = await asyncio.to_thread(mq.get, True, 600)
                 if "ready" not in hello:
                     raise RuntimeError(f"a model process failed: {hello}")
+            if args.warmup:  # first shapes, Triton compiles and graph captures of these processes, unrecorded
+                await _multi_once(argparse.Namespace(**{**vars(args), "seconds": 6.0}), args.warmup, workers, paths,
+                                  [p.pid for p in models], ctx, audio)  # type: ignore[misc]
             for n in counts:
                 row = await _multi_once(args, n, workers, paths, [p.pid for p in models], ctx, audio,  # type: ignore[misc]
                                         trace if n == args.trace_at else None)
@@ -723,7 +726,8 @@ def main() -> None:
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
     ap.add_argument("--parts", default="decoder,memory,baseline,streams",
                     help="any of decoder, memory, baseline, streams, sharded, multi")
-    ap.add_argument("--warmup", type=int, default=0, help="streams of an unrecorded 6 s run before the sweeps")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="streams of an unrecorded 6 s run before the sweeps (and one in the multi part's own processes)")
     ap.add_argument("--workers", type=int, default=4, help="stream worker processes of the 'sharded' part")
     ap.add_argument("--sharded-streams", default="100,200,300,400,600,800,1200")
     ap.add_argument("--model-processes", type=int, default=4, help="model processes of the 'multi' part")
