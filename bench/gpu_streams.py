@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import gc
 import json
@@ -727,7 +728,8 @@ def main() -> None:
     ap.add_argument("--parts", default="decoder,memory,baseline,streams",
                     help="any of decoder, memory, baseline, streams, sharded, multi")
     ap.add_argument("--warmup", type=int, default=0,
-                    help="streams of an unrecorded 6 s run before the sweeps (and one in the multi part's own processes)")
+                    help="streams of an unrecorded 6 s run before the sweeps (and one in the multi part's "
+                         "own processes)")
     ap.add_argument("--workers", type=int, default=4, help="stream worker processes of the 'sharded' part")
     ap.add_argument("--sharded-streams", default="100,200,300,400,600,800,1200")
     ap.add_argument("--model-processes", type=int, default=4, help="model processes of the 'multi' part")
@@ -737,8 +739,16 @@ def main() -> None:
                     help="streams of the 'multi' run during which model process 0 records a torch.profiler window")
     ap.add_argument("--trace-dir", type=Path, default=Path("gpu_trace"), help="where that window is written")
     ap.add_argument("--trace-seconds", type=float, default=2.0)
+    ap.add_argument("--mps", action="store_true",
+                    help="run under NVIDIA MPS (bench/mps.py): the run's processes share one GPU context")
     ap.add_argument("--quick", action="store_true", help="tiny models and counts (a CPU check of the code)")
     args = ap.parse_args()
+    stop_mps = None
+    if args.mps:  # before this process first touches CUDA; the processes it spawns inherit the daemon's address
+        import mps
+
+        stop_mps = mps.start()
+        atexit.register(stop_mps)  # also when the run fails; a second quit finds no daemon and does nothing
     args.dtype = torch.float16 if args.device.startswith("cuda") else torch.float32
     if args.quick:
         args.asr, args.asr_self_gb, args.asr_cross_gb, args.mt_gb = "tiny", 0.2, 0.4, 0.1
@@ -755,7 +765,7 @@ def main() -> None:
                               "chunk_ms": args.chunk_ms, "seconds": args.seconds, "slo_class": args.slo,
                               "switch_interval_s": sys.getswitchinterval() if args.switch_interval is None
                               else args.switch_interval,
-                              "torch": torch.__version__, "cpu_cores": os.cpu_count()}
+                              "torch": torch.__version__, "cpu_cores": os.cpu_count(), "mps": args.mps}
     t0 = time.monotonic()
     asr_model = whisper(args.asr, args.device, args.dtype)
     mt_model = marian(args.device, args.dtype, small=args.quick)
@@ -819,6 +829,8 @@ def main() -> None:
         report["ratio_p99_1s"] = round(report["streams_p99_1s"] / report["baseline_streams_p99_1s"], 1)
     if "streams_p99_3s" in report and report.get("baseline_streams_p99_3s"):
         report["ratio_p99_3s"] = round(report["streams_p99_3s"] / report["baseline_streams_p99_3s"], 1)
+    if stop_mps is not None:
+        report["mps_control_log"] = stop_mps()["control_log_tail"]
     save()
     print(json.dumps({k: v for k, v in report.items() if not isinstance(v, list)}, indent=2))
 
