@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import AuthenticationError, Overloaded
+from ..state.sqlite_tx import write_transaction
 from .tickets import MAX_TICKETS, PER_KEY, PREFIX, TTL_S, Ticket
 
 BUSY_S = 2.0  # another worker's transaction is microseconds; this bounds a wedged one
@@ -28,6 +29,11 @@ BUSY_S = 2.0  # another worker's transaction is microseconds; this bounds a wedg
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _busy(exc: sqlite3.OperationalError) -> Overloaded:
+    """Locked past BUSY_S: refused, typed, like a full book."""
+    return Overloaded("stream tickets are busy; retry shortly", retry_after=1.0)
 
 
 class SharedTicketBook:
@@ -42,18 +48,8 @@ class SharedTicketBook:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:  # locked past BUSY_S: refused, typed, like a full book
-                raise Overloaded("stream tickets are busy; retry shortly", retry_after=1.0) from exc
-            try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
+        with self._lock, write_transaction(self._db, busy=_busy) as db:
+            yield db
 
     def __len__(self) -> int:
         with self._lock:

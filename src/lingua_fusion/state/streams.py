@@ -32,6 +32,7 @@ from ..errors import AuthenticationError, BackendError, ClientError, NotFound, T
 from ..redact import redact_url
 from . import redis_keys
 from .private import private_dir, private_file
+from .sqlite_tx import write_transaction
 
 log = logging.getLogger("lingua_fusion.state")
 T = TypeVar("T")
@@ -88,6 +89,10 @@ def _owned(snap: dict[str, Any], epoch: int | None) -> None:
         raise TakenOver("this stream was resumed by another connection; this one is closed")
 
 
+def _write_failed(exc: Exception) -> BackendError:
+    return BackendError(f"stream log write failed: {exc}")
+
+
 def _check(snapshot: dict[str, Any] | None, stream_id: str, token: str) -> dict[str, Any]:
     if snapshot is None:
         raise NotFound(f"no stream {stream_id} to resume")
@@ -123,17 +128,12 @@ class SQLiteStreamStore:
         write it guards are not split by another process sharing the file (``serve --workers``)."""
         with self._lock:
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                yield self._db
-                self._db.execute("COMMIT")
-            except ClientError:  # the store answered (not found, wrong token, taken over): nothing written
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
+                with write_transaction(self._db, busy=_write_failed) as db:  # rolled back on any exception
+                    yield db
+            except (ClientError, BackendError):  # the store's answer (not found, ...), or the file locked: as is
                 raise
-            except Exception as exc:  # anything (an overflowing seq too): never leave the connection mid-transaction
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise BackendError(f"stream log write failed: {exc}") from exc
+            except Exception as exc:  # anything else (an overflowing seq too, a failed COMMIT)
+                raise _write_failed(exc) from exc
 
     @staticmethod
     def _read(db: sqlite3.Connection, stream_id: str) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ...errors import Overloaded
+from ...state.sqlite_tx import write_transaction
 
 log = logging.getLogger("lingua_fusion.serving.shard")
 Ident = tuple[str, str]  # (engine mode, stream id)
@@ -38,6 +39,12 @@ def _key_full() -> Overloaded:
 def _server_full(n: int) -> Overloaded:
     return Overloaded("no capacity for another stream at this SLO; retry later or use a looser SLO class",
                       retry_after=5.0, details={"active_streams": n})
+
+
+def _busy(exc: sqlite3.OperationalError) -> Overloaded:
+    """Locked past busy_ms: refused, typed, like a full server."""
+    log.error("the stream ledger is busy: %s", exc)
+    return Overloaded("stream admission is busy; retry shortly", retry_after=1.0)
 
 
 class Ledger(Protocol):
@@ -86,31 +93,24 @@ class SharedLedger:
     def take(self, ident: Ident, key_id: str, force: bool = False) -> None:
         with self._lock:
             try:
-                self._take(ident, key_id, force)
-            except sqlite3.OperationalError as exc:  # locked past busy_ms: refused, typed, like a full server
-                log.error("the stream ledger is busy: %s", exc)
-                raise Overloaded("stream admission is busy; retry shortly", retry_after=1.0) from None
+                with write_transaction(self._db, busy=_busy) as db:  # rolled back on any exception
+                    self._admit(db, ident, key_id, force)
+            except sqlite3.OperationalError as exc:  # a statement or the COMMIT failed after BEGIN: the same refusal
+                raise _busy(exc) from None
+            self._unwritten.clear()  # committed with the admission
 
-    def _take(self, ident: Ident, key_id: str, force: bool) -> None:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            self._write_releases()
-            db.execute("DELETE FROM admitted WHERE mode = ? AND stream = ?", ident)  # admitted again: one row
-            if not force:
-                (n_key,) = db.execute("SELECT COUNT(*) FROM admitted WHERE key = ?", (key_id,)).fetchone()
-                if n_key >= self.key_limit:
-                    raise _key_full()
-                (n_all,) = db.execute("SELECT COUNT(*) FROM admitted").fetchone()
-                if n_all >= self.total_limit:
-                    raise _server_full(n_all)
-            db.execute("INSERT INTO admitted VALUES (?, ?, ?, ?)", (*ident, key_id, self.process))
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        self._unwritten.clear()
+    def _admit(self, db: sqlite3.Connection, ident: Ident, key_id: str, force: bool) -> None:
+        """The check and its insert, in the caller's transaction (with the releases kept for later)."""
+        self._write_releases()
+        db.execute("DELETE FROM admitted WHERE mode = ? AND stream = ?", ident)  # admitted again: one row
+        if not force:
+            (n_key,) = db.execute("SELECT COUNT(*) FROM admitted WHERE key = ?", (key_id,)).fetchone()
+            if n_key >= self.key_limit:
+                raise _key_full()
+            (n_all,) = db.execute("SELECT COUNT(*) FROM admitted").fetchone()
+            if n_all >= self.total_limit:
+                raise _server_full(n_all)
+        db.execute("INSERT INTO admitted VALUES (?, ?, ?, ?)", (*ident, key_id, self.process))
 
     def give(self, ident: Ident, key_id: str) -> None:
         """Never raises (it runs in the model process's read loop): a locked file keeps the release for later."""
