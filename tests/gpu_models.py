@@ -4,9 +4,13 @@ reference decoding every paged / batched path is compared with."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from lingua_fusion.serving.gpu.recipes import WhisperRecipe
 
 
 @dataclass
@@ -98,6 +102,24 @@ def hf_whisper(seed: int = 0, n_mels: int = 8) -> torch.nn.Module:
                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
                         max_source_positions=1500, max_target_positions=48, **IDS)
     return WhisperForConditionalGeneration(cfg).eval()
+
+
+def fake_log_mel(audio: torch.Tensor, n_mels: int = 8) -> torch.Tensor:
+    """Any [n_mels, frames] at 100 frames/s (160 samples of 16 kHz audio per frame) will do for the engine."""
+    return audio[: len(audio) // 160 * 160].view(-1, 160)[:, :n_mels].T.contiguous()
+
+
+def tiny_whisper_recipe(**overrides: Any) -> WhisperRecipe:
+    """A WhisperRecipe over ``hf_whisper()`` with ``fake_log_mel``: prompt [2], stop {3}, tokens as numbers, on the
+    CPU in float32, capped at 4 tokens per second of audio (random weights never say end-of-text); ``overrides``
+    replace any of those (``text``, ``tokens_per_s``, ``max_tokens``, ...)."""
+    from lingua_fusion.serving.gpu.models import HFWhisperDecoder
+    from lingua_fusion.serving.gpu.recipes import WhisperRecipe, hf_whisper_encoder
+
+    model = hf_whisper()
+    options: dict[str, Any] = {"mel": fake_log_mel, "prompt": lambda _p: [2], "text": lambda t: " ".join(map(str, t)),
+                               "stop": frozenset({3}), "device": "cpu", "dtype": torch.float32, "tokens_per_s": 4.0}
+    return WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model), **{**options, **overrides})
 
 
 def hf_marian(seed: int = 0) -> torch.nn.Module:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from gpu_models import TinyWhisper, reference_greedy
+from gpu_models import TinyWhisper, reference_greedy, tiny_whisper_recipe
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -210,28 +210,20 @@ async def test_live_streams_through_the_executor_on_continuous_gpu_runners() -> 
     """The real stream engine (session, VAD lane, policy, scheduler, executor) on the GPU runners, on the CPU."""
     import numpy as np
     from fakes import FakeOwner
-    from gpu_models import hf_marian, hf_whisper
+    from gpu_models import hf_marian
 
     from lingua_fusion.config import Settings
     from lingua_fusion.serving.executor import Executor
-    from lingua_fusion.serving.gpu.models import HFWhisperDecoder, MarianDecoder
-    from lingua_fusion.serving.gpu.recipes import Seq2SeqTextRecipe, WhisperRecipe, hf_whisper_encoder
+    from lingua_fusion.serving.gpu.models import MarianDecoder
+    from lingua_fusion.serving.gpu.recipes import Seq2SeqTextRecipe
     from lingua_fusion.serving.gpu.runner import GpuRunner
     from lingua_fusion.serving.gpu.vad import energy_vad
     from lingua_fusion.stream.protocol import StreamSpec
     from lingua_fusion.stream.session import StreamSession
 
-    asr_model, mt_model = hf_whisper(), hf_marian()
-
-    def mel(audio: torch.Tensor) -> torch.Tensor:  # any [n_mels, frames] at 100 frames/s will do for the engine
-        frames = audio[: len(audio) // 160 * 160].view(-1, 160)
-        return frames[:, :8].T.contiguous()
-
     words = lambda toks: " ".join(f"w{t}" for t in toks)  # noqa: E731
-    asr = GpuRunner(WhisperRecipe(HFWhisperDecoder(asr_model), encode=hf_whisper_encoder(asr_model), mel=mel,
-                                  prompt=lambda _p: [2], text=words, stop=frozenset({3}), device="cpu",
-                                  dtype=torch.float32, tokens_per_s=3.0, max_tokens=20),
-                    blocks=256, cross_blocks=64, block_size=8, cross_block_size=16, dtype=torch.float32,
+    asr_recipe, mt_model = tiny_whisper_recipe(text=words, tokens_per_s=3.0, max_tokens=20), hf_marian()
+    asr = GpuRunner(asr_recipe, blocks=256, cross_blocks=64, block_size=8, cross_block_size=16, dtype=torch.float32,
                     device="cpu", name="asr")
     mt = GpuRunner(Seq2SeqTextRecipe(mt_model, MarianDecoder(mt_model), tokenize=lambda s: [4 + len(w) % 90
                                                                                             for w in s.split()],
@@ -263,27 +255,13 @@ async def test_live_streams_through_the_executor_on_continuous_gpu_runners() -> 
     assert asr.engine.stats().self_blocks_used == 0 and mt.engine.stats().self_blocks_used == 0
 
 
-def _tiny_asr_recipe() -> Any:
-    """A WhisperRecipe over a tiny random Hugging Face Whisper: any [n_mels, frames] at 100 frames/s will do."""
-    from gpu_models import hf_whisper
-
-    from lingua_fusion.serving.gpu.models import HFWhisperDecoder
-    from lingua_fusion.serving.gpu.recipes import WhisperRecipe, hf_whisper_encoder
-
-    model = hf_whisper()
-    return WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model),
-                         mel=lambda a: a[: len(a) // 160 * 160].view(-1, 160)[:, :8].T.contiguous(),
-                         prompt=lambda _p: [2], text=lambda t: " ".join(map(str, t)), stop=frozenset({3}),
-                         device="cpu", dtype=torch.float32, tokens_per_s=4.0)
-
-
 def test_the_runner_encodes_an_audio_window_once_for_its_partial_and_its_commit() -> None:
     import numpy as np
 
     from lingua_fusion.serving.gpu.runner import GpuRunner
     from lingua_fusion.serving.ports import AsrInput
 
-    recipe = _tiny_asr_recipe()
+    recipe = tiny_whisper_recipe()
     runner = GpuRunner(recipe, blocks=128, cross_blocks=32, block_size=8, cross_block_size=16, dtype=torch.float32,
                        device="cpu", memo=4)
     clip = AsrInput(np.random.default_rng(0).normal(0, 0.1, 16000 * 2).astype(np.float32))
@@ -305,7 +283,7 @@ def test_a_burst_of_new_work_is_encoded_between_steps_of_what_runs() -> None:
     from lingua_fusion.serving.gpu.runner import GpuRunner
     from lingua_fusion.serving.ports import AsrInput
 
-    recipe = _tiny_asr_recipe()
+    recipe = tiny_whisper_recipe()
     steps_at_encode: list[int] = []
     encode = recipe.encode
     recipe.encode = lambda payloads: steps_at_encode.append(runner.engine.steps) or encode(payloads)
@@ -333,7 +311,7 @@ def test_work_still_queued_when_the_runner_closes_fails_instead_of_hanging() -> 
     from lingua_fusion.serving.gpu.runner import GpuRunner
     from lingua_fusion.serving.ports import AsrInput
 
-    runner = GpuRunner(_tiny_asr_recipe(), blocks=256, cross_blocks=64, block_size=8, cross_block_size=16,
+    runner = GpuRunner(tiny_whisper_recipe(), blocks=256, cross_blocks=64, block_size=8, cross_block_size=16,
                        dtype=torch.float32, device="cpu", encode_batch=1)
     clips = [AsrInput(np.full(16000 + i, 0.01 * (i + 1), dtype=np.float32)) for i in range(40)]
     futures = runner.submit(clips, [False] * len(clips))
@@ -380,7 +358,7 @@ def test_a_full_cross_pool_fails_an_item_as_a_retryable_backend_error_and_the_ru
     from lingua_fusion.serving.gpu.runner import GpuRunner
     from lingua_fusion.serving.ports import AsrInput
 
-    recipe = _tiny_asr_recipe()
+    recipe = tiny_whisper_recipe()
     # 3 cross blocks of 16 frames past the scratch one: one 2 s clip (100 frames after the encoder) cannot fit
     runner = GpuRunner(recipe, blocks=128, cross_blocks=4, block_size=8, cross_block_size=16, dtype=torch.float32,
                        device="cpu", memo=0)

@@ -8,24 +8,14 @@ import time
 import numpy as np
 import pytest
 import torch
-from gpu_models import hf_whisper
+from gpu_models import tiny_whisper_recipe
 
 from lingua_fusion.observability import Metrics
 from lingua_fusion.serving.gpu.blocks import BlockPool
 from lingua_fusion.serving.gpu.memory import MemoryReport, PoolMemory, pool_blocks
-from lingua_fusion.serving.gpu.models import HFWhisperDecoder
 from lingua_fusion.serving.gpu.paged import PagedKV
-from lingua_fusion.serving.gpu.recipes import WhisperRecipe, hf_whisper_encoder
 from lingua_fusion.serving.gpu.runner import GpuRunner
 from lingua_fusion.serving.ports import AsrInput
-
-
-def _recipe() -> WhisperRecipe:
-    model = hf_whisper()
-    return WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model),
-                         mel=lambda a: a[: len(a) // 160 * 160].view(-1, 160)[:, :8].T.contiguous(),
-                         prompt=lambda _p: [2], text=lambda t: " ".join(map(str, t)), stop=frozenset({3}),
-                         device="cpu", dtype=torch.float32, tokens_per_s=4.0)
 
 
 def _value(text: str, series: str) -> float:
@@ -57,7 +47,7 @@ def test_pools_are_sized_from_a_byte_budget() -> None:
 
 
 def test_the_runner_publishes_its_pools_and_encoder_cache_as_gauges(monkeypatch: pytest.MonkeyPatch) -> None:
-    recipe = _recipe()
+    recipe = tiny_whisper_recipe()
     d = recipe.decoder
     token_bytes = PagedKV.bytes_per_token(d.n_layer, d.n_head, d.head_dim, torch.float32)
     budget = 512 * 8 * token_bytes  # the pools' share of "free GPU memory": 256 self blocks, 128 cross blocks
