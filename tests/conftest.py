@@ -93,12 +93,14 @@ class Server:
 
 
 def start_server(state_dir: Path, *extra: str, env: dict[str, str] | None = None,
-                 port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+                 port: int | None = None, new_session: bool = False) -> tuple[str, subprocess.Popen[bytes]]:
+    """``serve`` on ``port`` (a free one by default), its output in ``state_dir/server-PORT.log``; ready when this
+    returns. ``new_session``: in a process group of its own, which a test may signal as a whole."""
     port = port or free_port()
     log = open(state_dir / f"server-{port}.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([str(BIN), "serve", "--host", "127.0.0.1", "--port", str(port), "--state-dir",
                              str(state_dir), "--log-level", "warning", *extra], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, start_new_session=new_session)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

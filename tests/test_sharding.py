@@ -16,7 +16,7 @@ import httpx
 import jiwer
 import numpy as np
 import pytest
-from conftest import start_server, stop_server, talk_wav
+from conftest import free_port, start_server, stop_server, talk_wav
 from test_streaming import SENTENCES, _norm, pcm16
 
 from lingua_fusion import MultimodalTranslator
@@ -437,6 +437,42 @@ async def test_two_model_processes_serve_streams_and_one_recovers_from_a_kill(ta
         stop_server(proc)
     assert proc.returncode == 0
     assert not (tmp_path / "serve.json").exists()  # no pids left behind for whoever gets them next
+
+
+async def test_a_sigterm_to_the_whole_process_group_still_drains_the_streams(talks: list[bytes],
+                                                                              tmp_path: Path) -> None:
+    """systemd's default KillMode (or ``kill -TERM -- -PGID``) signals every process of the server at once. The
+    model process serves the workers' drain until they hang up, and the Apertium processes it keeps are not in the
+    group, so speech sent right before the signal still gets its translated final before the stream closes for a
+    restart (before, the model process ended at once: the drain's request failed and the caption never came), and
+    the server logs no traceback on the way out."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    port = free_port()
+    url, proc = start_server(tmp_path, "--no-auth", "--workers", "2", port=port, new_session=True)
+    events: list[dict[str, object]] = []
+    try:
+        async with connect(url.replace("http", "ws") + "/v1/streams", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "target_langs": ["es"], "partials": False, "slo": "batch"}))
+            assert json.loads(await ws.recv())["type"] == "ready"
+            await ws.send(pcm16(talk_wav(SENTENCES[:1])))
+            await asyncio.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ConnectionClosed):
+                async for m in ws:
+                    if isinstance(m, str):
+                        events.append(json.loads(m))
+            assert ws.close_code == 1012  # told to reconnect: the server is restarting
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        if proc.poll() is None:
+            stop_server(proc)
+    finals = [e for e in events if e["type"] == "final"]
+    assert len(finals) == 1 and "quarterly review" in _norm(str(finals[0]["source_text"])), events
+    assert finals[0]["text"]
+    log = (tmp_path / f"server-{port}.log").read_text()
+    assert "Traceback" not in log and "failed" not in log, log
 
 
 async def _one_stream_per_key(tmp_path: Path) -> tuple[str, ModelServer, asyncio.Server, Demand]:

@@ -16,7 +16,8 @@ default), supervised.
 - A process that dies is started again (``RESTART_BACKOFF_S``); a worker's clients resume on any worker (the
   stream log is shared); a model process's successor gets each worker's live streams re-registered.
 - SIGTERM / SIGINT: the workers drain (finals logged and sent, clients told to reconnect), then the model process
-  ends.
+  ends. A SIGTERM to the whole process group reaches the model processes at once: each serves its workers' drain
+  until they hang up (model_process.py ``ModelServer.drain``).
 - /metrics on any worker sums every process (serving/shard/metrics.py).
 - Stream tickets (``POST /v1/stream-tickets``) are kept in the run directory, shared: any worker redeems them
   (api/shared_tickets.py).

@@ -66,11 +66,12 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
             try:
                 await _read(ws, session, settings)
                 await writer
-            finally:
+            finally:  # the writer is awaited on every path: one that ended on the client's disconnect while
+                # the reader failed too would otherwise be a task whose exception nobody retrieved
                 if not writer.done():
                     writer.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await writer
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await writer
         except LinguaFusionError as exc:
             with contextlib.suppress(Exception):
                 await _send(ws, error_event(exc))

@@ -48,8 +48,10 @@ class _Pool:
             self._ready.put_nowait(self._spawn())
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        # a session of its own: Ctrl-C or a SIGTERM to the server's process group must not kill the pooled
+        # processes the server's drain still translates with (one whose server dies reads end-of-file and ends)
         return subprocess.Popen(["apertium", "-u", self.mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, start_new_session=True)
 
     def _refill(self) -> None:
         try:

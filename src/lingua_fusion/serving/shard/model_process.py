@@ -44,6 +44,8 @@ from .remote import link_in_flight
 log = logging.getLogger("lingua_fusion.serving.shard")
 MAX_IN_FLIGHT = 4096  # requests one worker connection may have running here, at least (or the link's bound)
 MODES = ("batched", "per-stream")
+CLOSE_S = 5.0  # for the connections' handlers to return once their sockets are closed
+DRAIN_GRACE_S = 15.0  # past the workers' drain deadline (api/workers.py kills a worker then)
 
 
 class ModelServer:
@@ -63,6 +65,9 @@ class ModelServer:
         # within its own bound is never refused here (Overloaded is not retried by RemotePort: its final would fail)
         self.max_in_flight = max(MAX_IN_FLIGHT, link_in_flight(settings))
         self._conns = 0
+        self._live: dict[int, asyncio.StreamWriter] = {}  # the workers connected now
+        self._none_live = asyncio.Event()
+        self._none_live.set()
 
     def engine(self, mode: str) -> Executor:
         if mode not in MODES:
@@ -78,6 +83,8 @@ class ModelServer:
         """One worker's connection: requests in, replies out, until it ends; then its streams are released."""
         self._conns += 1
         conn = self._conns
+        self._live[conn] = writer
+        self._none_live.clear()
         out = codec.Outbox(writer)  # the replies of one turn of the loop leave in one frame
         tasks: set[asyncio.Task[None]] = set()
         try:
@@ -113,6 +120,22 @@ class ModelServer:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+            del self._live[conn]
+            if not self._live:
+                self._none_live.set()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Serve the workers still connected until they hang up (they are draining their own streams, which may
+        need this process's models), ``timeout_s`` at most; then end the connections left, so every handler
+        returns on its own. Returns how many were still connected at the timeout."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none_live.wait(), timeout_s)
+        left = len(self._live)
+        for writer in list(self._live.values()):
+            writer.close()  # the handler reads end-of-file and returns, releasing that worker's streams
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none_live.wait(), CLOSE_S)
+        return left
 
     async def _serve(self, conn: int, out: codec.Outbox, msg: dict[str, Any]) -> None:
         op = msg.get("op")
@@ -218,6 +241,12 @@ async def serve(path: str, settings: Settings, metrics: Any = None, *, ready: An
         ready.set()
     try:
         await stop.wait()
+        # the supervisor sends SIGTERM once its workers have drained; a signal to the whole process group
+        # (systemd's default KillMode, `kill -TERM -- -PGID`) reaches this process while they still drain: it serves
+        # them until they hang up
+        left = await server.drain(settings.server.drain_timeout_s + DRAIN_GRACE_S)
+        if left:
+            log.warning("model process ending with %d worker(s) still connected", left)
     finally:
         listener.close()
         await server.close()
