@@ -271,6 +271,29 @@ async def test_bad_client_events_get_error_events_and_the_session_goes_on(api: A
         assert ok.type == "session.updated" and ok.session.audio.input.transcription.language == "es"
 
 
+async def test_hostile_session_updates_are_refused_and_the_server_stays_responsive(api: Api) -> None:
+    """Wrong JSON types in session.update ended the session with ``internal`` (1011, a traceback in the log), and a
+    G.711 format at 8001 Hz was accepted: its first 2,000-byte append held the event loop for hours."""
+    bad = [{"audio": {"input": {"format": {"type": ["audio/pcm"]}}}},
+           {"input_audio_format": ["pcm16"]},
+           {"audio": {"input": {"transcription": {"model": ["whisper-1"]}}}},
+           {"linguafusion": {"slo": ["batch"]}},
+           {"audio": {"input": {"format": {"type": "audio/pcmu", "rate": 8001}}}},
+           {"audio": {"input": {"format": {"type": "audio/pcma", "rate": "abc"}}}}]
+    async with api.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        await conn.recv()  # session.created
+        for session in bad:
+            await conn.send({"type": "session.update", "session": session})
+            err = await asyncio.wait_for(conn.recv(), 30)
+            assert err.type == "error" and err.error.code == "invalid_parameter", (session, err)
+        await conn.input_audio_buffer.append(audio=base64.b64encode(b"\x01" * 2000).decode())
+        async with httpx.AsyncClient() as http:  # the append did not hold the loop: the server still answers
+            assert (await http.get(api.url + "/healthz", timeout=30)).status_code == 200
+        await conn.session.update(session=transcription(None))
+        ok = await asyncio.wait_for(conn.recv(), 30)
+        assert ok.type == "session.updated" and ok.session.audio.input.format.rate == 24000
+
+
 async def test_a_wrong_key_gets_an_error_and_the_socket_closes(api: Api) -> None:
     t = time.monotonic()
     async with api.client(key="sk_not_a_key").realtime.connect(extra_query={"intent": "transcription"}) as conn:
@@ -334,6 +357,11 @@ def test_session_settings_from_either_dialect() -> None:
         SessionConfig().updated({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 44100}}}})
     with pytest.raises(InvalidParameter):
         SessionConfig().updated({"turn_detection": {"type": "push_to_talk"}})
+    for fmt in ({"type": "audio/pcmu", "rate": 8001}, {"type": "audio/pcma", "rate": 1}, {"type": "audio/pcm",
+                "rate": True}, {"type": "audio/pcm", "rate": "24000"}, {"type": {"audio/pcm": 1}}):
+        with pytest.raises(InvalidParameter):
+            SessionConfig().updated({"audio": {"input": {"format": fmt}}})
+    assert SessionConfig().updated({"audio": {"input": {"format": {"type": "audio/pcmu", "rate": 8000}}}}).rate == 8000
 
 
 def test_wav_helper_sanity() -> None:

@@ -80,7 +80,7 @@ class SessionConfig:
             new = new._format(audio_in["format"])
         if "input_audio_format" in session:
             fmt = session["input_audio_format"]
-            if fmt not in BETA_FORMATS:
+            if not isinstance(fmt, str) or fmt not in BETA_FORMATS:
                 raise InvalidParameter(f"input_audio_format must be one of {', '.join(BETA_FORMATS)}",
                                        details={"field": "input_audio_format"})
             new = replace(new, format=BETA_FORMATS[fmt], rate=FORMATS[BETA_FORMATS[fmt]])
@@ -98,12 +98,15 @@ class SessionConfig:
     def _format(self, value: Any) -> SessionConfig:
         fmt = _dict(value, "audio.input.format")
         kind = fmt.get("type", "audio/pcm")
-        if kind not in FORMATS:
+        if not isinstance(kind, str) or kind not in FORMATS:
             raise InvalidParameter(f"audio.input.format.type must be one of {', '.join(FORMATS)}",
                                    details={"field": "audio.input.format"})
         rate = fmt.get("rate") or FORMATS[kind]
-        if kind == "audio/pcm" and rate not in (24000, 16000):
-            raise InvalidParameter("audio/pcm takes rate 24000 (16000 is accepted too)",
+        # only the rates each format is defined at: any other rate would size the resampler's filter (and the
+        # work of every append) by the rate's ratio to 16 kHz, so 8001 Hz G.711 held the event loop for hours
+        allowed = (24000, 16000) if kind == "audio/pcm" else (FORMATS[kind],)
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate not in allowed:
+            raise InvalidParameter(f"{kind} takes rate {' or '.join(map(str, allowed))}",
                                    details={"field": "audio.input.format.rate"})
         return replace(self, format=kind, rate=int(rate))
 
@@ -111,6 +114,8 @@ class SessionConfig:
         if value is None:
             return replace(self, model=SpeechModel("whisper-1"), language=None, prompt="")
         t = _dict(value, where)
+        if "model" in t and t["model"] is not None and not isinstance(t["model"], str):
+            raise InvalidParameter("transcription.model must be a string", details={"field": "model"})
         model = speech_model(t["model"], field="model") if t.get("model") else self.model
         language = language_code(t["language"], field="language") if "language" in t else self.language
         return replace(self, model=model, language=model.language(language),
@@ -128,7 +133,7 @@ class SessionConfig:
         if "glossary_id" in ext:
             new = replace(new, glossary_id=str(ext["glossary_id"]) if ext["glossary_id"] else None)
         if "slo" in ext:
-            if ext["slo"] not in SLO_CLASSES:
+            if not isinstance(ext["slo"], str) or ext["slo"] not in SLO_CLASSES:
                 raise InvalidParameter(f"linguafusion.slo must be one of {sorted(SLO_CLASSES)}",
                                        details={"field": "slo"})
             new = replace(new, slo=str(ext["slo"]))
