@@ -271,3 +271,62 @@ async def test_server_text_and_stream_through_the_engine(mt_server: str, terse_d
     assert metric(text, 'linguafusion_gpu_pool_blocks{model="mt:user:0",pool="self",state="free"}') > 0
     assert metric(text, 'linguafusion_gpu_pool_bytes{model="mt:user:0",pool="cross"}') > 0
     assert metric(text, 'linguafusion_batch_size_count{model="mt:en-zh"}') >= 1
+
+
+def _host_reads(fn: object) -> int:
+    """How many times ``fn()`` read a tensor's value back to the host (``bool(t)``, ``.item()``): on CUDA each
+    waits for the GPU while holding Python's lock."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+                Reads.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Reads():
+        fn()  # type: ignore[operator]
+    return Reads.n
+
+
+@pytest.mark.parametrize(("dtype", "overflow"), [(torch.float32, False), (torch.float16, False),
+                                                 (torch.float16, True)])
+def test_the_marian_encoder_gives_the_same_output_without_reading_the_gpu_back(dtype: torch.dtype,
+                                                                               overflow: bool) -> None:
+    """The engine's Marian encoder (serving/gpu/hf_encoders.py) equals Hugging Face's, bit for bit, also where a
+    float16 layer overflows and the guard clamps; and it reads nothing back per layer: an unpadded batch none at
+    all, a padded one once (the mask check Hugging Face makes before the layers)."""
+    import copy
+
+    from gpu_models import hf_marian
+
+    from lingua_fusion.serving.gpu.recipes import encoder_outputs
+
+    model = hf_marian(seed=3).to(dtype)
+    if overflow:  # half of one layer's features past float16's range: Hugging Face's guard clamps the layer
+        with torch.no_grad():
+            model.model.encoder.layers[0].final_layer_norm.bias[::2] = float("inf")
+    reference = copy.deepcopy(model).get_encoder()
+    pad = model.config.pad_token_id
+    for ids in ([[5, 6, 7, 8], [9, 10, 11, 12]], [[5, 6, 7, 8, 9, 10], [11, 12]]):
+        ours = encoder_outputs(model.get_encoder(), ids, pad, torch.device("cpu"))
+        width = max(map(len, ids))
+        batch = torch.tensor([seq + [pad] * (width - len(seq)) for seq in ids])
+        mask = torch.tensor([[1] * len(seq) + [0] * (width - len(seq)) for seq in ids])
+        with torch.inference_mode():
+            theirs = reference(input_ids=batch, attention_mask=mask).last_hidden_state
+        for row, seq in enumerate(ids):
+            assert torch.isfinite(ours[row]).all()  # with an overflow: the guard clamped it
+            assert torch.equal(ours[row], theirs[row, : len(seq)])
+        reads = _host_reads(lambda ids=ids: encoder_outputs(model.get_encoder(), ids, pad, torch.device("cpu")))
+        assert reads == (0 if len(set(map(len, ids))) == 1 else 1)
+    if overflow:
+        with torch.inference_mode():  # the case is real: the unguarded layer gives infinities
+            x = reference.embed_tokens(torch.tensor([[5, 6, 7, 8]])) * reference.embed_scale
+            h, _ = reference.layers[0].self_attn(x, attention_mask=None)
+            h = reference.layers[0].self_attn_layer_norm(x + h)
+            lyr = reference.layers[0]
+            raw = lyr.final_layer_norm(h + lyr.fc2(lyr.activation_fn(lyr.fc1(h))))
+        assert not torch.isfinite(raw).all()

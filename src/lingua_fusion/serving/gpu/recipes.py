@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ...types import SR
 from ..ports import AsrInput, AsrOutput, MtInput
 from .decoder import Decoded, DecoderModel
+from .hf_encoders import device_only
 
 MEL_FRAMES_PER_S = 100
 Mels = Callable[[list[np.ndarray]], tuple[torch.Tensor, list[int]]]  # clips -> ([B, n_mels, frames], frames each)
@@ -53,8 +54,10 @@ def encoder_outputs(encoder: Any, ids: list[list[int]], pad: int, device: torch.
     for row, seq in enumerate(ids):
         batch[row, : len(seq)] = torch.tensor(seq)
         mask[row, : len(seq)] = 1
+    # no padding: no mask (what the encoder would decide itself, after reading the mask back from the device)
+    padded = mask.to(device) if any(len(seq) < width for seq in ids) else None
     with torch.inference_mode():
-        hidden = encoder(input_ids=batch.to(device), attention_mask=mask.to(device)).last_hidden_state
+        hidden = device_only(encoder)(input_ids=batch.to(device), attention_mask=padded).last_hidden_state
     return [hidden[i, : len(seq)] for i, seq in enumerate(ids)]
 
 

@@ -1,0 +1,41 @@
+"""Hugging Face text encoders run without reading the GPU back.
+
+A read of a device tensor on the host (``bool(t)``, ``.item()``) waits for the GPU while holding Python's lock, so
+every other thread of the process waits with it (serving/gpu/device_call.py). Marian's encoder layer makes one
+per layer in float16: ``if ... not torch.isfinite(h).all(): h = clamp(h)``, an overflow guard. ``device_only``
+gives the encoder's Marian layers the same guard computed on the device (``torch.where`` on the 0-d "anything not
+finite" flag: the same values, no read). Other architectures are returned as they are.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+PATCHED = "_lf_device_only"
+
+
+def _marian_layer(self: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                  **kwargs: Any) -> torch.Tensor:
+    """MarianEncoderLayer.forward at inference (no dropout), its float16 guard on the device."""
+    residual = hidden_states
+    h, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
+    h = self.self_attn_layer_norm(residual + h)
+    h = self.final_layer_norm(h + self.fc2(self.activation_fn(self.fc1(h))))
+    if h.dtype == torch.float16:
+        bound = torch.finfo(h.dtype).max - 1000
+        h = torch.where(torch.isfinite(h).all(), h, h.clamp(-bound, bound))
+    return h
+
+
+def device_only(encoder: Any) -> Any:
+    """``encoder`` (an nn.Module, in eval mode) with its Marian layers' guard kept on the device; once per module."""
+    if getattr(encoder, PATCHED, False) or encoder.training:
+        return encoder
+    for layer in getattr(encoder, "layers", ()):
+        if type(layer).__name__ == "MarianEncoderLayer":
+            layer.forward = types.MethodType(_marian_layer, layer)
+    setattr(encoder, PATCHED, True)
+    return encoder
