@@ -2,8 +2,12 @@
 
 - Connections: at most ``server.max_connections`` at once (more are answered 503 and closed at once); a request's
   head (request line and headers, at most ``server.max_header_bytes``) must arrive within ``server.header_timeout_s``
-  of the connection or of the previous response, so an idle socket or one that sends a header byte every few
-  seconds is closed (uvicorn alone keeps both open forever). Idle keep-alive connections close after 5 s (uvicorn).
+  of the connection, or of its first byte on a kept-alive connection, so an idle new socket or one that sends a
+  header byte every few seconds is closed (uvicorn alone keeps both open forever). An idle kept-alive connection
+  closes after KEEP_ALIVE_S (15 s), longer than clients keep one for reuse (httpx: 5 s).
+- An answer sent before its request's body ended (a 413 from Content-Length) says ``Connection: close``; the rest
+  of the body is then read and dropped for LINGER_S before the connection closes. Kept alive, the connection would
+  go on with a FIN close behind: a client that sent its next request before seeing the FIN lost it.
 - WebSocket messages: ``ws_max_size`` = ``server.max_ws_message_bytes``, so an oversized message is refused by the
   protocol layer (close 1009) before it is buffered.
 - Logs: every handler of uvicorn's and our loggers masks API keys, URL passwords and key-bearing query parameters
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -26,7 +31,10 @@ from .. import redact
 from ..config import Settings
 
 log = logging.getLogger("lingua_fusion.api")
-KEEP_ALIVE_S = 5
+# an idle kept-alive connection is closed after this; longer than HTTP clients keep idle connections for reuse
+# (httpx: 5 s), so a client never sends its next request on a connection the server is closing at that moment
+# ("Server disconnected without sending a response": the request is lost, a POST is not retried)
+KEEP_ALIVE_S = 15
 LINGER_S = 2.0  # after answering a request whose body was refused part-way
 
 
@@ -57,6 +65,10 @@ def guarded_http(settings: Settings) -> type[asyncio.Protocol] | str:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering:  # the rest of a refused body, or a request the answer said not to send here
+                return
+            if self._in_head and self._head_timer is None:  # a kept-alive connection's next request begins
+                self._arm()
             in_head = self._in_head
             super().data_received(data)
             if in_head and self._in_head and not self.transport.is_closing():  # still no complete head
@@ -68,24 +80,30 @@ def guarded_http(settings: Settings) -> type[asyncio.Protocol] | str:
             self._disarm()
             self._in_head = False
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # this request's cycle (none for an upgrade)
+                _close_unread(cycle, self._linger)
 
         def on_response_complete(self) -> None:
-            unfinished = self.cycle is not None and self.cycle.more_body  # answered before the body ended (413)
             super().on_response_complete()
-            if self.transport.is_closing():
+            if self.transport.is_closing() or self._lingering:
                 return
-            if unfinished:
-                self._linger()
-            elif not self.pipeline:  # keep-alive: the next request's head is timed too
+            if not self.pipeline:  # kept alive, idle until KEEP_ALIVE_S: the next head is timed from its first byte
+                self._disarm()
                 self._in_head, self._head_bytes = True, 0
-                self._arm()
+
+        _lingering = False
 
         def _linger(self) -> None:
             """The rest of a refused body is not wanted: say we are done (FIN after the answer), read and drop
             what is in flight for LINGER_S, then close (closing at once would reset the connection and could
             destroy the answer before the client reads it)."""
+            if self._lingering or self.transport.is_closing():
+                return
+            self._lingering = True
             self._disarm()
             self._in_head = False
+            self.flow.resume_reading()  # paused when the unread body filled uvicorn's buffer
             if self.transport.can_write_eof():
                 self.transport.write_eof()
             self.loop.call_later(LINGER_S, self.transport.close)
@@ -113,6 +131,46 @@ def guarded_http(settings: Settings) -> type[asyncio.Protocol] | str:
             self.transport.close()
 
     return GuardedHttpTools
+
+
+def _close_unread(cycle: Any, linger: Callable[[], None]) -> None:
+    """An answer that starts before its request's body has ended says ``Connection: close`` (uvicorn would keep
+    the connection with the rest of the body unread, and the old linger closed it under a client's next request),
+    and the close after it lingers instead of resetting the connection. ``cycle`` is uvicorn's
+    RequestResponseCycle: its ``send`` (what the app calls) and ``transport.close`` (its close after an answer
+    that says close) are wrapped for this request only."""
+    send, transport = cycle.send, cycle.transport
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start" and cycle.more_body:
+            cycle.keep_alive = False  # uvicorn adds Connection: close and closes after the answer
+        await send(message)
+
+    cycle.send = sending
+    cycle.transport = _LingerOnClose(transport, lambda: bool(cycle.more_body), linger)
+
+
+class _LingerOnClose(asyncio.Transport):
+    """A request's view of its connection: ``close()`` while the request's body is still unread lingers."""
+
+    def __init__(self, transport: asyncio.Transport, unread: Callable[[], bool], linger: Callable[[], None]) -> None:
+        super().__init__()
+        self._transport, self._unread, self._linger = transport, unread, linger
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def close(self) -> None:
+        if self._unread():
+            self._linger()
+        else:
+            self._transport.close()
 
 
 def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uvicorn.Server:
