@@ -1,8 +1,9 @@
 """Hugging Face text encoders run without reading the GPU back.
 
-A read of a device tensor on the host (``bool(t)``, ``.item()``) waits for the GPU while holding Python's lock, so
-every other thread of the process waits with it (serving/gpu/device_call.py). Marian's encoder layer makes one
-per layer in float16: ``if ... not torch.isfinite(h).all(): h = clamp(h)``, an overflow guard. ``device_only``
+A read of a device tensor on the host (``bool(t)``, ``.item()``) makes the calling thread wait until the GPU has
+run everything queued before it: the runner cannot queue the next kernels meanwhile, so launching and running stop
+overlapping. Marian's encoder layer makes one per layer in float16: ``if ... not torch.isfinite(h).all(): h =
+clamp(h)``, an overflow guard. ``device_only``
 gives the encoder's Marian layers the same guard computed on the device (``torch.where`` on the 0-d "anything not
 finite" flag: the same values, no read). Other architectures are returned as they are.
 """
