@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -91,6 +92,48 @@ def test_a_resume_claims_the_stream_and_the_older_session_can_no_longer_write(st
     assert [e["text"] for e in a.finals_after(sid, 0)] == ["t1", "new"] and not a.resume(sid, "tok")["closed"]
     b.close_stream(sid, 1)
     assert a.resume(sid, "tok")["closed"] is True
+    # what the take-over watch reads (api/takeover.py): every stream's epoch in one call; unknown ids left out
+    assert a.epochs([sid, "st_never_opened"]) == {sid: 1} and a.epochs([]) == {}
+
+
+async def test_a_stream_resumed_on_another_server_ends_its_old_connection_within_seconds(tmp_path: Path) -> None:
+    """Two servers on one state directory share the stream log, as the workers of ``serve --workers`` do. A stream
+    opened on A and resumed on B: A's connection, which sends nothing more, ends ``taken_over`` (4409) within a
+    few seconds (the take-over watch, api/takeover.py); before, it stayed open until its 60 s idle timeout, holding
+    its quota. B's session goes on numbering after what A logged."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    url_a, a = start_server(tmp_path, "--no-auth")
+    url_b, b = start_server(tmp_path, "--no-auth")
+    try:
+        start = {"type": "start", "target_langs": ["es"], "inputs": ["text"], "partials": False}
+        async with connect(url_a.replace("http", "ws") + "/v1/streams") as ws_a:
+            await ws_a.send(json.dumps(start))
+            ready = json.loads(await ws_a.recv())
+            await ws_a.send(json.dumps({"type": "text", "text": "The dog is black.", "ts": 0.0}))
+            while json.loads(await ws_a.recv())["type"] != "final":
+                pass
+            resume = {"type": "start", "resume": {"stream_id": ready["stream_id"],
+                                                  "resume_token": ready["resume_token"], "last_seq": 1}}
+            async with connect(url_b.replace("http", "ws") + "/v1/streams") as ws_b:
+                await ws_b.send(json.dumps(resume))
+                assert json.loads(await ws_b.recv())["resumed"] is True
+                events = []
+                with contextlib.suppress(ConnectionClosed):
+                    async with asyncio.timeout(10):
+                        async for m in ws_a:
+                            events.append(json.loads(m))
+                assert events and events[-1].get("code") == "taken_over" and ws_a.close_code == 4409
+                await ws_b.send(json.dumps({"type": "text", "text": "The house is very big.", "ts": 2.0}))
+                while (e := json.loads(await ws_b.recv()))["type"] != "final":
+                    pass
+                assert e["seq"] == 2
+    finally:
+        stop_server(a)
+        stop_server(b)
 
 
 def test_log_survives_a_new_process_and_checks_the_token(store_factory: Any) -> None:

@@ -51,6 +51,7 @@ from .admission import Admission
 from .deps import ANONYMOUS, AppContext
 from .guard import Guard
 from .revocation import RevocationWatch
+from .takeover import TakeoverWatch
 
 log = logging.getLogger("lingua_fusion.api")
 
@@ -180,10 +181,14 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
 
     # streams of a key revoked on another worker (or server, or by the CLI) end here too (api/revocation.py)
     watch = RevocationWatch(live_keys, store.revoked_among, service.revoke, settings.server.key_check_interval_s)
+    # streams resumed on another worker or server end here within the same interval (api/takeover.py)
+    takeover = TakeoverWatch(service.live_epochs, log_store.epochs, service.taken_over,
+                             settings.server.key_check_interval_s)
 
     @contextlib.asynccontextmanager
     async def lifetime() -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(_compact_loop(), name="compact")]
+        tasks = [asyncio.create_task(_compact_loop(), name="compact"),
+                 asyncio.create_task(takeover.run(), name="takeover-watch")]
         if settings.server.auth:
             tasks.append(asyncio.create_task(watch.run(), name="revocation-watch"))
         try:

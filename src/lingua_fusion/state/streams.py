@@ -24,7 +24,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -41,6 +41,7 @@ T = TypeVar("T")
 def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
+EPOCH_BATCH = 500  # stream ids per query of ``epochs`` (SQLite's bound on host parameters is far above)
 
 class StreamStore(Protocol):
     def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None: ...
@@ -62,6 +63,11 @@ class StreamStore(Protocol):
         ...
 
     def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]: ...
+
+    def epochs(self, stream_ids: Collection[str]) -> dict[str, int]:
+        """Each stream's owner epoch now (one read for all; a stream not in the store is left out): a live session
+        whose epoch is lower was taken over by a resume elsewhere."""
+        ...
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None: ...
 
@@ -180,6 +186,16 @@ class SQLiteStreamStore:
             rows = self._db.execute("SELECT body FROM stream_log WHERE stream_id=? AND seq>? ORDER BY seq",
                                     (stream_id, seq)).fetchall()
         return [json.loads(r[0]) for r in rows]
+
+    def epochs(self, stream_ids: Collection[str]) -> dict[str, int]:
+        ids, out = list(stream_ids), {}
+        for i in range(0, len(ids), EPOCH_BATCH):
+            chunk = ids[i: i + EPOCH_BATCH]
+            with self._lock:
+                rows = self._db.execute("SELECT stream_id, json_extract(body, '$.epoch') FROM stream_snapshot "
+                                        f"WHERE stream_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+            out.update({sid: int(epoch or 0) for sid, epoch in rows})
+        return out
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None:
         with self._write() as db:
@@ -325,6 +341,13 @@ class RedisStreamStore:
     def resume(self, stream_id: str, token: str) -> dict[str, Any]:
         raw = self._run(lambda: self._r.get(redis_keys.stream_snapshot(stream_id)))
         return _check(json.loads(raw) if raw else None, stream_id, token)
+
+    def epochs(self, stream_ids: Collection[str]) -> dict[str, int]:
+        ids = list(stream_ids)
+        if not ids:
+            return {}
+        raws = self._run(lambda: self._r.mget([redis_keys.stream_snapshot(sid) for sid in ids]))
+        return {sid: int(json.loads(raw).get("epoch", 0)) for sid, raw in zip(ids, raws, strict=True) if raw}
 
     def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]:
         rows = self._run(lambda: self._r.lrange(redis_keys.stream_log(stream_id), 0, -1))

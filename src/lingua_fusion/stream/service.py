@@ -227,6 +227,19 @@ class StreamService:
         out += [Logged(e) for e in logged if int(e["seq"]) > last_seq]  # exactly once, in order
         return out
 
+    def live_epochs(self) -> dict[str, int]:
+        """Each live stream's owner epoch here (streams with a journal), for api/takeover.py."""
+        return {sid: s.journal.epoch for sid, s in self.sessions.items() if s.journal is not None}
+
+    def taken_over(self, stream_id: str, epoch: int) -> bool:
+        """The store says ``stream_id`` was resumed elsewhere after its session here claimed ``epoch``: that session,
+        if it is still the one here, ends ``taken_over`` (4409). True when it did."""
+        session = self.sessions.get(stream_id)
+        if session is None or session.journal is None or session.journal.epoch != epoch:
+            return False
+        session.fail(TakenOver("this stream was resumed by another connection; this one is closed"))
+        return True
+
     # ---- StreamOwner -------------------------------------------------------------------------------------------
     def released(self, session: StreamSession) -> None:
         if session.trace is not None:  # ends once, however the stream ended
