@@ -37,7 +37,8 @@ class ServerSettings(BaseModel):
     stream_idle_timeout_s: float = 60.0
     drain_timeout_s: float = 10.0
     # how often each process asks the key store whether a key with live streams here was revoked elsewhere (by
-    # another worker of `serve --workers`, another server on the state directory, `keys revoke`): api/revocation.py
+    # another worker of `serve --workers`, another server on the state directory, `keys revoke`): api/revocation.py;
+    # and the stream store whether a stream live here was resumed elsewhere: api/takeover.py
     key_check_interval_s: float = Field(default=1.0, gt=0)
     breaker_window_s: float = 5.0
     breaker_k: int = 3
