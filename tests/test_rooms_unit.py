@@ -265,3 +265,19 @@ async def test_a_language_nobody_listens_to_any_more_is_dropped_and_an_orphaned_
     assert history[-1]["type"] == "closed" and history[-1]["reason"] == "the publisher left"
     assert room_id not in rooms.publishers
     await rooms.close()
+
+
+@needs_redis
+async def test_300_listeners_joining_at_once_on_redis_all_get_in_and_other_keys_are_served() -> None:
+    """redis-py's default pool raised 'Too many connections' past 100 calls in flight: 300 listeners joining one
+    room at once made 200 of them, and another key's room routes meanwhile, fail with state_store_unavailable.
+    A call now waits for a free connection."""
+    rooms = service("redis")
+    room_id, token = await live_room(rooms)
+    await rooms.create("key_other", "en")
+    joined = await asyncio.gather(*(rooms.join(room_id, token, ["es"]) for _ in range(300)),
+                                  *(rooms.list("key_other") for _ in range(30)))
+    assert len(joined) == 330 and all(len(mine) == 1 for mine in joined[300:])
+    for listener in joined[:300]:
+        rooms.leave(listener, "done")
+    await rooms.close()

@@ -24,13 +24,19 @@ T = TypeVar("T")
 log = logging.getLogger("lingua_fusion.rooms")
 BLOCK_MS = 1000
 TIMEOUT_S = 5.0  # socket timeout: longer than an XREAD's block
+MAX_CONNECTIONS = 100  # per client (bus, directory): a call beyond waits for one, up to TIMEOUT_S
 
 
 def _client(url: str) -> Any:
+    """A client whose pool makes a call wait (up to TIMEOUT_S) for a free connection when all MAX_CONNECTIONS are
+    in use. redis-py's default pool raised 'Too many connections' instead: 300 listeners joining one room at once
+    made 200 of them, and every other key's room routes meanwhile, fail with 503."""
     import redis.asyncio as aioredis
 
-    return aioredis.Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S,
-                                   decode_responses=True)
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS, timeout=TIMEOUT_S,
+                                                    socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S,
+                                                    decode_responses=True)
+    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() disconnects it
 
 
 async def _call(fn: Callable[[], Awaitable[T]]) -> T:
