@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -114,6 +115,15 @@ def start_server(state_dir: Path, *extra: str, env: dict[str, str] | None = None
         time.sleep(0.3)
     proc.kill()
     raise RuntimeError("server did not become ready in 120 s")
+
+
+def read_until_closed(s: socket.socket) -> bytes:
+    """Everything a raw socket receives until the server closes it (a reset counts as closed)."""
+    got = b""
+    with contextlib.suppress(ConnectionResetError):
+        while data := s.recv(4096):
+            got += data
+    return got
 
 
 def metric(text: str, name: str) -> float:

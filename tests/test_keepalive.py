@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from conftest import BIN, start_server, stop_server
+from conftest import BIN, read_until_closed, start_server, stop_server
 
 GUARD_S = 20.0  # how long a test waits for an answer that must come (a failure, not a figure, when it does not)
 HEAD_TIMEOUT_S = 2
@@ -80,14 +80,6 @@ def read_response(s: socket.socket) -> tuple[bytes, bytes]:
         assert data, "the server closed the connection in the middle of an answer"
         body += data
     return head, body
-
-
-def read_until_closed(s: socket.socket) -> bytes:
-    got = b""
-    with contextlib.suppress(ConnectionResetError):
-        while data := s.recv(4096):
-            got += data
-    return got
 
 
 def test_a_stalled_head_on_a_kept_connection_is_still_cut_off(srv: Srv) -> None:

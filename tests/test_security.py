@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
-from conftest import BIN, encode_audio, free_port, start_server, stop_server
+from conftest import BIN, encode_audio, free_port, read_until_closed, start_server, stop_server
 
 from lingua_fusion.api import create_app
 from lingua_fusion.config import Settings
@@ -427,14 +427,6 @@ async def test_images_in_flight_are_bounded(tmp_path: Path) -> None:
             await w.send(json.dumps({"type": "end"}))
             events, code = await ending(w)
             assert events[-1]["type"] == "closed" and code == 1000
-
-
-def read_until_closed(s: socket.socket) -> bytes:
-    got = b""
-    with contextlib.suppress(ConnectionResetError):
-        while data := s.recv(4096):
-            got += data
-    return got
 
 
 def test_an_idle_socket_and_a_slow_header_are_closed(guarded: Srv) -> None:
