@@ -1,13 +1,17 @@
-"""The translation memory: keyed by (normalised segment, route, glossary version), local LRU then Redis, never a
-translation made with another glossary; with real Apertium through the file path and a real Redis shared tier."""
+"""The translation memory: keyed by (API key, normalised segment, route, glossary version), local LRU then Redis,
+never a translation made with another glossary or for another key; with real Apertium through the file path and a
+real Redis shared tier."""
 
 from __future__ import annotations
+
+import asyncio
 
 from conftest import REDIS, needs_redis
 
 from lingua_fusion.config import Settings
 from lingua_fusion.files import FileRequest, FileTranslator
 from lingua_fusion.glossary import Term
+from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.tm.key import entry_key, glossary_version, normalise
 from lingua_fusion.tm.lru import LRU
 from lingua_fusion.tm.memory import TranslationMemory
@@ -107,6 +111,47 @@ def test_real_apertium_file_path_uses_the_memory_and_keeps_glossaries_apart(tmp_
         with_term = run([Term("bank", "orilla")])
         assert "orilla" in with_term and "orilla" not in plain  # another glossary: never the cached one
         assert run([]) == plain
+    finally:
+        engine.close()
+
+
+def test_one_key_never_hits_or_times_another_keys_cached_translation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The memory is per API key: a sentence key A had translated is a miss for key B (shared, B's fast answer
+    would tell it what A translated), a hit for A again; on the file path and on the stream engine's MT runner."""
+    from lingua_fusion.serving.ports import CallContext, MtInput
+
+    s = Settings()
+    s.state_dir = tmp_path
+    engine = FileTranslator(s)
+    try:
+        tm = engine.registry.translation_memory()
+        assert tm is not None
+
+        def run(key_id: str, text: str) -> str:
+            req = FileRequest(text=text, source_modality="text", target_lang="es", source_lang="en", scope=key_id)
+            return engine.translate(req).text
+
+        a = run("key_a", "The river bank was quiet this morning.")
+        hits, misses = tm.stats.hits_local, tm.stats.misses
+        assert run("key_b", "The river bank was quiet this morning.") == a
+        assert (tm.stats.hits_local, tm.stats.misses) == (hits, misses + 1)  # B: translated, not served A's
+        assert run("key_a", "The river bank was quiet this morning.") == a and tm.stats.hits_local == hits + 1
+
+        # the stream engine: the executor stamps each MT item with its caller's key
+        from lingua_fusion.serving.executor import Executor
+
+        async def stream_mt(key_id: str) -> str:
+            ex = Executor(engine.registry, s)
+            try:
+                return str(await ex.run(ModelKey.mt("en", "es"), MtInput("The new office opens in May."),
+                                        CallContext(f"st_{key_id}", key_id=key_id)))
+            finally:
+                await ex.close()
+
+        first = asyncio.run(stream_mt("key_a"))
+        hits, misses = tm.stats.hits_local, tm.stats.misses
+        assert asyncio.run(stream_mt("key_b")) == first and tm.stats.misses == misses + 1
+        assert asyncio.run(stream_mt("key_a")) == first and tm.stats.hits_local == hits + 1
     finally:
         engine.close()
 

@@ -103,7 +103,7 @@ async def _run(request: Request, key_id: str, form: FormData, *, translate: bool
     # the audio track of any audio or video file (a video's frames are not read: OpenAI's API is speech only)
     req = FileRequest(source_modality="audio", target_lang=target if translate else "", source_lang=source,
                       data=data, glossary=_glossary(form, ctx, key_id), filename=filename, prompt=_prompt(form),
-                      transcribe_only=not translate)
+                      transcribe_only=not translate, scope=key_id)
     valid = ctx.translator.validate(req)  # every check before the queue and before any decoding
     deadline = Deadline(ctx.settings.server.request_timeout_s)
     result = await ctx.admission.run(key_id, deadline,

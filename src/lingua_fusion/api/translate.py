@@ -57,7 +57,7 @@ async def translate(request: Request, key: TranslateKey) -> Response:
                       target_modality=str(form.get("target_modality") or "text"),
                       source_lang=str(form.get("source_lang")) if form.get("source_lang") else None,
                       data=data, text=str(text) if text is not None else None, glossary=terms,
-                      filename=filename, signs=signs)
+                      filename=filename, signs=signs, scope=key.key_id)
     # every check (size, languages and pair, modality vs bytes, UTF-8): before the queue, before any decoding
     valid = ctx.translator.validate(req)
     # the time limit covers the wait for a slot and the work; the work checks it as it goes (a thread cannot be

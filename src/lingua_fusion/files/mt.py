@@ -16,9 +16,9 @@ class SegmentMT:
         self.registry = registry
 
     def translate(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str],
-                  deadline: Deadline | None = None) -> list[Term]:
+                  deadline: Deadline | None = None, scope: str = "") -> list[Term]:
         """Each segment's ``text`` becomes the translation of its ``source_text``; ``models`` notes the backends.
-        Returns the glossary terms that were applied."""
+        Returns the glossary terms that were applied. ``scope``: whose translation memory (the API key's id)."""
         legs = [(self.registry.mt(leg.backend), leg) for leg in route.legs]
         for i, (backend, _leg) in enumerate(legs):
             models["mt" if len(legs) == 1 else f"mt_leg{i + 1}"] = backend.info.name
@@ -41,15 +41,15 @@ class SegmentMT:
             texts, applied = apply_mt(sources, terms, run, deadline=deadline)
         else:
             texts, per_text = tm.translate(self.registry.route_key(route), sources, [terms] * len(sources), run,
-                                           deadline=deadline)
+                                           deadline=deadline, scopes=[scope] * len(sources))
             applied = list({t.source: t for used in per_text for t in used}.values())
         for s, t in zip(segs, texts, strict=True):
             s.text = t
         return applied
 
     def texts(self, rows: list[str], route: MTRoute, terms: list[Term], models: dict[str, str],
-              deadline: Deadline | None = None) -> list[str]:
+              deadline: Deadline | None = None, scope: str = "") -> list[str]:
         """Plain texts (a slide's rows, sign glosses) through ``translate``: their translations, in order."""
         segs = [Segment(start=0.0, end=0.0, source_text=r, text=r) for r in rows]
-        self.translate(segs, route, terms, models, deadline)
+        self.translate(segs, route, terms, models, deadline, scope)
         return [s.text for s in segs]

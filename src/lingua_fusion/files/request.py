@@ -23,6 +23,7 @@ class FileRequest:
     prompt: str | None = None  # ASR context (Whisper's initial prompt): names, spellings, the style wanted
     transcribe_only: bool = False  # speech -> text in the spoken language: no MT; target_lang is not used
     signs: Any = None  # vision/file_signs.py SignReader: a video's signs read with the key's vocabulary_id
+    scope: str = ""  # the requesting API key's id: whose translation memory the request may use (tm/key.py)
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ class FileTranslator:
         work = Work(source=valid.source_lang, target=valid.target_lang, route=valid.route,
                     speech_translation=valid.speech_translation, confidence=valid.source_confidence,
                     detected=valid.source_confidence is not None, transcribe_only=valid.request.transcribe_only,
-                    slide_context=self.slide_context)
+                    slide_context=self.slide_context, scope=valid.request.scope)
         segs = self._recogniser.recognise(valid, work, st)
         if not segs and not (work.video is not None and work.video.slides) and not any(
                 s.recognition.known for s in work.signs):
@@ -86,7 +86,8 @@ class FileTranslator:
         if work.route is not None and segs:
             names = self._visuals.slide_names(work, segs, glossary)
             with st.stage("mt"):
-                applied = self._mt.translate(segs, work.route, glossary + names, work.models, st.deadline)
+                applied = self._mt.translate(segs, work.route, glossary + names, work.models, st.deadline,
+                                             scope=work.scope)
             applied = [t for t in applied if t not in names]
         slides = self._visuals.slides(work, glossary, tgt_mod, st) \
             if work.video is not None and work.video.slides else []

@@ -67,7 +67,7 @@ class VideoVisuals:
         if not names:
             return []
         probe = [Segment(start=0.0, end=0.0, source_text=n, text=n) for n in names]
-        self.mt.translate(probe, work.route, [], {}, None)
+        self.mt.translate(probe, work.route, [], {}, None, work.scope)
         return [Term(n, n) for n, p in zip(names, probe, strict=True)
                 if p.text.strip() != n and SequenceMatcher(None, n.lower(), p.text.strip().lower()).ratio() >= 0.6]
 
@@ -87,7 +87,7 @@ class VideoVisuals:
 
         def mt(rows: list[str]) -> list[str]:
             assert route is not None
-            return self.mt.texts(rows, route, glossary, work.models, st.deadline)
+            return self.mt.texts(rows, route, glossary, work.models, st.deadline, work.scope)
 
         braille = None
         if tgt_mod == Modality.BRAILLE:
@@ -109,7 +109,7 @@ class VideoVisuals:
 
         def mt(texts: list[str]) -> list[str]:
             assert route is not None
-            return self.mt.texts(texts, route, [], work.models, st.deadline)
+            return self.mt.texts(texts, route, [], work.models, st.deadline, work.scope)
 
         with st.stage("signs_mt"):
             return sign_texts(work.signs, mt if route is not None else None)

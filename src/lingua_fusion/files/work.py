@@ -30,6 +30,7 @@ class Work:
     video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames (ASR and MT context)
     deadline: Deadline | None = None  # the request's: optional work (slide corrections) stops early near it
     signs: list[Any] = field(default_factory=list)  # vision/service.py GlossSpan: signs read (vocabulary_id)
+    scope: str = ""  # whose translation memory (the request's API key: FileRequest.scope)
     slide_context: bool = True  # FileTranslator.slide_context when the request started: slide words feed ASR, MT
 
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import Settings
@@ -102,6 +102,8 @@ class Executor:
 
     # ---- ModelPort --------------------------------------------------------------------------------------------
     async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+        if isinstance(payload, MtInput) and not payload.scope and ctx.key_id:
+            payload = replace(payload, scope=ctx.key_id)  # the translation memory is per key (tm/key.py)
         attempt = 0
         while True:
             try:

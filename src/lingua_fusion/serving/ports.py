@@ -58,6 +58,8 @@ class MtInput:
     # names on the stream's slides that this text says, kept as written; matched after the glossary, apart from
     # it, so a big glossary is compiled once per stream and not once per utterance
     names: Sequence[Term] = ()
+    # whose translation memory it may use: the caller's API key id (the executor stamps it from the CallContext)
+    scope: str = ""
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ def _mt(registry: Registry, src: str, tgt: str) -> Runner:
         texts, terms, names = [it.text for it in items], [it.glossary for it in items], [it.names for it in items]
         tm = registry.translation_memory()  # repeated phrases, the same deck in several rooms: MT once
         if tm is not None:
-            return list(tm.translate(registry.route_key(route), texts, terms, translate, names=names)[0])
+            return list(tm.translate(registry.route_key(route), texts, terms, translate, names=names,
+                                     scopes=[it.scope for it in items])[0])
         outs, _ = apply_mt_batch(texts, terms, translate, names=names)
         return outs
 

@@ -3,8 +3,9 @@
 A translation depends on the source segment, the route that made it (each leg's backend, model and languages) and
 the glossary in force (terms and the slide names protected with it). The glossary's version is the digest of its
 content: glossaries are immutable once uploaded (a changed list is a new glossary id), and keying by content means
-two keys' identical glossaries share entries while any difference, one term or one target, is another key. A
-translation made with another glossary, or with none, can never be returned.
+one key's identical glossaries share entries while any difference, one term or one target, is another key. A
+translation made with another glossary, or with none, can never be returned. Entries are per API key (``scope``):
+shared across keys, a hit's speed (``latency_ms.mt``) would tell one customer what another had translated.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def glossary_version(terms: Sequence[Term], names: Sequence[Term] = ()) -> str:
     return h.hexdigest()[:32]
 
 
-def entry_key(segment: str, route: str, glossary: str) -> str:
-    """One digest for (normalised segment, route, glossary version): the key in both tiers."""
-    raw = "\x1f".join((route, glossary, normalise(segment))).encode("utf-8")
+def entry_key(segment: str, route: str, glossary: str, scope: str = "") -> str:
+    """One digest for (scope, normalised segment, route, glossary version): the key in both tiers. ``scope``: whose
+    memory (the API key's id): a key never gets, nor can time, another key's cached translation."""
+    raw = "\x1f".join((scope, route, glossary, normalise(segment))).encode("utf-8")
     return hashlib.sha256(raw).hexdigest()

@@ -55,13 +55,16 @@ class TranslationMemory:
 
     def translate(self, route: str, texts: list[str], terms: list[Sequence[Term]],
                   translate: Callable[[list[str]], list[str]], *, names: list[Sequence[Term]] | None = None,
-                  deadline: Deadline | None = None) -> tuple[list[str], list[list[Term]]]:
-        """``apply_mt_batch`` with a memory: the same (translations, glossary terms applied per text)."""
+                  deadline: Deadline | None = None,
+                  scopes: Sequence[str] | None = None) -> tuple[list[str], list[list[Term]]]:
+        """``apply_mt_batch`` with a memory: the same (translations, glossary terms applied per text). ``scopes``:
+        each text's owner (its API key's id; tm/key.py), whose entries alone it may hit."""
         extra: list[Sequence[Term]] = names if names is not None else [() for _ in texts]
+        owners: Sequence[str] = scopes if scopes is not None else ["" for _ in texts]
         batch = _Batch(texts, terms, extra)
-        for t, ts, ns in zip(texts, terms, extra, strict=True):
+        for t, ts, ns, scope in zip(texts, terms, extra, owners, strict=True):
             keep = 0 < len(normalise(t)) <= self.max_segment_chars
-            batch.keys.append(entry_key(t, route, glossary_version(ts, ns)) if keep else None)
+            batch.keys.append(entry_key(t, route, glossary_version(ts, ns), scope) if keep else None)
         now = self.clock()
         hits_local, hits_shared = self._lookup(batch, now)
         self._fill(batch, translate, deadline, now)
