@@ -289,6 +289,9 @@ async def test_hostile_session_updates_are_refused_and_the_server_stays_responsi
         await conn.input_audio_buffer.append(audio=base64.b64encode(b"\x01" * 2000).decode())
         async with httpx.AsyncClient() as http:  # the append did not hold the loop: the server still answers
             assert (await http.get(api.url + "/healthz", timeout=30)).status_code == 200
+        await conn.send({"type": "session.update", "session": {"linguafusion": {"glossary_id": "gl_not_this_keys"}}})
+        err = await asyncio.wait_for(conn.recv(), 30)  # the field is named, as docs/openai.md says
+        assert err.type == "error" and err.error.code == "not_found" and err.error.param == "glossary_id", err
         await conn.session.update(session=transcription(None))
         ok = await asyncio.wait_for(conn.recv(), 30)
         assert ok.type == "session.updated" and ok.session.audio.input.format.rate == 24000

@@ -36,7 +36,7 @@ from typing import Any
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from ..config import Settings
-from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge, from_code
+from ..errors import ClientError, InvalidParameter, LinguaFusionError, NotFound, Overloaded, TooLarge, from_code
 from ..stream.events import Closed, Error, Final, Partial
 from ..stream.protocol import close_code, parse_start
 from ..stream.service import Principal, StreamService
@@ -197,7 +197,10 @@ class Transcription:
         config = self.config.updated(session)
         parse_start(config.start_message(), self.service.executor.registry.mt_route, [])  # languages, pairs, slo
         if config.glossary_id and self.service.glossary_for is not None:
-            self.service.glossary_for(self.who, config.glossary_id)  # 404 for a glossary this key does not have
+            try:
+                self.service.glossary_for(self.who, config.glossary_id)  # 404 for a glossary this key does not have
+            except NotFound as exc:
+                raise NotFound(exc.message, details={"field": "glossary_id"}) from exc
         if (config.format, config.rate) != (self.config.format, self.config.rate):
             self.convert = Converter(config.format, config.rate)
         self.config = config
