@@ -7,9 +7,12 @@ line, closes stdin and reads the result; a fresh process is started in the backg
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -26,6 +29,15 @@ PAIR_MODES: dict[tuple[str, str], tuple[str, ...]] = {
     ("fr", "ca"): ("fra-cat",), ("ca", "fr"): ("cat-fra",),
 }
 TIMEOUT_S = 60.0
+REAP_S = 5.0  # for a killed pipeline's last stage to be reaped
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """End ``proc`` with its whole pipeline: ``apertium`` is a shell script whose stages are its children, in the
+    session (and process group) ``_Pool._spawn`` gave it; killing the script alone leaves them running, holding the
+    pipe the pool reads."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def installed_pairs() -> dict[tuple[str, str], str]:
@@ -68,8 +80,9 @@ class _Pool:
         try:
             out, err = proc.communicate(text.encode("utf-8"), timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
-            proc.kill()
-            proc.communicate()
+            _kill(proc)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=REAP_S)
             raise BackendError(f"apertium {self.mode} timed out") from exc
         if proc.returncode != 0:
             raise BackendError(f"apertium {self.mode} failed: {err.decode(errors='replace')[:200]}")
@@ -81,8 +94,9 @@ class _Pool:
                 p = self._ready.get_nowait()
             except queue.Empty:
                 return
-            p.kill()
-            p.wait(timeout=5)
+            _kill(p)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=REAP_S)
 
 
 class ApertiumMT:
