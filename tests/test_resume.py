@@ -96,6 +96,29 @@ def test_a_resume_claims_the_stream_and_the_older_session_can_no_longer_write(st
     assert a.epochs([sid, "st_never_opened"]) == {sid: 1} and a.epochs([]) == {}
 
 
+def test_a_stream_log_from_before_the_epoch_column_is_migrated(tmp_path: Path) -> None:
+    """A stream log written before the owner epoch had a column of its own (it was only in each snapshot's body)
+    gets the column when opened: its streams read epoch 0 and a resume still claims them."""
+    import sqlite3
+
+    from lingua_fusion.state.private import private_dir, private_file
+    from lingua_fusion.state.streams import token_digest
+
+    old = sqlite3.connect(private_file(private_dir(tmp_path) / "streams.sqlite3"))
+    old.execute("CREATE TABLE stream_snapshot (stream_id TEXT PRIMARY KEY, body TEXT, updated REAL)")
+    body = {"spec": {}, "token_digest": token_digest("tok"), "last_seq": 0, "committed_until": 0.0, "closed": False,
+            "epoch": 0}
+    old.execute("INSERT INTO stream_snapshot VALUES ('st_old', ?, ?)", (json.dumps(body), time.time()))
+    old.commit()
+    old.close()
+    store = SQLiteStreamStore(tmp_path)
+    try:
+        assert store.epochs(["st_old"]) == {"st_old": 0}
+        assert store.claim("st_old", "tok")["epoch"] == 1 and store.epochs(["st_old"]) == {"st_old": 1}
+    finally:
+        store.close()
+
+
 async def test_a_stream_resumed_on_another_server_ends_its_old_connection_within_seconds(tmp_path: Path) -> None:
     """Two servers on one state directory share the stream log, as the workers of ``serve --workers`` do. A stream
     opened on A and resumed on B: A's connection, which sends nothing more, ends ``taken_over`` (4409) within a

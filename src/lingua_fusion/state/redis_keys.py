@@ -8,6 +8,12 @@ def stream_log(stream_id: str) -> str:
     return f"{PREFIX}stream:{stream_id}:log"
 
 
+def stream_epoch(stream_id: str) -> str:
+    """The stream's owner epoch alone (an int), written with the snapshot by a resume's claim: what the take-over
+    watch reads every second without fetching whole snapshots (api/takeover.py). Absent: never resumed."""
+    return f"{PREFIX}stream:{stream_id}:epoch"
+
+
 def stream_snapshot(stream_id: str) -> str:
     """Hash: the state needed to continue the stream (spec, token digest, last seq, committed_until, ...)."""
     return f"{PREFIX}stream:{stream_id}:snap"

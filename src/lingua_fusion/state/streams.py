@@ -65,8 +65,9 @@ class StreamStore(Protocol):
     def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]: ...
 
     def epochs(self, stream_ids: Collection[str]) -> dict[str, int]:
-        """Each stream's owner epoch now (one read for all; a stream not in the store is left out): a live session
-        whose epoch is lower was taken over by a resume elsewhere."""
+        """Each stream's owner epoch now (one small read for all, not the snapshots; a stream not in the store, or
+        never resumed, may be left out: nothing to end): a live session whose epoch is lower was taken over by a
+        resume elsewhere."""
         ...
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None: ...
@@ -120,13 +121,19 @@ class SQLiteStreamStore:
                              "updated REAL)")
             self._db.execute("CREATE TABLE IF NOT EXISTS stream_log (stream_id TEXT, seq INTEGER, body TEXT, "
                              "PRIMARY KEY (stream_id, seq))")
+            # the owner epoch beside the body, so the take-over watch reads it without parsing whole snapshots
+            # (a glossary of 5,000 terms is in the body); a file from before it gets the column (0: never resumed)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(stream_snapshot)")}
+            if "epoch" not in columns:
+                with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
+                    self._db.execute("ALTER TABLE stream_snapshot ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
 
     def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None:
         body = {**snapshot, "token_digest": token_digest(token), "last_seq": 0, "committed_until": 0.0,
                 "closed": False, "epoch": 0}
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO stream_snapshot VALUES (?,?,?)",
-                             (stream_id, json.dumps(body), time.time()))
+            self._db.execute("INSERT OR REPLACE INTO stream_snapshot (stream_id, body, updated, epoch) "
+                             "VALUES (?,?,?,0)", (stream_id, json.dumps(body), time.time()))
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -148,8 +155,8 @@ class SQLiteStreamStore:
 
     @staticmethod
     def _put(db: sqlite3.Connection, stream_id: str, snap: dict[str, Any]) -> None:
-        db.execute("UPDATE stream_snapshot SET body=?, updated=? WHERE stream_id=?",
-                   (json.dumps(snap), time.time(), stream_id))
+        db.execute("UPDATE stream_snapshot SET body=?, updated=?, epoch=? WHERE stream_id=?",
+                   (json.dumps(snap), time.time(), int(snap.get("epoch", 0)), stream_id))
 
     def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
                      origin: float | None = None, text_until: float | None = None,
@@ -192,9 +199,9 @@ class SQLiteStreamStore:
         for i in range(0, len(ids), EPOCH_BATCH):
             chunk = ids[i: i + EPOCH_BATCH]
             with self._lock:
-                rows = self._db.execute("SELECT stream_id, json_extract(body, '$.epoch') FROM stream_snapshot "
+                rows = self._db.execute("SELECT stream_id, epoch FROM stream_snapshot "
                                         f"WHERE stream_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
-            out.update({sid: int(epoch or 0) for sid, epoch in rows})
+            out.update({sid: int(epoch) for sid, epoch in rows})
         return out
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None:
@@ -278,7 +285,7 @@ class RedisStreamStore:
 
         def run() -> None:
             pipe = self._r.pipeline(transaction=True)
-            pipe.delete(redis_keys.stream_log(stream_id))
+            pipe.delete(redis_keys.stream_log(stream_id), redis_keys.stream_epoch(stream_id))
             pipe.set(key, json.dumps(body), ex=self._ttl)
             pipe.execute()
 
@@ -324,6 +331,7 @@ class RedisStreamStore:
             pipe.rpush(log_key, json.dumps(event, ensure_ascii=False))
             pipe.ltrim(log_key, -self._max_log, -1)
             pipe.expire(log_key, self._ttl)
+            pipe.expire(redis_keys.stream_epoch(stream_id), self._ttl)  # lives as long as the snapshot
             pipe.set(key, json.dumps(snap), ex=self._ttl)
 
         self._watched(stream_id, change)
@@ -334,6 +342,7 @@ class RedisStreamStore:
             snap["epoch"] = int(snap.get("epoch", 0)) + 1
             pipe.multi()
             pipe.set(redis_keys.stream_snapshot(stream_id), json.dumps(snap), keepttl=True)
+            pipe.set(redis_keys.stream_epoch(stream_id), snap["epoch"], ex=self._ttl)
             return snap
 
         return self._watched(stream_id, change)
@@ -346,8 +355,10 @@ class RedisStreamStore:
         ids = list(stream_ids)
         if not ids:
             return {}
-        raws = self._run(lambda: self._r.mget([redis_keys.stream_snapshot(sid) for sid in ids]))
-        return {sid: int(json.loads(raw).get("epoch", 0)) for sid, raw in zip(ids, raws, strict=True) if raw}
+        # the epoch keys alone (a claim writes one), not the snapshots: a stream never resumed has none (left out:
+        # nothing to end); the watch asks every second for every live stream, and a snapshot carries its glossary
+        raws = self._run(lambda: self._r.mget([redis_keys.stream_epoch(sid) for sid in ids]))
+        return {sid: int(raw) for sid, raw in zip(ids, raws, strict=True) if raw is not None}
 
     def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]:
         rows = self._run(lambda: self._r.lrange(redis_keys.stream_log(stream_id), 0, -1))
@@ -362,6 +373,7 @@ class RedisStreamStore:
             pipe.multi()
             pipe.set(redis_keys.stream_snapshot(stream_id), json.dumps(snap), ex=self._retention)
             pipe.expire(redis_keys.stream_log(stream_id), self._retention)
+            pipe.expire(redis_keys.stream_epoch(stream_id), self._retention)
 
         self._watched(stream_id, change)
 
