@@ -121,6 +121,8 @@ def test_export_and_import_round_trip_recognises_the_same(live: Live) -> None:
 def test_bad_requests_are_4xx_with_codes(live: Live) -> None:
     r = live.a.post("/v1/vocabularies", json={"name": "x", "kind": "gesture"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter"
+    r = live.a.post("/v1/vocabularies", json={"name": "x", "kind": [[1, 2], [3, 4]]})  # not a numpy array here
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter"
     vid = live.a.post("/v1/vocabularies", json={"name": "empty", "kind": "sign"}).json()["vocabulary_id"]
     frames = syn.perform_sign(VOCAB[0], syn.Performance(), np.random.default_rng(0)).to_json()
     r = live.a.post(f"/v1/vocabularies/{vid}/recognise", json={"frames": frames})
@@ -279,3 +281,77 @@ async def test_a_stream_cannot_use_another_keys_vocabulary(live: Live) -> None:
     with pytest.raises(NotFoundError):
         async with other.stream(["es"], inputs=["video"], vocabulary_id=vid):
             pass
+
+
+# ---- large bodies: other clients keep being answered; a byte quota per key ---------------------------------------
+def _random_frames(n: int, seed: int) -> list[dict[str, object]]:
+    rng = np.random.default_rng(seed)
+
+    def pts(k: int) -> list[list[float]]:
+        return (0.3 + 0.4 * rng.random((k, 2))).round(5).tolist()
+
+    return [{"t": round(i / 30, 4), "left_hand": pts(21), "right_hand": pts(21), "pose": pts(33)} for i in range(n)]
+
+
+def test_other_clients_are_answered_while_the_server_reads_the_largest_vocabulary_body(live: Live) -> None:
+    """A 16 MB example body (refused: 10,000+ frames) used to be parsed and checked on the event loop: for the
+    seconds that took, no other request was answered. Now /healthz requests sent one after another from another
+    client are answered while that body is read (counted between its upload and its answer; no timing)."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    vid = live.a.post("/v1/vocabularies", json={"name": "big", "kind": "sign"}).json()["vocabulary_id"]
+    frames = _random_frames(11_000, 4)
+    body = json.dumps({"gloss": "big", "frames": frames}).encode()
+    while len(body) > 16 * 1024 * 1024:
+        frames = frames[:-200]
+        body = json.dumps({"gloss": "big", "frames": frames}).encode()
+    auth = live.a.headers["Authorization"]
+    parts = urlsplit(live.url)
+    head = (f"POST /v1/vocabularies/{vid}/examples HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: {auth}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    uploaded, answered = threading.Event(), threading.Event()
+    during: list[int] = []
+
+    def poll() -> None:
+        with httpx.Client(base_url=live.url, timeout=60) as c:
+            uploaded.wait(60)
+            while not answered.is_set():
+                status = c.get("/healthz").status_code
+                if not answered.is_set():
+                    during.append(status)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    with socket.create_connection((parts.hostname, parts.port), timeout=120) as s:
+        s.sendall(head + body)
+        uploaded.set()
+        reply = s.recv(65536)
+        answered.set()
+    poller.join(60)
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert len(during) >= 3 and set(during) == {200}, during
+
+
+def test_a_keys_vocabularies_hold_at_most_max_vocabulary_bytes_per_key(tmp_path: Path) -> None:
+    key = _key(tmp_path)
+    url, proc = start_server(tmp_path, env={"LINGUAFUSION_VISION__MAX_VOCABULARY_BYTES_PER_KEY": "1500000"})
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as c:
+            vid = c.post("/v1/vocabularies", json={"name": "q", "kind": "sign"}).json()["vocabulary_id"]
+            example = {"gloss": "wave", "frames": _random_frames(300, 1)}  # about 0.43 MB stored
+            added = [c.post(f"/v1/vocabularies/{vid}/examples", json=example) for _ in range(4)]
+            assert [r.status_code for r in added] == [201, 201, 201, 403], added[-1].text
+            error = added[-1].json()["error"]
+            assert error["code"] == "quota_exceeded" and error["details"]["limit"] == "max_vocabulary_bytes_per_key"
+            assert error["details"]["max"] == 1_500_000
+            doc = c.get(f"/v1/vocabularies/{vid}/export").json()
+            assert len(doc["examples"]) == 3 and doc["examples"][0]["frames"][0]["t"] == 0.0
+            r = c.post("/v1/vocabularies/import", json=doc)  # another vocabulary, the same key: over the quota
+            assert r.status_code == 403 and r.json()["error"]["code"] == "quota_exceeded"
+            assert len(c.get("/v1/vocabularies").json()["vocabularies"]) == 1  # no empty vocabulary left behind
+            c.delete(f"/v1/vocabularies/{vid}/examples/{added[0].json()['example_id']}")
+            assert c.post(f"/v1/vocabularies/{vid}/examples", json=example).status_code == 201
+    finally:
+        stop_server(proc)

@@ -67,6 +67,7 @@ class LimitSettings(BaseModel):
     max_glossary_bytes: int = 2_000_000
     max_glossaries_per_key: int = 100
     max_json_bytes: int = 64 * 1024  # JSON bodies (/v1/keys, /v1/admin/faults) and any body of other routes
+    max_listener_tokens_per_room: int = Field(default=10_000, ge=1)  # more: quota_exceeded
 
 
 class ModelSettings(BaseModel):
@@ -165,6 +166,7 @@ class VisionSettings(BaseModel):
     max_vocabularies_per_key: int = Field(default=20, ge=1)
     max_examples_per_vocabulary: int = Field(default=500, ge=1)
     max_vocabulary_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # a JSON body (examples, import)
+    max_vocabulary_bytes_per_key: int = Field(default=256 * 1024 * 1024, ge=1024)  # stored landmark JSON, all vocabs
 
 
 class TmSettings(BaseModel):

@@ -11,26 +11,31 @@
 
 Every route is scoped to the calling key: another key's vocabulary id is a 404, as if it did not exist.
 Video and recognition work runs on a worker thread within the key's fair share of file slots (``Admission``).
+A JSON body is parsed once, on a worker thread (``vision.bigjson``: in a way that lets the event loop run), and the
+landmarks' checking, the store's writes and the export's encoding run on worker threads too: a client sending the
+largest allowed body does not hold up other clients' requests (``bench/vocab_loop.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from .. import langs
 from ..config import Settings
 from ..deadline import Deadline
-from ..errors import EmptyInput, InvalidParameter, TooLarge
+from ..errors import EmptyInput, InvalidParameter, TooLarge, UnsupportedContentType
 from ..files import FileRequest
+from ..vision import bigjson
 from ..vision.landmarks import LandmarkSeq
 from ..vision.service import VisionService, recognition_body
 from ..vision.store import VocabularyStore, check_gloss, check_kind
 from . import spec
-from .deps import TranslateKey, context, read_form, require_json
+from .deps import TranslateKey, context, read_form
 
 router = APIRouter()
 POINTS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}}
@@ -61,7 +66,7 @@ def install(app: FastAPI, settings: Settings) -> VisionService:
     """The vocabulary store and the vision service on ``app.state.vision``, and the routes."""
     v = settings.vision
     store = VocabularyStore(settings.resolved_state_dir(), max_per_key=v.max_vocabularies_per_key,
-                            max_examples=v.max_examples_per_vocabulary)
+                            max_examples=v.max_examples_per_vocabulary, max_bytes=v.max_vocabulary_bytes_per_key)
     service = VisionService(settings, store)
     app.state.vision = service
     app.include_router(router)
@@ -88,8 +93,16 @@ def _vision(request: Request) -> VisionService:
 
 
 async def _json(request: Request) -> Any:
-    await require_json(request)
-    return await request.json()
+    """The JSON body, parsed once and strictly (as ``deps.require_json``), on a worker thread."""
+    if not _is_json(request):
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        raise UnsupportedContentType(f"this route takes a JSON body: send 'Content-Type: application/json' "
+                                     f"(not {ctype or 'none'})")
+    body = await request.body()
+    try:
+        return await asyncio.to_thread(bigjson.loads, body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidParameter("the body is not valid JSON") from exc
 
 
 def _is_json(request: Request) -> bool:
@@ -121,7 +134,7 @@ async def _payload(request: Request) -> tuple[dict[str, Any], bytes | None]:
 async def _sequence(request: Request, key_id: str, kind: str, body: dict[str, Any], data: bytes | None,
                     deadline: Deadline) -> LandmarkSeq:
     if data is None:
-        return LandmarkSeq.from_json(body.get("frames"))
+        return await asyncio.to_thread(LandmarkSeq.from_json, body.get("frames"))
     service = _vision(request)
     return await context(request).admission.run(
         key_id, deadline, functools.partial(service.landmarks_from_video, data, kind, deadline))
@@ -163,7 +176,7 @@ async def add_example(vocab_id: str, request: Request, key: TranslateKey) -> JSO
     gloss = check_gloss(body.get("gloss"))
     deadline = Deadline(context(request).settings.server.request_timeout_s)
     seq = await _sequence(request, key.key_id, vocab.kind, body, data, deadline)
-    example = store.add_example(key.key_id, vocab_id, gloss, seq)
+    example = await asyncio.to_thread(store.add_example, key.key_id, vocab_id, gloss, seq)
     return JSONResponse({"vocabulary_id": vocab_id, **example}, status_code=201)
 
 
@@ -174,15 +187,16 @@ async def delete_example(vocab_id: str, example_id: str, request: Request, key: 
 
 
 @router.get("/v1/vocabularies/{vocab_id}/export")
-async def export_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
-    return _vision(request).store.export(key.key_id, vocab_id)
+async def export_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> Response:
+    body = await asyncio.to_thread(_vision(request).store.export_json, key.key_id, vocab_id)
+    return Response(body, media_type="application/json")
 
 
 @router.post("/v1/vocabularies/import", openapi_extra=spec.body(IMPORT))
 async def import_vocabulary(request: Request, key: TranslateKey) -> JSONResponse:
     doc = await _json(request)
     name = request.query_params.get("name")
-    vocab = _vision(request).store.import_(key.key_id, doc, name)
+    vocab = await asyncio.to_thread(_vision(request).store.import_, key.key_id, doc, name)
     return JSONResponse(vocab.to_dict(), status_code=201)
 
 

@@ -17,7 +17,7 @@ its mirror-image convention in the worker).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -110,14 +110,17 @@ class LandmarkSeq:
 
     # ---- JSON --------------------------------------------------------------------------------------------------
     def to_json(self) -> list[dict[str, Any]]:
-        out = []
+        return list(self.iter_json())
+
+    def iter_json(self) -> Iterator[dict[str, Any]]:
+        """The JSON form one frame at a time (a writer that encodes each frame as it comes keeps only one frame's
+        lists alive, not a sequence's hundreds of thousands, which the cyclic GC would walk)."""
         for i in range(len(self)):
-            out.append({"t": round(float(self.t[i]), 4),
-                        "left_hand": _points(self.hands[i, LEFT]) if self.hand_mask[i, LEFT] else None,
-                        "right_hand": _points(self.hands[i, RIGHT]) if self.hand_mask[i, RIGHT] else None,
-                        "pose": _points(self.pose[i]) if self.pose_mask[i] else None,
-                        "lips": _points(self.lips[i]) if self.lips_mask[i] else None})
-        return out
+            yield {"t": round(float(self.t[i]), 4),
+                   "left_hand": _points(self.hands[i, LEFT]) if self.hand_mask[i, LEFT] else None,
+                   "right_hand": _points(self.hands[i, RIGHT]) if self.hand_mask[i, RIGHT] else None,
+                   "pose": _points(self.pose[i]) if self.pose_mask[i] else None,
+                   "lips": _points(self.lips[i]) if self.lips_mask[i] else None}
 
     @staticmethod
     def from_json(frames: Any, *, max_frames: int = MAX_FRAMES) -> LandmarkSeq:

@@ -5,6 +5,11 @@ A vocabulary has a kind (``sign`` or ``lip``), a name, the language its glosses 
 translates them from) and examples: a gloss and its landmark sequence (the JSON form of ``landmarks.LandmarkSeq``).
 Every read and write names the owner: another key's vocabulary is "not found", never "forbidden" (which would tell
 that it exists). The recogniser built from a vocabulary is cached until the vocabulary changes.
+
+Limits per key: ``max_per_key`` vocabularies, ``max_examples`` examples in each, and ``max_bytes`` of stored
+landmark JSON over all of them (``quota_exceeded``, ``details.limit`` naming which). The stored JSON is read and
+written with ``bigjson`` (the callers run this store on worker threads: megabytes of JSON must not hold the GIL
+in one C call); the export is spliced from the stored text, never parsed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from ..errors import InvalidParameter, NotFound, QuotaExceeded
 from ..state.private import private_dir, private_file
+from . import bigjson
 from .landmarks import LandmarkSeq
 from .normalise import KINDS, features
 from .recogniser import Example, Recogniser, RecogniserPolicy
@@ -63,12 +69,18 @@ def check_kind(kind: Any) -> str:
     return str(kind)
 
 
+def _frames_text(seq: LandmarkSeq) -> str:
+    """A sequence's JSON form as stored: written frame by frame (``bigjson``)."""
+    return "[" + ",".join(bigjson.dumps(frame).decode("utf-8") for frame in seq.iter_json()) + "]"
+
+
 class VocabularyStore:
     def __init__(self, state_dir: Path, *, max_per_key: int = 20, max_examples: int = 500,
-                 policy: RecogniserPolicy | None = None) -> None:
+                 max_bytes: int = 256 * 1024 * 1024, policy: RecogniserPolicy | None = None) -> None:
         self.path = private_file(private_dir(state_dir) / "vocabularies.sqlite3")
         self.max_per_key = max_per_key
         self.max_examples = max_examples
+        self.max_bytes = max_bytes
         self.policy = policy or RecogniserPolicy()
         self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
         self._lock = threading.Lock()
@@ -132,11 +144,32 @@ class VocabularyStore:
             raise QuotaExceeded(f"a vocabulary holds at most {self.max_examples} examples",
                                 details={"limit": "max_examples_per_vocabulary"})
         eid = "ex_" + secrets.token_hex(6)
+        text = _frames_text(seq)
         with self._lock, self._db:
+            self._check_bytes(owner, len(text.encode("utf-8")))
             self._db.execute("INSERT INTO vocab_examples VALUES (?,?,?,?,?,?)",
-                             (eid, vocab_id, gloss, json.dumps(seq.to_json()), len(seq), time.time()))
+                             (eid, vocab_id, gloss, text, len(seq), time.time()))
         self._changed(vocab_id)
         return {"example_id": eid, "gloss": gloss, "frames": len(seq), "duration_s": round(seq.duration, 3)}
+
+    def stored_bytes(self, owner: str) -> int:
+        """Bytes of landmark JSON that ``owner``'s vocabularies hold."""
+        with self._lock:
+            return self._stored_bytes(owner)
+
+    def _stored_bytes(self, owner: str) -> int:
+        row = self._db.execute("SELECT COALESCE(SUM(LENGTH(CAST(e.frames AS BLOB))), 0) FROM vocab_examples e "
+                               "JOIN vocabularies v ON v.vocab_id = e.vocab_id WHERE v.owner=?", (owner,)).fetchone()
+        return int(row[0])
+
+    def _check_bytes(self, owner: str, adding: int) -> None:
+        """Under ``self._lock``: refuse what would take ``owner`` past ``max_bytes``."""
+        used = self._stored_bytes(owner)
+        if used + adding > self.max_bytes:
+            raise QuotaExceeded(f"this key's vocabularies hold {used} bytes of landmarks and may hold at most "
+                                f"{self.max_bytes}; this would add {adding}: delete examples or vocabularies first",
+                                details={"limit": "max_vocabulary_bytes_per_key", "used": used, "adding": adding,
+                                         "max": self.max_bytes})
 
     def examples(self, owner: str, vocab_id: str) -> list[dict[str, Any]]:
         self.get(owner, vocab_id)
@@ -158,13 +191,25 @@ class VocabularyStore:
         with self._lock:
             rows = self._db.execute("SELECT gloss, frames FROM vocab_examples WHERE vocab_id=? ORDER BY created",
                                     (vocab_id,)).fetchall()
-        return [(g, LandmarkSeq.from_json(json.loads(f))) for g, f in rows]
+        return [(g, LandmarkSeq.from_json(bigjson.loads(f.encode("utf-8")))) for g, f in rows]
 
     # ---- export / import ---------------------------------------------------------------------------------------
     def export(self, owner: str, vocab_id: str) -> dict[str, Any]:
+        """The export document (the SDK's local mode; the REST route sends ``export_json``'s bytes)."""
+        doc: dict[str, Any] = json.loads(self.export_json(owner, vocab_id))  # plain lists: callers write it as JSON
+        return doc
+
+    def export_json(self, owner: str, vocab_id: str) -> bytes:
+        """The export document as JSON bytes, spliced from the stored frames' text (which ``add_example`` and
+        ``import_`` wrote from a checked ``LandmarkSeq``): nothing is parsed again."""
         vocab = self.get(owner, vocab_id)
-        return {"format": EXPORT_FORMAT, "name": vocab.name, "kind": vocab.kind, "lang": vocab.lang,
-                "examples": [{"gloss": g, "frames": s.to_json()} for g, s in self._sequences(vocab_id)]}
+        with self._lock:
+            rows = self._db.execute("SELECT gloss, frames FROM vocab_examples WHERE vocab_id=? ORDER BY created",
+                                    (vocab_id,)).fetchall()
+        head = json.dumps({"format": EXPORT_FORMAT, "name": vocab.name, "kind": vocab.kind, "lang": vocab.lang},
+                          ensure_ascii=False)
+        examples = ",".join('{"gloss":' + json.dumps(g, ensure_ascii=False) + ',"frames":' + f + "}" for g, f in rows)
+        return (head[:-1] + ',"examples":[' + examples + "]}").encode("utf-8")
 
     def import_(self, owner: str, doc: Any, name: str | None = None) -> Vocabulary:
         """A new vocabulary for ``owner`` from an export document; every example is checked before anything is
@@ -192,14 +237,27 @@ class VocabularyStore:
         from .. import langs
 
         lang = langs.normalize(doc.get("lang") or "en", field="lang")
+        texts = [_frames_text(s) for _g, s in parsed]
+        size = sum(len(t.encode("utf-8")) for t in texts)
+        with self._lock:
+            self._check_bytes(owner, size)
         vocab = self.create(owner, name or str(doc.get("name") or kind), kind, lang)
-        now = time.time()
-        with self._lock, self._db:
-            self._db.executemany("INSERT INTO vocab_examples VALUES (?,?,?,?,?,?)",
-                                 [("ex_" + secrets.token_hex(6), vocab.vocab_id, g, json.dumps(s.to_json()), len(s),
-                                   now + i * 1e-6) for i, (g, s) in enumerate(parsed)])
+        try:
+            self._insert(owner, vocab.vocab_id, parsed, texts, size)
+        except QuotaExceeded:  # another write of this key came in between
+            self.delete(owner, vocab.vocab_id)
+            raise
         self._changed(vocab.vocab_id)
         return self.get(owner, vocab.vocab_id)
+
+    def _insert(self, owner: str, vocab_id: str, parsed: list[tuple[str, LandmarkSeq]], texts: list[str],
+                size: int) -> None:
+        now = time.time()
+        with self._lock, self._db:
+            self._check_bytes(owner, size)
+            self._db.executemany("INSERT INTO vocab_examples VALUES (?,?,?,?,?,?)",
+                                 [("ex_" + secrets.token_hex(6), vocab_id, g, t, len(s), now + i * 1e-6)
+                                  for i, ((g, s), t) in enumerate(zip(parsed, texts, strict=True))])
 
     # ---- recognition -------------------------------------------------------------------------------------------
     def recogniser(self, owner: str, vocab_id: str) -> Recogniser:

@@ -1,0 +1,94 @@
+"""JSON of megabytes (landmark examples, vocabulary imports and exports), parsed and written so that a worker
+thread doing it lets the event loop run.
+
+A thread only helps where Python bytecode runs: the interpreter hands the GIL over between bytecodes, never inside
+one C call. ``json.loads`` and ``json.dumps`` of 16 MB are single C calls of about a second (measured:
+``bench/vocab_loop.py``), during which every other request of the server waits. So:
+
+- ``loads``: ``json.loads`` with an ``object_hook`` written in Python: the C scanner calls it once per JSON object
+  (once per landmark frame), and each call is a point where the event loop's thread can take the GIL back. The hook
+  also turns a frame's point arrays (the values of ``left_hand``, ``right_hand``, ``pose`` and ``lips``, each
+  ``[[x, y], ...]``) into one float64 ``numpy`` array each as soon as the frame is parsed: a 16 MB body is about
+  a million small lists, and holding them all alive made the cyclic garbage collector walk them again and again
+  (generation-2 passes of 50-270 ms each, holding the GIL whatever thread it runs in).
+  ``landmarks.LandmarkSeq.from_json`` does the same ``np.asarray(value, dtype=float64)`` on every part, so what it
+  accepts and refuses is unchanged; a value that does not convert stays a list.
+- ``dumps``: objects and lists of objects are written piece by piece, each leaf (a frame's point lists) by one
+  small C ``json.dumps`` call.
+
+Both are strict as ``strict_json.loads`` (NaN / Infinity and lone surrogates are a ``ValueError``). Call them off
+the event loop (``asyncio.to_thread``); on the loop they block as long as the plain calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from .landmarks import PARTS
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _each_object(obj: dict[str, Any]) -> dict[str, Any]:
+    """Called by the C scanner once per JSON object: a point where the GIL can change hands."""
+    for k, v in obj.items():
+        if k in PARTS and isinstance(v, list) and v and isinstance(v[0], list):
+            try:
+                arr = np.asarray(v, dtype=np.float64)
+            except (TypeError, ValueError):
+                continue
+            if arr.ndim == 2:
+                obj[k] = arr
+    return obj
+
+
+def loads(raw: bytes) -> Any:
+    """The value of a JSON body; ``ValueError`` if it is not strict JSON, ``RecursionError`` if nested too deep."""
+    obj = json.loads(raw, parse_constant=_not_json, object_hook=_each_object)
+    if _SURROGATE.search(raw) is not None:  # rare: only then is every string checked
+        try:
+            for chunk in _chunks(obj):
+                chunk.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a lone UTF-16 surrogate (\\ud800-\\udfff) is not a character") from None
+    return obj
+
+
+def dumps(obj: Any) -> bytes:
+    """``json.dumps(obj)`` (compact) as UTF-8 bytes, written in pieces."""
+    return "".join(_chunks(obj)).encode("utf-8")
+
+
+def _chunks(obj: Any) -> list[str]:
+    out: list[str] = []
+    _write(obj, out)
+    return out
+
+
+def _write(obj: Any, out: list[str]) -> None:
+    if isinstance(obj, dict):
+        out.append("{")
+        for i, (k, v) in enumerate(obj.items()):
+            out.append(("," if i else "") + json.dumps(str(k), ensure_ascii=False) + ":")
+            _write(v, out)
+        out.append("}")
+    elif isinstance(obj, list) and obj and (isinstance(obj[0], dict) or isinstance(obj[0], list) and len(obj[0]) > 2):
+        # a list of objects or of long lists, piece by piece; a frame's [[x, y], ...] is one leaf
+        out.append("[")
+        for i, v in enumerate(obj):
+            if i:
+                out.append(",")
+            _write(v, out)
+        out.append("]")
+    elif isinstance(obj, np.ndarray):  # from loads: numbers only
+        out.append(json.dumps(obj.tolist(), separators=(",", ":")))
+    else:
+        out.append(json.dumps(obj, separators=(",", ":"), allow_nan=False, ensure_ascii=False))
