@@ -415,3 +415,29 @@ def test_cli_listen_errors_are_clear(live: Live) -> None:
     assert p.returncode == 2 and p.stderr.startswith("error [unknown_language]:"), p.stderr
     p = listen(made["room_id"], "--token", made["listener_token"], "--to", "es")
     assert p.returncode == 2 and "--url" in p.stderr and p.stderr.startswith("error [invalid_parameter]:")
+
+
+@pytest.mark.parametrize("redis", [False, pytest.param(True, marks=needs_redis)])
+def test_a_room_gives_at_most_max_listener_tokens_and_says_so(tmp_path: Path, redis: bool) -> None:
+    owner = new_key(tmp_path)
+    env = {"LINGUAFUSION_LIMITS__MAX_LISTENER_TOKENS_PER_ROOM": "3"}
+    if redis:
+        env["LINGUAFUSION_STATE__REDIS_URL"] = REDIS or ""
+    url, proc = start_server(tmp_path, env=env)
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {owner}"}, timeout=30) as http:
+            made = http.post("/v1/rooms").json()
+            room_id = made["room_id"]
+            minted = [http.post(f"/v1/rooms/{room_id}/tokens") for _ in range(2)]  # 3 with the creation's
+            assert [r.status_code for r in minted] == [201, 201]
+            r = http.post(f"/v1/rooms/{room_id}/tokens")
+            assert r.status_code == 403, r.text
+            error = r.json()["error"]
+            assert error["code"] == "quota_exceeded" and error["details"]["limit"] == "max_listener_tokens_per_room"
+            assert "3 listener tokens" in error["message"]
+            for token in [made["listener_token"], *(m.json()["listener_token"] for m in minted)]:
+                with http.stream("GET", f"/v1/rooms/{room_id}/events?targets=es",
+                                 headers={"Authorization": f"Bearer {token}"}) as events:
+                    assert events.status_code == 200, events.read()  # every token it gave still opens the room
+    finally:
+        stop_server(proc)

@@ -9,9 +9,17 @@ from typing import Any
 import pytest
 from conftest import REDIS, needs_redis
 
-from lingua_fusion.errors import AuthenticationError, InvalidParameter, NotFound, UnknownLanguage, UnsupportedPair
+from lingua_fusion.errors import (
+    AuthenticationError,
+    InvalidParameter,
+    NotFound,
+    QuotaExceeded,
+    StoreUnavailable,
+    UnknownLanguage,
+    UnsupportedPair,
+)
 from lingua_fusion.rooms.bus import LocalRoomBus, LocalRoomDirectory
-from lingua_fusion.rooms.model import project
+from lingua_fusion.rooms.model import digest, project
 from lingua_fusion.rooms.service import RoomService
 
 
@@ -25,13 +33,13 @@ def check_pair(source: str, target: str) -> None:
         raise UnsupportedPair(f"no installed model translates {source} -> {target}")
 
 
-def service(kind: str = "local") -> RoomService:
+def service(kind: str = "local", max_tokens: int = 10_000) -> RoomService:
     if kind == "redis":
         from lingua_fusion.rooms.redis_bus import RedisRoomBus, RedisRoomDirectory
 
-        bus, directory = RedisRoomBus(REDIS or ""), RedisRoomDirectory(REDIS or "")
+        bus, directory = RedisRoomBus(REDIS or ""), RedisRoomDirectory(REDIS or "", max_tokens=max_tokens)
         return RoomService(bus, directory, check_pair=check_pair, low_confidence=lambda s, t: t == "de")
-    return RoomService(LocalRoomBus(), LocalRoomDirectory(), check_pair=check_pair,
+    return RoomService(LocalRoomBus(), LocalRoomDirectory(max_tokens=max_tokens), check_pair=check_pair,
                        low_confidence=lambda s, t: t == "de")
 
 
@@ -281,3 +289,73 @@ async def test_300_listeners_joining_at_once_on_redis_all_get_in_and_other_keys_
     for listener in joined[:300]:
         rooms.leave(listener, "done")
     await rooms.close()
+
+
+# ---- listener tokens: a cap per room, and expiry -----------------------------------------------------------------
+@pytest.mark.parametrize("kind", BUSES)
+async def test_a_room_refuses_listener_tokens_past_its_cap_and_the_ones_it_gave_still_open_it(kind: str) -> None:
+    rooms = service(kind, max_tokens=4)
+    room, first = await rooms.create("key_owner", "en")
+    minted = [await rooms.mint(room.room_id, "key_owner") for _ in range(3)]  # 4 with the creation's
+    with pytest.raises(QuotaExceeded) as refused:
+        await rooms.mint(room.room_id, "key_owner")
+    assert refused.value.code == "quota_exceeded"
+    assert refused.value.details["limit"] == "max_listener_tokens_per_room" and "4 listener tokens" in str(
+        refused.value)
+    for token in [first, *minted]:
+        assert await rooms.directory.token_ok(room.room_id, digest(token))
+    other, _ = await rooms.create("key_owner", "en")  # the cap is per room
+    assert await rooms.mint(other.room_id, "key_owner")
+    await rooms.close()
+
+
+async def test_in_process_listener_tokens_expire_a_day_after_the_rooms_last_write_as_on_redis() -> None:
+    now = [1000.0]
+    directory = LocalRoomDirectory(max_tokens=2, ttl_s=100.0, clock=lambda: now[0])
+    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False)
+    room, token = await rooms.create("key_owner", "en")
+    now[0] += 90
+    await directory.save(room)  # a write pushes the expiry on, as EXPIRE does on Redis
+    now[0] += 90
+    assert await directory.token_ok(room.room_id, digest(token))
+    second = await rooms.mint(room.room_id, "key_owner")
+    with pytest.raises(QuotaExceeded):
+        await rooms.mint(room.room_id, "key_owner")
+    now[0] += 101
+    assert not await directory.token_ok(room.room_id, digest(token))
+    assert not await directory.token_ok(room.room_id, digest(second))
+    assert await rooms.mint(room.room_id, "key_owner")  # the expired ones no longer count against the cap
+    await rooms.create("key_owner", "en")
+    now[0] += 101
+    await rooms.create("key_owner", "en")  # a new room sweeps every room's expired tokens
+    assert room.room_id not in directory._tokens
+    await rooms.close()
+
+
+@needs_redis
+async def test_on_redis_a_minted_token_pushes_the_token_sets_expiry_on() -> None:
+    import redis.asyncio as aioredis
+
+    from lingua_fusion.state import redis_keys as keys
+
+    rooms = service("redis")
+    room, _ = await rooms.create("key_owner", "en")
+    r = aioredis.Redis.from_url(REDIS or "")
+    await r.persist(keys.room_tokens(room.room_id))  # as if the set had been re-made by a bare SADD
+    await rooms.mint(room.room_id, "key_owner")
+    assert 0 < await r.ttl(keys.room_tokens(room.room_id)) <= 24 * 3600
+    await r.aclose()
+    await rooms.close()
+
+
+async def test_rooms_without_their_redis_say_the_rooms_store_is_unavailable_not_the_stream_log() -> None:
+    from conftest import free_port
+
+    from lingua_fusion.rooms.redis_bus import RedisRoomDirectory
+
+    directory = RedisRoomDirectory(f"redis://127.0.0.1:{free_port()}")  # nothing listens there
+    with pytest.raises(StoreUnavailable) as failed:
+        await directory.get("rm_0123456789abcdef")
+    assert failed.value.code == "state_store_unavailable" and failed.value.retryable
+    assert "rooms" in failed.value.public_message and "stream log" not in failed.value.public_message
+    await directory.close()

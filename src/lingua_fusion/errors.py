@@ -29,6 +29,7 @@ Map (code -> HTTP status):
         MalformedOutput             503 malformed_output
         InjectedFault               503 injected_fault (chaos)
         StoreUnavailable            503 state_store_unavailable (the stream log)
+          RoomStoreUnavailable      503 state_store_unavailable (the rooms' Redis)
       RequestTimeout                504 timeout        (a file request past server.request_timeout_s; retryable)
 
 Foreign exceptions (PyAV, PIL, onnxruntime, subprocess) are translated where they occur with
@@ -221,6 +222,10 @@ class InjectedFault(BackendError):
 class StoreUnavailable(BackendError):
     code = "state_store_unavailable"
     public = "the stream log is unavailable; retry later"
+
+
+class RoomStoreUnavailable(StoreUnavailable):
+    public = "the rooms' state store (Redis) is unavailable; retry later"
 
 
 class RequestTimeout(LinguaFusionError):

@@ -49,7 +49,7 @@ KEEPALIVE_S = 15.0  # SSE comment lines while the room is quiet (proxies close i
 
 
 def install(app: FastAPI, settings: Settings, metrics: Metrics, registry: Registry) -> RoomService:
-    bus, directory = open_rooms(settings.state.redis_url)
+    bus, directory = open_rooms(settings.state.redis_url, max_tokens=settings.limits.max_listener_tokens_per_room)
     rooms = RoomService(bus, directory, check_pair=registry.mt_route,
                         low_confidence=lambda s, t: registry.mt_route(s, t).low_confidence,
                         metrics=RoomMetrics(metrics.registry))

@@ -4,6 +4,8 @@
 ``max_finals``), ``history`` (finals after a seq, in order), ``position`` and ``follow`` (events after a position,
 in publish order). ``RoomDirectory`` keeps the rooms' records, their listener-token digests and who listens to
 which language (presence entries that expire unless refreshed, so a gateway that dies stops counting).
+A room holds at most ``max_tokens`` listener-token digests (``add_token`` returns False past it: the caller
+refuses), and they expire ``ttl_s`` after the room's last write (create, save, a new token), on both backends.
 
 Both are selected like the stream log: Redis (``redis_bus.py``) when ``state.redis_url`` is set, so every gateway
 sharing that Redis sees every room; these in-process ones otherwise.
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +27,8 @@ MAX_FINALS = 1000  # finals a room keeps for late joiners and reconnecting liste
 MAX_LIVE = 2000  # live events a room's bus keeps for followers that fell behind
 MAX_ENDED_ROOMS = 256  # in-process: ended rooms whose history is kept (Redis expires them instead)
 CLOSED_SEQ = 2**53  # the room's `closed` event is kept in its history after every final (a late joiner gets it)
+MAX_TOKENS = 10_000  # listener tokens a room may have (limits.max_listener_tokens_per_room)
+TTL_S = 24 * 3600  # a room's keys (Redis) and in-process tokens expire this long after the room's last write
 
 
 class RoomBus(Protocol):
@@ -49,6 +54,8 @@ class RoomBus(Protocol):
 
 
 class RoomDirectory(Protocol):
+    max_tokens: int  # listener tokens a room may have
+
     async def create(self, room: Room, token_digest: str) -> None: ...
 
     async def get(self, room_id: str) -> Room | None: ...
@@ -59,7 +66,9 @@ class RoomDirectory(Protocol):
 
     async def room_of_stream(self, stream_id: str) -> str | None: ...
 
-    async def add_token(self, room_id: str, token_digest: str) -> None: ...
+    async def add_token(self, room_id: str, token_digest: str) -> bool:
+        """Add a listener token's digest; False (nothing added) if the room already has ``max_tokens``."""
+        ...
 
     async def token_ok(self, room_id: str, token_digest: str) -> bool: ...
 
@@ -146,15 +155,41 @@ class LocalRoomBus:
         self._rooms.clear()
 
 
+@dataclass
+class _Tokens:
+    digests: set[str]
+    expires: float  # on ``clock``
+
+
 class LocalRoomDirectory:
-    def __init__(self) -> None:
+    def __init__(self, *, max_tokens: int = MAX_TOKENS, ttl_s: float = TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_tokens = max_tokens
+        self.ttl_s = ttl_s
+        self.clock = clock
         self._rooms: dict[str, Room] = {}
-        self._tokens: dict[str, set[str]] = {}
+        self._tokens: dict[str, _Tokens] = {}
         self._presence: dict[str, dict[str, tuple[dict[str, int], float]]] = {}
 
+    def _live_tokens(self, room_id: str) -> _Tokens | None:
+        """The room's tokens unless they expired (then they are dropped, as Redis drops an expired key)."""
+        tokens = self._tokens.get(room_id)
+        if tokens is not None and tokens.expires <= self.clock():
+            del self._tokens[room_id]
+            return None
+        return tokens
+
+    def _touch(self, room_id: str) -> None:
+        tokens = self._live_tokens(room_id)
+        if tokens is not None:
+            tokens.expires = self.clock() + self.ttl_s
+
     async def create(self, room: Room, token_digest: str) -> None:
+        now = self.clock()
+        for rid in [r for r, t in self._tokens.items() if t.expires <= now]:  # every room's, once per new room
+            del self._tokens[rid]
         self._rooms[room.room_id] = Room.from_dict(room.to_dict())
-        self._tokens[room.room_id] = {token_digest}
+        self._tokens[room.room_id] = _Tokens({token_digest}, now + self.ttl_s)
 
     async def get(self, room_id: str) -> Room | None:
         room = self._rooms.get(room_id)
@@ -162,6 +197,7 @@ class LocalRoomDirectory:
 
     async def save(self, room: Room) -> None:
         self._rooms[room.room_id] = Room.from_dict(room.to_dict())
+        self._touch(room.room_id)
 
     async def rooms_of(self, owner: str) -> list[Room]:
         return [Room.from_dict(r.to_dict()) for r in self._rooms.values() if r.owner == owner]
@@ -169,11 +205,19 @@ class LocalRoomDirectory:
     async def room_of_stream(self, stream_id: str) -> str | None:
         return next((r.room_id for r in self._rooms.values() if r.stream_id == stream_id), None)
 
-    async def add_token(self, room_id: str, token_digest: str) -> None:
-        self._tokens.setdefault(room_id, set()).add(token_digest)
+    async def add_token(self, room_id: str, token_digest: str) -> bool:
+        tokens = self._live_tokens(room_id)
+        if tokens is None:
+            tokens = self._tokens[room_id] = _Tokens(set(), 0.0)
+        if len(tokens.digests) >= self.max_tokens:
+            return False
+        tokens.digests.add(token_digest)
+        tokens.expires = self.clock() + self.ttl_s
+        return True
 
     async def token_ok(self, room_id: str, token_digest: str) -> bool:
-        return token_digest in self._tokens.get(room_id, set())
+        tokens = self._live_tokens(room_id)
+        return tokens is not None and token_digest in tokens.digests
 
     async def listen(self, room_id: str, gateway: str, counts: dict[str, int], until: float) -> None:
         self._presence.setdefault(room_id, {})[gateway] = (dict(counts), until)

@@ -15,9 +15,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..errors import StoreUnavailable
+from ..errors import RoomStoreUnavailable
 from ..state import redis_keys as keys
-from .bus import CLOSED_SEQ, MAX_FINALS, MAX_LIVE
+from .bus import CLOSED_SEQ, MAX_FINALS, MAX_LIVE, MAX_TOKENS, TTL_S
 from .model import Room
 
 T = TypeVar("T")
@@ -25,6 +25,16 @@ log = logging.getLogger("lingua_fusion.rooms")
 BLOCK_MS = 1000
 TIMEOUT_S = 5.0  # socket timeout: longer than an XREAD's block
 MAX_CONNECTIONS = 100  # per client (bus, directory): a call beyond waits for one, up to TIMEOUT_S
+# add a token unless the set holds ARGV[2] already (-1), and push the set's expiry on: one step, so that gateways
+# minting at once cannot pass the cap together
+ADD_TOKEN = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 and redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return -1
+end
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
 
 
 def _client(url: str) -> Any:
@@ -45,7 +55,7 @@ async def _call(fn: Callable[[], Awaitable[T]]) -> T:
     try:
         return await fn()
     except (redis.RedisError, OSError) as exc:
-        raise StoreUnavailable(f"rooms: Redis failed: {exc}") from exc
+        raise RoomStoreUnavailable(f"rooms: Redis failed: {exc}") from exc
 
 
 class RedisRoomBus:
@@ -116,8 +126,9 @@ class RedisRoomBus:
 
 
 class RedisRoomDirectory:
-    def __init__(self, url: str, *, ttl_s: int = 24 * 3600) -> None:
+    def __init__(self, url: str, *, max_tokens: int = MAX_TOKENS, ttl_s: int = TTL_S) -> None:
         self._r = _client(url)
+        self.max_tokens = max_tokens
         self.ttl_s = ttl_s
 
     async def create(self, room: Room, token_digest: str) -> None:
@@ -158,8 +169,10 @@ class RedisRoomDirectory:
         got: str | None = await _call(lambda: self._r.get(keys.room_of_stream(stream_id)))
         return got
 
-    async def add_token(self, room_id: str, token_digest: str) -> None:
-        await _call(lambda: self._r.sadd(keys.room_tokens(room_id), token_digest))
+    async def add_token(self, room_id: str, token_digest: str) -> bool:
+        added = await _call(lambda: self._r.eval(ADD_TOKEN, 1, keys.room_tokens(room_id), token_digest,
+                                                 self.max_tokens, self.ttl_s))
+        return int(added) == 1
 
     async def token_ok(self, room_id: str, token_digest: str) -> bool:
         return bool(await _call(lambda: self._r.sismember(keys.room_tokens(room_id), token_digest)))

@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..stream.events import Event
 from ..stream.session import StreamSession
-from .bus import LocalRoomBus, LocalRoomDirectory, RoomBus, RoomDirectory
+from .bus import MAX_TOKENS, LocalRoomBus, LocalRoomDirectory, RoomBus, RoomDirectory
 from .feed import Feed, Listener, Outgoing, encode_history
 from .metrics import RoomMetrics
 from .model import MAX_LISTEN_LANGS, ROOM_ID, Room, State, digest, new_room_id, new_token
@@ -42,13 +42,13 @@ PRESENCE_TTL_S = 10.0  # a gateway silent this long (dead) stops counting
 MAX_ROOMS_PER_KEY = 100
 
 
-def open_rooms(redis_url: str | None) -> tuple[RoomBus, RoomDirectory]:
+def open_rooms(redis_url: str | None, *, max_tokens: int = MAX_TOKENS) -> tuple[RoomBus, RoomDirectory]:
     """Redis when the server keeps its state there (every gateway sees every room), else in-process."""
     if redis_url:
         from .redis_bus import RedisRoomBus, RedisRoomDirectory
 
-        return RedisRoomBus(redis_url), RedisRoomDirectory(redis_url)
-    return LocalRoomBus(), LocalRoomDirectory()
+        return RedisRoomBus(redis_url), RedisRoomDirectory(redis_url, max_tokens=max_tokens)
+    return LocalRoomBus(), LocalRoomDirectory(max_tokens=max_tokens)
 
 
 class RoomService:
@@ -94,8 +94,16 @@ class RoomService:
 
     async def mint(self, room_id: str, owner: str) -> str:
         room = await self.owned(room_id, owner)
+        return await self._new_token(room.room_id)
+
+    async def _new_token(self, room_id: str) -> str:
         token = new_token()
-        await self.directory.add_token(room.room_id, digest(token))
+        if not await self.directory.add_token(room_id, digest(token)):
+            limit = self.directory.max_tokens
+            raise QuotaExceeded(f"room {room_id} has {limit} listener tokens, the most it may have; a token keeps "
+                                "working for 24 h after the room's last change: hand out tokens you minted, or "
+                                "create another room", details={"limit": "max_listener_tokens_per_room",
+                                                                "max": limit})
         return token
 
     async def describe(self, room: Room) -> dict[str, Any]:
@@ -140,11 +148,10 @@ class RoomService:
             record = await self.owned(room_id, key_id)
             if record.state == State.ENDED and not resumed:
                 raise InvalidParameter(f"room {room_id} has ended; create another")
+        token = await self._new_token(record.room_id)  # a room full of tokens is refused before it goes live
         record.state, record.stream_id, record.epoch = State.LIVE, spec.stream_id, record.epoch + 1
         record.source_lang, record.targets = spec.source_lang, list(spec.targets)
         await self.directory.save(record)
-        token = new_token()
-        await self.directory.add_token(record.room_id, digest(token))
         old = self.publishers.pop(record.room_id, None)
         if old is not None:
             await old.close()
