@@ -213,7 +213,8 @@ async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[
     translate = None
     if target:
         def translate(text: str) -> str:  # recognised glosses go through MT like any source text
-            req = FileRequest(source_modality="text", target_lang=target, source_lang=vocab.lang, text=text)
+            req = FileRequest(source_modality="text", target_lang=target, source_lang=vocab.lang, text=text,
+                              scope=key.key_id)  # this key's translation memory (tm/key.py)
             return ctx.translator.translate(req, deadline=deadline).text
 
         # a bad target language or pair is refused before any work
