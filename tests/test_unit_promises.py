@@ -6,7 +6,9 @@ down for 1,000 finals, a store that keeps failing, speech and low-confidence spe
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sqlite3
 import threading
 from typing import Any
 
@@ -122,6 +124,28 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+@pytest.mark.parametrize("failure", [sqlite3.OperationalError("database is locked"),
+                                     sqlite3.DatabaseError("database disk image is malformed"),
+                                     json.JSONDecodeError("Expecting value", "{", 1)])
+async def test_a_raw_sqlite_or_json_failure_of_a_store_read_is_an_outage_not_an_internal_error(
+        failure: Exception) -> None:
+    """A stream log read (a resume's snapshot, a replay) that SQLite refuses or whose row does not parse reached the
+    stream untyped (error ``internal``, 1011) and was retried at once; it is the store's outage: StoreUnavailable
+    (the client is told to retry) and the backoff."""
+    clock = Clock()
+    link = StoreLink(None, clock=clock)
+
+    def read() -> None:
+        raise failure
+
+    try:
+        with pytest.raises(StoreUnavailable):
+            await link.call(read)
+        assert link.failures == 1 and not link.ready()
+    finally:
+        link.close()
 
 
 async def test_a_failing_store_is_left_alone_for_a_doubling_backoff_capped_at_5_s() -> None:

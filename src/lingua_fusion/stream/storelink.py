@@ -10,7 +10,9 @@ a bounded backlog and write them, in order, when it answers again (stream/journa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -68,7 +70,8 @@ class StoreLink:
             out = await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         except ClientError:
             raise  # not found / wrong token: the store answered
-        except (LinguaFusionError, OSError) as exc:
+        except (LinguaFusionError, OSError, sqlite3.Error, json.JSONDecodeError) as exc:  # a read of SQLite that
+            # stayed locked or hit a bad file, a snapshot that does not parse: the store failed, typed like an outage
             self.failures += 1
             self.last_error = getattr(exc, "message", str(exc))[:200]
             if self.failures == 1:  # the details go to the log; clients are told the log is unavailable
