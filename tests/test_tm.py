@@ -5,7 +5,9 @@ real Redis shared tier."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
+import pytest
 from conftest import REDIS, needs_redis
 
 from lingua_fusion.config import Settings
@@ -92,69 +94,63 @@ def test_long_and_empty_segments_are_translated_but_not_kept() -> None:
     assert mt.segments.count("a long sentence here") == 2 and len(tm.local) == 0 and tm.stats.bypassed == 3
 
 
-def test_real_apertium_file_path_uses_the_memory_and_keeps_glossaries_apart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture
+def engine(tmp_path) -> Iterator[FileTranslator]:  # type: ignore[no-untyped-def]
+    """The file path with real Apertium and its translation memory (on, by default), in a fresh state directory."""
     s = Settings()
     s.state_dir = tmp_path
-    engine = FileTranslator(s)
-    try:
-        tm = engine.registry.translation_memory()
-        assert tm is not None
-
-        def run(glossary: list[Term]) -> str:
-            req = FileRequest(text="I went to the bank.", source_modality="text", target_lang="es",
-                              source_lang="en", glossary=glossary)
-            return engine.translate(req).text
-
-        plain = run([])
-        hits = tm.stats.hits_local
-        assert run([]) == plain and tm.stats.hits_local == hits + 1  # the same text again: from the memory
-        with_term = run([Term("bank", "orilla")])
-        assert "orilla" in with_term and "orilla" not in plain  # another glossary: never the cached one
-        assert run([]) == plain
-    finally:
-        engine.close()
+    translator = FileTranslator(s)
+    assert translator.registry.translation_memory() is not None
+    yield translator
+    translator.close()
 
 
-def test_one_key_never_hits_or_times_another_keys_cached_translation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_real_apertium_file_path_uses_the_memory_and_keeps_glossaries_apart(engine: FileTranslator) -> None:
+    tm = engine.registry.translation_memory()
+
+    def run(glossary: list[Term]) -> str:
+        req = FileRequest(text="I went to the bank.", source_modality="text", target_lang="es",
+                          source_lang="en", glossary=glossary)
+        return engine.translate(req).text
+
+    plain = run([])
+    hits = tm.stats.hits_local
+    assert run([]) == plain and tm.stats.hits_local == hits + 1  # the same text again: from the memory
+    with_term = run([Term("bank", "orilla")])
+    assert "orilla" in with_term and "orilla" not in plain  # another glossary: never the cached one
+    assert run([]) == plain
+
+
+def test_one_key_never_hits_or_times_another_keys_cached_translation(engine: FileTranslator) -> None:
     """The memory is per API key: a sentence key A had translated is a miss for key B (shared, B's fast answer
     would tell it what A translated), a hit for A again; on the file path and on the stream engine's MT runner."""
+    from lingua_fusion.serving.executor import Executor
     from lingua_fusion.serving.ports import CallContext, MtInput
 
-    s = Settings()
-    s.state_dir = tmp_path
-    engine = FileTranslator(s)
-    try:
-        tm = engine.registry.translation_memory()
-        assert tm is not None
+    tm = engine.registry.translation_memory()
 
-        def run(key_id: str, text: str) -> str:
-            req = FileRequest(text=text, source_modality="text", target_lang="es", source_lang="en", scope=key_id)
-            return engine.translate(req).text
+    def run(key_id: str, text: str) -> str:
+        req = FileRequest(text=text, source_modality="text", target_lang="es", source_lang="en", scope=key_id)
+        return engine.translate(req).text
 
-        a = run("key_a", "The river bank was quiet this morning.")
-        hits, misses = tm.stats.hits_local, tm.stats.misses
-        assert run("key_b", "The river bank was quiet this morning.") == a
-        assert (tm.stats.hits_local, tm.stats.misses) == (hits, misses + 1)  # B: translated, not served A's
-        assert run("key_a", "The river bank was quiet this morning.") == a and tm.stats.hits_local == hits + 1
+    a = run("key_a", "The river bank was quiet this morning.")
+    hits, misses = tm.stats.hits_local, tm.stats.misses
+    assert run("key_b", "The river bank was quiet this morning.") == a
+    assert (tm.stats.hits_local, tm.stats.misses) == (hits, misses + 1)  # B: translated, not served A's
+    assert run("key_a", "The river bank was quiet this morning.") == a and tm.stats.hits_local == hits + 1
 
-        # the stream engine: the executor stamps each MT item with its caller's key
-        from lingua_fusion.serving.executor import Executor
+    async def stream_mt(key_id: str) -> str:  # the stream engine: the executor stamps each MT item with its key
+        ex = Executor(engine.registry, engine.settings)
+        try:
+            return str(await ex.run(ModelKey.mt("en", "es"), MtInput("The new office opens in May."),
+                                    CallContext(f"st_{key_id}", key_id=key_id)))
+        finally:
+            await ex.close()
 
-        async def stream_mt(key_id: str) -> str:
-            ex = Executor(engine.registry, s)
-            try:
-                return str(await ex.run(ModelKey.mt("en", "es"), MtInput("The new office opens in May."),
-                                        CallContext(f"st_{key_id}", key_id=key_id)))
-            finally:
-                await ex.close()
-
-        first = asyncio.run(stream_mt("key_a"))
-        hits, misses = tm.stats.hits_local, tm.stats.misses
-        assert asyncio.run(stream_mt("key_b")) == first and tm.stats.misses == misses + 1
-        assert asyncio.run(stream_mt("key_a")) == first and tm.stats.hits_local == hits + 1
-    finally:
-        engine.close()
-
+    first = asyncio.run(stream_mt("key_a"))
+    hits, misses = tm.stats.hits_local, tm.stats.misses
+    assert asyncio.run(stream_mt("key_b")) == first and tm.stats.misses == misses + 1
+    assert asyncio.run(stream_mt("key_a")) == first and tm.stats.hits_local == hits + 1
 
 @needs_redis
 def test_the_shared_tier_serves_another_server_and_survives_redis_loss() -> None:
