@@ -61,8 +61,18 @@ class _Base:
         self._headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def _check(self, r: httpx.Response) -> Any:
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        body: Any = None
+        if r.headers.get("content-type", "").startswith("application/json"):
+            try:
+                body = r.json()
+            except ValueError:  # a proxy or another program on the port: its body is no JSON
+                body = None
         raise_for_error(r.status_code, body, r.headers)
+        if not isinstance(body, dict):
+            # a 2xx that is not a JSON object: the URL is not a LinguaFusion server (a wrong port, a proxy's page)
+            raise BackendError(f"{self.base_url} answered {r.request.method} {r.request.url.path} with HTTP "
+                               f"{r.status_code} and no JSON object; is --url a LinguaFusion server?",
+                               details={"status": r.status_code})
         return body
 
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",

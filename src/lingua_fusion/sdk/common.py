@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import EmptyInput, InvalidParameter, MediaTypeMismatch, from_code
+from pydantic import ValidationError
+
+from ..errors import BackendError, EmptyInput, InvalidParameter, MediaTypeMismatch, from_code
 from ..types import TranslationResult
 
 # a hint only: the server (and FileTranslator.validate in-process) checks the bytes, and tells the modality from
@@ -61,7 +63,11 @@ def read_input(input_media: MediaInput | None, text: str | None, source_modality
 
 def parse_result(body: dict[str, Any]) -> TranslationResult:
     audio_b64 = body.pop("audio_base64", None)
-    result = TranslationResult.model_validate(body)
+    try:
+        result = TranslationResult.model_validate(body)
+    except ValidationError as exc:  # a 200 from something that is not a LinguaFusion server
+        raise BackendError(f"the server's answer is not a translation result ({exc.error_count()} fields wrong); "
+                           "is the URL a LinguaFusion server?", details={"fields": sorted(body)[:20]}) from exc
     if audio_b64:
         result.audio = base64.b64decode(audio_b64)
     return result
@@ -71,6 +77,8 @@ def raise_for_error(status: int, body: Any, headers: Any = None) -> None:
     if status < 400:
         return
     err = body.get("error", {}) if isinstance(body, dict) else {}
+    if not isinstance(err, dict):  # an error body of another program: {"error": "text"}
+        err = {"message": f"HTTP {status}: {str(err)[:200]}"}
     retry = None
     if headers is not None and headers.get("retry-after"):
         try:
