@@ -236,6 +236,40 @@ async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_p
     assert logged == [(1, "One."), *got]
 
 
+async def test_a_resume_refused_by_a_draining_server_does_not_take_the_stream_over(tmp_path: Path) -> None:
+    """A resume sent to a server that is shutting down is refused (overloaded, 4429: connect again) before it
+    claims the stream: the stream's live connection on the other server keeps it and goes on captioning (before,
+    the refused resume claimed it first, and that healthy connection ended taken_over at its next caption)."""
+    settings = settings_for(tmp_path)
+    apps = [create_app(settings, warm=False) for _ in range(2)]
+    servers = [uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
+                                             lifespan="on")) for app in apps]
+    serving = [asyncio.create_task(s.serve()) for s in servers]
+    try:
+        async with asyncio.timeout(30):
+            while not all(s.started for s in servers):  # noqa: ASYNC110 (uvicorn offers no event for it)
+                await asyncio.sleep(0.05)
+        url_a, url_b = (f"ws://127.0.0.1:{s.config.port}/v1/streams" for s in servers)
+        first, send_first = await open_ws(url_a, start(0.5))
+        ready = await first.until(lambda e: e["type"] == "ready")
+        await send_first("One.", 1.0)
+        await first.until(lambda e: e["type"] == "final")
+        apps[1].state.streams.draining = True  # server B has begun its drain
+        resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
+                                              "last_seq": 1}}
+        refused, _ = await open_ws(url_b, resume)
+        assert refused.task is not None
+        await asyncio.wait_for(refused.task, 10)
+        assert refused.types()[-1] == "error:overloaded" and refused.close_code == 4429
+        await send_first("Two.", 2.0)
+        await first.until(lambda e: e["type"] == "final" and e["seq"] == 2)
+    finally:
+        for s in servers:
+            s.should_exit = True
+        await asyncio.wait_for(asyncio.gather(*serving), 30)
+    assert "error:taken_over" not in first.types()
+
+
 class _BothClaimsInFlight:
     """The real SQLite stream store; ``claim`` returns only once two resumes are claiming at the same time (the
     window two reconnects of one client hit when the store is slow)."""

@@ -121,6 +121,8 @@ class StreamService:
                 raise PermissionDenied("the per-stream baseline engine is for benchmarks: it needs an admin key")
             assert self.baseline is not None
             return await self.baseline.open({**msg, "engine": "batched"}, who)
+        if self.draining:  # before a resume's claim: a server that will not serve the stream does not take it over
+            raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
         snapshot: dict[str, Any] | None = None
         last_seq = 0
         if msg.get("resume") is not None:
@@ -133,7 +135,7 @@ class StreamService:
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
             spec.key_id = who.key_id
             spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
-        if self.draining:
+        if self.draining:  # it began while this resume waited on the store
             raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
         self.quota.take(who.key_id)
         try:
