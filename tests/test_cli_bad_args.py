@@ -1,0 +1,41 @@
+"""The ``linguafusion`` command with a client's mistakes it used to answer with a Python traceback (exit 1):
+each must print ``error [code]: message`` on stderr and exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import BIN
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=120)
+
+
+def _refused(p: subprocess.CompletedProcess[str], code: str) -> None:
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert f"error [{code}]:" in p.stderr
+
+
+def test_keys_with_a_state_dir_that_is_a_file(tmp_path: Path) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("hello")
+    _refused(run("keys", "create", "--state-dir", str(a_file)), "invalid_parameter")
+
+
+@pytest.mark.parametrize("command", ["create", "list"])
+def test_keys_with_a_corrupt_key_store(tmp_path: Path, command: str) -> None:
+    (tmp_path / "linguafusion.sqlite3").write_text("not a database at all")
+    p = run("keys", command, "--state-dir", str(tmp_path))
+    _refused(p, "invalid_parameter")
+    assert "not a database" in p.stderr
+
+
+@pytest.mark.parametrize("args", [["--url", "http://[::1", "--api-key", "sk_x"],
+                                  ["--url", "::::", "--api-key", "sk_x"],
+                                  ["--url", "http://127.0.0.1:9", "--api-key", "sk_é"]])
+def test_translate_with_a_malformed_url_or_key(args: list[str]) -> None:
+    _refused(run("translate", "--text", "Good morning", "--from", "en", "--to", "es", *args), "invalid_parameter")
