@@ -43,3 +43,22 @@ def test_other_calls_against_a_foreign_server_raise_a_typed_error() -> None:
             t.models()
         with pytest.raises(BackendError):
             t.rooms()
+
+
+@pytest.mark.parametrize("url", ["::::", "http://[::1", "notaurl", "ftp://127.0.0.1:8000"])
+def test_a_malformed_server_url_is_an_invalid_parameter(url: str) -> None:
+    """httpx.InvalidURL used to escape from the first request (a traceback on the CLI's --url)."""
+    from lingua_fusion.errors import InvalidParameter
+
+    with pytest.raises(InvalidParameter) as info:
+        MultimodalTranslator(api_key="sk_x", base_url=url)
+    assert info.value.details["field"] == "base_url"
+
+
+def test_a_non_ascii_api_key_is_an_invalid_parameter() -> None:
+    """httpx raised UnicodeEncodeError building the Authorization header (a traceback on the CLI's --api-key)."""
+    from lingua_fusion.errors import InvalidParameter
+
+    with pytest.raises(InvalidParameter) as info:
+        MultimodalTranslator(api_key="sk_é", base_url="http://127.0.0.1:8000")
+    assert info.value.details["field"] == "api_key"

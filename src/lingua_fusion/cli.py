@@ -336,7 +336,14 @@ def _key_store(state_dir: Path | None, *, create: bool) -> Any:
         fail(InvalidParameter(f"no key store in {directory} (no {path.name} there): is --state-dir the folder the "
                               "server was started with? `linguafusion keys create --state-dir DIR` makes one"))
     err.print(f"key store: {path}", markup=False, style="dim")
-    return SQLiteStore(directory)
+    import sqlite3
+
+    try:
+        return SQLiteStore(directory)
+    except (OSError, sqlite3.Error) as exc:  # a file named like the folder, no permission, a corrupt store
+        fail(InvalidParameter(f"cannot open the key store in {directory}: {exc}; --state-dir must be a folder "
+                              "you can write, holding the server's linguafusion.sqlite3",
+                              details={"path": str(path)}))
 
 
 @keys_app.command("create")

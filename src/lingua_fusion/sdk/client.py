@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import BackendError
+from ..errors import BackendError, InvalidParameter
 from ..types import TranslationResult
 from ..vision.client import AsyncVocabularyMethods, VocabularyMethods
 from .common import MediaInput, parse_result, raise_for_error, read_file, read_input
@@ -58,6 +58,18 @@ class _Base:
     def __init__(self, api_key: str | None, base_url: str | None) -> None:
         self.api_key = api_key or os.environ.get("LINGUAFUSION_API_KEY")
         self.base_url = (base_url or os.environ.get("LINGUAFUSION_URL") or DEFAULT_URL).rstrip("/")
+        if self.api_key is not None and not (self.api_key.isascii() and self.api_key.isprintable()):
+            # httpx would raise UnicodeEncodeError (or send a broken header) at the first request
+            raise InvalidParameter("the API key holds characters a key never has (not printable ASCII); "
+                                   "copy the sk_... key again", details={"field": "api_key"})
+        try:
+            url = httpx.URL(self.base_url)
+        except httpx.InvalidURL as exc:
+            raise InvalidParameter(f"the server URL {self.base_url!r} is not a URL: {exc}",
+                                   details={"field": "base_url"}) from exc
+        if url.scheme not in ("http", "https") or not url.host:
+            raise InvalidParameter(f"the server URL {self.base_url!r} is not an http:// or https:// URL "
+                                   "(e.g. http://127.0.0.1:8000)", details={"field": "base_url"})
         self._headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def _check(self, r: httpx.Response) -> Any:
