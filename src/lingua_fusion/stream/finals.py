@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ..errors import LinguaFusionError, SlowConsumer, StoreUnavailable
+from ..errors import LinguaFusionError, Overloaded, StoreUnavailable
 from ..tracing import TraceRef, span
 from .contracts import Emit, Spawn
 from .events import Error, Final, Metrics, Speech
@@ -42,7 +42,11 @@ class Finals:
             self.pending.put_nowait(task)
         except asyncio.QueueFull:
             task.cancel()
-            self._fail(SlowConsumer("too many captions pending; the stream was closed"))
+            # the server's own backlog (commit jobs not yet translated), not a client that stopped reading (that is
+            # the Outbox's slow_consumer): the stream sends input faster than it is captioned
+            self._fail(Overloaded(f"too many captions pending ({self.pending.maxsize}): this stream sends input "
+                                  "faster than the server can caption it; send less often and resume",
+                                  retry_after=1.0))
 
     async def end(self) -> None:
         """No more jobs: ``run`` returns once the queued ones are sent."""
