@@ -84,6 +84,10 @@ async def read_form(request: Request) -> FormData:
     try:
         return await request.form(max_files=2, max_fields=32, max_part_size=limits.max_text_chars * 4)
     except (MultiPartException, StarletteHTTPException, ValueError) as exc:  # malformed multipart bodies
+        if "exceeded maximum size" in str(exc):  # a form field (not a file) over max_part_size: a long text
+            raise TooLarge(f"a form field is over {limits.max_text_chars * 4} bytes; a text may hold at most "
+                           f"{limits.max_text_chars} characters (send a longer one as a file)",
+                           details={"limit": "max_text_chars"}) from exc
         raise InvalidParameter(f"malformed form body: {exc}") from exc
     except ClientDisconnect as exc:  # the client went away mid-body: nobody to answer, nothing to log
         raise InvalidParameter("the client disconnected before the body ended") from exc
