@@ -60,8 +60,11 @@ class LocalTranslator(LocalVocabularyMethods):
             trace.end()
 
     def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
-        if isinstance(terms, dict):
-            parsed = [glossary_mod.Term(s, t) for s, t in terms.items()]
+        if isinstance(terms, dict):  # checked as the server checks the SDK's upload of it (JSON)
+            import json
+
+            parsed = glossary_mod.parse(json.dumps(terms, ensure_ascii=False).encode("utf-8"),
+                                        max_terms=self.settings.limits.max_glossary_terms, filename="glossary.json")
         else:
             p = Path(terms)
             parsed = glossary_mod.parse(read_file(p, "glossary file"),
