@@ -28,8 +28,7 @@ Map (code -> HTTP status):
         ModelTimeout                503 model_timeout
         MalformedOutput             503 malformed_output
         InjectedFault               503 injected_fault (chaos)
-        StoreUnavailable            503 state_store_unavailable (the stream log)
-          RoomStoreUnavailable      503 state_store_unavailable (the rooms' Redis)
+        StoreUnavailable            503 state_store_unavailable (the stream log; the rooms' Redis: ``store=``)
       RequestTimeout                504 timeout        (a file request past server.request_timeout_s; retryable)
 
 Foreign exceptions (PyAV, PIL, onnxruntime, subprocess) are translated where they occur with
@@ -223,9 +222,10 @@ class StoreUnavailable(BackendError):
     code = "state_store_unavailable"
     public = "the stream log is unavailable; retry later"
 
-
-class RoomStoreUnavailable(StoreUnavailable):
-    public = "the rooms' state store (Redis) is unavailable; retry later"
+    def __init__(self, message: str, *, store: str = "the stream log", details: dict[str, Any] | None = None):
+        """``store``: which one, as the client reads it (the rooms' Redis, the stream log, ...)."""
+        super().__init__(message, details=details)
+        self.public = f"{store} is unavailable; retry later"
 
 
 class RequestTimeout(LinguaFusionError):

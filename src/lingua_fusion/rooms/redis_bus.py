@@ -15,7 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..errors import RoomStoreUnavailable
+from ..errors import StoreUnavailable
 from ..state import redis_keys as keys
 from .bus import CLOSED_SEQ, MAX_FINALS, MAX_LIVE, MAX_TOKENS, TTL_S
 from .model import Room
@@ -55,7 +55,7 @@ async def _call(fn: Callable[[], Awaitable[T]]) -> T:
     try:
         return await fn()
     except (redis.RedisError, OSError) as exc:
-        raise RoomStoreUnavailable(f"rooms: Redis failed: {exc}") from exc
+        raise StoreUnavailable(f"rooms: Redis failed: {exc}", store="the rooms' state store (Redis)") from exc
 
 
 class RedisRoomBus:
