@@ -454,10 +454,13 @@ async def test_a_sigterm_to_the_whole_process_group_still_drains_the_streams(tal
     events: list[dict[str, object]] = []
     try:
         async with connect(url.replace("http", "ws") + "/v1/streams", max_size=None) as ws:
-            await ws.send(json.dumps({"type": "start", "target_langs": ["es"], "partials": False, "slo": "batch"}))
+            await ws.send(json.dumps({"type": "start", "target_langs": ["es"], "partials": True}))
             assert json.loads(await ws.recv())["type"] == "ready"
             await ws.send(pcm16(talk_wav(SENTENCES[:1])))
-            await asyncio.sleep(0.05)
+            while True:  # the server has the speech (its first partial): the final's model work is still ahead
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+                if events[-1]["type"] in ("partial", "final"):
+                    break
             os.killpg(proc.pid, signal.SIGTERM)
             with contextlib.suppress(ConnectionClosed):
                 async for m in ws:
