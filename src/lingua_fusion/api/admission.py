@@ -23,7 +23,7 @@ from typing import TypeVar
 import anyio
 
 from ..deadline import Deadline
-from ..errors import Overloaded, RequestTimeout
+from ..errors import Draining, Overloaded, RequestTimeout
 from ..observability import Metrics
 
 T = TypeVar("T")
@@ -115,6 +115,15 @@ class Admission:
         self.metrics = metrics
         self._events: dict[Ticket, asyncio.Event] = {}
         self._overrunning: set[asyncio.Task[object]] = set()  # work whose caller stopped waiting, still in its slot
+        self._drained = asyncio.Event()  # set once the server stops (begin_drain): answers are due by _drain_at
+        self._drain_at: float | None = None
+
+    def begin_drain(self, within_s: float) -> None:
+        """The server is stopping, and its connections are cut ``within_s`` (and a little) from now: a request still
+        running then is answered Draining (503, retry: another server or this one restarted) instead of being cut
+        off with a bare 500. Its thread runs on until it ends (a thread cannot be stopped)."""
+        self._drain_at = asyncio.get_running_loop().time() + within_s
+        self._drained.set()
 
     async def run(self, key_id: str, deadline: Deadline, fn: Callable[[], T]) -> T:
         """``fn()`` on a worker thread within a slot of the key's share. Waits at most until ``deadline`` plus
@@ -125,11 +134,27 @@ class Admission:
                 return await anyio.to_thread.run_sync(fn)
 
         task = asyncio.create_task(held(), name=f"file-request:{key_id}")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, deadline.left()) + GRACE_S
         try:
-            return await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline.left()) + GRACE_S)
-        except TimeoutError:
-            raise RequestTimeout(f"the request took longer than {deadline.seconds:g} s; send less or retry later",
-                                 details={"limit": "request_timeout_s"}) from None
+            while True:
+                due = end if self._drain_at is None else min(end, self._drain_at)
+                drained = None if self._drain_at is not None else asyncio.ensure_future(self._drained.wait())
+                try:
+                    await asyncio.wait({task} if drained is None else {task, drained},
+                                       timeout=max(0.0, due - loop.time()), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if drained is not None:
+                        drained.cancel()
+                        await asyncio.gather(drained, return_exceptions=True)
+                if task.done():
+                    return task.result()
+                if self._drain_at is not None and loop.time() >= self._drain_at:
+                    raise Draining("the server is shutting down; send the request again (to another server, or "
+                                   "to this one once it is back)")
+                if loop.time() >= end:
+                    raise RequestTimeout(f"the request took longer than {deadline.seconds:g} s; send less or "
+                                         "retry later", details={"limit": "request_timeout_s"})
         finally:
             if not task.done():  # overran, or the client went away: it keeps its slot until the thread ends
                 self._overrunning.add(task)

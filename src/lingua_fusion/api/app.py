@@ -100,6 +100,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     app.state.ctx = AppContext(settings=settings, translator=translator, store=store, metrics=metrics,
                                admission=admission, ready=ready)
     app.state.metrics = metrics
+    app.state.drain_files = admission.begin_drain  # at shutdown (api/server.py DrainingServer)
     app.state.engine = translator
     app.state.store = store
     app.state.settings = settings

@@ -9,15 +9,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import LinguaFusionError, Overloaded
+from ..errors import Draining, LinguaFusionError, Overloaded
 
 log = logging.getLogger("lingua_fusion.api")
+DRAINING_RETRY_AFTER = "2"  # seconds: a restarted server is back, or another one takes it
 
 
 def error_response(err: LinguaFusionError) -> JSONResponse:
     headers = {}
     if isinstance(err, Overloaded):
         headers["Retry-After"] = str(max(1, int(round(err.retry_after))))
+    elif isinstance(err, Draining):
+        headers["Retry-After"] = DRAINING_RETRY_AFTER
     return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
 
 

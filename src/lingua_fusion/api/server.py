@@ -8,6 +8,9 @@
 - An answer sent before its request's body ended (a 413 from Content-Length) says ``Connection: close``; the rest
   of the body is then read and dropped for LINGER_S before the connection closes. Kept alive, the connection would
   go on with a FIN close behind: a client that sent its next request before seeing the FIN lost it.
+- Shutdown: the streams drain first (``app.state.drain``); then uvicorn waits GRACEFUL_S for open requests, and a
+  file request still running FILE_ANSWER_MARGIN_S before that is answered 503 ``draining`` (api/admission.py
+  ``begin_drain``) instead of being cancelled into a bare 500.
 - WebSocket messages: ``ws_max_size`` = ``server.max_ws_message_bytes``, so an oversized message is refused by the
   protocol layer (close 1009) before it is buffered.
 - Logs: every handler of uvicorn's and our loggers masks API keys, URL passwords and key-bearing query parameters
@@ -36,6 +39,8 @@ log = logging.getLogger("lingua_fusion.api")
 # ("Server disconnected without sending a response": the request is lost, a POST is not retried)
 KEEP_ALIVE_S = 15
 LINGER_S = 2.0  # after answering a request whose body was refused part-way
+GRACEFUL_S = 10  # uvicorn's wait for open requests at shutdown, after the streams' drain; then it cancels them
+FILE_ANSWER_MARGIN_S = 2.0  # a file request still running this long before that gets 503 draining, not a 500
 
 
 def guarded_http(settings: Settings) -> type[asyncio.Protocol] | str:
@@ -177,7 +182,7 @@ def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uv
     """The configured server for ``app`` (run it with ``.run()``)."""
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level=log_level,
                             http=guarded_http(settings), ws_max_size=settings.server.max_ws_message_bytes,
-                            timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=10,
+                            timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S,
                             h11_max_incomplete_event_size=settings.server.max_header_bytes)
     install_logging(log_level)  # again: uvicorn's dictConfig has just replaced its handlers
 
@@ -187,6 +192,9 @@ def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uv
 
         async def shutdown(self, sockets: Any = None) -> None:
             await app.state.drain(settings.server.drain_timeout_s)
+            begin = getattr(app.state, "drain_files", None)
+            if begin is not None:  # file requests still running are answered 503 draining before uvicorn cuts them
+                begin(GRACEFUL_S - FILE_ANSWER_MARGIN_S)
             await super().shutdown(sockets)
 
     return DrainingServer(config)
