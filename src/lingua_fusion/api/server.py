@@ -192,6 +192,9 @@ def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uv
 
         async def shutdown(self, sockets: Any = None) -> None:
             await app.state.drain(settings.server.drain_timeout_s)
+            rooms = getattr(app.state, "rooms", None)
+            if rooms is not None:  # room listeners: told to listen again elsewhere (SSE would hold the shutdown)
+                await rooms.drain()
             begin = getattr(app.state, "drain_files", None)
             if begin is not None:  # file requests still running are answered 503 draining before uvicorn cuts them
                 begin(GRACEFUL_S - FILE_ANSWER_MARGIN_S)

@@ -22,6 +22,7 @@ from typing import Any
 from .. import langs as langs_mod
 from ..errors import (
     AuthenticationError,
+    Draining,
     InvalidParameter,
     LinguaFusionError,
     NotConfigured,
@@ -50,6 +51,8 @@ def open_rooms(redis_url: str | None, *, max_tokens: int = MAX_TOKENS) -> tuple[
         return RedisRoomBus(redis_url), RedisRoomDirectory(redis_url, max_tokens=max_tokens)
     return LocalRoomBus(), LocalRoomDirectory(max_tokens=max_tokens)
 
+DRAIN_S = 2.0  # at shutdown, for the listeners' connections to take their last events and the draining one
+DRAIN_POLL_S = 0.02
 
 class RoomService:
     def __init__(self, bus: RoomBus, directory: RoomDirectory, *, check_pair: Callable[[str, str], Any],
@@ -303,6 +306,25 @@ class RoomService:
                 except LinguaFusionError as exc:
                     log.warning("room %s: presence not written: %s", room_id, exc.message)
             said = set(self.feeds)
+
+    async def drain(self, within_s: float = DRAIN_S) -> int:
+        """The server is stopping: every listener here ends now, after the events already queued for it, with
+        ``draining`` (a WebSocket closes 1012, SSE sends an ``error`` event and ends), so it listens again on a
+        server that runs (``after_seq``: nothing is missed); then up to ``within_s`` for their connections to say
+        so. Without it, SSE responses held the shutdown for its whole grace and were then cut without a word, and
+        WebSocket listeners got the server's 1012 with no event. Returns how many were told."""
+        ended = 0
+        for feed in list(self.feeds.values()):
+            for listener in list(feed.listeners):
+                listener.close(Draining("the server is shutting down; listen again with after_seq (the last final "
+                                        "you got) to go on"))
+                ended += 1
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within_s
+        # each listener's own task sends its last events and leaves: a count, looked at for 2 s at most, once
+        while any(f.listeners for f in self.feeds.values()) and loop.time() < end:  # noqa: ASYNC110
+            await asyncio.sleep(DRAIN_POLL_S)
+        return ended
 
     async def close(self) -> None:
         if self._presence is not None:
