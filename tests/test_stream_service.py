@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -188,15 +189,10 @@ async def test_a_failed_stream_frees_its_quota_and_admission(tmp_path: Path) -> 
         translator.close()
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=needs_redis)])
-async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_path: Path) -> None:
-    """Two servers (like the worker processes of ``serve --workers 2``) share one stream store. A stream resumed on
-    the second while its first connection is still open is taken over: the first connection ends ``taken_over``
-    (4409) at its next caption instead of logging it, and the log holds exactly the second connection's finals
-    after the resume point (before, both logged finals under the same seq and the second one's were lost)."""
-    settings = settings_for(tmp_path)
-    if kind == "redis":
-        settings.state.redis_url = REDIS
+@contextlib.asynccontextmanager
+async def two_servers(settings: Settings) -> AsyncIterator[tuple[list[Any], str, str]]:
+    """Two servers in this process on one state directory (one stream store), like the workers of ``serve
+    --workers 2``: their apps and their /v1/streams URLs."""
     apps = [create_app(settings, warm=False) for _ in range(2)]
     servers = [uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
                                              lifespan="on")) for app in apps]
@@ -206,6 +202,23 @@ async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_p
             while not all(s.started for s in servers):  # noqa: ASYNC110 (uvicorn offers no event for it)
                 await asyncio.sleep(0.05)
         url_a, url_b = (f"ws://127.0.0.1:{s.config.port}/v1/streams" for s in servers)
+        yield apps, url_a, url_b
+    finally:
+        for s in servers:
+            s.should_exit = True
+        await asyncio.wait_for(asyncio.gather(*serving), 30)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=needs_redis)])
+async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_path: Path) -> None:
+    """Two servers (like the worker processes of ``serve --workers 2``) share one stream store. A stream resumed on
+    the second while its first connection is still open is taken over: the first connection ends ``taken_over``
+    (4409) at its next caption instead of logging it, and the log holds exactly the second connection's finals
+    after the resume point (before, both logged finals under the same seq and the second one's were lost)."""
+    settings = settings_for(tmp_path)
+    if kind == "redis":
+        settings.state.redis_url = REDIS
+    async with two_servers(settings) as (apps, url_a, url_b):
         first, send_first = await open_ws(url_a, start(0.5))
         ready = await first.until(lambda e: e["type"] == "ready")
         await send_first("One.", 1.0)
@@ -224,10 +237,6 @@ async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_p
         replay = {"type": "start", "resume": {**resume["resume"], "last_seq": 0}}
         third, _ = await open_ws(url_a, replay)
         await third.until(lambda e: e["type"] == "final" and e["seq"] == 3)
-    finally:
-        for s in servers:
-            s.should_exit = True
-        await asyncio.wait_for(asyncio.gather(*serving), 30)
     assert [(e["seq"], e["source_text"]) for e in first.events if e["type"] == "final"] == [(1, "One.")]
     assert first.types()[-1] == "error:taken_over" and first.close_code == 4409
     got = [(e["seq"], e["source_text"]) for e in second.events if e["type"] == "final"]
@@ -241,15 +250,7 @@ async def test_a_resume_refused_by_a_draining_server_does_not_take_the_stream_ov
     claims the stream: the stream's live connection on the other server keeps it and goes on captioning (before,
     the refused resume claimed it first, and that healthy connection ended taken_over at its next caption)."""
     settings = settings_for(tmp_path)
-    apps = [create_app(settings, warm=False) for _ in range(2)]
-    servers = [uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
-                                             lifespan="on")) for app in apps]
-    serving = [asyncio.create_task(s.serve()) for s in servers]
-    try:
-        async with asyncio.timeout(30):
-            while not all(s.started for s in servers):  # noqa: ASYNC110 (uvicorn offers no event for it)
-                await asyncio.sleep(0.05)
-        url_a, url_b = (f"ws://127.0.0.1:{s.config.port}/v1/streams" for s in servers)
+    async with two_servers(settings) as (apps, url_a, url_b):
         first, send_first = await open_ws(url_a, start(0.5))
         ready = await first.until(lambda e: e["type"] == "ready")
         await send_first("One.", 1.0)
@@ -263,10 +264,6 @@ async def test_a_resume_refused_by_a_draining_server_does_not_take_the_stream_ov
         assert refused.types()[-1] == "error:overloaded" and refused.close_code == 4429
         await send_first("Two.", 2.0)
         await first.until(lambda e: e["type"] == "final" and e["seq"] == 2)
-    finally:
-        for s in servers:
-            s.should_exit = True
-        await asyncio.wait_for(asyncio.gather(*serving), 30)
     assert "error:taken_over" not in first.types()
 
 
