@@ -39,3 +39,14 @@ def test_keys_with_a_corrupt_key_store(tmp_path: Path, command: str) -> None:
                                   ["--url", "http://127.0.0.1:9", "--api-key", "sk_é"]])
 def test_translate_with_a_malformed_url_or_key(args: list[str]) -> None:
     _refused(run("translate", "--text", "Good morning", "--from", "en", "--to", "es", *args), "invalid_parameter")
+
+
+def test_bench_load_against_no_server_is_refused_not_reported_as_zero_goodput(tmp_path: Path) -> None:
+    """It printed a report with goodput 0/1 and exited 0: a proof of nothing that looked like a measurement."""
+    from conftest import free_port
+
+    out = tmp_path / "load.json"
+    p = run("bench", "load", "--url", f"http://127.0.0.1:{free_port()}", "--streams", "1", "--duration", "2",
+            "--json", str(out))
+    _refused(p, "backend_unavailable")
+    assert "--url" in p.stderr and not out.exists()

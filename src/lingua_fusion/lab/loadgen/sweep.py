@@ -7,6 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from ...errors import BackendError
 from ..fixtures import git_commit, machine
 from .mix import Mix
 from .run import run_load
@@ -67,9 +70,24 @@ def build_report(url: str, mix: Mix, mix_path: Path | None, counts: list[int], d
     return rep
 
 
+PROBE_S = 10.0  # for the server's /healthz before a load run
+
+def check_server(url: str, timeout_s: float = PROBE_S) -> None:
+    """A load run against no server measures nothing (it used to report goodput 0 and exit 0): refuse it first,
+    ``backend_unavailable``, when ``url`` has no LinguaFusion server answering /healthz."""
+    try:
+        r = httpx.get(url.rstrip("/") + "/healthz", timeout=timeout_s)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise BackendError(f"no server answers at {url} ({exc}); start one (linguafusion serve) or check --url") \
+            from exc
+    if r.status_code != 200:
+        raise BackendError(f"{url}/healthz answered {r.status_code}: is --url a LinguaFusion server?")
+
+
 def run_bench_load(url: str, api_key: str | None, mix: Mix, mix_path: Path | None, counts: list[int],
                    duration: float, *, seed: int, baseline: bool, knee: bool, console: Any,
                    run_all: bool = False) -> dict[str, Any]:
+    check_server(url)
     ours = asyncio.run(sweep(url, api_key, mix, counts, duration, seed=seed, baseline=False, knee=knee,
                              console=console, run_all=run_all))
     base = None
