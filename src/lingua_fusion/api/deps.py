@@ -93,21 +93,39 @@ async def read_form(request: Request) -> FormData:
         raise InvalidParameter("the client disconnected before the body ended") from exc
 
 
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def is_json(request: Request) -> bool:
+    """The body is declared ``application/json`` (or ``application/...+json``)."""
+    ctype = _content_type(request)
+    return ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
+
+
+def check_json_type(request: Request) -> None:
+    """UnsupportedContentType (415) unless the body is declared JSON (``is_json``)."""
+    if not is_json(request):
+        raise UnsupportedContentType(f"this route takes a JSON body: send 'Content-Type: application/json' "
+                                     f"(not {_content_type(request) or 'none'})")
+
+
+def parse_json(body: bytes, loads: Callable[[bytes], Any] = strict_json.loads) -> Any:
+    """``loads(body)``, strictly: not JSON, nesting deep enough to exhaust the parser (RecursionError, a 500
+    before), NaN / Infinity or lone surrogates are InvalidParameter (400)."""
+    try:
+        return loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidParameter("the body is not valid JSON") from exc
+
+
 async def require_json(request: Request) -> None:
     """A dependency of the JSON routes: the body must be declared ``application/json`` (or ``+json``) and be JSON.
     A page in a browser can POST forms and text/plain anywhere without asking; JSON it can send elsewhere only
-    after a CORS preflight, which this server never grants. The body is parsed here once, strictly: nesting deep
-    enough to exhaust the parser (RecursionError, a 500 before) and NaN / Infinity (not JSON) are a 400; the
-    route's own ``request.json()`` then parses what passed."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/json" and not (ctype.startswith("application/") and ctype.endswith("+json")):
-        raise UnsupportedContentType(f"this route takes a JSON body: send 'Content-Type: application/json' "
-                                     f"(not {ctype or 'none'})")
-    body = await request.body()
-    try:
-        strict_json.loads(body)  # NaN / Infinity and lone surrogates refused too
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise InvalidParameter("the body is not valid JSON") from exc
+    after a CORS preflight, which this server never grants. The body is parsed here once, strictly
+    (``parse_json``); the route's own ``request.json()`` then parses what passed."""
+    check_json_type(request)
+    parse_json(await request.body())
 
 
 JsonBody = Depends(require_json)

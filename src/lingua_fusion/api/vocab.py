@@ -28,14 +28,14 @@ from fastapi.responses import JSONResponse, Response
 from .. import langs
 from ..config import Settings
 from ..deadline import Deadline
-from ..errors import EmptyInput, InvalidParameter, TooLarge, UnsupportedContentType
+from ..errors import EmptyInput, InvalidParameter, TooLarge
 from ..files import FileRequest
 from ..vision import bigjson
 from ..vision.landmarks import LandmarkSeq
 from ..vision.service import VisionService, recognition_body
 from ..vision.store import VocabularyStore, check_gloss, check_kind
 from . import spec
-from .deps import TranslateKey, context, read_form
+from .deps import TranslateKey, check_json_type, context, is_json, parse_json, read_form
 
 router = APIRouter()
 POINTS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}}
@@ -94,25 +94,13 @@ def _vision(request: Request) -> VisionService:
 
 async def _json(request: Request) -> Any:
     """The JSON body, parsed once and strictly (as ``deps.require_json``), on a worker thread."""
-    if not _is_json(request):
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        raise UnsupportedContentType(f"this route takes a JSON body: send 'Content-Type: application/json' "
-                                     f"(not {ctype or 'none'})")
-    body = await request.body()
-    try:
-        return await asyncio.to_thread(bigjson.loads, body)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise InvalidParameter("the body is not valid JSON") from exc
-
-
-def _is_json(request: Request) -> bool:
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    return ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
+    check_json_type(request)
+    return await asyncio.to_thread(parse_json, await request.body(), bigjson.loads)
 
 
 async def _payload(request: Request) -> tuple[dict[str, Any], bytes | None]:
     """A JSON object body, or a multipart form's fields and its ``file``'s bytes."""
-    if _is_json(request):
+    if is_json(request):
         body = await _json(request)
         if not isinstance(body, dict):
             raise InvalidParameter("the body must be a JSON object")
