@@ -136,26 +136,22 @@ class Admission:
         task = asyncio.create_task(held(), name=f"file-request:{key_id}")
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, deadline.left()) + GRACE_S
+        drained = asyncio.ensure_future(self._drained.wait())
         try:
-            while True:
-                due = end if self._drain_at is None else min(end, self._drain_at)
-                drained = None if self._drain_at is not None else asyncio.ensure_future(self._drained.wait())
-                try:
-                    await asyncio.wait({task} if drained is None else {task, drained},
-                                       timeout=max(0.0, due - loop.time()), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    if drained is not None:
-                        drained.cancel()
-                        await asyncio.gather(drained, return_exceptions=True)
-                if task.done():
-                    return task.result()
-                if self._drain_at is not None and loop.time() >= self._drain_at:
-                    raise Draining("the server is shutting down; send the request again (to another server, or "
-                                   "to this one once it is back)")
-                if loop.time() >= end:
-                    raise RequestTimeout(f"the request took longer than {deadline.seconds:g} s; send less or "
-                                         "retry later", details={"limit": "request_timeout_s"})
+            await asyncio.wait({task, drained}, timeout=max(0.0, end - loop.time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not task.done() and self._drain_at is not None:  # the server began to stop: answer by its time
+                await asyncio.wait({task}, timeout=max(0.0, min(end, self._drain_at) - loop.time()))
+            if task.done():
+                return task.result()
+            if self._drain_at is not None and self._drain_at <= end:
+                raise Draining("the server is shutting down; send the request again (to another server, or "
+                               "to this one once it is back)")
+            raise RequestTimeout(f"the request took longer than {deadline.seconds:g} s; send less or retry later",
+                                 details={"limit": "request_timeout_s"})
         finally:
+            drained.cancel()
+            await asyncio.gather(drained, return_exceptions=True)
             if not task.done():  # overran, or the client went away: it keeps its slot until the thread ends
                 self._overrunning.add(task)
                 task.add_done_callback(self._settled)
