@@ -13,12 +13,10 @@ New streams and requests of a revoked key are refused everywhere already: each o
 from __future__ import annotations
 
 import asyncio
-import logging
-import sqlite3
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
-log = logging.getLogger("lingua_fusion.api")
+from .watch import every
 
 
 @dataclass(frozen=True)
@@ -42,17 +40,6 @@ class RevocationWatch:
         return sum([await self.close(key_id) for key_id in sorted(revoked)])
 
     async def run(self) -> None:
-        """``check`` every ``interval_s`` until cancelled; a failed look is logged and the next one tried."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                closed = await self.check()
-            except (TimeoutError, sqlite3.Error) as exc:
-                log.warning("revoked-key check failed: %r", exc)
-                continue
-            except Exception:  # noqa: BLE001 - anything else (a stream that failed to close): the watch goes on;
-                # ended, it would stop revocations reaching this process until a restart, and nobody would know
-                log.exception("revoked-key check failed")
-                continue
-            if closed:
-                log.info("closed %d stream(s) of keys revoked elsewhere", closed)
+        """``check`` every ``interval_s`` until cancelled (``watch.every``)."""
+        await every(self.interval_s, self.check, "revoked-key check",
+                    "closed {n} stream(s) of keys revoked elsewhere")

@@ -11,11 +11,10 @@ thread) and ends each session whose epoch is behind (``taken_over``, close 4409)
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-log = logging.getLogger("lingua_fusion.api")
+from .watch import every
 
 
 @dataclass(frozen=True)
@@ -38,19 +37,6 @@ class TakeoverWatch:
         return sum(self.end(sid, epoch) for sid, epoch in live.items() if now.get(sid, epoch) > epoch)
 
     async def run(self) -> None:
-        """``check`` every ``interval_s`` until cancelled; a failed look is logged and the next one tried."""
-        failing = False
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                ended = await self.check()
-            except Exception as exc:  # noqa: BLE001 - a store outage or a bug: logged once per run of failures
-                # (not every second of a Redis outage); the watch goes on, and the caption path still refuses a
-                # stale session's writes
-                if not failing:
-                    log.warning("take-over check failed (logged again after it next succeeds): %r", exc)
-                failing = True
-                continue
-            failing = False
-            if ended:
-                log.info("ended %d stream session(s) resumed elsewhere", ended)
+        """``check`` every ``interval_s`` until cancelled (``watch.every``; while it fails, the caption path still
+        refuses a stale session's writes)."""
+        await every(self.interval_s, self.check, "take-over check", "ended {n} stream session(s) resumed elsewhere")
