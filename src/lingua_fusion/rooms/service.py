@@ -51,8 +51,10 @@ def open_rooms(redis_url: str | None, *, max_tokens: int = MAX_TOKENS) -> tuple[
         return RedisRoomBus(redis_url), RedisRoomDirectory(redis_url, max_tokens=max_tokens)
     return LocalRoomBus(), LocalRoomDirectory(max_tokens=max_tokens)
 
+
 DRAIN_S = 2.0  # at shutdown, for the listeners' connections to take their last events and the draining one
 DRAIN_POLL_S = 0.02
+
 
 class RoomService:
     def __init__(self, bus: RoomBus, directory: RoomDirectory, *, check_pair: Callable[[str, str], Any],

@@ -41,7 +41,9 @@ T = TypeVar("T")
 def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
+
 EPOCH_BATCH = 500  # stream ids per query of ``epochs`` (SQLite's bound on host parameters is far above)
+
 
 class StreamStore(Protocol):
     def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None: ...
@@ -98,6 +100,10 @@ def _owned(snap: dict[str, Any], epoch: int | None) -> None:
 
 def _write_failed(exc: Exception) -> BackendError:
     return BackendError(f"stream log write failed: {exc}")
+
+
+def _compaction_failed(exc: Exception) -> BackendError:
+    return BackendError(f"stream log compaction failed: {exc}")
 
 
 def _check(snapshot: dict[str, Any] | None, stream_id: str, token: str) -> dict[str, Any]:
@@ -221,28 +227,26 @@ class SQLiteStreamStore:
             try:
                 # the write lock before the choice (serve --workers: another process may resume a silent stream,
                 # refreshing its `updated`, between a choice made outside and the delete: its log was dropped)
-                self._db.execute("BEGIN IMMEDIATE")
-                old = [r[0] for r in self._db.execute("SELECT stream_id FROM stream_snapshot WHERE updated < ?",
-                                                      (cutoff,)).fetchall()]
-                for sid in old:
-                    self._db.execute("DELETE FROM stream_log WHERE stream_id=?", (sid,))
-                    self._db.execute("DELETE FROM stream_snapshot WHERE stream_id=?", (sid,))
-                long = self._db.execute("SELECT stream_id, MAX(seq), COUNT(*) FROM stream_log GROUP BY stream_id "
-                                        "HAVING COUNT(*) > ?", (max_log,)).fetchall()
-                for sid, last, _n in long:
-                    trimmed += self._db.execute("DELETE FROM stream_log WHERE stream_id=? AND seq <= ?",
-                                                (sid, last - max_log)).rowcount
-                    row = self._db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (sid,)).fetchone()
-                    if row is not None:
-                        snap = json.loads(row[0])
-                        snap["log_from"] = last - max_log + 1
-                        self._db.execute("UPDATE stream_snapshot SET body=? WHERE stream_id=?",
-                                         (json.dumps(snap), sid))
-                self._db.execute("COMMIT")
-            except Exception as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise BackendError(f"stream log compaction failed: {exc}") from exc
+                with write_transaction(self._db, busy=_compaction_failed) as db:
+                    old = [r[0] for r in db.execute("SELECT stream_id FROM stream_snapshot WHERE updated < ?",
+                                                    (cutoff,)).fetchall()]
+                    for sid in old:
+                        db.execute("DELETE FROM stream_log WHERE stream_id=?", (sid,))
+                        db.execute("DELETE FROM stream_snapshot WHERE stream_id=?", (sid,))
+                    long = db.execute("SELECT stream_id, MAX(seq), COUNT(*) FROM stream_log GROUP BY stream_id "
+                                      "HAVING COUNT(*) > ?", (max_log,)).fetchall()
+                    for sid, last, _n in long:
+                        trimmed += db.execute("DELETE FROM stream_log WHERE stream_id=? AND seq <= ?",
+                                              (sid, last - max_log)).rowcount
+                        row = db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (sid,)).fetchone()
+                        if row is not None:
+                            snap = json.loads(row[0])
+                            snap["log_from"] = last - max_log + 1
+                            db.execute("UPDATE stream_snapshot SET body=? WHERE stream_id=?", (json.dumps(snap), sid))
+            except BackendError:  # the file locked: _compaction_failed's
+                raise
+            except Exception as exc:  # rolled back (write_transaction)
+                raise _compaction_failed(exc) from exc
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return {"streams_dropped": len(old), "finals_trimmed": trimmed}
 
