@@ -121,8 +121,7 @@ class StreamService:
                 raise PermissionDenied("the per-stream baseline engine is for benchmarks: it needs an admin key")
             assert self.baseline is not None
             return await self.baseline.open({**msg, "engine": "batched"}, who)
-        if self.draining:  # before a resume's claim: a server that will not serve the stream does not take it over
-            raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
+        self._refuse_if_draining()  # before a resume's claim: a server that will not serve it does not take it over
         snapshot: dict[str, Any] | None = None
         last_seq = 0
         if msg.get("resume") is not None:
@@ -135,8 +134,7 @@ class StreamService:
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
             spec.key_id = who.key_id
             spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
-        if self.draining:  # it began while this resume waited on the store
-            raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
+        self._refuse_if_draining()  # it may have begun while this resume waited on the store
         self.quota.take(who.key_id)
         try:
             await self.executor.reserve(self.executor.demand(spec.stream_id, spec.slo, spec.source_lang,
@@ -165,6 +163,10 @@ class StreamService:
             session.abort()
             raise
         return Opened(session, greeting, finished)
+
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
 
     def _vocabulary(self, vid: Any, who: Principal) -> str:
         """A start message's ``vocabulary_id``: the opening key's, taught (404 / 400 otherwise), or ""."""
