@@ -311,6 +311,8 @@ def _model_proc_main(path: str, opts: dict[str, Any], share: int, out: Any, stop
     from lingua_fusion.serving.shard.model_process import ModelServer
 
     args = argparse.Namespace(**opts)
+    if args.switch_interval is not None:  # this process's threads: the event loop and the GPU runners
+        sys.setswitchinterval(args.switch_interval)
     for name in ("asr_self_gb", "asr_cross_gb", "mt_gb"):
         setattr(args, name, getattr(args, name) / share)
     asr_model = whisper(args.asr, args.device, args.dtype)
@@ -721,7 +723,8 @@ def main() -> None:
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="decode steps without CUDA graphs")
     ap.add_argument("--sample-stacks", type=Path, help="write where each thread spent the last stream run here")
     ap.add_argument("--switch-interval", type=float, default=None,
-                    help="sys.setswitchinterval: how long a thread holds Python's lock before handing it over")
+                    help="sys.setswitchinterval (this process and the multi part's model processes): how long a "
+                         "thread holds Python's lock before handing it over")
     ap.add_argument("--profile", type=Path, help="write a torch.profiler table of one decoder step at the largest "
                                                   "decoder batch here")
     ap.add_argument("--decoder-batches", default="1,32,256,1024")
