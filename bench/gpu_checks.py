@@ -11,6 +11,8 @@
 - **MT on the engine** (serving/gpu/torch_mt.py): a Marian of OPUS-MT's size with random weights (built there from
   a seed; a real one cannot travel) decoded by a GpuRunner against ``generate(num_beams=1)`` on the same device and
   dtype, token for token, in float32 and float16; and sentences per second of each at one batch size.
+- **Encoder graphs** (serving/gpu/encoder_graphs.py): Whisper base's encoder from CUDA graphs against the same call
+  operator by operator, shape by shape, and the host time of each per batch.
 """
 
 from __future__ import annotations
@@ -163,6 +165,49 @@ def check_mt(device: str, n: int = 256, max_new: int = 48) -> list[dict[str, Any
     return rows
 
 
+def check_encoder_graphs(device: str) -> dict[str, Any]:
+    """Whisper base's encoder (random weights, float16) replayed from CUDA graphs against the same call launched
+    operator by operator: largest difference per shape (batches off the buckets, past the largest bucket, widths
+    from 1 to 30 s), then host and wall time per batch of 64 windows of 10 s."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_streams import asr_encoder_graphs, whisper
+
+    from lingua_fusion.serving.gpu.recipes import hf_whisper_encoder
+
+    dtype = torch.float16
+    model = whisper("base", device, dtype)
+    eager = hf_whisper_encoder(model)
+    t = time.perf_counter()
+    graphed = asr_encoder_graphs(eager, device, dtype)
+    capture_s = time.perf_counter() - t
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows, worst = [], 0.0
+    with torch.inference_mode():
+        for n, seconds in [(1, 1), (3, 7), (64, 10), (77, 30), (128, 2), (200, 5)]:
+            mel = torch.randn(n, 80, seconds * 100, generator=gen, device=device).to(dtype)
+            a, b = eager(mel), graphed(mel)
+            first = b.clone()
+            graphed(torch.randn_like(mel))  # a later call must not change what the first returned
+            diff = float((a.float() - b.float()).abs().max())
+            worst = max(worst, diff)
+            rows.append({"batch": n, "seconds": seconds, "max_abs_diff": diff, "kept": torch.equal(b, first)})
+        mel = torch.randn(64, 80, 1000, generator=gen, device=device).to(dtype)
+        timing = {}
+        for name, fn in (("eager", eager), ("graphs", graphed)):
+            for _ in range(3):
+                fn(mel)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                fn(mel)
+            host = (time.perf_counter() - t) / 20
+            torch.cuda.synchronize()
+            timing[name] = {"host_ms_per_batch": round(host * 1000, 3),
+                            "wall_ms_per_batch": round((time.perf_counter() - t) / 20 * 1000, 3)}
+    return {"shapes": rows, "max_abs_diff": worst, "capture_s": round(capture_s, 1), "graphs": graphed.captured,
+            "eager_calls_past_largest_bucket": graphed.eager, "batch64_10s": timing}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -182,6 +227,8 @@ def main() -> None:
     report["silero_vad"] = check_vad(args.folder, args.device)
     print("vad " + json.dumps(report["silero_vad"]), flush=True)
     report["mt_engine"] = check_mt(args.device, args.sentences)
+    report["encoder_graphs"] = check_encoder_graphs(args.device)
+    print("encoder graphs " + json.dumps(report["encoder_graphs"]), flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
 

@@ -40,13 +40,19 @@ from lingua_fusion.config import Settings  # noqa: E402
 from lingua_fusion.serving.executor import Executor  # noqa: E402
 from lingua_fusion.serving.gpu.models import HFWhisperDecoder, MarianDecoder  # noqa: E402
 from lingua_fusion.serving.gpu.paged import PagedKV  # noqa: E402
-from lingua_fusion.serving.gpu.recipes import Seq2SeqTextRecipe, WhisperRecipe, hf_whisper_encoder  # noqa: E402
+from lingua_fusion.serving.gpu.recipes import (  # noqa: E402
+    MEL_FRAMES_PER_S,
+    Seq2SeqTextRecipe,
+    WhisperRecipe,
+    hf_whisper_encoder,
+)
 from lingua_fusion.serving.gpu.runner import GpuRunner  # noqa: E402
 from lingua_fusion.serving.gpu.vad import energy_vad  # noqa: E402
 
 SR = 16000
 IDS = {"pad_token_id": 50256, "bos_token_id": 50257, "eos_token_id": 50256, "decoder_start_token_id": 50257}
 SOT = [50258, 50259, 50359, 50363]  # start, language, transcribe, no timestamps
+ENCODER_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]  # up to GpuRunner's encode_batch
 ASR_SIZES = {"tiny": (384, 4, 6), "base": (512, 6, 8), "small": (768, 12, 12)}
 
 
@@ -81,7 +87,11 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
     dev, dtype = args.device, args.dtype
     logmel = LogMel(80).to(dev)
     vocab = mt_model.config.vocab_size
-    asr_recipe = WhisperRecipe(HFWhisperDecoder(asr_model), encode=hf_whisper_encoder(asr_model),
+    graphs = args.graphs and args.kernel != "torch" and dev.startswith("cuda")
+    encode = hf_whisper_encoder(asr_model)
+    if graphs and args.encoder_graphs and not baseline:  # one launch per encoder batch (serving/gpu/encoder_graphs)
+        encode = asr_encoder_graphs(encode, dev, dtype)
+    asr_recipe = WhisperRecipe(HFWhisperDecoder(asr_model), encode=encode,
                                mel=lambda a: logmel(a[None])[0], prompt=lambda _p: SOT, text=words,
                                mels=logmel.ragged if dev.startswith("cuda") else None,  # bench/mel_batch.py: why
                                stop=frozenset({50257}), device=dev, dtype=dtype, tokens_per_s=3.0, max_tokens=96,
@@ -97,11 +107,20 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
                           kernel=args.kernel, **asr_sizes),
                 GpuRunner(mt_recipe, max_batch=1, encode_batch=1, name="mt-base", dtype=dtype, device=dev,
                           kernel=args.kernel, **mt_sizes))
-    graphs = args.graphs and args.kernel != "torch" and dev.startswith("cuda")
     return (GpuRunner(asr_recipe, max_batch=args.max_batch, name="asr", dtype=dtype, device=dev, kernel=args.kernel,
                       graphs=graphs, **asr_sizes),
             GpuRunner(mt_recipe, max_batch=args.max_batch, name="mt", dtype=dtype, device=dev, kernel=args.kernel,
                       graphs=graphs, **mt_sizes))
+
+
+def asr_encoder_graphs(encode: Any, dev: str, dtype: torch.dtype) -> Any:
+    """``encode`` replayed from CUDA graphs, every shape the recipe makes (1 s widths up to 30 s, batch buckets up to
+    the runner's encoder batch of 128) captured now, before serving."""
+    from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs
+
+    graphs = EncoderGraphs(encode, ENCODER_BATCHES, dev)
+    graphs.capture([[((80, s * MEL_FRAMES_PER_S), dtype)] for s in range(1, 31)])
+    return graphs
 
 
 def pools(decoder: Any, self_gb: float, cross_gb: float, dtype: torch.dtype) -> dict[str, int]:
@@ -721,6 +740,8 @@ def main() -> None:
     ap.add_argument("--mt-gb", type=float, default=6.0)
     ap.add_argument("--kernel", default="auto", help="paged attention: auto (Triton on CUDA), triton or torch")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="decode steps without CUDA graphs")
+    ap.add_argument("--no-encoder-graphs", dest="encoder_graphs", action="store_false",
+                    help="the ASR encoder without CUDA graphs (its operators launched one by one)")
     ap.add_argument("--sample-stacks", type=Path, help="write where each thread spent the last stream run here")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (this process and the multi part's model processes): how long a "
@@ -778,6 +799,7 @@ def main() -> None:
         if not report["kernel_check"]["agree"]:
             args.kernel = "torch"  # never measure a kernel that gives other answers
     report["kernel"], report["cuda_graphs"] = args.kernel, args.graphs and args.device.startswith("cuda")
+    report["asr_encoder_graphs"] = report["cuda_graphs"] and args.kernel != "torch" and args.encoder_graphs
     args.json.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every part, so a run cut short by its time limit still leaves what it measured

@@ -1,0 +1,84 @@
+"""serving/gpu/encoder_graphs.py: an encoder replayed per (batch bucket, shape) gives what the plain call gives.
+
+On the CPU the object runs the encoder on its padded shared buffers at every call (no graph), so these tests check
+the bucketing, the padding rows, the shared buffers and the copies out; the CUDA test (and bench/gpu_checks.py on the
+H200) checks the graphs themselves.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from gpu_models import hf_whisper
+
+from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, bucket
+from lingua_fusion.serving.gpu.recipes import hf_whisper_encoder
+
+BATCHES = [1, 2, 4, 8]
+
+
+def mels(n: int, frames: int, seed: int, device: str = "cpu") -> torch.Tensor:
+    return torch.randn(n, 8, frames, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def test_bucket_is_the_smallest_that_holds_the_batch() -> None:
+    assert [bucket(n, BATCHES) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert bucket(9, BATCHES) is None
+
+
+def test_padded_buckets_give_each_row_what_the_plain_call_gives() -> None:
+    encode = hf_whisper_encoder(hf_whisper())
+    graphs = EncoderGraphs(encode, BATCHES, "cpu")
+    with torch.inference_mode():
+        for n, frames, seed in [(8, 300, 0), (3, 300, 1), (5, 100, 2), (1, 300, 3), (11, 200, 4)]:
+            x = mels(n, frames, seed)  # 3 after 8: row 3 of bucket 4 still holds the first call's row 3
+            assert torch.allclose(graphs(x), encode(x), atol=1e-5), (n, frames)
+    # one graph per (bucket, shape): 8x300, 4x300, 8x100, 1x300; 11 rows are past the largest bucket: the plain call
+    assert (graphs.captured, graphs.eager, graphs.replays) == (4, 1, 4)
+    with torch.inference_mode():
+        graphs(mels(4, 300, 5))
+    assert graphs.captured == 4  # the same bucket and shape again: no new graph
+
+
+def test_a_result_is_not_overwritten_by_the_next_call() -> None:
+    encode = hf_whisper_encoder(hf_whisper())
+    graphs = EncoderGraphs(encode, BATCHES, "cpu")
+    with torch.inference_mode():
+        a = graphs(mels(4, 200, 0))
+        graphs(mels(4, 200, 1))  # same graph, same output buffer
+        assert torch.allclose(a, encode(mels(4, 200, 0)), atol=1e-5)
+
+
+def test_calls_come_from_one_thread() -> None:
+    graphs = EncoderGraphs(hf_whisper_encoder(hf_whisper()), BATCHES, "cpu")
+    with torch.inference_mode():
+        graphs(mels(2, 100, 0))
+    failed: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            with torch.inference_mode():
+                graphs(mels(2, 100, 1))
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(timeout=30)
+    assert len(failed) == 1 and "one thread" in str(failed[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="CUDA graphs need a CUDA device; bench/gpu_checks.py runs this check on the H200")
+def test_cuda_graphs_equal_the_plain_call() -> None:
+    model = hf_whisper().cuda()
+    encode = hf_whisper_encoder(model)
+    graphs = EncoderGraphs(encode, BATCHES, "cuda")
+    graphs.capture([[((8, 300), torch.float32)]])
+    with torch.inference_mode():
+        for n in (1, 3, 8):
+            x = mels(n, 300, n, "cuda")
+            assert torch.allclose(graphs(x), encode(x), atol=1e-4)
+    assert graphs.captured == len(BATCHES)
