@@ -45,6 +45,7 @@ from lingua_fusion.serving.gpu.recipes import (  # noqa: E402
     Seq2SeqTextRecipe,
     WhisperRecipe,
     hf_whisper_encoder,
+    marian_encoder,
 )
 from lingua_fusion.serving.gpu.runner import GpuRunner  # noqa: E402
 from lingua_fusion.serving.gpu.vad import energy_vad  # noqa: E402
@@ -53,6 +54,7 @@ SR = 16000
 IDS = {"pad_token_id": 50256, "bos_token_id": 50257, "eos_token_id": 50256, "decoder_start_token_id": 50257}
 SOT = [50258, 50259, 50359, 50363]  # start, language, transcribe, no timestamps
 ENCODER_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]  # up to GpuRunner's encode_batch
+MT_MAX_TOKENS = 96
 ASR_SIZES = {"tiny": (384, 4, 6), "base": (512, 6, 8), "small": (768, 12, 12)}
 
 
@@ -99,7 +101,9 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
     mt_recipe = Seq2SeqTextRecipe(mt_model, MarianDecoder(mt_model),
                                   tokenize=lambda s: [hash(w) % (vocab - 2) + 1 for w in s.split()],
                                   detokenize=words, start=vocab - 1, stop=frozenset({0}), pad=vocab - 1, device=dev,
-                                  length_ratio=1.0, max_tokens=96)
+                                  length_ratio=1.0, max_tokens=MT_MAX_TOKENS,
+                                  padded_encode=mt_encoder_graphs(mt_model, dev)
+                                  if graphs and args.encoder_graphs and not baseline else None)
     asr_sizes = pools(asr_recipe.decoder, args.asr_self_gb, args.asr_cross_gb, dtype)
     mt_sizes = pools(mt_recipe.decoder, args.mt_gb / 2, args.mt_gb / 2, dtype)
     if baseline:  # one stream's work at a time: no batch in the encoder or the decoder
@@ -120,6 +124,16 @@ def asr_encoder_graphs(encode: Any, dev: str, dtype: torch.dtype) -> Any:
 
     graphs = EncoderGraphs(encode, ENCODER_BATCHES, dev)
     graphs.capture([[((80, s * MEL_FRAMES_PER_S), dtype)] for s in range(1, 31)])
+    return graphs
+
+
+def mt_encoder_graphs(model: Any, dev: str) -> Any:
+    """Marian's encoder (``marian_encoder``: the mask always passed) replayed from CUDA graphs, every width the
+    recipe makes (multiples of 8 tokens up to 96) and batch bucket captured now, before serving."""
+    from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs
+
+    graphs = EncoderGraphs(marian_encoder(model), ENCODER_BATCHES, dev)
+    graphs.capture([[((w,), torch.long), ((w,), torch.long)] for w in range(8, MT_MAX_TOKENS + 1, 8)])
     return graphs
 
 
@@ -741,7 +755,7 @@ def main() -> None:
     ap.add_argument("--kernel", default="auto", help="paged attention: auto (Triton on CUDA), triton or torch")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="decode steps without CUDA graphs")
     ap.add_argument("--no-encoder-graphs", dest="encoder_graphs", action="store_false",
-                    help="the ASR encoder without CUDA graphs (its operators launched one by one)")
+                    help="the ASR and MT encoders without CUDA graphs (their operators launched one by one)")
     ap.add_argument("--sample-stacks", type=Path, help="write where each thread spent the last stream run here")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (this process and the multi part's model processes): how long a "
@@ -799,7 +813,7 @@ def main() -> None:
         if not report["kernel_check"]["agree"]:
             args.kernel = "torch"  # never measure a kernel that gives other answers
     report["kernel"], report["cuda_graphs"] = args.kernel, args.graphs and args.device.startswith("cuda")
-    report["asr_encoder_graphs"] = report["cuda_graphs"] and args.kernel != "torch" and args.encoder_graphs
+    report["encoder_graphs"] = report["cuda_graphs"] and args.kernel != "torch" and args.encoder_graphs
     args.json.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every part, so a run cut short by its time limit still leaves what it measured

@@ -11,10 +11,12 @@ import threading
 
 import pytest
 import torch
-from gpu_models import hf_whisper
+from gpu_models import hf_marian, hf_whisper
 
 from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, bucket
-from lingua_fusion.serving.gpu.recipes import hf_whisper_encoder
+from lingua_fusion.serving.gpu.models import MarianDecoder
+from lingua_fusion.serving.gpu.recipes import Seq2SeqTextRecipe, hf_whisper_encoder, marian_encoder
+from lingua_fusion.serving.ports import MtInput
 
 BATCHES = [1, 2, 4, 8]
 
@@ -49,6 +51,26 @@ def test_a_result_is_not_overwritten_by_the_next_call() -> None:
         a = graphs(mels(4, 200, 0))
         graphs(mels(4, 200, 1))  # same graph, same output buffer
         assert torch.allclose(a, encode(mels(4, 200, 0)), atol=1e-5)
+
+
+def test_marian_on_padded_graph_buckets_equals_hugging_face_per_sentence() -> None:
+    """The MT recipe with ``marian_encoder`` through EncoderGraphs (ids padded to 8 tokens, the batch to a bucket,
+    the mask always passed) gives each sentence the encoder output Hugging Face's encoder gives the batch."""
+    model = hf_marian()
+    graphs = EncoderGraphs(marian_encoder(model), BATCHES, "cpu")
+
+    def recipe(padded: EncoderGraphs | None) -> Seq2SeqTextRecipe:
+        return Seq2SeqTextRecipe(model, MarianDecoder(model), tokenize=lambda s: [4 + len(w) % 90 for w in s.split()],
+                                 detokenize=str, start=2, stop=frozenset({0}), pad=1, device="cpu",
+                                 padded_encode=padded)
+
+    plain, graphed = recipe(None), recipe(graphs)
+    for texts in (["a bb ccc dddd eeeee", "ff g", "h"], ["one two three"] * 4, ["x " * 30, "y"]):
+        items = [MtInput(t) for t in texts]
+        for got, want in zip(graphed.encode(items), plain.encode(items), strict=True):
+            assert got.shape == want.shape
+            assert torch.allclose(got, want, atol=1e-5)
+    assert graphs.replays == 3 and graphs.captured == 2  # 3 and 4 rows, 8 wide: one graph (bucket 4); 2 x 32
 
 
 def test_calls_come_from_one_thread() -> None:

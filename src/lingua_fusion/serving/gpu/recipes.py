@@ -48,17 +48,42 @@ def hf_whisper_encoder(model: Any) -> Callable[[torch.Tensor], torch.Tensor]:
 def encoder_outputs(encoder: Any, ids: list[list[int]], pad: int, device: torch.device) -> list[torch.Tensor]:
     """A Hugging Face text encoder on a padded batch of token ids (padding masked): each row's output
     [len(ids[i]), d_model], as ``generate`` computes it for the same batch."""
-    width = max(len(i) for i in ids)
-    batch = torch.full((len(ids), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for row, seq in enumerate(ids):
-        batch[row, : len(seq)] = torch.tensor(seq)
-        mask[row, : len(seq)] = 1
+    batch, mask = padded_ids(ids, pad)
+    width = batch.shape[1]
     # no padding: no mask (what the encoder would decide itself, after reading the mask back from the device)
     padded = mask.to(device) if any(len(seq) < width for seq in ids) else None
     with torch.inference_mode():
         hidden = device_only(encoder)(input_ids=batch.to(device), attention_mask=padded).last_hidden_state
     return [hidden[i, : len(seq)] for i, seq in enumerate(ids)]
+
+
+def marian_encoder(model: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Hugging Face Marian's encoder on ids [batch, width] and their mask (1 = token, 0 = padding), with no read of
+    the device on the host, so one CUDA graph can hold it: the mask is always passed, as the [batch, 1, width,
+    width] boolean mask Hugging Face builds for a padded batch (for an unpadded one it passes none: the same
+    attention, other kernels), and the layers keep their float16 guard on the device (``device_only``)."""
+    enc = device_only(model.model.encoder)
+
+    def encode(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        n, width = ids.shape
+        x = enc.embed_tokens(ids) * enc.embed_scale + enc.embed_positions.weight[:width]
+        attend = mask.bool()[:, None, None, :].expand(n, 1, width, width)
+        for layer in enc.layers:
+            x = layer(x, attend)
+        return x
+
+    return encode
+
+
+def padded_ids(ids: list[list[int]], pad: int, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [batch, width] padded with ``pad`` to the longest rounded up to ``multiple``, and the mask."""
+    width = -(-max(len(i) for i in ids) // multiple) * multiple
+    batch = torch.full((len(ids), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, seq in enumerate(ids):
+        batch[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+    return batch, mask
 
 
 class WhisperRecipe:
@@ -110,8 +135,13 @@ class Seq2SeqTextRecipe:
 
     def __init__(self, model: Any, decoder: DecoderModel, *, tokenize: Callable[[str], list[int]],
                  detokenize: Callable[[list[int]], str], start: int, stop: frozenset[int], pad: int,
-                 device: torch.device | str, length_ratio: float | None = None, max_tokens: int = 256) -> None:
+                 device: torch.device | str, length_ratio: float | None = None, max_tokens: int = 256,
+                 padded_encode: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 width_multiple: int = 8) -> None:
         self.model, self.decoder, self.stop = model, decoder, stop
+        # ``marian_encoder``'s call (or CUDA graphs of it, serving/gpu/encoder_graphs.py) on ids padded to a
+        # multiple of ``width_multiple`` tokens, instead of Hugging Face's encoder through ``encoder_outputs``
+        self._padded_encode, self._width_multiple = padded_encode, width_multiple
         self._tok, self._detok, self._start, self._pad = tokenize, detokenize, start, pad
         self.device = torch.device(device)
         self.length_ratio = length_ratio  # random weights never say end-of-sentence: cap at the source length
@@ -119,7 +149,12 @@ class Seq2SeqTextRecipe:
 
     def encode(self, payloads: list[MtInput]) -> list[torch.Tensor]:
         ids = [self._tok(p.text)[: self.max_tokens] or [self._pad] for p in payloads]
-        return encoder_outputs(self.model.model.encoder, ids, self._pad, self.device)
+        if self._padded_encode is None:
+            return encoder_outputs(self.model.model.encoder, ids, self._pad, self.device)
+        batch, mask = padded_ids(ids, self._pad, self._width_multiple)
+        with torch.inference_mode():
+            hidden = self._padded_encode(batch.to(self.device), mask.to(self.device))
+        return [hidden[i, : len(seq)] for i, seq in enumerate(ids)]
 
     def prompt(self, payload: MtInput) -> list[int]:
         return [self._start]
