@@ -165,17 +165,16 @@ def check_mt(device: str, n: int = 256, max_new: int = 48) -> list[dict[str, Any
     return rows
 
 
-def check_encoder_graphs(device: str) -> dict[str, Any]:
+def check_encoder_graphs(device: str, dtype: torch.dtype = torch.float16, size: str = "base") -> dict[str, Any]:
     """Whisper base's encoder (random weights, float16) replayed from CUDA graphs against the same call launched
     operator by operator: largest difference per shape (batches off the buckets, past the largest bucket, widths
-    from 1 to 30 s), then host and wall time per batch of 64 windows of 10 s."""
+    from 1 to 30 s), then host and wall time per batch of 64 windows of 10 s; then the same for Marian's."""
     sys.path.insert(0, str(ROOT / "bench"))
     from gpu_streams import asr_encoder_graphs, whisper
 
     from lingua_fusion.serving.gpu.recipes import hf_whisper_encoder
 
-    dtype = torch.float16
-    model = whisper("base", device, dtype)
+    model = whisper(size, device, dtype)
     eager = hf_whisper_encoder(model)
     t = time.perf_counter()
     graphed = asr_encoder_graphs(eager, device, dtype)
@@ -204,8 +203,52 @@ def check_encoder_graphs(device: str) -> dict[str, Any]:
             torch.cuda.synchronize()
             timing[name] = {"host_ms_per_batch": round(host * 1000, 3),
                             "wall_ms_per_batch": round((time.perf_counter() - t) / 20 * 1000, 3)}
-    return {"shapes": rows, "max_abs_diff": worst, "capture_s": round(capture_s, 1), "graphs": graphed.captured,
-            "eager_calls_past_largest_bucket": graphed.eager, "batch64_10s": timing}
+    return {"asr": {"shapes": rows, "max_abs_diff": worst, "capture_s": round(capture_s, 1),
+                    "graphs": graphed.captured, "eager_calls_past_largest_bucket": graphed.eager,
+                    "batch64_10s": timing},
+            "mt": check_mt_encoder_graphs(device, dtype)}
+
+
+def check_mt_encoder_graphs(device: str, dtype: torch.dtype) -> dict[str, Any]:
+    """Marian (OPUS-MT size, random weights) through ``marian_encoder`` on CUDA graphs against Hugging Face's
+    encoder (``encoder_outputs``), sentence by sentence, and the host time of each per batch of 64 sentences."""
+    from gpu_streams import mt_encoder_graphs
+
+    from lingua_fusion.serving.gpu.recipes import encoder_outputs, padded_ids
+
+    model = marian(0, device, dtype)
+    t = time.perf_counter()
+    graphed = mt_encoder_graphs(model, device)
+    capture_s = time.perf_counter() - t
+    rng = np.random.default_rng(0)
+    batches = [[list(map(int, rng.integers(1, 58000, size=int(n)))) for n in rng.integers(1, 96, size=b)]
+               for b in (1, 3, 64, 128, 200)]
+    dev = torch.device(device)
+    worst = 0.0
+    with torch.inference_mode():
+        for ids in batches:
+            want = encoder_outputs(model.model.encoder, ids, 58100, dev)
+            batch, mask = padded_ids(ids, 58100, 8)
+            got = graphed(batch.to(dev), mask.to(dev))
+            worst = max(worst, max(float((got[i, : len(s)].float() - w.float()).abs().max())
+                                   for i, (s, w) in enumerate(zip(ids, want, strict=True))))
+        ids = batches[2]
+        batch, mask = padded_ids(ids, 58100, 8)
+        timing = {}
+        for name, fn in (("hugging_face", lambda: encoder_outputs(model.model.encoder, ids, 58100, dev)),
+                         ("graphs", lambda: graphed(batch.to(dev), mask.to(dev)))):
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                fn()
+            host = (time.perf_counter() - t) / 20
+            torch.cuda.synchronize()
+            timing[name] = {"host_ms_per_batch": round(host * 1000, 3),
+                            "wall_ms_per_batch": round((time.perf_counter() - t) / 20 * 1000, 3)}
+    return {"max_abs_diff": worst, "capture_s": round(capture_s, 1), "graphs": graphed.captured,
+            "eager_calls_past_largest_bucket": graphed.eager, "batch64": timing}
 
 
 def main() -> None:
