@@ -104,3 +104,19 @@ def test_cuda_graphs_equal_the_plain_call() -> None:
             x = mels(n, 300, n, "cuda")
             assert torch.allclose(graphs(x), encode(x), atol=1e-4)
     assert graphs.captured == len(BATCHES)
+
+
+def test_capture_ahead_allocates_the_shared_buffers_once() -> None:
+    """Captured ahead, largest first: every graph's buffers are views of the same storage, and calls after it
+    capture nothing."""
+    encode = hf_whisper_encoder(hf_whisper())
+    graphs = EncoderGraphs(encode, BATCHES, "cpu")
+    graphs.capture([[((8, w), torch.float32)] for w in (100, 300, 200)])
+    assert graphs.captured == 3 * len(BATCHES)
+    bases = {g.inputs[0].untyped_storage().data_ptr() for g in graphs._graphs.values()}
+    assert len(bases) == 1
+    with torch.inference_mode():
+        for n, w in [(3, 200), (8, 100), (1, 300)]:
+            x = mels(n, w, n)
+            assert torch.allclose(graphs(x), encode(x), atol=1e-5)
+    assert graphs.captured == 3 * len(BATCHES)

@@ -22,6 +22,7 @@ the bucketing, padding and copies that way; bench/gpu_checks.py checks the graph
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,9 +55,7 @@ class _Buffers:
         self._flat: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
     def view(self, slot: int, shape: Shape, dtype: torch.dtype) -> torch.Tensor:
-        need = 1
-        for d in shape:
-            need *= d
+        need = math.prod(shape)
         flat = self._flat.get((slot, dtype))
         if flat is None or flat.numel() < need:
             flat = torch.zeros(max(need, 2 * (flat.numel() if flat is not None else 0)), dtype=dtype,
@@ -94,9 +93,12 @@ class EncoderGraphs:
 
     def capture(self, tails: list[list[tuple[Shape, torch.dtype]]]) -> None:
         """Capture ahead, before serving: for each input signature (each input's shape past the batch and dtype),
-        a graph per batch bucket."""
-        for tail in tails:
-            for size in self.batches:
+        a graph per batch bucket. The largest first, so the shared buffers and pool are allocated once."""
+        def numel(tail: list[tuple[Shape, torch.dtype]]) -> int:
+            return sum(math.prod(shape) for shape, _ in tail)
+
+        for tail in sorted(tails, key=numel, reverse=True):
+            for size in reversed(self.batches):
                 if (size, tuple(tail)) not in self._graphs:
                     self._capture(size, tail)
 
