@@ -165,6 +165,23 @@ def check_mt(device: str, n: int = 256, max_new: int = 48) -> list[dict[str, Any
     return rows
 
 
+def time_calls(calls: dict[str, Any], rounds: int = 20) -> dict[str, dict[str, float]]:
+    """Per call after 3 warm-up calls: the host's time to issue it, and the time until the GPU has run it."""
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(rounds):
+            fn()
+        host = (time.perf_counter() - t) / rounds
+        torch.cuda.synchronize()
+        out[name] = {"host_ms_per_batch": round(host * 1000, 3),
+                     "wall_ms_per_batch": round((time.perf_counter() - t) / rounds * 1000, 3)}
+    return out
+
+
 def check_encoder_graphs(device: str, dtype: torch.dtype = torch.float16, size: str = "base") -> dict[str, Any]:
     """Whisper base's encoder (random weights, float16) replayed from CUDA graphs against the same call launched
     operator by operator: largest difference per shape (batches off the buckets, past the largest bucket, widths
@@ -191,18 +208,7 @@ def check_encoder_graphs(device: str, dtype: torch.dtype = torch.float16, size: 
             worst = max(worst, diff)
             rows.append({"batch": n, "seconds": seconds, "max_abs_diff": diff, "kept": torch.equal(b, first)})
         mel = torch.randn(64, 80, 1000, generator=gen, device=device).to(dtype)
-        timing = {}
-        for name, fn in (("eager", eager), ("graphs", graphed)):
-            for _ in range(3):
-                fn(mel)
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(20):
-                fn(mel)
-            host = (time.perf_counter() - t) / 20
-            torch.cuda.synchronize()
-            timing[name] = {"host_ms_per_batch": round(host * 1000, 3),
-                            "wall_ms_per_batch": round((time.perf_counter() - t) / 20 * 1000, 3)}
+        timing = time_calls({"eager": lambda: eager(mel), "graphs": lambda: graphed(mel)})
     return {"asr": {"shapes": rows, "max_abs_diff": worst, "capture_s": round(capture_s, 1),
                     "graphs": graphed.captured, "eager_calls_past_largest_bucket": graphed.eager,
                     "batch64_10s": timing},
@@ -234,19 +240,8 @@ def check_mt_encoder_graphs(device: str, dtype: torch.dtype) -> dict[str, Any]:
                                    for i, (s, w) in enumerate(zip(ids, want, strict=True))))
         ids = batches[2]
         batch, mask = padded_ids(ids, 58100, 8)
-        timing = {}
-        for name, fn in (("hugging_face", lambda: encoder_outputs(model.model.encoder, ids, 58100, dev)),
-                         ("graphs", lambda: graphed(batch.to(dev), mask.to(dev)))):
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(20):
-                fn()
-            host = (time.perf_counter() - t) / 20
-            torch.cuda.synchronize()
-            timing[name] = {"host_ms_per_batch": round(host * 1000, 3),
-                            "wall_ms_per_batch": round((time.perf_counter() - t) / 20 * 1000, 3)}
+        timing = time_calls({"hugging_face": lambda: encoder_outputs(model.model.encoder, ids, 58100, dev),
+                             "graphs": lambda: graphed(batch.to(dev), mask.to(dev))})
     return {"max_abs_diff": worst, "capture_s": round(capture_s, 1), "graphs": graphed.captured,
             "eager_calls_past_largest_bucket": graphed.eager, "batch64": timing}
 
