@@ -324,11 +324,39 @@ async def test_in_process_listener_tokens_expire_a_day_after_the_rooms_last_writ
     now[0] += 101
     assert not await directory.token_ok(room.room_id, digest(token))
     assert not await directory.token_ok(room.room_id, digest(second))
+    await directory.save(room)  # the record had expired too; written again, it is back, its old tokens are not
+    assert not await directory.token_ok(room.room_id, digest(token))
     assert await rooms.mint(room.room_id, "key_owner")  # the expired ones no longer count against the cap
     await rooms.create("key_owner", "en")
     now[0] += 101
     await rooms.create("key_owner", "en")  # a new room sweeps every room's expired tokens
     assert room.room_id not in directory._tokens
+    await rooms.close()
+
+
+async def test_in_process_room_records_expire_a_day_after_the_last_save_as_on_redis() -> None:
+    """A long-running server without Redis forgets rooms nobody wrote for ``ttl_s``, as Redis does, instead of
+    keeping every room it ever made."""
+    now = [1000.0]
+    directory = LocalRoomDirectory(ttl_s=100.0, clock=lambda: now[0])
+    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False)
+    room, _ = await rooms.create("key_owner", "en")
+    room.stream_id = "s_1"
+    now[0] += 90
+    await directory.save(room)  # a save pushes the record's expiry on
+    now[0] += 90
+    assert (await directory.get(room.room_id)) is not None
+    assert [r.room_id for r in await directory.rooms_of("key_owner")] == [room.room_id]
+    assert await directory.room_of_stream("s_1") == room.room_id
+    now[0] += 11
+    assert await directory.rooms_of("key_owner") == []
+    assert await directory.room_of_stream("s_1") is None
+    assert await directory.get(room.room_id) is None
+    other, _ = await rooms.create("key_owner", "en")
+    now[0] += 101
+    await directory.listen(other.room_id, "gw", {"es": 1}, until=now[0] + 5)
+    await rooms.create("key_owner", "en")  # a new room drops every expired record, and its presence
+    assert other.room_id not in directory._rooms and other.room_id not in directory._presence
     await rooms.close()
 
 

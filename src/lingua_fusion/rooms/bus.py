@@ -6,6 +6,8 @@ in publish order). ``RoomDirectory`` keeps the rooms' records, their listener-to
 which language (presence entries that expire unless refreshed, so a gateway that dies stops counting).
 A room holds at most ``max_tokens`` listener-token digests (``add_token`` returns False past it: the caller
 refuses), and they expire ``ttl_s`` after the room's last write (create, save, a new token), on both backends.
+A room's record expires ``ttl_s`` after its last create or save, on both backends (in-process, an expired record
+reads as absent and the next ``create`` drops every expired record with its presence).
 
 Both are selected like the stream log: Redis (``redis_bus.py``) when ``state.redis_url`` is set, so every gateway
 sharing that Redis sees every room; these in-process ones otherwise.
@@ -168,6 +170,7 @@ class LocalRoomDirectory:
         self.ttl_s = ttl_s
         self.clock = clock
         self._rooms: dict[str, Room] = {}
+        self._room_expires: dict[str, float] = {}  # on ``clock``: ttl_s after the record's last create or save
         self._tokens: dict[str, _Tokens] = {}
         self._presence: dict[str, dict[str, tuple[dict[str, int], float]]] = {}
 
@@ -188,22 +191,40 @@ class LocalRoomDirectory:
         now = self.clock()
         for rid in [r for r, t in self._tokens.items() if t.expires <= now]:  # every room's, once per new room
             del self._tokens[rid]
-        self._rooms[room.room_id] = Room.from_dict(room.to_dict())
+        for rid in [r for r, until in self._room_expires.items() if until <= now]:
+            self._drop_record(rid)
+        self._put(room)
         self._tokens[room.room_id] = _Tokens({token_digest}, now + self.ttl_s)
+
+    def _put(self, room: Room) -> None:
+        self._rooms[room.room_id] = Room.from_dict(room.to_dict())
+        self._room_expires[room.room_id] = self.clock() + self.ttl_s
+
+    def _drop_record(self, room_id: str) -> None:
+        self._rooms.pop(room_id, None)
+        self._room_expires.pop(room_id, None)
+        self._presence.pop(room_id, None)
+
+    def _live_rooms(self) -> list[Room]:
+        now = self.clock()
+        return [r for rid, r in self._rooms.items() if self._room_expires.get(rid, now) > now]
 
     async def get(self, room_id: str) -> Room | None:
         room = self._rooms.get(room_id)
+        if room is not None and self._room_expires.get(room_id, 0.0) <= self.clock():
+            self._drop_record(room_id)  # as Redis drops an expired key
+            return None
         return Room.from_dict(room.to_dict()) if room is not None else None  # a copy, as Redis would give
 
     async def save(self, room: Room) -> None:
-        self._rooms[room.room_id] = Room.from_dict(room.to_dict())
+        self._put(room)
         self._touch(room.room_id)
 
     async def rooms_of(self, owner: str) -> list[Room]:
-        return [Room.from_dict(r.to_dict()) for r in self._rooms.values() if r.owner == owner]
+        return [Room.from_dict(r.to_dict()) for r in self._live_rooms() if r.owner == owner]
 
     async def room_of_stream(self, stream_id: str) -> str | None:
-        return next((r.room_id for r in self._rooms.values() if r.stream_id == stream_id), None)
+        return next((r.room_id for r in self._live_rooms() if r.stream_id == stream_id), None)
 
     async def add_token(self, room_id: str, token_digest: str) -> bool:
         tokens = self._live_tokens(room_id)
