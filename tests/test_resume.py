@@ -259,6 +259,8 @@ async def test_text_sent_around_a_kill_is_translated_exactly_once(tmp_path: Path
     finals: list[dict[str, Any]] = []
     try:
         s = MultimodalTranslator(base_url=url).stream(["es"], partials=False, slo="batch", inputs=["text"])
+        breaks: list[int] = []  # reconnections done when each break was announced
+        s.on_break = lambda st: breaks.append(st.reconnects)
         async with s:
             async def send() -> None:
                 nonlocal server
@@ -281,6 +283,7 @@ async def test_text_sent_around_a_kill_is_translated_exactly_once(tmp_path: Path
                     finals.append(ev.model_dump())
             await sender
             assert s.reconnects >= 2
+            assert breaks == list(range(s.reconnects))  # each break announced once, before its reconnection
             assert s.duplicates_dropped == 0  # the server re-sent no final this client had (exactly once)
     finally:
         stop_server(server)

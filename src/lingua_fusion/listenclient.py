@@ -14,7 +14,10 @@ def listen_room(room_id: str, *, token: str, targets: list[str], after_seq: int,
     norm = [langs.normalize(t, field="--to") for t in targets]
     client = MultimodalTranslator(base_url=url)
     try:
-        for ev in client.listen(room_id, token=token, targets=norm, after_seq=after_seq):
+        def on_break(seconds: float) -> None:
+            console.print(f"connection lost; reconnecting (for up to {seconds:g} s)", markup=False, style="yellow")
+
+        for ev in client.listen(room_id, token=token, targets=norm, after_seq=after_seq, on_break=on_break):
             data = ev.model_dump(exclude_none=True)
             print_event(ev.type, data, norm, as_json=as_json, console=console)
             if ev.type == "closed" and not as_json:

@@ -96,8 +96,10 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     stream = client.stream(targets, source_lang=source_lang, slo=slo, partials=partials,
                            **({"room": True} if room else {}))
     if hasattr(stream, "on_reconnect"):
+        stream.on_break = lambda st: console.print(
+            f"connection lost; reconnecting (for up to {st.reconnect_timeout:g} s)", markup=False, style="yellow")
         stream.on_reconnect = lambda st: console.print(
-            f"connection lost; reconnected and resumed after caption {st.last_seq}", markup=False, style="yellow")
+            f"reconnected and resumed after caption {st.last_seq}", markup=False, style="yellow")
     async with stream as s:
         t0 = time.monotonic()
         if room:  # where listeners join: `linguafusion listen ROOM_ID --token TOKEN --to LANG --url URL`

@@ -107,13 +107,14 @@ class _Base:
         return RemoteStream(ws_url(self.base_url), self.api_key, start)
 
     def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,
-               speech: bool = False) -> Any:
+               speech: bool = False, on_break: Any = None) -> Any:
         """A room's events with a listener token: an iterator on ``MultimodalTranslator``, an async iterator on
-        ``AsyncMultimodalTranslator``; every final once, in order, across reconnections (sdk/rooms.py)."""
+        ``AsyncMultimodalTranslator``; every final once, in order, across reconnections (sdk/rooms.py).
+        ``on_break(seconds)``: called when the connection breaks and reconnecting starts (for at most that long)."""
         from . import rooms
 
         fn = rooms.alisten if isinstance(self, AsyncMultimodalTranslator) else rooms.listen
-        return fn(self.base_url, room_id, token, targets, after_seq=after_seq, speech=speech)
+        return fn(self.base_url, room_id, token, targets, after_seq=after_seq, speech=speech, on_break=on_break)
 
 
 class MultimodalTranslator(VocabularyMethods, _Base):

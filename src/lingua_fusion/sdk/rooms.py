@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -33,6 +33,7 @@ class _State:
         self.deadline = 0.0
         self.reconnect_timeout = reconnect_timeout
         self.error: dict[str, Any] | None = None
+        self.new_break = False
 
     def event(self, raw: str | bytes) -> StreamEvent | None:
         """The event to give, or None (a final already given before a reconnection)."""
@@ -52,6 +53,7 @@ class _State:
             raise from_code(err.get("code", "internal"), err.get("message", f"the room closed the connection "
                                                                             f"({code})"), details=err.get("details"))
         now = time.monotonic()
+        self.new_break = not self.deadline  # the first retry since the connection last worked
         if not self.deadline:
             self.deadline = now + self.reconnect_timeout
         if now > self.deadline:
@@ -61,9 +63,19 @@ class _State:
         return min(2.0, 0.25 * 2 ** min(self.reconnects, 3))
 
 
+def _wait(st: _State, code: int | None, on_break: Callable[[float], None] | None) -> float:
+    delay = st.broken(code)
+    if st.new_break and on_break is not None:
+        on_break(st.reconnect_timeout)
+    return delay
+
+
 def listen(base_url: str, room_id: str, token: str, targets: list[str], *, after_seq: int = 0, speech: bool = False,
-           reconnect_timeout: float = 60.0, open_timeout: float = 30.0) -> Iterator[StreamEvent]:
-    """The room's events (partials, finals, slides, closed) for ``targets``, blocking; ends after ``closed``."""
+           reconnect_timeout: float = 60.0, open_timeout: float = 30.0,
+           on_break: Callable[[float], None] | None = None) -> Iterator[StreamEvent]:
+    """The room's events (partials, finals, slides, closed) for ``targets``, blocking; ends after ``closed``.
+    ``on_break(seconds)``: called when a working connection breaks and reconnecting starts (for at most
+    ``seconds``), so a program can say so instead of going quiet."""
     from websockets.exceptions import ConnectionClosed, WebSocketException
     from websockets.sync.client import connect
 
@@ -86,12 +98,12 @@ def listen(base_url: str, room_id: str, token: str, targets: list[str], *, after
         except (OSError, WebSocketException, TimeoutError) as exc:
             if not st.deadline and st.reconnects == 0:
                 raise BackendError(f"cannot reach the room at {base_url}: {exc}") from exc
-        time.sleep(st.broken(code))
+        time.sleep(_wait(st, code, on_break))
 
 
 async def alisten(base_url: str, room_id: str, token: str, targets: list[str], *, after_seq: int = 0,
-                  speech: bool = False, reconnect_timeout: float = 60.0, open_timeout: float = 30.0
-                  ) -> AsyncIterator[StreamEvent]:
+                  speech: bool = False, reconnect_timeout: float = 60.0, open_timeout: float = 30.0,
+                  on_break: Callable[[float], None] | None = None) -> AsyncIterator[StreamEvent]:
     """``listen`` for asyncio."""
     import asyncio
 
@@ -118,4 +130,4 @@ async def alisten(base_url: str, room_id: str, token: str, targets: list[str], *
         except (OSError, WebSocketException, TimeoutError) as exc:
             if not st.deadline and st.reconnects == 0:
                 raise BackendError(f"cannot reach the room at {base_url}: {exc}") from exc
-        await asyncio.sleep(st.broken(code))
+        await asyncio.sleep(_wait(st, code, on_break))

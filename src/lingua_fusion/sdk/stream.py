@@ -54,7 +54,7 @@ class RemoteStream:
 
     def __init__(self, url: str, api_key: str | None, start: dict[str, Any], open_timeout: float = 30.0, *,
                  reconnect: bool = True, reconnect_timeout: float = 120.0, buffer_s: float = 120.0,
-                 on_reconnect: Any = None) -> None:
+                 on_reconnect: Any = None, on_break: Any = None) -> None:
         self._url = url
         self._key = api_key
         self._start = start
@@ -74,7 +74,13 @@ class RemoteStream:
         self.reconnects = 0
         self.duplicates_dropped = 0  # finals the server sent again after a resume (dropped here, counted)
         self.on_reconnect = on_reconnect
+        self.on_break = on_break  # called with this stream when a connection breaks, before reconnecting
         self.ready: dict[str, Any] = {}
+
+    @property
+    def reconnect_timeout(self) -> float:
+        """How long a broken connection is retried before the stream fails."""
+        return self._reconnect_timeout
 
     async def _open(self, resume: bool) -> None:
         from websockets.asyncio.client import connect
@@ -149,6 +155,8 @@ class RemoteStream:
             raise BackendError("the stream connection broke")
         self._connected.clear()
         if self._repair is None or self._repair.done():
+            if self.on_break is not None:  # a new break: say so before the (up to reconnect_timeout) retries
+                self.on_break(self)
             self._repair = asyncio.create_task(self._reconnect_loop())
         await asyncio.shield(self._repair)
 
