@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from lingua_fusion.config import Settings  # noqa: E402
 from lingua_fusion.serving.executor import Executor  # noqa: E402
+from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, powers_of_two  # noqa: E402
 from lingua_fusion.serving.gpu.models import HFWhisperDecoder, MarianDecoder  # noqa: E402
 from lingua_fusion.serving.gpu.paged import PagedKV  # noqa: E402
 from lingua_fusion.serving.gpu.recipes import (  # noqa: E402
@@ -53,7 +54,7 @@ from lingua_fusion.serving.gpu.vad import energy_vad  # noqa: E402
 SR = 16000
 IDS = {"pad_token_id": 50256, "bos_token_id": 50257, "eos_token_id": 50256, "decoder_start_token_id": 50257}
 SOT = [50258, 50259, 50359, 50363]  # start, language, transcribe, no timestamps
-ENCODER_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]  # up to GpuRunner's encode_batch
+ENCODER_BATCHES = powers_of_two(128)  # up to GpuRunner's encode_batch
 MT_MAX_TOKENS = 96
 ASR_SIZES = {"tiny": (384, 4, 6), "base": (512, 6, 8), "small": (768, 12, 12)}
 
@@ -120,8 +121,6 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
 def asr_encoder_graphs(encode: Any, dev: str, dtype: torch.dtype) -> Any:
     """``encode`` replayed from CUDA graphs, every shape the recipe makes (1 s widths up to 30 s, batch buckets up to
     the runner's encoder batch of 128) captured now, before serving."""
-    from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs
-
     graphs = EncoderGraphs(encode, ENCODER_BATCHES, dev)
     graphs.capture([[((80, s * MEL_FRAMES_PER_S), dtype)] for s in range(1, 31)])
     return graphs
@@ -130,8 +129,6 @@ def asr_encoder_graphs(encode: Any, dev: str, dtype: torch.dtype) -> Any:
 def mt_encoder_graphs(model: Any, dev: str) -> Any:
     """Marian's encoder (``marian_encoder``: the mask always passed) replayed from CUDA graphs, every width the
     recipe makes (multiples of 8 tokens up to 96) and batch bucket captured now, before serving."""
-    from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs
-
     graphs = EncoderGraphs(marian_encoder(model), ENCODER_BATCHES, dev)
     graphs.capture([[((w,), torch.long), ((w,), torch.long)] for w in range(8, MT_MAX_TOKENS + 1, 8)])
     return graphs

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 from gpu_models import hf_marian, hf_whisper
 
-from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, bucket
+from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, bucket, powers_of_two
 from lingua_fusion.serving.gpu.models import MarianDecoder
 from lingua_fusion.serving.gpu.recipes import Seq2SeqTextRecipe, hf_whisper_encoder, marian_encoder
 from lingua_fusion.serving.ports import MtInput
@@ -28,6 +29,8 @@ def mels(n: int, frames: int, seed: int, device: str = "cpu") -> torch.Tensor:
 def test_bucket_is_the_smallest_that_holds_the_batch() -> None:
     assert [bucket(n, BATCHES) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
     assert bucket(9, BATCHES) is None
+    assert powers_of_two(8) == BATCHES and powers_of_two(100) == [1, 2, 4, 8, 16, 32, 64, 100]
+    assert powers_of_two(1) == [1]
 
 
 def test_padded_buckets_give_each_row_what_the_plain_call_gives() -> None:
@@ -120,3 +123,24 @@ def test_capture_ahead_allocates_the_shared_buffers_once() -> None:
             x = mels(n, w, n)
             assert torch.allclose(graphs(x), encode(x), atol=1e-5)
     assert graphs.captured == 3 * len(BATCHES)
+
+
+def test_the_servers_whisper_encoder_on_graph_buckets_equals_its_own_call() -> None:
+    """The server's engine recipe (shipped tiny.en weights) with its encoder on EncoderGraphs (the mask always
+    passed, the batch padded to a bucket) gives each window the encoder output the torch backend's own call gives."""
+    from lingua_fusion.config import Settings
+    from lingua_fusion.models.registry import Registry
+    from lingua_fusion.serving.gpu.torch_whisper import TorchWhisperRecipe
+    from lingua_fusion.serving.ports import AsrInput
+
+    asr = Registry(Settings()).asr_torch("en")
+    encoder = asr.model.encoder
+    graphs = EncoderGraphs(lambda mel, frames: encoder(mel, frames, always_mask=True), BATCHES, "cpu")
+    plain, graphed = TorchWhisperRecipe(asr, "en"), TorchWhisperRecipe(asr, "en", encoder=graphs)
+    rng = np.random.default_rng(0)
+    for seconds in ([1.5, 3.0, 5.0], [2.0, 2.0]):  # mixed window lengths (masked rows), then one length (no mask)
+        items = [AsrInput(rng.normal(0, 0.1, int(s * 16000)).astype(np.float32)) for s in seconds]
+        for got, want in zip(graphed.encode(items), plain.encode(items), strict=True):
+            assert got.shape == want.shape
+            assert torch.allclose(got, want, atol=1e-4)
+    assert graphs.replays == 2

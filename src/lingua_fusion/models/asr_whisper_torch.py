@@ -92,15 +92,22 @@ class WhisperTorchASR:
 
     def _encode(self, windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode zero-padded windows (lengths multiples of 2 s): each row as if alone. -> (xa, frames)."""
-        frames = torch.tensor([len(w) // 160 for w in windows], device=self.device)
-        mel = torch.zeros(len(windows), self.model.dims.n_mels, int(frames.max()), device=self.device)
+        mel, frames = self.mels(windows)
+        with torch.no_grad():
+            xa = self.model.embed_audio(mel, frames)
+        return xa, frames
+
+    def mels(self, windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's input for zero-padded windows: log-mel [batch, n_mels, longest] in the model's dtype (zeros
+        past each window) and each window's length in mel frames [batch], both on the device."""
+        lengths = [len(w) // 160 for w in windows]
+        mel = torch.zeros(len(windows), self.model.dims.n_mels, max(lengths), device=self.device)
         for n in sorted({len(w) for w in windows}):
             idx = [i for i, w in enumerate(windows) if len(w) == n]
             batch = torch.from_numpy(np.stack([windows[i] for i in idx])).to(self.device)
             mel[idx, :, : n // 160] = self.mel(batch)[:, :, : n // 160]  # one STFT per window length
-        with torch.no_grad():
-            xa = self.model.embed_audio(mel.to(self.model.decoder.token_embedding.weight.dtype), frames)
-        return xa, frames
+        return (mel.to(self.model.decoder.token_embedding.weight.dtype),
+                torch.tensor(lengths, dtype=torch.long, device=self.device))
 
     # ---- streaming clips -------------------------------------------------------------------------------------
     def transcribe_batch(self, audios: list[np.ndarray], *, language: str | None,

@@ -112,9 +112,11 @@ class AudioEncoder(nn.Module):
         self.blocks = nn.ModuleList([ResidualAttentionBlock(n_state, n_head) for _ in range(n_layer)])
         self.ln_post = LayerNorm(n_state)
 
-    def forward(self, mel: Tensor, frames: Tensor | None = None) -> Tensor:
+    def forward(self, mel: Tensor, frames: Tensor | None = None, *, always_mask: bool = False) -> Tensor:
         """mel [B, n_mels, T] (T <= 3000, even) -> [B, T/2, D]. ``frames`` [B]: each row's own window length in mel
-        frames (even); the rest of a row must be zeros and is masked (``key_mask(frames)`` gives the mask)."""
+        frames (even); the rest of a row must be zeros and is masked (``key_mask(frames)`` gives the mask).
+        Without padding no mask is passed, which takes a read of ``frames`` on the host; ``always_mask`` passes it
+        anyway and reads nothing back (what a CUDA graph of the encoder needs: serving/gpu/encoder_graphs.py)."""
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x)).permute(0, 2, 1)
         pos: Tensor = self.positional_embedding  # type: ignore[assignment]
@@ -122,7 +124,7 @@ class AudioEncoder(nn.Module):
             raise ValueError(f"{mel.shape[-1]} mel frames is more than the model's {2 * pos.shape[0]}")
         x = (x + pos[: x.shape[1]]).to(x.dtype)
         mask = None
-        if frames is not None and bool((frames < mel.shape[-1]).any()):
+        if frames is not None and (always_mask or bool((frames < mel.shape[-1]).any())):
             mask = self.key_mask(frames, x.shape[1])[:, None, None, :]
         for block in self.blocks:
             x = block(x, mask)

@@ -34,6 +34,12 @@ from .graphs import _CAPTURE
 Shape = tuple[int, ...]
 
 
+def powers_of_two(up_to: int) -> list[int]:
+    """Batch buckets 1, 2, 4, ... up to ``up_to`` (itself the last, whether a power of two or not)."""
+    out = [1 << i for i in range(up_to.bit_length()) if 1 << i < up_to]
+    return [*out, up_to]
+
+
 def bucket(n: int, batches: list[int]) -> int | None:
     """The smallest of ``batches`` (ascending) that holds ``n`` rows; None past the largest."""
     return next((b for b in batches if b >= n), None)

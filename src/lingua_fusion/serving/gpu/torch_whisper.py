@@ -2,12 +2,15 @@
 (models/asr_whisper_torch.py WhisperTorchASR): its ``decode_clips`` step by step: the same trimmed windows
 (``window_samples``), log-mel and masked encoder call, prompt, token budget, suppressed tokens and text clean-up
 (``collapse_repeats``), so a clip's greedy transcript is the torch backend's. Decoding differs in one rule: no
-4-gram repeat ban (the engine's sampler is plain greedy), which only matters for a decoder loop.
+4-gram repeat ban (the engine's sampler is plain greedy), which only matters for a decoder loop. On CUDA the
+encoder call replays from CUDA graphs (``encoder_graphs``: the same call with its mask always passed, one launch a
+batch instead of one per operator).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,22 +21,26 @@ from ...models.asr_whisper import ZH_PROMPT, collapse_repeats, window_samples
 from ...types import SR
 from ..ports import AsrInput, AsrOutput
 from .decoder import Decoded
+from .encoder_graphs import EncoderGraphs, powers_of_two
 from .models import WhisperDecoder
 from .recipes import confidence
 from .runner import GpuRunner
 
 CPU_POOLS = {"blocks": 512, "cross_blocks": 256}  # 16-token / 64-frame blocks: ~40 clips of 10 s on tiny.en
 CPU_MAX_BATCH = 32
+ENCODE_BATCH = 128  # windows per encoder batch on CUDA (GpuRunner's default), the largest graph bucket
 ASR_POOL_SHARE = 0.75  # of this process's pool memory; a user MT directory's runner takes the rest (torch_mt.py)
 
 
 class TorchWhisperRecipe:
     """``Recipe`` over ``WhisperTorchASR`` (models/asr_whisper_torch.py): its ``decode_clips`` step by step."""
 
-    def __init__(self, asr: Any, language: str, max_new_tokens: int = 160) -> None:
+    def __init__(self, asr: Any, language: str, max_new_tokens: int = 160,
+                 encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
         from ...models.asr_whisper_torch import build_prompt
 
         self.asr = asr
+        self._encoder = encoder  # (mel, frames) -> encoder output: CUDA graphs of it (``encoder_graphs``), or None
         self.lang = "en" if not asr.multilingual else language
         self.tok = asr.tokenizer(self.lang)
         gen = asr.model.gen
@@ -51,8 +58,11 @@ class TorchWhisperRecipe:
             w[: min(n, len(a))] = a[-n:] if len(a) > n else a
             windows.append(w)
         with self.asr._lock, torch.inference_mode():  # the torch backend's own encoder call (masked, trimmed)
-            xa, frames = self.asr._encode(windows)
-        return [xa[i, : int(frames[i]) // 2] for i in range(len(windows))]
+            if self._encoder is None:
+                xa, _frames = self.asr._encode(windows)
+            else:
+                xa = self._encoder(*self.asr.mels(windows))
+        return [xa[i, : (len(w) // 160) // 2] for i, w in enumerate(windows)]  # 160 samples a mel frame, 2 a row
 
     def prompt(self, payload: AsrInput) -> list[int]:
         text = payload.prompt or (ZH_PROMPT if self.lang == "zh" else None)
@@ -72,13 +82,27 @@ class TorchWhisperRecipe:
         return AsrOutput(text, round(min(1.0, confidence(decoded.logprobs)), 4))
 
 
+def encoder_graphs(asr: Any, batches: list[int]) -> EncoderGraphs:
+    """``asr``'s encoder (always masked: no host read) replayed from CUDA graphs, captured now for every window
+    width the recipe makes (``window_samples``: 2 s steps up to 30 s) and batch bucket."""
+    encoder = asr.model.encoder
+    graphs = EncoderGraphs(lambda mel, frames: encoder(mel, frames, always_mask=True), batches, asr.device)
+    dtype = asr.model.decoder.token_embedding.weight.dtype
+    n_mels = asr.model.dims.n_mels
+    graphs.capture([[((n_mels, width), dtype), ((), torch.long)] for width in range(200, 3001, 200)])
+    return graphs
+
+
 def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRunner:
-    """A GpuRunner decoding ``asr``'s model (a loaded WhisperTorchASR) for ``language``."""
+    """A GpuRunner decoding ``asr``'s model (a loaded WhisperTorchASR) for ``language``; on CUDA its encoder runs
+    from CUDA graphs."""
     device = settings.models.device
-    recipe = TorchWhisperRecipe(asr, language)
+    graphs = encoder_graphs(asr, powers_of_two(ENCODE_BATCH)) if device.startswith("cuda") else None
+    recipe = TorchWhisperRecipe(asr, language, encoder=graphs)
     dtype = asr.model.decoder.token_embedding.weight.dtype
     if device.startswith("cuda"):
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
-                               share=settings.models.gpu_memory_share * ASR_POOL_SHARE, name=name)
+                               share=settings.models.gpu_memory_share * ASR_POOL_SHARE, name=name,
+                               encode_batch=ENCODE_BATCH)
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=8,
                      memo=64, **CPU_POOLS)
