@@ -10,6 +10,7 @@ batch instead of one per operator).
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,8 @@ from .encoder_graphs import EncoderGraphs, powers_of_two
 from .models import WhisperDecoder
 from .recipes import confidence
 from .runner import GpuRunner
+
+log = logging.getLogger("lingua_fusion.gpu")
 
 CPU_POOLS = {"blocks": 512, "cross_blocks": 256}  # 16-token / 64-frame blocks: ~40 clips of 10 s on tiny.en
 CPU_MAX_BATCH = 32
@@ -97,7 +100,12 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
     """A GpuRunner decoding ``asr``'s model (a loaded WhisperTorchASR) for ``language``; on CUDA its encoder runs
     from CUDA graphs."""
     device = settings.models.device
-    graphs = encoder_graphs(asr, powers_of_two(ENCODE_BATCH)) if device.startswith("cuda") else None
+    graphs = None
+    if device.startswith("cuda"):
+        try:
+            graphs = encoder_graphs(asr, powers_of_two(ENCODE_BATCH))
+        except RuntimeError as exc:  # a CUDA build or driver that cannot capture: serve, one launch per operator
+            log.warning("%s: CUDA graphs of the Whisper encoder failed (%s); it runs without them", name, exc)
     recipe = TorchWhisperRecipe(asr, language, encoder=graphs)
     dtype = asr.model.decoder.token_embedding.weight.dtype
     if device.startswith("cuda"):
