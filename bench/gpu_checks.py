@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/gpu_checks.py prepare .gpurun/checks         # here: speech, Silero weights, references
     python3 bench/gpu_checks.py check .gpurun/checks --json $OUT/gpu_checks.json   # on the GPU machine
+    python3 bench/gpu_checks.py check none --only encoder_graphs --json $OUT/graphs.json  # needs nothing prepared
 
 - **Silero VAD** (serving/gpu/silero.py): ``prepare`` reads the weights from faster-whisper's ONNX file (the GPU
   machine has neither faster-whisper nor protobuf) and computes the probabilities of a set of calls with the torch
@@ -256,18 +257,24 @@ def main() -> None:
     c.add_argument("--json", type=Path, required=True)
     c.add_argument("--device", default="cuda")
     c.add_argument("--sentences", type=int, default=256)
+    c.add_argument("--only", default="vad,mt,encoder_graphs", help="which checks, comma-separated")
     args = ap.parse_args()
     if args.cmd == "prepare":
         prepare(args.folder)
         return
     report: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
                               "torch": torch.__version__}
-    report["silero_vad"] = check_vad(args.folder, args.device)
-    print("vad " + json.dumps(report["silero_vad"]), flush=True)
-    report["mt_engine"] = check_mt(args.device, args.sentences)
-    report["encoder_graphs"] = check_encoder_graphs(args.device)
-    print("encoder graphs " + json.dumps(report["encoder_graphs"]), flush=True)
+    only = set(args.only.split(","))
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    if "vad" in only:
+        report["silero_vad"] = check_vad(args.folder, args.device)
+        print("vad " + json.dumps(report["silero_vad"]), flush=True)
+    if "mt" in only:
+        report["mt_engine"] = check_mt(args.device, args.sentences)
+        args.json.write_text(json.dumps(report, indent=2))
+    if "encoder_graphs" in only:
+        report["encoder_graphs"] = check_encoder_graphs(args.device)
+        print("encoder graphs " + json.dumps(report["encoder_graphs"]), flush=True)
     args.json.write_text(json.dumps(report, indent=2))
 
 
