@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 import torch
 from gpu_models import hf_marian, hf_whisper
 
@@ -55,10 +56,13 @@ def test_a_result_is_not_overwritten_by_the_next_call() -> None:
         assert torch.allclose(a, encode(mels(4, 200, 0)), atol=1e-5)
 
 
-def test_marian_on_padded_graph_buckets_equals_hugging_face_per_sentence() -> None:
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_marian_on_padded_graph_buckets_equals_hugging_face_per_sentence(attention: str) -> None:
     """The MT recipe with ``marian_encoder`` through EncoderGraphs (ids padded to 8 tokens, the batch to a bucket,
-    the mask always passed) gives each sentence the encoder output Hugging Face's encoder gives the batch."""
+    the mask always passed, in the form the model's attention takes) gives each sentence the encoder output Hugging
+    Face's encoder gives the batch."""
     model = hf_marian()
+    model.config._attn_implementation = attention
     graphs = EncoderGraphs(marian_encoder(model), BATCHES, "cpu")
 
     def recipe(padded: EncoderGraphs | None) -> Seq2SeqTextRecipe:
@@ -113,3 +117,19 @@ def test_the_servers_whisper_encoder_on_graph_buckets_equals_its_own_call() -> N
             assert got.shape == want.shape
             assert torch.allclose(got, want, atol=1e-4)
     assert graphs.replays == 2
+
+
+def test_capture_ahead_allocates_the_shared_buffers_once_and_captures_nothing_later() -> None:
+    """Captured ahead, largest first: every graph's buffers are views of the same storage; calls after it capture
+    nothing, and a shape not captured ahead runs as it is (nothing is captured while serving)."""
+    encode = hf_whisper_encoder(hf_whisper())
+    graphs = EncoderGraphs(encode, BATCHES, "cpu", lazy=False)
+    graphs.capture([[((8, w), torch.float32)] for w in (100, 300, 200)])
+    assert graphs.captured == 3 * len(BATCHES)
+    bases = {g.inputs[0].untyped_storage().data_ptr() for g in graphs._graphs.values()}
+    assert len(bases) == 1
+    with torch.inference_mode():
+        for n, w in [(3, 200), (8, 100), (1, 300), (2, 400)]:
+            x = mels(n, w, n)
+            assert torch.allclose(graphs(x), encode(x), atol=1e-5)
+    assert (graphs.captured, graphs.replays, graphs.eager) == (3 * len(BATCHES), 3, 1)

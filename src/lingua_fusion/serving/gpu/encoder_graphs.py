@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import _CAPTURE
+from .graphs import _CAPTURE, capture_stream
 
 Shape = tuple[int, ...]
 
@@ -71,13 +71,20 @@ class _Buffers:
 
 
 class EncoderGraphs:
-    def __init__(self, fn: Callable[..., torch.Tensor], batches: list[int], device: str | torch.device) -> None:
+    def __init__(self, fn: Callable[..., torch.Tensor], batches: list[int], device: str | torch.device, *,
+                 lazy: bool = True) -> None:
+        """``lazy``: capture a shape's graph on its first call; False (after ``capture``): a shape not captured runs
+        ``fn`` as it is (counted in ``eager``), so nothing is captured while serving (a capture waits for the whole
+        device and empties the allocator's caches)."""
         self.fn = fn
         self.batches = sorted(batches)
         self.device = torch.device(device)
+        self.lazy = lazy
         self._graphs: dict[tuple[int, tuple[tuple[Shape, torch.dtype], ...]], _Graph] = {}
         self._buffers = _Buffers(self.device)
         self._pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        # warm-ups and captures of this set on a stream of its own (graphs.capture_stream: cuBLAS's workspace)
+        self._stream = capture_stream(self.device) if self.device.type == "cuda" else None
         self._owner: int | None = None  # the thread that calls (one at a time; see the module's doc)
         self.captured = self.replays = self.eager = 0
 
@@ -90,6 +97,9 @@ class EncoderGraphs:
             return self.fn(*inputs)
         g = self._graphs.get(self._key(size, inputs))
         if g is None:
+            if not self.lazy:
+                self.eager += 1
+                return self.fn(*inputs)
             g = self._capture(size, [(tuple(t.shape[1:]), t.dtype) for t in inputs])
         for static, x in zip(g.inputs, inputs, strict=True):
             static[:n].copy_(x)
@@ -126,8 +136,9 @@ class EncoderGraphs:
             out = self._buffers.view(len(tail), tuple(warm.shape), warm.dtype)
             return self._keep(size, tail, _Graph(lambda: out.copy_(self.fn(*inputs)), inputs, out))
         graph = torch.cuda.CUDAGraph()
+        stream = self._stream
+        assert stream is not None
         with _CAPTURE:
-            stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), torch.inference_mode():
                 for _ in range(2):  # outside the graph first: cuBLAS / cuDNN pick their kernels, workspaces exist
@@ -135,7 +146,8 @@ class EncoderGraphs:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             out = self._buffers.view(len(tail), tuple(warm.shape), warm.dtype)  # the output slot: after the inputs
             del warm
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"), torch.inference_mode():
+            with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"), \
+                    torch.inference_mode():
                 out.copy_(self.fn(*inputs))  # the result's own memory is freed in the pool once copied
             torch.cuda.synchronize(self.device)
         return self._keep(size, tail, _Graph(graph.replay, inputs, out))

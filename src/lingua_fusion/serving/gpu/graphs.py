@@ -18,6 +18,21 @@ from .paged import Gather
 
 _FIELDS = ("tokens", "positions", "slots", "self_lens", "cross_lens", "first")
 _CAPTURE = threading.Lock()  # one capture at a time in the process (each runner thread has its own graphs)
+_CAPTURE_STREAMS: set[int] = set()  # the capture streams handed out in this process
+
+
+def capture_stream(device: torch.device | str | None = None) -> torch.cuda.Stream:
+    """A CUDA stream no other graph set of this process captures on. cuBLAS keeps a workspace per stream and a graph
+    bakes in the one its capture stream had: two graph sets captured on one stream (torch's default capture stream)
+    and replayed at once from two runner threads would share that scratch memory. torch hands out streams from a
+    small pool in turn, so this draws until it gets one it has not given before."""
+    with _CAPTURE:
+        for _ in range(256):
+            stream = torch.cuda.Stream(device)
+            if stream.cuda_stream not in _CAPTURE_STREAMS:
+                _CAPTURE_STREAMS.add(stream.cuda_stream)
+                return stream
+    raise RuntimeError("no unused CUDA stream left for a graph capture")
 
 
 class _Bucket:
@@ -73,6 +88,7 @@ class StepGraphs:
         self.engine = engine
         self.buckets = [_Bucket(engine, b) for b in buckets]
         self._pool = torch.cuda.graph_pool_handle()
+        self._stream = capture_stream(engine.device)  # warm-ups and captures of this set (see capture_stream)
         self.captured = 0
 
     def capture_all(self) -> None:
@@ -97,13 +113,13 @@ class StepGraphs:
 
     def _capture(self, bucket: _Bucket) -> None:
         with _CAPTURE:
-            stream = torch.cuda.Stream()
+            stream = self._stream
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
                     self.engine.forward(bucket.inputs)
             torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(bucket.graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(bucket.graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
                 bucket.out = self.engine.forward(bucket.inputs)
             torch.cuda.synchronize()
         self.captured += 1

@@ -60,14 +60,19 @@ def encoder_outputs(encoder: Any, ids: list[list[int]], pad: int, device: torch.
 def marian_encoder(model: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Hugging Face Marian's encoder on ids [batch, width] and their mask (1 = token, 0 = padding), with no read of
     the device on the host, so one CUDA graph can hold it: the mask is always passed, as the [batch, 1, width,
-    width] boolean mask Hugging Face builds for a padded batch (for an unpadded one it passes none: the same
-    attention, other kernels), and the layers keep their float16 guard on the device (``device_only``)."""
+    width] mask Hugging Face builds for a padded batch (boolean for sdpa, additive for its eager attention; for an
+    unpadded batch it passes none: the same attention, other kernels), and the layers keep their float16 guard on
+    the device (``device_only``)."""
     enc = device_only(model.model.encoder)
+    sdpa = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
 
     def encode(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         n, width = ids.shape
         x = enc.embed_tokens(ids) * enc.embed_scale + enc.embed_positions.weight[:width]
         attend = mask.bool()[:, None, None, :].expand(n, 1, width, width)
+        if not sdpa:  # the eager attention adds its mask to the scores: 0 where it may look, the dtype's minimum not
+            attend = torch.zeros(attend.shape, dtype=x.dtype, device=x.device).masked_fill(
+                ~attend, torch.finfo(x.dtype).min)
         for layer in enc.layers:
             x = layer(x, attend)
         return x

@@ -4,7 +4,8 @@
 (``collapse_repeats``), so a clip's greedy transcript is the torch backend's. Decoding differs in one rule: no
 4-gram repeat ban (the engine's sampler is plain greedy), which only matters for a decoder loop. On CUDA the
 encoder call replays from CUDA graphs (``encoder_graphs``: the same call with its mask always passed, one launch a
-batch instead of one per operator).
+batch instead of one per operator); in float16 its outputs may differ from the plain call's in the last bits (other
+attention and matrix kernels for the masked, bucket-padded batch), so transcripts are equal there up to that.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def encoder_graphs(asr: Any, batches: list[int]) -> EncoderGraphs:
     """``asr``'s encoder (always masked: no host read) replayed from CUDA graphs, captured now for every window
     width the recipe makes (``window_samples``: 2 s steps up to 30 s) and batch bucket."""
     encoder = asr.model.encoder
-    graphs = EncoderGraphs(lambda mel, frames: encoder(mel, frames, always_mask=True), batches, asr.device)
+    graphs = EncoderGraphs(lambda mel, frames: encoder(mel, frames, always_mask=True), batches, asr.device,
+                           lazy=False)
     dtype = asr.model.decoder.token_embedding.weight.dtype
     n_mels = asr.model.dims.n_mels
     graphs.capture([[((n_mels, width), dtype), ((), torch.long)] for width in range(200, 3001, 200)])
