@@ -402,3 +402,62 @@ def test_listen_announces_each_break_once_before_retrying() -> None:
     st.deadline = 0.0  # what listen does once a connection works again
     _wait(st, 1012, said.append)
     assert said == [60.0, 60.0]
+
+
+async def test_a_room_live_for_longer_than_its_ttl_is_not_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publisher pushes its room's expiry on while the room is live (RoomDirectory.touch), so a conference
+    longer than the TTL can still be joined and ended by its owner; once it has ended, the TTL runs again."""
+    from lingua_fusion.rooms import publisher
+
+    monkeypatch.setattr(publisher, "TOUCH_S", 30.0)
+    now = [1000.0]
+    directory = LocalRoomDirectory(ttl_s=100.0, clock=lambda: now[0])
+    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False,
+                        clock=lambda: now[0])
+    s, _port, room_id = await published_room(rooms)
+    token = await rooms.mint(room_id, "key_owner")
+    for _ in range(8):  # 320 s on the rooms' clock; the publisher looks every 0.5 s
+        now[0] += 40
+        await asyncio.sleep(publisher.SYNC_S * 2)
+    assert (await directory.get(room_id)) is not None
+    assert await directory.token_ok(room_id, digest(token))
+    await s.end()
+    async for _ in s.outgoing():
+        pass
+    now[0] += 101
+    assert await directory.get(room_id) is None
+    await rooms.close()
+
+
+async def test_touch_pushes_a_room_on_and_a_dropped_room_takes_no_presence() -> None:
+    now = [1000.0]
+    directory = LocalRoomDirectory(ttl_s=100.0, clock=lambda: now[0])
+    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False)
+    room, _ = await rooms.create("key_owner", "en")
+    now[0] += 90
+    await directory.touch(room)
+    now[0] += 90
+    assert await directory.get(room.room_id) is not None
+    now[0] += 101
+    await directory.touch(room)  # too late: an expired room is not brought back
+    assert await directory.get(room.room_id) is None
+    await directory.listen(room.room_id, "gw", {"es": 1}, until=now[0] + 60)  # a feed's presence loop, still going
+    assert room.room_id not in directory._presence
+    await rooms.close()
+
+
+@needs_redis
+async def test_on_redis_touch_pushes_a_rooms_keys_expiry_on() -> None:
+    import redis.asyncio as aioredis
+
+    from lingua_fusion.state import redis_keys as keys
+
+    rooms = service("redis")
+    room, _ = await rooms.create("key_owner", "en")
+    r = aioredis.Redis.from_url(REDIS or "")
+    for key in (keys.room(room.room_id), keys.room_tokens(room.room_id)):
+        await r.expire(key, 5)
+    await rooms.directory.touch(room)
+    assert await r.ttl(keys.room(room.room_id)) > 3600 and await r.ttl(keys.room_tokens(room.room_id)) > 3600
+    await r.aclose()
+    await rooms.close()

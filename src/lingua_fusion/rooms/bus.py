@@ -64,6 +64,11 @@ class RoomDirectory(Protocol):
 
     async def save(self, room: Room) -> None: ...
 
+    async def touch(self, room: Room) -> None:
+        """Push the expiry of the room's record and tokens on, as a save would, without writing the record (a live
+        room's publisher does it now and then, so a room live for longer than ``ttl_s`` is not forgotten)."""
+        ...
+
     async def rooms_of(self, owner: str) -> list[Room]: ...
 
     async def room_of_stream(self, stream_id: str) -> str | None: ...
@@ -220,6 +225,11 @@ class LocalRoomDirectory:
         self._put(room)
         self._touch(room.room_id)
 
+    async def touch(self, room: Room) -> None:
+        if room.room_id in self._room_expires and self._room_expires[room.room_id] > self.clock():
+            self._room_expires[room.room_id] = self.clock() + self.ttl_s
+        self._touch(room.room_id)
+
     async def rooms_of(self, owner: str) -> list[Room]:
         return [Room.from_dict(r.to_dict()) for r in self._live_rooms() if r.owner == owner]
 
@@ -241,6 +251,8 @@ class LocalRoomDirectory:
         return tokens is not None and token_digest in tokens.digests
 
     async def listen(self, room_id: str, gateway: str, counts: dict[str, int], until: float) -> None:
+        if self._room_expires.get(room_id, 0.0) <= self.clock():
+            return  # no live record (expired and dropped): its presence would never be dropped again
         self._presence.setdefault(room_id, {})[gateway] = (dict(counts), until)
 
     async def languages(self, room_id: str, now: float) -> dict[str, int]:

@@ -28,6 +28,7 @@ from .model import PUBLISHED, State
 
 log = logging.getLogger("lingua_fusion.rooms")
 SYNC_S = 0.5
+TOUCH_S = 600.0  # a live room's record and tokens get their expiry pushed on this often (RoomDirectory.touch)
 ORPHAN_S = 120.0  # a room whose stream left without ending (and did not resume) ends after this
 PUBLISH_QUEUE = 1024
 MAX_SLIDES_IN_FLIGHT = 2  # slides being translated for the room at once; more go out untranslated
@@ -206,10 +207,14 @@ class RoomPublisher:
                 await self.directory.save(room)
 
     async def _sync(self) -> None:
+        touched = self.clock()  # created or attached (a save) just now
         while not self.ended:
             try:
                 wanted = await self.directory.languages(self.room_id, self.clock())
                 room = await self.directory.get(self.room_id)
+                if room is not None and room.state != State.ENDED and self.clock() - touched >= TOUCH_S:
+                    await self.directory.touch(room)  # live for longer than the TTL: not forgotten meanwhile
+                    touched = self.clock()
             except LinguaFusionError as exc:
                 log.warning("room %s: language sync failed: %s", self.room_id, exc.message)
                 wanted, room = None, None

@@ -158,6 +158,17 @@ class RedisRoomDirectory:
 
         await _call(run)
 
+    async def touch(self, room: Room) -> None:
+        async def run() -> None:
+            pipe = self._r.pipeline(transaction=True)
+            for key in (keys.room(room.room_id), keys.room_tokens(room.room_id), keys.rooms_of_owner(room.owner)):
+                pipe.expire(key, self.ttl_s)
+            if room.stream_id:
+                pipe.expire(keys.room_of_stream(room.stream_id), self.ttl_s)
+            await pipe.execute()
+
+        await _call(run)
+
     async def rooms_of(self, owner: str) -> list[Room]:
         ids = sorted(await _call(lambda: self._r.smembers(keys.rooms_of_owner(owner))))
         if not ids:
