@@ -461,3 +461,29 @@ async def test_on_redis_touch_pushes_a_rooms_keys_expiry_on() -> None:
     assert await r.ttl(keys.room(room.room_id)) > 3600 and await r.ttl(keys.room_tokens(room.room_id)) > 3600
     await r.aclose()
     await rooms.close()
+
+
+async def test_listen_gives_up_on_a_server_that_accepts_and_closes_at_once() -> None:
+    """A gateway that accepts the listener and closes straight away (draining: 1012) is one break, not a new one
+    per try: the listener announces it once and gives up after its reconnect timeout instead of retrying for
+    ever."""
+    from websockets.asyncio.server import serve
+
+    from lingua_fusion.errors import BackendError
+    from lingua_fusion.sdk.rooms import alisten
+
+    async def handler(ws: Any) -> None:
+        await ws.close(1012)
+
+    said: list[float] = []
+    async with serve(handler, "127.0.0.1", 0) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+
+        async def run() -> None:
+            async for _ in alisten(f"http://127.0.0.1:{port}", "rm_0123456789abcdef", "lt_x", ["es"],
+                                   reconnect_timeout=1.5, on_break=said.append):
+                pass
+
+        with pytest.raises(BackendError):
+            await asyncio.wait_for(run(), 30)
+    assert said == [1.5]

@@ -9,6 +9,7 @@ unknown language 4422, ...) raises the typed error with the server's code.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -16,6 +17,8 @@ from urllib.parse import urlencode
 
 from ..errors import BackendError, from_code
 from .stream import StreamEvent
+
+log = logging.getLogger("lingua_fusion.sdk")
 
 RETRY_CODES = {1001, 1006, 1011, 1012, 4429}  # going away, broken, server error, restart, dropped as slow
 
@@ -66,7 +69,10 @@ class _State:
 def _wait(st: _State, code: int | None, on_break: Callable[[float], None] | None) -> float:
     delay = st.broken(code)
     if st.new_break and on_break is not None:
-        on_break(st.reconnect_timeout)
+        try:
+            on_break(st.reconnect_timeout)
+        except Exception:  # a caller's notice must not end the listener
+            log.exception("listen: on_break failed")
     return delay
 
 
@@ -85,8 +91,8 @@ def listen(base_url: str, room_id: str, token: str, targets: list[str], *, after
         try:
             with connect(listen_url(base_url, room_id, targets, st.last_seq, speech), open_timeout=open_timeout,
                          additional_headers={"Authorization": f"Bearer {token}"}, max_size=16 * 1024 * 1024) as ws:
-                st.deadline = 0.0
                 for raw in ws:
+                    st.deadline = 0.0  # working again once an event came (an accept then a close is still a break)
                     ev = st.event(raw)
                     if ev is not None and ev.type != "error":
                         yield ev
@@ -117,8 +123,8 @@ async def alisten(base_url: str, room_id: str, token: str, targets: list[str], *
             async with connect(listen_url(base_url, room_id, targets, st.last_seq, speech),
                                open_timeout=open_timeout, additional_headers={"Authorization": f"Bearer {token}"},
                                max_size=16 * 1024 * 1024) as ws:
-                st.deadline = 0.0
                 async for raw in ws:
+                    st.deadline = 0.0  # working again once an event came (an accept then a close is still a break)
                     ev = st.event(raw)
                     if ev is not None and ev.type != "error":
                         yield ev

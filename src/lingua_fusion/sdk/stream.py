@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import BackendError, LinguaFusionError, from_code
+
+log = logging.getLogger("lingua_fusion.sdk")
 
 
 class StreamEvent(BaseModel):
@@ -139,8 +142,7 @@ class RemoteStream:
                 async with self._lock:
                     await self._open(resume=True)
                 self.reconnects += 1
-                if self.on_reconnect is not None:
-                    self.on_reconnect(self)
+                self._notify(self.on_reconnect)
                 self._connected.set()
                 return
             except LinguaFusionError as exc:  # unreachable, or draining / overloaded: both retryable
@@ -149,14 +151,22 @@ class RemoteStream:
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
 
+    def _notify(self, fn: Any) -> None:
+        """Call a caller's notice (on_break, on_reconnect) with this stream; its failure is logged, not raised."""
+        if fn is None:
+            return
+        try:
+            fn(self)
+        except Exception:
+            log.exception("stream: a notice callback failed")
+
     async def _broken(self) -> None:
         """Start (or join) the one reconnection for this break, and wait for it."""
         if not self._reconnect:
             raise BackendError("the stream connection broke")
         self._connected.clear()
         if self._repair is None or self._repair.done():
-            if self.on_break is not None:  # a new break: say so before the (up to reconnect_timeout) retries
-                self.on_break(self)
+            self._notify(self.on_break)  # a new break: say so before the (up to reconnect_timeout) retries
             self._repair = asyncio.create_task(self._reconnect_loop())
         await asyncio.shield(self._repair)
 
