@@ -17,6 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .graphs import own_stream
+
 
 def done_event() -> torch.cuda.Event:
     """An event whose ``synchronize`` sleeps until the GPU passes it (cudaEventBlockingSync), timing off."""
@@ -33,7 +35,7 @@ class DeviceCall:
         self.stream = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # what was put on the device so far (weights) is there first
-            self.stream = torch.cuda.Stream(self.device)
+            self.stream = own_stream(self.device)  # not another runner's or graph set's (graphs.own_stream)
 
     def __call__(self, fn: Callable[..., torch.Tensor], *host: torch.Tensor) -> np.ndarray:
         if self.stream is None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import _CAPTURE, capture_stream
+from .graphs import _CAPTURE, own_stream
 
 Shape = tuple[int, ...]
 
@@ -83,8 +83,8 @@ class EncoderGraphs:
         self._graphs: dict[tuple[int, tuple[tuple[Shape, torch.dtype], ...]], _Graph] = {}
         self._buffers = _Buffers(self.device)
         self._pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
-        # warm-ups and captures of this set on a stream of its own (graphs.capture_stream: cuBLAS's workspace)
-        self._stream = capture_stream(self.device) if self.device.type == "cuda" else None
+        # warm-ups and captures of this set on a stream of its own (graphs.own_stream: cuBLAS's workspace)
+        self._stream = own_stream(self.device) if self.device.type == "cuda" else None
         self._owner: int | None = None  # the thread that calls (one at a time; see the module's doc)
         self.captured = self.replays = self.eager = 0
 

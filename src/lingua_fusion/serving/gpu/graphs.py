@@ -18,21 +18,22 @@ from .paged import Gather
 
 _FIELDS = ("tokens", "positions", "slots", "self_lens", "cross_lens", "first")
 _CAPTURE = threading.Lock()  # one capture at a time in the process (each runner thread has its own graphs)
-_CAPTURE_STREAMS: set[int] = set()  # the capture streams handed out in this process
+_OWN_STREAMS: set[int] = set()  # the streams handed out by own_stream in this process
 
 
-def capture_stream(device: torch.device | str | None = None) -> torch.cuda.Stream:
-    """A CUDA stream no other graph set of this process captures on. cuBLAS keeps a workspace per stream and a graph
-    bakes in the one its capture stream had: two graph sets captured on one stream (torch's default capture stream)
-    and replayed at once from two runner threads would share that scratch memory. torch hands out streams from a
-    small pool in turn, so this draws until it gets one it has not given before."""
+def own_stream(device: torch.device | str | None = None) -> torch.cuda.Stream:
+    """A CUDA stream no other part of this process got from here: each graph set captures on one, each runner and
+    device call runs on one. cuBLAS keeps a workspace per stream and a graph bakes in the one its capture stream
+    had, so a graph set replayed from one thread must not share its capture stream with another set (torch's default
+    capture stream) or with a stream another thread runs on. torch hands out streams from a small pool in turn, so
+    this draws until it gets one it has not given before."""
     with _CAPTURE:
         for _ in range(256):
             stream = torch.cuda.Stream(device)
-            if stream.cuda_stream not in _CAPTURE_STREAMS:
-                _CAPTURE_STREAMS.add(stream.cuda_stream)
+            if stream.cuda_stream not in _OWN_STREAMS:
+                _OWN_STREAMS.add(stream.cuda_stream)
                 return stream
-    raise RuntimeError("no unused CUDA stream left for a graph capture")
+    raise RuntimeError("no unused CUDA stream left in torch's pool")
 
 
 class _Bucket:
@@ -88,7 +89,7 @@ class StepGraphs:
         self.engine = engine
         self.buckets = [_Bucket(engine, b) for b in buckets]
         self._pool = torch.cuda.graph_pool_handle()
-        self._stream = capture_stream(engine.device)  # warm-ups and captures of this set (see capture_stream)
+        self._stream = own_stream(engine.device)  # warm-ups and captures of this set (see own_stream)
         self.captured = 0
 
     def capture_all(self) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from ...errors import BackendError, CapacityExhausted
 from .decoder import Decoded, DecodeEngine, DecoderModel
+from .graphs import own_stream
 from .memory import MemoryReport, PoolMemory, budget_bytes, pool_blocks
 from .paged import PagedKV
 
@@ -148,7 +149,7 @@ class GpuRunner:
     def _loop(self) -> None:
         if self.engine.device.type == "cuda":  # this runner's own CUDA stream: another runner's encoder batch or the
             torch.cuda.synchronize(self.engine.device)  # VAD's copy never waits behind its steps (the pools and
-            torch.cuda.set_stream(torch.cuda.Stream(self.engine.device))  # graphs made on the default one first)
+            torch.cuda.set_stream(own_stream(self.engine.device))  # graphs made on the default one first)
         while True:
             with self._cv:
                 while not self._inbox and self.engine.idle() and not self._closed:
