@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from lingua_fusion.config import Settings  # noqa: E402
 from lingua_fusion.serving.executor import Executor  # noqa: E402
-from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, powers_of_two  # noqa: E402
+from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs  # noqa: E402
+from lingua_fusion.serving.gpu.graphs import buckets_up_to  # noqa: E402
 from lingua_fusion.serving.gpu.models import HFWhisperDecoder, MarianDecoder  # noqa: E402
 from lingua_fusion.serving.gpu.paged import PagedKV  # noqa: E402
 from lingua_fusion.serving.gpu.recipes import (  # noqa: E402
@@ -54,7 +55,7 @@ from lingua_fusion.serving.gpu.vad import energy_vad  # noqa: E402
 SR = 16000
 IDS = {"pad_token_id": 50256, "bos_token_id": 50257, "eos_token_id": 50256, "decoder_start_token_id": 50257}
 SOT = [50258, 50259, 50359, 50363]  # start, language, transcribe, no timestamps
-ENCODER_BATCHES = powers_of_two(128)  # up to GpuRunner's encode_batch
+ENCODER_BATCHES = buckets_up_to(128, smallest=1)  # up to GpuRunner's encode_batch
 MT_MAX_TOKENS = 96
 ASR_SIZES = {"tiny": (384, 4, 6), "base": (512, 6, 8), "small": (768, 12, 12)}
 

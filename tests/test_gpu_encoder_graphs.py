@@ -14,7 +14,8 @@ import pytest
 import torch
 from gpu_models import hf_marian, hf_whisper
 
-from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, bucket, powers_of_two
+from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, bucket
+from lingua_fusion.serving.gpu.graphs import buckets_up_to
 from lingua_fusion.serving.gpu.models import MarianDecoder
 from lingua_fusion.serving.gpu.recipes import Seq2SeqTextRecipe, hf_whisper_encoder, marian_encoder
 from lingua_fusion.serving.ports import MtInput
@@ -29,8 +30,9 @@ def mels(n: int, frames: int, seed: int, device: str = "cpu") -> torch.Tensor:
 def test_bucket_is_the_smallest_that_holds_the_batch() -> None:
     assert [bucket(n, BATCHES) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
     assert bucket(9, BATCHES) is None
-    assert powers_of_two(8) == BATCHES and powers_of_two(100) == [1, 2, 4, 8, 16, 32, 64, 100]
-    assert powers_of_two(1) == [1]
+    assert buckets_up_to(8, smallest=1) == BATCHES
+    assert buckets_up_to(100, smallest=1) == [1, 2, 4, 8, 16, 32, 64, 100]
+    assert buckets_up_to(1, smallest=1) == [1]
 
 
 def test_padded_buckets_give_each_row_what_the_plain_call_gives() -> None:

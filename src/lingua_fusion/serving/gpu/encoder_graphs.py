@@ -29,15 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .graphs import _CAPTURE, own_stream
+from .graphs import capture, own_stream
 
 Shape = tuple[int, ...]
-
-
-def powers_of_two(up_to: int) -> list[int]:
-    """Batch buckets 1, 2, 4, ... up to ``up_to`` (itself the last, whether a power of two or not)."""
-    out = [1 << i for i in range(up_to.bit_length()) if 1 << i < up_to]
-    return [*out, up_to]
 
 
 def bucket(n: int, batches: list[int]) -> int | None:
@@ -130,27 +124,24 @@ class EncoderGraphs:
 
     def _capture(self, size: int, tail: list[tuple[Shape, torch.dtype]]) -> _Graph:
         inputs = [self._buffers.view(i, (size, *shape), dtype) for i, (shape, dtype) in enumerate(tail)]
-        if self._pool is None:  # no CUDA: the same buffers and shapes, fn run on each call (what CPU tests check)
+        slot: list[torch.Tensor] = []  # the output's view of the shared buffer, made after the first warm-up
+
+        def warm() -> None:
             with torch.inference_mode():
-                warm = self.fn(*inputs)
-            out = self._buffers.view(len(tail), tuple(warm.shape), warm.dtype)
-            return self._keep(size, tail, _Graph(lambda: out.copy_(self.fn(*inputs)), inputs, out))
+                result = self.fn(*inputs)
+            if not slot:  # outside any graph: the output slot comes after the inputs
+                slot.append(self._buffers.view(len(tail), tuple(result.shape), result.dtype))
+
+        def body() -> None:
+            with torch.inference_mode():
+                slot[0].copy_(self.fn(*inputs))  # in a graph, the result's own memory is freed in the pool
+
+        if self._pool is None or self._stream is None:  # no CUDA: body runs at each call (what CPU tests check)
+            warm()
+            return self._keep(size, tail, _Graph(body, inputs, slot[0]))
         graph = torch.cuda.CUDAGraph()
-        stream = self._stream
-        assert stream is not None
-        with _CAPTURE:
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(2):  # outside the graph first: cuBLAS / cuDNN pick their kernels, workspaces exist
-                    warm = self.fn(*inputs)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            out = self._buffers.view(len(tail), tuple(warm.shape), warm.dtype)  # the output slot: after the inputs
-            del warm
-            with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"), \
-                    torch.inference_mode():
-                out.copy_(self.fn(*inputs))  # the result's own memory is freed in the pool once copied
-            torch.cuda.synchronize(self.device)
-        return self._keep(size, tail, _Graph(graph.replay, inputs, out))
+        capture(graph, self._pool, self._stream, body, warm)
+        return self._keep(size, tail, _Graph(graph.replay, inputs, slot[0]))
 
     def _keep(self, size: int, tail: list[tuple[Shape, torch.dtype]], g: _Graph) -> _Graph:
         self._graphs[(size, tuple(tail))] = g

@@ -10,12 +10,14 @@ write block 0 of each pool, which the pools never hand out.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from .paged import Gather
 
+T = TypeVar("T")
 _FIELDS = ("tokens", "positions", "slots", "self_lens", "cross_lens", "first")
 _CAPTURE = threading.Lock()  # one capture at a time in the process (each runner thread has its own graphs)
 _OWN_STREAMS: set[int] = set()  # the streams handed out by own_stream in this process
@@ -34,6 +36,23 @@ def own_stream(device: torch.device | str | None = None) -> torch.cuda.Stream:
                 _OWN_STREAMS.add(stream.cuda_stream)
                 return stream
     raise RuntimeError("no unused CUDA stream left in torch's pool")
+
+
+def capture(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream, body: Callable[[], T],
+            warm: Callable[[], object] | None = None) -> T:
+    """Capture ``body()`` into ``graph`` on ``stream`` (from ``own_stream``) with its memory in ``pool``; returns
+    what ``body`` returned. ``warm`` (``body`` if None) runs twice on that stream first, outside the graph: Triton
+    compiles, cuBLAS picks its kernels and makes the stream's workspace. One capture at a time in the process."""
+    with _CAPTURE:
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                (warm or body)()
+        torch.cuda.current_stream(stream.device).wait_stream(stream)
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            out = body()
+        torch.cuda.synchronize(stream.device)
+    return out
 
 
 class _Bucket:
@@ -113,16 +132,7 @@ class StepGraphs:
         return bucket.out
 
     def _capture(self, bucket: _Bucket) -> None:
-        with _CAPTURE:
-            stream = self._stream
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up outside the graph: Triton compiles, cuBLAS picks its kernels
-                    self.engine.forward(bucket.inputs)
-            torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(bucket.graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
-                bucket.out = self.engine.forward(bucket.inputs)
-            torch.cuda.synchronize()
+        bucket.out = capture(bucket.graph, self._pool, self._stream, lambda: self.engine.forward(bucket.inputs))
         self.captured += 1
 
 

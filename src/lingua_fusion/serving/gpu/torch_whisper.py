@@ -23,7 +23,8 @@ from ...models.asr_whisper import ZH_PROMPT, collapse_repeats, window_samples
 from ...types import SR
 from ..ports import AsrInput, AsrOutput
 from .decoder import Decoded
-from .encoder_graphs import EncoderGraphs, powers_of_two
+from .encoder_graphs import EncoderGraphs
+from .graphs import buckets_up_to
 from .models import WhisperDecoder
 from .recipes import confidence
 from .runner import GpuRunner
@@ -105,7 +106,7 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
     graphs = None
     if device.startswith("cuda"):
         try:
-            graphs = encoder_graphs(asr, powers_of_two(ENCODE_BATCH))
+            graphs = encoder_graphs(asr, buckets_up_to(ENCODE_BATCH, smallest=1))
         except RuntimeError as exc:  # a CUDA build or driver that cannot capture: serve, one launch per operator
             log.warning("%s: CUDA graphs of the Whisper encoder failed (%s); it runs without them", name, exc)
     recipe = TorchWhisperRecipe(asr, language, encoder=graphs)
