@@ -36,7 +36,7 @@ import torch
 
 from ...errors import CapacityExhausted
 from .blocks import BlockPool
-from .device_call import done_event, wait
+from .device_call import wait
 from .paged import Gather, PagedKV, slots_of
 
 Attend = Callable[..., torch.Tensor]
@@ -376,9 +376,7 @@ class DecodeEngine:
             best, best_lp = self.forward(inputs.to_device(self.device, self.pool.block_size,
                                                           self.cross_pool.block_size))
         if best.is_cuda:  # wait for the GPU without holding Python's lock (a bare .tolist() holds it while the
-            done = done_event()  # step runs, and the event loop serving the streams starves)
-            done.record()
-            wait(done)
+            wait()  # step runs, and the event loop serving the streams starves)
         best_l, best_lp_l = best.tolist()[:n], best_lp.tolist()[:n]
         self.steps += 1
         self.tokens += len(batch)

@@ -1,13 +1,13 @@
 """Small GPU calls made from a thread that shares Python's lock with the event loop.
 
-``wait(event)``: block until the GPU has passed ``event`` with Python's lock free meanwhile (a plain ``.cpu()`` or
-``.tolist()`` holds it while the GPU catches up, and every other thread of the process, the event loop first, waits
-with it). ``Event.synchronize`` releases the lock while it waits, and an event made by ``done_event`` (blocking)
-puts the thread to sleep in the driver until then, instead of spinning on a core. (An earlier version polled
-``event.query()`` every 0.2 ms: each poll took Python's lock back, up to 5,000 times a second per waiting thread,
-and under load each of those could wait a switch interval for it.) ``DeviceCall``: ``fn`` on host tensors moved to
-the device, its float result back as numpy; on CUDA on a stream of its own (another runner's encoder batch or
-decoder steps are not in its way), with pinned copies and ``wait``; elsewhere plainly.
+``wait(stream)``: block until the GPU has run what is queued on ``stream`` so far, with Python's lock free meanwhile
+(a plain ``.cpu()`` or ``.tolist()`` holds it while the GPU catches up, and every other thread of the process, the
+event loop first, waits with it). It records a blocking event and synchronizes on it: torch's binding releases the
+lock, and a blocking event puts the thread to sleep in the driver instead of spinning on a core. (An earlier version
+polled ``event.query()`` every 0.2 ms: each poll took Python's lock back, up to 5,000 times a second per waiting
+thread, and under load each of those could wait a switch interval for it.) ``DeviceCall``: ``fn`` on host tensors
+moved to the device, its float result back as numpy; on CUDA on a stream of its own (another runner's encoder batch
+or decoder steps are not in its way), with pinned copies and ``wait``; elsewhere plainly.
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ import torch
 from .graphs import own_stream
 
 
-def done_event() -> torch.cuda.Event:
-    """An event whose ``synchronize`` sleeps until the GPU passes it (cudaEventBlockingSync), timing off."""
-    return torch.cuda.Event(blocking=True)
-
-
-def wait(event: torch.cuda.Event) -> None:
-    event.synchronize()  # Python's lock is released for the wait (torch's binding)
+def wait(stream: torch.cuda.Stream | None = None) -> None:
+    """Until the GPU has run what is queued on ``stream`` (the current one if None), asleep and without the lock."""
+    done = torch.cuda.Event(blocking=True)  # cudaEventBlockingSync: its synchronize sleeps
+    done.record(stream)
+    done.synchronize()  # Python's lock is released for the wait (torch's binding)
 
 
 class DeviceCall:
@@ -44,7 +42,5 @@ class DeviceCall:
             result = fn(*(t.pin_memory().to(self.device, non_blocking=True) for t in host))
             out = torch.empty(result.shape, dtype=torch.float32, pin_memory=True)
             out.copy_(result, non_blocking=True)
-            done = done_event()
-            done.record(self.stream)
-        wait(done)
+        wait(self.stream)
         return out.numpy()
