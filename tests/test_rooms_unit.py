@@ -392,15 +392,15 @@ async def test_rooms_without_their_redis_say_the_rooms_store_is_unavailable_not_
 def test_listen_announces_each_break_once_before_retrying() -> None:
     """``listen(on_break=...)``: a broken listener connection is announced once when reconnecting starts (the CLI
     prints "connection lost; reconnecting"), not at each failed try, and again at the next break."""
-    from lingua_fusion.sdk.rooms import _State, _wait
+    from lingua_fusion.sdk.rooms import _State
 
-    st = _State(0, reconnect_timeout=60.0)
     said: list[float] = []
+    st = _State(0, reconnect_timeout=60.0, on_break=said.append)
     for code in (1012, None, 1012):  # one break: three tries that fail
-        assert _wait(st, code, said.append) > 0
+        assert st.broken(code) > 0
     assert said == [60.0]
-    st.deadline = 0.0  # what listen does once a connection works again
-    _wait(st, 1012, said.append)
+    assert st.event('{"type": "partial", "text": "x"}') is not None  # an event: the connection works again
+    st.broken(1012)
     assert said == [60.0, 60.0]
 
 

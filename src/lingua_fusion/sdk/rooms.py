@@ -30,16 +30,18 @@ def listen_url(base_url: str, room_id: str, targets: list[str], after_seq: int, 
 
 
 class _State:
-    def __init__(self, after_seq: int, reconnect_timeout: float) -> None:
+    def __init__(self, after_seq: int, reconnect_timeout: float,
+                 on_break: Callable[[float], None] | None = None) -> None:
         self.last_seq = after_seq
         self.reconnects = 0
-        self.deadline = 0.0
+        self.deadline = 0.0  # while reconnecting: when to give up; 0 while the connection works
         self.reconnect_timeout = reconnect_timeout
+        self.on_break = on_break
         self.error: dict[str, Any] | None = None
-        self.new_break = False
 
     def event(self, raw: str | bytes) -> StreamEvent | None:
         """The event to give, or None (a final already given before a reconnection)."""
+        self.deadline = 0.0  # working again once an event came (an accept then a close is still one break)
         ev = StreamEvent.model_validate(json.loads(raw))
         if ev.type == "final" and ev.seq is not None:
             if ev.seq <= self.last_seq:
@@ -56,24 +58,22 @@ class _State:
             raise from_code(err.get("code", "internal"), err.get("message", f"the room closed the connection "
                                                                             f"({code})"), details=err.get("details"))
         now = time.monotonic()
-        self.new_break = not self.deadline  # the first retry since the connection last worked
-        if not self.deadline:
+        if not self.deadline:  # the first retry since the connection last worked: a new break
             self.deadline = now + self.reconnect_timeout
+            self._announce()
         if now > self.deadline:
             raise BackendError("lost the room's connection and could not reconnect")
         self.error = None
         self.reconnects += 1
         return min(2.0, 0.25 * 2 ** min(self.reconnects, 3))
 
-
-def _wait(st: _State, code: int | None, on_break: Callable[[float], None] | None) -> float:
-    delay = st.broken(code)
-    if st.new_break and on_break is not None:
+    def _announce(self) -> None:
+        if self.on_break is None:
+            return
         try:
-            on_break(st.reconnect_timeout)
+            self.on_break(self.reconnect_timeout)
         except Exception:  # a caller's notice must not end the listener
             log.exception("listen: on_break failed")
-    return delay
 
 
 def listen(base_url: str, room_id: str, token: str, targets: list[str], *, after_seq: int = 0, speech: bool = False,
@@ -85,14 +85,13 @@ def listen(base_url: str, room_id: str, token: str, targets: list[str], *, after
     from websockets.exceptions import ConnectionClosed, WebSocketException
     from websockets.sync.client import connect
 
-    st = _State(after_seq, reconnect_timeout)
+    st = _State(after_seq, reconnect_timeout, on_break)
     while True:
         code: int | None = None
         try:
             with connect(listen_url(base_url, room_id, targets, st.last_seq, speech), open_timeout=open_timeout,
                          additional_headers={"Authorization": f"Bearer {token}"}, max_size=16 * 1024 * 1024) as ws:
                 for raw in ws:
-                    st.deadline = 0.0  # working again once an event came (an accept then a close is still a break)
                     ev = st.event(raw)
                     if ev is not None and ev.type != "error":
                         yield ev
@@ -104,7 +103,7 @@ def listen(base_url: str, room_id: str, token: str, targets: list[str], *, after
         except (OSError, WebSocketException, TimeoutError) as exc:
             if not st.deadline and st.reconnects == 0:
                 raise BackendError(f"cannot reach the room at {base_url}: {exc}") from exc
-        time.sleep(_wait(st, code, on_break))
+        time.sleep(st.broken(code))
 
 
 async def alisten(base_url: str, room_id: str, token: str, targets: list[str], *, after_seq: int = 0,
@@ -116,7 +115,7 @@ async def alisten(base_url: str, room_id: str, token: str, targets: list[str], *
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, WebSocketException
 
-    st = _State(after_seq, reconnect_timeout)
+    st = _State(after_seq, reconnect_timeout, on_break)
     while True:
         code: int | None = None
         try:
@@ -124,7 +123,6 @@ async def alisten(base_url: str, room_id: str, token: str, targets: list[str], *
                                open_timeout=open_timeout, additional_headers={"Authorization": f"Bearer {token}"},
                                max_size=16 * 1024 * 1024) as ws:
                 async for raw in ws:
-                    st.deadline = 0.0  # working again once an event came (an accept then a close is still a break)
                     ev = st.event(raw)
                     if ev is not None and ev.type != "error":
                         yield ev
@@ -136,4 +134,4 @@ async def alisten(base_url: str, room_id: str, token: str, targets: list[str], *
         except (OSError, WebSocketException, TimeoutError) as exc:
             if not st.deadline and st.reconnects == 0:
                 raise BackendError(f"cannot reach the room at {base_url}: {exc}") from exc
-        await asyncio.sleep(_wait(st, code, on_break))
+        await asyncio.sleep(st.broken(code))
