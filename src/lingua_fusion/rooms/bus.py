@@ -168,14 +168,19 @@ class _Tokens:
     expires: float  # on ``clock``
 
 
+@dataclass
+class _Record:
+    room: Room  # the directory's own copy
+    expires: float  # on ``clock``: ttl_s after the record's last create, save or touch
+
+
 class LocalRoomDirectory:
     def __init__(self, *, max_tokens: int = MAX_TOKENS, ttl_s: float = TTL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_tokens = max_tokens
         self.ttl_s = ttl_s
         self.clock = clock
-        self._rooms: dict[str, Room] = {}
-        self._room_expires: dict[str, float] = {}  # on ``clock``: ttl_s after the record's last create or save
+        self._rooms: dict[str, _Record] = {}
         self._tokens: dict[str, _Tokens] = {}
         self._presence: dict[str, dict[str, tuple[dict[str, int], float]]] = {}
 
@@ -187,6 +192,15 @@ class LocalRoomDirectory:
             return None
         return tokens
 
+    def _live_record(self, room_id: str) -> _Record | None:
+        """The room's record unless it expired (then it is dropped with its presence, as Redis drops the key)."""
+        record = self._rooms.get(room_id)
+        if record is not None and record.expires <= self.clock():
+            del self._rooms[room_id]
+            self._presence.pop(room_id, None)
+            return None
+        return record
+
     def _touch(self, room_id: str) -> None:
         tokens = self._live_tokens(room_id)
         if tokens is not None:
@@ -196,38 +210,30 @@ class LocalRoomDirectory:
         now = self.clock()
         for rid in [r for r, t in self._tokens.items() if t.expires <= now]:  # every room's, once per new room
             del self._tokens[rid]
-        for rid in [r for r, until in self._room_expires.items() if until <= now]:
-            self._drop_record(rid)
+        for rid in list(self._rooms):
+            self._live_record(rid)
         self._put(room)
         self._tokens[room.room_id] = _Tokens({token_digest}, now + self.ttl_s)
 
     def _put(self, room: Room) -> None:
-        self._rooms[room.room_id] = Room.from_dict(room.to_dict())
-        self._room_expires[room.room_id] = self.clock() + self.ttl_s
-
-    def _drop_record(self, room_id: str) -> None:
-        self._rooms.pop(room_id, None)
-        self._room_expires.pop(room_id, None)
-        self._presence.pop(room_id, None)
+        self._rooms[room.room_id] = _Record(Room.from_dict(room.to_dict()), self.clock() + self.ttl_s)
 
     def _live_rooms(self) -> list[Room]:
         now = self.clock()
-        return [r for rid, r in self._rooms.items() if self._room_expires.get(rid, now) > now]
+        return [r.room for r in self._rooms.values() if r.expires > now]
 
     async def get(self, room_id: str) -> Room | None:
-        room = self._rooms.get(room_id)
-        if room is not None and self._room_expires.get(room_id, 0.0) <= self.clock():
-            self._drop_record(room_id)  # as Redis drops an expired key
-            return None
-        return Room.from_dict(room.to_dict()) if room is not None else None  # a copy, as Redis would give
+        record = self._live_record(room_id)
+        return Room.from_dict(record.room.to_dict()) if record is not None else None  # a copy, as Redis would give
 
     async def save(self, room: Room) -> None:
         self._put(room)
         self._touch(room.room_id)
 
     async def touch(self, room: Room) -> None:
-        if room.room_id in self._room_expires and self._room_expires[room.room_id] > self.clock():
-            self._room_expires[room.room_id] = self.clock() + self.ttl_s
+        record = self._live_record(room.room_id)
+        if record is not None:
+            record.expires = self.clock() + self.ttl_s
         self._touch(room.room_id)
 
     async def rooms_of(self, owner: str) -> list[Room]:
@@ -251,7 +257,7 @@ class LocalRoomDirectory:
         return tokens is not None and token_digest in tokens.digests
 
     async def listen(self, room_id: str, gateway: str, counts: dict[str, int], until: float) -> None:
-        if self._room_expires.get(room_id, 0.0) <= self.clock():
+        if self._live_record(room_id) is None:
             return  # no live record (expired and dropped): its presence would never be dropped again
         self._presence.setdefault(room_id, {})[gateway] = (dict(counts), until)
 
