@@ -309,10 +309,17 @@ async def test_a_room_refuses_listener_tokens_past_its_cap_and_the_ones_it_gave_
     await rooms.close()
 
 
-async def test_in_process_listener_tokens_expire_a_day_after_the_rooms_last_write_as_on_redis() -> None:
+def clocked_rooms(max_tokens: int = 10_000) -> tuple[list[float], LocalRoomDirectory, RoomService]:
+    """In-process rooms on a clock the test moves (``now[0]``), with a 100 s TTL."""
     now = [1000.0]
-    directory = LocalRoomDirectory(max_tokens=2, ttl_s=100.0, clock=lambda: now[0])
-    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False)
+    directory = LocalRoomDirectory(max_tokens=max_tokens, ttl_s=100.0, clock=lambda: now[0])
+    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False,
+                        clock=lambda: now[0])
+    return now, directory, rooms
+
+
+async def test_in_process_listener_tokens_expire_a_day_after_the_rooms_last_write_as_on_redis() -> None:
+    now, directory, rooms = clocked_rooms(max_tokens=2)
     room, token = await rooms.create("key_owner", "en")
     now[0] += 90
     await directory.save(room)  # a write pushes the expiry on, as EXPIRE does on Redis
@@ -337,9 +344,7 @@ async def test_in_process_listener_tokens_expire_a_day_after_the_rooms_last_writ
 async def test_in_process_room_records_expire_a_day_after_the_last_save_as_on_redis() -> None:
     """A long-running server without Redis forgets rooms nobody wrote for ``ttl_s``, as Redis does, instead of
     keeping every room it ever made."""
-    now = [1000.0]
-    directory = LocalRoomDirectory(ttl_s=100.0, clock=lambda: now[0])
-    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False)
+    now, directory, rooms = clocked_rooms()
     room, _ = await rooms.create("key_owner", "en")
     room.stream_id = "s_1"
     now[0] += 90
@@ -410,10 +415,7 @@ async def test_a_room_live_for_longer_than_its_ttl_is_not_forgotten(monkeypatch:
     from lingua_fusion.rooms import publisher
 
     monkeypatch.setattr(publisher, "TOUCH_S", 30.0)
-    now = [1000.0]
-    directory = LocalRoomDirectory(ttl_s=100.0, clock=lambda: now[0])
-    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False,
-                        clock=lambda: now[0])
+    now, directory, rooms = clocked_rooms()
     s, _port, room_id = await published_room(rooms)
     token = await rooms.mint(room_id, "key_owner")
     for _ in range(8):  # 320 s on the rooms' clock; the publisher looks every 0.5 s
@@ -430,9 +432,7 @@ async def test_a_room_live_for_longer_than_its_ttl_is_not_forgotten(monkeypatch:
 
 
 async def test_touch_pushes_a_room_on_and_a_dropped_room_takes_no_presence() -> None:
-    now = [1000.0]
-    directory = LocalRoomDirectory(ttl_s=100.0, clock=lambda: now[0])
-    rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False)
+    now, directory, rooms = clocked_rooms()
     room, _ = await rooms.create("key_owner", "en")
     now[0] += 90
     await directory.touch(room)
