@@ -229,6 +229,7 @@ def check_mt_encoder_graphs(device: str, dtype: torch.dtype) -> dict[str, Any]:
     from lingua_fusion.serving.gpu.recipes import encoder_outputs, padded_ids
 
     model = marian(0, device, dtype)
+    pad = model.config.pad_token_id
     t = time.perf_counter()
     graphed = mt_encoder_graphs(model, device)
     capture_s = time.perf_counter() - t
@@ -239,14 +240,14 @@ def check_mt_encoder_graphs(device: str, dtype: torch.dtype) -> dict[str, Any]:
     worst = 0.0
     with torch.inference_mode():
         for ids in batches:
-            want = encoder_outputs(model.model.encoder, ids, 58100, dev)
-            batch, mask = padded_ids(ids, 58100, 8)
+            want = encoder_outputs(model.model.encoder, ids, pad, dev)
+            batch, mask = padded_ids(ids, pad, 8)
             got = graphed(batch.to(dev), mask.to(dev))
             worst = max(worst, max(float((got[i, : len(s)].float() - w.float()).abs().max())
                                    for i, (s, w) in enumerate(zip(ids, want, strict=True))))
         ids = batches[2]
-        batch, mask = padded_ids(ids, 58100, 8)
-        timing = time_calls({"hugging_face": lambda: encoder_outputs(model.model.encoder, ids, 58100, dev),
+        batch, mask = padded_ids(ids, pad, 8)
+        timing = time_calls({"hugging_face": lambda: encoder_outputs(model.model.encoder, ids, pad, dev),
                              "graphs": lambda: graphed(batch.to(dev), mask.to(dev))})
     return {"max_abs_diff": worst, "capture_s": round(capture_s, 1), "graphs": graphed.captured,
             "eager_calls_past_largest_bucket": graphed.eager, "batch64": timing}
