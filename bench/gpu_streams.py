@@ -92,9 +92,9 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
     logmel = LogMel(80).to(dev)
     vocab = mt_model.config.vocab_size
     graphs = args.graphs and args.kernel != "torch" and dev.startswith("cuda")  # the step's need Triton attention
-    encoder_graphs = args.graphs and args.encoder_graphs and dev.startswith("cuda") and not baseline
+    graphed = encoder_graph_parts(args) if dev.startswith("cuda") and not baseline else set()
     encode = hf_whisper_encoder(asr_model)
-    if encoder_graphs:  # one launch per encoder batch (serving/gpu/encoder_graphs.py)
+    if "asr" in graphed:  # one launch per encoder batch (serving/gpu/encoder_graphs.py)
         encode = asr_encoder_graphs(encode, dev, dtype)
     asr_recipe = WhisperRecipe(HFWhisperDecoder(asr_model), encode=encode,
                                mel=lambda a: logmel(a[None])[0], prompt=lambda _p: SOT, text=words,
@@ -105,7 +105,7 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
                                   tokenize=lambda s: [hash(w) % (vocab - 2) + 1 for w in s.split()],
                                   detokenize=words, start=vocab - 1, stop=frozenset({0}), pad=vocab - 1, device=dev,
                                   length_ratio=1.0, max_tokens=MT_MAX_TOKENS,
-                                  padded_encode=mt_encoder_graphs(mt_model, dev) if encoder_graphs else None)
+                                  padded_encode=mt_encoder_graphs(mt_model, dev) if "mt" in graphed else None)
     asr_sizes = pools(asr_recipe.decoder, args.asr_self_gb, args.asr_cross_gb, dtype)
     mt_sizes = pools(mt_recipe.decoder, args.mt_gb / 2, args.mt_gb / 2, dtype)
     if baseline:  # one stream's work at a time: no batch in the encoder or the decoder
@@ -117,6 +117,11 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
                       graphs=graphs, **asr_sizes),
             GpuRunner(mt_recipe, max_batch=args.max_batch, name="mt", dtype=dtype, device=dev, kernel=args.kernel,
                       graphs=graphs, **mt_sizes))
+
+
+def encoder_graph_parts(args: argparse.Namespace) -> set[str]:
+    """Which encoders replay from CUDA graphs (``--encoder-graphs``): none without the step's graphs either."""
+    return set(filter(None, args.encoder_graphs.split(","))) if args.graphs else set()
 
 
 def asr_encoder_graphs(encode: Any, dev: str, dtype: torch.dtype) -> Any:
@@ -752,8 +757,10 @@ def main() -> None:
     ap.add_argument("--mt-gb", type=float, default=6.0)
     ap.add_argument("--kernel", default="auto", help="paged attention: auto (Triton on CUDA), triton or torch")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="decode steps without CUDA graphs")
-    ap.add_argument("--no-encoder-graphs", dest="encoder_graphs", action="store_false",
-                    help="the ASR and MT encoders without CUDA graphs (their operators launched one by one)")
+    ap.add_argument("--encoder-graphs", default="asr,mt", choices=["asr,mt", "asr", "mt", ""],
+                    help="which encoders replay from CUDA graphs (the others launch their operators one by one)")
+    ap.add_argument("--no-encoder-graphs", dest="encoder_graphs", action="store_const", const="",
+                    help="the same as --encoder-graphs ''")
     ap.add_argument("--sample-stacks", type=Path, help="write where each thread spent the last stream run here")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (this process and the multi part's model processes): how long a "
@@ -811,7 +818,7 @@ def main() -> None:
         if not report["kernel_check"]["agree"]:
             args.kernel = "torch"  # never measure a kernel that gives other answers
     report["kernel"], report["cuda_graphs"] = args.kernel, args.graphs and args.device.startswith("cuda")
-    report["encoder_graphs"] = report["cuda_graphs"] and args.encoder_graphs
+    report["encoder_graphs"] = sorted(encoder_graph_parts(args)) if report["cuda_graphs"] else []
     args.json.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every part, so a run cut short by its time limit still leaves what it measured
@@ -819,7 +826,7 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=2))
     if args.warmup:  # Triton compiles and first-shape work land here, not in the first recorded run; every later
         # build captures its own encoder graphs, so this throwaway one takes none (about 336 captures saved)
-        asyncio.run(sweep(argparse.Namespace(**{**vars(args), "seconds": 6.0, "encoder_graphs": False}), asr_model,
+        asyncio.run(sweep(argparse.Namespace(**{**vars(args), "seconds": 6.0, "encoder_graphs": ""}), asr_model,
                           mt_model, baseline=False, counts=[args.warmup], rows=[]))
     if "decoder" in parts:
         report["decoder"] = decoder_figures(args, asr_model, [int(b) for b in args.decoder_batches.split(",")])
