@@ -93,6 +93,10 @@ class ModelSettings(BaseModel):
     # VAD with the engine on a CUDA device: "energy" (a level threshold) or "silero" (Silero v6 in torch, every
     # stream's windows in one batched call: serving/gpu/silero.py); on the CPU the engine keeps Silero on onnxruntime
     gpu_vad: Literal["energy", "silero"] = "energy"
+    # the engine's Whisper encoder on CUDA replayed from CUDA graphs (serving/gpu/encoder_graphs.py). Off: on the
+    # H200 it halved caption p99 in one model process, but four model processes sharing the GPU hit a CUDA illegal
+    # memory access (bench/results/gpu_encoder_graphs.json; cause not found yet)
+    encoder_graphs: bool = False
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
     user_mt_dirs: list[Path] = Field(default_factory=list)

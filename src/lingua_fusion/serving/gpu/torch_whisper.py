@@ -101,10 +101,10 @@ def encoder_graphs(asr: Any, batches: list[int]) -> EncoderGraphs:
 
 def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRunner:
     """A GpuRunner decoding ``asr``'s model (a loaded WhisperTorchASR) for ``language``; on CUDA its encoder runs
-    from CUDA graphs."""
+    from CUDA graphs when ``models.encoder_graphs`` is set."""
     device = settings.models.device
     graphs = None
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and settings.models.encoder_graphs:
         try:
             graphs = encoder_graphs(asr, buckets_up_to(ENCODE_BATCH, smallest=1))
         except RuntimeError as exc:  # a CUDA build or driver that cannot capture: serve, one launch per operator
