@@ -21,6 +21,7 @@ from lingua_fusion.media.audio import decode_audio
 from lingua_fusion.models.registry import Registry
 from lingua_fusion.observability import Metrics
 from lingua_fusion.serving.executor import Executor
+from lingua_fusion.serving.gpu.deferred import DeferredRunner
 from lingua_fusion.serving.gpu.runner import GpuRunner
 from lingua_fusion.serving.gpu.server import build_executor, engine_backends
 from lingua_fusion.serving.keys import ModelKey
@@ -63,9 +64,11 @@ async def test_engine_transcripts_equal_the_torch_backend() -> None:
     registry = Registry(settings)
     executor = build_executor(registry, settings, metrics)
     assert set(executor.backends) == {"asr"}  # MT on its CPU runner, VAD Silero (not CUDA)
-    runner = executor._runner(ModelKey.asr("en"))
-    assert isinstance(runner, GpuRunner)
+    deferred = executor._runner(ModelKey.asr("en"))
+    assert isinstance(deferred, DeferredRunner)  # built on its own thread, not on the event loop
     got = await _transcripts(executor, clips)
+    runner = deferred.built
+    assert isinstance(runner, GpuRunner)
 
     assert [t for t, _ in got] == [t for t, _ in expected], (got, expected)
     for (_, c_engine), (text, c_torch) in zip(got, expected, strict=True):

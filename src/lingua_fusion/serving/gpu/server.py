@@ -46,12 +46,15 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
     registry.decode_mt_with(mt_on_engine(settings, metrics))
 
     def asr(key: ModelKey) -> Any:
+        from .deferred import DeferredRunner
         from .torch_whisper import asr_runner
 
-        runner = asr_runner(registry.asr_torch(key.source), key.source, settings, str(key))
+        # built on a thread of its own (weights, pools, graphs): the event loop asking for it does not wait
+        runner = DeferredRunner(lambda: asr_runner(registry.asr_torch(key.source), key.source, settings, str(key)),
+                                str(key))
         if metrics is not None:
             metrics.gpu_memory.watch(str(key), lambda: runner.memory)
-        log.info("%s on the continuous engine (%s)", key, device)
+        log.info("%s on the continuous engine (%s), starting", key, device)
         return runner
 
     backends: dict[str, Callable[[ModelKey], Any]] = {"asr": asr}

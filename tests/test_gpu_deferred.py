@@ -1,0 +1,93 @@
+"""A GPU runner is built on its own thread (serving/gpu/deferred.py): the event loop serving every stream keeps
+running while a model's runner loads, the first call waits in the scheduler and then gets its result, and a runner
+that cannot be built fails its calls with a typed error instead of leaving them waiting.
+
+The built runner here is a stand-in (a ContinuousRunner that answers at once): what is under test is the executor
+and the deferral, not decoding (tests/test_gpu_engine_server.py runs the real engine through the same path)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pytest
+
+from lingua_fusion.config import Settings
+from lingua_fusion.errors import BackendError
+from lingua_fusion.serving.executor import Executor
+from lingua_fusion.serving.gpu.deferred import DeferredRunner
+from lingua_fusion.serving.keys import ModelKey
+from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext
+
+KEY = ModelKey.asr("en")
+
+
+class Answering:
+    """A ContinuousRunner that answers each clip with its length in samples."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def room(self) -> int:
+        return 64
+
+    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
+        out: list[Future[Any]] = []
+        for p in payloads:
+            f: Future[Any] = Future()
+            f.set_result(AsrOutput(f"{len(p.audio)} samples", 0.9))
+            out.append(f)
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _executor(build: Any) -> tuple[Executor, list[DeferredRunner]]:
+    made: list[DeferredRunner] = []
+
+    def factory(key: ModelKey) -> DeferredRunner:
+        made.append(DeferredRunner(build, str(key)))
+        return made[-1]
+
+    settings = Settings()
+    return Executor(None, settings, backends={"asr": factory}), made  # type: ignore[arg-type]
+
+
+async def test_the_loop_runs_while_the_runner_builds_and_the_first_call_then_gets_its_result() -> None:
+    release, building = threading.Event(), threading.Event()
+    built = Answering()
+
+    def build() -> Answering:
+        building.set()
+        if not release.wait(timeout=30):  # never hang the test
+            raise TimeoutError("the test never released the build")
+        return built
+
+    executor, made = _executor(build)
+    call = asyncio.create_task(executor.run(KEY, AsrInput(np.zeros(1600, np.float32)), CallContext(stream_id="s")))
+    ticks = 0
+    while not building.is_set() or ticks < 20:  # the loop goes round while build() is blocked on its thread
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert not call.done() and made[0].built is None and made[0].room() == 0
+    release.set()
+    out = await asyncio.wait_for(call, timeout=10)
+    assert out.text == "1600 samples" and made[0].built is built
+    await executor.close()
+    assert built.closed
+
+
+async def test_a_runner_that_cannot_be_built_fails_its_calls() -> None:
+    def build() -> Answering:
+        raise MemoryError("CUDA out of memory (the test's)")
+
+    executor, made = _executor(build)
+    ctx = CallContext(stream_id="s", tentative=True)  # no retries: the error comes back as it is
+    with pytest.raises(BackendError, match="could not start on the GPU engine: MemoryError"):
+        await asyncio.wait_for(executor.run(KEY, AsrInput(np.zeros(1600, np.float32)), ctx), timeout=10)
+    assert made[0].built is None
+    await executor.close()
