@@ -5,10 +5,13 @@ and bad input answered with 4xx codes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,3 +358,36 @@ def test_a_keys_vocabularies_hold_at_most_max_vocabulary_bytes_per_key(tmp_path:
             assert c.post(f"/v1/vocabularies/{vid}/examples", json=example).status_code == 201
     finally:
         stop_server(proc)
+
+
+def test_an_import_waits_for_a_file_slot_like_any_file_request(tmp_path: Path) -> None:
+    """Importing checks every example (features of each): work in the key's share of the file slots, so a flood of
+    imports cannot take the threads other requests need. With one slot and no waiting room, an import while a long
+    file translation holds the slot is refused 429 (before, it ran beside it)."""
+    from test_shutdown import long_talk
+
+    url, proc = start_server(tmp_path, "--no-auth", env={"LINGUAFUSION_SERVER__MAX_CONCURRENT_REQUESTS": "1",
+                                                          "LINGUAFUSION_SERVER__MAX_WAITING_REQUESTS": "0"})
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            vid = c.post("/v1/vocabularies", json={"name": "q", "kind": "sign"}).json()["vocabulary_id"]
+            c.post(f"/v1/vocabularies/{vid}/examples", json={"gloss": "wave", "frames": _random_frames(30, 1)})
+            doc = c.get(f"/v1/vocabularies/{vid}/export").json()
+            assert c.post("/v1/vocabularies/import", json=doc).status_code == 201  # a free slot: imported
+            holder = threading.Thread(target=_post_quietly, args=(url, long_talk()), daemon=True)
+            holder.start()  # 600 s of speech: it holds the only slot for the rest of the test
+            for _ in range(600):  # until it has the slot, 60 s at most
+                if "linguafusion_requests_in_flight 1.0" in c.get("/metrics").text:
+                    break
+                time.sleep(0.1)
+            r = c.post("/v1/vocabularies/import", json=doc)
+            assert r.status_code == 429 and r.json()["error"]["code"] == "overloaded", r.text
+            assert len(c.get("/v1/vocabularies").json()["vocabularies"]) == 2  # nothing imported the second time
+    finally:
+        stop_server(proc)
+
+
+def _post_quietly(url: str, wav: bytes) -> None:
+    with contextlib.suppress(httpx.HTTPError):  # the server is stopped under it
+        httpx.post(url + "/v1/translate", files={"file": ("talk.wav", wav, "audio/wav")},
+                   data={"target_lang": "es", "source_lang": "en"}, timeout=120)

@@ -184,7 +184,9 @@ async def export_vocabulary(vocab_id: str, request: Request, key: TranslateKey) 
 async def import_vocabulary(request: Request, key: TranslateKey) -> JSONResponse:
     doc = await _json(request)
     name = request.query_params.get("name")
-    vocab = await asyncio.to_thread(_vision(request).store.import_, key.key_id, doc, name)
+    ctx = context(request)  # every example is checked (its features computed): work in the key's share of slots
+    vocab = await ctx.admission.run(key.key_id, Deadline(ctx.settings.server.request_timeout_s),
+                                    functools.partial(_vision(request).store.import_, key.key_id, doc, name))
     return JSONResponse(vocab.to_dict(), status_code=201)
 
 
