@@ -370,13 +370,15 @@ class DecodeEngine:
             cross_tables=self._cross_table[crows],
             cross_lens=np.fromiter((self._cross_len[s.cross] for s in batch), dtype=np.int64, count=n),
             first=np.fromiter((s.pos + 1 == len(s.prompt) for s in batch), dtype=np.int64, count=n))
-        if self.graphs is not None and self.graphs.fits(n):
-            best, best_lp = self.graphs.run(inputs)
-        else:
-            best, best_lp = self.forward(inputs.to_device(self.device, self.pool.block_size,
-                                                          self.cross_pool.block_size))
-        if best.is_cuda:  # wait for the GPU without holding Python's lock (a bare .tolist() holds it while the
-            wait()  # step runs, and the event loop serving the streams starves)
+        try:
+            if self.graphs is not None and self.graphs.fits(n):
+                best, best_lp = self.graphs.run(inputs)
+            else:
+                best, best_lp = self.forward(inputs.to_device(self.device, self.pool.block_size,
+                                                              self.cross_pool.block_size))
+        finally:  # also when the step raised: the next step's inputs go into the same pinned buffer, which must
+            if self.device.type == "cuda":  # not be rewritten while this step's copy from it may still be queued
+                wait()  # without holding Python's lock (a bare .tolist() holds it while the step runs)
         best_l, best_lp_l = best.tolist()[:n], best_lp.tolist()[:n]
         self.steps += 1
         self.tokens += len(batch)
