@@ -267,6 +267,42 @@ async def test_a_resume_refused_by_a_draining_server_does_not_take_the_stream_ov
     assert "error:taken_over" not in first.types()
 
 
+CAPS = {"total": ("max_streams", 1), "per_key": ("max_streams_per_key", 1)}
+
+
+@pytest.mark.parametrize(("kind", "cap"), [("sqlite", "total"), ("sqlite", "per_key"),
+                                           pytest.param("redis", "total", marks=needs_redis)])
+async def test_a_resume_refused_for_capacity_does_not_take_the_stream_over(kind: str, cap: str,
+                                                                           tmp_path: Path) -> None:
+    """Server B is full (one stream allowed, in all or for the key, and another stream holds it). A resume there of
+    a stream live on server A is refused (overloaded, 4429) before it claims the stream: the connection on A keeps
+    it and goes on captioning the text it sends (before, the refused resume had claimed the stream first, and the
+    healthy connection on A ended taken_over at its next caption although the refusal said nothing happened)."""
+    settings = settings_for(tmp_path)
+    setattr(settings.server, *CAPS[cap])
+    if kind == "redis":
+        settings.state.redis_url = REDIS
+    async with two_servers(settings) as (apps, url_a, url_b):
+        first, send_first = await open_ws(url_a, start(0.5))
+        ready = await first.until(lambda e: e["type"] == "ready")
+        await send_first("One.", 1.0)
+        await first.until(lambda e: e["type"] == "final")
+        other, _ = await open_ws(url_b, start(0.5))  # fills server B
+        await other.until(lambda e: e["type"] == "ready")
+        resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
+                                              "last_seq": 1}}
+        refused, _ = await open_ws(url_b, resume)
+        assert refused.task is not None
+        await asyncio.wait_for(refused.task, 10)
+        assert refused.types() == ["error:overloaded"] and refused.close_code == 4429
+        await send_first("Two.", 2.0)
+        second = await first.until(lambda e: e["type"] in ("error", "final") and e.get("seq") != 1)
+        assert second.get("seq") == 2 and second.get("text") == "Dos.", first.events
+        assert list(apps[0].state.streams.sessions) == [ready["stream_id"]]
+    assert "error:taken_over" not in first.types()
+    assert not any(e["type"] == "ready" for e in refused.events)
+
+
 class _BothClaimsInFlight:
     """The real SQLite stream store; ``claim`` returns only once two resumes are claiming at the same time (the
     window two reconnects of one client hit when the store is slow)."""
@@ -319,3 +355,97 @@ async def test_two_concurrent_resumes_on_one_server_leave_one_live_session(tmp_p
     finally:
         await service.close()
         translator.close()
+
+
+@contextlib.asynccontextmanager
+async def local_service(settings: Settings, store: Any = None) -> AsyncIterator[StreamService]:
+    """A StreamService on the real executor and a SQLite stream store (``store`` wraps it when given)."""
+    from lingua_fusion.serving.executor import Executor
+    from lingua_fusion.state.streams import SQLiteStreamStore
+    from lingua_fusion.stream.journal import StreamLog
+
+    translator = LocalTranslator(settings)
+    real = SQLiteStreamStore(settings.state_dir)
+    service = StreamService(Executor(translator.engine.registry, settings), settings,
+                            log=StreamLog(real if store is None else store(real)))
+    try:
+        yield service
+    finally:
+        await service.close()
+        translator.close()
+
+
+@pytest.mark.parametrize("cap", ["per_key", "total"])
+async def test_a_takeover_on_a_full_server_needs_no_capacity_of_its_own(cap: str, tmp_path: Path) -> None:
+    """A resume of a stream live on this server replaces its connection; it does not add a stream, so a full
+    server (its total, or the resuming key's quota) does not refuse it: the new session has the stream, the old one
+    ends taken_over, and the counts are what they were (before, the old session was ended first and an admin
+    key at its own quota resuming another key's stream was then refused: the stream was lost to both)."""
+    from lingua_fusion.errors import TakenOver
+    from lingua_fusion.stream.service import Principal
+
+    settings = settings_for(tmp_path)
+    setattr(settings.server, *CAPS[cap] if cap == "per_key" else ("max_streams", 2))
+    owner, admin = Principal("key_a"), Principal("key_admin", admin=True)
+    async with local_service(settings) as service:
+        first = await service.open(start(0.5), owner)
+        ready = first.greeting[0].to_wire()
+        await service.open(start(0.5), admin)  # the server (cap 2) and the admin key (cap 1) are full now
+        with pytest.raises(Overloaded):
+            await service.open(start(0.5), admin)
+        resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
+                                              "last_seq": 0}}
+        resumed = await service.open(resume, admin)
+        assert resumed.greeting[0].to_wire()["resumed"] is True and resumed.session.error is None
+        assert isinstance(first.session.error, TakenOver)
+        assert service.sessions[ready["stream_id"]] is resumed.session
+        assert service.quota.open == {"key_a": 1, "key_admin": 1}
+        assert len(service.executor.scheduler.admitted) == 2
+        resumed.session.abort()
+        assert service.quota.open == {"key_a": 0, "key_admin": 1}
+        assert len(service.executor.scheduler.admitted) == 1
+
+
+class _DrainDuringClaim:
+    """The real SQLite stream store; its ``claim`` starts the service's drain (the drain begins while a resume waits
+    on the store)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.service: StreamService | None = None
+
+    def claim(self, stream_id: str, token: str) -> dict[str, Any]:
+        assert self.service is not None
+        self.service.draining = True
+        return self.real.claim(stream_id, token)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+async def test_a_resume_that_claimed_the_stream_before_a_drain_is_closed_draining_not_refused(
+        tmp_path: Path) -> None:
+    """A drain that begins after a resume claimed the stream cannot refuse it any more (the old connection was
+    told taken_over; a refusal would leave the stream with nobody): the resume gets its ``ready`` and then
+    ``draining`` (1012: resume elsewhere), and lets go of its quota (before, it was refused as overloaded, 4429)."""
+    from lingua_fusion.errors import Draining
+    from lingua_fusion.stream.service import Principal
+
+    wrapped: list[_DrainDuringClaim] = []
+
+    def wrap(real: Any) -> _DrainDuringClaim:
+        wrapped.append(_DrainDuringClaim(real))
+        return wrapped[0]
+
+    who = Principal("key_a")
+    async with local_service(settings_for(tmp_path), wrap) as service:
+        wrapped[0].service = service
+        first = await service.open(start(0.5), who)
+        ready = first.greeting[0].to_wire()
+        first.session.abort()  # the connection broke
+        resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
+                                              "last_seq": 0}}
+        resumed = await service.open(resume, who)
+        assert resumed.greeting[0].to_wire()["resumed"] is True
+        assert isinstance(resumed.session.error, Draining)
+        assert service.sessions == {} and service.quota.open == {"key_a": 0}

@@ -1,13 +1,16 @@
 """The StreamService: the one owner of live streams, used by the WebSocket route and by in-process streams alike.
 
 ``open`` runs the whole ceremony of a stream's start (auth is the caller's): parse the start message (or the resume
-request: only the key that opened the stream, or an admin key, may resume it; an older session of the same stream
-ends with ``taken_over``, here or on another worker process or server sharing the stream store: the resume
-claims the stream's owner epoch, and the old session's next write is refused), per-key quota, drain check, admission,
-registration, the ``ready`` event, and for a resume the finals the client missed (exactly once, in order) with a
-notice when compaction dropped some. ``drain`` ends every stream for a shutdown. The service is also where the SLO
-breaker lives: it hears every caption's latency (StreamOwner) and every committed model stage's (StageObserver),
-and applies the breaker's transitions to its streams: notices, fewer partials and frames, shedding.
+request: only the key that opened the stream, or an admin key, may resume it), drain check, capacity (per-key quota
+and admission), then for a resume the take-over (an older session of the same stream ends with ``taken_over``, here
+or on another worker process or server sharing the stream store: the resume claims the stream's owner epoch, and the
+old session's next write is refused), registration, the ``ready`` event, and for a resume the finals the client
+missed (exactly once, in order) with a notice when compaction dropped some. Capacity comes before the claim, so a
+resume refused for capacity or for a drain has taken nothing over; and a stream holds one reservation here however
+many connections take it over in turn (``_Hold``), so a takeover of a stream live here needs no capacity of its own.
+``drain`` ends every stream for a shutdown. The service is also where the SLO breaker lives: it hears every
+caption's latency (StreamOwner) and every committed model stage's (StageObserver), and applies the breaker's
+transitions to its streams: notices, fewer partials and frames, shedding.
 """
 
 from __future__ import annotations
@@ -79,6 +82,17 @@ class RoomHost(Protocol):
 
 
 @dataclass
+class _Hold:
+    """A stream's one reservation here: a slot of ``key_id``'s quota and its admission by the executor. Its live
+    session holds it, and so does every open of the stream under way (a resume taking it over); the last to let go
+    frees it. ``admitted`` is answered once admission has: an open that finds it pending waits for that answer."""
+
+    key_id: str
+    admitted: asyncio.Future[bool]
+    count: int = 1
+
+
+@dataclass
 class Opened:
     """A stream that is live: what to send first (``ready``; on a resume the finals the client missed, and
     ``closed`` when the stream had ended already), then the session's own events."""
@@ -100,7 +114,7 @@ class StreamService:
         self.quota = quota or KeyQuota(settings.server.max_streams_per_key)
         self.baseline = baseline  # serves start messages with "engine": "per-stream" (admin keys, benchmarks)
         self.sessions: dict[str, StreamSession] = {}
-        self._owners: dict[str, str] = {}  # stream id -> key id holding the quota
+        self._holds: dict[str, _Hold] = {}  # stream id -> its reservation (quota and admission)
         self.image_slots = Slots(settings.server.max_images_in_flight)  # decoded frames, all streams together
         self.draining = False
         self.breaker = SLOBreaker(dict(SLO_CLASSES), window_s=settings.server.breaker_window_s,
@@ -123,46 +137,93 @@ class StreamService:
             return await self.baseline.open({**msg, "engine": "batched"}, who)
         self._refuse_if_draining()  # before a resume's claim: a server that will not serve it does not take it over
         snapshot: dict[str, Any] | None = None
-        last_seq = 0
+        req: ResumeRequest | None = None
         if msg.get("resume") is not None:
             req = parse_resume(msg["resume"])
-            spec, snapshot = await self._resume(req, who)
-            last_seq = req.last_seq
+            spec = await self._resumable(req, who)
         else:
             gid = msg.get("glossary_id")
             terms = self.glossary_for(who, str(gid)) if gid and self.glossary_for is not None else []
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
             spec.key_id = who.key_id
             spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
-        self._refuse_if_draining()  # it may have begun while this resume waited on the store
-        self.quota.take(who.key_id)
+        # capacity before the claim: a resume refused for it (or for a drain) has taken nothing over, and the
+        # connection still serving the stream, here or elsewhere, keeps it
+        held = await self._hold(spec, who)
         try:
-            await self.executor.reserve(self.executor.demand(spec.stream_id, spec.slo, spec.source_lang,
-                                                             spec.targets, spec.partials, spec.policy.step_s,
-                                                             spec.inputs), who.key_id)
+            self._refuse_if_draining()  # it may have begun while this open waited on the store or on admission
+            if req is not None:
+                snapshot = await self._take_over(req)
         except BaseException:
-            self.quota.give(who.key_id)
+            self._unhold(spec.stream_id, held)
             raise
-        self._owners[spec.stream_id] = who.key_id
         trace = None if self.tracer is None else self.tracer.stream(
             spec.stream_id, spec.key_id, spec.slo, spec.source_lang, spec.targets, resumed=snapshot is not None)
         session = StreamSession(spec, self.executor, self, self.settings, log=self.log, resume=snapshot,
                                 image_slots=self.image_slots, trace=trace)
-        self.sessions[spec.stream_id] = session
+        self.sessions[spec.stream_id] = session  # the session holds the reservation now; released() lets it go
         try:
             greeting: list[Event] = [await session.open()]
             finished = False
             if msg.get("room") not in (None, False) and self.rooms is not None:  # publish it as a room
                 await self.rooms.attach(session, msg["room"], who.key_id, greeting[0])
             if snapshot is not None:
-                greeting += await self._replay(spec.stream_id, last_seq, int(snapshot.get("log_from", 1)))
+                assert req is not None
+                greeting += await self._replay(spec.stream_id, req.last_seq, int(snapshot.get("log_from", 1)))
                 if snapshot.get("closed"):
                     greeting.append(Closed(finals=session.seq))
                     finished = True
         except BaseException:
             session.abort()
             raise
+        if self.draining and not finished:  # the drain began while this open waited (a resume's claim, the log):
+            # a claimed stream is this client's now, so it is not refused (that would leave it unowned) but closed
+            # with `draining` (1012: resume elsewhere), as the drain closes every stream here
+            session.fail(Draining("the server is shutting down; reconnect to resume this stream"))
         return Opened(session, greeting, finished)
+
+    async def _hold(self, spec: StreamSpec, who: Principal) -> _Hold:
+        """Capacity for ``spec``'s stream, or ``Overloaded`` (4429) with nothing else changed. A stream that holds
+        a reservation here already (its session is live here, or another open of it is under way) needs no more:
+        a takeover replaces a connection, it does not add a stream. Otherwise a slot of ``who``'s quota and the
+        executor's admission (across every worker of ``serve --workers``, serving/shard)."""
+        sid = spec.stream_id
+        held = self._holds.get(sid)
+        if held is not None:
+            held.count += 1
+            try:
+                admitted = await asyncio.wait_for(asyncio.shield(held.admitted),
+                                                  self.settings.server.request_timeout_s)
+            except BaseException:
+                self._unhold(sid, held)
+                raise
+            if not admitted:  # the open that asked was refused (and dropped the reservation): so is this one
+                raise Overloaded("no capacity for this stream now; retry later", retry_after=5.0)
+            return held
+        self.quota.take(who.key_id)
+        held = _Hold(who.key_id, asyncio.get_running_loop().create_future())
+        self._holds[sid] = held
+        try:
+            await self.executor.reserve(self.executor.demand(sid, spec.slo, spec.source_lang, spec.targets,
+                                                             spec.partials, spec.policy.step_s, spec.inputs),
+                                        who.key_id)
+        except BaseException:
+            del self._holds[sid]
+            self.quota.give(who.key_id)
+            held.admitted.set_result(False)
+            raise
+        held.admitted.set_result(True)
+        return held
+
+    def _unhold(self, stream_id: str, held: _Hold) -> None:
+        """One holder of ``stream_id``'s reservation lets go; the last frees its quota slot and admission."""
+        if self._holds.get(stream_id) is not held:
+            return  # refused, so dropped already
+        held.count -= 1
+        if held.count == 0:
+            del self._holds[stream_id]
+            self.executor.release(stream_id)
+            self.quota.give(held.key_id)
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
@@ -179,17 +240,24 @@ class StreamService:
         self.vision.store.recogniser(who.key_id, vid)  # not found for another key; refused when untaught
         return vid
 
-    async def _resume(self, req: ResumeRequest, who: Principal) -> tuple[StreamSpec, dict[str, Any]]:
+    async def _resumable(self, req: ResumeRequest, who: Principal) -> StreamSpec:
+        """The stream ``req`` names, if ``who`` may resume it (read only: nothing is claimed yet)."""
         if self.log is None:
             raise InvalidParameter("this engine keeps no stream log: streams cannot be resumed")
-        spec, snapshot = await self._snapshot(req)
+        spec = await self._snapshot(req)
         if spec.key_id != who.key_id and not who.admin:
             # the token alone is not enough: a stream's captions belong to the key that opened it
             raise PermissionDenied("this stream was opened with another API key; only that key can resume it")
-        old = self.sessions.get(spec.stream_id)
+        return spec
+
+    async def _take_over(self, req: ResumeRequest) -> dict[str, Any]:
+        """Claim the stream (its capacity is held already); the snapshot to go on from."""
+        assert self.log is not None
+        old = self.sessions.get(req.stream_id)
         if old is not None:
             # the client saw the break before this server did (or another connection holds the stream): end the
-            # old session, saying so, and let its last finals reach the log
+            # old session, saying so, and let its last finals reach the log (its reservation stays: this open
+            # holds it too)
             old.fail(TakenOver("this stream was resumed by another connection; this one is closed"))
             await self.log.settled(req.stream_id)
         # take the stream over in the store (its owner epoch goes up): a session of it on another worker process
@@ -201,12 +269,13 @@ class StreamService:
             # the server died holding finals it had sent but not logged (the log was down): number on from what
             # the client has, so no seq is reused; their audio, re-sent from committed_until, is transcribed again
             snapshot = {**snapshot, "last_seq": req.last_seq}
-        return spec, snapshot
+        return snapshot
 
     def _displace(self, stream_id: str, epoch: int) -> None:
         """After the claim: a session of this stream that a concurrent resume registered here while this one waited
         on the store (two reconnects of one client) holds another epoch. The newer claim keeps the stream, the older
-        one ends ``taken_over``; without this both went live and the one left out of ``sessions`` kept its quota."""
+        one ends ``taken_over``; without this both went live and the one left out of ``sessions`` kept its quota
+        (both hold the stream's one reservation, ``_hold``: the loser lets go of it as it ends)."""
         current = self.sessions.get(stream_id)
         if current is None:
             return
@@ -215,11 +284,11 @@ class StreamService:
             raise taken
         current.fail(taken)
 
-    async def _snapshot(self, req: ResumeRequest) -> tuple[StreamSpec, dict[str, Any]]:
+    async def _snapshot(self, req: ResumeRequest) -> StreamSpec:
         assert self.log is not None
         await self.log.settled(req.stream_id)  # a closed session's last finals first
         snapshot = await self.log.call(self.log.store.resume, req.stream_id, req.resume_token)
-        return StreamSpec.from_dict(snapshot["spec"], req.stream_id, req.resume_token), snapshot
+        return StreamSpec.from_dict(snapshot["spec"], req.stream_id, req.resume_token)
 
     async def _replay(self, stream_id: str, last_seq: int, log_from: int) -> list[Event]:
         assert self.log is not None
@@ -252,10 +321,9 @@ class StreamService:
         if self.sessions.get(stream_id) is not session:
             return  # released already (or replaced by a resumed session)
         del self.sessions[stream_id]
-        self.executor.release(stream_id)
-        owner = self._owners.pop(stream_id, None)
-        if owner is not None:
-            self.quota.give(owner)
+        held = self._holds.get(stream_id)
+        if held is not None:
+            self._unhold(stream_id, held)
 
     def degraded(self, slo: str, step: str) -> bool:
         return self.breaker.active(slo, step)
