@@ -45,6 +45,13 @@ def truncated_wav() -> bytes:
     return wav[:44] + wav[44:44 + (len(wav) - 44) // 5]
 
 
+def truncated_short_wav() -> bytes:
+    """A 0.8 s WAV cut in half: found by an attack on a live server, which answered no_content (no speech) for it
+    because the truncation check began at 1 s."""
+    wav = silence_wav(0.8)
+    return wav[: 44 + (len(wav) - 44) // 2]
+
+
 def riff_then_noise() -> bytes:
     rng = random.Random(1234)
     return b"RIFF" + struct.pack("<I", 40_000) + b"WAVE" + bytes(rng.getrandbits(8) for _ in range(40_000))
@@ -129,6 +136,10 @@ def _revoked(ctx: Ctx) -> httpx.Response:
     return ctx.translate(text="hello", source_lang="en", target_lang="es", key=secret)
 
 
+def _says_truncated(body: dict[str, Any]) -> None:
+    assert "truncated" in body["error"]["message"], body
+
+
 def _served_pairs(body: dict[str, Any]) -> None:
     details = body["error"].get("details", {})
     assert "en-es" in details["served_pairs"], details
@@ -173,6 +184,14 @@ CASES: list[Case] = [
     Case("truncated_wav", 422, "corrupt_media",
          lambda c: c.translate(file=truncated_wav(), filename="a.wav", source_modality="audio",
                                source_lang="en", target_lang="es")),
+    Case("truncated_short_wav", 422, "corrupt_media",
+         lambda c: c.translate(file=truncated_short_wav(), filename="a.wav", source_modality="audio",
+                               source_lang="en", target_lang="es"), _says_truncated),
+    Case("wav_cut_inside_riff_header", 422, "corrupt_media",
+         lambda c: c.translate(file=silence_wav(1.0)[:8], filename="a.wav", source_modality="audio",
+                               source_lang="en", target_lang="es"), _says_truncated),
+    Case("wav_cut_after_riff_undeclared", 422, "corrupt_media",  # "RIFF" alone was translated as text
+         lambda c: c.translate(file=silence_wav(1.0)[:4], filename="a.wav", target_lang="es"), _says_truncated),
     Case("riff_header_random_bytes", 422, "corrupt_media",
          lambda c: c.translate(file=riff_then_noise(), filename="a.wav", source_modality="audio",
                                source_lang="en", target_lang="es")),

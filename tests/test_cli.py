@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import BIN, Server, piper_wav, render_slide
+from conftest import BIN, Server, piper_wav, render_slide, silence_wav
 
 
 def run(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -24,6 +24,8 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "slide.png").write_bytes(render_slide(["The house is very big"]))
     (d / "notes.txt").write_text("The house is very big.", encoding="utf-8")
     (d / "broken.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt garbage")
+    short = silence_wav(0.6)
+    (d / "cut.wav").write_bytes(short[: 44 + (len(short) - 44) // 3])  # its header promises three times as much
     return d
 
 
@@ -53,6 +55,12 @@ def test_bad_input_exits_non_zero_with_a_clear_message(media: Path, server: Serv
     assert p.returncode == 2 and "unknown_language" in p.stderr
     p = run("translate", str(media / "notes.txt"), "--to", "es", "--url", server.url, "--api-key", "sk_nope")
     assert p.returncode == 2 and "unauthenticated" in p.stderr
+
+
+def test_a_truncated_wav_is_told_as_truncated_not_as_silence(media: Path) -> None:
+    p = run("translate", str(media / "cut.wav"), "--to", "es")
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    assert "error [corrupt_media]: the audio file is truncated: its header says 0.60 s" in p.stderr, p.stderr
 
 
 def test_captions_speech_and_glossary(media: Path, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from PIL import Image
 from lingua_fusion.config import LimitSettings
 from lingua_fusion.errors import CorruptMedia, TooLarge, UnsupportedMedia
 from lingua_fusion.media import MediaKind, decode_audio, decode_image, sniff
+from lingua_fusion.media.sniff import cut_in_signature
 
 
 # ---- helpers -----------------------------------------------------------------------------------------------
@@ -175,3 +176,51 @@ def test_decode_audio_absurd_sample_rate_refused_before_resampling(rate: int) ->
     with pytest.raises(CorruptMedia) as ei:
         decode_audio(buf.getvalue(), LimitSettings())
     assert ei.value.details["sample_rate"] == rate
+
+
+# ---- truncated WAV: refused as corrupt_media with "truncated" in the message; a streaming writer's file is not ---
+def _with_data_size(wav: bytes, size: int) -> bytes:
+    """The WAV with its data chunk's size field replaced (0xFFFFFFFF is what streaming recorders write)."""
+    i = wav.find(b"data")
+    return wav[:i + 4] + struct.pack("<I", size) + wav[i + 8:]
+
+
+@pytest.mark.parametrize("seconds", [0.3, 0.8, 5.0])
+def test_decode_audio_truncated_wav_of_any_length_is_corrupt(seconds: float) -> None:
+    """A short WAV cut in half was decoded as if whole (the check began at 1 s), so the file API answered
+    no_content ("no speech") for a damaged file. The header's data size is exact: any WAV is judged by it."""
+    wav = sine_wav(seconds, rate=16000, channels=1)
+    with pytest.raises(CorruptMedia, match="truncated") as ei:
+        decode_audio(wav[: 44 + (len(wav) - 44) // 2], LimitSettings())
+    assert ei.value.details["declared_s"] == pytest.approx(seconds, abs=0.01)
+    assert ei.value.details["decoded_s"] == pytest.approx(seconds / 2, abs=0.01)
+
+
+def test_decode_audio_wav_header_without_samples_says_truncated() -> None:
+    wav = sine_wav(2.0, rate=16000, channels=1)
+    with pytest.raises(CorruptMedia, match="truncated: its header says 2.00 s of audio but only 0.00 s"):
+        decode_audio(wav[:44], LimitSettings())
+
+
+@pytest.mark.parametrize("placeholder", [0xFFFFFFFF, 0])
+def test_decode_audio_streaming_writer_wav_cut_short_keeps_what_is_there(placeholder: int) -> None:
+    """A recorder that crashed never wrote the real size: its placeholder promises nothing, the audio present is
+    the recording, and it is decoded (the file API then translates it, or says no_content if it holds no speech)."""
+    wav = _with_data_size(sine_wav(2.0, rate=16000, channels=1), placeholder)
+    audio, info = decode_audio(wav[: 44 + (len(wav) - 44) // 2], LimitSettings())
+    assert info["duration_s"] == pytest.approx(1.0, abs=0.01) and audio.size == pytest.approx(16000, abs=160)
+
+
+def test_decode_audio_streaming_writer_wav_with_no_samples_is_corrupt() -> None:
+    wav = _with_data_size(sine_wav(2.0, rate=16000, channels=1), 0xFFFFFFFF)
+    with pytest.raises(CorruptMedia, match="no audio"):
+        decode_audio(wav[:44], LimitSettings())
+
+
+@pytest.mark.parametrize("n", [4, 7, 8, 11])
+def test_a_riff_file_cut_inside_its_first_12_bytes_is_named_truncated(n: int) -> None:
+    """sniff alone calls these text ("RIFF") or unknown; the validator refuses them as corrupt_media with this."""
+    said = cut_in_signature(sine_wav(0.5)[:n])
+    assert said is not None and "truncated" in said and f"after {n} bytes" in said
+    assert cut_in_signature(sine_wav(0.5)[:12]) is None and cut_in_signature(b"RIF") is None
+    assert cut_in_signature(b"hello world") is None

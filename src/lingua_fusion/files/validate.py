@@ -11,6 +11,7 @@ from __future__ import annotations
 from .. import langs
 from ..config import Settings
 from ..errors import (
+    CorruptMedia,
     EmptyInput,
     InvalidParameter,
     MediaTypeMismatch,
@@ -20,7 +21,7 @@ from ..errors import (
     UnsupportedPair,
 )
 from ..media import sniff
-from ..media.sniff import SUPPORTED_AV, SUPPORTED_IMAGES
+from ..media.sniff import SUPPORTED_AV, SUPPORTED_IMAGES, cut_in_signature
 from ..models.registry import MTRoute, Registry
 from ..types import SOURCE_MODALITIES, TARGET_MODALITIES, Modality
 from .request import FileRequest, ValidRequest
@@ -33,6 +34,8 @@ def _detected_modality(req: FileRequest) -> str:
     """No source_modality given: a text field is text; a file is what its bytes are (never its name)."""
     if req.text is not None or not req.data:
         return "text" if req.text is not None else "audio"
+    if (cut := cut_in_signature(req.data)) is not None:
+        raise CorruptMedia(cut, details={"bytes": len(req.data)})
     kind = sniff(req.data)
     if kind.family not in _FAMILY_MODALITY:
         raise UnsupportedMedia("cannot tell what this file is: it is not audio, video, an image (png, jpeg, webp) "
@@ -178,6 +181,8 @@ class RequestValidator:
         return text
 
     def _check_kind(self, data: bytes, modality: Modality) -> str:
+        if (cut := cut_in_signature(data)) is not None:
+            raise CorruptMedia(cut, details={"bytes": len(data)})
         kind = sniff(data)
         if modality == Modality.IMAGE:
             if kind.family != "image":

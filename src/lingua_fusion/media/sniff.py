@@ -48,5 +48,14 @@ def sniff(data: bytes) -> MediaKind:
     return MediaKind("unknown", "unknown")
 
 
+def cut_in_signature(data: bytes) -> str | None:
+    """A sentence when the bytes stop inside a RIFF container's first 12 bytes (the form type, WAVE or WEBP, is
+    missing): such a file is damaged, not of an unknown kind, and ``sniff`` alone would call it text or unknown."""
+    if data.startswith(b"RIFF") and len(data) < 12:
+        return (f"the file is truncated: it stops after {len(data)} bytes, inside its RIFF header (a WAV or WebP "
+                "header is 12 bytes before any data)")
+    return None
+
+
 SUPPORTED_IMAGES = {"png", "jpeg", "webp"}
 SUPPORTED_AV = {"wav", "flac", "ogg", "mp3", "aac", "mp4", "webm"}
