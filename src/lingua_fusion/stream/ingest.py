@@ -18,7 +18,7 @@ from ..media.stream_decoder import StreamDecoder
 from ..tracing import TraceRef, span
 from ..types import SR
 from .contracts import Alive, Emit, Spawn
-from .events import Error
+from .events import Error, error_event
 from .jobs import StreamJobs
 from .policy import WINDOW, CommitPolicy, Decision
 from .protocol import StreamSpec
@@ -41,6 +41,28 @@ class Arrivals:
         return time.monotonic()
 
 
+BACKWARD_NOTICE_EVERY = 50  # chunks whose ts ran backward: the client is told of the first, then of every 50th
+
+
+def backward_notice(ts: float, behind_s: float, dropped: bool, told: int, timeline: AudioTimeline) -> Error | None:
+    """What the client is told of the ``told``-th chunk (1, 2, ...) whose ``ts`` starts ``behind_s`` before the end
+    of the audio already received, and which was ``dropped`` (too late to place: lost from the captions) or written
+    over audio received before: an ``invalid_parameter`` error for the first and every ``BACKWARD_NOTICE_EVERY``-th
+    after it, else None. A client whose clock runs backward hears of it while it streams, not once per chunk."""
+    if (told - 1) % BACKWARD_NOTICE_EVERY:
+        return None
+    st = timeline.stats
+    what = (f"dropped, too late to place (the reorder window is {timeline.reorder_window:g} s, and audio already "
+            "transcribed cannot change)" if dropped else "written over that audio")
+    return error_event(InvalidParameter(
+        f"audio at ts={ts:g} starts {behind_s:.2f} s before the end of the audio already received: {what}. So far "
+        f"{st.late_dropped} chunk(s) dropped, {st.overlapped} written over received audio: ts must grow with the "
+        f"audio (each chunk's ts is the media time of its first sample). Said again every {BACKWARD_NOTICE_EVERY} "
+        "such chunks",
+        details={"field": "ts", "ts": ts, "behind_s": round(behind_s, 3), "dropped": dropped,
+                 "late_dropped": st.late_dropped, "overlapped": st.overlapped}))
+
+
 class AudioIngest:
     def __init__(self, spec: StreamSpec, timeline: AudioTimeline, policy: CommitPolicy, jobs: StreamJobs,
                  arrivals: Arrivals, decide: Callable[[Decision], None], closed: Alive, emit: Emit, spawn: Spawn,
@@ -59,6 +81,8 @@ class AudioIngest:
         self.vad_pos = 0  # next sample the VAD has not seen
         self._decoder: StreamDecoder | None = None
         self._pump: asyncio.Task[None] | None = None
+        self._placed = 0  # chunks placed on the timeline by this session
+        self._backward = 0  # chunks whose ts ran backward (dropped, or written over audio received) after that
 
     def start(self) -> None:
         """The stream went live: a compressed stream (WebM/Ogg) gets its decoder thread and pump task."""
@@ -94,8 +118,21 @@ class AudioIngest:
             await self._ingest(item, None)
 
     async def _ingest(self, samples: np.ndarray, ts: float | None) -> None:
-        if not self.timeline.write(samples, ts):
+        tl = self.timeline
+        behind: float | None = None  # how far before the end of the audio received this chunk starts
+        # before any chunk is placed, only a resumed stream drops: audio re-sent from before its resume point,
+        # transcribed already (nothing is lost, nothing to tell)
+        if ts is not None and len(samples) and self._placed and tl.origin is not None:
+            behind = tl.end_s - (ts - tl.origin)
+        overlapped = tl.stats.overlapped
+        placed = tl.write(samples, ts)
+        if behind is not None and ts is not None and (not placed or tl.stats.overlapped > overlapped):
+            self._backward += 1
+            if (notice := backward_notice(ts, behind, not placed, self._backward, tl)) is not None:
+                self._emit(notice)
+        if not placed:
             return
+        self._placed += 1
         self.arrivals.note(self.timeline.end_s)
         async with self._vad_lock:  # windows in order, each seen once
             end = self.timeline.end

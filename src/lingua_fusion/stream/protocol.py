@@ -147,11 +147,16 @@ def parse_resume(resume: Any) -> ResumeRequest:
 
 
 def check_ts(ts: Any) -> float | None:
-    """A message's media timestamp: None, or a finite number of seconds with |ts| <= MAX_TS."""
+    """A message's media timestamp: None, or a finite number of seconds from 0 to MAX_TS. A negative one is a
+    client's clock bug (a media clock starts at 0, a Unix time is positive): refused, so the client hears of it."""
     if ts is None:
         return None
     if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts) or abs(ts) > MAX_TS:
         raise InvalidParameter(f"ts must be a finite number of seconds, at most {MAX_TS:g} in size")
+    if ts < 0:
+        raise InvalidParameter(f"ts must not be negative (got {ts:g}): it is a time in seconds on the client's "
+                               "media clock, which starts at 0; the message was dropped",
+                               details={"field": "ts", "ts": ts})
     return float(ts)
 
 

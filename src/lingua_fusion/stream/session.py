@@ -306,7 +306,7 @@ class StreamSession:
             self._emit(Closed(finals=self.seq, unlogged=unlogged or None, frames_dropped=self.frames_dropped,
                               video=self.video.stats() if self.video is not None else None,
                               timeline={"late_dropped": tl.late_dropped, "reordered": tl.reordered,
-                                        "gap_seconds": round(tl.gap_seconds, 3)}))
+                                        "overlapped": tl.overlapped, "gap_seconds": round(tl.gap_seconds, 3)}))
         except TakenOver as exc:  # resumed elsewhere while this one ended: not closed by this session (journal.py)
             self.error = exc
         except Exception as exc:  # a bug in a caption's work (an error no stage typed): logged, and the client told

@@ -2,8 +2,10 @@
 
 Chunks carry media timestamps (seconds on the client's clock). A chunk is written where its timestamp says:
 a gap becomes silence (not a shift), a late or out-of-order chunk inside the reorder window lands in its place,
-one older than the window (or before audio already consumed) is dropped and counted. Memory is bounded: audio
-before ``consumed`` is released.
+one older than the window (or before audio already consumed) is dropped and counted. A chunk placed over audio
+already received (not into a gap's silence) overwrites it and is counted as ``overlapped``: both are a client's
+clock running backward, which the stream tells its client (stream/ingest.py). Memory is bounded: audio before
+``consumed`` is released, and so are the gaps remembered (those older than the reorder window, past 256).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ class TimelineStats:
     late_dropped: int = 0
     reordered: int = 0
     gap_seconds: float = 0.0
+    overlapped: int = 0  # chunks written over audio already received (by more than OVERLAP_SLACK)
+
+
+OVERLAP_SLACK = SR // 100  # 10 ms: timestamps rounded to the millisecond never count as an overlap
+MAX_GAPS = 256
 
 
 class AudioTimeline:
@@ -32,6 +39,7 @@ class AudioTimeline:
         self.buf = np.zeros(0, dtype=np.float32)
         self.end = 0  # furthest sample written
         self.stats = TimelineStats()
+        self.gaps: list[tuple[int, int]] = []  # [a, b) silence inserted for a gap, not yet filled (reorder window)
 
     @property
     def end_s(self) -> float:
@@ -58,8 +66,13 @@ class AudioTimeline:
             n = len(samples)
         if pos < self.end:
             self.stats.reordered += 1
+            if min(pos + n, self.end) - pos - self._fill(pos, pos + n) > OVERLAP_SLACK:
+                self.stats.overlapped += 1
         elif pos > self.end:
             self.stats.gap_seconds += (pos - self.end) / SR
+            self.gaps.append((self.end, pos))
+            floor = pos - int(self.reorder_window * SR)  # a chunk before this is dropped: its gap cannot be filled
+            self.gaps = [(a, b) for a, b in self.gaps if b > floor][-MAX_GAPS:]
         need = pos + n - self.start
         if need > len(self.buf):
             if need > self.max_buffer:
@@ -75,6 +88,19 @@ class AudioTimeline:
         self.buf[pos - self.start: pos - self.start + n] = samples
         self.end = max(self.end, pos + n)
         return True
+
+    def _fill(self, a: int, b: int) -> int:
+        """[a, b) is written: the gap samples it fills (removed from ``gaps``)."""
+        filled, left = 0, []
+        for ga, gb in self.gaps:
+            lo, hi = max(a, ga), min(b, gb)
+            if lo >= hi:
+                left.append((ga, gb))
+                continue
+            filled += hi - lo
+            left += [(x, y) for x, y in ((ga, lo), (hi, gb)) if x < y]
+        self.gaps = left
+        return filled
 
     def view(self, t0: float, t1: float | None = None) -> np.ndarray:
         a = max(self.start, int(round(t0 * SR)))
