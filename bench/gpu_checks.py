@@ -201,6 +201,7 @@ def check_encoder_graphs(device: str, dtype: torch.dtype = torch.float16, size: 
     eager = hf_whisper_encoder(model)
     t = time.perf_counter()
     graphed = asr_encoder_graphs(eager, device, dtype)
+    graphed.capture_ahead()
     capture_s = time.perf_counter() - t
     gen = torch.Generator(device=device).manual_seed(0)
     rows, worst = [], 0.0
@@ -232,6 +233,7 @@ def check_mt_encoder_graphs(device: str, dtype: torch.dtype) -> dict[str, Any]:
     pad = model.config.pad_token_id
     t = time.perf_counter()
     graphed = mt_encoder_graphs(model, device)
+    graphed.capture_ahead()
     capture_s = time.perf_counter() - t
     rng = np.random.default_rng(0)
     batches = [[list(map(int, rng.integers(1, 58000, size=int(n)))) for n in rng.integers(1, 96, size=b)]

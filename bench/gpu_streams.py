@@ -93,9 +93,10 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
     vocab = mt_model.config.vocab_size
     graphs = args.graphs and args.kernel != "torch" and dev.startswith("cuda")  # the step's need Triton attention
     graphed = encoder_graph_parts(args) if dev.startswith("cuda") and not baseline else set()
-    encode = hf_whisper_encoder(asr_model)
-    if "asr" in graphed:  # one launch per encoder batch (serving/gpu/encoder_graphs.py)
-        encode = asr_encoder_graphs(encode, dev, dtype)
+    # one launch per encoder batch (serving/gpu/encoder_graphs.py), captured by the runner's thread that replays it
+    asr_graphs = asr_encoder_graphs(hf_whisper_encoder(asr_model), dev, dtype) if "asr" in graphed else None
+    mt_graphs = mt_encoder_graphs(mt_model, dev) if "mt" in graphed else None
+    encode = asr_graphs or hf_whisper_encoder(asr_model)
     asr_recipe = WhisperRecipe(HFWhisperDecoder(asr_model), encode=encode,
                                mel=lambda a: logmel(a[None])[0], prompt=lambda _p: SOT, text=words,
                                mels=logmel.ragged if dev.startswith("cuda") else None,  # bench/mel_batch.py: why
@@ -105,7 +106,7 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
                                   tokenize=lambda s: [hash(w) % (vocab - 2) + 1 for w in s.split()],
                                   detokenize=words, start=vocab - 1, stop=frozenset({0}), pad=vocab - 1, device=dev,
                                   length_ratio=1.0, max_tokens=MT_MAX_TOKENS,
-                                  padded_encode=mt_encoder_graphs(mt_model, dev) if "mt" in graphed else None)
+                                  padded_encode=mt_graphs)
     asr_sizes = pools(asr_recipe.decoder, args.asr_self_gb, args.asr_cross_gb, dtype)
     mt_sizes = pools(mt_recipe.decoder, args.mt_gb / 2, args.mt_gb / 2, dtype)
     if baseline:  # one stream's work at a time: no batch in the encoder or the decoder
@@ -114,9 +115,9 @@ def build_runners(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, ba
                 GpuRunner(mt_recipe, max_batch=1, encode_batch=1, name="mt-base", dtype=dtype, device=dev,
                           kernel=args.kernel, **mt_sizes))
     return (GpuRunner(asr_recipe, max_batch=args.max_batch, name="asr", dtype=dtype, device=dev, kernel=args.kernel,
-                      graphs=graphs, **asr_sizes),
+                      graphs=graphs, prepare=[asr_graphs.capture_ahead] if asr_graphs else [], **asr_sizes),
             GpuRunner(mt_recipe, max_batch=args.max_batch, name="mt", dtype=dtype, device=dev, kernel=args.kernel,
-                      graphs=graphs, **mt_sizes))
+                      graphs=graphs, prepare=[mt_graphs.capture_ahead] if mt_graphs else [], **mt_sizes))
 
 
 def encoder_graph_parts(args: argparse.Namespace) -> set[str]:
@@ -124,20 +125,18 @@ def encoder_graph_parts(args: argparse.Namespace) -> set[str]:
     return set(filter(None, args.encoder_graphs.split(","))) if args.graphs else set()
 
 
-def asr_encoder_graphs(encode: Any, dev: str, dtype: torch.dtype) -> Any:
+def asr_encoder_graphs(encode: Any, dev: str, dtype: torch.dtype) -> EncoderGraphs:
     """``encode`` replayed from CUDA graphs, every shape the recipe makes (1 s widths up to 30 s, batch buckets up to
-    the runner's encoder batch of 128) captured now, before serving."""
-    graphs = EncoderGraphs(encode, ENCODER_BATCHES, dev, lazy=False)
-    graphs.capture([[((80, s * MEL_FRAMES_PER_S), dtype)] for s in range(1, 31)])
-    return graphs
+    the runner's encoder batch of 128) captured by ``capture_ahead`` before serving."""
+    return EncoderGraphs(encode, ENCODER_BATCHES, dev,
+                         ahead=[[((80, s * MEL_FRAMES_PER_S), dtype)] for s in range(1, 31)])
 
 
-def mt_encoder_graphs(model: Any, dev: str) -> Any:
+def mt_encoder_graphs(model: Any, dev: str) -> EncoderGraphs:
     """Marian's encoder (``marian_encoder``: the mask always passed) replayed from CUDA graphs, every width the
-    recipe makes (multiples of 8 tokens up to 96) and batch bucket captured now, before serving."""
-    graphs = EncoderGraphs(marian_encoder(model), ENCODER_BATCHES, dev, lazy=False)
-    graphs.capture([[((w,), torch.long), ((w,), torch.long)] for w in range(8, MT_MAX_TOKENS + 1, 8)])
-    return graphs
+    recipe makes (multiples of 8 tokens up to 96) and batch bucket captured by ``capture_ahead`` before serving."""
+    return EncoderGraphs(marian_encoder(model), ENCODER_BATCHES, dev,
+                         ahead=[[((w,), torch.long), ((w,), torch.long)] for w in range(8, MT_MAX_TOKENS + 1, 8)])
 
 
 def pools(decoder: Any, self_gb: float, cross_gb: float, dtype: torch.dtype) -> dict[str, int]:

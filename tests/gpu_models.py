@@ -118,8 +118,9 @@ def tiny_whisper_recipe(**overrides: Any) -> WhisperRecipe:
 
     model = hf_whisper()
     options: dict[str, Any] = {"mel": fake_log_mel, "prompt": lambda _p: [2], "text": lambda t: " ".join(map(str, t)),
-                               "stop": frozenset({3}), "device": "cpu", "dtype": torch.float32, "tokens_per_s": 4.0}
-    return WhisperRecipe(HFWhisperDecoder(model), encode=hf_whisper_encoder(model), **{**options, **overrides})
+                               "stop": frozenset({3}), "device": "cpu", "dtype": torch.float32, "tokens_per_s": 4.0,
+                               "encode": hf_whisper_encoder(model)}
+    return WhisperRecipe(HFWhisperDecoder(model), **{**options, **overrides})
 
 
 def hf_marian(seed: int = 0) -> torch.nn.Module:

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from gpu_models import hf_marian, hf_whisper
+from gpu_models import hf_marian, hf_whisper, tiny_whisper_recipe
 
 from lingua_fusion.serving.gpu.encoder_graphs import EncoderGraphs, bucket
 from lingua_fusion.serving.gpu.graphs import buckets_up_to
@@ -135,3 +135,41 @@ def test_capture_ahead_allocates_the_shared_buffers_once_and_captures_nothing_la
             x = mels(n, w, n)
             assert torch.allclose(graphs(x), encode(x), atol=1e-5)
     assert (graphs.captured, graphs.replays, graphs.eager) == (3 * len(BATCHES), 3, 1)
+
+
+def test_a_runner_captures_its_encoder_graphs_on_its_own_thread_before_it_serves() -> None:
+    """``GpuRunner(prepare=[graphs.capture_ahead])``: the graphs are captured by the runner's thread (the one that
+    replays them, with its own cuBLAS handle on CUDA) before the constructor returns, and the clips then decode as
+    they do through the plain encoder; a prepare step that fails makes the constructor raise it."""
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    plain = tiny_whisper_recipe()
+    captured_on: list[str] = []
+    graphs = EncoderGraphs(plain._encode, BATCHES, "cpu", ahead=[[((8, w), torch.float32)] for w in (100, 200)])
+
+    def capture() -> None:
+        captured_on.append(threading.current_thread().name)
+        graphs.capture_ahead()
+
+    graphed = tiny_whisper_recipe(encode=graphs)  # the same seed: the same weights as ``plain``
+    sizes = {"blocks": 128, "cross_blocks": 32, "block_size": 8, "cross_block_size": 16, "dtype": torch.float32,
+             "device": "cpu"}
+    runner = GpuRunner(graphed, name="graphed", prepare=[capture], **sizes)
+    assert captured_on == ["gpu-graphed"] and graphs.captured == 2 * len(BATCHES)  # done before it returned
+    reference = GpuRunner(plain, name="plain", **sizes)
+    rng = np.random.default_rng(3)
+    clips = [AsrInput(rng.normal(0, 0.1, int(16000 * s)).astype(np.float32)) for s in (0.6, 1.4, 2.0)]
+    try:
+        got = [f.result(timeout=60) for f in runner.submit(clips, [False] * 3)]
+        want = [f.result(timeout=60) for f in reference.submit(clips, [False] * 3)]
+    finally:
+        runner.close()
+        reference.close()
+    assert got == want and graphs.replays >= 1 and graphs.eager == 0
+
+    def fail() -> None:
+        raise RuntimeError("capture refused (the test's)")
+
+    with pytest.raises(RuntimeError, match="capture refused"):
+        GpuRunner(tiny_whisper_recipe(), name="failing", prepare=[fail], **sizes)

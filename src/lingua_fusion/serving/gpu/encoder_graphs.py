@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +32,7 @@ import torch
 from .graphs import capture, own_stream
 
 Shape = tuple[int, ...]
+Signature = list[tuple[Shape, torch.dtype]]  # each input's shape past the batch, and its dtype
 
 
 def bucket(n: int, batches: list[int]) -> int | None:
@@ -66,14 +67,17 @@ class _Buffers:
 
 class EncoderGraphs:
     def __init__(self, fn: Callable[..., torch.Tensor], batches: list[int], device: str | torch.device, *,
-                 lazy: bool = True) -> None:
+                 lazy: bool = True, ahead: Sequence[Signature] = ()) -> None:
         """``lazy``: capture a shape's graph on its first call; False (after ``capture``): a shape not captured runs
         ``fn`` as it is (counted in ``eager``), so nothing is captured while serving (a capture waits for the whole
-        device and empties the allocator's caches)."""
+        device and empties the allocator's caches). ``ahead``: the input signatures ``capture_ahead`` captures,
+        called on the thread that will call this object (``GpuRunner(prepare=[graphs.capture_ahead])``); given, the
+        object is not lazy."""
         self.fn = fn
         self.batches = sorted(batches)
         self.device = torch.device(device)
-        self.lazy = lazy
+        self.lazy = lazy and not ahead
+        self.ahead = list(ahead)
         self._graphs: dict[tuple[int, tuple[tuple[Shape, torch.dtype], ...]], _Graph] = {}
         self._buffers = _Buffers(self.device)
         self._pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
@@ -101,10 +105,14 @@ class EncoderGraphs:
         self.replays += 1
         return g.out[:n].clone()
 
-    def capture(self, tails: list[list[tuple[Shape, torch.dtype]]]) -> None:
+    def capture_ahead(self) -> None:
+        """``capture(ahead)``: before serving, on the thread that will call this object."""
+        self.capture(self.ahead)
+
+    def capture(self, tails: Sequence[Signature]) -> None:
         """Capture ahead, before serving: for each input signature (each input's shape past the batch and dtype),
         a graph per batch bucket. The largest first, so the shared buffers and pool are allocated once."""
-        def numel(tail: list[tuple[Shape, torch.dtype]]) -> int:
+        def numel(tail: Signature) -> int:
             return sum(math.prod(shape) for shape, _ in tail)
 
         for tail in sorted(tails, key=numel, reverse=True):
@@ -122,7 +130,7 @@ class EncoderGraphs:
         elif self._owner != me:
             raise RuntimeError("EncoderGraphs is called from one thread only (its buffers are shared)")
 
-    def _capture(self, size: int, tail: list[tuple[Shape, torch.dtype]]) -> _Graph:
+    def _capture(self, size: int, tail: Signature) -> _Graph:
         inputs = [self._buffers.view(i, (size, *shape), dtype) for i, (shape, dtype) in enumerate(tail)]
         slot: list[torch.Tensor] = []  # the output's view of the shared buffer, made after the first warm-up
 
@@ -143,7 +151,7 @@ class EncoderGraphs:
         capture(graph, self._pool, self._stream, body, warm)
         return self._keep(size, tail, _Graph(graph.replay, inputs, slot[0]))
 
-    def _keep(self, size: int, tail: list[tuple[Shape, torch.dtype]], g: _Graph) -> _Graph:
+    def _keep(self, size: int, tail: Signature, g: _Graph) -> _Graph:
         self._graphs[(size, tuple(tail))] = g
         self.captured += 1
         return g

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from .memory import MemoryReport, PoolMemory, budget_bytes, pool_blocks
 from .paged import PagedKV
 
 log = logging.getLogger("lingua_fusion.gpu")
+PREPARE_TIMEOUT_S = 900.0  # a runner's graph captures (hundreds on CUDA) must be done by then
 PUBLISH_S = 0.25  # the memory report is refreshed at most this often (and when the runner goes idle)
 
 
@@ -68,15 +70,20 @@ class GpuRunner:
                  cross_block_size: int = 64, max_batch: int = 1024, max_pending: int = 8192,
                  encode_batch: int = 128, memo: int = 2048, dtype: torch.dtype = torch.float16,
                  device: str | torch.device = "cuda", name: str = "gpu", kernel: str = "auto",
-                 graphs: bool = False, prefix_cache: bool = True) -> None:
+                 graphs: bool = False, prefix_cache: bool = True, prepare: Sequence[Callable[[], None]] = ()) -> None:
+        """``prepare``: calls made on the runner's own thread before it takes any work (and before this returns),
+        such as capturing the recipe's encoder graphs (``EncoderGraphs.capture_ahead``); ``graphs``: the decode
+        step's CUDA graphs, captured there too. A graph is captured on the thread that replays it: with that
+        thread's cuBLAS handle, never one another runner's graphs replay with at the same time."""
         self.recipe = recipe
         self.engine = DecodeEngine(recipe.decoder, blocks=blocks, block_size=block_size, cross_blocks=cross_blocks,
                                    cross_block_size=cross_block_size, max_batch=max_batch, dtype=dtype,
                                    device=device, kernel=kernel, prefix_cache=prefix_cache)
+        steps: list[Callable[[], None]] = list(prepare)
         if graphs:
             from .graphs import buckets_up_to
 
-            self.engine.use_graphs(buckets_up_to(max_batch))
+            steps.append(lambda: self.engine.use_graphs(buckets_up_to(max_batch)))
         self.max_pending = max_pending
         self.encode_batch = encode_batch
         self._memo_size = memo
@@ -93,8 +100,15 @@ class GpuRunner:
         self.memory: MemoryReport | None = None  # published by the runner's thread (serving/gpu/memory.py)
         self._published = 0.0
         self._publish()
-        self._thread = threading.Thread(target=self._loop, name=f"gpu-{name}", daemon=True)
+        self._prepared = threading.Event()
+        self._prepare_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, args=(steps,), name=f"gpu-{name}", daemon=True)
         self._thread.start()
+        if not self._prepared.wait(timeout=PREPARE_TIMEOUT_S):
+            self.close()
+            raise BackendError(f"the GPU runner {name} was not ready after {PREPARE_TIMEOUT_S:.0f} s")
+        if self._prepare_error is not None:
+            raise self._prepare_error
 
     @classmethod
     def sized(cls, recipe: Recipe, *, fraction: float, device: str = "cuda", block_size: int = 16,
@@ -146,10 +160,19 @@ class GpuRunner:
         self._thread.join(timeout=10)
 
     # ---- the runner's thread ------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        if self.engine.device.type == "cuda":  # this runner's own CUDA stream: another runner's encoder batch or the
-            torch.cuda.synchronize(self.engine.device)  # VAD's copy never waits behind its steps (the pools and
-            torch.cuda.set_stream(own_stream(self.engine.device))  # graphs made on the default one first)
+    def _loop(self, prepare: list[Callable[[], None]]) -> None:
+        try:
+            if self.engine.device.type == "cuda":  # this runner's own CUDA stream: another runner's encoder batch
+                torch.cuda.synchronize(self.engine.device)  # or the VAD's copy never waits behind its steps (the
+                torch.cuda.set_stream(own_stream(self.engine.device))  # pools made on the default one first)
+            for step in prepare:
+                step()
+        except BaseException as exc:  # the constructor raises it; this thread serves nothing
+            self._prepare_error = exc
+            self._closed = True
+            return
+        finally:
+            self._prepared.set()
         while True:
             with self._cv:
                 while not self._inbox and self.engine.idle() and not self._closed:

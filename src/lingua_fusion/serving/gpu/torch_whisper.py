@@ -45,7 +45,7 @@ class TorchWhisperRecipe:
         from ...models.asr_whisper_torch import build_prompt
 
         self.asr = asr
-        self._encoder = encoder  # (mel, frames) -> encoder output: CUDA graphs of it (``encoder_graphs``), or None
+        self.encoder = encoder  # (mel, frames) -> encoder output: CUDA graphs of it (``encoder_graphs``), or None
         self.lang = "en" if not asr.multilingual else language
         self.tok = asr.tokenizer(self.lang)
         gen = asr.model.gen
@@ -63,10 +63,10 @@ class TorchWhisperRecipe:
             w[: min(n, len(a))] = a[-n:] if len(a) > n else a
             windows.append(w)
         with self.asr._lock, torch.inference_mode():  # the torch backend's own encoder call (masked, trimmed)
-            if self._encoder is None:
+            if self.encoder is None:
                 xa, _frames = self.asr._encode(windows)
             else:
-                xa = self._encoder(*self.asr.mels(windows))
+                xa = self.encoder(*self.asr.mels(windows))
         return [xa[i, : (len(w) // 160) // 2] for i, w in enumerate(windows)]  # 160 samples a mel frame, 2 a row
 
     def prompt(self, payload: AsrInput) -> list[int]:
@@ -88,15 +88,14 @@ class TorchWhisperRecipe:
 
 
 def encoder_graphs(asr: Any, batches: list[int]) -> EncoderGraphs:
-    """``asr``'s encoder (always masked: no host read) replayed from CUDA graphs, captured now for every window
-    width the recipe makes (``window_samples``: 2 s steps up to 30 s) and batch bucket."""
+    """``asr``'s encoder (always masked: no host read) replayed from CUDA graphs, for every window width the recipe
+    makes (``window_samples``: 2 s steps up to 30 s) and batch bucket, captured by ``capture_ahead`` (on the
+    runner's thread: ``GpuRunner(prepare=...)``)."""
     encoder = asr.model.encoder
-    graphs = EncoderGraphs(lambda mel, frames: encoder(mel, frames, always_mask=True), batches, asr.device,
-                           lazy=False)
     dtype = asr.model.decoder.token_embedding.weight.dtype
     n_mels = asr.model.dims.n_mels
-    graphs.capture([[((n_mels, width), dtype), ((), torch.long)] for width in range(200, 3001, 200)])
-    return graphs
+    return EncoderGraphs(lambda mel, frames: encoder(mel, frames, always_mask=True), batches, asr.device,
+                         ahead=[[((n_mels, width), dtype), ((), torch.long)] for width in range(200, 3001, 200)])
 
 
 def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRunner:
@@ -105,15 +104,20 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
     device = settings.models.device
     graphs = None
     if device.startswith("cuda") and settings.models.encoder_graphs:
-        try:
-            graphs = encoder_graphs(asr, buckets_up_to(ENCODE_BATCH, smallest=1))
-        except RuntimeError as exc:  # a CUDA build or driver that cannot capture: serve, one launch per operator
-            log.warning("%s: CUDA graphs of the Whisper encoder failed (%s); it runs without them", name, exc)
+        graphs = encoder_graphs(asr, buckets_up_to(ENCODE_BATCH, smallest=1))
     recipe = TorchWhisperRecipe(asr, language, encoder=graphs)
     dtype = asr.model.decoder.token_embedding.weight.dtype
     if device.startswith("cuda"):
+        def capture() -> None:  # on the runner's thread, before it serves
+            try:
+                if graphs is not None:
+                    graphs.capture_ahead()
+            except RuntimeError as exc:  # a CUDA build or driver that cannot capture: one launch per operator
+                log.warning("%s: CUDA graphs of the Whisper encoder failed (%s); it runs without them", name, exc)
+                recipe.encoder = None
+
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
                                share=settings.models.gpu_memory_share * ASR_POOL_SHARE, name=name,
-                               encode_batch=ENCODE_BATCH)
+                               encode_batch=ENCODE_BATCH, prepare=[capture])
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=8,
                      memo=64, **CPU_POOLS)
