@@ -209,6 +209,15 @@ async def two_servers(settings: Settings) -> AsyncIterator[tuple[list[Any], str,
         await asyncio.wait_for(asyncio.gather(*serving), 30)
 
 
+async def captioning(url: str) -> tuple[Any, Any, dict[str, Any]]:
+    """A stream opened on ``url`` with one caption ("One.") final: its events, its sender, its ``ready``."""
+    first, send_first = await open_ws(url, start(0.5))
+    ready = await first.until(lambda e: e["type"] == "ready")
+    await send_first("One.", 1.0)
+    await first.until(lambda e: e["type"] == "final")
+    return first, send_first, ready
+
+
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=needs_redis)])
 async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_path: Path) -> None:
     """Two servers (like the worker processes of ``serve --workers 2``) share one stream store. A stream resumed on
@@ -219,10 +228,7 @@ async def test_a_stream_resumed_on_another_server_takes_it_over(kind: str, tmp_p
     if kind == "redis":
         settings.state.redis_url = REDIS
     async with two_servers(settings) as (apps, url_a, url_b):
-        first, send_first = await open_ws(url_a, start(0.5))
-        ready = await first.until(lambda e: e["type"] == "ready")
-        await send_first("One.", 1.0)
-        await first.until(lambda e: e["type"] == "final")
+        first, send_first, ready = await captioning(url_a)
         resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
                                               "last_seq": 1}}
         second, send_second = await open_ws(url_b, resume)
@@ -251,10 +257,7 @@ async def test_a_resume_refused_by_a_draining_server_does_not_take_the_stream_ov
     the refused resume claimed it first, and that healthy connection ended taken_over at its next caption)."""
     settings = settings_for(tmp_path)
     async with two_servers(settings) as (apps, url_a, url_b):
-        first, send_first = await open_ws(url_a, start(0.5))
-        ready = await first.until(lambda e: e["type"] == "ready")
-        await send_first("One.", 1.0)
-        await first.until(lambda e: e["type"] == "final")
+        first, send_first, ready = await captioning(url_a)
         apps[1].state.streams.draining = True  # server B has begun its drain
         resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
                                               "last_seq": 1}}
@@ -283,10 +286,7 @@ async def test_a_resume_refused_for_capacity_does_not_take_the_stream_over(kind:
     if kind == "redis":
         settings.state.redis_url = REDIS
     async with two_servers(settings) as (apps, url_a, url_b):
-        first, send_first = await open_ws(url_a, start(0.5))
-        ready = await first.until(lambda e: e["type"] == "ready")
-        await send_first("One.", 1.0)
-        await first.until(lambda e: e["type"] == "final")
+        first, send_first, ready = await captioning(url_a)
         other, _ = await open_ws(url_b, start(0.5))  # fills server B
         await other.until(lambda e: e["type"] == "ready")
         resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],

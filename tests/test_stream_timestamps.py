@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 from typing import Any
 
 import numpy as np
 import pytest
 from conftest import Server
+from test_security import ending
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
 
 from lingua_fusion.errors import InvalidParameter
 from lingua_fusion.stream.ingest import BACKWARD_NOTICE_EVERY, backward_notice
@@ -44,12 +43,7 @@ async def _open(server: Server) -> Any:
 async def _end(ws: Any) -> tuple[list[dict[str, Any]], int | None]:
     """Send ``end``; the events left until the server closes, and its close code."""
     await ws.send(json.dumps({"type": "end"}))
-    events = []
-    with contextlib.suppress(ConnectionClosed):
-        async with asyncio.timeout(GUARD_S):
-            async for raw in ws:
-                events.append(json.loads(raw))
-    return events, ws.close_code
+    return await ending(ws)
 
 
 async def test_a_negative_ts_is_an_error_event_and_the_stream_goes_on(server: Server) -> None:
