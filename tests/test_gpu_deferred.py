@@ -46,11 +46,11 @@ class Answering:
         self.closed = True
 
 
-def _executor(build: Any) -> tuple[Executor, list[DeferredRunner]]:
+def _executor(build: Any, clock: Any = None) -> tuple[Executor, list[DeferredRunner]]:
     made: list[DeferredRunner] = []
 
     def factory(key: ModelKey) -> DeferredRunner:
-        made.append(DeferredRunner(build, str(key)))
+        made.append(DeferredRunner(build, str(key), **({"clock": clock} if clock else {})))
         return made[-1]
 
     settings = Settings()
@@ -81,13 +81,44 @@ async def test_the_loop_runs_while_the_runner_builds_and_the_first_call_then_get
     assert built.closed
 
 
-async def test_a_runner_that_cannot_be_built_fails_its_calls() -> None:
-    def build() -> Answering:
-        raise MemoryError("CUDA out of memory (the test's)")
+async def test_a_runner_that_cannot_be_built_fails_its_calls_and_is_built_again_after_a_back_off() -> None:
+    """The first build fails (a passing out-of-memory): calls fail at once with the reason, the executor does not
+    wait on a runner that will never come; once the back-off has passed the next call starts a new build, which
+    works."""
+    attempts: list[int] = []
+    now = [0.0]
 
-    executor, made = _executor(build)
+    def build() -> Answering:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise MemoryError("CUDA out of memory (the test's)")
+        return Answering()
+
+    executor, made = _executor(build, clock=lambda: now[0])
     ctx = CallContext(stream_id="s", tentative=True)  # no retries: the error comes back as it is
+    clip = AsrInput(np.zeros(1600, np.float32))
     with pytest.raises(BackendError, match="could not start on the GPU engine: MemoryError"):
-        await asyncio.wait_for(executor.run(KEY, AsrInput(np.zeros(1600, np.float32)), ctx), timeout=10)
-    assert made[0].built is None
+        await asyncio.wait_for(executor.run(KEY, clip, ctx), timeout=10)
+    with pytest.raises(BackendError, match="MemoryError"):  # within the back-off: no new build
+        await asyncio.wait_for(executor.run(KEY, clip, ctx), timeout=10)
+    assert len(attempts) == 1 and made[0].built is None
+    now[0] = 31.0  # past the first back-off (30 s)
+    out = await asyncio.wait_for(executor.run(KEY, clip, ctx), timeout=10)
+    assert out.text == "1600 samples" and len(attempts) == 2 and made[0].built is not None
     await executor.close()
+
+
+def test_a_runner_built_after_close_is_closed_and_never_used() -> None:
+    release = threading.Event()
+    built = Answering()
+
+    def build() -> Answering:
+        release.wait(timeout=30)
+        return built
+
+    deferred = DeferredRunner(build, "asr:late")
+    deferred.close()  # does not wait for the build
+    release.set()
+    assert deferred._thread is not None
+    deferred._thread.join(timeout=30)
+    assert built.closed and deferred.built is None

@@ -311,6 +311,33 @@ def test_full_queue_evicts_least_important_tentative() -> None:
     assert sorted(w.payload for w in s.queues["asr"]) == ["committed", "keep", "new"]
 
 
+def test_the_evicted_item_is_handed_back_so_its_caller_can_be_told() -> None:
+    """Whoever waits for an evicted partial must hear it was shed (the executor resolves it to None); before,
+    submit dropped it silently and its caller waited until its timeout (300 s), its stream without partials."""
+    s = Scheduler(max_queue=2)
+    victim = item(deadline=1.0, tentative=True, importance=0.2, payload="victim")
+    assert s.submit_or_shed(victim) == (True, None)
+    assert s.submit_or_shed(item(deadline=1.0, payload="a")) == (True, None)
+    queued, shed = s.submit_or_shed(item(deadline=1.0, payload="b"))
+    assert queued and shed is victim
+    assert s.submit_or_shed(item(deadline=1.0, payload="c")) == (False, None)  # only committed work is left
+
+
+def test_shed_alone_drops_expired_partials_and_withdraw_takes_back_a_waiting_item() -> None:
+    """A runner with no room (one still starting) gets no batch, but partials past their deadlines still go
+    (``shed``); a committed item whose caller gave up is taken out (``withdraw``), so a retry cannot run it twice."""
+    s = Scheduler(costs={"asr": CostModel(c0=0.1, c1=0.1)})
+    doomed = item(deadline=1.0, tentative=True, payload="doomed")
+    committed = item(deadline=1.0, payload="committed")
+    twin = item(deadline=1.0, payload="committed")  # equal fields, another item
+    for w in (doomed, committed, twin):
+        s.submit(w)
+    assert s.shed("asr", now=5.0) == [doomed] and s.depth("asr") == 2
+    assert s.withdraw(committed) and not s.withdraw(committed)
+    batch, _ = s.next_batch("asr", now=5.0)
+    assert len(batch) == 1 and batch[0] is twin
+
+
 def test_eviction_ties_drop_the_latest_deadline() -> None:
     s = Scheduler(max_queue=2)
     s.submit(item(deadline=1.0, tentative=True, importance=0.5, payload="soon"))

@@ -130,7 +130,10 @@ class Executor:
                         importance=ctx.importance, tentative=ctx.tentative,
                         payload=_Pending(payload, fut, now, trace=ctx.trace), slo=ctx.slo, key_id=ctx.key_id,
                         units=_units(payload))
-        if not self.scheduler.submit(item):
+        queued, shed = self.scheduler.submit_or_shed(item)
+        if shed is not None:  # a partial dropped to make room: its caller hears so now, not at its timeout
+            _resolve(shed.payload.future, None)
+        if not queued:
             if ctx.tentative:
                 return None
             raise Overloaded(f"the {key} queue is full", retry_after=1.0)
@@ -138,14 +141,16 @@ class Executor:
         self._wake[key].set()
         if self.metrics is not None:
             self.metrics.depth(str(key), self.scheduler.depth(str(key)))
-        return await self._result(key, fut)
+        return await self._result(key, fut, item)
 
-    async def _result(self, key: ModelKey, fut: asyncio.Future[Any]) -> Any:
+    async def _result(self, key: ModelKey, fut: asyncio.Future[Any], item: WorkItem | None = None) -> Any:
         # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
         wait_s = self.settings.server.request_timeout_s
         try:
             return await asyncio.wait_for(fut, timeout=wait_s)
         except TimeoutError:
+            if item is not None:  # still queued (a runner still starting, say): a retry must not run it twice
+                self.scheduler.withdraw(item)
             raise ModelTimeout(f"{key} gave no result in {wait_s:.0f} s") from None
 
     async def _submit_vad(self, audio: Any, key_id: str = "", trace: TraceRef | None = None) -> Any:
@@ -247,8 +252,10 @@ class Executor:
         runner = self._runners[key]
         assert _continuous(runner)
         room = runner.room()
-        if room <= 0:
-            return False  # woken again when one of its items settles
+        if room <= 0:  # woken again when one of its items settles (or, for a runner still starting, within 0.5 s)
+            for w in self.scheduler.shed(str(key), self.clock()):  # meanwhile partials past their deadline go
+                _resolve(w.payload.future, None)
+            return False
         batch, shed = self.scheduler.next_batch(str(key), self.clock())
         for w in shed:
             _resolve(w.payload.future, None)

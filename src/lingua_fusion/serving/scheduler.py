@@ -145,6 +145,16 @@ class ModelQueue:
         self.lanes[self._lane(item)].remove(item)
         self._gone([item])
 
+    def discard(self, item: WorkItem) -> bool:
+        """Remove this very item (not an equal one) if it is queued."""
+        lane = self.lanes.get(self._lane(item), deque())
+        for i, w in enumerate(lane):
+            if w is item:
+                del lane[i]
+                self._gone([item])
+                return True
+        return False
+
     def _gone(self, items: list[WorkItem]) -> None:
         for w in items:
             self.per_key[w.key_id] -= 1
@@ -235,21 +245,42 @@ class Scheduler:
     def submit(self, item: WorkItem) -> bool:
         """Queue an item. False when the model's queue, or this key's half of it, is at its bound (the caller
         sheds or refuses)."""
+        return self.submit_or_shed(item)[0]
+
+    def submit_or_shed(self, item: WorkItem) -> tuple[bool, WorkItem | None]:
+        """``submit``, and the tentative item dropped to make room for it, if one was (whoever waits for that one
+        must hear it was shed, as for the items ``next_batch`` sheds)."""
         q = self.queues[item.model]
         own_full = q.per_key.get(item.key_id, 0) >= self.max_queue_per_key
+        victim = None
         if own_full or len(q) >= self.max_queue:
             # make room by dropping the least valuable tentative item (the key's own when it is at its share),
             # never committed work
             tentative = [w for w in q if w.tentative and (not own_full or w.key_id == item.key_id)]
             if not tentative:
                 self.stats.rejected_full += 1
-                return False
+                return False, None
             victim = min(tentative, key=lambda w: (w.importance, -w.deadline))
             q.remove(victim)
             self.stats.shed += 1
         q.append(item)
         self.stats.submitted += 1
-        return True
+        return True, victim
+
+    def withdraw(self, item: WorkItem) -> bool:
+        """Take ``item`` out of its queue if it is still waiting there (its caller gave up on it)."""
+        q = self.queues.get(item.model)
+        return q is not None and q.discard(item)
+
+    def shed(self, model: str, now: float) -> list[WorkItem]:
+        """Drop ``model``'s tentative items that can no longer meet their deadlines (``next_batch`` does this first;
+        a runner with no room for a batch calls it alone)."""
+        q = self.queues.get(model)
+        if not q:
+            return []
+        shed = q.shed_expired(now + self.cost(model).predict(1))
+        self.stats.shed += len(shed)
+        return shed
 
     def depth(self, model: str) -> int:
         return len(self.queues.get(model, ()))
@@ -278,15 +309,12 @@ class Scheduler:
 
     def next_batch(self, model: str, now: float) -> tuple[list[WorkItem], list[WorkItem]]:
         """Return (batch to run now, tentative items shed because they can no longer meet their deadline)."""
+        shed = self.shed(model, now)
         q = self.queues.get(model)
         if not q:
-            return [], []
+            return [], shed
         cm = self.cost(model)
         ready = now + cm.predict(1)
-        shed = q.shed_expired(ready)
-        self.stats.shed += len(shed)
-        if not q:
-            return [], shed
         cap = self.batch_cap(model)
         top, tags = self._fair_order(model, q.candidates(cap), cap, ready)
         # Items already past rescue (deadline < now + single-item latency) do not constrain the batch: under

@@ -106,7 +106,8 @@ class EncoderGraphs:
         return g.out[:n].clone()
 
     def capture_ahead(self) -> None:
-        """``capture(ahead)``: before serving, on the thread that will call this object."""
+        """``capture(ahead)``: before serving, on the thread that will call this object (which it claims)."""
+        self._check_thread()
         self.capture(self.ahead)
 
     def capture(self, tails: Sequence[Signature]) -> None:

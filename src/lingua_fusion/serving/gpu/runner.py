@@ -107,8 +107,9 @@ class GpuRunner:
         if not self._prepared.wait(timeout=PREPARE_TIMEOUT_S):
             self.close()
             raise BackendError(f"the GPU runner {name} was not ready after {PREPARE_TIMEOUT_S:.0f} s")
-        if self._prepare_error is not None:
-            raise self._prepare_error
+        if self._prepare_error is not None:  # (its traceback holds the thread's frame, which holds this runner)
+            error, self._prepare_error = self._prepare_error, None
+            raise error
 
     @classmethod
     def sized(cls, recipe: Recipe, *, fraction: float, device: str = "cuda", block_size: int = 16,
@@ -167,6 +168,7 @@ class GpuRunner:
                 torch.cuda.set_stream(own_stream(self.engine.device))  # pools made on the default one first)
             for step in prepare:
                 step()
+            prepare.clear()  # what the steps hold (graph builders) is not kept for the runner's life
         except BaseException as exc:  # the constructor raises it; this thread serves nothing
             self._prepare_error = exc
             self._closed = True

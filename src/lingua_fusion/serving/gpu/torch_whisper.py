@@ -109,12 +109,14 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
     dtype = asr.model.decoder.token_embedding.weight.dtype
     if device.startswith("cuda"):
         def capture() -> None:  # on the runner's thread, before it serves
+            nonlocal graphs
             try:
                 if graphs is not None:
                     graphs.capture_ahead()
             except RuntimeError as exc:  # a CUDA build or driver that cannot capture: one launch per operator
                 log.warning("%s: CUDA graphs of the Whisper encoder failed (%s); it runs without them", name, exc)
-                recipe.encoder = None
+                recipe.encoder = graphs = None  # what was captured before the failure goes with them
+                torch.cuda.empty_cache()
 
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
                                share=settings.models.gpu_memory_share * ASR_POOL_SHARE, name=name,
