@@ -224,3 +224,30 @@ def test_a_riff_file_cut_inside_its_first_12_bytes_is_named_truncated(n: int) ->
     assert said is not None and "truncated" in said and f"after {n} bytes" in said
     assert cut_in_signature(sine_wav(0.5)[:12]) is None and cut_in_signature(b"RIF") is None
     assert cut_in_signature(b"hello world") is None
+
+
+def _with_byte_rate(wav: bytes, byte_rate: int) -> bytes:
+    """The WAV with its fmt chunk's byte-rate field replaced (the decoder does not read it)."""
+    i = wav.find(b"fmt ") + 16
+    return wav[:i] + struct.pack("<I", byte_rate) + wav[i + 4:]
+
+
+@pytest.mark.parametrize("byte_rate", [1, 16000, 64000])
+def test_a_wrong_byte_rate_field_neither_cuts_nor_completes_a_wav(byte_rate: int) -> None:
+    """The length a WAV promises is its data size over sample rate x block size, as the decoder reads it; from the
+    byte-rate field, a whole file with half the right value was refused as truncated, a file cut to 40 % with
+    double the value was translated as if whole, and a value of 1 made an 85 KB file 'last 48,694 s' (an attack)."""
+    whole = sine_wav(2.0, rate=16000, channels=1)  # right byte rate: 32000
+    audio, info = decode_audio(_with_byte_rate(whole, byte_rate), LimitSettings())
+    assert info["declared_s"] == pytest.approx(2.0) and audio.size == 32000
+    with pytest.raises(CorruptMedia, match="truncated"):
+        decode_audio(_with_byte_rate(whole[: 44 + int((len(whole) - 44) * 0.4)], byte_rate), LimitSettings())
+
+
+def test_a_whole_wav_of_a_few_samples_is_too_short_not_truncated() -> None:
+    """A complete WAV of 20 samples at 8 kHz (2.5 ms) may resample to nothing: it holds no speech (no_content),
+    it is not damaged (before: 'truncated: header says 0.00 s but only 0.00 s could be decoded')."""
+    from lingua_fusion.errors import NoContent
+
+    with pytest.raises(NoContent, match="too short to hold speech"):
+        decode_audio(sine_wav(20 / 8000, rate=8000, channels=1), LimitSettings())

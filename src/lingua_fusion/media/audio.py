@@ -10,6 +10,7 @@ from ..config import LimitSettings
 from ..errors import CorruptMedia, NoContent, TooLarge, UnsupportedMedia
 from ..types import SR
 
+TOO_SHORT_S = 0.05  # a WAV this short is judged whole or not by nothing (resampling may give no sample at all)
 _WAV_SIZE_UNKNOWN = 0x7FFF0000  # streaming writers (espeak-ng, sox, pipes) write placeholder sizes this big
 # Sample rates a frame may have. A 51-byte WAV declaring 1.7 GHz made swresample's set-up take 25 s and 1.8 GB
 # (found by bench/fuzz_atheris.py); 1 Hz turns each input sample into 16,000.
@@ -23,15 +24,21 @@ def check_rate(rate: int | None, what: str) -> None:
 
 
 def _wav_declared_seconds(data: bytes) -> float | None:
-    """Duration the RIFF header promises (data chunk size / byte rate). FFmpeg clamps a WAV's duration to the
-    bytes present, so a truncated WAV would otherwise look complete. None when unknown or not a WAV."""
+    """Duration the RIFF header promises (data chunk size / bytes per second). FFmpeg clamps a WAV's duration to
+    the bytes present, so a truncated WAV would otherwise look complete. None when unknown or not a WAV. For PCM the
+    bytes per second are the sample rate times the block size, as the decoder reads them (the header's own byte-rate
+    field is not used by it, and a wrong one would make a whole file look cut, or a cut one whole)."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         return None
     pos, byte_rate = 12, 0
     while pos + 8 <= len(data):
         cid, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
-        if cid == b"fmt " and size >= 16 and pos + 20 <= len(data):
-            byte_rate = int.from_bytes(data[pos + 16:pos + 20], "little")
+        if cid == b"fmt " and size >= 16 and pos + 24 <= len(data):
+            fmt = int.from_bytes(data[pos + 8:pos + 10], "little")
+            rate = int.from_bytes(data[pos + 12:pos + 16], "little")
+            block = int.from_bytes(data[pos + 20:pos + 22], "little")
+            pcm = fmt in (1, 3, 0xFFFE)  # integer, float, extensible: fixed-size sample frames
+            byte_rate = rate * block if pcm else int.from_bytes(data[pos + 16:pos + 20], "little")
         elif cid == b"data":
             if byte_rate <= 0 or size == 0 or size >= _WAV_SIZE_UNKNOWN:
                 return None
@@ -59,7 +66,7 @@ def decode_audio(data: bytes, limits: LimitSettings, *, what: str = "audio") -> 
     with container:
         declared = float(container.duration) / 1_000_000 if container.duration else None
         header_s = _wav_declared_seconds(data)
-        if header_s is not None and (declared is None or header_s > declared):
+        if header_s is not None:  # a WAV's own header is exact; FFmpeg's estimate trusts its byte-rate field
             declared = header_s
         if declared is not None and declared > limits.max_media_seconds:
             raise TooLarge(f"{what} lasts {declared:.0f} s; the limit is {limits.max_media_seconds:.0f} s",
@@ -96,11 +103,13 @@ def decode_audio(data: bytes, limits: LimitSettings, *, what: str = "audio") -> 
     decoded = audio.size / SR
     # A WAV header's data size is exact, so a WAV of any length is judged by it; a container's estimate (MP3, Ogg)
     # is judged only past 1 s, where encoder padding and rounding no longer decide the ratio.
-    floor = 0.0 if header_s is not None else 1.0
+    floor = TOO_SHORT_S if header_s is not None else 1.0
     if declared and declared > floor and decoded < 0.8 * declared:
         raise CorruptMedia(f"the {what} file is truncated: its header says {declared:.2f} s of audio but only "
                            f"{decoded:.2f} s could be decoded",
                            details={"declared_s": round(declared, 2), "decoded_s": round(decoded, 2)})
     if audio.size == 0:
+        if header_s is not None and 0 < header_s <= TOO_SHORT_S:  # a whole WAV of a few samples
+            raise NoContent(f"the {what} file lasts {header_s * 1000:.1f} ms: too short to hold speech")
         raise CorruptMedia(f"the {what} file holds no audio that could be decoded")
     return audio, {"codec": codec, "declared_s": declared, "duration_s": decoded, "has_video": has_video}
