@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -449,3 +450,62 @@ async def test_a_resume_that_claimed_the_stream_before_a_drain_is_closed_drainin
         assert resumed.greeting[0].to_wire()["resumed"] is True
         assert isinstance(resumed.session.error, Draining)
         assert service.sessions == {} and service.quota.open == {"key_a": 0}
+
+
+class _SlowOpen:
+    """The real SQLite stream store, whose recording of a new stream waits until the test lets it go (a busy
+    disk)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def open_stream(self, *args: Any) -> Any:
+        self.started.set()  # on the log's thread
+        self.release.wait(timeout=10)
+        return self.real.open_stream(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+async def test_a_stream_ended_while_it_opens_is_refused_with_the_reason_not_an_internal_error(tmp_path: Path) -> None:
+    """A drain (or a revoked key, or shedding) ends a stream while its start waits on the stream log: the open
+    raises that reason (draining: 1012, reconnect), and the stream's quota slot is given back. Before, going live
+    after being closed raised RuntimeError('illegal transition CLOSED -> LIVE'): the client read 1011 internal
+    and the log a traceback (found by an attack)."""
+    from lingua_fusion.errors import Draining
+    from lingua_fusion.stream.service import Principal
+
+    who = Principal("key_a")
+    stores: list[_SlowOpen] = []
+    async with local_service(settings_for(tmp_path), lambda real: stores.append(_SlowOpen(real)) or stores[0]) \
+            as service:
+        opening = asyncio.create_task(service.open(start(0.5), who))
+        assert await asyncio.to_thread(stores[0].started.wait, 10)  # registered, now waiting on the log
+        next(iter(service.sessions.values())).fail(Draining("the server is shutting down (the test's)"))
+        stores[0].release.set()
+        with pytest.raises(Draining):
+            await asyncio.wait_for(opening, timeout=10)
+        assert service.sessions == {} and service.quota.open == {"key_a": 0}
+
+
+async def test_a_stream_resumed_by_an_admin_key_still_counts_against_its_own_key(tmp_path: Path) -> None:
+    """An admin key that resumes another key's stream holds it within that key's cap: the key cannot open one
+    stream more meanwhile. Before, the resume was charged to the admin key, and the owner, at its cap of 1, opened a
+    second stream and then took the first back: two live streams (found by an attack)."""
+    from lingua_fusion.stream.service import Principal
+
+    settings = settings_for(tmp_path)
+    setattr(settings.server, *CAPS["per_key"])
+    owner, admin = Principal("key_a"), Principal("key_admin", admin=True)
+    async with local_service(settings) as service:
+        first = await service.open(start(0.5), owner)
+        ready = first.greeting[0].to_wire()
+        first.session.abort()  # its connection broke
+        resume = {"type": "start", "resume": {"stream_id": ready["stream_id"], "resume_token": ready["resume_token"],
+                                              "last_seq": 0}}
+        await service.open(resume, admin)
+        assert service.quota.open.get("key_a") == 1 and service.quota.open.get("key_admin", 0) == 0
+        with pytest.raises(Overloaded):
+            await service.open(start(0.5), owner)

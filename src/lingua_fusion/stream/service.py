@@ -185,7 +185,8 @@ class StreamService:
     async def _hold(self, spec: StreamSpec, who: Principal) -> _Hold:
         """Capacity for ``spec``'s stream, or ``Overloaded`` (4429) with nothing else changed. A stream that holds
         a reservation here already (its session is live here, or another open of it is under way) needs no more:
-        a takeover replaces a connection, it does not add a stream. Otherwise a slot of ``who``'s quota and the
+        a takeover replaces a connection, it does not add a stream. Otherwise a slot of the stream's own key's quota
+        (the key that opened it, also when an admin key resumes it: a key's streams stay within its cap) and the
         executor's admission (across every worker of ``serve --workers``, serving/shard)."""
         sid = spec.stream_id
         held = self._holds.get(sid)
@@ -200,16 +201,17 @@ class StreamService:
             if not admitted:  # the open that asked was refused (and dropped the reservation): so is this one
                 raise Overloaded("no capacity for this stream now; retry later", retry_after=5.0)
             return held
-        self.quota.take(who.key_id)
-        held = _Hold(who.key_id, asyncio.get_running_loop().create_future())
+        owner = spec.key_id or who.key_id
+        self.quota.take(owner)
+        held = _Hold(owner, asyncio.get_running_loop().create_future())
         self._holds[sid] = held
         try:
             await self.executor.reserve(self.executor.demand(sid, spec.slo, spec.source_lang, spec.targets,
                                                              spec.partials, spec.policy.step_s, spec.inputs),
-                                        who.key_id)
+                                        owner)
         except BaseException:
             del self._holds[sid]
-            self.quota.give(who.key_id)
+            self.quota.give(owner)
             held.admitted.set_result(False)
             raise
         held.admitted.set_result(True)

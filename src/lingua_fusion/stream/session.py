@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
 from ..config import Settings
-from ..errors import InvalidParameter, LinguaFusionError, SlowConsumer, TakenOver, TooLarge
+from ..errors import BackendError, InvalidParameter, LinguaFusionError, SlowConsumer, TakenOver, TooLarge
 from ..serving.ports import ModelPort
 from ..tracing import TraceRef
 from ..types import SR
@@ -150,7 +150,10 @@ class StreamSession:
         return self.start()
 
     def start(self) -> Ready:
-        """Go live. Returns the ``ready`` event (with what a resuming client needs to re-send)."""
+        """Go live. Returns the ``ready`` event (with what a resuming client needs to re-send). A session ended while
+        it opened (a drain, its key revoked, shedding: while ``open`` waited on the stream log) raises why."""
+        if self.state == State.CLOSED:
+            raise self.error or BackendError("the stream was closed while it opened; open it again")
         resumed: dict[str, Any] | None = None
         if self._resume is not None:
             point = ResumePoint.of(self._resume)
