@@ -187,3 +187,13 @@ def test_max_buffer_bounds_memory_across_a_long_gap() -> None:
     assert tl.write(tone(0.5, 0.3))  # appending still works
     assert len(tl.buf) <= 2 * SR
     np.testing.assert_allclose(tl.view(3601.0, 3601.5), 0.3)
+
+
+def test_an_empty_chunk_neither_sets_the_clock_nor_counts_as_dropped() -> None:
+    """A first, empty chunk at ts=100 set the stream's time zero, so every later chunk (ts 0, 0.5, ...) was
+    dropped as late, silently: no caption and no notice (found by an attack)."""
+    tl = AudioTimeline()
+    assert tl.write(np.zeros(0, dtype=np.float32), ts=100.0)
+    for i in range(4):
+        assert tl.write(np.full(SR // 2, 0.1, dtype=np.float32), ts=i * 0.5)
+    assert tl.stats.late_dropped == 0 and tl.end == 2 * SR and tl.origin == 0.0

@@ -46,7 +46,10 @@ class AudioTimeline:
         return self.end / SR
 
     def write(self, samples: np.ndarray, ts: float | None = None) -> bool:
-        """Place ``samples`` at client time ``ts`` (None: right after the furthest sample). False if dropped."""
+        """Place ``samples`` at client time ``ts`` (None: right after the furthest sample). False if dropped. An
+        empty chunk places nothing: it neither sets the clock (the first chunk's ``ts`` does) nor counts as dropped."""
+        if len(samples) == 0:
+            return True
         self.stats.chunks += 1
         if ts is None:
             pos = self.end
