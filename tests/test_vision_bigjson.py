@@ -89,3 +89,16 @@ def test_the_local_export_document_is_plain_json(tmp_path: Path) -> None:
     doc = store.export("k", vocab.vocab_id)
     assert json.loads(json.dumps(doc)) == json.loads(store.export_json("k", vocab.vocab_id))
     store.close()
+
+
+def test_an_import_by_a_key_with_no_room_is_refused_before_its_examples_are_checked(tmp_path: Path) -> None:
+    """At its cap of vocabularies a key's import is refused as quota_exceeded before any example is read: an
+    attack's flood of imports at the cap had each one parsed and checked (in a file slot) only to be refused."""
+    from lingua_fusion.errors import QuotaExceeded
+
+    store = VocabularyStore(tmp_path, max_per_key=1)
+    store.create("k", "signs", "sign")
+    bad = {"format": "linguafusion-vocabulary/1", "kind": "sign", "examples": [{"gloss": "", "frames": "x"}]}
+    with pytest.raises(QuotaExceeded, match="the most it may keep"):
+        store.import_("k", bad)
+    store.close()

@@ -100,14 +100,17 @@ class VocabularyStore:
         name = " ".join(str(name or kind).split())[:MAX_NAME] or kind
         vid = "vo_" + secrets.token_hex(6)
         with self._lock, self._db:
-            count = self._db.execute("SELECT COUNT(*) FROM vocabularies WHERE owner=?", (owner,)).fetchone()[0]
-            if count >= self.max_per_key:
-                raise QuotaExceeded(f"this key has {self.max_per_key} vocabularies, the most it may keep; delete one "
-                                    "first (DELETE /v1/vocabularies/{id})",
-                                    details={"limit": "max_vocabularies_per_key"})
+            self._check_room(owner)
             created = time.time()
             self._db.execute("INSERT INTO vocabularies VALUES (?,?,?,?,?,?)", (vid, owner, name, kind, lang, created))
         return Vocabulary(vid, name, kind, lang, created)
+
+    def _check_room(self, owner: str) -> None:
+        """QuotaExceeded when ``owner`` keeps as many vocabularies as it may."""
+        count = self._db.execute("SELECT COUNT(*) FROM vocabularies WHERE owner=?", (owner,)).fetchone()[0]
+        if count >= self.max_per_key:
+            raise QuotaExceeded(f"this key has {self.max_per_key} vocabularies, the most it may keep; delete one "
+                                "first (DELETE /v1/vocabularies/{id})", details={"limit": "max_vocabularies_per_key"})
 
     def get(self, owner: str, vocab_id: str) -> Vocabulary:
         with self._lock:
@@ -213,7 +216,10 @@ class VocabularyStore:
 
     def import_(self, owner: str, doc: Any, name: str | None = None) -> Vocabulary:
         """A new vocabulary for ``owner`` from an export document; every example is checked before anything is
-        written (a bad one refuses the whole import)."""
+        written (a bad one refuses the whole import). A key with no room for another vocabulary is refused first,
+        before any example is checked (``create`` checks again, under the lock, when it writes)."""
+        with self._lock:
+            self._check_room(owner)
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise InvalidParameter(f"not a vocabulary export: 'format' must be {EXPORT_FORMAT!r}",
                                    details={"field": "format"})
