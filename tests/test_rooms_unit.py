@@ -4,6 +4,8 @@ under racing publishes, slow listeners dropped without slowing the others, the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -365,20 +367,29 @@ async def test_in_process_room_records_expire_a_day_after_the_last_save_as_on_re
     await rooms.close()
 
 
-@needs_redis
-async def test_on_redis_a_minted_token_pushes_the_token_sets_expiry_on() -> None:
+@contextlib.asynccontextmanager
+async def redis_room() -> AsyncIterator[tuple[Any, Any, Any]]:
+    """A room on a Redis-backed service, and a plain Redis client to look at its keys; both closed after."""
     import redis.asyncio as aioredis
-
-    from lingua_fusion.state import redis_keys as keys
 
     rooms = service("redis")
     room, _ = await rooms.create("key_owner", "en")
     r = aioredis.Redis.from_url(REDIS or "")
-    await r.persist(keys.room_tokens(room.room_id))  # as if the set had been re-made by a bare SADD
-    await rooms.mint(room.room_id, "key_owner")
-    assert 0 < await r.ttl(keys.room_tokens(room.room_id)) <= 24 * 3600
-    await r.aclose()
-    await rooms.close()
+    try:
+        yield rooms, room, r
+    finally:
+        await r.aclose()
+        await rooms.close()
+
+
+@needs_redis
+async def test_on_redis_a_minted_token_pushes_the_token_sets_expiry_on() -> None:
+    from lingua_fusion.state import redis_keys as keys
+
+    async with redis_room() as (rooms, room, r):
+        await r.persist(keys.room_tokens(room.room_id))  # as if the set had been re-made by a bare SADD
+        await rooms.mint(room.room_id, "key_owner")
+        assert 0 < await r.ttl(keys.room_tokens(room.room_id)) <= 24 * 3600
 
 
 async def test_rooms_without_their_redis_say_the_rooms_store_is_unavailable_not_the_stream_log() -> None:
@@ -448,19 +459,13 @@ async def test_touch_pushes_a_room_on_and_a_dropped_room_takes_no_presence() -> 
 
 @needs_redis
 async def test_on_redis_touch_pushes_a_rooms_keys_expiry_on() -> None:
-    import redis.asyncio as aioredis
-
     from lingua_fusion.state import redis_keys as keys
 
-    rooms = service("redis")
-    room, _ = await rooms.create("key_owner", "en")
-    r = aioredis.Redis.from_url(REDIS or "")
-    for key in (keys.room(room.room_id), keys.room_tokens(room.room_id)):
-        await r.expire(key, 5)
-    await rooms.directory.touch(room)
-    assert await r.ttl(keys.room(room.room_id)) > 3600 and await r.ttl(keys.room_tokens(room.room_id)) > 3600
-    await r.aclose()
-    await rooms.close()
+    async with redis_room() as (rooms, room, r):
+        for key in (keys.room(room.room_id), keys.room_tokens(room.room_id)):
+            await r.expire(key, 5)
+        await rooms.directory.touch(room)
+        assert await r.ttl(keys.room(room.room_id)) > 3600 and await r.ttl(keys.room_tokens(room.room_id)) > 3600
 
 
 async def test_listen_gives_up_on_a_server_that_accepts_and_closes_at_once() -> None:
