@@ -21,7 +21,7 @@ from ..errors import (
     UnsupportedPair,
 )
 from ..media import sniff
-from ..media.sniff import SUPPORTED_AV, SUPPORTED_IMAGES, cut_in_signature
+from ..media.sniff import SUPPORTED_AV, SUPPORTED_IMAGES, MediaKind, cut_in_signature
 from ..models.registry import MTRoute, Registry
 from ..types import SOURCE_MODALITIES, TARGET_MODALITIES, Modality
 from .request import FileRequest, ValidRequest
@@ -30,13 +30,18 @@ _MODALITY_WORDS = {m.value for m in Modality} | {"slide", "slides"}
 _FAMILY_MODALITY = {"audio": "audio", "av": "video", "image": "image", "text": "text"}
 
 
+def _sniff_whole(data: bytes) -> MediaKind:
+    """``sniff``, after refusing a file cut inside its container's signature (damaged, not of an unknown kind)."""
+    if (cut := cut_in_signature(data)) is not None:
+        raise CorruptMedia(cut, details={"bytes": len(data)})
+    return sniff(data)
+
+
 def _detected_modality(req: FileRequest) -> str:
     """No source_modality given: a text field is text; a file is what its bytes are (never its name)."""
     if req.text is not None or not req.data:
         return "text" if req.text is not None else "audio"
-    if (cut := cut_in_signature(req.data)) is not None:
-        raise CorruptMedia(cut, details={"bytes": len(req.data)})
-    kind = sniff(req.data)
+    kind = _sniff_whole(req.data)
     if kind.family not in _FAMILY_MODALITY:
         raise UnsupportedMedia("cannot tell what this file is: it is not audio, video, an image (png, jpeg, webp) "
                                "or UTF-8 text", details={"detected": kind.container, "field": "source_modality"})
@@ -181,9 +186,7 @@ class RequestValidator:
         return text
 
     def _check_kind(self, data: bytes, modality: Modality) -> str:
-        if (cut := cut_in_signature(data)) is not None:
-            raise CorruptMedia(cut, details={"bytes": len(data)})
-        kind = sniff(data)
+        kind = _sniff_whole(data)
         if modality == Modality.IMAGE:
             if kind.family != "image":
                 raise MediaTypeMismatch(f"declared an image but the file {_looks_like(kind.container)}",
