@@ -118,11 +118,13 @@ class AudioIngest:
             await self._ingest(item, None)
 
     async def _ingest(self, samples: np.ndarray, ts: float | None) -> None:
+        if not len(samples):  # nothing to place (the timeline ignores it too): no clock, no notice, no VAD
+            return
         tl = self.timeline
         behind: float | None = None  # how far before the end of the audio received this chunk starts
         # before any chunk is placed, only a resumed stream drops: audio re-sent from before its resume point,
         # transcribed already (nothing is lost, nothing to tell)
-        if ts is not None and len(samples) and self._placed and tl.origin is not None:
+        if ts is not None and self._placed and tl.origin is not None:
             behind = tl.end_s - (ts - tl.origin)
         overlapped = tl.stats.overlapped
         placed = tl.write(samples, ts)
