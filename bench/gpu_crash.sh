@@ -4,6 +4,7 @@
 # One run per device call: the model processes take about 3 minutes to start and capture, so each needs >= 300 s.
 #
 #   bench/gpu_crash.sh RUN OUTDIR     RUN: blocking | no-workspace | no-graphs | asr | mt | both
+#   STREAMS=900,1200,2000 bench/gpu_crash.sh both OUTDIR   sweep on past 900 while the rows meet p99 <= 3 s
 #
 # Writes OUTDIR/RUN.json (the benchmark's figures, saved after every row) and OUTDIR/RUN.log (every process's
 # output, where a model process's "GPU runner step failed" traceback lands), then prints the lines that say whether
@@ -13,7 +14,7 @@ run=${1:?run: blocking | no-workspace | no-graphs | asr | mt | both}
 out=${2:?output directory}
 mkdir -p "$out"
 args=(bench/gpu_streams.py --json "$out/$run.json" --warmup 0 --parts multi --model-processes 4 --multi-workers 12
-      --multi-streams 900 --seconds 15)
+      --multi-streams "${STREAMS:-900}" --seconds 15)
 case "$run" in
   blocking) env CUDA_LAUNCH_BLOCKING=1 python3 "${args[@]}" > "$out/$run.log" 2>&1 ;;  # names the faulting launch
   no-workspace) env CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0 python3 "${args[@]}" > "$out/$run.log" 2>&1 ;;
