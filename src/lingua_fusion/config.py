@@ -93,9 +93,10 @@ class ModelSettings(BaseModel):
     # VAD with the engine on a CUDA device: "energy" (a level threshold) or "silero" (Silero v6 in torch, every
     # stream's windows in one batched call: serving/gpu/silero.py); on the CPU the engine keeps Silero on onnxruntime
     gpu_vad: Literal["energy", "silero"] = "energy"
-    # the engine's Whisper encoder on CUDA replayed from CUDA graphs (serving/gpu/encoder_graphs.py). Off: on the
-    # H200 it halved caption p99 in one model process, but four model processes sharing the GPU hit a CUDA illegal
-    # memory access (bench/results/gpu_encoder_graphs.json; cause not found yet)
+    # the engine's Whisper encoder on CUDA replayed from CUDA graphs (serving/gpu/encoder_graphs.py), captured on the
+    # ASR runner's thread. On the H200 the benchmark's encoder graphs took four model processes from 600 to 900
+    # streams at caption p99 <= 1 s (bench/results/gpu_streams.json); off by default until this server path (OpenAI's
+    # Whisper layout, the shipped weights) has itself run on a GPU
     encoder_graphs: bool = False
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
