@@ -122,3 +122,46 @@ def test_a_runner_built_after_close_is_closed_and_never_used() -> None:
     assert deferred._thread is not None
     deferred._thread.join(timeout=30)
     assert built.closed and deferred.built is None
+
+
+class Recording(Answering):
+    """An Answering runner that keeps every clip it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
+        self.seen += [len(p.audio) for p in payloads]
+        return super().submit(payloads, tentative)
+
+
+async def test_work_whose_caller_is_cancelled_leaves_the_queue_and_never_runs() -> None:
+    """A stream that ends (taken over by a resume, shed, its client gone) cancels its pending model calls: their
+    queued items are withdrawn, so the runner spends no batch room on results nobody reads, and the calls of the
+    streams still live run as before."""
+    release = threading.Event()
+    built = Recording()
+
+    def build() -> Recording:
+        if not release.wait(timeout=30):
+            raise TimeoutError("the test never released the build")
+        return built
+
+    executor, _ = _executor(build)
+    gone = [asyncio.create_task(executor.run(KEY, AsrInput(np.zeros(800 + i, np.float32)),
+                                             CallContext(stream_id="old"))) for i in range(3)]
+    live = asyncio.create_task(executor.run(KEY, AsrInput(np.zeros(1600, np.float32)), CallContext(stream_id="new")))
+    for _ in range(100):  # all four queued behind the build
+        if executor.depth(KEY) == 4:
+            break
+        await asyncio.sleep(0.01)
+    assert executor.depth(KEY) == 4
+    for t in gone:
+        t.cancel()
+    await asyncio.gather(*gone, return_exceptions=True)
+    assert executor.depth(KEY) == 1
+    release.set()
+    out = await asyncio.wait_for(live, timeout=10)
+    assert out.text == "1600 samples" and built.seen == [1600]
+    await executor.close()

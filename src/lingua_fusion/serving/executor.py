@@ -152,6 +152,12 @@ class Executor:
             if item is not None:  # still queued (a runner still starting, say): a retry must not run it twice
                 self.scheduler.withdraw(item)
             raise ModelTimeout(f"{key} gave no result in {wait_s:.0f} s") from None
+        except asyncio.CancelledError:  # the caller is gone (its stream ended, was taken over or shed): nobody
+            if item is not None:  # reads this result, so it leaves the queue instead of taking a batch's room
+                self.scheduler.withdraw(item)
+                if self.metrics is not None:
+                    self.metrics.depth(str(key), self.scheduler.depth(str(key)))
+            raise
 
     async def _submit_vad(self, audio: Any, key_id: str = "", trace: TraceRef | None = None) -> Any:
         if len(self._vad) >= self.scheduler.max_queue * 4:
