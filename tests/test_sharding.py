@@ -175,6 +175,31 @@ async def _model_server(path: str, settings: Settings) -> tuple[ModelServer, asy
     return server, await asyncio.start_unix_server(server.handle, path=path)
 
 
+async def test_a_key_cap_refusal_in_the_model_process_is_counted(tmp_path: Path) -> None:
+    """Under ``serve --workers`` the key's cap is kept in the model process: its refusal counts on /metrics (the
+    model process's counters are summed into every worker's page) as admission's own refusals do."""
+    from lingua_fusion.observability import Metrics
+
+    settings = Settings()
+    settings.state_dir = tmp_path
+    settings.server.max_streams_per_key = 1
+    metrics = Metrics()
+    path = str(tmp_path / "m.sock")
+    server = ModelServer(settings, Registry(settings), metrics)
+    listener = await asyncio.start_unix_server(server.handle, path=path)
+    link = ModelLink(path)
+    port = RemotePort(link, Registry(settings), settings)
+    try:
+        await port.reserve(port.demand("s1", "standard", "en", ["es"], True, 0.5, ["audio"]), "k1")
+        with pytest.raises(Overloaded, match="too many open streams"):
+            await port.reserve(port.demand("s2", "standard", "en", ["es"], True, 0.5, ["audio"]), "k1")
+        assert metrics.registry.get_sample_value("linguafusion_streams_rejected_total") == 1
+    finally:
+        await link.close()
+        listener.close()
+        await server.close()
+
+
 async def _one_worker(tmp_path: Path) -> tuple[ModelServer, asyncio.Server, ModelLink, RemotePort]:
     """A model process's server on a socket in ``tmp_path`` and one worker's link and port to it."""
     settings = Settings()

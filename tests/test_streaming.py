@@ -192,6 +192,31 @@ async def test_admission_refuses_beyond_capacity(tmp_path: Path) -> None:
         stop_server(proc)
 
 
+async def test_a_stream_refused_for_the_key_cap_is_counted_on_metrics(tmp_path: Path) -> None:
+    """A key at its stream cap gets 4429 for one more stream, and an operator reading /metrics sees the refusal
+    (it was counted only when admission refused, so a key's refusals left the counter at 0)."""
+    url, proc = start_server(tmp_path, "--no-auth", env={"LINGUAFUSION_SERVER__MAX_STREAMS_PER_KEY": "1"})
+    ws_url = url.replace("http://", "ws://") + "/v1/streams"
+    start = json.dumps({"type": "start", "target_langs": ["es"], "partials": False})
+    try:
+        assert metric(httpx.get(url + "/metrics", timeout=10).text, "linguafusion_streams_rejected_total") == 0
+        async with connect(ws_url) as held:
+            await held.send(start)
+            assert json.loads(await held.recv())["type"] == "ready"
+            async with connect(ws_url) as extra:  # the key's second stream
+                await extra.send(start)
+                refusal = json.loads(await extra.recv())
+                with pytest.raises(ConnectionClosed) as closed:
+                    await extra.recv()
+            assert refusal["code"] == "overloaded" and "too many open streams" in refusal["message"]
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4429
+        page = httpx.get(url + "/metrics", timeout=10).text
+        assert metric(page, "linguafusion_streams_rejected_total") == 1
+        assert metric(page, "linguafusion_streams_admitted_total") == 1
+    finally:
+        stop_server(proc)
+
+
 async def test_concurrent_streams_are_each_transcribed_whole(open_server: str, talk: Path) -> None:
     audio = pcm16(talk.read_bytes())
     t = MultimodalTranslator(base_url=open_server)

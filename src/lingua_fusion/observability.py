@@ -49,7 +49,8 @@ class Metrics:
                             registry=self.registry)
         self.streams_admitted = Counter("linguafusion_streams_admitted_total", "Streams admitted",
                                         registry=self.registry)
-        self.streams_rejected = Counter("linguafusion_streams_rejected_total", "Streams refused by admission",
+        self.streams_rejected = Counter("linguafusion_streams_rejected_total",
+                                        "Stream opens refused (4429): no capacity, or the key's stream cap",
                                         registry=self.registry)
         self.active_streams = gauge("linguafusion_active_streams", "Live streams", registry=self.registry)
         self.caption_latency = Histogram("linguafusion_caption_latency_seconds",

@@ -199,10 +199,15 @@ class StreamService:
                 self._unhold(sid, held)
                 raise
             if not admitted:  # the open that asked was refused (and dropped the reservation): so is this one
+                self._refused()
                 raise Overloaded("no capacity for this stream now; retry later", retry_after=5.0)
             return held
         owner = spec.key_id or who.key_id
-        self.quota.take(owner)
+        try:
+            self.quota.take(owner)
+        except Overloaded:
+            self._refused()
+            raise
         held = _Hold(owner, asyncio.get_running_loop().create_future())
         self._holds[sid] = held
         try:
@@ -216,6 +221,11 @@ class StreamService:
             raise
         held.admitted.set_result(True)
         return held
+
+    def _refused(self) -> None:
+        """A refusal decided here (the key's cap) counts with admission's own (``Executor.admit`` counts those)."""
+        if self.metrics is not None:
+            self.metrics.streams_rejected.inc()
 
     def _unhold(self, stream_id: str, held: _Hold) -> None:
         """One holder of ``stream_id``'s reservation lets go; the last frees its quota slot and admission."""

@@ -181,7 +181,12 @@ class ModelServer:
         if ident in self.owners:  # admitted twice (a resume racing its old session): one reservation
             self._release(mode, demand.stream_id)
         engine.prepare(demand)
-        self.keys.take(ident, key_id, force)
+        try:
+            self.keys.take(ident, key_id, force)
+        except Overloaded:  # the key's cap, or the ledger's total: counted as admission counts its own refusals
+            if self.metrics is not None:
+                self.metrics.streams_rejected.inc()
+            raise
         try:
             if force:  # re-registered after this process restarted: it was admitted before
                 engine.scheduler.admitted[demand.stream_id] = demand
