@@ -165,3 +165,36 @@ async def test_work_whose_caller_is_cancelled_leaves_the_queue_and_never_runs() 
     out = await asyncio.wait_for(live, timeout=10)
     assert out.text == "1600 samples" and built.seen == [1600]
     await executor.close()
+
+
+FACTORY_IN_A_FRESH_PROCESS = """
+import sys
+from lingua_fusion.config import Settings
+from lingua_fusion.serving.gpu import deferred
+from lingua_fusion.serving.gpu.server import engine_backends
+from lingua_fusion.serving.keys import ModelKey
+
+class Registry:
+    def decode_mt_with(self, serve): pass
+    def asr_torch(self, lang): raise RuntimeError("no weights in this test")
+
+assert "torch" not in sys.modules
+asr = engine_backends(Registry(), Settings(models={"engine": "continuous", "device": "cpu"}))["asr"]
+with deferred._BUILDS:  # the build thread waits here: whatever is imported now, the factory's caller imported
+    runner = asr(ModelKey.asr("en"))
+    print("torch imported by the caller" if "torch" in sys.modules else "torch not imported by the caller")
+    runner.close()
+"""
+
+
+def test_the_engine_factory_leaves_importing_torch_to_the_build_thread() -> None:
+    """The ASR factory runs on the event loop (a language's first stream asks admission for its runner), and the
+    first import of torch holds the loop for a second or more (1.0-1.9 s measured on a live server: every stream
+    and /healthz stalled): the factory hands it to the build thread with the rest of the build."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FACTORY_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch not imported by the caller"

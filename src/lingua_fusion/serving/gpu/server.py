@@ -47,11 +47,10 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
 
     def asr(key: ModelKey) -> Any:
         from .deferred import DeferredRunner
-        from .torch_whisper import asr_runner
 
-        # built on a thread of its own (weights, pools, graphs): the event loop asking for it does not wait
-        runner = DeferredRunner(lambda: asr_runner(registry.asr_torch(key.source), key.source, settings, str(key)),
-                                str(key))
+        # built on a thread of its own (torch imported, weights, pools, graphs): the event loop asking for it does
+        # not wait
+        runner = DeferredRunner(lambda: build_asr(registry, key, settings), str(key))
         if metrics is not None:
             metrics.gpu_memory.watch(str(key), lambda: runner.memory)
         log.info("%s on the continuous engine (%s), starting", key, device)
@@ -61,6 +60,15 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
     if device.startswith("cuda"):
         backends["vad"] = lambda _k: gpu_vad(settings.models.gpu_vad, device)
     return backends
+
+
+def build_asr(registry: Any, key: ModelKey, settings: Settings) -> Any:
+    """``key``'s GpuRunner, on the DeferredRunner's build thread. torch is imported here, not where the factory
+    runs: the first import of torch takes a second or more, and the factory runs on the event loop (a stream's
+    admission), where it stalled every stream and /healthz at a language's first stream."""
+    from .torch_whisper import asr_runner
+
+    return asr_runner(registry.asr_torch(key.source), key.source, settings, str(key))
 
 
 def gpu_vad(kind: str, device: str) -> Any:
