@@ -78,6 +78,32 @@ def test_speech_output_is_wav(server: Server) -> None:
     assert raw.status_code == 200 and raw.headers["content-type"] == "audio/wav" and raw.content[:4] == b"RIFF"
 
 
+def _in_two_data_chunks(wav: bytes, share: float) -> bytes:
+    """``wav`` (one data chunk at byte 36, as to_wav writes) with its samples split over two ``data`` chunks, the
+    first holding ``share`` of them: legal RIFF, as recorders that split their data write."""
+    assert wav[36:40] == b"data"
+    samples = wav[44:]
+    cut = int(len(samples) * share) // 2 * 2
+    body = wav[8:36] + b"".join(b"data" + len(p).to_bytes(4, "little") + p for p in (samples[:cut], samples[cut:]))
+    return b"RIFF" + len(body).to_bytes(4, "little") + body
+
+
+def test_a_wav_in_several_data_chunks_is_read_whole_and_a_cut_one_still_refused(server: Server, talk: Path) -> None:
+    """An attack on a live server found a WAV whose audio is split over two data chunks refused as truncated
+    (FFmpeg plays only the last chunk, shorter than the first one's declared length); now both are read, in order."""
+    h = {"Authorization": f"Bearer {server.key()}"}
+    split = _in_two_data_chunks(talk.read_bytes(), 0.7)
+    r = httpx.post(f"{server.url}/v1/translate", headers=h, timeout=120, files={"file": ("talk.wav", split)},
+                   data={"source_modality": "audio", "source_lang": "en", "target_lang": "en"})
+    assert r.status_code == 200, r.text
+    assert "bank" in r.json()["text"].lower() and "starts" in r.json()["text"].lower()  # each chunk's words
+    cut = split[: len(split) - len(talk.read_bytes()) // 4]  # its second chunk loses most of its samples
+    r = httpx.post(f"{server.url}/v1/translate", headers=h, timeout=120, files={"file": ("talk.wav", cut)},
+                   data={"source_modality": "audio", "source_lang": "en", "target_lang": "en"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "corrupt_media", r.text
+    assert "truncated" in r.json()["error"]["message"]
+
+
 def test_braille_and_captions_over_http(server: Server, talk: Path) -> None:
     h = {"Authorization": f"Bearer {server.key()}"}
     r = httpx.post(f"{server.url}/v1/translate", headers=h, timeout=60,

@@ -217,6 +217,32 @@ def test_decode_audio_streaming_writer_wav_with_no_samples_is_corrupt() -> None:
         decode_audio(wav[:44], LimitSettings())
 
 
+def _data_chunks(wav: bytes, *cuts: int, between: bytes = b"") -> bytes:
+    """``wav``'s samples split at byte offsets ``cuts`` into several ``data`` chunks, ``between`` after each but
+    the last (a LIST or JUNK chunk, say)."""
+    assert wav[36:40] == b"data"
+    samples, edges = wav[44:], [0, *cuts, len(wav) - 44]
+    chunks = [b"data" + (b - a).to_bytes(4, "little") + samples[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    body = wav[8:36] + between.join(chunks)
+    return b"RIFF" + len(body).to_bytes(4, "little") + body
+
+
+@pytest.mark.parametrize("cuts", [(60_000,), (2_000,), (10_000, 20_000, 50_000)])
+@pytest.mark.parametrize("between", [b"", b"JUNK" + struct.pack("<I", 6) + b"\0" * 6])
+def test_decode_audio_reads_every_data_chunk_in_order(cuts: tuple[int, ...], between: bytes) -> None:
+    """FFmpeg plays only the last data chunk of a WAV: the rest was lost, or the file refused as truncated."""
+    wav = sine_wav(2.0, rate=16000, channels=1)
+    whole, _ = decode_audio(wav, LimitSettings())
+    audio, info = decode_audio(_data_chunks(wav, *cuts, between=between), LimitSettings())
+    assert info["declared_s"] == pytest.approx(2.0, abs=0.01) and np.array_equal(audio, whole)
+
+
+def test_decode_audio_wav_in_data_chunks_cut_in_its_last_is_truncated() -> None:
+    wav = _data_chunks(sine_wav(2.0, rate=16000, channels=1), 30_000)
+    with pytest.raises(CorruptMedia, match="truncated: its header says 2.00 s"):
+        decode_audio(wav[:-20_000], LimitSettings())
+
+
 @pytest.mark.parametrize("n", [4, 7, 8, 11])
 def test_a_riff_file_cut_inside_its_first_12_bytes_is_named_truncated(n: int) -> None:
     """sniff alone calls these text ("RIFF") or unknown; the validator refuses them as corrupt_media with this."""

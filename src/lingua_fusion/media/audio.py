@@ -47,6 +47,36 @@ def _wav_declared_seconds(data: bytes) -> float | None:
     return None
 
 
+def _one_data_chunk(data: bytes) -> bytes:
+    """A WAV whose audio is split over several ``data`` chunks (legal RIFF; some recorders write one per segment)
+    rewritten with one ``data`` chunk holding their bytes in order, its size the sum of their declared sizes (so a
+    cut last chunk still reads as truncated). FFmpeg plays only the last data chunk of such a file (its header walk
+    keeps the last one it meets): the rest of the audio was lost, or, with a short last chunk, the whole file was
+    refused as truncated. Anything else (one data chunk, a placeholder size, not a WAV) is returned as it is."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return data
+    pos, declared = 12, 0
+    others: list[bytes] = []
+    parts: list[bytes] = []
+    while pos + 8 <= len(data):
+        cid, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
+        end = pos + 8 + size + (size & 1)
+        if cid == b"data":
+            if size == 0 or size >= _WAV_SIZE_UNKNOWN:  # a streaming writer's: its audio runs to the end
+                return data
+            parts.append(data[pos + 8:pos + 8 + size])
+            declared += size
+        else:
+            others.append(data[pos:end])
+        pos = end
+    if len(parts) < 2:
+        return data
+    # past 2 GiB the size reads as unknown; such a file is far over max_media_seconds, refused for that anyway
+    size_field = min(declared, _WAV_SIZE_UNKNOWN - 1).to_bytes(4, "little")
+    body = b"WAVE" + b"".join(others) + b"data" + size_field + b"".join(parts)
+    return b"RIFF" + len(body).to_bytes(4, "little") + body
+
+
 def _av_error(exc: Exception, what: str) -> Exception:
     import av
 
@@ -59,6 +89,7 @@ def decode_audio(data: bytes, limits: LimitSettings, *, what: str = "audio") -> 
     """Return (samples, info). info holds container, codec, declared and decoded duration, has_video."""
     import av
 
+    data = _one_data_chunk(data)
     try:
         container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except (av.error.FFmpegError, ValueError, OSError) as exc:
