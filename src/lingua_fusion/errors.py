@@ -29,7 +29,8 @@ Map (code -> HTTP status):
         MalformedOutput             503 malformed_output
         InjectedFault               503 injected_fault (chaos)
         StoreUnavailable            503 state_store_unavailable (the stream log; the rooms' Redis: ``store=``)
-      RequestTimeout                504 timeout        (a file request past server.request_timeout_s; retryable)
+      RequestTimeout                504 timeout        (a file request past server.request_timeout_s, or no answer
+                                                        within the SDK's timeout; retryable)
 
 Foreign exceptions (PyAV, PIL, onnxruntime, subprocess) are translated where they occur with
 ``raise ... from exc``. Each error knows its HTTP status, a stable machine-readable ``code`` and

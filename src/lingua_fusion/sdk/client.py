@@ -7,13 +7,35 @@ from typing import Any
 
 import httpx
 
-from ..errors import BackendError, InvalidParameter
+from ..errors import BackendError, InvalidParameter, LinguaFusionError, RequestTimeout
 from ..types import TranslationResult
 from ..vision.client import AsyncVocabularyMethods, VocabularyMethods
 from .common import MediaInput, parse_result, raise_for_error, read_file, read_input
 from .stream import RemoteStream, start_message
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+CONNECT_TIMEOUT_S = 10.0  # a server that is down or unreachable is told in seconds
+# the longest wait for an answer: the server ends a file request at its own limit (server.request_timeout_s, 300 s
+# by default) with 504 `timeout`; the rest is room for the upload and that answer. A server that accepted the
+# connection and never answers fails the call after this long, not the 10 minutes it was before.
+READ_TIMEOUT_S = 330.0
+
+
+def http_timeout(timeout: float | None) -> httpx.Timeout:
+    """``timeout``: seconds to wait for each read, write or pooled connection (``READ_TIMEOUT_S`` when None);
+    connecting waits ``CONNECT_TIMEOUT_S``, or ``timeout`` when that is shorter."""
+    limit = READ_TIMEOUT_S if timeout is None else timeout
+    return httpx.Timeout(limit, connect=min(CONNECT_TIMEOUT_S, limit))
+
+
+def _unreachable(exc: httpx.TransportError, base_url: str) -> LinguaFusionError:
+    """httpx's failure as our error: a server connected to that sent no answer in time is a ``RequestTimeout``
+    (504 ``timeout``, retryable); one that cannot be connected to (refused, unknown, connect timeout) a
+    ``BackendError`` (503 ``backend_unavailable``, retryable)."""
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return RequestTimeout(f"{base_url} did not answer in time ({type(exc).__name__}); retry later, or pass "
+                              "a longer timeout= for long files")
+    return BackendError(f"cannot reach {base_url}: {exc}")
 
 
 def ws_url(base_url: str) -> str:
@@ -118,12 +140,13 @@ class _Base:
 
 
 class MultimodalTranslator(VocabularyMethods, _Base):
-    """Client of a LinguaFusion server. ``MultimodalTranslator.local()`` runs the engine in-process instead."""
+    """Client of a LinguaFusion server. ``MultimodalTranslator.local()`` runs the engine in-process instead.
+    ``timeout``: seconds to wait for an answer (``http_timeout``: 330 s by default, connecting 10 s at most)."""
 
-    def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(self, api_key: str | None = None, base_url: str | None = None,
+                 timeout: float | None = None) -> None:
         super().__init__(api_key, base_url)
-        self._http = httpx.Client(base_url=self.base_url, headers=self._headers,
-                                  timeout=httpx.Timeout(timeout, connect=10.0))
+        self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=http_timeout(timeout))
 
     @staticmethod
     def local(**kwargs: Any) -> Any:
@@ -135,7 +158,7 @@ class MultimodalTranslator(VocabularyMethods, _Base):
         try:
             r = self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
-            raise BackendError(f"cannot reach {self.base_url}: {exc}") from exc
+            raise _unreachable(exc, self.base_url) from exc
         return self._check(r)
 
     def translate(self, input_media: MediaInput | None = None, *, target_lang: str, source_modality: str | None = None,
@@ -176,16 +199,16 @@ class MultimodalTranslator(VocabularyMethods, _Base):
 
 
 class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
-    def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(self, api_key: str | None = None, base_url: str | None = None,
+                 timeout: float | None = None) -> None:
         super().__init__(api_key, base_url)
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
-                                       timeout=httpx.Timeout(timeout, connect=10.0))
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=http_timeout(timeout))
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
             r = await self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
-            raise BackendError(f"cannot reach {self.base_url}: {exc}") from exc
+            raise _unreachable(exc, self.base_url) from exc
         return self._check(r)
 
     async def translate(self, input_media: MediaInput | None = None, *, target_lang: str,
