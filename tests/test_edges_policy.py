@@ -43,7 +43,7 @@ def test_agreement_compares_words_case_and_punctuation_blind() -> None:
 def test_a_click_is_forgotten_and_the_next_utterance_starts_0_3_s_before_it_was() -> None:
     cfg = PolicyConfig(eou_silence_s=t_of(20) - t_of(1))  # forgotten exactly at window 20
     p = CommitPolicy(cfg)
-    probs = [1.0, 1.0] + [0.0] * 25 + [1.0] * 20 + [0.0] * 30
+    probs = [1.0, 1.0] + [0.0] * 19 + [1.0] * 20 + [0.0] * 30  # speech right after the click is forgotten
     commits = [d for d in run(p, probs) if d[1] == "commit"]
     assert len(commits) == 1
     assert commits[0][2] == pytest.approx(t_of(20) - 0.3)  # utt_start moved when the click was forgotten

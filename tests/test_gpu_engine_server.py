@@ -123,3 +123,22 @@ async def test_live_stream_through_the_engine(engine_server: str, tmp_path: Path
     assert metric(text, 'linguafusion_gpu_pool_bytes{model="asr:tiny.en",pool="cross"}') > 0
     assert re.search(r'linguafusion_gpu_encoder_cache_entries\{model="asr:tiny.en"\} \d', text)
     assert metric(text, 'linguafusion_batch_size_count{model="asr:tiny.en"}') >= len(SENTENCES)
+
+
+async def test_a_timestamp_gap_is_not_captioned_as_an_utterance(engine_server: str) -> None:
+    """A client whose media clock jumps a minute (paused, then resumed with a later ``ts``) sends the gap as
+    silence: no final spans it. The open utterance was held across the gap and cut there as 57 s of silence, which
+    Whisper captioned "you" (a final from 2.8 s to 60 s), while the speech after the gap came late."""
+    audio = pcm(talk_wav(SENTENCES[:2]))
+    data = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    half = len(data) // 4 * 2  # mid-sentence: an utterance is open when the gap comes
+    t = MultimodalTranslator(base_url=engine_server)
+    async with t.stream(["es"], partials=False, slo="standard") as s:
+        await s.send_audio(data[:half], ts=0.0)
+        await s.send_audio(data[half:], ts=60.0)
+        await s.end()
+        finals = [e async for e in s if e.type == "final"]
+    assert finals, "no caption"
+    for f in finals:
+        assert f.end - f.start <= 10.0, (f.start, f.end, f.source_text)  # standard's longest utterance
+        assert not f.start < half / 32000 < 60.0 < f.end, (f.start, f.end, f.source_text)

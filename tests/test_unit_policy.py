@@ -118,10 +118,23 @@ def test_two_utterances_in_one_call_commit_in_order() -> None:
     assert first.start == pytest.approx(0.0, abs=EPS)
     assert first.end == pytest.approx(50 * W + 0.2)
     assert second.start >= first.end - EPS  # non-overlapping, in order
-    assert second.start == pytest.approx(first.end)
+    assert second.start == pytest.approx(90 * W - 0.3)  # 0.3 s before its speech, as when fed window by window
     assert second.start <= 90 * W  # the second utterance's speech is inside it
     assert second.end == pytest.approx(130 * W + 0.2)
     assert out.index(first) < out.index(second)
+
+
+@pytest.mark.parametrize("chunk", [1, 100, 1000])
+def test_a_long_silence_then_speech_in_one_call_commits_only_the_speech(chunk: int) -> None:
+    """A timestamp gap (silence) or one large message brings 20 s of silence and then speech in a call: the silence
+    is neither committed (it was cut as an utterance of its own at 10 s, which Whisper heard as "you") nor decoded
+    with the speech."""
+    p = CommitPolicy()
+    out = feed(p, np.r_[silence(625), speech(60), silence(30)], chunk=chunk)  # speech at 20 s
+    commits = [d for _, d in out if d.kind == "commit"]
+    assert len(commits) == 1
+    assert commits[0].start == pytest.approx(625 * W - 0.3)
+    assert commits[0].end == pytest.approx(685 * W + 0.2)
 
 
 def test_utterances_in_one_call_match_window_by_window_feeding() -> None:
@@ -130,7 +143,7 @@ def test_utterances_in_one_call_match_window_by_window_feeding() -> None:
     small = [d for _, d in feed(CommitPolicy(), probs, chunk=1) if d.kind == "commit"]
     assert len(big) == len(small) == 3
     for a, b in zip(big, small, strict=True):
-        assert a.end == pytest.approx(b.end)
+        assert (a.start, a.end) == (pytest.approx(b.start), pytest.approx(b.end))
     ends = [d.end for d in big]
     assert ends == sorted(ends)
 

@@ -80,6 +80,11 @@ class CommitPolicy:
             if d is not None:
                 out.append(d)
                 self.committed(d.end)
+            elif self.speech_start is None:
+                # silence: the utterance start follows time window by window, as when windows come one a call, so
+                # a call holding a long silence then speech (a timestamp gap, one large message) neither decodes
+                # the silence nor counts it toward max_utterance_s (a forced cut of silence, "you" from Whisper)
+                self.utt_start = max(self.utt_start, t - 0.3)
         if self.speech_start is None:
             # silence only: let the utterance start follow time so silence is never decoded
             self.utt_start = max(self.utt_start, t_end - 0.3)
