@@ -490,6 +490,19 @@ async def test_a_message_over_the_frame_limit_is_refused_by_the_websocket_layer(
     assert code == 1009
 
 
+async def test_a_stream_is_not_compressed_so_a_small_frame_never_inflates_to_megabytes(guarded: Srv) -> None:
+    """A client offers permessage-deflate (browsers and websockets do) and the server declines it: uvicorn inflated
+    each compressed message on the event loop as its bytes arrived, and 4 MiB of silence deflates to about 4 KB, so
+    one 64 KB read held a dozen 4 MiB messages; eight streams sending them stalled /healthz for 30 s and ended in
+    1011. Uncompressed, a 4 MiB message costs its sender 4 MiB."""
+    ws, _ = await opened(guarded.ws, guarded.admin, start(["audio"]))
+    assert ws.protocol.extensions == []  # nothing negotiated: the client sends (and the server reads) plain frames
+    await ws.send(b"\0" * (4 * MiB))
+    await ws.send(json.dumps({"type": "end"}))
+    events, code = await ending(ws)
+    assert code == 1000 and events[-1]["type"] == "closed", events
+
+
 # ==== Identity and secrets =======================================================================================
 async def test_a_stream_resumes_only_with_its_own_key(guarded: Srv) -> None:
     a, _ = guarded.new_key("owner")

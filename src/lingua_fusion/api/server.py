@@ -12,7 +12,10 @@
   file request still running FILE_ANSWER_MARGIN_S before that is answered 503 ``draining`` (api/admission.py
   ``begin_drain``) instead of being cancelled into a bare 500.
 - WebSocket messages: ``ws_max_size`` = ``server.max_ws_message_bytes``, so an oversized message is refused by the
-  protocol layer (close 1009) before it is buffered.
+  protocol layer (close 1009) before it is buffered. No permessage-deflate: uvicorn inflates a compressed message on
+  the event loop as its bytes arrive, and 4 MiB of silence deflates to about 4 KB, so one read of 64 KB held a dozen
+  4 MiB messages to inflate and queue; eight such streams stalled /healthz for 30 s (PCM audio barely compresses,
+  and the events a client reads are small).
 - Logs: every handler of uvicorn's and our loggers masks API keys, URL passwords and key-bearing query parameters
   (redact.py), so ``?api_key=`` never reaches the access log.
 - SIGTERM / SIGINT: live streams drain first (queued captions logged and sent, clients told to reconnect).
@@ -182,6 +185,7 @@ def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uv
     """The configured server for ``app`` (run it with ``.run()``)."""
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level=log_level,
                             http=guarded_http(settings), ws_max_size=settings.server.max_ws_message_bytes,
+                            ws_per_message_deflate=False,
                             timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S,
                             h11_max_incomplete_event_size=settings.server.max_header_bytes)
     install_logging(log_level)  # again: uvicorn's dictConfig has just replaced its handlers
