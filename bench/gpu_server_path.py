@@ -25,9 +25,10 @@ latency p50/p99 (the session's own measure), finals against those expected, word
 finals against the sentences, time to a stream's first caption, GPU memory and pool use, event-loop lag.
 
 Every row is written to ``--json`` as it completes and printed; ``--budget-s`` (default 480) skips rows that would
-not finish in time. ``--device cpu`` runs the same code here (the VAD is then the energy VAD the engine uses on
-CUDA, not Silero on onnxruntime); ``--gpu-imports-only`` refuses every import the GPU machine could not satisfy
-(stdlib, its preinstalled packages, the carried wheels, our src and the folder's stand-ins), to check that here.
+not finish in time, and a warm row with caption p99 over ``--stop-p99-s`` (5 s) ends the sweep. ``--device cpu``
+runs the same code here (the VAD is then the energy VAD the engine uses on CUDA, not Silero on onnxruntime);
+``--gpu-imports-only`` hides every installed package the GPU machine lacks (it keeps the stdlib, its preinstalled
+packages, the carried wheels, our src and the folder's stand-ins), to check that here.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -440,7 +442,7 @@ async def stream_row(service: Any, n: int, talk: np.ndarray, chunk_ms: int, slo:
 
 
 async def streams(folder: Path, device: str, counts: list[int], encoder_graphs: bool, chunk_ms: int, slo: str,
-                  deadline: float, emit: Any) -> None:
+                  deadline: float, emit: Any, stop_p99_s: float = 5.0) -> None:
     """One StreamService over one engine executor (as a server's, for its life: closing the service closes the
     executor), each row's streams ended before the next row; the first row starts on it cold."""
     import torch
@@ -475,6 +477,9 @@ async def streams(folder: Path, device: str, counts: list[int], encoder_graphs: 
             if built is not None:
                 row["asr_encoded"], row["asr_reused"] = built.encoded, built.reused
             emit(row)
+            if i > 0 and not row.get("caption_p99_s", math.inf) <= stop_p99_s:  # NaN too: no finals
+                emit({"part": "streams", "stopped": f"caption p99 over {stop_p99_s} s at {n} streams"})
+                break
     finally:
         await asyncio.wait_for(service.close(), timeout=60)
         await close_stack(executor)
@@ -521,14 +526,14 @@ def run(args: argparse.Namespace) -> int:
     if "streams" in parts:
         counts = [int(c) for c in args.streams.split(",") if c]
         asyncio.run(streams(args.folder, args.device, counts, args.device.startswith("cuda") and args.graphs,
-                            args.chunk_ms, args.slo, deadline, emit))
+                            args.chunk_ms, args.slo, deadline, emit, args.stop_p99_s))
         emit({"part": "streams-closed", **release(args.device)})
         print("SUMMARY streams: " + "; ".join(
             f"{r['streams']}: " + (r.get("skipped") or r.get("error") or
                                    f"p50 {r['caption_p50_s']} s p99 {r['caption_p99_s']} s finals {r['finals']} for "
                                    f"{r['sentences_spoken']} sentences wer {r['wer_mean']} first caption p50 "
                                    f"{r['first_caption_p50_s']} s gpu peak {r.get('gpu_peak_allocated_gb')} GB")
-            for r in report["rows"] if r["part"] == "streams"), flush=True)
+            for r in report["rows"] if r["part"] == "streams" and "streams" in r), flush=True)
     if left_out:  # what this run could not import (the GPU machine's view of site-packages)
         emit({"part": "imports", "site_packages_left_out": len(left_out),
               "left_out_but_imported": {n: getattr(sys.modules[n], "__file__", None)
@@ -550,6 +555,7 @@ def main() -> int:
     ap.add_argument("--chunk-ms", type=int, default=500)
     ap.add_argument("--slo", default="interactive")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="streams without encoder graphs")
+    ap.add_argument("--stop-p99-s", type=float, default=5.0, help="no larger row after a warm one this slow")
     ap.add_argument("--budget-s", type=float, default=480.0, help="rows that would end later are skipped")
     ap.add_argument("--gpu-imports-only", action="store_true", help="refuse imports the GPU machine lacks")
     args = ap.parse_args()
