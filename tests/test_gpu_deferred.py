@@ -198,3 +198,37 @@ def test_the_engine_factory_leaves_importing_torch_to_the_build_thread() -> None
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "torch not imported by the caller"
+
+
+VAD_FACTORY_IN_A_FRESH_PROCESS = """
+import sys
+from lingua_fusion.config import Settings
+from lingua_fusion.serving.gpu.server import engine_backends
+from lingua_fusion.serving.keys import ModelKey
+
+class Registry:
+    def decode_mt_with(self, serve): pass
+
+assert "torch" not in sys.modules
+vad = engine_backends(Registry(), Settings(models={"engine": "continuous", "device": "cuda"}))["vad"]
+runner = vad(ModelKey.parse("vad"))
+print("torch imported by the caller" if "torch" in sys.modules else "torch not imported by the caller")
+try:
+    runner([])  # the first call builds it (here, with no GPU, that fails: on the caller's worker thread, not before)
+except Exception as exc:
+    print("built at the first call:", type(exc).__name__)
+"""
+
+
+def test_the_gpu_vad_factory_leaves_importing_torch_to_the_first_call() -> None:
+    """On CUDA the VAD lane's runner is asked for on the event loop at a stream's first VAD call; building it there
+    imported torch (and, with Silero, loaded its weights) on the loop. The factory now returns a runner built at its
+    first call, which the executor makes on a worker thread."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", VAD_FACTORY_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "torch not imported by the caller" and lines[1].startswith("built at the first call"), lines

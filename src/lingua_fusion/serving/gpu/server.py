@@ -21,6 +21,7 @@ only when the engine is on.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -57,9 +58,26 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
         return runner
 
     backends: dict[str, Callable[[ModelKey], Any]] = {"asr": asr}
-    if device.startswith("cuda"):
-        backends["vad"] = lambda _k: gpu_vad(settings.models.gpu_vad, device)
+    if device.startswith("cuda"):  # built at its first call, on the VAD lane's thread (``LazyRunner``)
+        backends["vad"] = lambda _k: LazyRunner(lambda: gpu_vad(settings.models.gpu_vad, device))
     return backends
+
+
+class LazyRunner:
+    """A batch runner built at its first call. The executor asks for a runner on the event loop (a stream's first
+    VAD call) and runs its calls on a worker thread: building there keeps the first import of torch and Silero's
+    weights (a second or more) off the loop, as ``build_asr`` does for the ASR runner."""
+
+    def __init__(self, build: Callable[[], Callable[[list[Any]], list[Any]]]) -> None:
+        self._build = build
+        self._runner: Callable[[list[Any]], list[Any]] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: list[Any]) -> list[Any]:
+        with self._lock:  # one build, however many lanes call at once
+            if self._runner is None:
+                self._runner = self._build()
+        return self._runner(batch)
 
 
 def build_asr(registry: Any, key: ModelKey, settings: Settings) -> Any:
