@@ -307,7 +307,7 @@ async def test_a_hostile_resume_is_refused_and_the_log_keeps_working(tmp_path: P
             await s.end()
             first = [ev async for ev in s if ev.type == "final"]
         ids = s.ready
-        for last_seq in ("9223372036854775807", "Infinity", "-1", "1e400"):
+        for last_seq in ("9223372036854775807", "Infinity", "-1", "1e400", "1.5", '"3"', "true", "null"):
             raw = ('{"type": "start", "resume": {"stream_id": "' + ids["stream_id"] + '", "resume_token": "'
                    + ids["resume_token"] + '", "last_seq": ' + str(last_seq) + "}}")
             async with connect(ws_url, open_timeout=10) as ws:

@@ -137,10 +137,9 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
 def parse_resume(resume: Any) -> ResumeRequest:
     if not isinstance(resume, dict) or not resume.get("stream_id") or not resume.get("resume_token"):
         raise InvalidParameter("resume needs stream_id, resume_token and last_seq")
-    try:
-        last_seq = int(resume.get("last_seq", 0))
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidParameter("last_seq must be an integer") from exc
+    last_seq = resume.get("last_seq", 0)
+    if type(last_seq) is not int:  # 1.5, "3" and true are not sequence numbers (int() took them)
+        raise InvalidParameter("last_seq must be an integer")
     if not 0 <= last_seq < 2**53:
         raise InvalidParameter("last_seq must be an integer from 0 to 2**53")
     return ResumeRequest(str(resume["stream_id"]), str(resume["resume_token"]), last_seq)
