@@ -190,7 +190,7 @@ def server_stack(device: str, encoder_graphs: bool) -> tuple[Any, Any, Any]:
     """(settings, registry, executor) as ``linguafusion serve`` makes them with the engine on ``device``."""
     from lingua_fusion.config import Settings
     from lingua_fusion.models.registry import Registry
-    from lingua_fusion.serving.gpu.server import build_executor, gpu_vad
+    from lingua_fusion.serving.gpu.server import LazyRunner, build_executor, gpu_vad
 
     try:
         from lingua_fusion.observability import Metrics  # needs hdrhistogram: carry its wheel in .whl
@@ -205,7 +205,7 @@ def server_stack(device: str, encoder_graphs: bool) -> tuple[Any, Any, Any]:
     registry = Registry(settings)
     executor = build_executor(registry, settings, metrics)
     if device == "cpu":  # the energy VAD the engine runs on CUDA (on the CPU it would be Silero on onnxruntime)
-        executor.backends["vad"] = lambda _k: gpu_vad("energy", "cpu")
+        executor.backends["vad"] = lambda _k: LazyRunner(lambda: gpu_vad("energy", "cpu"))
     return settings, registry, executor
 
 
