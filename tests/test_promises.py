@@ -269,6 +269,37 @@ async def test_the_per_stream_engine_needs_an_admin_key(tmp_path: Path) -> None:
         assert await bogus.closed() == 4400
 
 
+async def test_a_new_stream_of_a_breached_class_is_refused_until_the_class_recovers(tmp_path: Path) -> None:
+    """While a class's streams miss its latency target (its SLO breaker has moved down), a new stream of that class
+    is refused (4429 ``overloaded``, saying which class and level) instead of making it worse; another class opens,
+    and once the class is restored new streams open again."""
+    s = settings_for(tmp_path, breaker_window_s=1.0, breaker_k=1)
+    async with serve(s) as (host, app):
+        service: StreamService = app.state.streams
+        t = [1000.0]
+        service.executor.clock = lambda: t[0]
+        live = await Wire.open(host, text_start(slo="standard"))
+        await live.first("ready")
+        service.caption_done("standard", 30.0)
+        t[0] += 1.0
+        service.caption_done("standard", 30.0)  # the first window breached: level 1
+        assert service.breaker.level("standard") == 1
+        refused = await Wire.open(host, text_start(slo="standard"))
+        assert await refused.closed() == 4429
+        err = next(e for e in refused.got if e["type"] == "error")
+        assert err["code"] == "overloaded" and err["details"] == {"slo": "standard", "breaker_level": 1}
+        other = await Wire.open(host, text_start(slo="interactive"))
+        await other.first("ready")
+        for _ in range(3):  # healthy windows: the class is restored
+            t[0] += 1.0
+            service.caption_done("standard", 0.1)
+        assert service.breaker.level("standard") == 0
+        again = await Wire.open(host, text_start(slo="standard"))
+        await again.first("ready")
+        for w in (live, other, again):
+            await w.hang_up()
+
+
 async def test_shedding_takes_the_least_important_stream_of_the_breached_class_only(tmp_path: Path) -> None:
     s = settings_for(tmp_path, breaker_window_s=1.0, breaker_k=1)
     async with serve(s) as (host, app):

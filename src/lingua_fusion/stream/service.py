@@ -147,6 +147,7 @@ class StreamService:
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
             spec.key_id = who.key_id
             spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
+            self._refuse_if_breached(spec.slo)
         # capacity before the claim: a resume refused for it (or for a drain) has taken nothing over, and the
         # connection still serving the stream, here or elsewhere, keeps it
         held = await self._hold(spec, who)
@@ -236,6 +237,17 @@ class StreamService:
             del self._holds[stream_id]
             self.executor.release(stream_id)
             self.quota.give(held.key_id)
+
+    def _refuse_if_breached(self, slo: str) -> None:
+        """A new stream of a class whose SLO breaker has moved down is refused: the streams of that class already
+        miss its latency target, whatever the cause admission's cost model cannot see (the continuous engine, whose
+        cost it does not model; a slow dependency; another tenant of the machine). A resume is not refused for it:
+        it carries a stream the server already serves."""
+        level = self.breaker.level(slo)
+        if level:
+            self._refused()
+            raise Overloaded(f"streams of the {slo} class are missing its latency target now; retry later or use a "
+                             "looser SLO class", retry_after=5.0, details={"slo": slo, "breaker_level": level})
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
