@@ -675,3 +675,33 @@ class SharedPoolMachine(RuleBasedStateMachine):
 
 TestSharedPool = SharedPoolMachine.TestCase
 TestSharedPool.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+
+
+def test_a_full_cross_attention_pool_holds_work_back_instead_of_failing_it() -> None:
+    """More distinct audio windows at once than the cross-attention pool holds: the ones that do not fit wait
+    (still pending, so the executor hands no more) until running sequences finish and free entries, then start;
+    every item gets the result a roomy runner gives. Before, they failed ("the pool is full") and a committed
+    caption was lost after the executor's retries. A window larger than the whole pool still fails at once."""
+    import numpy as np
+
+    from lingua_fusion.errors import CapacityExhausted
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    rng = np.random.default_rng(1)
+    clips = [AsrInput(rng.normal(0, 0.1, 16000 * 2).astype(np.float32)) for _ in range(10)]
+    sizes = {"blocks": 256, "block_size": 8, "cross_block_size": 16, "dtype": torch.float32, "device": "cpu"}
+    roomy = GpuRunner(tiny_whisper_recipe(), cross_blocks=256, memo=0, **sizes)
+    tight = GpuRunner(tiny_whisper_recipe(), cross_blocks=16, memo=1, **sizes)  # two 2 s windows at a time
+    try:
+        want = [f.result(timeout=120) for f in roomy.submit(clips, [False] * len(clips))]
+        got = [f.result(timeout=120) for f in tight.submit(clips, [False] * len(clips))]
+        too_long = tight.submit([AsrInput(rng.normal(0, 0.1, 16000 * 20).astype(np.float32))], [False])[0]
+        with pytest.raises(CapacityExhausted):
+            too_long.result(timeout=60)
+    finally:
+        roomy.close()
+        tight.close()
+    assert [g.text for g in got] == [w.text for w in want]  # confidences differ in the last float bits by batch
+    assert [g.confidence for g in got] == pytest.approx([w.confidence for w in want], rel=1e-5)
+    assert tight.room() == tight.max_pending and tight.engine.stats().cross_blocks_used <= 16

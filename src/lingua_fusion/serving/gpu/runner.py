@@ -89,6 +89,11 @@ class GpuRunner:
         self._memo_size = memo
         self._memo: OrderedDict[bytes, int] = OrderedDict()  # payload key -> cross entry (holds one reference)
         self._inbox: deque[tuple[Any, bool, Future[Any]]] = deque()
+        # items whose encoder output found the cross-attention pool full while sequences were running: started
+        # again (first, in order) once one of those has finished and freed its entry (``_freed``); on the runner's
+        # thread only. They stay pending, so ``room`` holds the executor's work back meanwhile
+        self._parked: deque[tuple[Any, bool, Future[Any]]] = deque()
+        self._freed = False
         self._cv = threading.Condition()
         self._pending = 0
         self._closed = False
@@ -177,13 +182,13 @@ class GpuRunner:
             self._prepared.set()
         while True:
             with self._cv:
-                while not self._inbox and self.engine.idle() and not self._closed:
+                while not self._inbox and not self._parked and self.engine.idle() and not self._closed:
                     self._publish()  # idle: what is left held (the encoder cache) is reported as it is
                     self._cv.wait(timeout=0.5)
                 if self._closed:
                     break
                 # one encoder batch at most, then a step: running decodes never wait behind a long queue of starts
-                new = [self._inbox.popleft() for _ in range(min(len(self._inbox), self.encode_batch))]
+                new = self._next_starts()
             try:
                 if new:
                     self._timed_start(new)
@@ -194,9 +199,21 @@ class GpuRunner:
                 self._fail_all(new, BackendError(f"the GPU engine failed: {type(exc).__name__}: {exc}"))
             self._publish(PUBLISH_S)
         with self._cv:
-            left = list(self._inbox)
+            left = [*self._parked, *self._inbox]
             self._inbox.clear()
+        self._parked.clear()
         self._fail_all(left, BackendError("the GPU runner closed"))
+
+    def _next_starts(self) -> list[tuple[Any, bool, Future[Any]]]:
+        """The next encoder batch (under the lock). Parked items come first, once a finished sequence may have
+        freed a cross-attention entry or nothing runs (then none will be freed, and what still does not fit fails);
+        new items wait while any are parked, so items start in the order they came."""
+        if self._parked:
+            if not (self._freed or self.engine.idle()):
+                return []
+            self._freed = False
+            return [self._parked.popleft() for _ in range(min(len(self._parked), self.encode_batch))]
+        return [self._inbox.popleft() for _ in range(min(len(self._inbox), self.encode_batch))]
 
     def _timed_start(self, new: list[tuple[Any, bool, Future[Any]]]) -> None:
         t = time.perf_counter()
@@ -234,11 +251,12 @@ class GpuRunner:
         self.encoded += len(fresh)
         added = dict(zip(memories, self._add([memories[i] for i in memories], [keys[i] for i in memories]),
                          strict=True))
+        full: list[tuple[Any, bool, Future[Any]]] = []
         for i, (payload, tentative, fut) in enumerate(items):
             key = keys[i]
             cid = added[i] if i in added else self._memo.get(key) if key is not None else None
             if cid is None:
-                self._done(fut, exc=CapacityExhausted("the GPU cross-attention pool is full"))
+                full.append((payload, tentative, fut))
                 continue
             if i not in added:
                 self._memo.move_to_end(key)  # type: ignore[arg-type]
@@ -250,6 +268,11 @@ class GpuRunner:
             inner.add_done_callback(lambda d, p=payload, f=fut: self._finished(p, f, d))
         while len(self._memo) > self._memo_size:
             self.engine.release(self._memo.popitem(last=False)[1])
+        if self.engine.idle():  # nothing running holds an entry: nothing will make room for these
+            for _, _, fut in full:
+                self._done(fut, exc=CapacityExhausted("the GPU cross-attention pool is full"))
+        else:  # encoded again when they start (a parked output would hold memory the pool is short of)
+            self._parked.extendleft(reversed(full))
 
     def _add(self, memories: list[torch.Tensor], keys: list[bytes | None]) -> list[int | None]:
         cids = self.engine.add_memories(memories)
@@ -265,6 +288,7 @@ class GpuRunner:
         return cids
 
     def _finished(self, payload: Any, fut: Future[Any], decoded: Future[Decoded]) -> None:
+        self._freed = True  # its cross-attention entry is released: a parked item may fit now
         try:
             self._done(fut, self.recipe.result(payload, decoded.result()))
         except Exception as exc:
