@@ -171,17 +171,10 @@ def words(text: str) -> list[str]:
     return [NUMBERS.get(int(w), w) if w.isdigit() else w for w in raw]
 
 
-def word_errors(ref: list[str], hyp: list[str]) -> int:
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1]
-
-
 def wer(refs: list[str], hyps: list[str]) -> float:
     n = sum(len(words(r)) for r in refs)
+    from pack_whisper import word_errors  # the same edit distance the packing check reports
+
     return round(sum(word_errors(words(r), words(h)) for r, h in zip(refs, hyps, strict=True)) / max(1, n), 4)
 
 
@@ -231,33 +224,11 @@ def cuda_memory(device: str) -> dict[str, Any]:
 
 def gpu_busy(device: str) -> Any:
     """Start sampling the GPU's utilisation (NVML, every 0.2 s); the returned call stops and gives the mean %."""
-    import threading
-
     if not device.startswith("cuda"):
         return lambda: None
-    try:
-        import pynvml
+    from gpu_streams import _gpu_sampler
 
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    except Exception:  # no NVML (the CPU): no figure
-        return lambda: None
-    samples: list[int] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.2):
-            samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-
-    thread = threading.Thread(target=sample, name="gpu-busy", daemon=True)
-    thread.start()
-
-    def done() -> float | None:
-        stop.set()
-        thread.join(timeout=1)
-        return round(float(np.mean(samples)), 1) if samples else None
-
-    return done
+    return _gpu_sampler()
 
 
 def pool_use(runner: Any) -> dict[str, Any]:
