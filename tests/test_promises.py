@@ -296,7 +296,17 @@ async def test_a_new_stream_of_a_breached_class_is_refused_until_the_class_recov
         assert service.breaker.level("standard") == 0
         again = await Wire.open(host, text_start(slo="standard"))
         await again.first("ready")
-        for w in (live, other, again):
+        service.caption_done("standard", 30.0)
+        t[0] += 1.0
+        service.caption_done("standard", 30.0)  # breached again: level 1, refusing
+        assert service.breaker.level("standard") == 1
+        refused = await Wire.open(host, text_start(slo="standard"))
+        assert await refused.closed() == 4429
+        t[0] += 3.5  # then no captions for over two windows past the last one's (the class went quiet)
+        quiet = await Wire.open(host, text_start(slo="standard"))
+        await quiet.first("ready")  # not locked out, though idle windows do not restore the level
+        assert service.breaker.level("standard") >= 1
+        for w in (live, other, again, quiet):
             await w.hang_up()
 
 

@@ -77,3 +77,20 @@ def test_a_stage_over_its_share_trips_the_class_and_restore_waits_for_it() -> No
         b2.record("standard", 1.0, w + 0.1)
         b2.record("standard", 0.5, w + 0.2, stage="mt")
     assert b2.tick(10.0) == [] and b2.level("standard") == 0
+
+
+def test_a_degraded_class_presses_only_while_it_has_traffic() -> None:
+    """``pressing`` (what admission refuses new streams by) is the level while the class still has captions to
+    measure; once it has gone quiet for two windows it is 0, though idle windows leave the level itself as it was
+    (a class with no streams would otherwise refuse new ones for ever)."""
+    b = SLOBreaker({"standard": 3.0}, window_s=1.0, k=1)
+    b.record("standard", 10.0, 0.0)
+    b.tick(1.0)  # one breached window: level 1
+    assert b.level("standard") == 1 and b.pressing("standard", 1.5) == 1
+    assert b.pressing("standard", 3.0) == 1  # the last window with traffic ended at 1.0: two lengths ago
+    b.tick(3.5)
+    assert b.level("standard") == 1 and b.pressing("standard", 3.5) == 0
+    b.record("standard", 10.0, 3.6)
+    b.tick(4.6)  # traffic again, still breaching: pressing again (one level further down)
+    assert b.pressing("standard", 4.6) == 2
+    assert b.pressing("interactive", 4.6) == 0  # a class never seen

@@ -54,9 +54,17 @@ class SLOBreaker:
         self.stage_share = {"caption": 1.0, **(stage_share or {})}
         self._level: dict[str, int] = {}
         self._windows: dict[tuple[str, str], _Window] = {}
+        self._traffic: dict[str, float] = {}  # per class: the end of its last window that had samples
 
     def level(self, slo: str) -> int:
         return self._level.get(slo, 0)
+
+    def pressing(self, slo: str, now: float) -> int:
+        """The class's level while it still has traffic (a window with samples ended within the last two window
+        lengths), else 0. Idle windows do not restore a class, so a class whose streams all ended would otherwise
+        keep its level, and whatever the level gates, with nothing left to measure."""
+        recent = now - self._traffic.get(slo, float("-inf")) <= 2 * self.window_s
+        return self.level(slo) if recent else 0
 
     def active(self, slo: str, step: str) -> bool:
         return self.level(slo) >= STEPS.index(step) + 1
@@ -86,6 +94,7 @@ class SLOBreaker:
         if p99 is None:  # an idle window breaks both runs: "k windows in a row" means k windows with traffic
             w.breached_run = w.healthy_run = 0
             return []
+        self._traffic[slo] = max(self._traffic.get(slo, at), at)
         level = self.level(slo)
         if p99 > target:
             w.breached_run += 1
