@@ -79,18 +79,19 @@ def test_a_stage_over_its_share_trips_the_class_and_restore_waits_for_it() -> No
     assert b2.tick(10.0) == [] and b2.level("standard") == 0
 
 
-def test_a_degraded_class_presses_only_while_it_has_traffic() -> None:
-    """``pressing`` (what admission refuses new streams by) is the level while the class still has captions to
-    measure; once it has gone quiet for two windows it is 0, though idle windows leave the level itself as it was
-    (a class with no streams would otherwise refuse new ones for ever)."""
-    b = SLOBreaker({"standard": 3.0}, window_s=1.0, k=1)
+def test_a_degraded_class_that_goes_quiet_is_restored() -> None:
+    """Idle windows alone neither trip nor restore, but a degraded class with no window of traffic for ``quiet_s``
+    (its streams ended, were shed or refused) is restored to level 0 in one move: otherwise it would stay degraded
+    for good with nothing left to measure, refusing its new streams."""
+    b = SLOBreaker({"standard": 3.0, "batch": 30.0}, window_s=1.0, k=1, quiet_s=10.0)
     b.record("standard", 10.0, 0.0)
-    b.tick(1.0)  # one breached window: level 1
-    assert b.level("standard") == 1 and b.pressing("standard", 1.5) == 1
-    assert b.pressing("standard", 3.0) == 1  # the last window with traffic ended at 1.0: two lengths ago
-    b.tick(3.5)
-    assert b.level("standard") == 1 and b.pressing("standard", 3.5) == 0
-    b.record("standard", 10.0, 3.6)
-    b.tick(4.6)  # traffic again, still breaching: pressing again (one level further down)
-    assert b.pressing("standard", 4.6) == 2
-    assert b.pressing("interactive", 4.6) == 0  # a class never seen
+    b.record("batch", 1.0, 0.0)
+    assert [t.to_level for t in b.tick(1.0)] == [1] and b.level("standard") == 1
+    assert b.tick(11.0) == [] and b.level("standard") == 1  # the last window with traffic ended 10 s ago
+    (t,) = b.tick(11.5)
+    assert (t.slo, t.from_level, t.to_level, t.p99) == ("standard", 1, 0, None) and b.level("standard") == 0
+    b.record("standard", 10.0, 11.6)
+    b.tick(12.6)  # traffic again, still breaching: down again, from 0
+    assert b.level("standard") == 1 and b.level("batch") == 0
+    assert SLOBreaker({"x": 1.0}, window_s=5.0).quiet_s == 60.0  # the default, and never under two windows
+    assert SLOBreaker({"x": 1.0}, window_s=50.0).quiet_s == 100.0

@@ -45,8 +45,11 @@ class _Window:
 class SLOBreaker:
     def __init__(self, targets: dict[str, float], *, window_s: float = 5.0, k: int = 3,
                  restore_ratio: float = 0.8, min_samples: int = 1,
-                 stage_share: dict[str, float] | None = None) -> None:
+                 stage_share: dict[str, float] | None = None, quiet_s: float = 60.0) -> None:
+        """``quiet_s``: a degraded class with no window of traffic for this long (and at least two windows) is
+        restored (``tick``)."""
         self.targets = targets
+        self.quiet_s = max(quiet_s, 2 * window_s)
         self.window_s = window_s
         self.k = k
         self.restore_ratio = restore_ratio
@@ -58,13 +61,6 @@ class SLOBreaker:
 
     def level(self, slo: str) -> int:
         return self._level.get(slo, 0)
-
-    def pressing(self, slo: str, now: float) -> int:
-        """The class's level while it still has traffic (a window with samples ended within the last two window
-        lengths), else 0. Idle windows do not restore a class, so a class whose streams all ended would otherwise
-        keep its level, and whatever the level gates, with nothing left to measure."""
-        recent = now - self._traffic.get(slo, float("-inf")) <= 2 * self.window_s
-        return self.level(slo) if recent else 0
 
     def active(self, slo: str, step: str) -> bool:
         return self.level(slo) >= STEPS.index(step) + 1
@@ -85,6 +81,14 @@ class SLOBreaker:
             while now - w.start >= self.window_s:
                 out += self._close_window(slo, stage, w, w.start + self.window_s)
                 w.start += self.window_s
+        for slo, level in list(self._level.items()):
+            # a class gone quiet (no window with samples for ``quiet_s``: its streams ended, or were shed or
+            # refused) is restored: with nothing left to measure it would otherwise stay degraded for good,
+            # refusing its new streams and showing a level no traffic backs
+            if level and now - self._traffic.get(slo, now) > self.quiet_s:
+                self._reset_runs(slo)
+                self._level[slo] = 0
+                out.append(Transition(slo, now, level, 0, None, "caption"))
         return out
 
     def _close_window(self, slo: str, stage: str, w: _Window, at: float) -> list[Transition]:

@@ -242,10 +242,10 @@ class StreamService:
         """A new stream of a class whose SLO breaker has moved down is refused: the streams of that class already
         miss its latency target, whatever the cause admission's cost model cannot see (the continuous engine, whose
         cost it does not model; a slow dependency; another tenant of the machine). A resume is not refused for it:
-        it carries a stream the server already serves. A class that has gone quiet is not refused for its level: with
-        no captions to measure, nothing would ever restore it (``SLOBreaker.pressing``)."""
+        it carries a stream the server already serves. A class that has gone quiet is restored by the breaker itself
+        (``SLOBreaker.tick``), so it is not locked out."""
         self._apply(self.breaker.tick(self.executor.clock()))  # windows that ended since the last caption
-        level = self.breaker.pressing(slo, self.executor.clock())
+        level = self.breaker.level(slo)
         if level:
             self._refused()
             raise Overloaded(f"streams of the {slo} class are missing its latency target now; retry later or use a "
