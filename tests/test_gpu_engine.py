@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any
 
 import pytest
@@ -705,3 +706,46 @@ def test_a_full_cross_attention_pool_holds_work_back_instead_of_failing_it() -> 
     assert [g.text for g in got] == [w.text for w in want]  # confidences differ in the last float bits by batch
     assert [g.confidence for g in got] == pytest.approx([w.confidence for w in want], rel=1e-5)
     assert tight.room() == tight.max_pending and tight.engine.stats().cross_blocks_used <= 16
+
+
+def test_with_the_pool_full_partials_and_windows_that_can_never_fit_fail_at_once_and_a_failed_step_counts_once(
+        ) -> None:
+    """Only commits wait for a cross-attention entry: a partial that does not fit fails at once (a newer one
+    replaces it; the executor does not retry partials) and so does a window larger than the whole pool, while
+    sequences still run. A step that raises fails what is in flight once: the runner's room comes back to its
+    maximum, not past it (a failed item counted off twice widened it for good)."""
+    import numpy as np
+
+    from lingua_fusion.errors import BackendError, CapacityExhausted
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    rng = np.random.default_rng(2)
+    clip = lambda s: AsrInput(rng.normal(0, 0.1, int(16000 * s)).astype(np.float32))  # noqa: E731
+    runner = GpuRunner(tiny_whisper_recipe(), blocks=256, cross_blocks=16, memo=0, block_size=8, cross_block_size=16,
+                       dtype=torch.float32, device="cpu")  # two 2 s windows at a time
+    try:
+        items = [clip(2) for _ in range(4)] + [clip(2), clip(2), clip(20)]
+        futures = runner.submit(items, [False] * 4 + [True, True, False])
+        assert all(f.result(timeout=120).text is not None for f in futures[:4])  # the commits all ran
+        for f in futures[4:]:
+            assert isinstance(f.exception(timeout=60), CapacityExhausted)
+        real_step, calls = runner.engine.step, [0]
+
+        def failing_step() -> int:  # the first step of the next batch raises (a CUDA error, say)
+            calls[0] += 1
+            if calls[0] == 1:
+                raise RuntimeError("the test's device error")
+            return real_step()
+
+        runner.engine.step = failing_step  # type: ignore[method-assign]
+        futures = runner.submit([clip(2) for _ in range(6)], [False] * 6)
+        outcomes = [f.exception(timeout=120) for f in futures]
+        assert any(isinstance(e, BackendError) for e in outcomes)
+        for _ in range(100):  # settled on the runner's thread
+            if runner.room() == runner.max_pending:
+                break
+            time.sleep(0.05)
+    finally:
+        runner.close()
+    assert runner.room() == runner.max_pending

@@ -188,6 +188,11 @@ class DecodeEngine:
         """Write an encoder output [frames, d_model] as a cross-attention entry; None when its pool is full."""
         return self.add_memories([memory])[0]
 
+    def fits_ever(self, frames: int) -> bool:
+        """Whether an encoder output of ``frames`` could be added with the cross-attention pool empty."""
+        return frames < self._cross_table.shape[1] * self.cross_pool.block_size and \
+            -(-frames // self.cross_pool.block_size) <= self.cross_pool.stats().blocks
+
     def add_memories(self, memories: list[torch.Tensor]) -> list[int | None]:
         """Several encoder outputs at once (one projection per layer for all of them); None where the pool is
         full."""

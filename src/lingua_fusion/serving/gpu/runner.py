@@ -93,9 +93,9 @@ class GpuRunner:
         # again (first, in order) once one of those has finished and freed its entry (``_freed``); on the runner's
         # thread only. They stay pending, so ``room`` holds the executor's work back meanwhile
         self._parked: deque[tuple[Any, bool, Future[Any]]] = deque()
-        self._freed = False
+        self._freed = 0  # sequences finished (each may have freed an entry) since the parked items were last tried
         self._cv = threading.Condition()
-        self._pending = 0
+        self._live: set[Future[Any]] = set()  # submitted, not yet settled: each leaves once (``_done``)
         self._closed = False
         self.encoded = self.reused = 0
         self.load = RunnerLoad()
@@ -147,7 +147,7 @@ class GpuRunner:
     # ---- ContinuousRunner ---------------------------------------------------------------------------------
     def room(self) -> int:
         with self._cv:
-            return self.max_pending - self._pending
+            return self.max_pending - len(self._live)
 
     def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
         futures: list[Future[Any]] = [Future() for _ in payloads]
@@ -155,7 +155,7 @@ class GpuRunner:
             if self._closed:
                 raise BackendError("the GPU runner is closed")
             self._inbox.extend(zip(payloads, tentative, futures, strict=True))
-            self._pending += len(payloads)
+            self._live.update(futures)
             self._cv.notify()
         return futures
 
@@ -197,6 +197,7 @@ class GpuRunner:
             except Exception as exc:  # a CUDA error, out of memory: fail what is in flight, keep serving
                 log.exception("GPU runner step failed")
                 self._fail_all(new, BackendError(f"the GPU engine failed: {type(exc).__name__}: {exc}"))
+                self._parked = deque(p for p in self._parked if not p[2].done())  # those failed just now
             self._publish(PUBLISH_S)
         with self._cv:
             left = [*self._parked, *self._inbox]
@@ -211,8 +212,9 @@ class GpuRunner:
         if self._parked:
             if not (self._freed or self.engine.idle()):
                 return []
-            self._freed = False
-            return [self._parked.popleft() for _ in range(min(len(self._parked), self.encode_batch))]
+            n = min(len(self._parked), self.encode_batch, max(1, self._freed))  # about as many as may fit now
+            self._freed = 0
+            return [self._parked.popleft() for _ in range(n)]
         return [self._inbox.popleft() for _ in range(min(len(self._inbox), self.encode_batch))]
 
     def _timed_start(self, new: list[tuple[Any, bool, Future[Any]]]) -> None:
@@ -233,8 +235,8 @@ class GpuRunner:
 
     def _done(self, fut: Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
         with self._cv:
-            self._pending -= 1
-        if fut.done():
+            self._live.discard(fut)  # once, however many paths settle it (a failed step, then its sequence)
+        if fut.done():  # settled before, or cancelled by its caller
             return
         if exc is not None:
             fut.set_exception(exc)
@@ -256,7 +258,12 @@ class GpuRunner:
             key = keys[i]
             cid = added[i] if i in added else self._memo.get(key) if key is not None else None
             if cid is None:
-                full.append((payload, tentative, fut))
+                if tentative or (i in memories and not self.engine.fits_ever(memories[i].shape[0])):
+                    # a partial is not held back (a newer one replaces it; the executor sheds late ones), and a
+                    # window larger than the whole pool never fits
+                    self._done(fut, exc=CapacityExhausted("the GPU cross-attention pool is full"))
+                else:
+                    full.append((payload, tentative, fut))
                 continue
             if i not in added:
                 self._memo.move_to_end(key)  # type: ignore[arg-type]
@@ -271,8 +278,9 @@ class GpuRunner:
         if self.engine.idle():  # nothing running holds an entry: nothing will make room for these
             for _, _, fut in full:
                 self._done(fut, exc=CapacityExhausted("the GPU cross-attention pool is full"))
-        else:  # encoded again when they start (a parked output would hold memory the pool is short of)
+        elif full:  # encoded again when they start (a parked output would hold memory the pool is short of)
             self._parked.extendleft(reversed(full))
+            self._freed = 0  # what finished before they were parked freed nothing they can use
 
     def _add(self, memories: list[torch.Tensor], keys: list[bytes | None]) -> list[int | None]:
         cids = self.engine.add_memories(memories)
@@ -288,7 +296,7 @@ class GpuRunner:
         return cids
 
     def _finished(self, payload: Any, fut: Future[Any], decoded: Future[Decoded]) -> None:
-        self._freed = True  # its cross-attention entry is released: a parked item may fit now
+        self._freed += 1  # its cross-attention entry is released (unless the memo holds it): a parked one may fit
         try:
             self._done(fut, self.recipe.result(payload, decoded.result()))
         except Exception as exc:
