@@ -381,13 +381,9 @@ async def stream_row(service: Any, n: int, talk: np.ndarray, chunk_ms: int, slo:
         await asyncio.wait_for(reader, timeout=timeout_s)
         texts.append(" ".join(finals))
 
-    async def watch() -> None:
-        while True:
-            t = loop.time()
-            await asyncio.sleep(0.1)
-            lags.append(loop.time() - t - 0.1)
+    from gpu_streams import watch_loop_lag
 
-    watcher = asyncio.create_task(watch())
+    watcher = watch_loop_lag(lags)
     wall0 = time.monotonic()
     try:
         results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True),

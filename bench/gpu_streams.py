@@ -2,7 +2,7 @@
 caches against naive preallocation, and decoder / encoder throughput against Hugging Face's own decoding.
 
     python bench/gpu_streams.py --json bench/results/gpu_streams.json            # on the GPU machine
-    python bench/gpu_streams.py --device cpu --quick --json /tmp/gpu_cpu.json    # the same code, tiny, on a CPU
+    python bench/gpu_streams.py --device cpu --quick --streams 4 --multi-streams 4 --json /tmp/gpu_cpu.json  # tiny, CPU
 
 Models are the real architectures (Hugging Face WhisperForConditionalGeneration at base size, MarianMTModel at
 OPUS-MT size) with random weights: the shipped weights cannot travel to the GPU machine (over 64 MiB) and the
@@ -158,6 +158,20 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
     return out
 
 
+def watch_loop_lag(lags: list[float], every_s: float = 0.1) -> asyncio.Task[None]:
+    """A task (cancel it when done) appending the running event loop's lag to ``lags``: how late a sleep of
+    ``every_s`` wakes."""
+    loop = asyncio.get_running_loop()
+
+    async def watch() -> None:
+        while True:
+            t = loop.time()
+            await asyncio.sleep(every_s)
+            lags.append(loop.time() - t - every_s)
+
+    return asyncio.create_task(watch(), name="loop-lag")
+
+
 async def drive_streams(port: Any, first: int, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
                         state_dir: Path) -> dict[str, Any]:
     """Streams ``first .. first + n - 1`` of a run, paced at real time through sessions on ``port`` (the in-process
@@ -201,13 +215,7 @@ async def drive_streams(port: Any, first: int, n: int, seconds: float, chunk_ms:
         await s.end()
         await asyncio.wait_for(reader, timeout=120)
 
-    async def watch() -> None:  # event-loop lag
-        while True:
-            t = loop.time()
-            await asyncio.sleep(0.1)
-            lags.append(loop.time() - t - 0.1)
-
-    watcher = asyncio.create_task(watch())
+    watcher = watch_loop_lag(lags)
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:
         await asyncio.gather(*(one(i) for i in range(first, first + n)))
@@ -302,15 +310,7 @@ async def run_sharded(executor: Executor, n: int, workers: int, seconds: float, 
         gpu = _gpu_sampler()
         stacks = _stack_sampler() if SAMPLE_STACKS is not None else None
         lags: list[float] = []
-        loop = asyncio.get_running_loop()
-
-        async def watch() -> None:  # the model process's own loop
-            while True:
-                t = loop.time()
-                await asyncio.sleep(0.1)
-                lags.append(loop.time() - t - 0.1)
-
-        watcher = asyncio.create_task(watch())
+        watcher = watch_loop_lag(lags)  # the model process's own loop
         go.set()
         parts = []
         try:
@@ -366,16 +366,8 @@ def _model_proc_main(path: str, opts: dict[str, Any], share: int, out: Any, stop
         server = ModelServer(settings, None)  # type: ignore[arg-type]
         server.engines["batched"] = executor
         listener = await asyncio.start_unix_server(server.handle, path=path, limit=codec.MAX_FRAME)
-        loop = asyncio.get_running_loop()
         lags: list[float] = []
-
-        async def watch() -> None:
-            while True:
-                t = loop.time()
-                await asyncio.sleep(0.1)
-                lags.append(loop.time() - t - 0.1)
-
-        watcher = asyncio.create_task(watch())
+        watcher = watch_loop_lag(lags)
         out.put({"ready": os.getpid()})
         await asyncio.to_thread(stop.wait, 3600)
         watcher.cancel()
