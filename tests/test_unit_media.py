@@ -243,6 +243,21 @@ def test_decode_audio_wav_in_data_chunks_cut_in_its_last_is_truncated() -> None:
         decode_audio(wav[:-20_000], LimitSettings())
 
 
+def test_a_wav_of_more_chunks_than_any_recorder_writes_is_not_walked_to_its_end() -> None:
+    """A crafted upload of millions of 8-byte chunks made the chunk walk hold the GIL for seconds and take hundreds
+    of MB (one object per chunk): the walk stops at MAX_WAV_CHUNKS and leaves the file to FFmpeg as it is, while a
+    split file with a few chunks between its data chunks is still joined."""
+    from lingua_fusion.media import audio as audio_mod
+
+    wav = sine_wav(0.5, rate=16000, channels=1)
+    junk = b"junk" + struct.pack("<I", 0)
+    crafted = _data_chunks(wav, 4_000, between=junk * (audio_mod.MAX_WAV_CHUNKS + 10))
+    assert audio_mod._one_data_chunk(crafted) is crafted
+    few = _data_chunks(wav, 4_000, between=junk * 8)
+    joined = audio_mod._one_data_chunk(few)
+    assert joined.count(b"data") == 1 and joined.endswith(wav[44:]) and len(joined) == len(few) - 8
+
+
 @pytest.mark.parametrize("n", [4, 7, 8, 11])
 def test_a_riff_file_cut_inside_its_first_12_bytes_is_named_truncated(n: int) -> None:
     """sniff alone calls these text ("RIFF") or unknown; the validator refuses them as corrupt_media with this."""

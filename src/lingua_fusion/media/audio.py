@@ -47,6 +47,9 @@ def _wav_declared_seconds(data: bytes) -> float | None:
     return None
 
 
+MAX_WAV_CHUNKS = 4096  # chunks a WAV's header walk reads (real files have a handful)
+
+
 def _one_data_chunk(data: bytes) -> bytes:
     """A WAV whose audio is split over several ``data`` chunks (legal RIFF; some recorders write one per segment)
     rewritten with one ``data`` chunk holding their bytes in order, its size the sum of their declared sizes (so a
@@ -55,26 +58,36 @@ def _one_data_chunk(data: bytes) -> bytes:
     refused as truncated. Anything else (one data chunk, a placeholder size, not a WAV) is returned as it is."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         return data
-    pos, declared = 12, 0
-    others: list[bytes] = []
-    parts: list[bytes] = []
+    pos, declared, pieces = 12, 0, 0
+    spans: list[tuple[bool, int, int]] = []  # (a data chunk's audio?, start, end): offsets, not copies
     while pos + 8 <= len(data):
+        if len(spans) >= MAX_WAV_CHUNKS:  # a crafted file of tiny chunks: walked no further, left to FFmpeg
+            return data
         cid, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
         end = pos + 8 + size + (size & 1)
         if cid == b"data":
             if size == 0 or size >= _WAV_SIZE_UNKNOWN:  # a streaming writer's: its audio runs to the end
                 return data
-            parts.append(data[pos + 8:pos + 8 + size])
+            spans.append((True, pos + 8, pos + 8 + size))
             declared += size
+            pieces += 1
         else:
-            others.append(data[pos:end])
+            spans.append((False, pos, end))
         pos = end
-    if len(parts) < 2:
+    if pieces < 2:
         return data
     # past 2 GiB the size reads as unknown; such a file is far over max_media_seconds, refused for that anyway
-    size_field = min(declared, _WAV_SIZE_UNKNOWN - 1).to_bytes(4, "little")
-    body = b"WAVE" + b"".join(others) + b"data" + size_field + b"".join(parts)
-    return b"RIFF" + len(body).to_bytes(4, "little") + body
+    view = memoryview(data)
+    out = bytearray(b"RIFF\0\0\0\0WAVE")
+    for is_audio, start, end in spans:
+        if not is_audio:
+            out += view[start:end]
+    out += b"data" + min(declared, _WAV_SIZE_UNKNOWN - 1).to_bytes(4, "little")
+    for is_audio, start, end in spans:
+        if is_audio:
+            out += view[start:end]
+    out[4:8] = (len(out) - 8).to_bytes(4, "little")
+    return bytes(out)
 
 
 def _av_error(exc: Exception, what: str) -> Exception:
