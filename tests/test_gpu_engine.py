@@ -749,3 +749,42 @@ def test_with_the_pool_full_partials_and_windows_that_can_never_fit_fail_at_once
     finally:
         runner.close()
     assert runner.room() == runner.max_pending
+
+
+def test_an_item_cancelled_while_it_waits_is_not_encoded_or_decoded() -> None:
+    """A caller that gave up (the engine MT's timeout cancels its late futures) leaves its waiting items behind:
+    the runner skips them instead of spending an encoder batch and a decode on results nobody reads, and they
+    leave its count."""
+    import threading as th
+
+    import numpy as np
+
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    recipe = tiny_whisper_recipe()
+    entered, release = th.Event(), th.Event()
+    real_encode, encoded = recipe.encode, []
+
+    def encode(payloads: list[Any]) -> Any:
+        encoded.append(len(payloads))
+        entered.set()
+        release.wait(timeout=60)  # the first batch holds the runner's thread while the test queues and cancels
+        return real_encode(payloads)
+
+    recipe.encode = encode  # type: ignore[method-assign]
+    runner = GpuRunner(recipe, blocks=128, cross_blocks=64, block_size=8, cross_block_size=16, dtype=torch.float32,
+                       device="cpu", memo=0)
+    rng = np.random.default_rng(3)
+    clip = lambda: AsrInput(rng.normal(0, 0.1, 16000).astype(np.float32))  # noqa: E731
+    try:
+        first = runner.submit([clip()], [False])[0]
+        assert entered.wait(timeout=60)
+        gone, kept = runner.submit([clip(), clip()], [False, False])
+        assert gone.cancel()
+        release.set()
+        assert first.result(timeout=60).text is not None and kept.result(timeout=60).text is not None
+    finally:
+        release.set()
+        runner.close()
+    assert encoded == [1, 1] and runner.room() == runner.max_pending
