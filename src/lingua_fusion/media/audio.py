@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -23,16 +24,25 @@ def check_rate(rate: int | None, what: str) -> None:
                            details={"sample_rate": rate})
 
 
+def _riff_chunks(data: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """A WAV's chunks after its 12-byte RIFF / WAVE header, in order: (id, offset of the chunk's 8-byte header, the
+    size it declares). Nothing when ``data`` is not a WAV; the last chunk may run past the end (a cut file)."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    pos = 12
+    while pos + 8 <= len(data):
+        size = int.from_bytes(data[pos + 4:pos + 8], "little")
+        yield data[pos:pos + 4], pos, size
+        pos += 8 + size + (size & 1)  # chunks are padded to an even length
+
+
 def _wav_declared_seconds(data: bytes) -> float | None:
     """Duration the RIFF header promises (data chunk size / bytes per second). FFmpeg clamps a WAV's duration to
     the bytes present, so a truncated WAV would otherwise look complete. None when unknown or not a WAV. For PCM the
     bytes per second are the sample rate times the block size, as the decoder reads them (the header's own byte-rate
     field is not used by it, and a wrong one would make a whole file look cut, or a cut one whole)."""
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return None
-    pos, byte_rate = 12, 0
-    while pos + 8 <= len(data):
-        cid, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
+    byte_rate = 0
+    for cid, pos, size in _riff_chunks(data):
         if cid == b"fmt " and size >= 16 and pos + 24 <= len(data):
             fmt = int.from_bytes(data[pos + 8:pos + 10], "little")
             rate = int.from_bytes(data[pos + 12:pos + 16], "little")
@@ -43,7 +53,6 @@ def _wav_declared_seconds(data: bytes) -> float | None:
             if byte_rate <= 0 or size == 0 or size >= _WAV_SIZE_UNKNOWN:
                 return None
             return size / byte_rate
-        pos += 8 + size + (size & 1)
     return None
 
 
@@ -56,15 +65,11 @@ def _one_data_chunk(data: bytes) -> bytes:
     cut last chunk still reads as truncated). FFmpeg plays only the last data chunk of such a file (its header walk
     keeps the last one it meets): the rest of the audio was lost, or, with a short last chunk, the whole file was
     refused as truncated. Anything else (one data chunk, a placeholder size, not a WAV) is returned as it is."""
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return data
-    pos, declared, pieces = 12, 0, 0
+    declared, pieces = 0, 0
     spans: list[tuple[bool, int, int]] = []  # (a data chunk's audio?, start, end): offsets, not copies
-    while pos + 8 <= len(data):
+    for cid, pos, size in _riff_chunks(data):
         if len(spans) >= MAX_WAV_CHUNKS:  # a crafted file of tiny chunks: walked no further, left to FFmpeg
             return data
-        cid, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
-        end = pos + 8 + size + (size & 1)
         if cid == b"data":
             if size == 0 or size >= _WAV_SIZE_UNKNOWN:  # a streaming writer's: its audio runs to the end
                 return data
@@ -72,8 +77,7 @@ def _one_data_chunk(data: bytes) -> bytes:
             declared += size
             pieces += 1
         else:
-            spans.append((False, pos, end))
-        pos = end
+            spans.append((False, pos, pos + 8 + size + (size & 1)))
     if pieces < 2:
         return data
     # past 2 GiB the size reads as unknown; such a file is far over max_media_seconds, refused for that anyway
