@@ -224,7 +224,8 @@ class StreamService:
         return held
 
     def _refused(self) -> None:
-        """A refusal decided here (the key's cap) counts with admission's own (``Executor.admit`` counts those)."""
+        """A refusal decided here (the key's cap, a class whose breaker is down) counts with admission's own
+        (``Executor.admit`` counts those)."""
         if self.metrics is not None:
             self.metrics.streams_rejected.inc()
 

@@ -245,10 +245,13 @@ class GpuRunner:
 
     def _start(self, items: list[tuple[Any, bool, Future[Any]]]) -> None:
         """One encoder batch: ``items`` are at most ``encode_batch`` (the loop takes no more per turn)."""
-        for _, _, fut in items:
-            if fut.done():  # cancelled by its caller while it waited (a timed-out MT call): nothing to run
-                self._done(fut)
-        items = [it for it in items if not it[2].done()]
+        waiting = items
+        items = []
+        for it in waiting:
+            if it[2].done():  # cancelled by its caller while it waited (a timed-out MT call): nothing to run
+                self._done(it[2])
+            else:
+                items.append(it)
         if not items:
             return
         keys = [self.recipe.key(p) for p, _, _ in items]
