@@ -19,7 +19,8 @@ result holds the deferred build), then the same clips 16 times over in one go (b
 and with the CPU reference. Part ``streams``: N live streams in this process, each playing the talk clip (the five
 sentences with pauses, a different 1-bit dither a stream so no two share an encoder cache entry) at real time into
 its own StreamSession of one StreamService over one engine executor (``--chunk-ms`` messages, source English and
-target English: no MT model exists on the GPU machine, so a final is the transcript); the first row starts on a
+target English: no MT model exists on the GPU machine, so a final is the transcript; ``--vad silero``: Silero v6
+in torch, batched across streams, from faster-whisper's ONNX file carried in the stand-in); the first row starts on a
 cold executor (its streams' first captions wait for the build), later rows on the warm one. Per row: caption
 latency p50/p99 (the session's own measure), finals against those expected, word error rate of each stream's
 finals against the sentences, time to a stream's first caption, GPU memory and pool use, event-loop lag.
@@ -128,6 +129,14 @@ def prepare(folder: Path) -> None:
     fw.mkdir(parents=True)
     (fw / "__init__.py").write_text('"""Stand-in: faster-whisper\'s tokenizer module alone (no CTranslate2)."""\n')
     shutil.copy2(faster_whisper.tokenizer.__file__, fw / "tokenizer.py")
+    # and its bundled Silero v6 ONNX file, where ``silero.bundled_model_path`` looks (``--vad silero``)
+    import faster_whisper.utils
+
+    (fw / "assets").mkdir()
+    shutil.copy2(Path(faster_whisper.utils.get_assets_path()) / "silero_vad_v6.onnx", fw / "assets")
+    (fw / "utils.py").write_text('"""Stand-in: where faster-whisper keeps its bundled assets."""\n'
+                                 "from pathlib import Path\n\n\ndef get_assets_path() -> str:\n"
+                                 "    return str(Path(__file__).parent / 'assets')\n")
     audio = [decode_audio(piper_wav(s), LimitSettings())[0] for s in SENTENCES]
     talk = decode_audio(talk_wav(SENTENCES), LimitSettings())[0]
     np.savez_compressed(folder / "clips.npz", *[to_i16(a) for a in audio], talk=to_i16(talk))
@@ -179,7 +188,7 @@ def wer(refs: list[str], hyps: list[str]) -> float:
 
 
 # ---- the server's stack -------------------------------------------------------------------------------------------
-def server_stack(device: str, encoder_graphs: bool) -> tuple[Any, Any, Any]:
+def server_stack(device: str, encoder_graphs: bool, vad: str = "energy") -> tuple[Any, Any, Any]:
     """(settings, registry, executor) as ``linguafusion serve`` makes them with the engine on ``device``."""
     from lingua_fusion.config import Settings
     from lingua_fusion.models.registry import Registry
@@ -193,12 +202,12 @@ def server_stack(device: str, encoder_graphs: bool) -> tuple[Any, Any, Any]:
         metrics = None
 
     settings = Settings(models={"engine": "continuous", "device": device,  # type: ignore[arg-type]
-                                "encoder_graphs": encoder_graphs})
+                                "encoder_graphs": encoder_graphs, "gpu_vad": vad})
     settings.server.max_streams = settings.server.max_streams_per_key = 1 << 20  # sessions are made directly
     registry = Registry(settings)
     executor = build_executor(registry, settings, metrics)
-    if device == "cpu":  # the energy VAD the engine runs on CUDA (on the CPU it would be Silero on onnxruntime)
-        executor.backends["vad"] = lambda _k: LazyRunner(lambda: gpu_vad("energy", "cpu"))
+    if device == "cpu":  # the VAD the engine runs on CUDA (on the CPU it would be Silero on onnxruntime)
+        executor.backends["vad"] = lambda _k: LazyRunner(lambda: gpu_vad(vad, "cpu"))
     return settings, registry, executor
 
 
@@ -343,6 +352,7 @@ async def stream_row(service: Any, n: int, talk: np.ndarray, chunk_ms: int, slo:
     first_caption: list[float] = []
     texts: list[str] = []
     counts = {"partials": 0, "failed_finals": 0, "errors": 0}
+    error_codes: dict[str, int] = {}
     lags: list[float] = []
 
     async def one(i: int) -> None:
@@ -367,6 +377,8 @@ async def stream_row(service: Any, n: int, talk: np.ndarray, chunk_ms: int, slo:
                     latencies.append(ev["latency_ms"]["caption"] / 1000)
                 elif ev["type"] == "error":
                     counts["errors"] += 1
+                    code = str(ev.get("code"))
+                    error_codes[code] = error_codes.get(code, 0) + 1
                 elif ev["type"] == "closed":
                     return
 
@@ -395,7 +407,7 @@ async def stream_row(service: Any, n: int, talk: np.ndarray, chunk_ms: int, slo:
     ttfc = np.array(first_caption or [float("nan")])
     per_stream = [wer([" ".join(SENTENCES)], [t]) for t in texts]
     return {"streams": n, "streams_failed": len(failed), "first_failure": repr(failed[0]) if failed else None,
-            "finals": len(latencies), "sentences_spoken": n * len(SENTENCES), **counts,
+            "finals": len(latencies), "sentences_spoken": n * len(SENTENCES), **counts, "error_codes": error_codes,
             "caption_p50_s": round(float(np.percentile(lat, 50)), 3),
             "caption_p99_s": round(float(np.percentile(lat, 99)), 3),
             "first_caption_p50_s": round(float(np.percentile(ttfc, 50)), 2),
@@ -409,7 +421,7 @@ async def stream_row(service: Any, n: int, talk: np.ndarray, chunk_ms: int, slo:
 
 
 async def streams(folder: Path, device: str, counts: list[int], encoder_graphs: bool, chunk_ms: int, slo: str,
-                  deadline: float, emit: Any, stop_p99_s: float = 5.0) -> None:
+                  deadline: float, emit: Any, stop_p99_s: float = 5.0, vad: str = "energy") -> None:
     """One StreamService over one engine executor (as a server's, for its life: closing the service closes the
     executor), each row's streams ended before the next row; the first row starts on it cold."""
     import torch
@@ -419,7 +431,7 @@ async def streams(folder: Path, device: str, counts: list[int], encoder_graphs: 
     from lingua_fusion.stream.service import StreamService
 
     _clips, talk = load_clips(folder)
-    settings, _registry, executor = server_stack(device, encoder_graphs)
+    settings, _registry, executor = server_stack(device, encoder_graphs, vad)
     state_dir = Path(tempfile.mkdtemp(prefix="gpu-server-path-"))
     service = StreamService(executor, settings, log=StreamLog(SQLiteStreamStore(state_dir)))
     try:
@@ -439,7 +451,7 @@ async def streams(folder: Path, device: str, counts: list[int], encoder_graphs: 
                 row = {"streams": n, "error": f"{type(exc).__name__}: {exc}"}
             row["gpu_busy_pct"] = busy()
             built = asr_built(executor)
-            row = {"part": "streams", "device": device, "encoder_graphs": encoder_graphs, "cold": i == 0,
+            row = {"part": "streams", "device": device, "encoder_graphs": encoder_graphs, "vad": vad, "cold": i == 0,
                    "chunk_ms": chunk_ms, "slo": slo, **row, **pool_use(built), **cuda_memory(device)}
             if built is not None:
                 row["asr_encoded"], row["asr_reused"] = built.encoded, built.reused
@@ -493,7 +505,7 @@ def run(args: argparse.Namespace) -> int:
     if "streams" in parts:
         counts = [int(c) for c in args.streams.split(",") if c]
         asyncio.run(streams(args.folder, args.device, counts, args.device.startswith("cuda") and args.graphs,
-                            args.chunk_ms, args.slo, deadline, emit, args.stop_p99_s))
+                            args.chunk_ms, args.slo, deadline, emit, args.stop_p99_s, args.vad))
         emit({"part": "streams-closed", **release(args.device)})
         print("SUMMARY streams: " + "; ".join(
             f"{r['streams']}: " + (r.get("skipped") or r.get("error") or
@@ -522,6 +534,8 @@ def main() -> int:
     ap.add_argument("--chunk-ms", type=int, default=500)
     ap.add_argument("--slo", default="interactive")
     ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="streams without encoder graphs")
+    ap.add_argument("--vad", choices=["energy", "silero"], default="energy",
+                    help="the streams' VAD (models.gpu_vad): the batched energy VAD or Silero v6 in torch")
     ap.add_argument("--stop-p99-s", type=float, default=5.0, help="no larger row after a warm one this slow")
     ap.add_argument("--budget-s", type=float, default=480.0, help="rows that would end later are skipped")
     ap.add_argument("--gpu-imports-only", action="store_true", help="refuse imports the GPU machine lacks")

@@ -94,10 +94,10 @@ class ModelSettings(BaseModel):
     # stream's windows in one batched call: serving/gpu/silero.py); on the CPU the engine keeps Silero on onnxruntime
     gpu_vad: Literal["energy", "silero"] = "energy"
     # the engine's Whisper encoder on CUDA replayed from CUDA graphs (serving/gpu/encoder_graphs.py), captured on the
-    # ASR runner's thread. On the H200 the benchmark's encoder graphs took four model processes from 600 to 900
-    # streams at caption p99 <= 1 s (bench/results/gpu_streams.json); off by default until this server path (OpenAI's
-    # Whisper layout, the shipped weights) has itself run on a GPU
-    encoder_graphs: bool = False
+    # ASR runner's thread at a language's first stream; applies on CUDA alone. On the H200 this path, with the shipped
+    # tiny.en weights, gave the CPU's transcripts with the graphs on and off (bench/results/gpu_server_path.json), and
+    # the benchmark's encoder graphs took four model processes from 600 to 900 streams at caption p99 <= 1 s
+    encoder_graphs: bool = True
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
     user_mt_dirs: list[Path] = Field(default_factory=list)
