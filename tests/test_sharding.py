@@ -175,6 +175,29 @@ async def _model_server(path: str, settings: Settings) -> tuple[ModelServer, asy
     return server, await asyncio.start_unix_server(server.handle, path=path)
 
 
+async def test_a_stream_refused_while_the_model_process_is_down_is_counted_as_unavailable(tmp_path: Path) -> None:
+    """A worker whose model process is not there (restarting) refuses a new stream with ``overloaded`` (4429, retry
+    shortly), counted on /metrics as ``streams_unavailable``, not as a refusal for room (before, it was not counted
+    at all, so a restart's refusals were invisible to an operator)."""
+    from lingua_fusion.observability import Metrics
+    from lingua_fusion.stream.service import Principal, StreamService
+
+    settings = Settings()
+    settings.state_dir = tmp_path
+    metrics = Metrics()
+    link = ModelLink(str(tmp_path / "nobody.sock"), connect_wait_s=0.2)  # no model process listens there
+    service = StreamService(RemotePort(link, Registry(settings), settings), settings, metrics=metrics)
+    start = {"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"]}
+    try:
+        with pytest.raises(Overloaded, match="restarting"):
+            await service.open(start, Principal("k1"))
+        assert metrics.registry.get_sample_value("linguafusion_streams_unavailable_total") == 1
+        assert metrics.registry.get_sample_value("linguafusion_streams_rejected_total") == 0
+        assert service.quota.open.get("k1", 0) == 0  # nothing held by the refused open
+    finally:
+        await link.close()
+
+
 async def test_a_key_cap_refusal_in_the_model_process_is_counted(tmp_path: Path) -> None:
     """Under ``serve --workers`` the key's cap is kept in the model process: its refusal counts on /metrics (the
     model process's counters are summed into every worker's page) as admission's own refusals do."""

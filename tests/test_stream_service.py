@@ -266,6 +266,10 @@ async def test_a_resume_refused_by_a_draining_server_does_not_take_the_stream_ov
         assert refused.task is not None
         await asyncio.wait_for(refused.task, 10)
         assert refused.types()[-1] == "error:overloaded" and refused.close_code == 4429
+        # counted as a server not serving now, not as a full one
+        counts = apps[1].state.metrics.registry.get_sample_value
+        assert counts("linguafusion_streams_unavailable_total") == 1
+        assert counts("linguafusion_streams_rejected_total") == 0
         await send_first("Two.", 2.0)
         await first.until(lambda e: e["type"] == "final" and e["seq"] == 2)
     assert "error:taken_over" not in first.types()

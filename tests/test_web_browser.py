@@ -562,8 +562,9 @@ def test_the_ops_page_numbers_equal_metrics(site: Site, speech_wav: Path, browse
                                                                             rel_tol=1e-9), cell
         checked.add(cell["metric"] or cell["histogram"])
     assert {"linguafusion_active_streams", "linguafusion_streams_admitted_total",
-            "linguafusion_streams_rejected_total", "process_resident_memory_bytes",
-            "linguafusion_stage_latency_seconds", "linguafusion_batch_size", "linguafusion_queue_depth"} <= checked
+            "linguafusion_streams_rejected_total", "linguafusion_streams_unavailable_total",
+            "process_resident_memory_bytes", "linguafusion_stage_latency_seconds", "linguafusion_batch_size",
+            "linguafusion_queue_depth"} <= checked
     assert metrics[("linguafusion_streams_admitted_total", ())] >= 1  # the captions run was counted
 
 

@@ -167,6 +167,12 @@ class Overloaded(LinguaFusionError):
         self.retry_after = retry_after
 
 
+class NotServingNow(Overloaded):
+    """A refusal (still ``overloaded``, 429 / 4429, to the client) because this server cannot serve a new stream
+    at the moment at all, not for want of room: it drains, or its model process restarts or does not answer.
+    Counted apart from the refusals for room (``linguafusion_streams_unavailable_total``)."""
+
+
 class SlowConsumer(LinguaFusionError):
     status = 429
     code = "slow_consumer"

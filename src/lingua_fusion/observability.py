@@ -52,6 +52,9 @@ class Metrics:
         self.streams_rejected = Counter("linguafusion_streams_rejected_total",
                                         "Stream opens refused (4429): no capacity, or the key's stream cap",
                                         registry=self.registry)
+        self.streams_unavailable = Counter("linguafusion_streams_unavailable_total",
+                                           "Stream opens refused (4429) while the server drains or its model process "
+                                           "restarts or does not answer", registry=self.registry)
         self.active_streams = gauge("linguafusion_active_streams", "Live streams", registry=self.registry)
         self.caption_latency = Histogram("linguafusion_caption_latency_seconds",
                                          "Audio end received -> committed caption sent", ["slo"], buckets=BUCKETS,

@@ -72,6 +72,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "active_streams": one(PREFIX + "active_streams"),
         "streams_admitted": one(PREFIX + "streams_admitted_total"),
         "streams_refused": one(PREFIX + "streams_rejected_total"),
+        "streams_unavailable": one(PREFIX + "streams_unavailable_total"),
         "requests_refused": one(PREFIX + "rejected_total"),
         "shed": by(PREFIX + "shed_total", "model"),
         "memory_rss_bytes": one("process_resident_memory_bytes"),

@@ -27,6 +27,7 @@ from ..errors import (
     AuthenticationError,
     Draining,
     InvalidParameter,
+    NotServingNow,
     Overloaded,
     PermissionDenied,
     TakenOver,
@@ -215,7 +216,9 @@ class StreamService:
             await self.executor.reserve(self.executor.demand(sid, spec.slo, spec.source_lang, spec.targets,
                                                              spec.partials, spec.policy.step_s, spec.inputs),
                                         owner)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, NotServingNow):  # a model process restarting or silent (serving/shard/remote.py)
+                self._unavailable()
             del self._holds[sid]
             self.quota.give(owner)
             held.admitted.set_result(False)
@@ -252,9 +255,16 @@ class StreamService:
             raise Overloaded(f"streams of the {slo} class are missing its latency target now; retry later or use a "
                              "looser SLO class", retry_after=5.0, details={"slo": slo, "breaker_level": level})
 
+    def _unavailable(self) -> None:
+        """A refusal because the server cannot serve a new stream at all just now (``NotServingNow``): counted apart
+        from the refusals for room, so a rolling restart does not read as a full server."""
+        if self.metrics is not None:
+            self.metrics.streams_unavailable.inc()
+
     def _refuse_if_draining(self) -> None:
         if self.draining:
-            raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0)
+            self._unavailable()
+            raise NotServingNow("the server is shutting down; connect again shortly", retry_after=2.0)
 
     def _vocabulary(self, vid: Any, who: Principal) -> str:
         """A start message's ``vocabulary_id``: the opening key's, taught (404 / 400 otherwise), or ""."""

@@ -55,6 +55,8 @@ function renderCards(sum) {
     ["active streams", fmt.n(sum.active_streams), P + "active_streams", {}, sum.active_streams],
     ["streams admitted", fmt.n(sum.streams_admitted), P + "streams_admitted_total", {}, sum.streams_admitted],
     ["streams refused", fmt.n(sum.streams_refused), P + "streams_rejected_total", {}, sum.streams_refused],
+    ["streams refused: not serving now", fmt.n(sum.streams_unavailable), P + "streams_unavailable_total", {},
+      sum.streams_unavailable],
     ["requests refused (429)", fmt.n(sum.requests_refused), P + "rejected_total", {}, sum.requests_refused],
     ["work items shed", fmt.n(shed), null, null, shed],
     ["memory (RSS)", fmt.mib(sum.memory_rss_bytes), "process_resident_memory_bytes", {}, sum.memory_rss_bytes],
