@@ -256,6 +256,10 @@ def test_a_wav_of_more_chunks_than_any_recorder_writes_is_not_walked_to_its_end(
     few = _data_chunks(wav, 4_000, between=junk * 8)
     joined = audio_mod._one_data_chunk(few)
     assert joined.count(b"data") == 1 and joined.endswith(wav[44:]) and len(joined) == len(few) - 8
+    # the duration check's walk too: a data chunk behind more junk chunks than that is not looked for (unknown)
+    behind = wav[:36] + junk * (audio_mod.MAX_WAV_CHUNKS + 10) + wav[36:]
+    assert audio_mod._wav_declared_seconds(behind) is None
+    assert audio_mod._wav_declared_seconds(wav[:36] + junk * 8 + wav[36:]) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("n", [4, 7, 8, 11])

@@ -24,6 +24,9 @@ def check_rate(rate: int | None, what: str) -> None:
                            details={"sample_rate": rate})
 
 
+MAX_WAV_CHUNKS = 4096  # chunks a WAV's header walk reads (real files have a handful)
+
+
 def _riff_chunks(data: bytes) -> Iterator[tuple[bytes, int, int]]:
     """A WAV's chunks after its 12-byte RIFF / WAVE header, in order: (id, offset of the chunk's 8-byte header, the
     size it declares). Nothing when ``data`` is not a WAV; the last chunk may run past the end (a cut file)."""
@@ -40,9 +43,12 @@ def _wav_declared_seconds(data: bytes) -> float | None:
     """Duration the RIFF header promises (data chunk size / bytes per second). FFmpeg clamps a WAV's duration to
     the bytes present, so a truncated WAV would otherwise look complete. None when unknown or not a WAV. For PCM the
     bytes per second are the sample rate times the block size, as the decoder reads them (the header's own byte-rate
-    field is not used by it, and a wrong one would make a whole file look cut, or a cut one whole)."""
+    field is not used by it, and a wrong one would make a whole file look cut, or a cut one whole). A file whose
+    data chunk is not among its first ``MAX_WAV_CHUNKS`` chunks is not walked further (unknown: FFmpeg decides)."""
     byte_rate = 0
-    for cid, pos, size in _riff_chunks(data):
+    for n, (cid, pos, size) in enumerate(_riff_chunks(data)):
+        if n >= MAX_WAV_CHUNKS:  # a crafted file of tiny chunks: real files have a handful
+            return None
         if cid == b"fmt " and size >= 16 and pos + 24 <= len(data):
             fmt = int.from_bytes(data[pos + 8:pos + 10], "little")
             rate = int.from_bytes(data[pos + 12:pos + 16], "little")
@@ -54,9 +60,6 @@ def _wav_declared_seconds(data: bytes) -> float | None:
                 return None
             return size / byte_rate
     return None
-
-
-MAX_WAV_CHUNKS = 4096  # chunks a WAV's header walk reads (real files have a handful)
 
 
 def _one_data_chunk(data: bytes) -> bytes:
