@@ -102,6 +102,47 @@ def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 
+def test_a_warm_language_is_built_before_the_server_is_ready(tmp_path: Path) -> None:
+    """``models.engine_warm``: the English runner is built at start (its pools on /metrics before any stream), and
+    /readyz says ready only once it is, naming its state; without it the first stream would wait for the build."""
+    url, proc = start_server(tmp_path, "--no-auth", env={
+        "LINGUAFUSION_MODELS__ENGINE": "continuous", "LINGUAFUSION_MODELS__DEVICE": "cpu",
+        "LINGUAFUSION_MODELS__ENGINE_WARM": '["en"]'})
+    try:
+        ready = httpx.get(url + "/readyz", timeout=10)  # start_server returned: /readyz answered 200
+        assert ready.status_code == 200 and ready.json()["engine"] == {"asr:tiny.en": "ready"}
+        text = httpx.get(url + "/metrics", timeout=10).text
+        assert metric(text, "linguafusion_streams_admitted_total") == 0  # no stream has asked for it
+        assert metric(text, 'linguafusion_gpu_pool_blocks{model="asr:tiny.en",pool="self",state="free"}') > 0
+    finally:
+        stop_server(proc)
+
+
+def test_a_model_process_builds_its_warm_language_at_start(tmp_path: Path) -> None:
+    """Under ``serve --workers`` each model process warms its own engine, and a worker's /readyz says ready only
+    once its model process has built it (naming its state), with no stream opened."""
+    url, proc = start_server(tmp_path, "--no-auth", "--workers", "2", env={
+        "LINGUAFUSION_MODELS__ENGINE": "continuous", "LINGUAFUSION_MODELS__DEVICE": "cpu",
+        "LINGUAFUSION_MODELS__ENGINE_WARM": '["en"]'})
+    try:
+        for _ in range(4):  # either worker may answer
+            ready = httpx.get(url + "/readyz", timeout=10)
+            assert ready.status_code == 200 and ready.json()["engine"] == {"asr:tiny.en": "ready"}, ready.text
+            assert ready.json()["model_process"] == "ok"
+        assert metric(httpx.get(url + "/metrics", timeout=10).text, "linguafusion_streams_admitted_total") == 0
+    finally:
+        stop_server(proc)
+
+
+def test_the_warm_languages_default_to_english_on_cuda_only() -> None:
+    def langs(**models: object) -> list[str]:
+        return Settings(models=models).models.engine_warm_langs()  # type: ignore[arg-type]
+
+    assert langs(engine="continuous", device="cuda") == ["en"] and langs(engine="continuous", device="cpu") == []
+    assert langs(device="cuda") == []  # the engine off: nothing to warm
+    assert langs(engine="continuous", device="cpu", engine_warm=["de", "en", "de"]) == ["de", "en"]
+
+
 async def test_live_stream_through_the_engine(engine_server: str, tmp_path: Path) -> None:
     audio = pcm(talk_wav(SENTENCES))
     data = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()

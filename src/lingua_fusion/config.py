@@ -98,9 +98,21 @@ class ModelSettings(BaseModel):
     # tiny.en weights, gave the CPU's transcripts with the graphs on and off (bench/results/gpu_server_path.json), and
     # the benchmark's encoder graphs took four model processes from 600 to 900 streams at caption p99 <= 1 s
     encoder_graphs: bool = True
+    # languages whose engine ASR runner is built when the server (or each model process) starts, not at the
+    # language's first stream, whose first captions would wait for it (10-25 s on an H200: weights, pools, graph
+    # captures); None: English on a CUDA device, none on the CPU. /readyz answers 503 until they are built
+    engine_warm: list[str] | None = None
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
     user_mt_dirs: list[Path] = Field(default_factory=list)
+
+    def engine_warm_langs(self) -> list[str]:
+        """``engine_warm`` resolved: [] when the engine is off."""
+        if self.engine != "continuous":
+            return []
+        if self.engine_warm is not None:
+            return list(dict.fromkeys(self.engine_warm))
+        return ["en"] if self.device.startswith("cuda") else []
 
     def asr_lanes(self) -> int:
         """``asr_parallel`` resolved: 0 means min(2, the cores this process may use)."""

@@ -35,7 +35,7 @@ from ..files import FileTranslator
 from ..models.registry import Registry
 from ..observability import Metrics
 from ..serving.executor import Executor
-from ..serving.gpu.server import build_executor
+from ..serving.gpu.server import build_executor, warm_engine
 from ..state.sqlite import SQLiteStore
 from ..state.streams import open_store
 from ..stream.journal import StreamLog
@@ -188,6 +188,10 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
 
     @contextlib.asynccontextmanager
     async def lifetime() -> AsyncIterator[None]:
+        # the engine's warm languages start building now (threads of their own); /readyz waits for them
+        probe = warm_engine(service.executor, settings)
+        if probe is not None:  # (a worker's is its model process's, set by api/workers.py)
+            app.state.engine_state = probe
         tasks = [asyncio.create_task(_compact_loop(), name="compact"),
                  asyncio.create_task(takeover.run(), name="takeover-watch")]
         if settings.server.auth:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,11 +21,19 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready once warmed up; under ``serve --workers`` also only while this worker's model process answers
+    """Ready once warmed up (with the GPU engine, once ``models.engine_warm``'s runners are built: ``engine`` says
+    how each stands); under ``serve --workers`` also only while this worker's model process answers
     (``app.state.model_check``: a wedged or restarting one makes the worker not ready, so a balancer moves on)."""
     ctx = context(request)
     ready = ctx.ready.is_set()
     body: dict[str, Any] = {"ready": ready, "loaded": ctx.translator.registry.loaded()}
+    engine: Callable[[], Any] | None = getattr(request.app.state, "engine_state", None)
+    states = None if engine is None else engine()  # models.engine_warm: the engine's runners, here or (a worker)
+    if inspect.isawaitable(states):  # in its model process
+        states = await states
+    if states:
+        body["engine"] = states
+        body["ready"] = ready = ready and all(state == "ready" for state in states.values())
     check: Callable[[], Awaitable[str | None]] | None = getattr(request.app.state, "model_check", None)
     if check is not None:
         problem = await check()

@@ -113,7 +113,14 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
         except LinguaFusionError as exc:
             return f"{exc.code}: {exc.message}"
 
+    async def engine_state() -> dict[str, str]:  # /readyz: the model process's warm engine runners (engine_warm)
+        try:
+            return dict((await link.call({"op": "engine"}, READY_PING_S))["value"] or {})
+        except LinguaFusionError:
+            return {}  # model_check says why
+
     app.state.model_check = model_check
+    app.state.engine_state = engine_state
     if not settings.state.redis_url:  # in-process rooms would be one worker's: a listener on another finds none
         app.state.rooms.unavailable = ("rooms need a shared Redis when the server runs several worker processes: "
                                        "set LINGUAFUSION_STATE__REDIS_URL, or serve without --workers")

@@ -187,6 +187,11 @@ class Executor:
             self.scheduler.lanes[str(key)] = lanes  # admission: the key's capacity is per lane
         return runner
 
+    def build_now(self, key: ModelKey) -> Runner | ContinuousRunner:
+        """``key``'s runner made now rather than at its first call (a GPU engine runner starts building on its own
+        thread: ``models.engine_warm``)."""
+        return self._runner(key)
+
     def lanes(self, key: ModelKey) -> int:
         """Batches of ``key`` that run at once (its workers and model threads)."""
         return self._lanes.get(key, 1)

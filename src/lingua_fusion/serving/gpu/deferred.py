@@ -50,6 +50,14 @@ class DeferredRunner:
         """The runner ``build`` made; None while it is building, or failed."""
         return self._runner
 
+    @property
+    def state(self) -> str:
+        """"ready", "building", or "failed: why" (the last build's error, until its retry starts)."""
+        with self._lock:
+            if self._runner is not None:
+                return "ready"
+            return "building" if self._error is None else f"failed: {self._error.message}"
+
     def _start(self) -> None:
         self._error = None
         self._thread = threading.Thread(target=self._run, name=f"build-{self.name}", daemon=True)

@@ -117,6 +117,20 @@ def mt_on_engine(settings: Settings, metrics: Any = None) -> Callable[[str, Any]
     return serve
 
 
+def warm_engine(executor: Any, settings: Settings) -> Callable[[], dict[str, str]] | None:
+    """Start building ``models.engine_warm``'s ASR runners now, each on its own thread (DeferredRunner), so a
+    language's first streams do not wait for it. Returns a probe of their states by model ("ready", "building",
+    "failed: why") for /readyz; None when the engine is off or ``executor`` is another process's (a worker's
+    RemotePort: its model process warms its own)."""
+    build_now = getattr(executor, "build_now", None)
+    langs = settings.models.engine_warm_langs()
+    if build_now is None or not langs:
+        return None
+    runners = {str(key): build_now(key) for key in map(ModelKey.asr, langs)}
+    log.info("engine warm-up: building %s", ", ".join(runners))
+    return lambda: {name: getattr(runner, "state", "ready") for name, runner in runners.items()}
+
+
 def build_executor(registry: Any, settings: Settings, metrics: Any = None, **kwargs: Any) -> Any:
     """The server's batched Executor, with the engine's backends when ``models.engine`` is on."""
     from ..executor import Executor

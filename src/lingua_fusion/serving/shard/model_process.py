@@ -33,7 +33,7 @@ from ...errors import BackendError, LinguaFusionError, Overloaded
 from ...models.registry import Registry
 from ...tracing import Tracer, TraceRef, from_settings
 from ..executor import Executor
-from ..gpu.server import engine_backends
+from ..gpu.server import engine_backends, warm_engine
 from ..keys import ModelKey
 from ..ports import CallContext
 from ..scheduler import Demand
@@ -68,6 +68,7 @@ class ModelServer:
         self._live: dict[int, asyncio.StreamWriter] = {}  # the workers connected now
         self._none_live = asyncio.Event()
         self._none_live.set()
+        self.engine_state: Any = dict  # models.engine_warm's runners by model: "ready", "building", "failed: why"
 
     def engine(self, mode: str) -> Executor:
         if mode not in MODES:
@@ -99,7 +100,7 @@ class ModelServer:
                     if msg.get("op") == "release":
                         self._release(str(msg["mode"]), str(msg["stream_id"]), conn)
                         continue
-                    if msg.get("op") in ("admit", "ping"):
+                    if msg.get("op") in ("admit", "ping", "engine"):
                         self._answer(conn, out, msg)
                         continue
                     if len(tasks) >= self.max_in_flight:
@@ -153,11 +154,13 @@ class ModelServer:
             self._reply(out, msg, error=LinguaFusionError(f"bad model request: {exc}"))
 
     def _answer(self, conn: int, out: codec.Outbox, msg: dict[str, Any]) -> None:
-        """``admit`` and ``ping``: answered at once, in the connection's order (no awaiting in them)."""
+        """``admit``, ``ping`` and ``engine``: answered at once, in the connection's order (no awaiting in them)."""
         try:
             if msg.get("op") == "admit":
                 self._admit(conn, str(msg["mode"]), msg["demand"], str(msg["key_id"]), bool(msg.get("force")))
                 self._reply(out, msg)
+            elif msg.get("op") == "engine":  # the warm runners' states (a worker's /readyz)
+                self._reply(out, msg, value=self.engine_state())
             else:
                 self._reply(out, msg, value=os.getpid())
         except LinguaFusionError as exc:
@@ -242,6 +245,7 @@ async def serve(path: str, settings: Settings, metrics: Any = None, *, ready: An
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the workers drain first
     log.info("model process %d serving on %s", os.getpid(), path)
     warming = asyncio.create_task(asyncio.to_thread(_warm, server.registry), name="warm")
+    server.engine_state = warm_engine(server.engine("batched"), settings) or dict  # built on threads of their own
     if ready is not None:
         ready.set()
     try:
