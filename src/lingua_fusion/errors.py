@@ -162,15 +162,13 @@ class Overloaded(LinguaFusionError):
     retryable = True
     public = None
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, details: dict[str, Any] | None = None):
+    def __init__(self, message: str, *, retry_after: float = 1.0, details: dict[str, Any] | None = None,
+                 not_serving: bool = False):
         super().__init__(message, details=details)
         self.retry_after = retry_after
-
-
-class NotServingNow(Overloaded):
-    """A refusal (still ``overloaded``, 429 / 4429, to the client) because this server cannot serve a new stream
-    at the moment at all, not for want of room: it drains, or its model process restarts or does not answer.
-    Counted apart from the refusals for room (``linguafusion_streams_unavailable_total``)."""
+        # refused because the server cannot serve a new stream at all just now (it drains, or its model process
+        # restarts or does not answer), not for want of room: counted apart (linguafusion_streams_unavailable_total)
+        self.not_serving = not_serving
 
 
 class SlowConsumer(LinguaFusionError):

@@ -27,18 +27,19 @@ async def readyz(request: Request) -> JSONResponse:
     ctx = context(request)
     ready = ctx.ready.is_set()
     body: dict[str, Any] = {"ready": ready, "loaded": ctx.translator.registry.loaded()}
-    engine: Callable[[], Any] | None = getattr(request.app.state, "engine_state", None)
-    states = None if engine is None else engine()  # models.engine_warm: the engine's runners, here or (a worker)
-    if inspect.isawaitable(states):  # in its model process
-        states = await states
-    if states:
-        body["engine"] = states
-        body["ready"] = ready = ready and all(state == "ready" for state in states.values())
     check: Callable[[], Awaitable[str | None]] | None = getattr(request.app.state, "model_check", None)
     if check is not None:
         problem = await check()
         body["model_process"] = problem or "ok"
         body["ready"] = ready = ready and problem is None
+    engine: Callable[[], Any] | None = getattr(request.app.state, "engine_state", None)
+    if engine is not None and body.get("model_process", "ok") == "ok":  # models.engine_warm's runners, here or
+        states = engine()  # (a worker) in its model process, once that answers
+        if inspect.isawaitable(states):
+            states = await states
+        if states:
+            body["engine"] = states
+            body["ready"] = ready = ready and all(state == "ready" for state in states.values())
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

@@ -120,7 +120,8 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
             return {}  # model_check says why
 
     app.state.model_check = model_check
-    app.state.engine_state = engine_state
+    if settings.models.engine_warm_langs():  # its model process builds them at start
+        app.state.engine_state = engine_state
     if not settings.state.redis_url:  # in-process rooms would be one worker's: a listener on another finds none
         app.state.rooms.unavailable = ("rooms need a shared Redis when the server runs several worker processes: "
                                        "set LINGUAFUSION_STATE__REDIS_URL, or serve without --workers")

@@ -27,7 +27,6 @@ from ..errors import (
     AuthenticationError,
     Draining,
     InvalidParameter,
-    NotServingNow,
     Overloaded,
     PermissionDenied,
     TakenOver,
@@ -217,7 +216,7 @@ class StreamService:
                                                              spec.partials, spec.policy.step_s, spec.inputs),
                                         owner)
         except BaseException as exc:
-            if isinstance(exc, NotServingNow):  # a model process restarting or silent (serving/shard/remote.py)
+            if isinstance(exc, Overloaded) and exc.not_serving:  # its model process restarting or silent
                 self._unavailable()
             del self._holds[sid]
             self.quota.give(owner)
@@ -256,15 +255,15 @@ class StreamService:
                              "looser SLO class", retry_after=5.0, details={"slo": slo, "breaker_level": level})
 
     def _unavailable(self) -> None:
-        """A refusal because the server cannot serve a new stream at all just now (``NotServingNow``): counted apart
-        from the refusals for room, so a rolling restart does not read as a full server."""
+        """A refusal because the server cannot serve a new stream at all just now (``Overloaded.not_serving``):
+        counted apart from the refusals for room, so a rolling restart does not read as a full server."""
         if self.metrics is not None:
             self.metrics.streams_unavailable.inc()
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
             self._unavailable()
-            raise NotServingNow("the server is shutting down; connect again shortly", retry_after=2.0)
+            raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0, not_serving=True)
 
     def _vocabulary(self, vid: Any, who: Principal) -> str:
         """A start message's ``vocabulary_id``: the opening key's, taught (404 / 400 otherwise), or ""."""

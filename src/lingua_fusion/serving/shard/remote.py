@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...config import Settings
-from ...errors import BackendError, ModelTimeout, NotServingNow, Overloaded
+from ...errors import BackendError, ModelTimeout, Overloaded
 from ...models.registry import Registry
 from ..executor import stream_demand
 from ..faults import Fault
@@ -264,12 +264,14 @@ class RemotePort:
         try:
             await self.link.call(msg, timeout_s=self.link.connect_wait_s * 2)
         except ModelProcessLost:
-            raise NotServingNow("the model process is restarting; retry shortly", retry_after=2.0) from None
+            raise Overloaded("the model process is restarting; retry shortly", retry_after=2.0,
+                             not_serving=True) from None
         except BaseException as exc:  # refused, unanswered or cancelled while asking: no reservation may stay behind
             with contextlib.suppress(ModelProcessLost):
                 self.link.tell({"op": "release", "mode": self.mode, "stream_id": demand.stream_id})
             if isinstance(exc, ModelTimeout):  # a wedged model process: to the client a full server, not a 1011
-                raise NotServingNow("the model process is not answering; retry shortly", retry_after=2.0) from None
+                raise Overloaded("the model process is not answering; retry shortly", retry_after=2.0,
+                                 not_serving=True) from None
             raise
         self.link.admitted[ident] = (demand, key_id)
 
