@@ -94,9 +94,10 @@ class ModelSettings(BaseModel):
     # stream's windows in one batched call: serving/gpu/silero.py); on the CPU the engine keeps Silero on onnxruntime
     gpu_vad: Literal["energy", "silero"] = "energy"
     # the engine's Whisper encoder on CUDA replayed from CUDA graphs (serving/gpu/encoder_graphs.py), captured on the
-    # ASR runner's thread at a language's first stream; applies on CUDA alone. On the H200 this path, with the shipped
-    # tiny.en weights, gave the CPU's transcripts with the graphs on and off (bench/results/gpu_server_path.json), and
-    # the benchmark's encoder graphs took four model processes from 600 to 900 streams at caption p99 <= 1 s
+    # ASR runner's thread when it is built (at start for ``engine_warm``); applies on CUDA alone. On the H200 this
+    # path, with the shipped tiny.en weights, gave the CPU's transcripts with the graphs on and off
+    # (bench/results/gpu_server_path.json), and the benchmark's encoder graphs took four model processes from 600 to
+    # 900 streams at caption p99 <= 1 s
     encoder_graphs: bool = True
     # languages whose engine ASR runner is built when the server (or each model process) starts, not at the
     # language's first stream, whose first captions would wait for it (10-25 s on an H200: weights, pools, graph

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from ...config import Settings
@@ -68,7 +69,8 @@ class ModelServer:
         self._live: dict[int, asyncio.StreamWriter] = {}  # the workers connected now
         self._none_live = asyncio.Event()
         self._none_live.set()
-        self.engine_state: Any = dict  # models.engine_warm's runners by model: "ready", "building", "failed: why"
+        # models.engine_warm's runners by model: "ready", "building", "failed: why" (serve() sets it)
+        self.engine_state: Callable[[], dict[str, str]] = dict
 
     def engine(self, mode: str) -> Executor:
         if mode not in MODES:
