@@ -93,10 +93,13 @@ def test_engine_off_by_default() -> None:
         Settings(models={"engine": "vllm"})  # type: ignore[arg-type]
 
 
+ENGINE_ENV = {"LINGUAFUSION_MODELS__ENGINE": "continuous", "LINGUAFUSION_MODELS__DEVICE": "cpu"}
+WARM_ENV = {**ENGINE_ENV, "LINGUAFUSION_MODELS__ENGINE_WARM": '["en"]'}
+
+
 @pytest.fixture(scope="module")
 def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    url, proc = start_server(tmp_path_factory.mktemp("engine"), "--no-auth",
-                             env={"LINGUAFUSION_MODELS__ENGINE": "continuous", "LINGUAFUSION_MODELS__DEVICE": "cpu"})
+    url, proc = start_server(tmp_path_factory.mktemp("engine"), "--no-auth", env=ENGINE_ENV)
     yield url
     stop_server(proc)
 
@@ -105,9 +108,7 @@ def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_a_warm_language_is_built_before_the_server_is_ready(tmp_path: Path) -> None:
     """``models.engine_warm``: the English runner is built at start (its pools on /metrics before any stream), and
     /readyz says ready only once it is, naming its state; without it the first stream would wait for the build."""
-    url, proc = start_server(tmp_path, "--no-auth", env={
-        "LINGUAFUSION_MODELS__ENGINE": "continuous", "LINGUAFUSION_MODELS__DEVICE": "cpu",
-        "LINGUAFUSION_MODELS__ENGINE_WARM": '["en"]'})
+    url, proc = start_server(tmp_path, "--no-auth", env=WARM_ENV)
     try:
         ready = httpx.get(url + "/readyz", timeout=10)  # start_server returned: /readyz answered 200
         assert ready.status_code == 200 and ready.json()["engine"] == {"asr:tiny.en": "ready"}
@@ -121,9 +122,7 @@ def test_a_warm_language_is_built_before_the_server_is_ready(tmp_path: Path) -> 
 def test_a_model_process_builds_its_warm_language_at_start(tmp_path: Path) -> None:
     """Under ``serve --workers`` each model process warms its own engine, and a worker's /readyz says ready only
     once its model process has built it (naming its state), with no stream opened."""
-    url, proc = start_server(tmp_path, "--no-auth", "--workers", "2", env={
-        "LINGUAFUSION_MODELS__ENGINE": "continuous", "LINGUAFUSION_MODELS__DEVICE": "cpu",
-        "LINGUAFUSION_MODELS__ENGINE_WARM": '["en"]'})
+    url, proc = start_server(tmp_path, "--no-auth", "--workers", "2", env=WARM_ENV)
     try:
         for _ in range(4):  # either worker may answer
             ready = httpx.get(url + "/readyz", timeout=10)
