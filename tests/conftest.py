@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +32,9 @@ from lingua_fusion.files import FileTranslator  # noqa: E402
 
 assert Path(lingua_fusion.__file__).resolve().is_relative_to(SRC), \
     f"the tests import {lingua_fusion.__file__}, not this checkout's {SRC}"
+
+# scripts/watchdog.sh (CI) asks every stuck Python process for its stacks with SIGUSR1 when py-spy is not there
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 BIN = Path(sys.executable).parent / "linguafusion"
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"

@@ -275,10 +275,13 @@ def test_slide_words_correct_what_asr_misheard(engine: FileTranslator) -> None:
     on = engine.translate(req)
     assert "Kubernetes" not in off.source_text  # espeak's voice: tiny.en mishears it
     assert "Kubernetes" in on.source_text and "Kubernetes" in on.text
-    before, after = off.source_text.split(), on.source_text.split()
-    assert len(before) == len(after)  # corrected, nothing added or dropped
-    changed = {b.strip(".,") for a, b in zip(before, after, strict=True) if a != b}
-    assert changed and changed <= {"Kubernetes", "Helm"}  # only slide words came in
+    # how tiny.en mishears the term differs from CPU to CPU ("Cooper Netties", "Qber netes": one word or two), so
+    # what is pinned is the correction, not the word count: what was heard right stays, only slide words come in
+    before, after = (set(t.lower().replace(".", " ").replace(",", " ").split()) for t in (off.source_text,
+                                                                                         on.source_text))
+    heard_right = before & {"we", "deploy", "every", "service", "on", "with", "charts"}
+    assert heard_right and heard_right <= after
+    assert after - before <= {"kubernetes", "helm"} and "kubernetes" in after
 
 
 def test_a_video_without_audio_gives_its_slides(engine: FileTranslator) -> None:

@@ -319,7 +319,10 @@ def models(url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
     routes = Table("pair", "route", "quality", title="translation pairs (a pivot is two legs)")
     for r in caps.get("routes", []):
         tier = r["tier"] + (f" (tiny LLM x{r['llm_legs']})" if r["llm_legs"] else "")
-        routes.add_row(r["pair"], r["route"], tier, style="yellow" if r["low_confidence"] else None)
+        if r.get("available") is False:  # its worker is in a crash loop (supervise/): refused until it recovers
+            tier += f"; unavailable: {r.get('unavailable_reason', '')}"
+        routes.add_row(r["pair"], r["route"], tier, style="red" if r.get("available") is False
+                       else "yellow" if r["low_confidence"] else None)
     routes.columns[0].no_wrap = routes.columns[1].no_wrap = True
     console.print(routes)
     if not caps.get("routes"):  # an older server: pairs only

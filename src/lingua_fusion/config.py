@@ -105,6 +105,15 @@ class ModelSettings(BaseModel):
     engine_warm: list[str] | None = None
     ocr_engine: str = "rapidocr"  # or "tesseract"
     llm: bool = True  # use the Gemma 270M fallback when installed
+    # the LLM runs in a supervised worker process (models/mt_llm.py, supervise/): a crash or a hang there costs
+    # only the batch in flight. Deadlines: the worker's start (load) and each batch, per text in it
+    llm_start_timeout_s: float = Field(default=60.0, gt=0)
+    llm_timeout_per_text_s: float = Field(default=20.0, gt=0)
+    # a worker that crashes worker_loop_crashes times within worker_loop_window_s is a crash loop: its route is
+    # unavailable for worker_cooldown_s (named in /readyz, /v1/models, `linguafusion models`), then tried again
+    worker_loop_crashes: int = Field(default=3, ge=1)
+    worker_loop_window_s: float = Field(default=60.0, gt=0)
+    worker_cooldown_s: float = Field(default=30.0, gt=0)
     user_mt_dirs: list[Path] = Field(default_factory=list)
 
     def engine_warm_langs(self) -> list[str]:

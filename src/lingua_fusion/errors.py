@@ -24,7 +24,8 @@ Map (code -> HTTP status):
       Overloaded                    429 overloaded (retryable, carries retry_after)
       SlowConsumer                  429 slow_consumer  (a stream's client stopped reading its events)
       Draining                      503 draining       (the server is shutting down: resume elsewhere; retryable)
-      BackendError                  503 backend_unavailable (retryable)
+      BackendError                  503 backend_unavailable (retryable; Retry-After)
+        BackendFailed               503 backend_failed (a model worker process died mid-request; restarted)
         ModelTimeout                503 model_timeout
         MalformedOutput             503 malformed_output
         InjectedFault               503 injected_fault (chaos)
@@ -197,7 +198,20 @@ class BackendError(LinguaFusionError):
     status = 503
     code = "backend_unavailable"
     retryable = True
+    retry_after = 1.0  # seconds, the Retry-After a client is sent
     public = "a model or service the server needs is unavailable; retry later"
+
+
+class BackendFailed(BackendError):
+    """A model worker process died in the middle of this work (a crash in native code, a kill): only the work in
+    flight is lost; the worker is restarted (supervise/), so a retry after ``retry_after`` seconds may succeed."""
+
+    code = "backend_failed"
+    public = "a model worker failed while serving this request; retry later"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, details=details)
+        self.retry_after = retry_after
 
 
 class ModelTimeout(BackendError):

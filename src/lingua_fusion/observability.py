@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from hdrh.histogram import HdrHistogram
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .serving.gpu.memory import MemoryCollector
+from .supervise import WorkerHealth
 
 
 def gauge(name: str, doc: str, labels: Sequence[str] = (), *, registry: CollectorRegistry) -> Gauge:
@@ -81,6 +83,9 @@ class Metrics:
         # executor's ``backends`` calls ``gpu_memory.watch(str(key), lambda: runner.memory)`` (serving/gpu/memory.py)
         self.gpu_memory = MemoryCollector()
         self.registry.register(self.gpu_memory)
+        # the supervised worker processes (supervise/), read at scrape time: ``workers.watch(registry.workers)``
+        self.workers = WorkerCollector()
+        self.registry.register(self.workers)
 
     def depth(self, model: str, depth: int) -> None:
         self.queue_depth.labels(model=model).set(depth)
@@ -108,3 +113,29 @@ class Metrics:
 
             return render_all()
         return generate_latest(self.registry)
+
+
+class WorkerCollector:
+    """Restarts, crashes and availability of the supervised worker processes, computed when /metrics is read."""
+
+    def __init__(self) -> None:
+        self._source: Callable[[], dict[str, WorkerHealth]] | None = None
+
+    def watch(self, source: Callable[[], dict[str, WorkerHealth]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        restarts = CounterMetricFamily("linguafusion_worker_restarts", "Supervised worker process restarts",
+                                       labels=["backend"])
+        crashes = CounterMetricFamily("linguafusion_worker_crashes", "Supervised worker process crashes and kills "
+                                      "(a signal, an exit, a missed deadline)", labels=["backend"])
+        available = GaugeMetricFamily("linguafusion_worker_available",
+                                      "1 unless the worker is in a crash loop (its route unavailable)",
+                                      labels=["backend"])
+        for key, health in sorted((self._source() if self._source else {}).items()):
+            restarts.add_metric([key], health.restarts)
+            crashes.add_metric([key], health.crashes)
+            available.add_metric([key], 0 if health.state == "unavailable" else 1)
+        yield restarts
+        yield crashes
+        yield available

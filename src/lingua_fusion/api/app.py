@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     translator = engine or FileTranslator(settings)
     store = SQLiteStore(settings.resolved_state_dir())
     metrics = Metrics()
+    metrics.workers.watch(translator.registry.workers)
     translator.observer = metrics
     ready = threading.Event()
     streams: StreamsLifetime | None = None  # set below, once the app exists

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import Draining, LinguaFusionError, Overloaded
+from ..errors import BackendError, Draining, LinguaFusionError, Overloaded
 
 log = logging.getLogger("lingua_fusion.api")
 DRAINING_RETRY_AFTER = "2"  # seconds: a restarted server is back, or another one takes it
@@ -21,6 +21,8 @@ def error_response(err: LinguaFusionError) -> JSONResponse:
         headers["Retry-After"] = str(max(1, int(round(err.retry_after))))
     elif isinstance(err, Draining):
         headers["Retry-After"] = DRAINING_RETRY_AFTER
+    elif isinstance(err, BackendError):  # a worker restarting (BackendFailed says when), a model away for now
+        headers["Retry-After"] = str(max(1, int(round(err.retry_after))))
     return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
 
 

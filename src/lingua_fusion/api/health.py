@@ -26,7 +26,13 @@ async def readyz(request: Request) -> JSONResponse:
     (``app.state.model_check``: a wedged or restarting one makes the worker not ready, so a balancer moves on)."""
     ctx = context(request)
     ready = ctx.ready.is_set()
-    body: dict[str, Any] = {"ready": ready, "loaded": ctx.translator.registry.loaded()}
+    registry = ctx.translator.registry
+    body: dict[str, Any] = {"ready": ready, "loaded": registry.loaded()}
+    workers = registry.workers()  # supervised worker processes: a crash loop makes its routes unavailable, not
+    if workers:  # the server (the others still serve): named here, not a 503
+        body["workers"] = {key: health.to_dict() for key, health in workers.items()}
+        if down := registry.unavailable():
+            body["unavailable"] = down
     check: Callable[[], Awaitable[str | None]] | None = getattr(request.app.state, "model_check", None)
     if check is not None:
         problem = await check()

