@@ -21,14 +21,17 @@ run-dev: setup
 # live servers and fixed ports stay on one worker); TEST_WORKERS=0 runs it in one process. SERIAL_TESTS run after
 # it, alone, because a second worker loading the machine's 2 cores made them fail: test_cluster.py's two-node Ray
 # cluster missed a wait (a listener's gateway, 30 s); test_bad_input.py's refused uploads on a kept connection
-# ended in 'Server disconnected without sending a response' instead of their 413 (a server-side race, open)
+# ended in 'Server disconnected without sending a response' instead of their 413 (a server-side race, open).
+# The serial tier runs even when the first fails (then the run fails); a worker that crashes ends the first tier
+# (tests/conftest.py: --max-worker-restart 0, since xdist hangs when it replaces one), every test has a timeout
+# (pyproject: pytest-timeout), and .ci/run's watchdog (scripts/watchdog.sh) bounds the whole run.
 TEST_WORKERS ?= 2
 SERIAL_TESTS := tests/test_cluster.py tests/test_bad_input.py
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 test: setup
 	$(VENV)/bin/ruff check src tests bench
 	bash scripts/with-redis.sh bash -c '$(PYTEST) -n $(TEST_WORKERS) --dist loadfile \
-	  $(addprefix --ignore=,$(SERIAL_TESTS)) && $(PYTEST) $(SERIAL_TESTS)'
+	  $(addprefix --ignore=,$(SERIAL_TESTS)); a=$$?; $(PYTEST) $(SERIAL_TESTS); b=$$?; exit $$(( a ? a : b ))'
 
 # mutation testing of the pure cores (mutmut, one module at a time; slow: not part of `make test`)
 # MODULES="scheduler journal" runs some; the others keep their results in bench/results/mutation.json

@@ -48,6 +48,14 @@ REDIS = os.environ.get("LINGUAFUSION_TEST_REDIS_URL")
 needs_redis = pytest.mark.skipif(REDIS is None, reason="needs the redis-server that `make test` starts")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A crashed xdist worker (a segfault in native code) fails its own test and the run goes on (xdist_guard.py).
+    Runs before xdist's own configure (trylast), which reads the restart option."""
+    import xdist_guard
+
+    xdist_guard.install(config)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     outcome = yield

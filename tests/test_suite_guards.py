@@ -50,3 +50,35 @@ def test_a_test_that_would_skip_fails_under_ci_on_xdist_workers_too(tmp_path: Pa
     assert under.returncode == 1, under.stdout
     assert "ERROR test_needs_service.py::test_y - skipped under CI" in under.stdout
     assert "skipped under CI, which must run every test: test_needs_extra.py" in under.stdout
+
+
+def test_a_segfault_and_a_hang_each_fail_their_test_and_the_run_ends(tmp_path: Path) -> None:
+    """A native crash kills its xdist worker and a sleep outlives its timeout: both are reported, and the run
+    finishes (before this guard it waited for ever after replacing the crashed worker)."""
+    (tmp_path / "test_crash.py").write_text("import ctypes\n\n\ndef test_segfault() -> None:\n"
+                                            "    ctypes.string_at(0)\n")
+    (tmp_path / "test_hang.py").write_text("import time\n\n\ndef test_sleeps() -> None:\n    time.sleep(600)\n")
+    for name in "abcdef":
+        (tmp_path / f"test_fine_{name}.py").write_text("def test_fine() -> None:\n    pass\n")
+    (tmp_path / "test_crash_then_more.py").write_text("import ctypes\n\n\ndef test_before() -> None:\n    pass\n\n\n"
+                                                      "def test_crash() -> None:\n    ctypes.string_at(0)\n\n\n"
+                                                      "def test_after() -> None:\n    pass\n")
+    run = _probe(tmp_path, "", "-n", "2", "--dist", "loadfile", "-o", "timeout=5")
+    assert run.returncode == 1, run.stdout
+    assert "FAILED test_crash.py::test_segfault - worker 'gw" in run.stdout
+    assert "FAILED test_crash_then_more.py::test_crash - worker 'gw" in run.stdout
+    assert "FAILED test_hang.py::test_sleeps - Failed: Timeout" in run.stdout
+    # everything else ran once: 6 fine files, test_before and test_after, and the probe's own test_z
+    assert "3 failed, 9 passed, 2 skipped" in run.stdout, run.stdout
+
+
+def test_the_ci_watchdog_prints_what_is_stuck_and_fails(tmp_path: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "watchdog.sh"
+    stuck = [sys.executable, "-c", "import time\ndef waiting_for_ever():\n    time.sleep(600)\nwaiting_for_ever()"]
+    run = subprocess.run(["bash", str(script), "3", *stuck], capture_output=True, text=True, timeout=90)
+    assert run.returncode == 124, run.stderr
+    assert "[watchdog] still running after 3 s" in run.stderr
+    assert "waiting_for_ever" in run.stderr  # the stuck process's stack
+    fine = subprocess.run(["bash", str(script), "30", sys.executable, "-c", "raise SystemExit(3)"],
+                          capture_output=True, text=True, timeout=60)
+    assert fine.returncode == 3 and "watchdog" not in fine.stderr
