@@ -7,6 +7,7 @@ from ..deadline import Deadline
 from ..glossary import Term, apply_mt
 from ..models.registry import MTRoute, Registry
 from ..types import Segment
+from .sentences import join, sentence_groups, spread
 
 MT_CHUNK = 32  # segments per MT call (a request's deadline is checked between calls)
 
@@ -16,9 +17,13 @@ class SegmentMT:
         self.registry = registry
 
     def translate(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str],
-                  deadline: Deadline | None = None, scope: str = "") -> list[Term]:
+                  deadline: Deadline | None = None, scope: str = "", *, sentences: bool = False) -> list[Term]:
         """Each segment's ``text`` becomes the translation of its ``source_text``; ``models`` notes the backends.
-        Returns the glossary terms that were applied. ``scope``: whose translation memory (the API key's id)."""
+        Returns the glossary terms that were applied. ``scope``: whose translation memory (the API key's id).
+        ``sentences`` (speech): segments that split a sentence are translated together and the translation is
+        spread back over them (sentences.py)."""
+        if sentences and len(segs) > 1:
+            return self._by_sentence(segs, route, terms, models, deadline, scope)
         legs = [(self.registry.mt(leg.backend), leg) for leg in route.legs]
         for i, (backend, _leg) in enumerate(legs):
             models["mt" if len(legs) == 1 else f"mt_leg{i + 1}"] = backend.info.name
@@ -45,6 +50,19 @@ class SegmentMT:
             applied = list({t.source: t for used in per_text for t in used}.values())
         for s, t in zip(segs, texts, strict=True):
             s.text = t
+        return applied
+
+    def _by_sentence(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str],
+                     deadline: Deadline | None, scope: str) -> list[Term]:
+        source, target = route.legs[0].source, route.legs[-1].target
+        groups = sentence_groups(segs)
+        whole = [Segment(start=segs[g[0]].start, end=segs[g[-1]].end, text="",
+                         source_text=join([segs[i].source_text for i in g], source)) for g in groups]
+        applied = self.translate(whole, route, terms, models, deadline, scope)
+        for g, sentence in zip(groups, whole, strict=True):
+            pieces = spread(sentence.text, [len(segs[i].source_text.strip()) for i in g], target)
+            for i, piece in zip(g, pieces, strict=True):
+                segs[i].text = piece
         return applied
 
     def texts(self, rows: list[str], route: MTRoute, terms: list[Term], models: dict[str, str],

@@ -40,6 +40,9 @@ class SpeechRecogniser:
                     asr = self.registry.asr(work.source, task=task)
                     res = self._transcribe(asr, audio, work, task, hot, prompt)
         work.models["asr"] = asr.info.name + (" (task=translate)" if work.speech_translation else "")
+        work.warnings += res.warnings  # possible hallucinations (models/transcript_guard.py)
+        if res.script:  # Mandarin: the characters the transcript is written in
+            work.models["asr_script"] = {"Hans": "zh-Hans (Simplified)", "Hant": "zh-Hant (Traditional)"}[res.script]
         return [Segment(start=round(s.start, 3), end=round(s.end, 3), source_text=s.text, text=s.text,
                         confidence=s.confidence) for s in res.segments]
 

@@ -23,7 +23,7 @@ from ..errors import NoContent
 from ..glossary import Term
 from ..models.registry import MTRoute, Registry
 from ..tracing import TraceRef
-from ..types import TranslationResult
+from ..types import Modality, TranslationResult
 from .mt import MT_CHUNK, SegmentMT
 from .recognise import SENTENCE, Recogniser
 from .request import FileRequest, ValidRequest
@@ -32,6 +32,8 @@ from .speech import SpeechRecogniser
 from .validate import RequestValidator, check_pair
 from .visuals import VideoVisuals
 from .work import Stages, Work
+
+SPEECH = {Modality.AUDIO, Modality.VIDEO}  # sources whose segments are cut by pauses, not by sentences
 
 __all__ = ["MT_CHUNK", "SENTENCE", "SPEECH_CONFIDENT", "FileRequest", "FileTranslator", "ValidRequest"]
 
@@ -87,7 +89,7 @@ class FileTranslator:
             names = self._visuals.slide_names(work, segs, glossary)
             with st.stage("mt"):
                 applied = self._mt.translate(segs, work.route, glossary + names, work.models, st.deadline,
-                                             scope=work.scope)
+                                             scope=work.scope, sentences=valid.source_modality in SPEECH)
             applied = [t for t in applied if t not in names]
         slides = self._visuals.slides(work, glossary, tgt_mod, st) \
             if work.video is not None and work.video.slides else []

@@ -1,0 +1,66 @@
+"""What a transcript says about itself (pure): decoder loops, hallucination signs, and Mandarin's script.
+
+- ``check``: Whisper's own tests of a decoded window, applied to every path (files and streams): a compression
+  ratio above 2.4 (zlib; the text repeats itself) or a run of the same short piece eight times or more ("天天天...")
+  is a loop. The loop is cut to its first occurrence and the segment is marked ``suspect``: its confidence drops
+  and the result carries a warning naming it, never a normal transcript.
+- ``to_script``: Whisper writes Mandarin in Traditional characters as often as not, whatever the prompt. ``zh``
+  (and zh-CN, zh-Hans) is given Simplified characters, zh-TW / zh-Hant Traditional, with OpenCC's tables
+  (opencc-python-reimplemented, Apache-2.0, pure Python); the result says which (``script``).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+MAX_COMPRESSION = 2.4  # Whisper's compression_ratio_threshold
+MIN_CHARS = 40  # shorter texts do not compress enough to tell
+RUN = re.compile(r"(.{1,6}?)\1{7,}", re.DOTALL)  # a piece of 1-6 characters repeated 8 times or more
+SUSPECT_CONFIDENCE = 0.05
+
+
+@dataclass(frozen=True)
+class Checked:
+    text: str
+    suspect: bool
+    why: str = ""
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode("utf-8")
+    return len(raw) / max(1, len(zlib.compress(raw)))
+
+
+def check(text: str) -> Checked:
+    """``text`` with any decoder loop cut, and whether it looked like one."""
+    cut = RUN.sub(lambda m: m.group(1), text)
+    if cut != text:
+        return Checked(cut.strip(), True, "a repetition loop was cut")
+    if len(text) >= MIN_CHARS and compression_ratio(text) > MAX_COMPRESSION:
+        return Checked(text, True, f"the text repeats itself (compression ratio {compression_ratio(text):.1f})")
+    return Checked(text, False)
+
+
+SIMPLIFIED = {"zh", "zh-cn", "zh-hans", "zh-sg"}
+TRADITIONAL = {"zh-tw", "zh-hant", "zh-hk"}
+
+
+def script_for(lang: str | None) -> str | None:
+    """"Hans" / "Hant" for a Chinese language tag, None for anything else."""
+    tag = (lang or "").lower()
+    return "Hans" if tag in SIMPLIFIED else "Hant" if tag in TRADITIONAL else None
+
+
+@lru_cache(maxsize=2)
+def _converter(config: str) -> Any:
+    from opencc import OpenCC  # opencc-python-reimplemented: pure Python, untyped
+
+    return OpenCC(config)
+
+
+def to_script(text: str, script: str) -> str:
+    return str(_converter("t2s" if script == "Hans" else "s2t").convert(text))
