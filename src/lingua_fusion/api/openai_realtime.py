@@ -36,7 +36,7 @@ from typing import Any
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from ..config import Settings
-from ..errors import ClientError, InvalidParameter, LinguaFusionError, NotFound, Overloaded, TooLarge, from_code
+from ..errors import ClientError, InvalidParameter, LinguaFusionError, NotFound, TooLarge, from_code
 from ..stream.events import Closed, Error, Final, Partial
 from ..stream.protocol import close_code, parse_start
 from ..stream.service import Principal, StreamService
@@ -153,8 +153,7 @@ class Transcription:
             msg = await asyncio.wait_for(self.ws.receive(), timeout=idle)
             if msg["type"] == "websocket.disconnect":
                 raise WebSocketDisconnect(msg.get("code", 1000))
-            if not rate.take():
-                raise Overloaded(f"more than {rate.rate:g} messages per second on this session", retry_after=1.0)
+            await rate.pace()  # a fast client is slowed down, never closed
             text = msg.get("text")
             if text is None:
                 await self.send(ev.error_event("send JSON client events as text messages", code="invalid_event"))

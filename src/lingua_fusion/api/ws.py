@@ -151,6 +151,16 @@ class _Rate:
         self.tokens = self.capacity
         self.t = time.monotonic()
 
+    async def pace(self) -> None:
+        """Take a token, waiting for one when the bucket is empty (at most one token's time, 1 / rate): while
+        this reader waits, the socket's buffers fill and TCP slows the client down (OpenAI Realtime clients send
+        as fast as their loop goes and are not told of a limit)."""
+        if self.take():
+            return
+        await asyncio.sleep((1 - self.tokens) / self.rate)  # the time one token takes to come back
+        if not self.take():  # a rounding error short of a token: taken all the same
+            self.tokens = 0.0
+
     def take(self) -> bool:
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.t) * self.rate)
