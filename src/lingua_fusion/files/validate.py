@@ -45,7 +45,24 @@ def _detected_modality(req: FileRequest) -> str:
     if kind.family not in _FAMILY_MODALITY:
         raise UnsupportedMedia("cannot tell what this file is: it is not audio, video, an image (png, jpeg, webp) "
                                "or UTF-8 text", details={"detected": kind.container, "field": "source_modality"})
+    if kind.family == "av" and not has_video_stream(req.data):
+        return "audio"  # an .ogg, .webm or .m4a that holds only sound
     return _FAMILY_MODALITY[kind.family]
+
+
+def has_video_stream(data: bytes) -> bool:
+    """Whether a container (ogg, mp4, webm, mkv) holds a video stream: its header only, no frame is decoded. A file
+    PyAV cannot open is taken as video, for the video path to refuse with its own error."""
+    import io
+
+    import av
+
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            return any(s.type == "video" and s.codec_context.name not in {"mjpeg", "png"}  # cover art is no video
+                       for s in container.streams)
+    except (av.error.FFmpegError, ValueError, OSError):
+        return True
 
 
 def _is_speech(req: FileRequest) -> bool:

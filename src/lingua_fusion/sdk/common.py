@@ -9,17 +9,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import BackendError, EmptyInput, InvalidParameter, MediaTypeMismatch, from_code
+from ..errors import BackendError, EmptyInput, InvalidParameter, from_code
 from ..types import TranslationResult
 
-# a hint only: the server (and FileTranslator.validate in-process) checks the bytes, and tells the modality from
-# them when the extension is not listed here
-EXT_MODALITY = {
-    ".wav": "audio", ".mp3": "audio", ".m4a": "audio", ".aac": "audio", ".ogg": "audio", ".opus": "audio",
-    ".oga": "audio", ".flac": "audio", ".weba": "audio", ".webm": "video", ".mp4": "video", ".mov": "video",
-    ".mkv": "video", ".png": "image", ".jpg": "image", ".jpeg": "image", ".webp": "image", ".txt": "text",
-    ".text": "text", ".md": "text", ".markdown": "text", ".rst": "text",
-}
 MediaInput = str | os.PathLike[str] | bytes
 
 
@@ -36,11 +28,11 @@ def read_file(path: str | os.PathLike[str], what: str = "file") -> bytes:
         raise InvalidParameter(f"cannot read {p}: {exc.strerror or exc}", details={"path": str(p)}) from exc
 
 
-def read_input(input_media: MediaInput | None, text: str | None, source_modality: str | None, *,
-               decode_text: bool = False) -> tuple[bytes | None, str | None, str | None, str]:
-    """Return (data, text, source_modality, filename). The modality is None when neither the caller nor the file
-    name tells it: the bytes do, in FileTranslator.validate. A text file comes back as bytes, for validate to
-    check (UTF-8, size) like an uploaded one (``decode_text=True``: decoded here, for callers that need str)."""
+def read_input(input_media: MediaInput | None, text: str | None, source_modality: str | None
+               ) -> tuple[bytes | None, str | None, str | None, str]:
+    """Return (data, text, source_modality, filename). The modality is the caller's, or None: then the bytes tell
+    it (FileTranslator.validate, here or on the server), never the file name, so a WAV named .png is a WAV and a
+    .webm that holds only audio is audio."""
     if text is not None and input_media is not None:
         raise InvalidParameter("pass input_media or text, not both", details={"field": "text"})
     if text is not None:
@@ -50,15 +42,7 @@ def read_input(input_media: MediaInput | None, text: str | None, source_modality
     if isinstance(input_media, bytes):
         return input_media, None, source_modality, "upload"
     path = Path(input_media)
-    data = read_file(path)
-    modality = source_modality or EXT_MODALITY.get(path.suffix.lower())
-    if modality == "text" and decode_text:
-        try:
-            return None, data.decode("utf-8"), "text", path.name
-        except UnicodeDecodeError as exc:
-            raise MediaTypeMismatch(f"{path.name} is not UTF-8 text (byte {exc.start}); save it as UTF-8",
-                                    details={"detected": "binary", "field": "source_modality"}) from exc
-    return data, None, modality, path.name
+    return read_file(path), None, source_modality, path.name
 
 
 def parse_result(body: dict[str, Any]) -> TranslationResult:

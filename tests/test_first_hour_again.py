@@ -1,0 +1,62 @@
+"""Issue 27, "a user's first hour, second round": what misled a new user, run the way they ran it (the CLI as a
+subprocess, the SDK over HTTP and in-process), asserting what they see."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import BIN, encode_audio, piper_wav, render_slide, start_server, stop_server
+
+from lingua_fusion.sdk import LocalTranslator, MultimodalTranslator
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def lying_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Files whose names lie about what they hold, and a .webm that holds only audio."""
+    d = tmp_path_factory.mktemp("lying")
+    wav = piper_wav("The house is very big.")
+    files = {"wav_named_png": d / "speech.png", "png_named_wav": d / "slide.wav", "audio_webm": d / "talk.webm"}
+    files["wav_named_png"].write_bytes(wav)
+    files["png_named_wav"].write_bytes(render_slide(["The weather is good today"]))
+    files["audio_webm"].write_bytes(encode_audio(wav, "webm", "libopus"))
+    return files
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    u, proc = start_server(tmp_path_factory.mktemp("first-hour-again"), "--no-auth")
+    yield u
+    stop_server(proc)
+
+
+def test_the_cli_tells_the_type_by_the_bytes_not_the_name(lying_files: dict[str, Path]) -> None:
+    speech = cli("translate", lying_files["wav_named_png"], "--to", "es", "--from", "en")
+    assert speech.returncode == 0, speech.stderr
+    assert "casa" in speech.stdout.lower() and "declared" not in speech.stderr
+    slide = cli("translate", lying_files["png_named_wav"], "--to", "es", "--from", "en")
+    assert slide.returncode == 0, slide.stderr
+    assert "tiempo" in slide.stdout.lower()
+    webm = cli("translate", lying_files["audio_webm"], "--to", "es", "--from", "en", "--json")
+    assert webm.returncode == 0, webm.stderr
+    assert '"source_modality": "audio"' in webm.stdout and "casa" in webm.stdout.lower()
+
+
+def test_the_sdk_tells_the_type_by_the_bytes_over_http_and_in_process(lying_files: dict[str, Path],
+                                                                       url: str) -> None:
+    for client in (MultimodalTranslator(base_url=url), LocalTranslator()):
+        r = client.translate(str(lying_files["wav_named_png"]), target_lang="es", source_lang="en")
+        assert r.source_modality == "audio" and "casa" in r.text.lower()
+        r = client.translate(str(lying_files["png_named_wav"]), target_lang="es", source_lang="en")
+        assert r.source_modality == "image" and "tiempo" in r.text.lower()
+    # what the user declares still counts: a WAV declared an image is refused, naming what it is
+    bad = cli("translate", lying_files["wav_named_png"], "--to", "es", "--modality", "image")
+    assert bad.returncode == 2 and "error [media_type_mismatch]" in bad.stderr
