@@ -60,3 +60,41 @@ def test_the_sdk_tells_the_type_by_the_bytes_over_http_and_in_process(lying_file
     # what the user declares still counts: a WAV declared an image is refused, naming what it is
     bad = cli("translate", lying_files["wav_named_png"], "--to", "es", "--modality", "image")
     assert bad.returncode == 2 and "error [media_type_mismatch]" in bad.stderr
+
+
+def test_listen_help_says_it_needs_a_server() -> None:
+    p = cli("listen", "--help")
+    assert p.returncode == 0 and "run in-process" not in p.stdout and "required" in p.stdout
+
+
+def test_stream_checks_the_key_before_it_listens_to_the_file(tmp_path: Path) -> None:
+    from conftest import talk_wav
+
+    url, proc = start_server(tmp_path)  # auth on
+    try:
+        talk = tmp_path / "talk.wav"
+        talk.write_bytes(talk_wav(["Good morning everyone.", "The house is very big."]))
+        p = cli("stream", talk, "--to", "es", "--url", url, "--api-key", "sk_wrong", timeout=120)
+        assert p.returncode == 2 and "error [unauthenticated]" in p.stderr, p.stderr
+        assert "detect" not in p.stderr.lower()  # refused before Whisper's language detection ran
+    finally:
+        stop_server(proc)
+
+
+async def test_a_live_room_counts_its_finals_while_it_is_live(url: str) -> None:
+    import httpx
+
+    translator = MultimodalTranslator(base_url=url)
+    async with translator.stream(["es"], partials=False, inputs=["text"], room=True) as s:
+        room_id = s.ready["room_id"]
+        events = s.__aiter__()
+        for i, text in enumerate(["Good morning.", "The river is long.", "The sky is blue."]):
+            await s.send_text(text, ts=float(i))
+        seen = 0
+        while seen < 3:
+            if (await events.__anext__()).type == "final":
+                seen += 1
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            live = (await http.get(f"/v1/rooms/{room_id}")).json()
+        assert live["state"] == "live" and live["finals"] == 3, live
+        await s.end()

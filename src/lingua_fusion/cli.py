@@ -269,7 +269,8 @@ def listen(
     to: list[str] = typer.Option(..., "--to", help="Language(s) to hear; repeat for several."),
     after_seq: int = typer.Option(0, "--after-seq", help="Resume: only captions after this seq."),
     as_json: bool = typer.Option(False, "--json", help="One JSON event per line."),
-    url: str | None = URL_OPT,
+    url: str | None = typer.Option(None, "--url", envvar="LINGUAFUSION_URL",
+                                   help="The server hosting the room (required: rooms live on a server)."),
 ) -> None:
     """Listen to a room: its captions in your languages, as they come, until the room ends."""
     from .listenclient import listen_room

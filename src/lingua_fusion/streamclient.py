@@ -51,7 +51,8 @@ def read_media(path: Path) -> bytes:
 
 
 def check_request(client: Any, targets: list[str], slo: str, source_lang: str | None) -> tuple[list[str], str | None]:
-    """Refuse a bad --slo, an unknown or unserved --to, before language detection or any decoding."""
+    """Refuse a bad --slo, an unknown or unserved --to and a wrong key, before language detection or any
+    decoding."""
     from . import langs
     from .errors import InvalidParameter, UnsupportedPair
     from .serving.scheduler import SLO_CLASSES
@@ -60,6 +61,7 @@ def check_request(client: Any, targets: list[str], slo: str, source_lang: str | 
         raise InvalidParameter(f"--slo must be one of {', '.join(sorted(SLO_CLASSES))}, not {slo!r}")
     norm = [langs.normalize(t, field="target_langs") for t in targets]
     source = langs.normalize(source_lang, field="source_lang") if source_lang else None
+    client.check_key()
     pairs = set(client.models()["pairs"])
     reachable = {p.split("-")[1] for p in pairs}
     for t in norm:

@@ -115,6 +115,9 @@ class RoomService:
         counts = await self.directory.languages(room.room_id, self.clock())
         out = room.public({k: n for k, n in counts.items() if not k.startswith(SPEECH)})
         out["speech"] = {k.removeprefix(SPEECH): n for k, n in counts.items() if k.startswith(SPEECH)}
+        pub = self.publishers.get(room.room_id)
+        if pub is not None:  # live here: the record's count is written when the room ends, the publisher's is now
+            out["finals"] = max(room.finals, pub.finals)
         return out
 
     async def list(self, owner: str) -> list[dict[str, Any]]:

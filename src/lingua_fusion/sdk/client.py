@@ -175,6 +175,11 @@ class MultimodalTranslator(VocabularyMethods, _Base):
     def models(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/models"))
 
+    def check_key(self) -> None:
+        """Raise ``AuthenticationError`` (401) or ``PermissionDenied`` (403) unless this key may translate: the
+        CLI asks before it spends time on a file (language detection, decoding)."""
+        self._call("GET", "/v1/glossaries")
+
     def create_room(self, source_lang: str | None = None) -> dict[str, Any]:
         """A room to publish a stream into later (``stream(..., room=room_id)``): room_id, listener_token."""
         return dict(self._call("POST", "/v1/rooms", json={"source_lang": source_lang} if source_lang else {}))

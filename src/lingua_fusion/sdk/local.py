@@ -103,6 +103,9 @@ class LocalTranslator(LocalVocabularyMethods):
             raise NotFound(f"no glossary {gid}")
         return self._glossaries[gid]
 
+    def check_key(self) -> None:
+        """In-process there is no key to check (the same face as ``MultimodalTranslator.check_key``)."""
+
     def models(self) -> dict[str, Any]:
         registry = self.engine.registry
         return {"models": registry.capabilities(), "pairs": registry.served_pairs(), "routes": registry.pair_routes()}
