@@ -102,3 +102,21 @@ def test_a_sentence_split_across_segments_is_translated_whole(apertium) -> None:
     assert joined == alone  # what the whole sentence gives as text, spread over the two segments
     assert all(s.text for s in segs)
     registry.close()
+
+
+def test_a_short_clip_with_a_prompt_as_long_as_its_budget_is_decoded() -> None:
+    """The input behind "asr:tiny.en failed on a batch of 1: The maximum decoding length must be > 0" in video
+    streams: a 1 s clip (a budget of 24 tokens) whose prompt (slide words) fed 24 tokens at once."""
+    import numpy as np
+
+    from lingua_fusion.config import Settings
+    from lingua_fusion.models.asr_whisper import decode_length
+    from lingua_fusion.models.registry import Registry
+
+    assert decode_length(24, 23) == 24 and decode_length(24, 24) == 48 and decode_length(300, 400) == 448
+    registry = Registry(Settings())
+    clip = np.random.default_rng(0).normal(0, 0.01, 16000).astype(np.float32)
+    for n in (21, 22, 23, 60):
+        out = registry.asr("en").transcribe_batch([clip], language="en", prompts=[" ".join(["cluster"] * n)])
+        assert len(out) == 1
+    registry.close()

@@ -76,6 +76,17 @@ def collapse_repeats(text: str, min_words: int = 3) -> str:
     return " ".join(words)
 
 
+MAX_TEXT_CONTEXT = 448  # Whisper's decoder positions
+
+
+def decode_length(budget: int, forwarded: int) -> int:
+    """CTranslate2's ``max_length`` for ``budget`` new tokens after a prompt of which ``forwarded`` tokens are fed
+    at once. It decodes ``min(max_length // 2, max_length - forwarded)`` steps and refuses ``max_length ==
+    forwarded`` ("The maximum decoding length must be > 0": a 1 s clip whose prompt, a video stream's slide words,
+    was 22 tokens); a prompt at least as long as the budget gets the budget after it."""
+    return budget if budget > forwarded else min(MAX_TEXT_CONTEXT, forwarded + budget)
+
+
 class WhisperASR:
     def __init__(self, model_dir: Path, info: BackendInfo, *, compute_type: str = "int8", threads: int = 2,
                  beam_size: int = 1, workers: int = 1) -> None:
@@ -128,7 +139,7 @@ class WhisperASR:
         with self._lock:
             # bound the output by the audio length (~5 tokens per second of speech) and forbid loops: on clips
             # shorter than their window, Whisper without timestamps otherwise repeats itself
-            budget = min(max_new_tokens, int(8 * longest / 16000) + 16)
+            budget = decode_length(min(max_new_tokens, int(8 * longest / 16000) + 16), len(prompt_ids[0]) - 1)
             res = self._model.model.generate(ctranslate2.StorageView.from_array(feats), prompt_ids, beam_size=1,
                                              max_length=budget, return_scores=True, no_repeat_ngram_size=4,
                                              return_no_speech_prob=True, suppress_blank=True)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import BackendError
-from .asr_whisper import ZH_PROMPT, collapse_repeats, window_samples
+from .asr_whisper import ZH_PROMPT, collapse_repeats, decode_length, window_samples
 from .base import ASRResult, ASRSegment, BackendInfo
 from .whisper_decode import Decoded, DecodeOptions, SpecialTokens, greedy_decode
 from .whisper_torch import LogMel, WhisperTorch, load_whisper
@@ -137,7 +137,7 @@ class WhisperTorchASR:
             prev = tok.encode(" " + text.strip())[-100:] if text else []
             token_prompts.append(build_prompt(tok, prev, timestamps=False))
             # ~5 tokens per second of speech (CTranslate2 then allows half of this, less the prompt)
-            budgets.append(min(max_new_tokens, int(8 * len(a) / SR) + 16))
+            budgets.append(decode_length(min(max_new_tokens, int(8 * len(a) / SR) + 16), len(token_prompts[-1]) - 1))
         opts = DecodeOptions(suppress=self.model.gen.suppress_ids, suppress_begin=self.model.gen.suppress_ids_begin,
                              no_repeat_ngram=4)
         with self._lock:
