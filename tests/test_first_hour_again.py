@@ -98,3 +98,18 @@ async def test_a_live_room_counts_its_finals_while_it_is_live(url: str) -> None:
             live = (await http.get(f"/v1/rooms/{room_id}")).json()
         assert live["state"] == "live" and live["finals"] == 3, live
         await s.end()
+
+
+def test_the_banner_prints_a_keys_command_that_runs_in_the_users_shell(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    env = {"PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                   if Path(p).resolve() != BIN.parent.resolve())}
+    url, proc = start_server(tmp_path, env=env)  # auth on, no key yet, .venv/bin not on PATH
+    try:
+        log = next(tmp_path.glob("server-*.log")).read_text()
+    finally:
+        stop_server(proc)
+    assert shutil.which("linguafusion", path=env["PATH"]) is None
+    assert f"{BIN} keys create --admin --state-dir {tmp_path}" in log, log

@@ -141,6 +141,19 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
     build_server(app_, settings, log_level=log_level).run()
 
 
+def runnable() -> str:
+    """How to run this command from the user's shell: ``linguafusion`` when that is on PATH and is this one,
+    else its path (``make run`` installs it in .venv/bin, which is not on PATH)."""
+    import shutil
+
+    here = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    found = shutil.which("linguafusion")
+    if found and here is not None and Path(found).resolve() == here:
+        return "linguafusion"
+    beside = Path(sys.executable).parent / "linguafusion"
+    return str(beside) if beside.exists() else "linguafusion"
+
+
 def _banner(store: Any, settings: Any, host: str, port: int) -> None:
     """Where the server is, where its state lives, and with auth on and no key yet, the command that makes one."""
     state = settings.resolved_state_dir()
@@ -148,7 +161,7 @@ def _banner(store: Any, settings: Any, host: str, port: int) -> None:
     err.print(f"LinguaFusion on http://{host}:{port} (auth {'on' if auth else 'off'}); state directory: {state}",
               markup=False)
     if auth and not any(not k.revoked for k in store.list_keys()):
-        err.print(f"no API key in {state} yet: create one with\n  linguafusion keys create --admin --state-dir "
+        err.print(f"no API key in {state} yet: create one with\n  {runnable()} keys create --admin --state-dir "
                   f"{state}", markup=False, style="yellow")
     err.print(f"API docs: http://{host}:{port}/docs", markup=False, style="dim")
 

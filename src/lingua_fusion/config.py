@@ -24,18 +24,18 @@ def default_state_dir() -> Path:
 
 
 class ServerSettings(BaseModel):
-    host: str = "127.0.0.1"
-    port: int = 8000
-    auth: bool = True
-    request_timeout_s: float = 300.0
-    model_timeout_s: float = 30.0  # a model batch that takes longer (and model_timeout_factor x its predicted
-    model_timeout_factor: float = 10.0  # cost) is abandoned, its items failed and retried
-    max_concurrent_requests: int = 8
-    max_waiting_requests: int = 32
-    max_streams: int = 256
-    max_streams_per_key: int = 32
-    stream_idle_timeout_s: float = 60.0
-    drain_timeout_s: float = 10.0
+    host: str = "127.0.0.1"  # the address `serve` binds (`--host` overrides)
+    port: int = 8000  # the port `serve` binds (`--port` overrides)
+    auth: bool = True  # API keys required (`--no-auth` turns it off: loopback only)
+    request_timeout_s: float = 300.0  # a file request past this gets 504 timeout
+    model_timeout_s: float = 30.0  # a model batch that takes longer than this (and the factor below) is abandoned
+    model_timeout_factor: float = 10.0  # ... and this times its predicted cost: its items failed and retried
+    max_concurrent_requests: int = 8  # file requests translated at once
+    max_waiting_requests: int = 32  # file requests queued beyond those; more get 429 overloaded
+    max_streams: int = 256  # live streams admitted at once, all keys together
+    max_streams_per_key: int = 32  # live streams one key may hold at once
+    stream_idle_timeout_s: float = 60.0  # a stream that sends nothing this long is closed (4408)
+    drain_timeout_s: float = 10.0  # on SIGTERM, how long live streams get to finish
     # how often each process asks the key store whether a key with live streams here was revoked elsewhere (by
     # another worker of `serve --workers`, another server on the state directory, `keys revoke`): api/revocation.py;
     # and the stream store whether a stream live here was resumed elsewhere: api/takeover.py
@@ -58,22 +58,22 @@ class ServerSettings(BaseModel):
 
 
 class LimitSettings(BaseModel):
-    max_upload_bytes: int = 100 * 1024 * 1024
-    max_media_seconds: float = 3600.0
-    max_image_pixels: int = 40_000_000
-    max_image_side: int = 16_384
+    max_upload_bytes: int = 100 * 1024 * 1024  # a file request's body at most (413 too_large)
+    max_media_seconds: float = 3600.0  # audio or video length at most (413)
+    max_image_pixels: int = 40_000_000  # an image's width x height at most (413)
+    max_image_side: int = 16_384  # an image's longer side at most (413)
     max_text_chars: int = 20_000  # REST text and file requests, and each text message of a stream
-    max_glossary_terms: int = 5_000
-    max_glossary_bytes: int = 2_000_000
-    max_glossaries_per_key: int = 100
+    max_glossary_terms: int = 5_000  # terms in one glossary at most
+    max_glossary_bytes: int = 2_000_000  # a glossary upload's size at most
+    max_glossaries_per_key: int = 100  # glossaries one key may keep (403 quota_exceeded)
     max_json_bytes: int = 64 * 1024  # JSON bodies (/v1/keys, /v1/admin/faults) and any body of other routes
     max_listener_tokens_per_room: int = Field(default=10_000, ge=1)  # more: quota_exceeded
 
 
 class ModelSettings(BaseModel):
-    cache_dir: Path = Field(default_factory=default_cache_dir)
-    asr_compute_type: str = "int8"
-    asr_threads: int = 2
+    cache_dir: Path = Field(default_factory=default_cache_dir)  # where the set-up assembles the models
+    asr_compute_type: str = "int8"  # CTranslate2's compute type for Whisper
+    asr_threads: int = 2  # CPU threads per Whisper call (and the LLM worker's)
     # Whisper batches (ctranslate2 backend) that run at once, each on its own executor lane: CTranslate2 runs that
     # many generate calls in parallel (num_workers) and asr_threads is split between them. 0 = min(2, cores).
     # Default 1: on the shared 2-core test machine 2 lanes did not raise the knee (docs/benchmarks.md, issue 12 fig. 4)
@@ -161,11 +161,13 @@ class ModelSettings(BaseModel):
 
 
 class StateSettings(BaseModel):
+    # keys, glossaries, vocabularies, the stream log (SQLite)
     state_dir: Path = Field(default_factory=default_state_dir)
-    redis_url: str | None = None
+
+    redis_url: str | None = None  # a Redis: stream log, rooms, shared translation memory
     retention_s: float = 3600.0  # closed streams stay resumable / readable this long, then compaction drops them
     max_log_finals: int = 10_000  # a live stream's log keeps its last N finals (its snapshot holds the rest)
-    compact_interval_s: float = 300.0
+    compact_interval_s: float = 300.0  # how often the stream log drops what it no longer needs
     log_wait_s: float = 0.5  # a final waits this long for its log write, then goes out marked durable: false
 
 
@@ -173,11 +175,11 @@ class OtelSettings(BaseModel):
     """OpenTelemetry traces (lingua_fusion/tracing, docs/observability.md): off unless ``endpoint`` is set."""
 
     endpoint: str | None = None  # OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (/v1/traces is added)
-    service_name: str = "linguafusion"
+    service_name: str = "linguafusion"  # the service name on exported spans
     headers: dict[str, str] = Field(default_factory=dict)  # sent with every export (a collector's auth token)
     sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)  # of traces kept; a client's traceparent decides its own
     max_queue: int = Field(default=2048, ge=1)  # spans waiting for export; beyond it new spans are dropped
-    export_interval_s: float = Field(default=2.0, gt=0)
+    export_interval_s: float = Field(default=2.0, gt=0)  # how often spans are exported
     timeout_s: float = Field(default=10.0, gt=0)  # one export (and the flush at shutdown)
 
 
@@ -190,8 +192,8 @@ class VisionSettings(BaseModel):
     max_side: int = Field(default=640, ge=64)  # frames are downscaled to this before extraction
     example_fps: float = Field(default=15.0, gt=0, le=60)  # frames read from an uploaded example video
     max_example_seconds: float = Field(default=20.0, gt=0)  # an example (or recognised) video's frames read at most
-    max_vocabularies_per_key: int = Field(default=20, ge=1)
-    max_examples_per_vocabulary: int = Field(default=500, ge=1)
+    max_vocabularies_per_key: int = Field(default=20, ge=1)  # sign / lip vocabularies one key may keep
+    max_examples_per_vocabulary: int = Field(default=500, ge=1)  # examples one vocabulary may hold
     max_vocabulary_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # a JSON body (examples, import)
     max_vocabulary_bytes_per_key: int = Field(default=256 * 1024 * 1024, ge=1024)  # stored landmark JSON, all vocabs
 
@@ -199,12 +201,12 @@ class VisionSettings(BaseModel):
 class TmSettings(BaseModel):
     """The translation memory (lingua_fusion/tm, docs/rooms.md): a local LRU, then Redis (``state.redis_url``)."""
 
-    enabled: bool = True
-    local_entries: int = Field(default=50_000, ge=1)
-    local_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    local_ttl_s: float = Field(default=6 * 3600.0, gt=0)
+    enabled: bool = True  # the translation memory on or off
+    local_entries: int = Field(default=50_000, ge=1)  # entries kept in this process's memory
+    local_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)  # bytes kept in this process's memory
+    local_ttl_s: float = Field(default=6 * 3600.0, gt=0)  # how long an entry stays in this process's memory
     shared: bool = True  # use Redis too when the server has one
-    shared_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    shared_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)  # how long an entry stays in Redis
     max_segment_chars: int = Field(default=2000, ge=1)  # longer segments are translated, not kept
 
 
