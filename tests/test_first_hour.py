@@ -138,7 +138,7 @@ def test_models_shows_route_and_tier_per_pair(server: Server) -> None:
     assert "…" not in p.stdout  # no name cut to fit 80 columns
     routes = {r["pair"]: r for r in httpx.get(server.url + "/v1/models", timeout=30).json()["routes"]}
     assert routes["en-es"] == {"pair": "en-es", "route": "apertium en->es", "pivot": None, "tier": "standard",
-                               "low_confidence": False, "llm_legs": 0}
+                               "low_confidence": False, "llm_legs": 0, "available": True}
     assert not routes["en-fr"]["low_confidence"]  # rule-based through Spanish, not the tiny LLM
 
 

@@ -113,3 +113,27 @@ def test_the_banner_prints_a_keys_command_that_runs_in_the_users_shell(tmp_path:
         stop_server(proc)
     assert shutil.which("linguafusion", path=env["PATH"]) is None
     assert f"{BIN} keys create --admin --state-dir {tmp_path}" in log, log
+
+
+SUNNY = "The weather will be sunny and the landslides raised the river."
+
+
+def test_words_left_untranslated_are_named_in_the_result_and_on_the_cli() -> None:
+    r = LocalTranslator().translate(text=SUNNY, source_lang="en", target_lang="fr")
+    assert "*" not in r.text and "soleado" in r.text  # Spanish left in French by the pivot, as it is ...
+    assert any("untranslated" in w and "soleado" in w for w in r.warnings)  # ... and said
+    p = cli("translate", "--text", SUNNY, "--from", "en", "--to", "fr")
+    assert p.returncode == 0 and "*" not in p.stdout and "untranslated" in p.stderr and "soleado" in p.stderr
+
+
+async def test_a_stream_final_names_its_untranslated_words(url: str) -> None:
+    translator = MultimodalTranslator(base_url=url)
+    async with translator.stream(["fr", "es"], partials=False, inputs=["text"]) as s:
+        await s.send_text(SUNNY, ts=0.0)
+        async for ev in s:
+            if ev.type == "final":
+                final = ev.model_dump()
+                break
+        await s.end()
+    assert "*" not in final["translations"]["fr"] and "soleado" in final["untranslated"]["fr"]
+    assert "es" not in final["untranslated"] and "untranslated" in final["note"]

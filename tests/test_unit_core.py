@@ -90,7 +90,7 @@ def test_error_statuses() -> None:
                 "unsupported_pair": 422, "no_content": 422, "too_large": 413, "not_found": 404,
                 "unauthenticated": 401, "forbidden": 403, "overloaded": 429, "slow_consumer": 429, "draining": 503,
                 "backend_unavailable": 503, "model_timeout": 503, "engine_full": 503, "malformed_output": 503,
-                "injected_fault": 503,
+                "injected_fault": 503, "backend_failed": 503,
                 "state_store_unavailable": 503, "internal": 500, "origin_not_allowed": 403, "quota_exceeded": 403,
                 "host_not_allowed": 400, "unsupported_content_type": 415, "taken_over": 409, "timeout": 504,
                 "not_configured": 501}

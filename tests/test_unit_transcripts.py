@@ -120,3 +120,11 @@ def test_a_short_clip_with_a_prompt_as_long_as_its_budget_is_decoded() -> None:
         out = registry.asr("en").transcribe_batch([clip], language="en", prompts=[" ".join(["cluster"] * n)])
         assert len(out) == 1
     registry.close()
+
+
+def test_marks_of_unknown_words_come_off_and_the_words_are_named() -> None:
+    from lingua_fusion.untranslated import strip_marks
+
+    assert strip_marks("Le temps sera **soleado et les *criar la rivière.") == (
+        "Le temps sera soleado et les criar la rivière.", ["soleado", "criar"])
+    assert strip_marks("3*4 = 12, a*b") == ("3*4 = 12, a*b", [])

@@ -218,3 +218,6 @@ def _tell(kind: str, data: dict[str, Any], console: Any, shown: _Shown) -> None:
                           "(often wrong out of English)", markup=False, style="yellow")
     if data.get("failed"):
         console.print(f"warning: caption {data.get('seq')}: {data.get('note')}", markup=False, style="red")
+    for t, words in (data.get("untranslated") or {}).items():
+        console.print(f"warning: caption {data.get('seq')}: untranslated words left as written in {t}: "
+                      f"{', '.join(words)}", markup=False, style="yellow")

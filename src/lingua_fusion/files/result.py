@@ -9,6 +9,7 @@ from .. import langs
 from ..glossary import Term
 from ..models.registry import Registry
 from ..types import Modality, Segment, TranslationResult
+from ..untranslated import warning as untranslated_warning
 from .request import ValidRequest
 from .work import Stages, Work
 
@@ -33,6 +34,8 @@ def say_what_happened(work: Work) -> None:
         work.warnings.append(f"no model translates {work.source} -> {work.target} text: Whisper translated "
                              "the speech into English" + ("" if work.target == "en" else
                                                           f", then {work.route.describe() if work.route else ''}"))
+    if work.untranslated:
+        work.warnings.append(untranslated_warning(work.untranslated, work.target))
     route = work.route
     if route is not None and route.low_confidence:
         times = "twice" if route.llm_legs > 1 else "once"

@@ -89,7 +89,8 @@ class FileTranslator:
             names = self._visuals.slide_names(work, segs, glossary)
             with st.stage("mt"):
                 applied = self._mt.translate(segs, work.route, glossary + names, work.models, st.deadline,
-                                             scope=work.scope, sentences=valid.source_modality in SPEECH)
+                                             scope=work.scope, sentences=valid.source_modality in SPEECH,
+                                             unknown=work.untranslated)
             applied = [t for t in applied if t not in names]
         slides = self._visuals.slides(work, glossary, tgt_mod, st) \
             if work.video is not None and work.video.slides else []

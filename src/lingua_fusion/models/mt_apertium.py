@@ -3,6 +3,9 @@
 Apertium's start-up (~250 ms: every stage loads its transducer) dominates a short request, so each pair keeps a
 small pool of processes that are already started and loaded. A request takes one, writes every segment on its own
 line, closes stdin and reads the result; a fresh process is started in the background to replace it.
+
+Unknown words keep Apertium's ``*`` mark in what ``translate`` returns (lingua_fusion/untranslated.py): the mark is
+taken off, and the words named, where a translation reaches a user.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class _Pool:
     def _spawn(self) -> subprocess.Popen[bytes]:
         # a session of its own: Ctrl-C or a SIGTERM to the server's process group must not kill the pooled
         # processes the server's drain still translates with (one whose server dies reads end-of-file and ends)
-        return subprocess.Popen(["apertium", "-u", self.mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        return subprocess.Popen(["apertium", self.mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
 
     def _refill(self) -> None:

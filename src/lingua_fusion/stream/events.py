@@ -97,6 +97,7 @@ class Final(Event):
     note: str | None = _opt()
     durable: bool | None = _opt()  # False: sent before it was logged (the stream log was down)
     low_confidence: list[str] | None = _opt()  # targets the tiny LLM translated (check them: often wrong)
+    untranslated: dict[str, list[str]] | None = _opt()  # per target, words MT left as written (no dictionary)
     replaced: list[list[str]] | None = _opt()  # [heard, lip-read] words the lips replaced (vision/stream_lips.py)
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text | lips: which cursor it moves in the log

@@ -18,6 +18,8 @@ from ..glossary import Term
 from ..serving.keys import ModelKey
 from ..serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput
 from ..tracing import TraceRef
+from ..untranslated import strip_marks
+from ..untranslated import warning as untranslated_warning
 from .events import Final
 from .protocol import StreamSpec
 
@@ -136,8 +138,13 @@ class StreamJobs:
                 failed.append(f"mt:{target}")
                 notes.append(f"translation to {target} failed: {exc.public_message}")
                 return ""
-            return " ".join(str(o or "") for o in outs)
+            translated, words = strip_marks(" ".join(str(o or "") for o in outs))
+            if words:
+                unknown[target] = words
+                notes.append(untranslated_warning(words, target))
+            return translated
 
+        unknown: dict[str, list[str]] = {}
         targets = list(self.spec.targets)  # read once: a room may add a language while this caption translates
         outs = await asyncio.gather(*(one(t) for t in targets))
         translations = dict(zip(targets, outs, strict=True))
@@ -148,7 +155,8 @@ class StreamJobs:
                      slides=slides, slide_terms=[t.source for t in slide_terms],
                      latency_ms={"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
                      failed=sorted(failed) or None, note="; ".join(notes) or None, wall_ref=wall_ref,
-                     modality=modality, low_confidence=self._low_confidence(translations) or None)
+                     modality=modality, low_confidence=self._low_confidence(translations) or None,
+                     untranslated=unknown or None)
 
     def _low_confidence(self, translations: dict[str, str]) -> list[str]:
         """The targets of this final that the tiny LLM translated (their route is low-confidence)."""
