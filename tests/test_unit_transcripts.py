@@ -128,3 +128,25 @@ def test_marks_of_unknown_words_come_off_and_the_words_are_named() -> None:
     assert strip_marks("Le temps sera **soleado et les *criar la rivière.") == (
         "Le temps sera soleado et les criar la rivière.", ["soleado", "criar"])
     assert strip_marks("3*4 = 12, a*b") == ("3*4 = 12, a*b", [])
+
+
+# ---- routes chosen and labelled by measurement --------------------------------------------------------------------
+def test_the_route_is_chosen_and_labelled_by_its_measured_quality(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from lingua_fusion.config import Settings
+    from lingua_fusion.models.registry import Registry
+
+    table = tmp_path / "route_quality.json"
+    table.write_text(json.dumps({"pairs": {"en-fr": {"routes": {
+        "apertium en->es, apertium es->fr": {"chrf": 41.0}, "apertium en->ca, apertium ca->fr": {"chrf": 52.0}}},
+        "en-es": {"routes": {"apertium en->es": {"chrf": 38.0}}}}}))
+    reg = Registry(Settings(), route_quality=table)
+    fr = reg.mt_route("en", "fr")
+    assert fr.describe() == "apertium en->ca, apertium ca->fr" and fr.chrf == 52.0 and fr.tier == "standard"
+    es = reg.mt_route("en", "es")  # rule-based, but measured weak: said so
+    assert es.low_confidence and es.tier == "low-confidence" and es.llm_legs == 0
+    unmeasured = Registry(Settings(), route_quality=tmp_path / "none.json").mt_route("en", "es")
+    assert unmeasured.chrf is None and unmeasured.tier == "standard"
+    routes = {r["pair"]: r for r in reg.pair_routes()}
+    assert routes["en-fr"]["chrf"] == 52.0 and routes["en-es"]["tier"] == "low-confidence"

@@ -83,6 +83,15 @@ def test_a_build_is_one_slide_that_takes_the_fuller_text() -> None:
         (0.0, 4.0, "Plan\nfirst point\nsecond point"), (4.0, 6.0, "Results\nall good")]
 
 
+def test_a_stray_letter_is_no_slide() -> None:
+    """OCR read "K" (confidence 0.76) on a video of a hand and a face: no slide, so such a video without speech is
+    no_content, not a slide to identify the language of."""
+    rows = lambda *ts: [Row(t, (0, 0, 1, 1), 0.76) for t in ts]  # noqa: E731
+    assert build_slides([Read(0.0, rows("K")), Read(2.0, rows("7", "."))], 6.0) == []
+    kept = build_slides([Read(0.0, rows("K")), Read(2.0, rows("Q3 plan"))], 6.0)
+    assert [(s.start, s.source_text) for s in kept] == [(2.0, "Q3 plan")]
+
+
 def test_the_start_is_between_the_last_old_frame_and_the_first_new_one() -> None:
     a, b = render_slide(SLIDES[0], (640, 360)), render_slide(SLIDES[1], (640, 360))
     det = SlideDetector()

@@ -308,6 +308,14 @@ def test_a_file_played_as_a_live_stream_gives_partials_then_finals(captions_run:
     assert wer <= 0.2, (wer, heard)
 
 
+def test_starting_asks_for_the_key_first_and_no_request_is_refused(captions_run: CaptionsRun) -> None:
+    """The key dialog comes before the first request that needs a key: the run (Start with no key in the tab,
+    the key typed, the file played) had no 401 for the page's console or the ops page's error count."""
+    statuses = [e["params"]["response"]["status"] for e in captions_run.events
+                if e["method"] == "Network.responseReceived"]
+    assert statuses and 401 not in statuses and 403 not in statuses, statuses
+
+
 def test_copy_puts_the_spanish_captions_on_the_clipboard(captions_run: CaptionsRun) -> None:
     finals = [e for e in received(captions_run.events) if e["type"] == "final"]
     assert captions_run.copied == "\n".join(f["translations"]["es"].strip() for f in finals if f["translations"]["es"])

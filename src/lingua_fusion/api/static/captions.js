@@ -59,7 +59,23 @@ async function loadMicrophones() {
 }
 
 // ---- the stream ------------------------------------------------------------------------------------------------
+// whether the server wants a key (GET /readyz says, with any status): asked for before the first request, so
+// that starting a stream never begins with a refused request the user did not cause
+async function needsKey() {
+  try {
+    const body = await (await fetch("/readyz")).json();
+    return body.auth !== false;
+  } catch (e) {
+    return true;
+  }
+}
+
 async function ticket() {
+  if (!LF.key() && await needsKey()) {
+    await LF.askKey($("key-dialog"), LF.keyName, "this server needs an API key (sk_...)");
+    showKeyState();
+    if (!LF.key()) throw new Error("no API key");
+  }
   for (let attempt = 0; attempt < 2; attempt++) {
     try {
       return (await LF.request("/v1/stream-tickets", { method: "POST" })).ticket;
