@@ -57,6 +57,7 @@ PIVOT_PREFERENCE = {"en": 0, "es": 1, "ca": 2}
 # and a route measured below LOW_CHRF is low-confidence whatever its engine
 ROUTE_QUALITY = Path(__file__).with_name("route_quality.json")
 LOW_CHRF = 45.0
+LLM_PENALTY = 5.0  # chrF points a tiny-LLM leg into English must win by
 
 
 def measured_routes(path: Path = ROUTE_QUALITY) -> dict[tuple[str, str], float]:
@@ -315,13 +316,18 @@ class Registry:
         return out
 
     def mt_route(self, source: str, target: str) -> MTRoute:
-        """The route for a pair: fewest legs through the low-confidence LLM; then the best measured chrF on
-        held-out sentences (route_quality.json; a direct route nobody measured, such as your own model, comes
-        first, an unmeasured pivot after the measured ones); then fewest legs, then English as the pivot."""
+        """The route for a pair: fewest tiny-LLM legs out of English (there it changes facts, which chrF does not
+        see); then the best measured chrF on held-out sentences (route_quality.json), a tiny-LLM leg into
+        English counted LLM_PENALTY lower (it must beat a rule-based route clearly: it is slow and labelled
+        low-confidence); a direct route nobody measured (your own model) comes first, an unmeasured pivot after
+        the measured ones; then fewest legs, then English as the pivot."""
 
         def rank(r: MTRoute) -> tuple[float, ...]:
-            score = r.chrf if r.chrf is not None else (101.0 if len(r.legs) == 1 else -1.0)
-            return (r.llm_legs, -score, len(r.legs), PIVOT_PREFERENCE.get(r.pivot or "", len(PIVOT_PREFERENCE)))
+            risky = sum(self._mt_infos[leg.backend].low_confidence and leg.target != "en" for leg in r.legs)
+            score = r.chrf - LLM_PENALTY * r.llm_legs if r.chrf is not None else (
+                101.0 if len(r.legs) == 1 else -1.0)
+            return (risky, -score, r.llm_legs, len(r.legs),
+                    PIVOT_PREFERENCE.get(r.pivot or "", len(PIVOT_PREFERENCE)))
 
         candidates = self.candidate_routes(source, target)
         if candidates:
