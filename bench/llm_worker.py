@@ -45,6 +45,8 @@ def main() -> None:
     gguf = Settings().models.cache_dir / "gemma3-270m-q4_k_m.gguf"
     local, worker = GemmaLlama(gguf, threads=2), GemmaMT(gguf, threads=2)
     start_ms, _ = timed(worker.hello)
+    round_trip_ms = statistics.median(timed(worker.hello)[0] for _ in range(50))  # the frames alone, no model
+    print(f"round trip without model work (hello): {round_trip_ms:.2f} ms")
     rows = []
     for size in (1, 4, 8):
         batch = SENTENCES[:size]
@@ -75,7 +77,7 @@ def main() -> None:
     recover_ms, _ = timed(worker.translate, SENTENCES[:1], "en", "de")
     print(f"worker start {start_ms:.0f} ms; SIGKILL 300 ms into a batch: error after {failed_after_ms} ms, "
           f"the next batch of 1 (a new worker: load + translate) {recover_ms:.0f} ms")
-    result = {"batches": rows, "worker_start_ms": round(start_ms, 1), "crash_error_after_ms": failed_after_ms,
+    result = {"batches": rows, "worker_start_ms": round(start_ms, 1), "round_trip_ms": round(round_trip_ms, 3), "crash_error_after_ms": failed_after_ms,
               "recovery_batch1_ms": round(recover_ms, 1), "restarts": worker.health().restarts,
               "command": "python bench/llm_worker.py --json bench/results/llm_worker.json"}
     worker.close()
