@@ -30,6 +30,7 @@ SERIAL_TESTS := tests/test_cluster.py tests/test_bad_input.py
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 test: setup
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy src/lingua_fusion
 	bash scripts/with-redis.sh bash -c '$(PYTEST) -n $(TEST_WORKERS) --dist loadfile \
 	  $(addprefix --ignore=,$(SERIAL_TESTS)); a=$$?; $(PYTEST) $(SERIAL_TESTS); b=$$?; exit $$(( a ? a : b ))'
 

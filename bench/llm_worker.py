@@ -77,7 +77,8 @@ def main() -> None:
     recover_ms, _ = timed(worker.translate, SENTENCES[:1], "en", "de")
     print(f"worker start {start_ms:.0f} ms; SIGKILL 300 ms into a batch: error after {failed_after_ms} ms, "
           f"the next batch of 1 (a new worker: load + translate) {recover_ms:.0f} ms")
-    result = {"batches": rows, "worker_start_ms": round(start_ms, 1), "round_trip_ms": round(round_trip_ms, 3), "crash_error_after_ms": failed_after_ms,
+    result = {"batches": rows, "worker_start_ms": round(start_ms, 1), "round_trip_ms": round(round_trip_ms, 3),
+              "crash_error_after_ms": failed_after_ms,
               "recovery_batch1_ms": round(recover_ms, 1), "restarts": worker.health().restarts,
               "command": "python bench/llm_worker.py --json bench/results/llm_worker.json"}
     worker.close()

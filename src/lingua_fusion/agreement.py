@@ -83,7 +83,8 @@ class _LtProc:
         self._proc.stdin.write(b"".join(c.encode("utf-8") + b"\0" for c in chunks))
         self._proc.stdin.flush()
         fd = self._proc.stdout.fileno()
-        out, buf = [], bytearray()
+        out: list[str] = []
+        buf = bytearray()
         while len(out) < len(chunks):
             ready, _, _ = select.select([fd], [], [], TIMEOUT_S)
             if not ready:

@@ -199,7 +199,7 @@ class BackendError(LinguaFusionError):
     code = "backend_unavailable"
     retryable = True
     retry_after = 1.0  # seconds, the Retry-After a client is sent
-    public = "a model or service the server needs is unavailable; retry later"
+    public: str | None = "a model or service the server needs is unavailable; retry later"
 
 
 class BackendFailed(BackendError):

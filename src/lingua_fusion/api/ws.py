@@ -191,9 +191,9 @@ async def _read(ws: WebSocket, session: StreamSession, settings: Settings) -> No
             await session.end()
             return
         try:
-            if m is None:
+            if data is not None:
                 await session.feed_audio(data)
-            else:
+            elif m is not None:  # (always, for a text message)
                 await _feed(session, m)
         except (ClientError, Overloaded) as exc:  # one bad message or one image too many: say so, keep the stream
             if isinstance(exc, TooLarge):

@@ -53,7 +53,7 @@ class ClusterExecutor(Executor):
         self.hops = 0  # calls sent to a replica, retries included
         self.hop_retries = 0  # calls sent again after the replica failed or none was running (the heartbeat says)
         self._depths: dict[ModelKey, int] = {}
-        self._hop_errors = _hop_errors()
+        self._hop_errors: tuple[type[BaseException], ...] = (TimeoutError, *_hop_errors())
         self.others: Callable[[], int] = lambda: 0  # streams admitted on the other gateways (heartbeat.py)
 
     def admit(self, demand: Demand) -> None:
@@ -91,7 +91,7 @@ class ClusterExecutor(Executor):
                 self.hops += 1
                 call = Call.make(key, payload, ctx, self.clock(), traceparent)  # the caption's age as of this send
                 reply: Reply = await asyncio.wait_for(self.handle.run.remote(call), timeout=left)
-            except (TimeoutError, *self._hop_errors) as exc:
+            except self._hop_errors as exc:
                 if deadline - loop.time() <= 0:
                     raise ModelTimeout(f"{key}: no model replica answered in time") from exc
                 if ctx.tentative or self._closing:

@@ -70,7 +70,7 @@ def _is_speech(req: FileRequest) -> bool:
     declared = (req.source_modality or "").strip().lower()
     if declared:
         return declared in {"audio", "video", "speech"}
-    return req.text is None and bool(req.data) and sniff(req.data).family in {"audio", "av"}
+    return req.text is None and req.data is not None and bool(req.data) and sniff(req.data).family in {"audio", "av"}
 
 
 def _looks_like(container: str) -> str:

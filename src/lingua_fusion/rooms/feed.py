@@ -102,15 +102,15 @@ class Listener:
                 yield out
         self._history = []
         while True:
-            out = await self._queue.get()
-            if out is None:
+            item = await self._queue.get()
+            if item is None:
                 return
-            if out.seq is not None:
-                if out.seq <= self._through:
+            if item.seq is not None:
+                if item.seq <= self._through:
                     continue
-                self._through = out.seq
-            yield out
-            if out.type == "closed":
+                self._through = item.seq
+            yield item
+            if item.type == "closed":
                 return
 
 

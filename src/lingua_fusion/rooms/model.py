@@ -48,7 +48,7 @@ class Room:
                    finals=int(d.get("finals", 0)), epoch=int(d.get("epoch", 0)))
 
     def public(self, listeners: dict[str, int] | None = None) -> dict[str, Any]:
-        out = {"room_id": self.room_id, "state": self.state, "source_lang": self.source_lang,
+        out: dict[str, Any] = {"room_id": self.room_id, "state": self.state, "source_lang": self.source_lang,
                "targets": self.targets, "stream_id": self.stream_id, "created": self.created, "finals": self.finals}
         if listeners is not None:
             out["languages"] = listeners

@@ -11,6 +11,7 @@ gave are skipped by seq). Presence (who listens to which language) is written pe
 from __future__ import annotations
 
 import asyncio
+import builtins  # the class below has a method named list: its annotations say builtins.list
 import contextlib
 import json
 import logging
@@ -195,7 +196,7 @@ class RoomService:
         self.metrics.rooms.set(len(self.publishers))
 
     # ---- listening -----------------------------------------------------------------------------------------------
-    async def join(self, room_id: str, token: str | None, targets: list[str], *, after_seq: int = 0,
+    async def join(self, room_id: str, token: str | None, targets: builtins.list[str], *, after_seq: int = 0,
                    speech: bool = False) -> Listener:
         if not token:
             raise AuthenticationError("a listener token is needed (Authorization: Bearer lt_..., or ?token=)")
@@ -227,7 +228,7 @@ class RoomService:
         return listener
 
     @staticmethod
-    def _gap_notice(after_seq: int, history: list[dict[str, Any]]) -> list[Outgoing]:
+    def _gap_notice(after_seq: int, history: builtins.list[dict[str, Any]]) -> builtins.list[Outgoing]:
         """An ``error`` first when the history no longer holds every final after ``after_seq`` (a listener
         reconnecting from further back than the last MAX_FINALS), as a resumed stream is told ``log_compacted``."""
         first = next((int(e["seq"]) for e in history if e.get("type") == "final"), None)
@@ -237,10 +238,10 @@ class RoomService:
                   "message": f"finals {after_seq + 1}..{first - 1} are past the room's history and cannot be replayed"}
         return [Outgoing(notice, json.dumps(notice))]
 
-    def _languages(self, room: Room, targets: list[str]) -> tuple[str, ...]:
+    def _languages(self, room: Room, targets: builtins.list[str]) -> tuple[str, ...]:
         if not targets or len(targets) > MAX_LISTEN_LANGS:
             raise InvalidParameter(f"targets lists 1 to {MAX_LISTEN_LANGS} languages (targets=es,de)")
-        out: list[str] = []
+        out: builtins.list[str] = []
         for t in targets:
             lang = langs_mod.normalize(t, field="targets")
             if room.source_lang and lang != room.source_lang:
@@ -250,7 +251,7 @@ class RoomService:
         return tuple(out)
 
     @staticmethod
-    def _with_closed(history: list[Outgoing], room: Room) -> list[Outgoing]:
+    def _with_closed(history: builtins.list[Outgoing], room: Room) -> builtins.list[Outgoing]:
         if history and history[-1].type == "closed":
             return history
         closed = {"type": "closed", "finals": room.finals, "reason": "the room has ended"}

@@ -67,7 +67,7 @@ class SQLiteStore:
 
     def revoked_among(self, key_ids: Collection[str]) -> set[str]:
         """Which of ``key_ids`` are revoked (one query per 500 ids; an id the store does not hold is not revoked)."""
-        ids, out = sorted(key_ids), set()
+        ids, out = sorted(key_ids), set[str]()
         for i in range(0, len(ids), 500):
             part = ids[i:i + 500]
             with self._lock:

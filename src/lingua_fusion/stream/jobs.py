@@ -80,8 +80,9 @@ class StreamJobs:
 
     async def commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float) -> Final | None:
         """A committed utterance -> its final (unnumbered), or None when it held no words."""
-        span = {"start": round(start, 3), "end": round(end, 3), "source_text": "", "text": "",
-                "translations": {t: "" for t in self.spec.targets}, "wall_ref": wall_ref}
+        def empty(**kw: Any) -> Final:  # a final over this span with nothing in it but what ``kw`` says
+            return Final(start=round(start, 3), end=round(end, 3), source_text="", text="",
+                         translations={t: "" for t in self.spec.targets}, wall_ref=wall_ref, **kw)
         lips = self.lips
         if lips is not None:
             lips.claim(start, end)  # this utterance's lip movements are fused here, not captioned on their own
@@ -90,7 +91,7 @@ class StreamJobs:
                                                         AsrInput(audio, self._prompt()), self._ctx(False, wall_ref))
         except BackendError as exc:
             # retried and still failing: the span gets a final that says so, keeping the numbering gap-free
-            return Final(**span, confidence=0.0, failed=["asr"],
+            return empty(confidence=0.0, failed=["asr"],
                          note=f"speech recognition failed: {exc.public_message}")
         asr_ms = (time.monotonic() - wall_ref) * 1000
         fused = None if lips is None else await lips.fuse(res.text if res else "", res.confidence if res else 0.0,
@@ -100,7 +101,7 @@ class StreamJobs:
         if res is None or not res.text.strip():
             return None
         if res.confidence < self.spec.min_confidence:
-            return Final(**span, confidence=res.confidence, gated=["asr"],
+            return empty(confidence=res.confidence, gated=["asr"],
                          note=f"speech confidence {res.confidence:.2f} below {self.spec.min_confidence}")
         if fused is not None and "lips" in fused.modalities:  # confirmed, re-ranked or corrected by the lips
             return await self._fused(fused, start, end, wall_ref, asr_ms)

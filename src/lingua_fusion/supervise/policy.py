@@ -44,6 +44,10 @@ class RestartPolicy:
 
     def crashed(self, now: float, cause: str) -> None:
         """The worker died or was killed for missing a deadline; ``cause`` says how ("SIGSEGV", "timeout")."""
+        if self._cooled(now):  # the cool-down ended before this crash: the old history is forgotten
+            self._unavailable_until = None
+            self._recent.clear()
+            self._in_a_row = 0
         self.crashes += 1
         self._in_a_row += 1
         self._last_crash_at = now
@@ -58,16 +62,18 @@ class RestartPolicy:
         self._in_a_row = 0
 
     def verdict(self, now: float) -> Verdict:
+        """May the worker start now? A read: /readyz asks it as often as a call does."""
         if self._unavailable_until is not None:
             if now < self._unavailable_until:
                 return Verdict(WorkerState.UNAVAILABLE, self._unavailable_until - now,
                                f"crashed {len(self._recent)} times within {self.loop_window_s:g} s "
                                f"(last: {self.last_cause}); tried again in {self._unavailable_until - now:.0f} s")
-            self._unavailable_until = None  # the cool-down is over: one more try, with a clean history
-            self._recent.clear()
-            self._in_a_row = 0
+            return Verdict(WorkerState.READY)  # the cool-down is over: one more try
         if self._in_a_row and self._last_crash_at is not None:
             wait = self.backoff_s[min(self._in_a_row, len(self.backoff_s)) - 1] - (now - self._last_crash_at)
             if wait > 0:
                 return Verdict(WorkerState.BACKOFF, wait, f"restarting after a crash ({self.last_cause})")
         return Verdict(WorkerState.READY)
+
+    def _cooled(self, now: float) -> bool:
+        return self._unavailable_until is not None and now >= self._unavailable_until

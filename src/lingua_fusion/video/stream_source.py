@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from ..config import LimitSettings
 from .decode import decode_frames, probe
@@ -32,7 +32,7 @@ def jpeg(frame: VideoFrame) -> bytes:
 
 
 async def video_frames(data: bytes, limits: LimitSettings, fps: float = STREAM_FPS
-                       ) -> AsyncIterator[tuple[float, bytes]]:
+                       ) -> AsyncGenerator[tuple[float, bytes], None]:
     """(media time, JPEG bytes) of the file's frames, in order. Decoding errors end the iteration by raising."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[float, bytes] | BaseException | None] = asyncio.Queue(maxsize=QUEUE)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .landmarks import LandmarkSeq
 
 
@@ -19,17 +21,17 @@ class Span:
 def sign_spans(seq: LandmarkSeq, *, gap_s: float = 0.35, min_s: float = 0.25) -> list[Span]:
     present = seq.hand_mask.any(axis=1)
     spans: list[Span] = []
-    start = end = None
-    for t, p in zip(seq.t.tolist(), present.tolist(), strict=True):
+    span: tuple[float, float] | None = None  # the one being built: (start, end)
+    for t, p in zip(seq.t.tolist(), np.asarray(present, bool).tolist(), strict=True):
         if not p:
             continue
-        if start is None:
-            start = end = t
-        elif t - end > gap_s:
-            spans.append(Span(start, end))
-            start = end = t
+        if span is None:
+            span = (t, t)
+        elif t - span[1] > gap_s:
+            spans.append(Span(*span))
+            span = (t, t)
         else:
-            end = t
-    if start is not None and end is not None:
-        spans.append(Span(start, end))
+            span = (span[0], t)
+    if span is not None:
+        spans.append(Span(*span))
     return [s for s in spans if s.end - s.start >= min_s]

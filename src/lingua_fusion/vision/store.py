@@ -14,6 +14,7 @@ in one C call); the export is spliced from the stored text, never parsed.
 
 from __future__ import annotations
 
+import builtins  # the class below has a method named list: its annotations say builtins.list
 import json
 import secrets
 import sqlite3
@@ -174,7 +175,7 @@ class VocabularyStore:
                                 details={"limit": "max_vocabulary_bytes_per_key", "used": used, "adding": adding,
                                          "max": self.max_bytes})
 
-    def examples(self, owner: str, vocab_id: str) -> list[dict[str, Any]]:
+    def examples(self, owner: str, vocab_id: str) -> builtins.list[dict[str, Any]]:
         self.get(owner, vocab_id)
         with self._lock:
             rows = self._db.execute("SELECT example_id, gloss, n_frames, created FROM vocab_examples "
@@ -190,7 +191,7 @@ class VocabularyStore:
             raise NotFound(f"no example {example_id} in vocabulary {vocab_id}")
         self._changed(vocab_id)
 
-    def _sequences(self, vocab_id: str) -> list[tuple[str, LandmarkSeq]]:
+    def _sequences(self, vocab_id: str) -> builtins.list[tuple[str, LandmarkSeq]]:
         with self._lock:
             rows = self._db.execute("SELECT gloss, frames FROM vocab_examples WHERE vocab_id=? ORDER BY created",
                                     (vocab_id,)).fetchall()
@@ -256,8 +257,8 @@ class VocabularyStore:
         self._changed(vocab.vocab_id)
         return self.get(owner, vocab.vocab_id)
 
-    def _insert(self, owner: str, vocab_id: str, parsed: list[tuple[str, LandmarkSeq]], texts: list[str],
-                size: int) -> None:
+    def _insert(self, owner: str, vocab_id: str, parsed: builtins.list[tuple[str, LandmarkSeq]],
+                texts: builtins.list[str], size: int) -> None:
         now = time.time()
         with self._lock, self._db:
             self._check_bytes(owner, size)

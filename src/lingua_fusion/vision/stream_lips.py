@@ -86,7 +86,7 @@ class StreamLips(LandmarkLane):
         if lm.lips_present:
             self.frames.append(lm)
             self._openings.append(opening(lm))
-            self._rest = rest_level(smooth(self._openings), self.spotting)
+            self._rest = rest_level(smooth(self._openings).tolist(), self.spotting)
         self._progress.set()
         self._unclaimed()
 

@@ -11,7 +11,7 @@ EndOffset: d_last - |X|, how long after the source ended the last word came.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -60,7 +60,7 @@ def delays_from_finals(finals: Iterable[Mapping[str, Any]], *, computation_aware
     return delays
 
 
-def summarize(finals: list[Mapping[str, Any]], source_s: float, reference: str | None = None) -> dict[str, float]:
+def summarize(finals: Sequence[Mapping[str, Any]], source_s: float, reference: str | None = None) -> dict[str, float]:
     ref_len = len(reference.split()) if reference else 0
     out: dict[str, float] = {}
     for name, ca in (("", False), ("_ca", True)):
