@@ -137,3 +137,14 @@ async def test_a_stream_final_names_its_untranslated_words(url: str) -> None:
         await s.end()
     assert "*" not in final["translations"]["fr"] and final["untranslated"]["fr"] == ["halve", "gazebo"]
     assert "pt" not in final["untranslated"] and "untranslated" in final["note"]  # (no marks from Bergamot)
+
+
+def test_chinese_comes_in_the_script_its_tag_asks_for() -> None:
+    from lingua_fusion.models.transcript_guard import to_script
+
+    local = LocalTranslator()
+    simplified = local.translate(text="The museum is closed on Mondays.", source_lang="en", target_lang="zh").text
+    traditional = local.translate(text="The museum is closed on Mondays.", source_lang="en",
+                                  target_lang="zh-TW").text
+    assert to_script(simplified, "Hans") == simplified and to_script(traditional, "Hant") == traditional
+    assert traditional == to_script(simplified, "Hant") and traditional != simplified  # 博物馆 / 博物館

@@ -16,6 +16,8 @@ KNOWN = set(
 )
 ALIASES = {"eng": "en", "spa": "es", "cat": "ca", "fra": "fr", "fre": "fr", "por": "pt", "deu": "de", "ger": "de",
            "zho": "zh", "chi": "zh", "cmn": "zh", "zh-cn": "zh", "zh-hans": "zh", "en-us": "en", "en-gb": "en",
+           # Chinese tags keep their script apart (models/transcript_guard.py script_for): zh-TW gives Traditional
+           "zh-sg": "zh", "zh-tw": "zh", "zh-hant": "zh", "zh-hk": "zh",
            "es-es": "es", "es-mx": "es", "pt-br": "pt", "pt-pt": "pt", "fr-fr": "fr"}
 NAMES = {"en": "English", "es": "Spanish", "ca": "Catalan", "fr": "French", "pt": "Portuguese", "de": "German",
          "zh": "Chinese", "it": "Italian"}

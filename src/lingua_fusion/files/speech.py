@@ -11,6 +11,7 @@ from .. import langs
 from ..errors import UnsupportedPair
 from ..glossary import Term, hotwords
 from ..models.registry import Registry
+from ..models.transcript_guard import to_script
 from ..types import Segment
 from .work import Work
 
@@ -41,8 +42,12 @@ class SpeechRecogniser:
                     res = self._transcribe(asr, audio, work, task, hot, prompt)
         work.models["asr"] = asr.info.name + (" (task=translate)" if work.speech_translation else "")
         work.warnings += res.warnings  # possible hallucinations (models/transcript_guard.py)
-        if res.script:  # Mandarin: the characters the transcript is written in
-            work.models["asr_script"] = {"Hans": "zh-Hans (Simplified)", "Hant": "zh-Hant (Traditional)"}[res.script]
+        script = work.source_script if res.script and work.source_script else res.script
+        if script:  # Mandarin: the characters the transcript is written in (zh-TW / zh-Hant asked: Traditional)
+            work.models["asr_script"] = {"Hans": "zh-Hans (Simplified)", "Hant": "zh-Hant (Traditional)"}[script]
+        if script and script != res.script:
+            for s in res.segments:
+                s.text = to_script(s.text, script)
         return [Segment(start=round(s.start, 3), end=round(s.end, 3), source_text=s.text, text=s.text,
                         confidence=s.confidence) for s in res.segments]
 

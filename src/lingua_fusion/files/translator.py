@@ -22,6 +22,7 @@ from ..deadline import Deadline
 from ..errors import NoContent
 from ..glossary import Term
 from ..models.registry import MTRoute, Registry
+from ..models.transcript_guard import script_for, to_script
 from ..tracing import TraceRef
 from ..types import Modality, TranslationResult
 from .mt import MT_CHUNK, SegmentMT
@@ -68,7 +69,9 @@ class FileTranslator:
         work = Work(source=valid.source_lang, target=valid.target_lang, route=valid.route,
                     speech_translation=valid.speech_translation, confidence=valid.source_confidence,
                     detected=valid.source_confidence is not None, transcribe_only=valid.request.transcribe_only,
-                    slide_context=self.slide_context, scope=valid.request.scope)
+                    slide_context=self.slide_context, scope=valid.request.scope,
+                    source_script=script_for(valid.request.source_lang),
+                    target_script=script_for(valid.request.target_lang))
         segs = self._recogniser.recognise(valid, work, st)
         if not segs and not (work.video is not None and work.video.slides) and not any(
                 s.recognition.known for s in work.signs):
@@ -92,6 +95,9 @@ class FileTranslator:
                                              scope=work.scope, sentences=valid.source_modality in SPEECH,
                                              unknown=work.untranslated)
             applied = [t for t in applied if t not in names]
+            if work.target_script == "Hant":  # the MT engines write Simplified Chinese
+                for s in segs:
+                    s.text = to_script(s.text, "Hant")
         slides = self._visuals.slides(work, glossary, tgt_mod, st) \
             if work.video is not None and work.video.slides else []
         signs = self._visuals.signs(valid.request.signs, work, st) if work.signs else []
