@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import secrets
@@ -59,7 +60,8 @@ async def translate(request: Request, key: TranslateKey) -> Response:
                       data=data, text=str(text) if text is not None else None, glossary=terms,
                       filename=filename, signs=signs, scope=key.key_id)
     # every check (size, languages and pair, modality vs bytes, UTF-8): before the queue, before any decoding
-    valid = ctx.translator.validate(req)
+    # (on a thread: telling an ogg / webm / mp4 from its header whether it holds video opens the container)
+    valid = await asyncio.to_thread(ctx.translator.validate, req)
     # the time limit covers the wait for a slot and the work; the work checks it as it goes (a thread cannot be
     # cancelled: it stops itself at its next stage or MT chunk with 504 instead of answering 200 late)
     deadline = Deadline(ctx.settings.server.request_timeout_s)
