@@ -264,12 +264,13 @@ def _compare_files(models: dict[str, Any], audio: np.ndarray, language: str | No
 
 
 def test_tiny_en_file_transcripts_equal_faster_whisper(tiny: dict[str, Any]) -> None:
-    """Equal to faster-whisper's float32 segment for segment; to its int8 default within one word in 33: in a CI run
-    on two busy pytest workers, int8 once heard "the airport leads every hour" where the torch port heard the
-    spoken "leaves" (a near tie its quantized weights broke the other way; every other run, all three agree)."""
+    """Equal to faster-whisper's float32 segment for segment (the port's claim); to its int8 default within three
+    words in 34, a sanity bound only: in CI runs on two busy pytest workers int8 heard "the airport leads every
+    hour" and once "Police send me" too, where the torch port and float32 heard the spoken "leaves" and "Please"
+    (near ties its quantized weights break either way; which way is not the port's to pin)."""
     talk = pcm(talk_wav(SENTENCES[:4]))
-    _compare_files(tiny, talk, "en", int8_max_wer=0.04)
-    _compare_files(tiny, talk, "en", int8_max_wer=0.04, hotwords="airport Friday")
+    _compare_files(tiny, talk, "en", int8_max_wer=0.09)
+    _compare_files(tiny, talk, "en", int8_max_wer=0.09, hotwords="airport Friday")
 
 
 def test_base_file_transcripts_equal_faster_whisper_with_language_detection(base: dict[str, Any]) -> None:
