@@ -150,3 +150,16 @@ def test_the_route_is_chosen_and_labelled_by_its_measured_quality(tmp_path) -> N
     assert unmeasured.chrf is None and unmeasured.tier == "standard"
     routes = {r["pair"]: r for r in reg.pair_routes()}
     assert routes["en-fr"]["chrf"] == 52.0 and routes["en-es"]["tier"] == "low-confidence"
+
+
+def test_a_files_segments_and_a_streams_utterance_get_the_same_guard() -> None:
+    from lingua_fusion.models.base import ASRSegment
+    from lingua_fusion.models.transcript_guard import guard_segments, guard_text
+
+    segs = [ASRSegment(0.0, 2.0, "天氣很好", 0.9), ASRSegment(2.0, 9.0, "你好" + "天" * 200, 0.8),
+            ASRSegment(9.0, 9.5, "", 0.5)]
+    out, warnings = guard_segments(segs, "Hans")
+    assert [(s.text, s.confidence) for s in out] == [("天气很好", 0.9), ("你好天", 0.05)]  # the empty one dropped
+    assert warnings == ["possible hallucination at 2.0-9.0 s: a repetition loop was cut"]
+    assert guard_text("天氣" + "好" * 50, 0.7, "Hant") == ("天氣好", 0.05)
+    assert guard_text("We deploy on Kubernetes.", 0.7, None) == ("We deploy on Kubernetes.", 0.7)

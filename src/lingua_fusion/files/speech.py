@@ -11,7 +11,7 @@ from .. import langs
 from ..errors import UnsupportedPair
 from ..glossary import Term, hotwords
 from ..models.registry import Registry
-from ..models.transcript_guard import to_script
+from ..models.transcript_guard import guard_segments
 from ..types import Segment
 from .work import Work
 
@@ -41,15 +41,14 @@ class SpeechRecogniser:
                     asr = self.registry.asr(work.source, task=task)
                     res = self._transcribe(asr, audio, work, task, hot, prompt)
         work.models["asr"] = asr.info.name + (" (task=translate)" if work.speech_translation else "")
-        work.warnings += res.warnings  # possible hallucinations (models/transcript_guard.py)
-        script = work.source_script if res.script and work.source_script else res.script
-        if script:  # Mandarin: the characters the transcript is written in (zh-TW / zh-Hant asked: Traditional)
+        # Mandarin in the script asked for (zh-TW / zh-Hant: Traditional, else Simplified); loops cut and said
+        script = (work.source_script or "Hans") if task == "transcribe" and res.language == "zh" else None
+        segments, warnings = guard_segments(res.segments, script)
+        work.warnings += warnings
+        if script:
             work.models["asr_script"] = {"Hans": "zh-Hans (Simplified)", "Hant": "zh-Hant (Traditional)"}[script]
-        if script and script != res.script:
-            for s in res.segments:
-                s.text = to_script(s.text, script)
         return [Segment(start=round(s.start, 3), end=round(s.end, 3), source_text=s.text, text=s.text,
-                        confidence=s.confidence) for s in res.segments]
+                        confidence=s.confidence) for s in segments]
 
     @staticmethod
     def _transcribe(asr: Any, audio: np.ndarray, work: Work, task: str, hot: str | None,

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BackendError
-from . import transcript_guard as guard
 from .base import ASRResult, ASRSegment, BackendInfo
 
 ZH_PROMPT = "以下是普通话的句子。"  # Simplified-Chinese prompt so Whisper writes Simplified characters
@@ -149,11 +148,7 @@ class WhisperASR:
             length = max(1, len(r.sequences_ids[0]))
             avg_logprob = r.scores[0] / length if r.scores else -5.0
             conf = float(np.exp(min(0.0, avg_logprob))) * (1.0 - float(r.no_speech_prob))
-            checked = guard.check(collapse_repeats(tok.decode(ids).strip()))
-            if checked.suspect:
-                conf = min(conf, guard.SUSPECT_CONFIDENCE)
-            text = guard.to_script(checked.text, "Hans") if lang == "zh" else checked.text
-            out.append((text, round(min(1.0, max(0.0, conf)), 4)))
+            out.append((collapse_repeats(tok.decode(ids).strip()), round(min(1.0, max(0.0, conf)), 4)))
         return out
 
     def detect_language(self, audio: np.ndarray) -> tuple[str, float]:
@@ -178,18 +173,12 @@ class WhisperASR:
                 condition_on_previous_text=False, without_timestamps=False,
             )
             out: list[ASRSegment] = []
-            warnings: list[str] = []
-            script = guard.script_for(info.language) if task == "transcribe" else None
             for s in segments:
-                checked = guard.check(s.text.strip())
-                if not checked.text:
+                text = s.text.strip()
+                if not text:
                     continue
                 conf = float(math.exp(s.avg_logprob)) * (1.0 - float(s.no_speech_prob))
-                if checked.suspect:  # never a normal transcript: low confidence, and the result says why
-                    conf = min(conf, guard.SUSPECT_CONFIDENCE)
-                    warnings.append(f"possible hallucination at {s.start:.1f}-{s.end:.1f} s: {checked.why}")
-                text = guard.to_script(checked.text, script) if script else checked.text
                 out.append(ASRSegment(start=float(s.start), end=float(s.end), text=text,
                                       confidence=round(min(1.0, max(0.0, conf)), 4)))
         return ASRResult(text=" ".join(s.text for s in out).strip(), language=info.language, segments=out,
-                         language_probability=float(info.language_probability), warnings=warnings, script=script)
+                         language_probability=float(info.language_probability))

@@ -33,8 +33,6 @@ class ASRResult:
     language: str
     segments: list[ASRSegment] = field(default_factory=list)
     language_probability: float | None = None
-    warnings: list[str] = field(default_factory=list)  # possible hallucinations (transcript_guard.py)
-    script: str | None = None  # Chinese: "Hans" or "Hant", the characters the transcript was written in
 
 
 @dataclass

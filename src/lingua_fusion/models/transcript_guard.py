@@ -1,5 +1,8 @@
 """What a transcript says about itself (pure): decoder loops, hallucination signs, and Mandarin's script.
 
+Applied where a transcript leaves ASR, whatever the backend (CTranslate2 or torch): ``guard_segments`` for a file's
+segments (files/speech.py), ``guard_text`` for a stream's utterance (serving/runners.py).
+
 - ``check``: Whisper's own tests of a decoded window, applied to every path (files and streams): a compression
   ratio above 2.4 (zlib; the text repeats itself) or a run of the same short piece eight times or more ("天天天...")
   is a loop. The loop is cut to its first occurrence and the segment is marked ``suspect``: its confidence drops
@@ -16,6 +19,8 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from .base import ASRSegment
 
 MAX_COMPRESSION = 2.4  # Whisper's compression_ratio_threshold
 MIN_CHARS = 40  # shorter texts do not compress enough to tell
@@ -64,3 +69,26 @@ def _converter(config: str) -> Any:
 
 def to_script(text: str, script: str) -> str:
     return str(_converter("t2s" if script == "Hans" else "s2t").convert(text))
+
+
+def guard_segments(segments: list[ASRSegment], script: str | None) -> tuple[list[ASRSegment], list[str]]:
+    """A file's segments with loops cut (a suspect one's confidence at most SUSPECT_CONFIDENCE), empty ones
+    dropped, in ``script`` when given; and a warning per suspect segment."""
+    out, warnings = [], []
+    for seg in segments:
+        checked = check(seg.text)
+        if not checked.text:
+            continue
+        conf = seg.confidence
+        if checked.suspect:
+            conf = min(conf, SUSPECT_CONFIDENCE)
+            warnings.append(f"possible hallucination at {seg.start:.1f}-{seg.end:.1f} s: {checked.why}")
+        out.append(ASRSegment(seg.start, seg.end, to_script(checked.text, script) if script else checked.text, conf))
+    return out, warnings
+
+
+def guard_text(text: str, confidence: float, script: str | None) -> tuple[str, float]:
+    """A stream utterance's text and confidence, the same tests applied."""
+    checked = check(text)
+    conf = min(confidence, SUSPECT_CONFIDENCE) if checked.suspect else confidence
+    return (to_script(checked.text, script) if script else checked.text), conf

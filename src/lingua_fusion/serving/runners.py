@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from ..glossary import apply_mt_batch
 from ..models.registry import Registry
+from ..models.transcript_guard import guard_text
 from .keys import ModelKey
 from .ports import AsrInput, AsrOutput, MtInput
 
@@ -46,16 +47,19 @@ def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False)
 
 
 def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
+    script = "Hans" if lang == "zh" else None  # a stream's zh is Simplified (models/transcript_guard.py)
+
     def run(items: list[AsrInput]) -> list[AsrOutput]:
         asr = registry.asr(lang)
         if per_stream:
-            out = []
+            pairs = []
             for it in items:
                 r = asr.transcribe(it.audio, language=lang, initial_prompt=it.prompt)
-                out.append(AsrOutput(r.text, min((s.confidence for s in r.segments), default=0.0)))
-            return out
-        pairs = asr.transcribe_batch([it.audio for it in items], language=lang, prompts=[it.prompt for it in items])
-        return [AsrOutput(text, conf) for text, conf in pairs]
+                pairs.append((r.text, min((s.confidence for s in r.segments), default=0.0)))
+        else:
+            pairs = asr.transcribe_batch([it.audio for it in items], language=lang,
+                                         prompts=[it.prompt for it in items])
+        return [AsrOutput(*guard_text(text, conf, script)) for text, conf in pairs]
 
     return run
 
