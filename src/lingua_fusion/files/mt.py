@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..deadline import Deadline
 from ..glossary import Term, apply_mt
 from ..models.registry import MTRoute, Registry
+from ..models.transcript_guard import to_script
 from ..types import Segment
 from ..untranslated import strip_marks
 from .sentences import join, sentence_groups, spread
@@ -19,14 +20,15 @@ class SegmentMT:
 
     def translate(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str],
                   deadline: Deadline | None = None, scope: str = "", *, sentences: bool = False,
-                  unknown: list[str] | None = None) -> list[Term]:
+                  unknown: list[str] | None = None, script: str | None = None) -> list[Term]:
         """Each segment's ``text`` becomes the translation of its ``source_text``; ``models`` notes the backends.
         Returns the glossary terms that were applied. ``scope``: whose translation memory (the API key's id).
         ``sentences`` (speech): segments that split a sentence are translated together and the translation is
         spread back over them (sentences.py). Words the engine left untranslated lose their marks and are added
-        to ``unknown`` (lingua_fusion/untranslated.py)."""
+        to ``unknown`` (lingua_fusion/untranslated.py). ``script``: Chinese output in "Hans" or "Hant"
+        (models/transcript_guard.py; the engines write Simplified)."""
         if sentences and len(segs) > 1:
-            return self._by_sentence(segs, route, terms, models, deadline, scope, unknown)
+            return self._by_sentence(segs, route, terms, models, deadline, scope, unknown, script)
         legs = [(self.registry.mt(leg.backend), leg) for leg in route.legs]
         for i, (backend, _leg) in enumerate(legs):
             models["mt" if len(legs) == 1 else f"mt_leg{i + 1}"] = backend.info.name
@@ -53,17 +55,20 @@ class SegmentMT:
             applied = list({t.source: t for used in per_text for t in used}.values())
         for s, t in zip(segs, texts, strict=True):
             s.text, words = strip_marks(t)
+            if script:
+                s.text = to_script(s.text, script)
             if unknown is not None:
                 unknown += [w for w in words if w not in unknown]
         return applied
 
     def _by_sentence(self, segs: list[Segment], route: MTRoute, terms: list[Term], models: dict[str, str],
-                     deadline: Deadline | None, scope: str, unknown: list[str] | None) -> list[Term]:
+                     deadline: Deadline | None, scope: str, unknown: list[str] | None,
+                     script: str | None) -> list[Term]:
         source, target = route.legs[0].source, route.legs[-1].target
         groups = sentence_groups(segs)
         whole = [Segment(start=segs[g[0]].start, end=segs[g[-1]].end, text="",
                          source_text=join([segs[i].source_text for i in g], source)) for g in groups]
-        applied = self.translate(whole, route, terms, models, deadline, scope, unknown=unknown)
+        applied = self.translate(whole, route, terms, models, deadline, scope, unknown=unknown, script=script)
         for g, sentence in zip(groups, whole, strict=True):
             pieces = spread(sentence.text, [len(segs[i].source_text.strip()) for i in g], target)
             for i, piece in zip(g, pieces, strict=True):
@@ -71,8 +76,9 @@ class SegmentMT:
         return applied
 
     def texts(self, rows: list[str], route: MTRoute, terms: list[Term], models: dict[str, str],
-              deadline: Deadline | None = None, scope: str = "", unknown: list[str] | None = None) -> list[str]:
+              deadline: Deadline | None = None, scope: str = "", unknown: list[str] | None = None,
+              script: str | None = None) -> list[str]:
         """Plain texts (a slide's rows, sign glosses) through ``translate``: their translations, in order."""
         segs = [Segment(start=0.0, end=0.0, source_text=r, text=r) for r in rows]
-        self.translate(segs, route, terms, models, deadline, scope, unknown=unknown)
+        self.translate(segs, route, terms, models, deadline, scope, unknown=unknown, script=script)
         return [s.text for s in segs]

@@ -22,7 +22,7 @@ from ..deadline import Deadline
 from ..errors import NoContent
 from ..glossary import Term
 from ..models.registry import MTRoute, Registry
-from ..models.transcript_guard import script_for, to_script
+from ..models.transcript_guard import script_for
 from ..tracing import TraceRef
 from ..types import Modality, TranslationResult
 from .mt import MT_CHUNK, SegmentMT
@@ -93,11 +93,8 @@ class FileTranslator:
             with st.stage("mt"):
                 applied = self._mt.translate(segs, work.route, glossary + names, work.models, st.deadline,
                                              scope=work.scope, sentences=valid.source_modality in SPEECH,
-                                             unknown=work.untranslated)
+                                             unknown=work.untranslated, script=work.target_script)
             applied = [t for t in applied if t not in names]
-            if work.target_script == "Hant":  # the MT engines write Simplified Chinese
-                for s in segs:
-                    s.text = to_script(s.text, "Hant")
         slides = self._visuals.slides(work, glossary, tgt_mod, st) \
             if work.video is not None and work.video.slides else []
         signs = self._visuals.signs(valid.request.signs, work, st) if work.signs else []

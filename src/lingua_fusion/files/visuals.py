@@ -87,7 +87,8 @@ class VideoVisuals:
 
         def mt(rows: list[str]) -> list[str]:
             assert route is not None
-            return self.mt.texts(rows, route, glossary, work.models, st.deadline, work.scope, work.untranslated)
+            return self.mt.texts(rows, route, glossary, work.models, st.deadline, work.scope, work.untranslated,
+                                 work.target_script)
 
         braille = None
         if tgt_mod == Modality.BRAILLE:
@@ -109,7 +110,8 @@ class VideoVisuals:
 
         def mt(texts: list[str]) -> list[str]:
             assert route is not None
-            return self.mt.texts(texts, route, [], work.models, st.deadline, work.scope, work.untranslated)
+            return self.mt.texts(texts, route, [], work.models, st.deadline, work.scope, work.untranslated,
+                                 work.target_script)
 
         with st.stage("signs_mt"):
             return sign_texts(work.signs, mt if route is not None else None)
