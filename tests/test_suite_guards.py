@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from conftest import BIN, SRC
 
 import lingua_fusion
@@ -70,6 +72,61 @@ def test_a_segfault_and_a_hang_each_fail_their_test_and_the_run_ends(tmp_path: P
     assert "FAILED test_hang.py::test_sleeps - Failed: Timeout" in run.stdout
     # everything else ran once: 6 fine files, test_before and test_after, and the probe's own test_z
     assert "3 failed, 9 passed, 2 skipped" in run.stdout, run.stdout
+
+
+class _Worker:
+    """The parts of xdist's WorkerController its scheduler touches."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway, self.shutting_down, self.sent = SimpleNamespace(id=name), False, list[list[int]]()
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.append(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_two_replacement_workers_collecting_at_different_times_each_get_work() -> None:
+    """CI saw it: two workers crashed, one replacement finished collecting while the other had not, and xdist gave
+    work to the one with no collection (KeyError, INTERNALERROR, exit 3)."""
+    from xdist.scheduler.loadfile import LoadFileScheduling
+    from xdist.scheduler.loadscope import LoadScopeScheduling
+    from xdist_guard import remove_node, waits_for_collection
+
+    original = getattr(LoadScopeScheduling._reschedule, "unguarded", LoadScopeScheduling._reschedule)
+    plain = type("Plain", (LoadFileScheduling,), {"remove_node": remove_node, "_reschedule": original})
+    guarded = type("Guarded", (LoadFileScheduling,), {"remove_node": remove_node,
+                                                       "_reschedule": waits_for_collection(original)})
+    with pytest.raises(KeyError):
+        _two_crash_and_are_replaced(plain)
+    _two_crash_and_are_replaced(guarded)
+
+
+def _two_crash_and_are_replaced(scheduler: type) -> None:
+    tests = [f"test_{name}.py::test_{i}" for name in "abcdefgh" for i in range(3)]
+    sched = scheduler(SimpleNamespace(getvalue=lambda name: ["2*popen"], option=SimpleNamespace(loadscopereorder=True)))
+    first, second = _Worker("gw0"), _Worker("gw1")
+    for node in (first, second):
+        sched.add_node(node)
+        sched.add_node_collection(node, tests)
+    sched.schedule()
+    assert first.sent and second.sent
+    assert sched.remove_node(first) == tests[0] and sched.remove_node(second) == tests[3]  # both crash at once
+    third, fourth = _Worker("gw2"), _Worker("gw3")
+    sched.add_node(third)
+    sched.add_node(fourth)
+    sched.add_node_collection(third, tests)
+    sched.schedule()  # gw3 has not collected yet: before the guard, KeyError here
+    assert third.sent and not fourth.sent
+    sched.add_node_collection(fourth, tests)
+    sched.schedule()
+    assert fourth.sent
+    sent = [tests[i] for node in (first, second, third, fourth) for batch in node.sent for i in batch]
+    assert sent.count(tests[0]) == 1 and sent.count(tests[3]) == 1  # a crashed test is not run again
+    queued = [test for unit in sched.workqueue.values() for test in unit]
+    later = sent[len(first.sent[0]) + len(second.sent[0]):] + queued
+    assert tests[1] in later and tests[4] in later  # what the crashes left undone is sent again or still queued
 
 
 def test_the_ci_watchdog_prints_what_is_stuck_and_fails(tmp_path: Path) -> None:

@@ -4,13 +4,17 @@ pytest-xdist 3.8.0 replaces a crashed worker, but under ``--dist loadfile`` its 
 worker's whole work back in the queue, finished tests included: the crashing test runs again (and crashes again),
 and a file whose tests had all finished is sent as an empty batch, which the new worker waits on for ever (its
 issues #784, #1323 and #1327; fixed upstream after 3.8.0). ``remove_node`` below requeues only what had not run, with
-the crashed test counted as done (xdist reports it failed: "worker 'gw0' crashed while running ..."). Any other
+the crashed test counted as done (xdist reports it failed: "worker 'gw0' crashed while running ..."). When two workers
+crash, one replacement can finish collecting while the other has not: xdist then hands work to the one that has no
+collection yet and stops with an internal KeyError; ``_reschedule`` below waits for a node's collection instead (the
+node is scheduled when its own collection arrives). Any other
 xdist version keeps its own scheduler and gets ``--max-worker-restart 0`` instead: a crash then ends the run, which
 fails.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +22,7 @@ import pytest
 PATCHED_VERSION = "3.8.0"
 
 
-def _remove_node(self: Any, node: Any) -> str | None:  # LoadScopeScheduling.remove_node (xdist's own types)
+def remove_node(self: Any, node: Any) -> str | None:  # LoadScopeScheduling.remove_node (xdist's own types)
     workload: dict[str, dict[str, bool]] = self.assigned_work.pop(node)
     pending = [(scope, nodeid) for scope, unit in workload.items() for nodeid, done in unit.items() if not done]
     if not pending:
@@ -33,6 +37,15 @@ def _remove_node(self: Any, node: Any) -> str | None:  # LoadScopeScheduling.rem
     return crashed
 
 
+def waits_for_collection(reschedule: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """LoadScopeScheduling._reschedule that leaves a node alone until its collection has arrived."""
+    def _reschedule(self: Any, node: Any) -> None:
+        if node in self.registered_collections:
+            reschedule(self, node)
+    _reschedule.unguarded = reschedule  # type: ignore[attr-defined]
+    return _reschedule
+
+
 def install(config: pytest.Config) -> None:
     if hasattr(config, "workerinput") or getattr(config.option, "maxworkerrestart", "absent") == "absent":
         return  # an xdist worker, or no xdist at all
@@ -40,6 +53,9 @@ def install(config: pytest.Config) -> None:
     from xdist.scheduler.loadscope import LoadScopeScheduling
 
     if xdist.__version__ == PATCHED_VERSION:
-        LoadScopeScheduling.remove_node = _remove_node  # type: ignore[method-assign]
+        LoadScopeScheduling.remove_node = remove_node  # type: ignore[method-assign]
+        if not hasattr(LoadScopeScheduling._reschedule, "unguarded"):
+            LoadScopeScheduling._reschedule = waits_for_collection(  # type: ignore[method-assign]
+                LoadScopeScheduling._reschedule)
     elif config.option.maxworkerrestart is None:
         config.option.maxworkerrestart = "0"
