@@ -63,6 +63,10 @@ class LimitSettings(BaseModel):
     max_image_pixels: int = 40_000_000  # an image's width x height at most (413)
     max_image_side: int = 16_384  # an image's longer side at most (413)
     max_text_chars: int = 20_000  # REST text and file requests, and each text message of a stream
+    # a stream's audio (stream/budget.py): at most this many times real time on average (beyond: its reads wait)
+    max_audio_speed: float = Field(default=4.0, gt=0)
+    # ... in bursts of at most this many audio seconds, which is also the most one message may carry (413 too_large)
+    max_audio_burst_s: float = Field(default=30.0, gt=0)
     max_glossary_terms: int = 5_000  # terms in one glossary at most
     max_glossary_bytes: int = 2_000_000  # a glossary upload's size at most
     max_glossaries_per_key: int = 100  # glossaries one key may keep (403 quota_exceeded)

@@ -37,6 +37,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, NotFound, TooLarge, from_code
+from ..stream.budget import check_message
 from ..stream.events import Closed, Error, Final, Partial
 from ..stream.protocol import close_code, parse_start
 from ..stream.service import Principal, StreamService
@@ -210,7 +211,9 @@ class Transcription:
             raw = base64.b64decode(str(audio or ""), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidParameter("audio must be base64", details={"field": "audio"}) from exc
-        pcm = self.convert(raw)
+        check_message(self.convert.seconds_in(raw), self.settings.limits.max_audio_burst_s)  # before any work
+        convert = self.convert
+        pcm = await asyncio.to_thread(convert, raw)  # G.711 resampling: ~0.2 s of CPU per minute, off the loop
         if not pcm:
             return
         live = self.live or await self._open()

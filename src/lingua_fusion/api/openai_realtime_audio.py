@@ -89,6 +89,10 @@ class Converter:
         out = self.resample(samples.astype(np.float64))
         return np.clip(np.round(out), -32768, 32767).astype("<i2").tobytes()
 
+    def seconds_in(self, data: bytes) -> float:
+        """The duration of ``data`` in this session's input format, known before any work on it."""
+        return len(data) / (2 if self.fmt == "audio/pcm" else 1) / self.rate
+
     def ms(self, pcm16_16k: bytes) -> float:
         """The duration of converted audio, in milliseconds."""
         return len(pcm16_16k) / 2 / SR * 1000

@@ -17,6 +17,7 @@ from ..errors import InvalidParameter, LinguaFusionError
 from ..media.stream_decoder import StreamDecoder
 from ..tracing import TraceRef, span
 from ..types import SR
+from .budget import AudioBudget
 from .contracts import Alive, Emit, Spawn
 from .events import Error, error_event
 from .jobs import StreamJobs
@@ -41,6 +42,7 @@ class Arrivals:
         return time.monotonic()
 
 
+VAD_PIECE_WINDOWS = 64  # at most 2 s of audio per VAD call: another stream's windows wait behind one piece at most
 BACKWARD_NOTICE_EVERY = 50  # chunks whose ts ran backward: the client is told of the first, then of every 50th
 
 
@@ -66,7 +68,7 @@ def backward_notice(ts: float, behind_s: float, dropped: bool, told: int, timeli
 class AudioIngest:
     def __init__(self, spec: StreamSpec, timeline: AudioTimeline, policy: CommitPolicy, jobs: StreamJobs,
                  arrivals: Arrivals, decide: Callable[[Decision], None], closed: Alive, emit: Emit, spawn: Spawn,
-                 trace: TraceRef | None = None) -> None:
+                 budget: AudioBudget, trace: TraceRef | None = None) -> None:
         self.spec = spec
         self.timeline = timeline
         self.policy = policy
@@ -76,6 +78,7 @@ class AudioIngest:
         self._closed = closed  # True once the session closed: VAD results that come back later decide nothing
         self._emit = emit
         self._spawn = spawn
+        self.budget = budget
         self.trace = trace
         self._vad_lock = asyncio.Lock()
         self.vad_pos = 0  # next sample the VAD has not seen
@@ -105,6 +108,7 @@ class AudioIngest:
             return
         if len(data) % 2:
             raise InvalidParameter("PCM16 audio must have an even number of bytes")
+        await self._pay(len(data) / 2 / SR)
         await self._ingest(np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0, ts)
 
     async def _pump_decoded(self, decoded: asyncio.Queue[Any]) -> None:
@@ -115,7 +119,19 @@ class AudioIngest:
             if isinstance(item, LinguaFusionError):
                 self._emit(Error(item.code, item.public_message))
                 continue
-            await self._ingest(item, None)
+            for piece in range(0, len(item), int(self.budget.burst_s * SR)):  # a decoder's item is paid as it goes
+                chunk = item[piece:piece + int(self.budget.burst_s * SR)]
+                await self._pay(len(chunk) / SR)
+                await self._ingest(chunk, None)
+
+    async def _pay(self, seconds: float) -> None:
+        """The stream's audio budget (stream/budget.py): refused before any work if one message is too long, else
+        the reader waits while the stream is ahead of its allowed speed."""
+        wait = self.budget.charge(seconds)
+        if (notice := self.budget.notice()) is not None:
+            self._emit(notice)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     async def _ingest(self, samples: np.ndarray, ts: float | None) -> None:
         if not len(samples):  # nothing to place (the timeline ignores it too): no clock, no notice, no VAD
@@ -136,18 +152,19 @@ class AudioIngest:
             return
         self._placed += 1
         self.arrivals.note(self.timeline.end_s)
-        async with self._vad_lock:  # windows in order, each seen once
-            end = self.timeline.end
-            start = max(self.vad_pos, self.timeline.start)
-            n = (end - start) // WINDOW
-            if n <= 0:
-                return
-            probs = await self.jobs.vad(self.timeline.view(start / SR, (start + n * WINDOW) / SR))
-            self.vad_pos = start + n * WINDOW
-            if self._closed():
-                return
-            for d in self.policy.on_vad(probs, self.vad_pos / SR):
-                self._decide(d)
+        async with self._vad_lock:  # windows in order, each seen once, in pieces of at most VAD_PIECE_WINDOWS
+            while True:
+                end = self.timeline.end
+                start = max(self.vad_pos, self.timeline.start)
+                n = min((end - start) // WINDOW, VAD_PIECE_WINDOWS)
+                if n <= 0:
+                    return
+                probs = await self.jobs.vad(self.timeline.view(start / SR, (start + n * WINDOW) / SR))
+                self.vad_pos = start + n * WINDOW
+                if self._closed():
+                    return
+                for d in self.policy.on_vad(probs, self.vad_pos / SR):
+                    self._decide(d)
 
     def heard(self) -> tuple[float, float | None, bool]:
         """For lips (vision/stream_lips.py): audio heard by the VAD until (stream s), the open speech's start."""

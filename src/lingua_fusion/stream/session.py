@@ -32,6 +32,7 @@ from ..errors import BackendError, InvalidParameter, LinguaFusionError, SlowCons
 from ..serving.ports import ModelPort
 from ..tracing import TraceRef
 from ..types import SR
+from .budget import AudioBudget
 from .contracts import Slots
 from .decisions import Decisions
 from .events import Closed, Event, Final, Ready
@@ -108,8 +109,9 @@ class StreamSession:
         arrivals = Arrivals()
         self.decisions = Decisions(spec, self.timeline, self.policy, self.jobs, arrivals, self._queue,
                                    self._degraded, lambda: self.state == State.LIVE, self._emit, self._spawn)
+        self.budget = AudioBudget(settings.limits.max_audio_speed, settings.limits.max_audio_burst_s, time.monotonic)
         self.ingest = AudioIngest(spec, self.timeline, self.policy, self.jobs, arrivals, self.decisions.apply,
-                                  lambda: self.state == State.CLOSED, self._emit, self._spawn, trace)
+                                  lambda: self.state == State.CLOSED, self._emit, self._spawn, self.budget, trace)
         self.images = Images(self.jobs, settings, self.image_slots, self._place, self._degraded, self._new_video,
                              self._attach_vocabulary, self._emit, self._spawn, trace)
 

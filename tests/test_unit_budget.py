@@ -1,0 +1,64 @@
+"""A stream's audio budget (stream/budget.py): a message too long for the bucket is refused before any work, a stream
+ahead of its allowed speed waits exactly its debt, and a stream at real time never waits."""
+
+from __future__ import annotations
+
+import pytest
+
+from lingua_fusion.errors import TooLarge
+from lingua_fusion.stream.budget import PACED_CODE, AudioBudget, check_message
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_message_of_exactly_the_burst_is_taken_and_one_sample_more_is_refused() -> None:
+    check_message(30.0, 30.0)
+    with pytest.raises(TooLarge) as err:
+        check_message(30.0 + 1 / 16000, 30.0)
+    assert err.value.details == {"limit": "max_audio_burst_s", "seconds": 30.0}
+    assert "at most 30 s" in err.value.message
+
+
+def test_a_live_source_at_real_time_never_waits() -> None:
+    clock = Clock()
+    budget = AudioBudget(speed=4.0, burst_s=30.0, clock=clock)
+    for _ in range(10_000):  # 100 ms chunks, 100 ms apart: 1x real time for 1,000 s
+        assert budget.charge(0.1) == 0.0
+        clock.t += 0.1
+    assert budget.paced == 0 and budget.notice() is None
+
+
+def test_a_fast_sender_waits_its_debt_at_the_allowed_speed() -> None:
+    clock = Clock()
+    budget = AudioBudget(speed=4.0, burst_s=30.0, clock=clock)
+    assert budget.charge(30.0) == 0.0  # a full burst at once
+    assert budget.charge(20.0) == pytest.approx(5.0)  # 20 s owed at 4x: 5 s
+    notice = budget.notice()
+    assert notice is not None and notice.code == PACED_CODE and notice.details == {
+        "limit": "max_audio_speed", "speed": 4.0, "burst_s": 30.0}
+    assert budget.notice() is None  # told once
+    clock.t += 5.0  # the reader waited
+    assert budget.charge(4.0) == pytest.approx(1.0)
+    clock.t += 1.0
+    # over a long run a sender that always waits what it is told goes at the allowed speed, not faster
+    start, fed = clock.t, 0.0
+    for _ in range(100):
+        clock.t += budget.charge(10.0)
+        fed += 10.0
+    assert fed / (clock.t - start) == pytest.approx(4.0, rel=0.05)
+
+
+def test_the_bucket_refills_only_up_to_its_burst() -> None:
+    clock = Clock()
+    budget = AudioBudget(speed=2.0, burst_s=10.0, clock=clock)
+    clock.t += 3600  # an hour idle banks no more than one burst
+    assert budget.charge(10.0) == 0.0
+    assert budget.charge(1.0) == pytest.approx(0.5)
+    with pytest.raises(TooLarge):
+        budget.charge(10.5)
