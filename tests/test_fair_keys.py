@@ -157,3 +157,61 @@ async def test_a_realtime_append_longer_than_the_burst_is_refused_and_the_sessio
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
         got = json.loads(await asyncio.wait_for(ws.recv(), 30))
         assert got["type"] == "session.updated", got  # the 1 s append was taken without an error
+
+
+def lists_body(size: int) -> bytes:
+    """The attack's body: one object whose 'frames' is ``size`` bytes of empty lists (one C call to parse)."""
+    head, tail = b'{"gloss": "hello", "frames": [', b"[]]}"
+    return head + b"[]," * ((size - len(head) - len(tail)) // 3) + tail
+
+
+async def healthz_while(srv: Srv, work: Any) -> tuple[Any, float]:
+    """(what ``work`` returned, the slowest /healthz answer while it ran)"""
+    import httpx
+
+    slowest = 0.0
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        nonlocal slowest
+        async with httpx.AsyncClient(timeout=30) as client:
+            while not done.is_set():
+                t = time.monotonic()
+                assert (await client.get(srv.url + "/healthz")).status_code == 200
+                slowest = max(slowest, time.monotonic() - t)
+                await asyncio.sleep(0.05)
+
+    prober = asyncio.create_task(probe())
+    try:
+        out = await work
+    finally:
+        done.set()
+        await asyncio.wait_for(prober, 60)
+    return out, slowest
+
+
+@pytest.mark.timeout(240)
+async def test_a_body_of_plain_lists_is_refused_and_healthz_stays_quick(srv: Srv) -> None:
+    """The old server parsed four 16 MiB bodies of lists (3-6 s each, one C call holding the interpreter lock, the
+    junk field ignored): /healthz took up to 5.5 s and B's captions 10 s."""
+    import httpx
+
+    a, _ = srv.new_key("json-attacker")
+    auth = {"Authorization": f"Bearer {a}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(srv.url + "/v1/vocabularies", headers=auth, content=b'{"kind": "sign", "x": 1}')
+        assert r.status_code == 400 and r.json()["error"]["details"]["field"] == "x", r.text  # closed schema
+        r = await client.post(srv.url + "/v1/vocabularies", headers=auth, content=b'{"kind": "sign"}')
+        assert r.status_code == 201, r.text
+        vid = r.json()["vocabulary_id"]
+        body = lists_body(16 * (1 << 20) - 1024)
+        big = await client.post(srv.url + "/v1/vocabularies", headers=auth, content=body)
+        assert big.status_code == 413, big.text  # creating takes a small body, not the landmark routes' 16 MiB
+        posts = [client.post(f"{srv.url}/v1/vocabularies/{vid}/examples", headers=auth, content=body)
+                 for _ in range(4)]
+        answers, slowest = await healthz_while(srv, asyncio.gather(*posts))
+    print(f"/healthz slowest {slowest:.3f} s beside four 16 MiB bodies of lists")
+    for r in answers:
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter", r.text
+        assert "without a JSON object" in r.json()["error"]["message"]
+    assert slowest < 1.5

@@ -94,7 +94,7 @@ def body_limit(settings: Settings, method: str, path: str) -> int:
         return limits.max_upload_bytes + FORM_OVERHEAD + 4 * limits.max_text_chars
     if method == "POST" and path == "/v1/glossaries":
         return min(limits.max_upload_bytes, limits.max_glossary_bytes) + FORM_OVERHEAD
-    if method == "POST" and path.startswith("/v1/vocabularies"):  # landmark JSON, imports, example videos
+    if method == "POST" and path.startswith("/v1/vocabularies/"):  # landmark JSON, imports, example videos
         return min(limits.max_upload_bytes, settings.vision.max_vocabulary_bytes) + FORM_OVERHEAD
     return limits.max_json_bytes
 

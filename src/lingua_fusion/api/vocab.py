@@ -61,6 +61,11 @@ IMPORT = spec.json_body({"type": "object", "required": ["format", "kind", "examp
         "type": "object", "required": ["gloss", "frames"],
         "properties": {"gloss": {"type": "string"}, "frames": FRAMES}}}}})
 
+CREATE_FIELDS = frozenset({"name", "kind", "lang"})
+EXAMPLE_FIELDS = frozenset({"gloss", "frames"})
+RECOGNISE_FIELDS = frozenset({"frames", "target_lang"})
+IMPORT_FIELDS = frozenset({"format", "name", "kind", "lang", "examples"})
+
 
 def install(app: FastAPI, settings: Settings) -> VisionService:
     """The vocabulary store and the vision service on ``app.state.vision``, and the routes."""
@@ -98,15 +103,24 @@ async def _json(request: Request) -> Any:
     return await asyncio.to_thread(parse_json, await request.body(), bigjson.loads)
 
 
-async def _payload(request: Request) -> tuple[dict[str, Any], bytes | None]:
-    """A JSON object body, or a multipart form's fields and its ``file``'s bytes."""
+def closed(body: Any, fields: frozenset[str], what: str) -> dict[str, Any]:
+    """``body`` as a JSON object of only ``fields`` (the route's schema is closed: a field it does not know is a
+    mistake or junk, refused rather than ignored)."""
+    if not isinstance(body, dict):
+        raise InvalidParameter(f"the body must be a JSON object {what}")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise InvalidParameter(f"unknown field(s) {', '.join(map(repr, unknown[:5]))}: the body is {what}",
+                               details={"field": unknown[0]})
+    return body
+
+
+async def _payload(request: Request, fields: frozenset[str], what: str) -> tuple[dict[str, Any], bytes | None]:
+    """A JSON object body of only ``fields``, or a multipart form's fields and its ``file``'s bytes."""
     if is_json(request):
-        body = await _json(request)
-        if not isinstance(body, dict):
-            raise InvalidParameter("the body must be a JSON object")
-        return body, None
+        return closed(await _json(request), fields, what), None
     form = await read_form(request)
-    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    values = {k: v for k, v in form.items() if isinstance(v, str)}
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raise EmptyInput("send JSON landmarks ({\"frames\": [...]}) or a multipart 'file' (a short video)")
@@ -116,7 +130,7 @@ async def _payload(request: Request) -> tuple[dict[str, Any], bytes | None]:
         raise TooLarge(f"a video sent here is at most {limit} bytes", details={"limit": "max_vocabulary_bytes"})
     if not data:
         raise EmptyInput("the uploaded file is empty")
-    return fields, data
+    return values, data
 
 
 async def _sequence(request: Request, key_id: str, kind: str, body: dict[str, Any], data: bytes | None,
@@ -130,9 +144,7 @@ async def _sequence(request: Request, key_id: str, kind: str, body: dict[str, An
 
 @router.post("/v1/vocabularies", openapi_extra=spec.body(CREATE))
 async def create_vocabulary(request: Request, key: TranslateKey) -> JSONResponse:
-    body = await _json(request)
-    if not isinstance(body, dict):
-        raise InvalidParameter("the body must be a JSON object {name, kind, lang}")
+    body = closed(await _json(request), CREATE_FIELDS, "{name, kind, lang}")
     name, kind = _text(body, "name"), check_kind(body.get("kind"))
     lang = langs.normalize(_text(body, "lang") or "en", field="lang")
     vocab = _vision(request).store.create(key.key_id, name, kind, lang)
@@ -160,7 +172,7 @@ async def delete_vocabulary(vocab_id: str, request: Request, key: TranslateKey) 
 async def add_example(vocab_id: str, request: Request, key: TranslateKey) -> JSONResponse:
     store = _vision(request).store
     vocab = store.get(key.key_id, vocab_id)  # 404 before reading a video for nothing
-    body, data = await _payload(request)
+    body, data = await _payload(request, EXAMPLE_FIELDS, "{gloss, frames}")
     gloss = check_gloss(body.get("gloss"))
     deadline = Deadline(context(request).settings.server.request_timeout_s)
     seq = await _sequence(request, key.key_id, vocab.kind, body, data, deadline)
@@ -182,7 +194,7 @@ async def export_vocabulary(vocab_id: str, request: Request, key: TranslateKey) 
 
 @router.post("/v1/vocabularies/import", openapi_extra=spec.body(IMPORT))
 async def import_vocabulary(request: Request, key: TranslateKey) -> JSONResponse:
-    doc = await _json(request)
+    doc = closed(await _json(request), IMPORT_FIELDS, "a vocabulary export {format, name, kind, lang, examples}")
     name = request.query_params.get("name")
     ctx = context(request)  # every example is checked (its features computed): work in the key's share of slots
     vocab = await ctx.admission.run(key.key_id, Deadline(ctx.settings.server.request_timeout_s),
@@ -195,7 +207,7 @@ async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[
     ctx = context(request)
     service = _vision(request)
     vocab = service.store.get(key.key_id, vocab_id)
-    body, data = await _payload(request)
+    body, data = await _payload(request, RECOGNISE_FIELDS, "{frames, target_lang}")
     target = body.get("target_lang")
     if target is not None and not isinstance(target, str):
         raise InvalidParameter("'target_lang' must be a language code", details={"field": "target_lang"})

@@ -16,6 +16,11 @@ one C call. ``json.loads`` and ``json.dumps`` of 16 MB are single C calls of abo
 - ``dumps``: objects and lists of objects are written piece by piece, each leaf (a frame's point lists) by one
   small C ``json.dumps`` call.
 
+A hook runs only at the end of an object, so a body of plain lists (``{"frames": [[], [], ...]}``, 16 MiB of them)
+gave the scanner one C call of seconds: ``loads`` refuses, before parsing, a body with more than ``MAX_RUN_BYTES``
+between two objects (a landmark frame is an object of about 2 KB; an attacker's lists are refused in ~20 ms of
+numpy that lets other threads run).
+
 Both are strict as ``strict_json.loads`` (NaN / Infinity and lone surrogates are a ``ValueError``). Call them off
 the event loop (``asyncio.to_thread``); on the loop they block as long as the plain calls.
 """
@@ -28,9 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidParameter
 from .landmarks import PARTS
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+MAX_RUN_BYTES = 64 * 1024  # the most bytes between two JSON objects' starts (the scanner's longest run without a hook)
 
 
 def _not_json(name: str) -> Any:
@@ -50,8 +57,21 @@ def _each_object(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def longest_run(raw: bytes) -> int:
+    """The most bytes of ``raw`` before, between or after its object starts (``{``, counted in strings too: the
+    bound is conservative)."""
+    starts = np.flatnonzero(np.frombuffer(raw, dtype=np.uint8) == ord("{"))
+    if not len(starts):
+        return len(raw)
+    return int(max(starts[0], len(raw) - starts[-1], np.diff(starts).max(initial=0)))
+
+
 def loads(raw: bytes) -> Any:
-    """The value of a JSON body; ``ValueError`` if it is not strict JSON, ``RecursionError`` if nested too deep."""
+    """The value of a JSON body; ``ValueError`` if it is not strict JSON, ``RecursionError`` if nested too deep,
+    ``InvalidParameter`` if it has a run over ``MAX_RUN_BYTES`` without an object (``longest_run``)."""
+    if len(raw) > MAX_RUN_BYTES and (run := longest_run(raw)) > MAX_RUN_BYTES:
+        raise InvalidParameter(f"{run} bytes of the body without a JSON object: landmark bodies are objects (one per "
+                               f"frame) at most {MAX_RUN_BYTES} bytes apart", details={"limit": "max_run_bytes"})
     obj = json.loads(raw, parse_constant=_not_json, object_hook=_each_object)
     if _SURROGATE.search(raw) is not None:  # rare: only then is every string checked
         try:
