@@ -67,10 +67,10 @@ class FakeOwner:
         self.captions: list[float] = []
         self.released_ids: list[str] = []
 
-    def degraded(self, slo: str, step: str) -> bool:
+    def degraded(self, slo: str, step: str, key_id: str = "") -> bool:
         return step in self.steps
 
-    def caption_done(self, slo: str, seconds: float) -> None:
+    def caption_done(self, slo: str, seconds: float, key_id: str = "") -> None:
         self.captions.append(seconds)
 
     def released(self, session: StreamSession) -> None:

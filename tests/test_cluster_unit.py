@@ -92,7 +92,7 @@ class Stages:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
 
-    def stage_done(self, slo: str, stage: str, seconds: float) -> None:
+    def stage_done(self, slo: str, stage: str, seconds: float, key_id: str = "") -> None:
         self.seen.append((slo, stage))
 
 

@@ -287,7 +287,8 @@ async def test_a_new_stream_of_a_breached_class_is_refused_until_the_class_recov
         refused = await Wire.open(host, text_start(slo="standard"))
         assert await refused.closed() == 4429
         err = next(e for e in refused.got if e["type"] == "error")
-        assert err["code"] == "overloaded" and err["details"] == {"slo": "standard", "breaker_level": 1}
+        assert err["code"] == "overloaded"
+        assert err["details"] == {"slo": "standard", "breaker_level": 1, "scope": "class"}
         other = await Wire.open(host, text_start(slo="interactive"))
         await other.first("ready")
         for _ in range(3):  # healthy windows: the class is restored
@@ -307,6 +308,38 @@ async def test_a_new_stream_of_a_breached_class_is_refused_until_the_class_recov
         await quiet.first("ready")  # not locked out: the breaker restored the quiet class
         assert service.breaker.level("standard") == 0
         for w in (live, other, again, quiet):
+            await w.hang_up()
+
+
+async def test_one_keys_late_captions_refuse_that_key_and_never_another_key(tmp_path: Path) -> None:
+    """Issue 29: one key's room stream of long captions in four languages ran 27 s late, moved the shared class
+    down, and every other key's new streams were refused for a minute. Now the key that misses is refused (scope
+    "key") and degraded; another key (here the no-auth key, "anonymous") opens and is not told to degrade."""
+    s = settings_for(tmp_path, breaker_window_s=1.0, breaker_k=1)
+    async with serve(s) as (host, app):
+        service: StreamService = app.state.streams
+        t = [1000.0]
+        service.executor.clock = lambda: t[0]
+        live = await Wire.open(host, text_start(slo="standard"))
+        await live.first("ready")
+        service.caption_done("standard", 27.0, "key-a")
+        service.caption_done("standard", 0.4, "anonymous")
+        t[0] += 1.0
+        service.caption_done("standard", 27.0, "key-a")  # the first window breached, for the class and for key-a
+        assert service.breaker.level("standard") == 1 and service.breaker.keys_down("standard") == ["key-a"]
+        assert not service.degraded("standard", "drop_partials", "anonymous")
+        assert service.degraded("standard", "drop_partials", "key-a")
+        opened = await Wire.open(host, text_start(slo="standard"))  # the old server refused this one
+        await opened.first("ready")
+        assert not any(e["type"] == "degraded" for e in live.got)  # nor told the live one of key-a's doing
+        service.caption_done("standard", 30.0, "anonymous")
+        t[0] += 1.0
+        service.caption_done("standard", 30.0, "anonymous")  # now this key misses its own target too
+        refused = await Wire.open(host, text_start(slo="standard"))
+        assert await refused.closed() == 4429
+        err = next(e for e in refused.got if e["type"] == "error")
+        assert err["details"] == {"slo": "standard", "breaker_level": 1, "scope": "key"}
+        for w in (live, opened):
             await w.hang_up()
 
 

@@ -106,7 +106,7 @@ class ClusterExecutor(Executor):
             self._depths[key] = reply.depth
             value = reply.result()
             if not ctx.tentative and value is not None and self.observer is not None:
-                self.observer.stage_done(ctx.slo, key.stage, self.clock() - t0)
+                self.observer.stage_done(ctx.slo, key.stage, self.clock() - t0, ctx.key_id)
             return value
 
     def depth(self, key: ModelKey) -> int:

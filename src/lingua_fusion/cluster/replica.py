@@ -37,7 +37,7 @@ class _Pressure:
     def __init__(self, window: PressureWindow) -> None:
         self.window = window
 
-    def stage_done(self, slo: str, stage: str, seconds: float) -> None:
+    def stage_done(self, slo: str, stage: str, seconds: float, key_id: str = "") -> None:
         if slo in SLO_CLASSES:
             self.window.record(time.monotonic(), seconds / stage_deadline(slo, stage, 0.0))
 

@@ -334,7 +334,7 @@ class Executor:
         if self.observer is not None and self.mode == "batched":
             for w in batch:
                 if not w.tentative:
-                    self.observer.stage_done(w.slo, w.stage, done - w.enqueued)
+                    self.observer.stage_done(w.slo, w.stage, done - w.enqueued, w.key_id)
 
     # ---- admission -------------------------------------------------------------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,

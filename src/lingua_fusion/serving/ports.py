@@ -88,6 +88,7 @@ class ModelPort(Protocol):
 
 
 class StageObserver(Protocol):
-    def stage_done(self, slo: str, stage: str, seconds: float) -> None:
-        """A committed item of ``stage`` took ``seconds`` from submission to result (queue wait + run)."""
+    def stage_done(self, slo: str, stage: str, seconds: float, key_id: str = "") -> None:
+        """A committed item of ``key_id``'s ``stage`` took ``seconds`` from submission to result (queue wait +
+        run)."""
         ...

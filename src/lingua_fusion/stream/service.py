@@ -32,9 +32,10 @@ from ..errors import (
     TakenOver,
 )
 from ..glossary import Term
-from ..serving.breaker import SLOBreaker, Transition
+from ..serving.breaker import SLOBreaker
 from ..serving.executor import Executor
 from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
+from ..serving.tenant_breaker import KeyedTransition, TenantBreaker
 from ..tracing import Tracer
 from .contracts import Slots
 from .events import Closed, Degraded, Error, Event, Logged, Restored
@@ -117,8 +118,9 @@ class StreamService:
         self._holds: dict[str, _Hold] = {}  # stream id -> its reservation (quota and admission)
         self.image_slots = Slots(settings.server.max_images_in_flight)  # decoded frames, all streams together
         self.draining = False
-        self.breaker = SLOBreaker(dict(SLO_CLASSES), window_s=settings.server.breaker_window_s,
-                                  k=settings.server.breaker_k, stage_share=STAGE_BUDGET)
+        server = settings.server
+        self.breaker = TenantBreaker(lambda: SLOBreaker(dict(SLO_CLASSES), window_s=server.breaker_window_s,
+                                                        k=server.breaker_k, stage_share=STAGE_BUDGET))
         self._ticker: asyncio.Task[None] | None = None
         self.tracer: Tracer | None = None  # set when tracing is on: each stream gets a span (lingua_fusion/tracing)
         self.rooms: RoomHost | None = None  # set by the app: streams started with "room" publish there (rooms/)
@@ -147,7 +149,7 @@ class StreamService:
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
             spec.key_id = who.key_id
             spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
-            self._refuse_if_breached(spec.slo)
+            self._refuse_if_breached(spec.slo, who.key_id)
         # capacity before the claim: a resume refused for it (or for a drain) has taken nothing over, and the
         # connection still serving the stream, here or elsewhere, keeps it
         held = await self._hold(spec, who)
@@ -241,18 +243,22 @@ class StreamService:
             self.executor.release(stream_id)
             self.quota.give(held.key_id)
 
-    def _refuse_if_breached(self, slo: str) -> None:
+    def _refuse_if_breached(self, slo: str, key_id: str) -> None:
         """A new stream of a class whose SLO breaker has moved down is refused: the streams of that class already
         miss its latency target, whatever the cause admission's cost model cannot see (the continuous engine, whose
         cost it does not model; a slow dependency; another tenant of the machine). A resume is not refused for it:
         it carries a stream the server already serves. A class that has gone quiet is restored by the breaker itself
-        (``SLOBreaker.tick``), so it is not locked out."""
+        (``SLOBreaker.tick``), so it is not locked out. Per key (serving/tenant_breaker.py): a key whose own streams
+        miss the target is refused; another key, meeting it, is not refused for that key's doing."""
         self._apply(self.breaker.tick(self.executor.clock()))  # windows that ended since the last caption
-        level = self.breaker.level(slo)
+        level = self.breaker.refusing(slo, key_id)
         if level:
             self._refused()
-            raise Overloaded(f"streams of the {slo} class are missing its latency target now; retry later or use a "
-                             "looser SLO class", retry_after=5.0, details={"slo": slo, "breaker_level": level})
+            own = self.breaker.key_level(slo, key_id) > 0
+            whose = "this key's streams" if own else "streams"
+            raise Overloaded(f"{whose} of the {slo} class are missing its latency target now; retry later or use a "
+                             "looser SLO class", retry_after=5.0,
+                             details={"slo": slo, "breaker_level": level, "scope": "key" if own else "class"})
 
     def _unavailable(self) -> None:
         """A refusal because the server cannot serve a new stream at all just now (``Overloaded.not_serving``):
@@ -361,23 +367,23 @@ class StreamService:
         if held is not None:
             self._unhold(stream_id, held)
 
-    def degraded(self, slo: str, step: str) -> bool:
-        return self.breaker.active(slo, step)
+    def degraded(self, slo: str, step: str, key_id: str = "") -> bool:
+        return self.breaker.active(slo, step, key_id)
 
-    def caption_done(self, slo: str, seconds: float) -> None:
+    def caption_done(self, slo: str, seconds: float, key_id: str = "") -> None:
         if self.metrics is not None:
             self.metrics.caption(slo, seconds)
-        self._record(slo, seconds, "caption")
+        self._record(slo, seconds, "caption", key_id)
 
     # ---- StageObserver -----------------------------------------------------------------------------------------
-    def stage_done(self, slo: str, stage: str, seconds: float) -> None:
-        self._record(slo, seconds, stage)
+    def stage_done(self, slo: str, stage: str, seconds: float, key_id: str = "") -> None:
+        self._record(slo, seconds, stage, key_id)
 
     # ---- the SLO breaker ---------------------------------------------------------------------------------------
-    def _record(self, slo: str, seconds: float, stage: str) -> None:
+    def _record(self, slo: str, seconds: float, stage: str, key_id: str) -> None:
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.create_task(self._tick_loop(), name="breaker")
-        self._apply(self.breaker.record(slo, seconds, self.executor.clock(), stage))
+        self._apply(self.breaker.record(slo, seconds, self.executor.clock(), stage, key_id or None))
 
     async def _tick_loop(self) -> None:
         """Closes idle windows (a class that went quiet is restored)."""
@@ -385,15 +391,17 @@ class StreamService:
             await asyncio.sleep(1.0)
             self._apply(self.breaker.tick(self.executor.clock()))
 
-    def _apply(self, transitions: list[Transition]) -> None:
-        for t in transitions:
+    def _apply(self, transitions: list[KeyedTransition]) -> None:
+        for kt in transitions:
+            t, key_id = kt.move, kt.key_id
             down = t.to_level > t.from_level
-            log.warning("SLO breaker %s: level %d -> %d (%s, %s window p99 %s s)", t.slo, t.from_level,
+            whose = f"key {key_id}" if key_id else "class"
+            log.warning("SLO breaker %s (%s): level %d -> %d (%s, %s window p99 %s s)", t.slo, whose, t.from_level,
                         t.to_level, t.step, t.stage, t.p99)
-            if self.metrics is not None:
+            if self.metrics is not None and key_id is None:
                 self.metrics.degradation_level.labels(slo=t.slo).set(t.to_level)
                 self.metrics.breaker_transitions.labels(slo=t.slo, direction="degrade" if down else "restore").inc()
-            affected = [s for s in self.sessions.values() if s.spec.slo == t.slo]
+            affected = self._affected(t.slo, key_id)
             notice = Degraded if down else Restored
             for s in affected:
                 s.notify(notice(slo=t.slo, level=t.to_level, step=t.step, stage=t.stage, window_p99_s=t.p99))
@@ -401,6 +409,16 @@ class StreamService:
                 victim = min(affected, key=lambda s: s.spec.importance)
                 victim.fail(Overloaded("the server is over its SLO; the least important stream was shed",
                                        retry_after=10.0))
+
+    def _affected(self, slo: str, key_id: str | None) -> list[StreamSession]:
+        """The streams a move applies to: a key's move, that key's streams of the class; the class's move, every
+        stream of the class, or only the streams of keys down on their own while there are such (the class is
+        down for their doing)."""
+        of_class = [s for s in self.sessions.values() if s.spec.slo == slo]
+        if key_id is not None:
+            return [s for s in of_class if s.spec.key_id == key_id]
+        down = set(self.breaker.keys_down(slo))
+        return [s for s in of_class if s.spec.key_id in down] if down else of_class
 
     async def revoke(self, key_id: str) -> int:
         """A key was revoked: its live streams end now (``unauthenticated``, 4401). Returns how many."""

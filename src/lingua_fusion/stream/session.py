@@ -64,12 +64,12 @@ class StreamOwner(Protocol):
 
     vision: Any  # vision/service.py VisionService, or None: read only by streams started with a vocabulary_id
 
-    def degraded(self, slo: str, step: str) -> bool:
-        """Is the breaker's ``step`` active for this SLO class now?"""
+    def degraded(self, slo: str, step: str, key_id: str = "") -> bool:
+        """Is the breaker's ``step`` active for this SLO class now, for the streams of ``key_id``?"""
         ...
 
-    def caption_done(self, slo: str, seconds: float) -> None:
-        """A final went out ``seconds`` after its words arrived."""
+    def caption_done(self, slo: str, seconds: float, key_id: str = "") -> None:
+        """A final of ``key_id``'s stream went out ``seconds`` after its words arrived."""
         ...
 
     def released(self, session: StreamSession) -> None:
@@ -103,7 +103,7 @@ class StreamSession:
         self.image_slots = image_slots or Slots(MAX_IMAGES_IN_FLIGHT)  # the same, across the service's streams
         self._text_until = -1.0  # a resumed stream: re-sent text at or before this stream time was logged already
         self.finals = Finals(spec, self.jobs, self.journal, self.timeline,
-                             lambda seconds: owner.caption_done(spec.slo, seconds), self.fail, self._emit,
+                             lambda seconds: owner.caption_done(spec.slo, seconds, spec.key_id), self.fail, self._emit,
                              self._spawn, trace)
         self._pending = self.finals.pending
         arrivals = Arrivals()
@@ -202,7 +202,7 @@ class StreamSession:
             raise InvalidParameter(f"this stream declared inputs {self.spec.inputs}: {kind} was not among them")
 
     def _degraded(self, step: str) -> bool:
-        return self.owner.degraded(self.spec.slo, step)
+        return self.owner.degraded(self.spec.slo, step, self.spec.key_id)
 
     async def feed_audio(self, pcm16: bytes, ts: float | None = None) -> None:
         """PCM16 LE mono 16 kHz bytes, or a piece of the WebM/Ogg stream when the stream declared one."""

@@ -247,7 +247,7 @@ class RemotePort:
             self._depth[key] = int(reply.get("depth") or 0)
             if self.observer is not None and not ctx.tentative and self.mode == "batched" \
                     and reply.get("value") is not None:
-                self.observer.stage_done(ctx.slo, key.stage, self.clock() - t0)
+                self.observer.stage_done(ctx.slo, key.stage, self.clock() - t0, ctx.key_id)
             return reply.get("value")
 
     def depth(self, key: ModelKey) -> int:
