@@ -148,3 +148,52 @@ def test_a_body_over_the_limit_refused_by_the_guard_has_the_headers_too(site: Si
                    headers={"Authorization": f"Bearer {site.admin}", "Content-Type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
     assert r.headers["x-content-type-options"] == "nosniff" and r.headers["x-frame-options"] == "DENY"
+
+
+# ---- /metrics ------------------------------------------------------------------------------------------------
+def near_misses(token: str) -> list[str]:
+    flipped = token[:-1] + ("A" if token[-1] != "A" else "B")
+    return [token[:-1], flipped, token + "x", token[:8], " " + token.upper(), "x" + token[1:]]
+
+
+@pytest.mark.parametrize(("who", "status", "code"), [
+    (None, 401, "unauthenticated"), ("user", 403, "forbidden"),
+    ("sk_not_a_key", 401, "unauthenticated")] + [(miss, 401, "unauthenticated") for miss in near_misses(TOKEN)])
+def test_metrics_refuses_without_an_admin_key_or_the_token(site: Site, who: str | None, status: int,
+                                                           code: str) -> None:
+    secret = site.user if who == "user" else who
+    r = site.get("/metrics", secret)
+    assert r.status_code == status, r.text[:300]
+    error = r.json()["error"]
+    assert error["code"] == code and "message" in error
+    assert "linguafusion_" not in r.text  # no figure leaks in the refusal
+    ops = site.get("/v1/ops/metrics", secret)  # refused the same way as the JSON view
+    assert (ops.status_code, ops.json()["error"]["code"]) == (status, code)
+
+
+@pytest.mark.parametrize("how", ["admin key", "token", "token as X-API-Key"])
+def test_metrics_answers_an_admin_key_and_the_scrape_token(site: Site, how: str) -> None:
+    if how == "token as X-API-Key":
+        r = httpx.get(site.url + "/metrics", headers={"X-API-Key": TOKEN}, timeout=30)
+    else:
+        r = site.get("/metrics", site.admin if how == "admin key" else TOKEN)
+    assert r.status_code == 200, r.text[:300]
+    assert r.headers["content-type"].startswith("text/plain") and "linguafusion_requests_total" in r.text
+
+
+def test_the_token_is_no_api_key(site: Site) -> None:
+    """The scrape token reads /metrics only: the JSON view and every other route still want a key."""
+    assert site.get("/v1/ops/metrics", TOKEN).status_code == 401
+    assert site.get("/v1/keys", TOKEN).status_code == 401
+    no_scheme = httpx.get(site.url + "/metrics", headers={"Authorization": TOKEN}, timeout=30)  # not "Bearer ..."
+    assert no_scheme.status_code == 401
+    assert TOKEN not in site.log()
+
+
+def test_metrics_is_open_on_a_keyless_server(tmp_path: Path) -> None:
+    url, proc = start_server(tmp_path, "--no-auth")
+    try:
+        r = httpx.get(url + "/metrics", timeout=30)
+        assert r.status_code == 200 and "linguafusion_requests_total" in r.text
+    finally:
+        stop_server(proc)

@@ -584,7 +584,8 @@ def test_the_ops_page_numbers_equal_metrics(site: Site, speech_wav: Path, browse
           metric: n.dataset.metric || null, histogram: n.dataset.histogram || null,
           labels: JSON.parse(n.dataset.labels || '{}'), quantile: n.dataset.quantile || null,
           value: n.dataset.value, text: n.textContent}))""")
-    metrics = scrape(httpx.get(site.url + "/metrics", timeout=10).text)
+    metrics = scrape(httpx.get(site.url + "/metrics", headers={"Authorization": f"Bearer {site.admin_key}"},
+                               timeout=10).text)
     assert csp_violations(browser) == []
     browser.set_window_size(1400, 1500)
     screens(browser, "ops")

@@ -20,8 +20,9 @@ from fastapi.staticfiles import StaticFiles
 from .headers import CSP, page_policy, script_hashes
 
 ASSETS = "/docs/assets"
-# routes anyone may call; every other operation needs "Authorization: Bearer sk_..."
-OPEN = {"/healthz", "/readyz", "/metrics", "/v1/models"}
+# routes anyone may call; every other operation needs "Authorization: Bearer sk_..." (/metrics: an admin key or
+# the server's metrics token, api/deps.py check_scrape)
+OPEN = {"/healthz", "/readyz", "/v1/models"}
 SCHEME = {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "sk_...",
                          "description": "An API key from `linguafusion keys create` (Authorization: Bearer sk_...)"}}
 
