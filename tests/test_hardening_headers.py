@@ -197,3 +197,23 @@ def test_metrics_is_open_on_a_keyless_server(tmp_path: Path) -> None:
         assert r.status_code == 200 and "linguafusion_requests_total" in r.text
     finally:
         stop_server(proc)
+
+
+# ---- strict JSON on the room routes --------------------------------------------------------------------------
+@pytest.mark.parametrize("body", [b'{"source_lang": "\\ud800"}', b'{"source_lang": "en", "x": "\\udfff"}',
+                                  b'{"source_lang": NaN}', b'{"\\ud83d": 1}'])
+def test_a_room_body_that_is_not_strict_json_is_a_typed_400(site: Site, body: bytes) -> None:
+    r = httpx.post(site.url + "/v1/rooms", content=body, timeout=30,
+                   headers={"Authorization": f"Bearer {site.user}", "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["code"] == "invalid_parameter"
+    assert "not valid JSON" in r.json()["error"]["message"]
+
+
+def test_a_room_body_with_a_surrogate_pair_is_served(site: Site) -> None:
+    """A pair (one character, U+1F600) is text: it reaches the route, which says what is wrong with the field."""
+    h = {"Authorization": f"Bearer {site.user}", "Content-Type": "application/json"}
+    r = httpx.post(site.url + "/v1/rooms", content=b'{"source_lang": "en", "note": "\\ud83d\\ude00"}', headers=h,
+                   timeout=30)
+    assert r.status_code == 201, r.text[:300]
+    assert "Traceback" not in site.log()

@@ -301,6 +301,31 @@ async def test_hostile_session_updates_are_refused_and_the_server_stays_responsi
         assert ok.type == "session.updated" and ok.session.audio.input.format.rate == 24000
 
 
+@pytest.mark.parametrize("event", [
+    {"type": "session.update", "session": {"type": "transcription", "instructions": "\ud800"}},
+    {"type": "session.update", "session": {"audio": {"input": {"transcription": {"prompt": "say \udfff"}}}}},
+    {"type": "session.update", "event_id": "evt_\ud800", "session": {"type": "transcription"}},
+    {"type": "input_audio_buffer.commit", "event_id": "\udbff"}], ids=["instructions", "prompt", "event_id",
+                                                                        "commit_event_id"])
+async def test_a_lone_surrogate_gets_an_invalid_request_error_and_the_session_goes_on(api: Api,
+                                                                                  event: dict[str, Any]) -> None:
+    """A lone UTF-16 surrogate (``"\\ud800"``: a JSON escape that names no character) parsed into the session and
+    failed when the event was echoed: close 1011 ``internal``, a traceback in the log. Now the event is refused as
+    not strict JSON and the next one is served."""
+    async with api.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        await conn.recv()  # session.created
+        await conn.send(event)  # type: ignore[arg-type]  # json.dumps escapes the surrogate: "\ud800" on the wire
+        err = await asyncio.wait_for(conn.recv(), 30)
+        assert err.type == "error", err
+        assert err.error.type == "invalid_request_error" and err.error.code == "invalid_parameter", err
+        assert "surrogate" in err.error.message and err.error.event_id is None
+        await conn.send({"type": "session.update", "event_id": "evt_ok", "session": transcription(None)})
+        ok = await asyncio.wait_for(conn.recv(), 30)
+        assert ok.type == "session.updated" and ok.session.audio.input.transcription.prompt in ("", None), ok
+    log = "\n".join(p.read_text(errors="replace") for p in api.state.glob("server-*.log"))
+    assert "Traceback" not in log and "surrogates not allowed" not in log
+
+
 async def test_a_wrong_key_gets_an_error_and_the_socket_closes(api: Api) -> None:
     t = time.monotonic()
     async with api.client(key="sk_not_a_key").realtime.connect(extra_query={"intent": "transcription"}) as conn:
