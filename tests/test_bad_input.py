@@ -321,7 +321,7 @@ def test_server_survives_the_corpus(ctx: Ctx, corpus: dict[str, httpx.Response])
         h = ctx.client.get(f"{url}/healthz")
         assert h.status_code == 200 and h.json() == {"status": "ok"}
 
-    metrics = ctx.client.get(f"{ctx.server.url}/metrics").text
+    metrics = ctx.client.get(f"{ctx.server.url}/metrics", headers=ctx.auth(ctx.server.admin_key)).text
     line = next((ln for ln in metrics.splitlines()
                  if ln.startswith('linguafusion_errors_total{code="corrupt_media"}')), None)
     assert line is not None, metrics[:2000]

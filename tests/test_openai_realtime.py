@@ -15,6 +15,7 @@ import time
 import wave
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,12 +32,14 @@ pytestmark = pytest.mark.slow
 FIRST, SECOND = "Good morning everyone. Today we talk about the school budget.", "The house is very big."
 TIMEOUT_S = 120.0
 COMPLETED = "conversation.item.input_audio_transcription.completed"
+METRICS_TOKEN = "realtime-test-scrape-token"  # server.metrics_token: /metrics with auth on (the key is no admin)
 
 
 @dataclass
 class Api:
     url: str
     key: str
+    state: Path
 
     def client(self, key: str | None = None) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=key or self.key, max_retries=0)
@@ -47,8 +50,8 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     state = tmp_path_factory.mktemp("realtime-state")
     key = subprocess.run([str(BIN), "keys", "create", "--state-dir", str(state)], capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
-    url, proc = start_server(state, port=free_port())
-    yield Api(url, key)
+    url, proc = start_server(state, port=free_port(), env={"LINGUAFUSION_SERVER__METRICS_TOKEN": METRICS_TOKEN})
+    yield Api(url, key, state)
     stop_server(proc)
 
 
@@ -165,13 +168,14 @@ async def test_it_runs_on_the_stream_engine(api: Api, talk: bytes) -> None:
     def counter(text: str, name: str) -> float:
         return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
-    before = httpx.get(api.url + "/metrics", timeout=10).text
+    scrape = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+    before = httpx.get(api.url + "/metrics", headers=scrape, timeout=10).text
     async with api.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
         await conn.session.update(session=transcription({"type": "server_vad"}, slo="interactive"))
         await play(conn, talk)
         await conn.input_audio_buffer.commit()
         await collect(conn, heard("house"))
-    after = httpx.get(api.url + "/metrics", timeout=10).text
+    after = httpx.get(api.url + "/metrics", headers=scrape, timeout=10).text
     admitted = "linguafusion_streams_admitted_total"
     assert counter(after, admitted) > counter(before, admitted)
     name = "linguafusion_caption_latency_seconds_count"
@@ -295,6 +299,31 @@ async def test_hostile_session_updates_are_refused_and_the_server_stays_responsi
         await conn.session.update(session=transcription(None))
         ok = await asyncio.wait_for(conn.recv(), 30)
         assert ok.type == "session.updated" and ok.session.audio.input.format.rate == 24000
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "session.update", "session": {"type": "transcription", "instructions": "\ud800"}},
+    {"type": "session.update", "session": {"audio": {"input": {"transcription": {"prompt": "say \udfff"}}}}},
+    {"type": "session.update", "event_id": "evt_\ud800", "session": {"type": "transcription"}},
+    {"type": "input_audio_buffer.commit", "event_id": "\udbff"}], ids=["instructions", "prompt", "event_id",
+                                                                        "commit_event_id"])
+async def test_a_lone_surrogate_gets_an_invalid_request_error_and_the_session_goes_on(api: Api,
+                                                                                  event: dict[str, Any]) -> None:
+    """A lone UTF-16 surrogate (``"\\ud800"``: a JSON escape that names no character) parsed into the session and
+    failed when the event was echoed: close 1011 ``internal``, a traceback in the log. Now the event is refused as
+    not strict JSON and the next one is served."""
+    async with api.client().realtime.connect(extra_query={"intent": "transcription"}) as conn:
+        await conn.recv()  # session.created
+        await conn.send(event)  # type: ignore[arg-type]  # json.dumps escapes the surrogate: "\ud800" on the wire
+        err = await asyncio.wait_for(conn.recv(), 30)
+        assert err.type == "error", err
+        assert err.error.type == "invalid_request_error" and err.error.code == "invalid_parameter", err
+        assert "surrogate" in err.error.message and err.error.event_id is None
+        await conn.send({"type": "session.update", "event_id": "evt_ok", "session": transcription(None)})
+        ok = await asyncio.wait_for(conn.recv(), 30)
+        assert ok.type == "session.updated" and ok.session.audio.input.transcription.prompt in ("", None), ok
+    log = "\n".join(p.read_text(errors="replace") for p in api.state.glob("server-*.log"))
+    assert "Traceback" not in log and "surrogates not allowed" not in log
 
 
 async def test_a_wrong_key_gets_an_error_and_the_socket_closes(api: Api) -> None:

@@ -19,6 +19,7 @@ from websockets.asyncio.client import connect
 
 from lingua_fusion import MultimodalTranslator
 
+METRICS_TOKEN = "rooms-test-scrape-token"  # server.metrics_token of the live server: /metrics with auth on
 SENTENCES = ["Good morning everyone and welcome to the conference.", "The river bank is green in the spring.",
              "Please send me the report before Friday.", "Thank you all for listening today."]
 
@@ -44,7 +45,7 @@ class Live:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     state = tmp_path_factory.mktemp("rooms")
     keys = [new_key(state) for _ in range(9)]  # made before the server starts (see docs/rooms.md, Tests)
-    url, proc = start_server(state)
+    url, proc = start_server(state, env={"LINGUAFUSION_SERVER__METRICS_TOKEN": METRICS_TOKEN})
     yield Live(url, keys)
     stop_server(proc)
 
@@ -104,7 +105,7 @@ async def settled_metrics(http: httpx.AsyncClient, want: dict[str, float], withi
     """/metrics once the gauges in ``want`` read those values; fails with what they read after ``within`` seconds."""
     deadline = time.monotonic() + within
     while True:
-        text = (await http.get("/metrics")).text
+        text = (await http.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})).text
         seen = {name: metric(text, name) for name in want}
         if seen == want:
             return text

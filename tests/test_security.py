@@ -136,8 +136,8 @@ def espeak(text: str, voice: str) -> bytes:
                           timeout=60).stdout
 
 
-def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
+def metric(srv: Srv, name: str) -> float:
+    text = httpx.get(srv.url + "/metrics", headers=srv.auth(), timeout=10).text  # an admin key (auth is on)
     m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 
@@ -268,11 +268,11 @@ async def test_file_requests_get_a_fair_share_per_key(guarded: Srv) -> None:
     in_flight, waiting = "linguafusion_requests_in_flight", "linguafusion_requests_waiting"
     long = asyncio.create_task(post("a-long", a, files={"file": ("talk.ogg", long_ogg)},
                                     data={"source_lang": "en", "target_lang": "es", "source_modality": "audio"}))
-    await asyncio.to_thread(wait_for, lambda: metric(guarded.url, in_flight) == 1, "A's long request to run")
+    await asyncio.to_thread(wait_for, lambda: metric(guarded, in_flight) == 1, "A's long request to run")
     a2 = asyncio.create_task(post("a2", a, data=short))
-    await asyncio.to_thread(wait_for, lambda: metric(guarded.url, waiting) == 1, "A's second request to wait")
+    await asyncio.to_thread(wait_for, lambda: metric(guarded, waiting) == 1, "A's second request to wait")
     a3 = asyncio.create_task(post("a3", a, data=short))
-    await asyncio.to_thread(wait_for, lambda: metric(guarded.url, waiting) == 2, "A's third request to wait")
+    await asyncio.to_thread(wait_for, lambda: metric(guarded, waiting) == 2, "A's third request to wait")
     assert not long.done(), "the long request ended before the queue filled: make it longer"
     b1 = asyncio.create_task(post("b1", b, data=short))
     r_long, r2, r3, rb = await asyncio.gather(long, a2, a3, b1)
@@ -309,7 +309,7 @@ async def test_model_batches_are_shared_between_keys(guarded: Srv) -> None:
     for i in range(40):
         await ws_a.send(json.dumps({"type": "text", "text": page, "ts": float(i)}))
     depth = 'linguafusion_queue_depth{model="mt:en-es"}'
-    await asyncio.to_thread(wait_for, lambda: metric(guarded.url, depth) >= 30, "A's flood to be queued")
+    await asyncio.to_thread(wait_for, lambda: metric(guarded, depth) >= 30, "A's flood to be queued")
     await ws_b.send(json.dumps({"type": "text", "text": "Good morning.", "ts": 0.0}))
     await asyncio.wait_for(b_final.wait(), 120)
     a_before_b = sum(1 for name, _ in arrivals[:arrivals.index(("B", 1))] if name == "A")

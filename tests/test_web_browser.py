@@ -8,6 +8,8 @@ real models and auth on.
 - The key is typed once, kept in sessionStorage, and never appears in a URL the page requests; the WebSocket opens
   with a single-use ticket.
 - The operations page's numbers equal /metrics read right after (the page paused).
+- Each page (captions, operations, /docs) runs under its Content-Security-Policy: no violation is reported while
+  it works (a blocked script, worklet, socket or style would be one).
 
 Screenshots are saved in the test's tmp dir and copied to build/screens/ (the run's artefacts, not tracked), or to
 $LINGUAFUSION_SCREENS_DIR: the committed ones in bench/results/screens/ come from a run with it set there.
@@ -94,6 +96,16 @@ def screens(tmp_path_factory: pytest.TempPathFactory) -> Callable[[WebDriver, st
     return shot
 
 
+# recorded from before any of the page's scripts run (DevTools injects it, so the page's policy does not block it)
+CSP_WATCH = ("window.__csp = []; document.addEventListener('securitypolicyviolation', "
+             "e => window.__csp.push(`${e.effectiveDirective} ${e.blockedURI}`));")
+
+
+def csp_violations(driver: WebDriver) -> list[str]:
+    """What the page's Content-Security-Policy blocked since it loaded."""
+    return list(driver.execute_script("return window.__csp || ['no watch']"))
+
+
 def chromium(downloads: Path) -> WebDriver:
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
@@ -104,6 +116,7 @@ def chromium(downloads: Path) -> WebDriver:
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_WATCH})
     return driver
 
 
@@ -252,6 +265,7 @@ class CaptionsRun:
     played: int  # speech events the page decoded and scheduled for playback
     notices: str
     copied: str  # the clipboard after Copy (export language: Spanish)
+    csp: list[str]  # what the page's policy blocked in the whole run
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +298,7 @@ def captions_run(site: Site, speech_wav: Path, downloads: Path,
         spoken = int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-played") or 0)
         notices = driver.find_element(By.ID, "notices").text
         yield CaptionsRun(events, captions, srt_path.read_text(encoding="utf-8"), session_key, spoken, notices,
-                          copied)
+                          copied, csp_violations(driver))
     finally:
         driver.quit()
 
@@ -314,6 +328,26 @@ def test_starting_asks_for_the_key_first_and_no_request_is_refused(captions_run:
     statuses = [e["params"]["response"]["status"] for e in captions_run.events
                 if e["method"] == "Network.responseReceived"]
     assert statuses and 401 not in statuses and 403 not in statuses, statuses
+
+
+def test_the_captions_page_runs_under_its_content_security_policy(captions_run: CaptionsRun, site: Site) -> None:
+    """The whole run (key dialog, file, worklet, socket, speech, SRT download, copy) broke no directive."""
+    assert captions_run.csp == []
+    policy = httpx.get(site.url + "/", timeout=10).headers["content-security-policy"]
+    assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy
+
+
+def test_the_api_docs_render_under_their_policy(site: Site, browser: WebDriver) -> None:
+    """/docs: Swagger UI from this server, its one inline script allowed by its hash, the operations listed."""
+    browser.get(site.url + "/docs")
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock")) > 10, 30, "Swagger UI's operations")
+    assert csp_violations(browser) == []
+    # and the watch sees what the policy blocks: an inline script added to the page does not run
+    ran = browser.execute_script("""document.body.append(Object.assign(document.createElement('script'),
+                                      {textContent: 'window.__ran = true'})); return window.__ran === true""")
+    assert not ran
+    wait(browser, lambda d: csp_violations(d), 5, "the violation report")
+    assert csp_violations(browser)[0].startswith("script-src"), csp_violations(browser)
 
 
 def test_copy_puts_the_spanish_captions_on_the_clipboard(captions_run: CaptionsRun) -> None:
@@ -396,6 +430,7 @@ def test_the_microphone_streams_pcm_until_stopped(site: Site, browser: WebDriver
     assert [m["ts"] for m in audio] == pytest.approx([i * 0.1 for i in range(len(audio))])  # on the media clock
     browser.find_element(By.ID, "stop").click()
     wait(browser, lambda d: d.find_element(By.ID, "status").get_attribute("data-state") == "closed", 30, "closed")
+    assert csp_violations(browser) == []  # the worklet and the microphone's socket are allowed
 
 
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
@@ -549,7 +584,9 @@ def test_the_ops_page_numbers_equal_metrics(site: Site, speech_wav: Path, browse
           metric: n.dataset.metric || null, histogram: n.dataset.histogram || null,
           labels: JSON.parse(n.dataset.labels || '{}'), quantile: n.dataset.quantile || null,
           value: n.dataset.value, text: n.textContent}))""")
-    metrics = scrape(httpx.get(site.url + "/metrics", timeout=10).text)
+    metrics = scrape(httpx.get(site.url + "/metrics", headers={"Authorization": f"Bearer {site.admin_key}"},
+                               timeout=10).text)
+    assert csp_violations(browser) == []
     browser.set_window_size(1400, 1500)
     screens(browser, "ops")
     assert len(shown) >= 20

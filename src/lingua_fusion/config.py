@@ -27,6 +27,9 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"  # the address `serve` binds (`--host` overrides)
     port: int = 8000  # the port `serve` binds (`--port` overrides)
     auth: bool = True  # API keys required (`--no-auth` turns it off: loopback only)
+    # with auth on, /metrics takes an admin key or this scrape token (`Authorization: Bearer <token>`), so that a
+    # Prometheus scraper needs no key that can mint keys; unset: admin keys only. At least 16 characters
+    metrics_token: str | None = Field(default=None, min_length=16)
     request_timeout_s: float = 300.0  # a file request past this gets 504 timeout
     model_timeout_s: float = 30.0  # a model batch that takes longer than this (and the factor below) is abandoned
     model_timeout_factor: float = 10.0  # ... and this times its predicted cost: its items failed and retried

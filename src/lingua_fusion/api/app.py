@@ -8,6 +8,7 @@ the metrics and the StreamService, and installs the lifespan, the error map and 
 - ``ws.py``: /v1/streams over the StreamService (built by ``_install_streams``)
 - ``rooms.py``: /v1/rooms (owner routes) and its listeners over WebSocket and server-sent events
 - ``web.py``: the live-captions page (/), the operations page (/ops), stream tickets, /v1/ops/metrics
+- ``headers.py``: the security headers on every response (Content-Security-Policy, nosniff, no framing)
 - ``openai_audio.py``, ``openai_realtime.py``: OpenAI's audio API (/v1/audio/*) and realtime transcription
   (WS /v1/realtime) over the same FileTranslator and StreamService (docs/openai.md)
 
@@ -42,7 +43,7 @@ from ..stream.journal import StreamLog
 from ..stream.service import KeyQuota, Principal, StreamService
 from ..tracing import Tracer, from_settings
 from ..tracing import http as tracing_http
-from . import admin, docs, glossaries, health, openai_audio, openai_realtime, translate, web
+from . import admin, docs, glossaries, headers, health, openai_audio, openai_realtime, translate, web
 from . import errors as error_map
 from . import rooms as rooms_api
 from . import vocab as vocab_api
@@ -108,6 +109,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     error_map.install(app)
     app.add_middleware(CountRequests)
     app.add_middleware(Guard, settings=settings)  # outermost: Host, Origin, body bytes (api/guard.py)
+    headers.install(app)  # around all of it, errors included: CSP, nosniff, no framing (api/headers.py)
     for module in (health, translate, glossaries, admin, openai_audio):
         app.include_router(module.router)
     vocab_api.install(app, settings)  # /v1/vocabularies: taught signs and lip words (api/vocab.py)

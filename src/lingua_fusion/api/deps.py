@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from starlette.requests import ClientDisconnect
 
 from .. import strict_json
 from ..config import Settings
-from ..errors import InvalidParameter, TooLarge, UnsupportedContentType
+from ..errors import AuthenticationError, InvalidParameter, TooLarge, UnsupportedContentType
 from ..files import FileTranslator
 from ..observability import Metrics
 from ..state.sqlite import ApiKey, SQLiteStore
@@ -54,6 +55,22 @@ def authenticate(ctx: AppContext, secret: str | None, scope: str = "translate") 
     if not ctx.settings.server.auth:
         return ANONYMOUS
     return ctx.store.authenticate(secret, scope)
+
+
+def check_scrape(ctx: AppContext, secret: str | None) -> None:
+    """/metrics with auth on: ``server.metrics_token`` (compared in constant time: a near miss learns nothing from
+    the timing) or an admin key; else 401 ``unauthenticated`` (no secret, an unknown one, a wrong token) or 403
+    ``forbidden`` (a key without the admin scope), as ``/v1/ops/metrics`` refuses. Open with --no-auth."""
+    if not ctx.settings.server.auth:
+        return
+    token = ctx.settings.server.metrics_token
+    if token and secret and hmac.compare_digest(secret.encode(), token.encode()):
+        return
+    try:
+        ctx.store.authenticate(secret, "admin")
+    except AuthenticationError as exc:
+        raise AuthenticationError("/metrics needs an admin key or the server's metrics token (server.metrics_token) "
+                                  f"as 'Authorization: Bearer ...': {exc.message}") from exc
 
 
 def require(scope: str) -> Callable[[Request], Awaitable[ApiKey]]:

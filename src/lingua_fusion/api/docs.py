@@ -2,7 +2,9 @@
 the OpenAPI document declares bearer auth so that its Authorize button takes an ``sk_...`` key for "Try it out".
 
 FastAPI's own /docs and /redoc pages load their scripts from a CDN; they are replaced (ReDoc is dropped: no wheel
-ships it).
+ships it). The page is FastAPI's Swagger HTML, built once: its one inline script (the ``SwaggerUIBundle`` call) is
+allowed by its sha256 in the page's Content-Security-Policy (api/headers.py), computed from that exact text, so
+no other inline script runs there. ``validatorUrl: null``: no badge fetched from validator.swagger.io.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from .headers import CSP, page_policy, script_hashes
+
 ASSETS = "/docs/assets"
-# routes anyone may call; every other operation needs "Authorization: Bearer sk_..."
-OPEN = {"/healthz", "/readyz", "/metrics", "/v1/models"}
+# routes anyone may call; every other operation needs "Authorization: Bearer sk_..." (/metrics: an admin key or
+# the server's metrics token, api/deps.py check_scrape)
+OPEN = {"/healthz", "/readyz", "/v1/models"}
 SCHEME = {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "sk_...",
                          "description": "An API key from `linguafusion keys create` (Authorization: Bearer sk_...)"}}
 
@@ -29,14 +34,17 @@ def install(app: FastAPI) -> None:
                             if getattr(r, "path", None) not in {app.docs_url, app.redoc_url,
                                                                 app.swagger_ui_oauth2_redirect_url}]
     app.mount(ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    page = get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title="LinguaFusion API",
+                               swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
+                               swagger_css_url=f"{ASSETS}/swagger-ui.css",
+                               swagger_favicon_url=f"{ASSETS}/favicon-32x32.png",
+                               swagger_ui_parameters={"persistAuthorization": True, "validatorUrl": None})
+    html = bytes(page.body).decode()
+    policy = page_policy(script_hashes(html))
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title="LinguaFusion API",
-                                   swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
-                                   swagger_css_url=f"{ASSETS}/swagger-ui.css",
-                                   swagger_favicon_url=f"{ASSETS}/favicon-32x32.png",
-                                   swagger_ui_parameters={"persistAuthorization": True})
+        return HTMLResponse(html, headers={CSP: policy})
 
     app.openapi = _with_bearer(app, app.openapi)  # type: ignore[method-assign]
 

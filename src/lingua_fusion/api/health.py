@@ -1,4 +1,6 @@
-"""Health and discovery (no key): /healthz, /readyz, /metrics, /v1/models."""
+"""Health and discovery (no key): /healthz, /readyz, /v1/models; and /metrics, which with auth on takes an admin
+key or the scrape token ``server.metrics_token`` (``deps.check_scrape``): its figures name keys' load, models and
+errors, which are an operator's business."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .deps import context
+from .deps import bearer, check_scrape, context
 
 router = APIRouter()
 
@@ -52,6 +54,7 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics_route(request: Request) -> Response:
+    check_scrape(context(request), bearer(request))
     return Response(context(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
+from .. import strict_json
 from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, NotFound, TooLarge, from_code
 from ..stream.budget import check_message
@@ -167,10 +168,11 @@ class Transcription:
         """One client event; a bad one is answered with an ``error`` event and the session goes on."""
         event_id = None
         try:
-            try:
-                msg = json.loads(text)
+            try:  # strictly: a lone surrogate parsed here failed at the echo of the event (1011, a traceback)
+                msg = strict_json.loads(text)
             except (ValueError, RecursionError) as exc:
-                raise InvalidParameter("client events are JSON objects") from exc
+                raise InvalidParameter("client events are JSON objects, strictly: no NaN / Infinity, no lone "
+                                       "UTF-16 surrogate (\\ud800-\\udfff) in a string") from exc
             if not isinstance(msg, dict):
                 raise InvalidParameter("client events are JSON objects")
             event_id = msg.get("event_id") if isinstance(msg.get("event_id"), str) else None

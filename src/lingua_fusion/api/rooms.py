@@ -27,6 +27,7 @@ from fastapi import APIRouter, FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import QueryParams
 
+from .. import strict_json
 from ..config import Settings
 from ..errors import InvalidParameter, LinguaFusionError, SlowConsumer, UnsupportedContentType
 from ..models.registry import Registry
@@ -108,16 +109,12 @@ async def _optional_json(request: Request) -> dict[str, Any]:
     if ctype != "application/json":
         raise UnsupportedContentType("this route takes a JSON body: send 'Content-Type: application/json'")
     try:
-        body = json.loads(raw, parse_constant=_not_json)
+        body = strict_json.loads(raw)  # NaN / Infinity and lone surrogates are not JSON either
     except (ValueError, RecursionError) as exc:
         raise InvalidParameter("the body is not valid JSON") from exc
     if not isinstance(body, dict):
         raise InvalidParameter("the body is a JSON object")
     return body
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 # ---- listeners ---------------------------------------------------------------------------------------------------

@@ -144,17 +144,22 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
     return res
 
 
-def scrape(url: str) -> dict[str, float]:
-    """A few counters from the server's /metrics (summed over labels)."""
+def scrape(url: str, key: str | None = None) -> dict[str, float]:
+    """A few counters from the server's /metrics (summed over labels). With auth on, /metrics takes an admin key or
+    the server's ``server.metrics_token`` as ``key``; refused (or unreachable), every counter reads 0."""
     want = ("process_resident_memory_bytes", "process_cpu_seconds_total", "linguafusion_shed_total",
             "linguafusion_streams_rejected_total", "linguafusion_streams_admitted_total",
             "linguafusion_caption_latency_seconds_count", "linguafusion_batch_size_sum",
             "linguafusion_batch_size_count", "linguafusion_queue_depth_max")
     out = dict.fromkeys(want, 0.0)
     try:
-        text = httpx.get(url.rstrip("/") + "/metrics", timeout=10).text
+        r = httpx.get(url.rstrip("/") + "/metrics", timeout=10,
+                      headers={"Authorization": f"Bearer {key}"} if key else None)
     except httpx.HTTPError:
         return out
+    if r.status_code != 200:
+        return out
+    text = r.text
     for line in text.splitlines():
         if line.startswith("#"):
             continue
@@ -189,7 +194,7 @@ async def run_load(url: str, api_key: str | None, mix: Mix, n: int, duration: fl
         starts = [mix.ramp_s * i / max(1, n) for i in range(n)]
     else:  # Poisson arrivals at rate n / ramp_s
         starts = list(np.cumsum(r.exponential(mix.ramp_s / max(1, n), n)))
-    before = scrape(url)
+    before = scrape(url, api_key)
     t0 = time.monotonic()
     if on_start is not None:
         on_start()
@@ -201,7 +206,7 @@ async def run_load(url: str, api_key: str | None, mix: Mix, n: int, duration: fl
 
     results = await asyncio.gather(*(launch(i) for i in range(n)))
     wall = time.monotonic() - t0
-    after = scrape(url)
+    after = scrape(url, api_key)
     return summarize_run(results, n, duration, wall, before, after, mats)
 
 
