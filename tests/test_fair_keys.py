@@ -133,6 +133,59 @@ async def test_three_streams_of_fat_audio_from_one_key_leave_another_keys_captio
         assert not any(e["type"] == "error" and e["code"] != "audio_paced" for e in events), events[:5]
 
 
+def blank_png(side: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (side, side), 255).save(buf, "PNG")
+    return buf.getvalue()
+
+
+async def image_flood(srv: Srv, key: str, png: bytes, every_s: float, stop: asyncio.Event,
+                      seen: list[dict[str, Any]]) -> None:
+    """A: an ``image`` message of ``png`` every ``every_s`` seconds (or as fast as the server reads them)."""
+    ws, _ = await opened(srv.ws, key, start(["image"], target_langs=["es"]))
+    data = base64.b64encode(png).decode()
+
+    async def read() -> None:
+        with contextlib.suppress(Exception):
+            async for raw in ws:
+                seen.append(json.loads(raw))
+
+    reader = asyncio.create_task(read())
+    with contextlib.suppress(Exception):
+        while not stop.is_set():
+            await ws.send(json.dumps({"type": "image", "data": data}))
+            await asyncio.sleep(every_s)
+    await ws.close()
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+
+
+@pytest.mark.timeout(300)
+async def test_one_keys_40_megapixel_images_leave_another_keys_captions_live(srv: Srv) -> None:
+    """The old server (serve --workers) decoded four streams' blank 6300x6300 PNGs (131 KB, 40 MP) every 0.25 s:
+    B's first caption came 33.5 s late and B was then closed. Now the key's pictures are paid by their pixels
+    (limits.max_key_pixels_per_s) before they are decoded."""
+    a, _ = srv.new_key("image-attacker")
+    b, _ = srv.new_key("honest-images")
+    png = blank_png(6300)
+    stop = asyncio.Event()
+    seen: list[list[dict[str, Any]]] = [[], [], [], []]
+    floods = [asyncio.create_task(image_flood(srv, a, png, 0.25, stop, seen[i])) for i in range(4)]
+    await asyncio.sleep(2.0)
+    try:
+        beside = await honest_stream(srv, b, speech_16k())
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*floods), 60)
+    print(f"B's caption lateness beside A's four 40 MP image floods {beside}")
+    assert len(beside) >= len(SENTENCES) - 1 and max(beside) < LATE_S, beside
+    codes = {e.get("code") for events in seen for e in events if e["type"] == "error"}
+    assert "pictures_paced" in codes, codes  # A was paced, and told
+
+
 @pytest.mark.timeout(240)
 async def test_a_realtime_append_longer_than_the_burst_is_refused_and_the_session_goes_on(srv: Srv) -> None:
     a, _ = srv.new_key("realtime")

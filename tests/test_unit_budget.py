@@ -62,3 +62,32 @@ def test_the_bucket_refills_only_up_to_its_burst() -> None:
     assert budget.charge(1.0) == pytest.approx(0.5)
     with pytest.raises(TooLarge):
         budget.charge(10.5)
+
+
+def test_a_keys_pixel_budget_takes_one_largest_image_at_once_then_paces() -> None:
+    from lingua_fusion.config import LimitSettings
+    from lingua_fusion.stream.budget import pixel_budget
+
+    clock = Clock()
+    limits = LimitSettings(max_key_pixels_per_s=16e6, max_image_pixels=40_000_000)
+    budget = pixel_budget(limits, clock)
+    assert budget.charge(40e6) == 0.0  # one picture of the largest size always fits
+    assert budget.charge(40e6) == pytest.approx(2.5)  # the next waits for its pixels at 16 MP/s
+    notice = budget.notice()
+    assert notice is not None and notice.code == "pictures_paced"
+    assert notice.details is not None and notice.details["limit"] == "max_key_pixels_per_s"
+    small = pixel_budget(LimitSettings(max_key_pixels_per_s=1e6, max_image_pixels=4_000_000), clock)
+    assert small.burst == 4e6 and small.charge(4e6) == 0.0  # a rate below one image still lets one image through
+
+
+def test_a_pictures_header_gives_its_pixels_without_decoding_it() -> None:
+    import io
+
+    from PIL import Image
+
+    from lingua_fusion.media.image import image_pixels
+
+    buf = io.BytesIO()
+    Image.new("L", (6300, 6300)).save(buf, "PNG")
+    assert image_pixels(buf.getvalue()) == 6300 * 6300
+    assert image_pixels(b"not an image") == 0  # decoding then says why

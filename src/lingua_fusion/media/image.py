@@ -11,6 +11,20 @@ from ..config import LimitSettings
 from ..errors import CorruptMedia, TooLarge, UnsupportedMedia
 
 
+def image_pixels(data: bytes) -> int:
+    """Width x height from the image's header, nothing decoded (0 when the header cannot be read: decoding then
+    says why). What a picture costs, paid before the work (stream/budget.py)."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            w, h = Image.open(io.BytesIO(data)).size
+    except Exception:  # any failure to read a header: decode_image gives the typed error
+        return 0
+    return int(w) * int(h)
+
+
 def decode_image(data: bytes, limits: LimitSettings) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 

@@ -1,4 +1,4 @@
-"""How much audio a stream may feed: a token bucket of audio seconds (a pure core; the clock is passed in).
+"""How much audio a stream, and how many pixels a key, may feed: token buckets (a pure core; the clock is passed in).
 
 A live source speaks at 1x real time. A client may send faster (a file played as a stream, a reconnect catching up),
 but every second it sends costs decode, VAD and ASR work that the other streams wait behind. So each stream has a
@@ -12,6 +12,10 @@ bucket of ``burst_s`` audio seconds, refilled at ``speed`` x real time:
 Defaults (``limits.max_audio_speed`` 4, ``limits.max_audio_burst_s`` 30): a file of up to 30 s goes in at once, a
 longer one at 4x real time; an attacker's 131 s message is refused, and back-to-back 30 s messages cost the others
 at most one 30 s message's work every 7.5 s per stream.
+
+Pictures cost by their pixels (decode, the copy to a model process, OCR): each key has one ``PixelBudget`` for all
+its streams (``limits.max_key_pixels_per_s``, 16 MP/s, bursts of one largest image): an image or frame is sized
+from its header and paid before it is decoded; beyond the budget the stream's reads wait.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..config import LimitSettings
 from ..errors import TooLarge
 from .events import Error
 
 PACED_CODE = "audio_paced"
+PICTURES_PACED_CODE = "pictures_paced"
 
 
 def check_message(seconds: float, burst_s: float) -> None:
@@ -33,34 +39,80 @@ def check_message(seconds: float, burst_s: float) -> None:
 
 
 @dataclass
-class AudioBudget:
-    speed: float  # audio seconds per wall second, averaged
-    burst_s: float  # audio seconds the bucket holds, and the most one message may carry
+class Bucket:
+    """A token bucket of ``burst`` units refilled at ``rate`` units per wall second; a charge the bucket cannot pay
+    now is paid in debt, and ``charge`` returns how long to wait before the next one."""
+
+    rate: float
+    burst: float
     clock: Callable[[], float]
     tokens: float = field(init=False)
-    paced: int = field(default=0, init=False)  # messages that had to wait
+    paced: int = field(default=0, init=False)  # charges that had to wait
     _t: float = field(init=False)
     _told: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        self.tokens, self._t = self.burst_s, self.clock()
+        self.tokens, self._t = self.burst, self.clock()
 
-    def charge(self, seconds: float) -> float:
-        """Pay for ``seconds`` of audio: how long (wall seconds) the reader must wait before its next message."""
-        check_message(seconds, self.burst_s)
+    def charge(self, units: float) -> float:
         now = self.clock()
-        self.tokens = min(self.burst_s, self.tokens + (now - self._t) * self.speed) - seconds
+        self.tokens = min(self.burst, self.tokens + (now - self._t) * self.rate) - units
         self._t = now
         if self.tokens >= 0:
             return 0.0
         self.paced += 1
-        return -self.tokens / self.speed
+        return -self.tokens / self.rate
+
+    def first_pace(self) -> bool:
+        """True once: the first time a charge had to wait (so the client is told once)."""
+        if not self.paced or self._told:
+            return False
+        self._told = True
+        return True
+
+
+class AudioBudget(Bucket):
+    """A stream's audio seconds: ``rate`` is its speed (x real time), ``burst`` the most one message may carry."""
+
+    def __init__(self, speed: float, burst_s: float, clock: Callable[[], float]) -> None:
+        super().__init__(speed, burst_s, clock)
+
+    @property
+    def speed(self) -> float:
+        return self.rate
+
+    @property
+    def burst_s(self) -> float:
+        return self.burst
+
+    def charge(self, units: float) -> float:
+        """Pay for ``units`` seconds of audio: how long (wall seconds) the reader must wait before its next
+        message."""
+        check_message(units, self.burst)
+        return super().charge(units)
 
     def notice(self) -> Error | None:
         """The event a stream is sent the first time it is paced (None otherwise)."""
-        if not self.paced or self._told:
+        if not self.first_pace():
             return None
-        self._told = True
-        return Error(PACED_CODE, f"audio arrives faster than {self.speed:g}x real time: this stream's reads are "
-                     "paced (nothing is dropped)", {"limit": "max_audio_speed", "speed": self.speed,
-                                                    "burst_s": self.burst_s})
+        return Error(PACED_CODE, f"audio arrives faster than {self.rate:g}x real time: this stream's reads are "
+                     "paced (nothing is dropped)", {"limit": "max_audio_speed", "speed": self.rate,
+                                                    "burst_s": self.burst})
+
+
+class PixelBudget(Bucket):
+    """A key's decoded pixels (images and video frames of all its streams), per wall second. One picture is
+    bounded by ``limits.max_image_pixels`` before this (the burst is at least that, so one always fits)."""
+
+    def notice(self) -> Error | None:
+        if not self.first_pace():
+            return None
+        return Error(PICTURES_PACED_CODE, f"pictures arrive faster than {self.rate / 1e6:g} megapixels a second "
+                     "for this key: this stream's reads are paced",
+                     {"limit": "max_key_pixels_per_s", "pixels_per_s": self.rate})
+
+
+def pixel_budget(limits: LimitSettings, clock: Callable[[], float]) -> PixelBudget:
+    """A key's pixel budget: ``max_key_pixels_per_s``, in bursts of at least one largest image."""
+    rate = limits.max_key_pixels_per_s
+    return PixelBudget(rate, max(rate, float(limits.max_image_pixels)), clock)

@@ -14,6 +14,7 @@ import numpy as np
 from ..config import Settings
 from ..errors import BackendError, InvalidParameter, Overloaded
 from ..tracing import TraceRef, span
+from .budget import PixelBudget
 from .contracts import Degraded, Emit, Slots, Spawn
 from .events import Error, Slide
 from .jobs import StreamJobs
@@ -25,7 +26,7 @@ MAX_IMAGES_IN_FLIGHT = 2  # frames a stream may have decoding or waiting for OCR
 class Images:
     def __init__(self, jobs: StreamJobs, settings: Settings, slots: Slots, place: Callable[[str, float | None], float],
                  degraded: Degraded, new_video: Callable[[], Any], attach: Callable[[Any], None], emit: Emit,
-                 spawn: Spawn, trace: TraceRef | None = None) -> None:
+                 spawn: Spawn, pixels: PixelBudget, trace: TraceRef | None = None) -> None:
         self.jobs = jobs
         self.settings = settings
         self.slots = slots  # the same bound, across the service's streams
@@ -35,6 +36,7 @@ class Images:
         self._attach = attach  # and the stream's vocabulary consumers on it
         self._emit = emit
         self._spawn = spawn
+        self.pixels = pixels  # the key's, shared by its streams (stream/budget.py)
         self.trace = trace
         self.frames_dropped = 0  # image frames not read because the class was degraded
         self.video: Any = None  # video/stream_slides.py StreamVideo, made by the first ``frame`` message
@@ -56,6 +58,18 @@ class Images:
             return True
         return False
 
+    async def _pay(self, data: bytes) -> None:
+        """The picture's pixels, from its header (off the loop), paid from the key's budget before it is decoded:
+        a key sending pictures faster than the budget has this stream's reads wait."""
+        from ..media.image import image_pixels
+
+        pixels = min(await asyncio.to_thread(image_pixels, data), self.settings.limits.max_image_pixels)
+        wait = self.pixels.charge(pixels)
+        if (notice := self.pixels.notice()) is not None:
+            self._emit(notice)
+        if wait > 0:
+            await asyncio.sleep(wait)
+
     async def feed_image(self, data: bytes, ts: float | None) -> None:
         from ..media import decode_image
 
@@ -64,6 +78,7 @@ class Images:
         t = self._place("image", ts)
         if self._thinned(t, self._last_frame_t):
             return
+        await self._pay(data)
         if self._in_flight >= MAX_IMAGES_IN_FLIGHT:
             raise Overloaded(f"more than {MAX_IMAGES_IN_FLIGHT} images of this stream are being read; send fewer",
                              retry_after=1.0)
@@ -90,6 +105,7 @@ class Images:
         t = self._place("image", ts)  # a camera's clock: the image clock offset applies
         if self._thinned(t, self._last_video_t):
             return
+        await self._pay(data)
         if self.video is None:
             self.video = self._new_video()
             self._attach(self.video)

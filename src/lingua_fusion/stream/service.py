@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,6 +38,7 @@ from ..serving.executor import Executor
 from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
 from ..serving.tenant_breaker import KeyedTransition, TenantBreaker
 from ..tracing import Tracer
+from .budget import PixelBudget, pixel_budget
 from .contracts import Slots
 from .events import Closed, Degraded, Error, Event, Logged, Restored
 from .journal import StreamLog
@@ -116,6 +118,7 @@ class StreamService:
         self.baseline = baseline  # serves start messages with "engine": "per-stream" (admin keys, benchmarks)
         self.sessions: dict[str, StreamSession] = {}
         self._holds: dict[str, _Hold] = {}  # stream id -> its reservation (quota and admission)
+        self._pixels: dict[str, PixelBudget] = {}  # key id -> the pixels its live streams may decode (budget.py)
         self.image_slots = Slots(settings.server.max_images_in_flight)  # decoded frames, all streams together
         self.draining = False
         server = settings.server
@@ -162,8 +165,11 @@ class StreamService:
             raise
         trace = None if self.tracer is None else self.tracer.stream(
             spec.stream_id, spec.key_id, spec.slo, spec.source_lang, spec.targets, resumed=snapshot is not None)
+        pixels = self._pixels.get(spec.key_id)
+        if pixels is None:  # one per key, for all its streams
+            pixels = self._pixels[spec.key_id] = pixel_budget(self.settings.limits, time.monotonic)
         session = StreamSession(spec, self.executor, self, self.settings, log=self.log, resume=snapshot,
-                                image_slots=self.image_slots, trace=trace)
+                                image_slots=self.image_slots, trace=trace, pixels=pixels)
         self.sessions[spec.stream_id] = session  # the session holds the reservation now; released() lets it go
         try:
             greeting: list[Event] = [await session.open()]
@@ -366,6 +372,9 @@ class StreamService:
         held = self._holds.get(stream_id)
         if held is not None:
             self._unhold(stream_id, held)
+        key_id = session.spec.key_id
+        if not any(s.spec.key_id == key_id for s in self.sessions.values()):
+            self._pixels.pop(key_id, None)  # the key's last stream: its budget goes (bounded by live keys)
 
     def degraded(self, slo: str, step: str, key_id: str = "") -> bool:
         return self.breaker.active(slo, step, key_id)

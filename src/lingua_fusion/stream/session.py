@@ -32,7 +32,7 @@ from ..errors import BackendError, InvalidParameter, LinguaFusionError, SlowCons
 from ..serving.ports import ModelPort
 from ..tracing import TraceRef
 from ..types import SR
-from .budget import AudioBudget
+from .budget import AudioBudget, PixelBudget, pixel_budget
 from .contracts import Slots
 from .decisions import Decisions
 from .events import Closed, Event, Final, Ready
@@ -80,7 +80,8 @@ class StreamOwner(Protocol):
 class StreamSession:
     def __init__(self, spec: StreamSpec, port: ModelPort, owner: StreamOwner, settings: Settings, *,
                  log: StreamLog | None = None, max_events: int = 256, resume: dict[str, Any] | None = None,
-                 image_slots: Slots | None = None, trace: TraceRef | None = None) -> None:
+                 image_slots: Slots | None = None, trace: TraceRef | None = None,
+                 pixels: PixelBudget | None = None) -> None:
         self.spec = spec
         self.owner = owner
         self.settings = settings
@@ -113,7 +114,8 @@ class StreamSession:
         self.ingest = AudioIngest(spec, self.timeline, self.policy, self.jobs, arrivals, self.decisions.apply,
                                   lambda: self.state == State.CLOSED, self._emit, self._spawn, self.budget, trace)
         self.images = Images(self.jobs, settings, self.image_slots, self._place, self._degraded, self._new_video,
-                             self._attach_vocabulary, self._emit, self._spawn, trace)
+                             self._attach_vocabulary, self._emit, self._spawn,
+                             pixels or pixel_budget(settings.limits, time.monotonic), trace)
 
     @property
     def seq(self) -> int:
