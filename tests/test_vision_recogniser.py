@@ -3,6 +3,8 @@ recognised, signs never taught are "unknown"; normalisation and DTW pinned on ex
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -139,3 +141,108 @@ def test_a_hand_whose_left_right_label_flips_is_still_one_hand() -> None:
     mask[flips] = mask[flips][:, ::-1]
     flipped = LandmarkSeq(clean.t, hands, mask, clean.pose, clean.pose_mask, clean.lips, clean.lips_mask)
     np.testing.assert_allclose(features(flipped, "sign"), features(clean, "sign"), atol=1e-4)
+
+
+def _taught(n_per_gloss: int, glosses: int = 3, seed: int = 21) -> list[tuple[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [(s.gloss, features(syn.perform_sign(s, syn.random_performance(rng, mirrored=False), rng), "sign"))
+            for s in VOCAB[:glosses] for _ in range(n_per_gloss)]
+
+
+def test_a_recogniser_grown_example_by_example_equals_one_built_at_once() -> None:
+    """The store grows its cached recogniser by each taught example (issue 29: every change re-parsed every stored
+    example); it must answer as one built from all of them."""
+    from lingua_fusion.vision.recogniser import Example
+
+    taught = [Example(g, f) for g, f in _taught(4)]
+    whole = Recogniser("sign", taught)
+    grown = Recogniser("sign", taught[:1])
+    for e in taught[1:]:
+        grown = grown.with_example(e)
+    assert grown.radius == pytest.approx(whole.radius) and whole.radius != Recogniser("sign", taught[:1]).radius
+    query = _taught(1, seed=99)
+    for _gloss, f in query:
+        assert grown.recognise_features(f) == whole.recognise_features(f)
+    assert len(grown.examples) == len(taught) and len(Recogniser("sign", taught[:1]).examples) == 1  # not mutated
+
+
+def test_calibration_compares_an_example_with_at_most_16_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """500 examples of one gloss: calibration compared every example with every other (13-18 s of CPU per change);
+    now at most CALIBRATION_PEERS each, and up to 17 examples of a gloss every pair is still compared."""
+    from lingua_fusion.vision import recogniser as rec_module
+    from lingua_fusion.vision.recogniser import CALIBRATION_PEERS, Example
+
+    compared: list[int] = []
+    real = rec_module.dtw_many
+
+    def counting(query: np.ndarray, templates: np.ndarray, radius: int | None = None) -> np.ndarray:
+        compared.append(len(templates))
+        return real(query, templates, radius)
+
+    monkeypatch.setattr(rec_module, "dtw_many", counting)
+    many = [Example(g, f) for g, f in _taught(60, glosses=1)]
+    Recogniser("sign", many)
+    assert max(compared) == CALIBRATION_PEERS and sum(compared) <= CALIBRATION_PEERS * len(many)
+    compared.clear()
+    few = [Example(g, f) for g, f in _taught(17, glosses=1)]
+    Recogniser("sign", few)
+    assert sum(compared) == 17 * 16 // 2  # every pair once
+
+
+def test_the_store_grows_its_recogniser_without_parsing_any_stored_example(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lingua_fusion.vision import store as store_module
+    from lingua_fusion.vision.store import VocabularyStore
+
+    rng = np.random.default_rng(5)
+    seqs = [(s.gloss, syn.perform_sign(s, syn.random_performance(rng, mirrored=False), rng))
+            for s in VOCAB[:3] for _ in range(3)]
+    store = VocabularyStore(tmp_path)
+    vid = store.create("key-a", "signs", "sign").vocab_id
+    for gloss, seq in seqs[:-1]:
+        store.add_example("key-a", vid, gloss, seq)
+    first = store.recogniser("key-a", vid)
+
+    parsed: list[int] = []
+    real = store_module.bigjson.loads
+
+    def counting(raw: bytes) -> object:
+        parsed.append(len(raw))
+        return real(raw)
+
+    monkeypatch.setattr(store_module.bigjson, "loads", counting)
+    store.add_example("key-a", vid, *seqs[-1])
+    grown = store.recogniser("key-a", vid)
+    assert len(grown.examples) == len(first.examples) + 1
+    assert len(parsed) == 1  # the new example's own JSON, once; none of the stored ones
+    store._cache.clear()  # a rebuild (after a restart, a delete) reads the stored features, not the JSON
+    rebuilt = store.recogniser("key-a", vid)
+    assert rebuilt.radius == pytest.approx(grown.radius) and len(parsed) == 1
+    store.close()
+
+
+def test_a_store_from_before_features_were_kept_still_recognises(tmp_path: Path) -> None:
+    import sqlite3
+
+    from lingua_fusion.vision.store import VocabularyStore
+
+    rng = np.random.default_rng(6)
+    seqs = [(s.gloss, syn.perform_sign(s, syn.random_performance(rng, mirrored=False), rng))
+            for s in VOCAB[:2] for _ in range(2)]
+    store = VocabularyStore(tmp_path)
+    vid = store.create("key-a", "signs", "sign").vocab_id
+    for gloss, seq in seqs:
+        store.add_example("key-a", vid, gloss, seq)
+    expected = store.recogniser("key-a", vid).recognise(seqs[0][1])
+    path = store.path
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE vocab_examples SET features = NULL")  # as an older server left its rows
+    db.commit()
+    db.close()
+    again = VocabularyStore(tmp_path)
+    assert again.recogniser("key-a", vid).recognise(seqs[0][1]) == expected
+    again.close()
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT COUNT(*) FROM vocab_examples WHERE features IS NULL").fetchone()[0] == 0
+    db.close()

@@ -10,7 +10,8 @@ nearest example's. The answer is the nearest gloss, with
   below ``min_confidence`` (it is between two glosses).
 
 The radius is calibrated from the vocabulary itself: ``radius_factor`` x the median distance between an example and
-its gloss's nearest other example (how far apart two performances of one sign are); with one example per gloss
+its gloss's nearest other example (how far apart two performances of one sign are; among at most 16 others, so
+calibration is bounded: ``CALIBRATION_PEERS``); with one example per gloss
 there is nothing to calibrate from and ``default_radius`` (calibrated on the synthetic set, bench/signs.py) is used.
 
 This is isolated recognition: one sign (or word) per query. A trained model would replace this class (or the
@@ -60,7 +61,15 @@ class Example:
     features: np.ndarray  # LENGTH x F
 
 
+CALIBRATION_PEERS = 16  # an example is compared with at most this many earlier examples of its gloss
+
+
 class Recogniser:
+    """Built once from examples in the order they were taught, then grown one example at a time (``with_example``):
+    calibration compares each new example with at most CALIBRATION_PEERS earlier examples of its gloss, so teaching
+    an example costs at most 16 DTW comparisons whatever the vocabulary's size, and a vocabulary built at once gives
+    the same radius as the one grown example by example (up to 17 examples per gloss, every pair is compared)."""
+
     def __init__(self, kind: str, examples: Sequence[Example], policy: RecogniserPolicy | None = None) -> None:
         self.kind = kind
         self.policy = policy or RecogniserPolicy()
@@ -68,26 +77,50 @@ class Recogniser:
         self._glosses = [e.gloss for e in self.examples]
         self._stack = (np.stack([e.features for e in self.examples]) if self.examples
                        else np.zeros((0, LENGTH, 1), np.float32))
-        self.radius = self._calibrate()
+        self._spreads = np.full(len(self.examples), np.inf)  # each example's distance to its gloss's nearest other
+        self._by_gloss: dict[str, list[int]] = {}
+        for i in range(len(self.examples)):
+            self._calibrate_one(i)
+        self.radius = self._radius()
 
     @staticmethod
     def teach(kind: str, taught: Sequence[tuple[str, LandmarkSeq]], policy: RecogniserPolicy | None = None
               ) -> Recogniser:
         return Recogniser(kind, [Example(g, features(s, kind)) for g, s in taught], policy)
 
+    def with_example(self, example: Example) -> Recogniser:
+        """This recogniser with one more example (taught last): its calibration only is computed."""
+        grown = Recogniser.__new__(Recogniser)
+        grown.kind, grown.policy = self.kind, self.policy
+        grown.examples = [*self.examples, example]
+        grown._glosses = [*self._glosses, example.gloss]
+        grown._stack = (np.concatenate([self._stack, example.features[None]]) if self.examples
+                        else example.features[None].copy())
+        grown._spreads = np.append(self._spreads, np.inf)
+        grown._by_gloss = {g: list(ids) for g, ids in self._by_gloss.items()}
+        grown._calibrate_one(len(grown.examples) - 1)
+        grown.radius = grown._radius()
+        return grown
+
     @property
     def glosses(self) -> list[str]:
         return sorted(set(self._glosses))
 
-    def _calibrate(self) -> float:
+    def _calibrate_one(self, i: int) -> None:
+        """Example ``i`` against at most CALIBRATION_PEERS earlier examples of its gloss; both sides' spreads."""
+        earlier = self._by_gloss.setdefault(self._glosses[i], [])
+        peers = earlier[-CALIBRATION_PEERS:]
+        if peers:
+            d = dtw_many(self._stack[i], self._stack[peers], self.policy.band)
+            self._spreads[i] = float(d.min())
+            for j, dj in zip(peers, d, strict=True):
+                self._spreads[j] = min(self._spreads[j], float(dj))
+        earlier.append(i)
+
+    def _radius(self) -> float:
         p = self.policy
-        spreads = []
-        for i, gloss in enumerate(self._glosses):
-            same = [j for j, g in enumerate(self._glosses) if g == gloss and j != i]
-            if same:
-                d = dtw_many(self._stack[i], self._stack[same], p.band)
-                spreads.append(float(d.min()))
-        if not spreads:
+        spreads = self._spreads[np.isfinite(self._spreads)]
+        if not len(spreads):
             return p.default_radius
         return max(p.min_radius, p.radius_factor * float(np.median(spreads)))
 

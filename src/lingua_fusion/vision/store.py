@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import InvalidParameter, NotFound, QuotaExceeded
 from ..state.private import private_dir, private_file
 from . import bigjson
 from .landmarks import LandmarkSeq
-from .normalise import KINDS, features
+from .normalise import KINDS, LENGTH, features
 from .recogniser import Example, Recogniser, RecogniserPolicy
 
 EXPORT_FORMAT = "linguafusion-vocabulary/1"
@@ -70,6 +72,11 @@ def check_kind(kind: Any) -> str:
     return str(kind)
 
 
+def _blob(feats: np.ndarray) -> bytes:
+    """An example's features as stored: float32 bytes, LENGTH rows."""
+    return np.ascontiguousarray(feats, dtype=np.float32).tobytes()
+
+
 def _frames_text(seq: LandmarkSeq) -> str:
     """A sequence's JSON form as stored: written frame by frame (``bigjson``)."""
     return "[" + ",".join(bigjson.dumps(frame).decode("utf-8") for frame in seq.iter_json()) + "]"
@@ -94,6 +101,9 @@ class VocabularyStore:
             self._db.execute("CREATE TABLE IF NOT EXISTS vocab_examples (example_id TEXT PRIMARY KEY, "
                              "vocab_id TEXT, gloss TEXT, frames TEXT, n_frames INTEGER, created REAL)")
             self._db.execute("CREATE INDEX IF NOT EXISTS vocab_examples_by_vocab ON vocab_examples (vocab_id)")
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(vocab_examples)")}
+            if "features" not in columns:  # a store from before features were kept: filled in as they are read
+                self._db.execute("ALTER TABLE vocab_examples ADD COLUMN features BLOB")
 
     # ---- vocabularies ------------------------------------------------------------------------------------------
     def create(self, owner: str, name: str, kind: str, lang: str = "en") -> Vocabulary:
@@ -149,11 +159,20 @@ class VocabularyStore:
                                 details={"limit": "max_examples_per_vocabulary"})
         eid = "ex_" + secrets.token_hex(6)
         text = _frames_text(seq)
+        # the features of what is stored (its JSON rounds coordinates), as an export imported elsewhere computes them
+        feats = features(LandmarkSeq.from_json(bigjson.loads(text.encode("utf-8"))), vocab.kind)
         with self._lock, self._db:
             self._check_bytes(owner, len(text.encode("utf-8")))
-            self._db.execute("INSERT INTO vocab_examples VALUES (?,?,?,?,?,?)",
-                             (eid, vocab_id, gloss, text, len(seq), time.time()))
-        self._changed(vocab_id)
+            self._db.execute("INSERT INTO vocab_examples (example_id, vocab_id, gloss, frames, n_frames, created, "
+                             "features) VALUES (?,?,?,?,?,?,?)",
+                             (eid, vocab_id, gloss, text, len(seq), time.time(), _blob(feats)))
+            # the cached recogniser grows by this one example (16 DTW comparisons at most), not rebuilt
+            version = self._version.get(vocab_id, 0)
+            cached = self._cache.get(vocab_id)
+            self._version[vocab_id] = version + 1
+            self._cache.pop(vocab_id, None)
+            if cached is not None and cached[0] == version:
+                self._cache[vocab_id] = (version + 1, cached[1].with_example(Example(gloss, feats)))
         return {"example_id": eid, "gloss": gloss, "frames": len(seq), "duration_s": round(seq.duration, 3)}
 
     def stored_bytes(self, owner: str) -> int:
@@ -191,11 +210,27 @@ class VocabularyStore:
             raise NotFound(f"no example {example_id} in vocabulary {vocab_id}")
         self._changed(vocab_id)
 
-    def _sequences(self, vocab_id: str) -> builtins.list[tuple[str, LandmarkSeq]]:
+    def _examples(self, vocab_id: str, kind: str) -> builtins.list[Example]:
+        """The vocabulary's examples as features, in the order taught: read from their stored features, never by
+        parsing their landmark JSON again (a row from before features were kept is parsed once and filled in)."""
         with self._lock:
-            rows = self._db.execute("SELECT gloss, frames FROM vocab_examples WHERE vocab_id=? ORDER BY created",
-                                    (vocab_id,)).fetchall()
-        return [(g, LandmarkSeq.from_json(bigjson.loads(f.encode("utf-8")))) for g, f in rows]
+            rows = self._db.execute("SELECT example_id, gloss, features FROM vocab_examples WHERE vocab_id=? "
+                                    "ORDER BY created", (vocab_id,)).fetchall()
+        out, filled = [], []
+        for eid, gloss, blob in rows:
+            if blob is None:
+                with self._lock:
+                    (text,) = self._db.execute("SELECT frames FROM vocab_examples WHERE example_id=?",
+                                               (eid,)).fetchone()
+                feats = features(LandmarkSeq.from_json(bigjson.loads(text.encode("utf-8"))), kind)
+                filled.append((_blob(feats), eid))
+            else:
+                feats = np.frombuffer(blob, dtype=np.float32).reshape(LENGTH, -1)
+            out.append(Example(gloss, feats))
+        if filled:
+            with self._lock, self._db:
+                self._db.executemany("UPDATE vocab_examples SET features=? WHERE example_id=?", filled)
+        return out
 
     # ---- export / import ---------------------------------------------------------------------------------------
     def export(self, owner: str, vocab_id: str) -> dict[str, Any]:
@@ -231,12 +266,12 @@ class VocabularyStore:
         if len(items) > self.max_examples:
             raise QuotaExceeded(f"a vocabulary holds at most {self.max_examples} examples",
                                 details={"limit": "max_examples_per_vocabulary"})
-        parsed = []
+        parsed, feats = [], []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
                 raise InvalidParameter(f"examples[{i}] is not an object", details={"field": f"examples[{i}]"})
             seq = LandmarkSeq.from_json(item.get("frames"))
-            features(seq, kind)
+            feats.append(_blob(features(seq, kind)))
             parsed.append((check_gloss(item.get("gloss")), seq))
         for field in ("name", "lang"):
             if doc.get(field) is not None and not isinstance(doc.get(field), str):
@@ -250,7 +285,7 @@ class VocabularyStore:
             self._check_bytes(owner, size)
         vocab = self.create(owner, name or str(doc.get("name") or kind), kind, lang)
         try:
-            self._insert(owner, vocab.vocab_id, parsed, texts, size)
+            self._insert(owner, vocab.vocab_id, parsed, texts, feats, size)
         except QuotaExceeded:  # another write of this key came in between
             self.delete(owner, vocab.vocab_id)
             raise
@@ -258,13 +293,14 @@ class VocabularyStore:
         return self.get(owner, vocab.vocab_id)
 
     def _insert(self, owner: str, vocab_id: str, parsed: builtins.list[tuple[str, LandmarkSeq]],
-                texts: builtins.list[str], size: int) -> None:
+                texts: builtins.list[str], feats: builtins.list[bytes], size: int) -> None:
         now = time.time()
         with self._lock, self._db:
             self._check_bytes(owner, size)
-            self._db.executemany("INSERT INTO vocab_examples VALUES (?,?,?,?,?,?)",
-                                 [("ex_" + secrets.token_hex(6), vocab_id, g, t, len(s), now + i * 1e-6)
-                                  for i, ((g, s), t) in enumerate(zip(parsed, texts, strict=True))])
+            self._db.executemany("INSERT INTO vocab_examples (example_id, vocab_id, gloss, frames, n_frames, "
+                                 "created, features) VALUES (?,?,?,?,?,?,?)",
+                                 [("ex_" + secrets.token_hex(6), vocab_id, g, t, len(s), now + i * 1e-6, f)
+                                  for i, ((g, s), t, f) in enumerate(zip(parsed, texts, feats, strict=True))])
 
     # ---- recognition -------------------------------------------------------------------------------------------
     def recogniser(self, owner: str, vocab_id: str) -> Recogniser:
@@ -281,8 +317,7 @@ class VocabularyStore:
                 if vocab_id in self._cache:
                     self._cache.move_to_end(vocab_id)
             return cached[1]
-        rec = Recogniser(vocab.kind, [Example(g, features(s, vocab.kind)) for g, s in self._sequences(vocab_id)],
-                         self.policy)
+        rec = Recogniser(vocab.kind, self._examples(vocab_id, vocab.kind), self.policy)
         with self._lock:
             if self._version.get(vocab_id, 0) == version:  # not changed while it was built
                 self._cache[vocab_id] = (version, rec)
