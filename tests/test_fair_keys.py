@@ -268,3 +268,71 @@ async def test_a_body_of_plain_lists_is_refused_and_healthz_stays_quick(srv: Srv
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter", r.text
         assert "without a JSON object" in r.json()["error"]["message"]
     assert slowest < 1.5
+
+
+@pytest.mark.timeout(240)
+async def test_g711_appends_are_converted_off_the_event_loop(srv: Srv) -> None:
+    """The old route resampled each G.711 append on the event loop (0.87 s per 4 MiB append; /healthz p99
+    0.38-0.48 s beside them). Now an append is at most 30 s of audio, converted on a worker thread."""
+    from websockets.asyncio.client import connect as ws_connect
+
+    a, _ = srv.new_key("g711")
+    url = f"ws://127.0.0.1:{srv.port}/v1/realtime?intent=transcription"
+
+    async def appends() -> int:
+        async with ws_connect(url, additional_headers={"Authorization": f"Bearer {a}"}, max_size=None,
+                              open_timeout=20) as ws:
+            await asyncio.wait_for(ws.recv(), 20)
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"format": {"type": "audio/pcmu"}, "transcription": {"language": "en"},
+                          "turn_detection": None}}}}))
+            while (json.loads(await asyncio.wait_for(ws.recv(), 20)))["type"] != "session.updated":
+                pass
+            chunk = base64.b64encode(np.random.default_rng(3).integers(0, 256, 8000 * 29, dtype=np.uint8)
+                                     .tobytes()).decode()
+            for _ in range(3):  # 87 s of G.711 noise at once (the socket then waits about 14 s: 4x real time)
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            errors = 0
+            while (got := json.loads(await asyncio.wait_for(ws.recv(), 120)))["type"] != "input_audio_buffer.cleared":
+                errors += got["type"] == "error" and got["error"]["code"] != "audio_paced"  # paced: told, not failed
+            return 1 if not errors else 0
+
+    ok, slowest = await healthz_while(srv, appends())
+    print(f"/healthz slowest {slowest:.3f} s beside 3 appends of 29 s of G.711")
+    assert ok and slowest < 1.0
+
+
+@pytest.mark.timeout(240)
+async def test_the_sdk_sends_a_file_no_faster_than_the_server_reads_it(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A client ahead of the server's audio budget waits on TCP, and its keepalive pings wait behind its own audio
+    (a long file pushed at once timed the connection out). The SDK reads the budget from `ready` and stays under
+    it: the server never has to pace it (no `audio_paced`), and every sentence comes back."""
+    from lingua_fusion.sdk import MultimodalTranslator
+
+    state = tmp_path_factory.mktemp("sdk-pace")
+    admin = admin_key(state)
+    url, proc = start_server(state, env={"LINGUAFUSION_LIMITS__MAX_AUDIO_SPEED": "6",
+                                         "LINGUAFUSION_LIMITS__MAX_AUDIO_BURST_S": "4"})
+    try:
+        audio = speech_16k() * 2  # about 20 s: 4 s at once, the rest at 6x
+        client = MultimodalTranslator(api_key=admin, base_url=url)
+        events: list[dict[str, Any]] = []
+        async with client.stream(["es"], source_lang="en", partials=False) as s:
+            assert s.ready["max_audio_speed"] == 6 and s.ready["max_audio_burst_s"] == 4
+
+            async def send() -> None:
+                for i in range(0, len(audio), 32000):  # 1 s pieces, as fast as the SDK lets them go
+                    await s.send_audio(audio[i:i + 32000])
+                await s.end()
+
+            sender = asyncio.create_task(send())
+            async for ev in s:
+                events.append(ev.model_dump(exclude_none=True))
+            await asyncio.wait_for(sender, 60)
+    finally:
+        stop_server(proc)
+    codes = [e.get("code") for e in events if e["type"] == "error"]
+    assert "audio_paced" not in codes, codes
+    assert len([e for e in events if e["type"] == "final" and e.get("text")]) >= 2 * len(SENTENCES) - 1, events

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import BackendError, LinguaFusionError, from_code
+from ..stream.budget import Bucket
 
 log = logging.getLogger("lingua_fusion.sdk")
 
@@ -79,6 +81,7 @@ class RemoteStream:
         self.on_reconnect = on_reconnect
         self.on_break = on_break  # called with this stream when a connection breaks, before reconnecting
         self.ready: dict[str, Any] = {}
+        self._budget: Bucket | None = None  # the server's audio budget, kept on this side (``_pace``)
 
     @property
     def reconnect_timeout(self) -> float:
@@ -188,7 +191,21 @@ class RemoteStream:
             ts = self._next_ts
         self._next_ts = ts + len(pcm16) / 32000
         message = json.dumps({"type": "audio", "ts": ts, "data": base64.b64encode(pcm16).decode()})
+        await self._pace(len(pcm16) / 32000)
         await self._send(message, ts, len(pcm16) / 32000)
+
+    async def _pace(self, seconds: float) -> None:
+        """Send audio no faster than the server reads it (its ``ready`` says how fast: stream/budget.py), a little
+        under: a client ahead of the server's budget waits on TCP, and its keepalive pings wait behind its own
+        audio until the connection times out. An older server that says nothing is not paced."""
+        speed, burst = self.ready.get("max_audio_speed"), self.ready.get("max_audio_burst_s")
+        if not speed or not burst:
+            return
+        if self._budget is None:
+            self._budget = Bucket(0.9 * float(speed), 0.9 * float(burst), time.monotonic)
+        wait = self._budget.charge(seconds)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     def _keep(self, ts: float | None, dur: float, message: str) -> None:
         """Buffer a timestamped message for re-sending after a break (the last ``buffer_s`` s of stream time)."""

@@ -48,6 +48,8 @@ class Ready(Event):
     resumed: dict[str, Any] | None = field(default=None, metadata=INTERNAL)  # last_seq, resume_from(_ts)
     room_id: str | None = _opt()  # the stream is published as this room (start message "room")
     listener_token: str | None = _opt()  # read-only: listeners join the room with it (never the publisher's key)
+    max_audio_speed: float | None = _opt()  # the stream's audio budget (stream/budget.py): x real time, averaged
+    max_audio_burst_s: float | None = _opt()  # ... in bursts of this many seconds (also the most per message)
 
     def to_wire(self) -> dict[str, Any]:
         out = super().to_wire()
