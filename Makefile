@@ -22,9 +22,9 @@ run-dev: setup
 # it, alone, because a second worker loading the machine's 2 cores made them fail: test_cluster.py's two-node Ray
 # cluster missed a wait (a listener's gateway, 30 s); test_bad_input.py's refused uploads on a kept connection
 # ended in 'Server disconnected without sending a response' instead of their 413 (a server-side race, open).
-# The serial tier runs even when the first fails (then the run fails); a worker that crashes ends the first tier
-# (tests/conftest.py: --max-worker-restart 0, since xdist hangs when it replaces one), every test has a timeout
-# (pyproject: pytest-timeout), and .ci/run's watchdog (scripts/watchdog.sh) bounds the whole run.
+# The serial tier runs even when the first fails (then the run fails); a worker that crashes costs only its test
+# (tests/xdist_guard.py mends xdist 3.8.0's replacement of a crashed worker, which hung or stopped the run), every
+# test has a timeout (pyproject: pytest-timeout), and .ci/run's watchdog (scripts/watchdog.sh) bounds the whole run.
 TEST_WORKERS ?= 2
 SERIAL_TESTS := tests/test_cluster.py tests/test_bad_input.py
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
