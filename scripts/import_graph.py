@@ -9,7 +9,7 @@ points at the module ``pkg.name`` when there is one, else at ``pkg`` (its ``__in
 parent packages are not drawn.
 
 Exit status 1 when a cycle involves ``lingua_fusion.lab`` or when the product imports lab/ other than lazily
-from ``cli.py`` or ``streamclient.py``; other cycles are reported and do not fail.
+from ``cli/lab.py`` or ``cli/stream.py``; other cycles are reported and do not fail.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = "lingua_fusion"
 LAB = f"{PACKAGE}.lab"
-LAB_ALLOWED = {f"{PACKAGE}.cli", f"{PACKAGE}.streamclient"}  # may import lab/, inside functions only
+LAB_ALLOWED = {f"{PACKAGE}.cli.lab", f"{PACKAGE}.cli.stream"}  # may import lab/, inside functions only
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The proof tools (lingua_fusion.lab) stay apart: no import cycle through them, and the product does not
-import them (only cli.py and streamclient.py, inside functions). Read from the source by
+import them (only cli/lab.py and cli/stream.py, inside functions). Read from the source by
 scripts/import_graph.py."""
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ from typing import Any
 
 def listen_room(room_id: str, *, token: str, targets: list[str], after_seq: int, as_json: bool, url: str,
                 console: Any) -> int:
-    from . import langs
-    from .sdk import MultimodalTranslator
-    from .streamclient import print_event
+    from .. import langs
+    from ..sdk import MultimodalTranslator
+    from .stream import print_event
 
     norm = [langs.normalize(t, field="--to") for t in targets]
     client = MultimodalTranslator(base_url=url)

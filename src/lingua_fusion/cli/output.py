@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from .errors import InvalidParameter, LinguaFusionError
+from ..errors import InvalidParameter, LinguaFusionError
 
 # soft_wrap: no hard line breaks at 80 columns when stderr is a file or a pipe
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -72,7 +72,7 @@ def write_out(out: Path, payload: str | bytes) -> None:
 
 def render(result: Any, kind: str) -> str:
     """The result as the chosen output: json (with audio_base64 for speech), srt, vtt, or plain text/braille."""
-    from .files.captions import to_srt, to_vtt
+    from ..files.captions import to_srt, to_vtt
 
     if kind == "json":
         body = result.to_json_dict()

@@ -27,7 +27,7 @@ KEY = typer.Option(None, "--api-key", envvar="LINGUAFUSION_API_KEY", help="API k
 
 
 def _fail(exc: LinguaFusionError) -> None:
-    from ..cli_output import fail
+    from .output import fail
 
     fail(exc)
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from .config import Settings
-from .media import decode_audio
+from ..config import Settings
+from ..media import decode_audio
 
 
 def detect_language(audio: np.ndarray, console: Any) -> str:
     """The CLI holds the whole file, so it can tell the stream its language before the first chunk."""
-    from . import langs
-    from .cli_output import warn
-    from .models.registry import Registry
+    from .. import langs
+    from ..models.registry import Registry
+    from .output import warn
 
     lang, prob = Registry(Settings()).asr(None).detect_language(audio)
     code = langs.normalize(lang)
@@ -30,9 +30,9 @@ def detect_language(audio: np.ndarray, console: Any) -> str:
 
 def read_media(path: Path) -> bytes:
     """The file to play: audio or video only, said plainly before any work (an image or a text is not a stream)."""
-    from .errors import UnsupportedMedia
-    from .media import sniff
-    from .sdk.common import read_file
+    from ..errors import UnsupportedMedia
+    from ..media import sniff
+    from ..sdk.common import read_file
 
     data = read_file(path)
     kind = sniff(data)
@@ -53,9 +53,9 @@ def read_media(path: Path) -> bytes:
 def check_request(client: Any, targets: list[str], slo: str, source_lang: str | None) -> tuple[list[str], str | None]:
     """Refuse a bad --slo, an unknown or unserved --to and a wrong key, before language detection or any
     decoding."""
-    from . import langs
-    from .errors import InvalidParameter, UnsupportedPair
-    from .serving.scheduler import SLO_CLASSES
+    from .. import langs
+    from ..errors import InvalidParameter, UnsupportedPair
+    from ..serving.scheduler import SLO_CLASSES
 
     if slo not in SLO_CLASSES:
         raise InvalidParameter(f"--slo must be one of {', '.join(sorted(SLO_CLASSES))}, not {slo!r}")
@@ -76,8 +76,8 @@ def check_request(client: Any, targets: list[str], slo: str, source_lang: str | 
 async def play_file(path: Path, *, targets: list[str], source_lang: str | None, slo: str, realtime: bool, chunk_ms: int,
                     partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any,
                     room: bool = False) -> int:
-    from .errors import InvalidParameter
-    from .sdk import LocalTranslator, MultimodalTranslator
+    from ..errors import InvalidParameter
+    from ..sdk import LocalTranslator, MultimodalTranslator
 
     if room and not url:
         raise InvalidParameter("--room publishes the stream on a server for listeners: give --url")
@@ -86,7 +86,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
     targets, source_lang = await asyncio.to_thread(check_request, client, targets, slo, source_lang)
     audio, _info = decode_audio(data, Settings().limits, what=path.name)
-    from .video.stream_source import has_video, video_frames
+    from ..video.stream_source import has_video, video_frames
 
     frames = video_frames(data, Settings().limits) if has_video(data, Settings().limits) else None  # slides too
     if source_lang is None:
@@ -150,7 +150,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
             if frames is not None:
                 await frames.aclose()
     if finals:
-        from .lab.eval.latency import summarize
+        from ..lab.eval.latency import summarize
 
         lat = summarize(finals, len(audio) / 16000)
         console.print("latency (ms; _ca = computation-aware): " + json.dumps(lat), markup=False, style="dim")
