@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
-EXTRAS ?= test,llm,hf,otel,cluster
+EXTRAS ?= test,lab,llm,hf,otel,cluster
 
 .PHONY: setup run run-dev test bench mutation clean
 setup:

@@ -50,3 +50,29 @@ def test_bench_load_against_no_server_is_refused_not_reported_as_zero_goodput(tm
             "--json", str(out))
     _refused(p, "backend_unavailable")
     assert "--url" in p.stderr and not out.exists()
+
+
+BLOCK_LAB = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("sacrebleu", "jiwer", "matplotlib"):
+            raise ModuleNotFoundError(name)
+        return None
+sys.meta_path.insert(0, Block())
+from lingua_fusion.cli import main
+sys.argv = ["linguafusion", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("args", [["bench", "compare", "a.json", "b.json"], ["eval", "--pair", "en-es"],
+                                  ["chaos", "run", "x.yaml"]])
+def test_the_lab_commands_without_the_lab_extra_say_what_to_install(args: list[str]) -> None:
+    """sacrebleu, jiwer and matplotlib are the `lab` extra, out of the server's install (issue 28): a lab command
+    without them says so, in the documented form."""
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", BLOCK_LAB, *args], capture_output=True, text=True, timeout=120)
+    _refused(p, "not_configured")
+    assert "pip install 'linguafusion[lab]'" in p.stderr and "sacrebleu" in p.stderr

@@ -8,9 +8,27 @@ from pathlib import Path
 
 import typer
 
-from ..errors import LinguaFusionError
+from ..errors import LinguaFusionError, NotConfigured
 from .app import KEY_OPT, URL_OPT, _fail, app, bench_app, chaos_app
 from .output import emit_report, err, usage
+
+LAB_PACKAGES = ("sacrebleu", "jiwer", "matplotlib")  # the `lab` extra (pyproject): not in the server's install
+
+
+def _need_lab() -> None:
+    """The lab's commands need the `lab` extra; without it, say so in the documented form (not a traceback)."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except ImportError:
+            return True
+
+    missing = [m for m in LAB_PACKAGES if absent(m)]
+    if missing:
+        _fail(NotConfigured(f"this command needs the lab extra ({', '.join(missing)} missing): "
+                            "pip install 'linguafusion[lab]' (make setup installs it)"))
 
 
 @bench_app.command("file")
@@ -21,6 +39,7 @@ def bench_file(
     repeat: int = typer.Option(3, "--repeat"), json_out: Path | None = typer.Option(None, "--json"),
 ) -> None:
     """File latency in-process: cold (first) vs warm requests, per stage, real-time factor."""
+    _need_lab()
     from ..lab.benchfile import run_file_bench
 
     try:
@@ -46,6 +65,7 @@ def bench_load(
     json_out: Path | None = typer.Option(None, "--json"), html_out: Path | None = typer.Option(None, "--html"),
 ) -> None:
     """Drive a live server with N concurrent streams paced at real time; SLO report per class."""
+    _need_lab()
     from ..lab.loadgen.mix import load_mix
     from ..lab.loadgen.sweep import run_bench_load
 
@@ -75,6 +95,7 @@ def bench_compare(a: Path = typer.Argument(...), b: Path = typer.Argument(...),
                   tolerance: float = typer.Option(0.10, "--tolerance"),
                   json_out: Path | None = typer.Option(None, "--json")) -> None:
     """Difference between two reports (bench or eval JSON); exit 1 when B regresses past the tolerance."""
+    _need_lab()
     from ..lab.loadgen.sweep import compare
 
     try:
@@ -103,6 +124,7 @@ def chaos_run(experiment: Path = typer.Argument(..., help="Experiment YAML (see 
               json_out: Path | None = typer.Option(None, "--json"),
               html_out: Path | None = typer.Option(None, "--html")) -> None:
     """Run a load against a server this command starts, inject the experiment's faults, compare with a baseline."""
+    _need_lab()
     from ..lab.chaos.experiment import run_experiment
 
     try:
@@ -132,6 +154,7 @@ def eval_cmd(
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
 ) -> None:
     """Quality (BLEU, chrF, WER/CER) and latency per path on a test set; optional degradation study."""
+    _need_lab()
     from ..lab.eval.cli import run_eval
 
     try:
