@@ -75,6 +75,15 @@ def apertium():  # type: ignore[no-untyped-def]
     mt.close()
 
 
+def test_on_before_a_topic_is_sobre_not_encima(apertium) -> None:  # type: ignore[no-untyped-def]
+    """Issue 27: the slide "Keynote on machine learning" came out "Keynote Encima aprendizaje"."""
+    es = apertium.translate(["Keynote on machine learning", "Talk on machine learning", "The talk is on climate "
+                             "change.", "Put the book on the table."], "en", "es")
+    assert es[0].endswith("sobre aprendizaje de máquina") and es[1] == "Charla sobre aprendizaje de máquina"
+    assert "sobre cambio de clima" in es[2] and "en la mesa" in es[3]
+    assert not any("ncima" in t for t in es[:3])
+
+
 def test_please_is_a_request_not_a_verb(apertium) -> None:  # type: ignore[no-untyped-def]
     es = apertium.translate(["Please call your sister.", "Could you please send it?"], "en", "es")
     assert es[0].startswith("Por favor,") and "por favor" in es[1]

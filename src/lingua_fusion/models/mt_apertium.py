@@ -107,7 +107,12 @@ class _Pool:
 POST_EDITS: dict[str, tuple[tuple[str, re.Pattern[str], str], ...]] = {
     "eng-spa": (("please", re.compile(r"\b(?:te |le |me )?complacer\b"), "por favor"),
                 ("please", re.compile(r"\bComplacer\b"), "Por favor,"),
-                ("by half", re.compile(r"\bpor medios\b"), "a la mitad")),
+                ("by half", re.compile(r"\bpor medios\b"), "a la mitad"),
+                # "on" + a noun phrase read as the adverb ("Talk on machine learning" -> "Charla encima aprendizaje",
+                # "Keynote Encima ..."): "encima" straight before a word, with no "de", is the preposition "sobre"
+                ("on", re.compile(r"(?<=\w )[Ee]ncima (?!del?\b)(?=\w)"), "sobre "),
+                ("on", re.compile(r"^Encima (?!del?\b)(?=\w)", re.MULTILINE), "Sobre "),
+                ("on", re.compile(r"\bencima (?!del?\b)(?=\w)"), "sobre ")),
     "eng-cat": (("please", re.compile(r"\b(?:et |li |em )?complaure\b"), "si us plau"),),
 }
 
