@@ -139,3 +139,20 @@ def test_the_ci_watchdog_prints_what_is_stuck_and_fails(tmp_path: Path) -> None:
     fine = subprocess.run(["bash", str(script), "30", sys.executable, "-c", "raise SystemExit(3)"],
                           capture_output=True, text=True, timeout=60)
     assert fine.returncode == 3 and "watchdog" not in fine.stderr
+
+
+@pytest.mark.timeout(300)
+def test_two_collections_of_the_suite_are_the_same() -> None:
+    """pytest-xdist refuses a run whose workers collect different tests (CI saw it: a test parametrized by a token
+    made with secrets at import time). Two collections of the whole suite must give the same ids."""
+    tests = Path(__file__).resolve().parent
+
+    def collect() -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                              str(tests)], capture_output=True, text=True, timeout=240, cwd=tests.parent)
+        ids = [line for line in out.stdout.splitlines() if "::" in line]
+        assert ids, out.stdout[-2000:] + out.stderr[-2000:]
+        return ids
+
+    first, second = collect(), collect()
+    assert first == second, sorted(set(first) ^ set(second))[:10]
