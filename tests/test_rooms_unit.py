@@ -20,7 +20,8 @@ from lingua_fusion.errors import (
     UnknownLanguage,
     UnsupportedPair,
 )
-from lingua_fusion.rooms.bus import LocalRoomBus, LocalRoomDirectory
+from lingua_fusion.rooms.bus import LocalRoomBus
+from lingua_fusion.rooms.directory import LocalRoomDirectory, RoomLimits
 from lingua_fusion.rooms.model import digest, project
 from lingua_fusion.rooms.service import RoomService
 
@@ -35,13 +36,14 @@ def check_pair(source: str, target: str) -> None:
         raise UnsupportedPair(f"no installed model translates {source} -> {target}")
 
 
-def service(kind: str = "local", max_tokens: int = 10_000) -> RoomService:
+def service(kind: str = "local", max_tokens: int = 10_000, **limits: Any) -> RoomService:
+    lim = RoomLimits(max_tokens=max_tokens, **limits)
     if kind == "redis":
         from lingua_fusion.rooms.redis_bus import RedisRoomBus, RedisRoomDirectory
 
-        bus, directory = RedisRoomBus(REDIS or ""), RedisRoomDirectory(REDIS or "", max_tokens=max_tokens)
+        bus, directory = RedisRoomBus(REDIS or ""), RedisRoomDirectory(REDIS or "", lim)
         return RoomService(bus, directory, check_pair=check_pair, low_confidence=lambda s, t: t == "de")
-    return RoomService(LocalRoomBus(), LocalRoomDirectory(max_tokens=max_tokens), check_pair=check_pair,
+    return RoomService(LocalRoomBus(), LocalRoomDirectory(lim), check_pair=check_pair,
                        low_confidence=lambda s, t: t == "de")
 
 
@@ -53,6 +55,16 @@ async def live_room(rooms: RoomService) -> tuple[str, str]:
     room.state = "live"
     await rooms.directory.save(room)
     return room.room_id, token
+
+
+async def end_naturally(rooms: RoomService, room_id: str) -> None:
+    """What a publisher does when its stream ends: `closed` on the bus, the record saved as ended."""
+    await rooms.bus.publish(room_id, {"type": "closed", "finals": 1, "reason": "end of stream"})
+    room = await rooms.directory.get(room_id)
+    assert room is not None
+    room.state = "ended"
+    for gone in await rooms.directory.save(room):
+        await rooms.bus.forget(gone)
 
 
 async def collect(listener: Any, out: list[dict[str, Any]]) -> None:
@@ -150,11 +162,10 @@ async def test_presence_counts_listeners_per_language_and_an_ended_room_replays_
     await rooms._say_presence(room_id)
     assert await rooms.directory.languages(room_id, rooms.clock()) == {"es": 1}
     assert await rooms.directory.languages(room_id, rooms.clock() + 60) == {}  # a dead gateway stops counting
-    ended = await rooms.end(room_id, "key_owner")
-    assert ended.state == "ended"
+    await end_naturally(rooms, room_id)  # as its publisher's stream ends
     got: list[dict[str, Any]] = []
     await asyncio.wait_for(collect(b, got), 5)
-    assert [e["type"] for e in got] == ["final", "closed"] and got[-1]["reason"] == "ended by its owner"
+    assert [e["type"] for e in got] == ["final", "closed"] and got[-1]["reason"] == "end of stream"
     late = await rooms.join(room_id, token, ["ca"])  # after the end: the history, then closed
     got = []
     await asyncio.wait_for(collect(late, got), 5)
@@ -224,7 +235,7 @@ async def published_room(rooms: RoomService) -> tuple[Any, Any, str]:
     port = FakePort()
     s = session(port, spec=StreamSpec(source_lang="en", targets=["es"], inputs=["text"], key_id="key_owner"))
     ready = await s.open()
-    await rooms.attach(s, True, "key_owner", ready)
+    await rooms.attach(s, True, "key_owner", ready, ["ca", "fr", "pt"])  # listeners may add these
     assert ready.room_id is not None and ready.listener_token is not None
     return s, port, ready.room_id
 
@@ -314,7 +325,8 @@ async def test_a_room_refuses_listener_tokens_past_its_cap_and_the_ones_it_gave_
 def clocked_rooms(max_tokens: int = 10_000) -> tuple[list[float], LocalRoomDirectory, RoomService]:
     """In-process rooms on a clock the test moves (``now[0]``), with a 100 s TTL."""
     now = [1000.0]
-    directory = LocalRoomDirectory(max_tokens=max_tokens, ttl_s=100.0, clock=lambda: now[0])
+    directory = LocalRoomDirectory(RoomLimits(max_tokens=max_tokens, ttl_s=100.0, ended_ttl_s=100.0),
+                                   clock=lambda: now[0])
     rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False,
                         clock=lambda: now[0])
     return now, directory, rooms
@@ -338,8 +350,8 @@ async def test_in_process_listener_tokens_expire_a_day_after_the_rooms_last_writ
     assert await rooms.mint(room.room_id, "key_owner")  # the expired ones no longer count against the cap
     await rooms.create("key_owner", "en")
     now[0] += 101
-    await rooms.create("key_owner", "en")  # a new room sweeps every room's expired tokens
-    assert room.room_id not in directory._tokens
+    await rooms.create("key_owner", "en")  # a new room drops the expired rooms with their tokens
+    assert room.room_id not in directory._rooms
     await rooms.close()
 
 
