@@ -158,23 +158,25 @@ class LocalRoomDirectory:
 
     def _index(self, room: Room) -> list[str]:
         """File the room under its owner as open or ended; forget the oldest ended ones past the cap."""
-        open_, ended = self._open.setdefault(room.owner, {}), self._ended.setdefault(room.owner, OrderedDict())
         if room.stream_id:
             self._by_stream[room.stream_id] = room.room_id
-        if room.state != State.ENDED:
-            ended.pop(room.room_id, None)
-            open_[room.room_id] = None
+        ended = room.state == State.ENDED
+        leaving = self._open if ended else self._ended
+        mine = leaving.get(room.owner)
+        if mine is not None:
+            mine.pop(room.room_id, None)
+            if not mine:
+                del leaving[room.owner]
+        if not ended:
+            self._open.setdefault(room.owner, {})[room.room_id] = None
             return []
-        open_.pop(room.room_id, None)
-        ended[room.room_id] = None  # an ended room saved again keeps its place
+        done = self._ended.setdefault(room.owner, OrderedDict())
+        done[room.room_id] = None  # an ended room saved again keeps its place
         gone = []
-        while len(ended) > self.limits.max_ended_per_key:
-            oldest = next(iter(ended))
-            self._drop(oldest)
+        while len(done) > self.limits.max_ended_per_key:
+            oldest = next(iter(done))
+            self._drop(oldest)  # removes it from ``done`` (and ``done`` from the index when it empties)
             gone.append(oldest)
-        for index in (self._open, self._ended):
-            if not index.get(room.owner):
-                index.pop(room.owner, None)
         return gone
 
     # ---- the Protocol ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .model import ACCESS, AccessChange, project
 
 log = logging.getLogger("lingua_fusion.rooms")
 LISTENER_QUEUE = 256
+STOP_S = 2.0
 _ids = itertools.count(1)
 
 
@@ -202,10 +203,11 @@ class Feed:
             self._task.cancel()
 
     async def stop(self) -> None:
+        """Cancel the follower and wait for it, ``STOP_S`` at most: a Redis client cancelled while it connects
+        has been seen never to finish (the room service's close, hence a server's shutdown, waited forever)."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await asyncio.wait({self._task}, timeout=STOP_S)
 
 
 def refusal(why: str, change: AccessChange) -> LinguaFusionError:
