@@ -86,7 +86,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         pub = await connect(ws_url + "/v1/streams", max_queue=None)
         await pub.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"],
-                                   "partials": False, "room": True}))
+                                   "partials": False, "room": True, "room_targets": ["ca", "fr", "pt"]}))
         ready = json.loads(await pub.recv())
         room_id, token = ready["room_id"], ready["listener_token"]
         pub_finals: list[dict[str, Any]] = []

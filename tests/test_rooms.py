@@ -59,11 +59,15 @@ class Publisher:
 
     @classmethod
     async def open(cls, base: str, key: str, targets: list[str], room: Any = True,
-                   inputs: tuple[str, ...] = ("text",)) -> Publisher:
+                   inputs: tuple[str, ...] = ("text",), room_targets: list[str] | None = None) -> Publisher:
+        """``room_targets``: the languages the room's listeners may add to ``targets``."""
         ws = await connect(base + "/v1/streams", additional_headers={"Authorization": f"Bearer {key}"},
                            max_size=16 * 1024 * 1024)
-        await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": targets,
-                                  "inputs": list(inputs), "partials": False, "room": room}))
+        start = {"type": "start", "source_lang": "en", "target_langs": targets, "inputs": list(inputs),
+                 "partials": False, "room": room}
+        if room_targets is not None:
+            start["room_targets"] = room_targets
+        await ws.send(json.dumps(start))
         ready = json.loads(await ws.recv())
         assert ready["type"] == "ready", ready
         return cls(ws, ready)
@@ -223,7 +227,7 @@ async def test_owner_routes_tokens_and_what_a_listener_token_cannot_do(live: Liv
 # ---- SSE, reconnection with after_seq / Last-Event-ID, languages added live ------------------------------------
 async def test_sse_reconnect_and_a_language_added_live_costs_nothing_once_nobody_listens(live: Live) -> None:
     key = live.key()
-    pub = await Publisher.open(live.ws, key, ["es"])
+    pub = await Publisher.open(live.ws, key, ["es"], room_targets=["ca"])
     room_id, token = pub.ready["room_id"], pub.ready["listener_token"]
     one = await pub.say("The water is cold.")
     assert set(one["translations"]) == {"es"}  # nobody listens in Catalan: it is not computed
@@ -277,7 +281,7 @@ async def test_sse_reconnect_and_a_language_added_live_costs_nothing_once_nobody
 
 
 async def test_a_slide_reaches_listeners_translated_into_their_language(live: Live) -> None:
-    pub = await Publisher.open(live.ws, live.key(), ["es"], inputs=("text", "image"))
+    pub = await Publisher.open(live.ws, live.key(), ["es"], inputs=("text", "image"), room_targets=["ca"])
     room_id, token = pub.ready["room_id"], pub.ready["listener_token"]
     listener = await listen_ws(live.ws, room_id, token, "ca")
 
@@ -301,7 +305,7 @@ async def test_a_slide_reaches_listeners_translated_into_their_language(live: Li
 
 
 async def test_a_listener_who_asks_for_speech_hears_its_own_language(live: Live) -> None:
-    pub = await Publisher.open(live.ws, live.key(), ["es"])
+    pub = await Publisher.open(live.ws, live.key(), ["es"], room_targets=["ca"])
     room_id, token = pub.ready["room_id"], pub.ready["listener_token"]
     spoken = await connect(f"{live.ws}/v1/rooms/{room_id}/listen?targets=ca&speech=true",
                            additional_headers={"Authorization": f"Bearer {token}"}, max_size=16 * 1024 * 1024)
@@ -330,7 +334,7 @@ async def test_a_listener_on_gateway_b_hears_a_room_published_on_gateway_a(tmp_p
     a_url, a = start_server(tmp_path, env=env)
     b_url, b = start_server(tmp_path, env=env)  # the same key store, the same Redis
     try:
-        pub = await Publisher.open(a_url.replace("http", "ws"), key, ["es"])
+        pub = await Publisher.open(a_url.replace("http", "ws"), key, ["es"], room_targets=["ca"])
         room_id, token = pub.ready["room_id"], pub.ready["listener_token"]
         await pub.say("Good morning everyone.")
         listener = await listen_ws(b_url.replace("http", "ws"), room_id, token, "es,ca")

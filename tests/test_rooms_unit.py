@@ -20,7 +20,8 @@ from lingua_fusion.errors import (
     UnknownLanguage,
     UnsupportedPair,
 )
-from lingua_fusion.rooms.bus import LocalRoomBus, LocalRoomDirectory
+from lingua_fusion.rooms.bus import LocalRoomBus
+from lingua_fusion.rooms.directory import LocalRoomDirectory, RoomLimits
 from lingua_fusion.rooms.model import digest, project
 from lingua_fusion.rooms.service import RoomService
 
@@ -35,13 +36,14 @@ def check_pair(source: str, target: str) -> None:
         raise UnsupportedPair(f"no installed model translates {source} -> {target}")
 
 
-def service(kind: str = "local", max_tokens: int = 10_000) -> RoomService:
+def service(kind: str = "local", max_tokens: int = 10_000, **limits: Any) -> RoomService:
+    lim = RoomLimits(max_tokens=max_tokens, **limits)
     if kind == "redis":
         from lingua_fusion.rooms.redis_bus import RedisRoomBus, RedisRoomDirectory
 
-        bus, directory = RedisRoomBus(REDIS or ""), RedisRoomDirectory(REDIS or "", max_tokens=max_tokens)
+        bus, directory = RedisRoomBus(REDIS or ""), RedisRoomDirectory(REDIS or "", lim)
         return RoomService(bus, directory, check_pair=check_pair, low_confidence=lambda s, t: t == "de")
-    return RoomService(LocalRoomBus(), LocalRoomDirectory(max_tokens=max_tokens), check_pair=check_pair,
+    return RoomService(LocalRoomBus(), LocalRoomDirectory(lim), check_pair=check_pair,
                        low_confidence=lambda s, t: t == "de")
 
 
@@ -53,6 +55,16 @@ async def live_room(rooms: RoomService) -> tuple[str, str]:
     room.state = "live"
     await rooms.directory.save(room)
     return room.room_id, token
+
+
+async def end_naturally(rooms: RoomService, room_id: str) -> None:
+    """What a publisher does when its stream ends: `closed` on the bus, the record saved as ended."""
+    await rooms.bus.publish(room_id, {"type": "closed", "finals": 1, "reason": "end of stream"})
+    room = await rooms.directory.get(room_id)
+    assert room is not None
+    room.state = "ended"
+    for gone in await rooms.directory.save(room):
+        await rooms.bus.forget(gone)
 
 
 async def collect(listener: Any, out: list[dict[str, Any]]) -> None:
@@ -150,11 +162,10 @@ async def test_presence_counts_listeners_per_language_and_an_ended_room_replays_
     await rooms._say_presence(room_id)
     assert await rooms.directory.languages(room_id, rooms.clock()) == {"es": 1}
     assert await rooms.directory.languages(room_id, rooms.clock() + 60) == {}  # a dead gateway stops counting
-    ended = await rooms.end(room_id, "key_owner")
-    assert ended.state == "ended"
+    await end_naturally(rooms, room_id)  # as its publisher's stream ends
     got: list[dict[str, Any]] = []
     await asyncio.wait_for(collect(b, got), 5)
-    assert [e["type"] for e in got] == ["final", "closed"] and got[-1]["reason"] == "ended by its owner"
+    assert [e["type"] for e in got] == ["final", "closed"] and got[-1]["reason"] == "end of stream"
     late = await rooms.join(room_id, token, ["ca"])  # after the end: the history, then closed
     got = []
     await asyncio.wait_for(collect(late, got), 5)
@@ -224,7 +235,7 @@ async def published_room(rooms: RoomService) -> tuple[Any, Any, str]:
     port = FakePort()
     s = session(port, spec=StreamSpec(source_lang="en", targets=["es"], inputs=["text"], key_id="key_owner"))
     ready = await s.open()
-    await rooms.attach(s, True, "key_owner", ready)
+    await rooms.attach(s, True, "key_owner", ready, ["ca", "fr", "pt"])  # listeners may add these
     assert ready.room_id is not None and ready.listener_token is not None
     return s, port, ready.room_id
 
@@ -314,7 +325,8 @@ async def test_a_room_refuses_listener_tokens_past_its_cap_and_the_ones_it_gave_
 def clocked_rooms(max_tokens: int = 10_000) -> tuple[list[float], LocalRoomDirectory, RoomService]:
     """In-process rooms on a clock the test moves (``now[0]``), with a 100 s TTL."""
     now = [1000.0]
-    directory = LocalRoomDirectory(max_tokens=max_tokens, ttl_s=100.0, clock=lambda: now[0])
+    directory = LocalRoomDirectory(RoomLimits(max_tokens=max_tokens, ttl_s=100.0, ended_ttl_s=100.0),
+                                   clock=lambda: now[0])
     rooms = RoomService(LocalRoomBus(), directory, check_pair=check_pair, low_confidence=lambda s, t: False,
                         clock=lambda: now[0])
     return now, directory, rooms
@@ -338,8 +350,8 @@ async def test_in_process_listener_tokens_expire_a_day_after_the_rooms_last_writ
     assert await rooms.mint(room.room_id, "key_owner")  # the expired ones no longer count against the cap
     await rooms.create("key_owner", "en")
     now[0] += 101
-    await rooms.create("key_owner", "en")  # a new room sweeps every room's expired tokens
-    assert room.room_id not in directory._tokens
+    await rooms.create("key_owner", "en")  # a new room drops the expired rooms with their tokens
+    assert room.room_id not in directory._rooms
     await rooms.close()
 
 
@@ -492,3 +504,161 @@ async def test_listen_gives_up_on_a_server_that_accepts_and_closes_at_once() -> 
         with pytest.raises(BackendError):
             await asyncio.wait_for(run(), 30)
     assert said == [1.5]
+
+
+# ---- issue 29: caps, indexes, revocation, allowed languages ------------------------------------------------------
+def owner() -> str:
+    """A key of its own per test: the Redis of a run is shared by every test in it."""
+    import secrets
+
+    return "key_" + secrets.token_hex(4)
+
+
+@pytest.mark.parametrize("kind", BUSES)
+async def test_open_rooms_are_capped_per_key_and_ended_ones_evicted_oldest_first_with_their_history(kind: str
+                                                                                                    ) -> None:
+    rooms = service(kind, max_open_per_key=2, max_ended_per_key=1)
+    me = owner()
+    first, _ = await rooms.create(me, "en")
+    second, _ = await rooms.create(me, "en")  # exactly the limit
+    with pytest.raises(QuotaExceeded) as refused:
+        await rooms.create(me, "en")  # one past it
+    assert refused.value.details == {"limit": "max_rooms_per_key", "max": 2}
+    assert (await rooms.create(owner(), "en"))[0]  # per key
+    for room in (first, second):
+        await rooms.bus.publish(room.room_id, final(1, es="uno"))
+        await end_naturally(rooms, room.room_id)
+    assert await rooms.directory.get(first.room_id) is None  # the oldest ended room is forgotten...
+    assert await rooms.bus.history(first.room_id, 0) == []  # ...with its history
+    kept = await rooms.bus.history(second.room_id, 0)
+    assert [e["type"] for e in kept] == ["final", "closed"]
+    third, _ = await rooms.create(me, "en")  # ending freed a place
+    assert sorted((r.room_id, r.state) for r in await rooms.directory.rooms_of(me)) == sorted(
+        [(second.room_id, "ended"), (third.room_id, "waiting")])
+    await rooms.close()
+
+
+async def test_the_in_process_directory_keeps_nothing_of_deleted_rooms_and_finds_rooms_without_a_scan() -> None:
+    rooms = service()
+    for _ in range(300):
+        room, _t = await rooms.create("key_churn", "en")
+        await rooms.end(room.room_id, "key_churn")
+    directory = rooms.directory
+    assert isinstance(directory, LocalRoomDirectory) and isinstance(rooms.bus, LocalRoomBus)
+    assert directory._rooms == {} and directory._open == {} and directory._ended == {}
+    assert rooms.bus._rooms == {} and rooms.bus._ended == {}
+    await rooms.close()
+
+
+async def test_in_process_ended_rooms_are_forgotten_after_ended_ttl_s() -> None:
+    now, directory, rooms = clocked_rooms()  # ttl_s and ended_ttl_s: 100 s
+    room, token = await rooms.create("key_owner", "en")
+    await end_naturally(rooms, room.room_id)
+    now[0] += 50
+    assert await directory.token_ok(room.room_id, digest(token))  # the history is readable for a while
+    now[0] += 51
+    await rooms.create("key_owner", "en")
+    assert room.room_id not in directory._rooms and directory._ended.get("key_owner") is None
+    await rooms.close()
+
+
+@pytest.mark.parametrize("kind", BUSES)
+async def test_a_revoked_token_is_refused_and_its_listener_closed_while_a_sibling_listens_on(kind: str) -> None:
+    from lingua_fusion.rooms.model import token_id_of
+
+    rooms = service(kind)
+    room_id, first = await live_room(rooms)
+    sibling = await rooms.mint(room_id, "key_owner", label="back row")
+    assert [t["label"] for t in await rooms.tokens(room_id, "key_owner")] == [None, "back row"]
+    a, b = await rooms.join(room_id, first, ["es"]), await rooms.join(room_id, sibling, ["es"])
+    with pytest.raises(NotFound):
+        await rooms.revoke_token(room_id, "key_someone_else", token_id_of(first))
+    assert await rooms.revoke_token(room_id, "key_owner", token_id_of(first)) == 1
+    assert a.closed and isinstance(a.error, AuthenticationError) and "revoked" in a.error.message
+    assert not b.closed
+    with pytest.raises(AuthenticationError):
+        await rooms.join(room_id, first, ["es"])
+    assert await rooms.join(room_id, sibling, ["es"])
+    with pytest.raises(NotFound):
+        await rooms.revoke_token(room_id, "key_owner", token_id_of(first))  # already gone
+    assert [t["token_id"] for t in await rooms.tokens(room_id, "key_owner")] == [token_id_of(sibling)]
+    await rooms.close()
+
+
+@needs_redis
+async def test_on_redis_a_token_revoked_on_one_gateway_closes_its_listener_on_another() -> None:
+    from lingua_fusion.rooms.model import token_id_of
+
+    a, b = service("redis"), service("redis")  # two gateways, one Redis
+    room_id, token = await live_room(a)
+    sibling = await a.mint(room_id, "key_owner")
+    far, near = await b.join(room_id, token, ["es"]), await b.join(room_id, sibling, ["es"])
+    assert await a.revoke_token(room_id, "key_owner", token_id_of(token)) == 0  # nobody listens on a
+    for _ in range(100):
+        if far.closed:
+            break
+        await asyncio.sleep(0.05)
+    assert far.closed and isinstance(far.error, AuthenticationError) and not near.closed
+    await a.close()
+    await b.close()
+
+
+@pytest.mark.parametrize("kind", BUSES)
+async def test_a_revoked_owner_key_refuses_its_rooms_tokens_and_closes_their_listeners(kind: str) -> None:
+    revoked: set[str] = set()
+    rooms = service(kind)
+    rooms.owner_revoked = revoked.__contains__
+    room_id, token = await live_room(rooms)
+    listener = await rooms.join(room_id, token, ["es"])
+    assert rooms.listened_owners() == {"key_owner"}  # the revoked-key watch asks the store about it
+    revoked.add("key_owner")  # revoked elsewhere (the CLI): the next join asks the store
+    with pytest.raises(AuthenticationError):
+        await rooms.join(room_id, token, ["es"])
+    assert await rooms.revoke_key("key_owner") == 1
+    assert listener.closed and isinstance(listener.error, AuthenticationError)
+    assert await rooms.directory.get(room_id) is None  # its rooms are forgotten
+    await rooms.close()
+
+
+@pytest.mark.parametrize("kind", BUSES)
+async def test_a_listener_may_pick_only_the_languages_the_room_allows(kind: str) -> None:
+    from lingua_fusion.errors import TargetNotAllowed
+
+    rooms = service(kind)
+    room, token = await rooms.create(owner(), "en", ["ca"])
+    room.state, room.targets = "live", ["es"]  # as a publisher with target es attached
+    await rooms.directory.save(room)
+    assert (await rooms.join(room.room_id, token, ["ca", "es", "en"])).langs == ("ca", "es", "en")
+    with pytest.raises(TargetNotAllowed) as refused:
+        await rooms.join(room.room_id, token, ["es", "fr"])  # served, not allowed here
+    assert refused.value.status == 403 and refused.value.details["allowed"] == ["ca", "en", "es"]
+    with pytest.raises(UnsupportedPair):
+        await rooms.create(owner(), "en", ["ja"])
+    with pytest.raises(InvalidParameter):
+        await rooms.create(owner(), "en", ["es"] * 40)
+    await rooms.close()
+
+
+async def test_the_publisher_never_pays_for_a_language_the_room_does_not_allow() -> None:
+    from lingua_fusion.rooms.publisher import SYNC_S
+
+    rooms = service()
+    s, _port, room_id = await published_room(rooms)  # targets es, room_targets ca, fr, pt
+    await rooms.directory.listen(room_id, "gw_other", {"ca": 1, "de": 5, "speech:de": 1}, rooms.clock() + 60)
+    await asyncio.sleep(SYNC_S * 3)
+    assert s.spec.targets == ["es", "ca"] and rooms.publishers[room_id].speech_langs == set()
+    await s.end()
+    async for _ in s.outgoing():
+        pass
+    await rooms.close()
+
+
+def test_an_access_change_says_whom_it_refuses() -> None:
+    from lingua_fusion.rooms.model import AccessChange
+
+    revoked = AccessChange("token_revoked", revoked=("tk_1",))
+    assert revoked.refuses("tk_1", ("es",)) == "token" and revoked.refuses("tk_2", ("es",)) is None
+    assert AccessChange("owner_revoked", everyone=True).refuses("tk_2", ("es",)) == "token"
+    narrowed = AccessChange("targets", allowed=("en", "es"))
+    assert narrowed.refuses("tk_1", ("es",)) is None and narrowed.refuses("tk_1", ("es", "fr")) == "language"
+    assert AccessChange.from_wire(narrowed.to_wire()) == narrowed

@@ -58,6 +58,7 @@ OPERATIONS = [
     # rooms (api/rooms.py): owner routes and the SSE listener route (a generated room id is a 404)
     ("POST", "/v1/rooms"), ("GET", "/v1/rooms"), ("GET", "/v1/rooms/{room_id}"), ("DELETE", "/v1/rooms/{room_id}"),
     ("POST", "/v1/rooms/{room_id}/tokens"), ("GET", "/v1/rooms/{room_id}/events"),
+    ("GET", "/v1/rooms/{room_id}/tokens"), ("DELETE", "/v1/rooms/{room_id}/tokens/{token_id}"),
 ]
 # Pairs served by Apertium and Bergamot (milliseconds a call) and one that nothing serves (it: 422). de, fr and zh are
 # left out: pairs only the Gemma LLM serves take seconds a call here (up to 256 generated tokens on 2 cores), which is

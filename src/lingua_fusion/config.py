@@ -207,6 +207,22 @@ class VisionSettings(BaseModel):
     max_vocabulary_bytes_per_key: int = Field(default=256 * 1024 * 1024, ge=1024)  # stored landmark JSON, all vocabs
 
 
+class RoomSettings(BaseModel):
+    """Rooms (lingua_fusion/rooms, docs/rooms.md): how many a key may hold and how long they are kept, in memory as
+    on Redis. A listener token lives as long as its room's record (``limits.max_listener_tokens_per_room`` a room)."""
+
+    max_open_per_key: int = Field(default=100, ge=1)  # rooms waiting or live per key; more: 403 quota_exceeded
+    # ended rooms (their history, readable by their tokens) kept per key: past it the oldest ended one is forgotten
+    max_ended_per_key: int = Field(default=20, ge=0)
+    # an ended room is forgotten this long after it ended (not_found after): long enough for a listener that lost
+    # its connection near the end to reconnect with after_seq and get the last finals, short enough that history
+    # handed out with a token does not stay readable for a day
+    ended_ttl_s: float = Field(default=3600.0, gt=0)
+    # a waiting or live room is forgotten this long after its last write (created, published into, a token minted;
+    # a live room's publisher pushes it on every 10 minutes)
+    ttl_s: float = Field(default=24 * 3600.0, gt=0)
+
+
 class TmSettings(BaseModel):
     """The translation memory (lingua_fusion/tm, docs/rooms.md): a local LRU, then Redis (``state.redis_url``)."""
 
@@ -227,6 +243,7 @@ class Settings(BaseSettings):
     models: ModelSettings = Field(default_factory=ModelSettings)
     state: StateSettings = Field(default_factory=StateSettings)
     tm: TmSettings = Field(default_factory=TmSettings)
+    rooms: RoomSettings = Field(default_factory=RoomSettings)
     otel: OtelSettings = Field(default_factory=OtelSettings)
     vision: VisionSettings = Field(default_factory=VisionSettings)
     state_dir: Path | None = None  # LINGUAFUSION_STATE_DIR shortcut

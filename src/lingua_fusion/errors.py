@@ -18,6 +18,8 @@ Map (code -> HTTP status):
         PermissionDenied            403 forbidden
           OriginNotAllowed          403 origin_not_allowed (a browser page from an origin not on the allow-list)
           QuotaExceeded             403 quota_exceeded (glossaries per key)
+          TargetNotAllowed          403 target_not_allowed (a room listener asked for a language the room does not
+                                                            allow: details.allowed lists those it does)
         HostNotAllowed              400 host_not_allowed (a Host header not on the allow-list)
         UnsupportedContentType      415 unsupported_content_type (a JSON route sent something else)
         TakenOver                   409 taken_over (a stream resumed by another connection: this one ends)
@@ -141,6 +143,10 @@ class OriginNotAllowed(PermissionDenied):
 
 class QuotaExceeded(PermissionDenied):
     code = "quota_exceeded"
+
+
+class TargetNotAllowed(PermissionDenied):
+    code = "target_not_allowed"
 
 
 class HostNotAllowed(ClientError):

@@ -153,6 +153,13 @@ class CountRequests:
                                                        status=str(sent.status)).inc()
 
 
+def _owner_revoked(store: SQLiteStore) -> Callable[[str], bool]:
+    def revoked(key_id: str) -> bool:
+        return key_id in store.revoked_among([key_id])  # one indexed SQLite read, as each request's authentication
+
+    return revoked
+
+
 def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslator, metrics: Metrics,
                      store: SQLiteStore, executor: ExecutorFactory) -> StreamsLifetime:
     """Build the StreamService (and the per-stream baseline it hands admin benchmark streams to), set
@@ -181,10 +188,15 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                 log.warning("stream log compaction failed: %s", exc.message)
 
     def live_keys() -> set[str]:
-        return {s.spec.key_id for svc in (service, baseline) for s in svc.sessions.values()}
+        streams = {s.spec.key_id for svc in (service, baseline) for s in svc.sessions.values()}
+        return streams | rooms.listened_owners()
 
-    # streams of a key revoked on another worker (or server, or by the CLI) end here too (api/revocation.py)
-    watch = RevocationWatch(live_keys, store.revoked_among, service.revoke, settings.server.key_check_interval_s)
+    async def close_key(key_id: str) -> int:
+        return await service.revoke(key_id) + await rooms.revoke_key(key_id)
+
+    # streams of a key revoked on another worker (or server, or by the CLI) end here too (api/revocation.py), and
+    # so do the listeners of its rooms
+    watch = RevocationWatch(live_keys, store.revoked_among, close_key, settings.server.key_check_interval_s)
     # streams resumed on another worker or server end here within the same interval (api/takeover.py)
     takeover = TakeoverWatch(service.live_epochs, log_store.epochs, service.taken_over,
                              settings.server.key_check_interval_s)
@@ -210,7 +222,9 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
 
     app.state.streams = service
     service.vision = app.state.vision  # streams with a vocabulary_id read signs (api/vocab.py, vision/)
-    service.rooms = rooms_api.install(app, settings, metrics, translator.registry)  # rooms: api/rooms.py, rooms/
+    # rooms: api/rooms.py, rooms/; a room's listener tokens are dead once its owner's key is revoked
+    rooms = service.rooms = rooms_api.install(app, settings, metrics, translator.registry,
+                                              owner_revoked=_owner_revoked(store) if settings.server.auth else None)
     tm = translator.registry.translation_memory()
     if tm is not None:  # its hits, misses and evictions on /metrics
         from ..tm.metrics import TmCollector

@@ -1,9 +1,11 @@
 """Rooms over HTTP: the owner's REST routes, and listeners over WebSocket or server-sent events.
 
 Owner routes (an API key; a room is only ever seen by the key that created it, others get 404):
-``POST /v1/rooms`` (optional JSON ``{"source_lang"}``) -> ``{room_id, listener_token, ...}``;
-``GET /v1/rooms``; ``GET /v1/rooms/{id}``; ``POST /v1/rooms/{id}/tokens`` -> a new ``listener_token``;
-``DELETE /v1/rooms/{id}`` ends it (listeners get ``closed``).
+``POST /v1/rooms`` (optional JSON ``{"source_lang", "allowed_targets"}``) -> ``{room_id, listener_token, token_id,
+...}``; ``GET /v1/rooms``; ``GET /v1/rooms/{id}``; ``POST /v1/rooms/{id}/tokens`` (optional JSON ``{"label"}``) ->
+a new ``listener_token`` and its ``token_id``; ``GET /v1/rooms/{id}/tokens`` lists the tokens' ids;
+``DELETE /v1/rooms/{id}/tokens/{token_id}`` revokes one (its open listeners are closed, 4401);
+``DELETE /v1/rooms/{id}`` ends and forgets the room (listeners get ``closed``; its tokens open nothing after).
 
 Listeners (a read-only listener token, never an API key): ``WS /v1/rooms/{id}/listen`` and
 ``GET /v1/rooms/{id}/events`` (text/event-stream), both with ``?targets=es,de`` and optionally ``after_seq=N``
@@ -20,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, WebSocket, WebSocketDisconnect
@@ -32,8 +34,10 @@ from ..config import Settings
 from ..errors import InvalidParameter, LinguaFusionError, SlowConsumer, UnsupportedContentType
 from ..models.registry import Registry
 from ..observability import Metrics
+from ..rooms.directory import RoomLimits
 from ..rooms.feed import Listener
 from ..rooms.metrics import RoomMetrics
+from ..rooms.model import token_id_of
 from ..rooms.service import RoomService, open_rooms
 from ..stream.events import error_event
 from ..stream.protocol import close_code
@@ -49,11 +53,21 @@ SEND_TIMEOUT_S = 10.0  # a listener whose socket takes longer to take one event 
 KEEPALIVE_S = 15.0  # SSE comment lines while the room is quiet (proxies close idle responses)
 
 
-def install(app: FastAPI, settings: Settings, metrics: Metrics, registry: Registry) -> RoomService:
-    bus, directory = open_rooms(settings.state.redis_url, max_tokens=settings.limits.max_listener_tokens_per_room)
+def limits(settings: Settings) -> RoomLimits:
+    r = settings.rooms
+    return RoomLimits(max_tokens=settings.limits.max_listener_tokens_per_room, max_open_per_key=r.max_open_per_key,
+                      max_ended_per_key=r.max_ended_per_key, ttl_s=r.ttl_s, ended_ttl_s=r.ended_ttl_s)
+
+
+def install(app: FastAPI, settings: Settings, metrics: Metrics, registry: Registry,
+            owner_revoked: Callable[[str], bool] | None = None) -> RoomService:
+    """``owner_revoked``: the key store's answer, asked at each join (None: keys are never revoked, auth off)."""
+    bus, directory = open_rooms(settings.state.redis_url, limits(settings))
     rooms = RoomService(bus, directory, check_pair=registry.mt_route,
                         low_confidence=lambda s, t: registry.mt_route(s, t).low_confidence,
                         metrics=RoomMetrics(metrics.registry))
+    if owner_revoked is not None:
+        rooms.owner_revoked = owner_revoked
     app.state.rooms = rooms
     app.include_router(router)
     return rooms
@@ -65,7 +79,9 @@ def _rooms(request: Request | WebSocket) -> RoomService:
 
 
 # ---- owner routes ------------------------------------------------------------------------------------------------
-ROOM = spec.json_body({"type": "object", "properties": {"source_lang": {"type": "string"}}})
+ROOM = spec.json_body({"type": "object", "properties": {
+    "source_lang": {"type": "string"}, "allowed_targets": {"type": "array", "items": {"type": "string"}}}})
+TOKEN = spec.json_body({"type": "object", "properties": {"label": {"type": "string", "maxLength": 80}}})
 
 
 @router.post("/v1/rooms", status_code=201, openapi_extra=spec.body(ROOM))
@@ -74,8 +90,11 @@ async def create_room(request: Request, key: TranslateKey) -> JSONResponse:
     source = body.get("source_lang")
     if "source_lang" in body and not isinstance(source, str):  # null included: leave it out for no source
         raise InvalidParameter("source_lang is a language code")
-    room, token = await _rooms(request).create(key.key_id, source)
-    return JSONResponse({**room.public(), "listener_token": token}, status_code=201)
+    allowed = body.get("allowed_targets")
+    if "allowed_targets" in body and not isinstance(allowed, list):
+        raise InvalidParameter("allowed_targets is a list of language codes listeners may ask for")
+    room, token = await _rooms(request).create(key.key_id, source, allowed)
+    return JSONResponse({**room.public(), "listener_token": token, "token_id": token_id_of(token)}, status_code=201)
 
 
 @router.get("/v1/rooms")
@@ -89,16 +108,29 @@ async def get_room(room_id: str, request: Request, key: TranslateKey) -> dict[st
     return await rooms.describe(await rooms.owned(room_id, key.key_id))
 
 
-@router.post("/v1/rooms/{room_id}/tokens", status_code=201)
+@router.post("/v1/rooms/{room_id}/tokens", status_code=201, openapi_extra=spec.body(TOKEN))
 async def mint_token(room_id: str, request: Request, key: TranslateKey) -> JSONResponse:
-    token = await _rooms(request).mint(room_id, key.key_id)
-    return JSONResponse({"room_id": room_id, "listener_token": token}, status_code=201)
+    label = (await _optional_json(request)).get("label")
+    token = await _rooms(request).mint(room_id, key.key_id, label)
+    return JSONResponse({"room_id": room_id, "listener_token": token, "token_id": token_id_of(token),
+                         "label": label}, status_code=201)
+
+
+@router.get("/v1/rooms/{room_id}/tokens")
+async def list_tokens(room_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    return {"room_id": room_id, "tokens": await _rooms(request).tokens(room_id, key.key_id)}
+
+
+@router.delete("/v1/rooms/{room_id}/tokens/{token_id}")
+async def revoke_token(room_id: str, token_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+    closed = await _rooms(request).revoke_token(room_id, key.key_id, token_id)
+    return {"room_id": room_id, "token_id": token_id, "revoked": True, "listeners_closed": closed}
 
 
 @router.delete("/v1/rooms/{room_id}")
 async def end_room(room_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
     room = await _rooms(request).end(room_id, key.key_id)
-    return {"room_id": room.room_id, "state": room.state, "finals": room.finals}
+    return {"room_id": room.room_id, "state": room.state, "finals": room.finals, "deleted": True}
 
 
 async def _optional_json(request: Request) -> dict[str, Any]:

@@ -4,7 +4,9 @@ local ``Listener``s, each through a bounded queue.
 A listener that falls behind never slows the room: when its queue is full a partial for it is dropped (counted)
 and a final closes it with ``slow_consumer`` (it reconnects with ``after_seq`` and gets what it missed from the
 history). What a listener of given languages is sent is computed and JSON-encoded once per event and language set,
-however many listen.
+however many listen. An ``access`` event (``model.AccessChange``) is the room's own: never sent, it closes the
+listeners it refuses (a revoked token or owner key: ``unauthenticated``, 4401; a language the room no longer allows:
+``target_not_allowed``, 4403).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import LinguaFusionError, SlowConsumer
+from ..errors import AuthenticationError, LinguaFusionError, SlowConsumer, TargetNotAllowed
 from .bus import RoomBus
-from .model import project
+from .model import ACCESS, AccessChange, project
 
 log = logging.getLogger("lingua_fusion.rooms")
 LISTENER_QUEUE = 256
+STOP_S = 2.0
 _ids = itertools.count(1)
 
 
@@ -51,6 +54,7 @@ class Listener:
     speech: bool = False
     after_seq: int = 0
     max_queue: int = LISTENER_QUEUE
+    token_id: str = ""  # the listener token it joined with (model.token_id_of)
     listener_id: str = field(default_factory=lambda: f"ls_{next(_ids)}")
     partials_dropped: int = 0
     error: LinguaFusionError | None = None
@@ -132,8 +136,9 @@ class Encoder:
 class Feed:
     """A room followed on the bus by this gateway, for its local listeners."""
 
-    def __init__(self, room_id: str, bus: RoomBus, on_empty: Callable[[Feed], None]) -> None:
+    def __init__(self, room_id: str, bus: RoomBus, on_empty: Callable[[Feed], None], owner: str = "") -> None:
         self.room_id = room_id
+        self.owner = owner  # the room's owner key: its revocation closes these listeners (api/revocation.py)
         self.bus = bus
         self.listeners: set[Listener] = set()
         self._on_empty = on_empty
@@ -147,6 +152,9 @@ class Feed:
     async def _run(self, position: str) -> None:
         try:
             async for event in self.bus.follow(self.room_id, position):
+                if event.get("type") == ACCESS:
+                    self.apply(AccessChange.from_wire(event))
+                    continue
                 self.fan_out(event)
                 if event.get("type") == "closed":
                     break
@@ -169,6 +177,18 @@ class Feed:
                 if listener.closed:
                     self.remove(listener)
 
+    def apply(self, change: AccessChange) -> int:
+        """Close the listeners ``change`` refuses, each told why; how many."""
+        closed = 0
+        for listener in list(self.listeners):
+            why = change.refuses(listener.token_id, listener.langs)
+            if why is None:
+                continue
+            listener.close(refusal(why, change))
+            self.remove(listener)
+            closed += 1
+        return closed
+
     def add(self, listener: Listener) -> None:
         self.listeners.add(listener)
 
@@ -183,10 +203,21 @@ class Feed:
             self._task.cancel()
 
     async def stop(self) -> None:
+        """Cancel the follower and wait for it, ``STOP_S`` at most: a Redis client cancelled while it connects
+        has been seen never to finish (the room service's close, hence a server's shutdown, waited forever)."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await asyncio.wait({self._task}, timeout=STOP_S)
+
+
+def refusal(why: str, change: AccessChange) -> LinguaFusionError:
+    if why == "language":
+        allowed = sorted(change.allowed or ())
+        return TargetNotAllowed(f"this room's publisher allows listeners the languages {', '.join(allowed)} only",
+                                details={"allowed": allowed})
+    if change.everyone:
+        return AuthenticationError("the room's owner key was revoked: its listener tokens no longer open it")
+    return AuthenticationError("this listener token was revoked by the room's owner")
 
 
 def encode_history(events: list[dict[str, Any]], langs: tuple[str, ...]) -> list[Outgoing]:

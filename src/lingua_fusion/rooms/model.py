@@ -1,12 +1,17 @@
-"""A room's record, listener tokens and what each listener is sent (pure: no I/O, no clock of its own).
+"""A room's record, listener tokens, who may listen to what, and what each listener is sent (pure: no I/O, no
+clock of its own).
 
-A listener token (``lt_...``) is read-only: it lets its holder hear one room, nothing else. It is never the
-publisher's API key, and only its SHA-256 digest is stored.
+A listener token (``lt_...``) is read-only: it lets its holder hear one room, in the languages the room allows
+(``listenable``), nothing else. It is never the publisher's API key, and only its SHA-256 digest is stored, under
+a token id (``tk_`` + the digest's first 16 hex digits) that the owner lists and revokes it by. An
+``AccessChange`` is a bus event of the room's own (never sent to a listener): every gateway's feed closes the
+listeners it refuses (a revoked token, a revoked owner key, a language no longer allowed).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 from dataclasses import asdict, dataclass, field
@@ -17,6 +22,10 @@ TOKEN_PREFIX = "lt_"
 # what a room carries from its publisher's stream; everything else (metrics, ready, notices) stays the publisher's
 PUBLISHED = frozenset({"partial", "revision", "final", "slide", "speech", "closed"})
 MAX_LISTEN_LANGS = 8
+MAX_ALLOWED_TARGETS = 32  # languages a room may let its listeners add to what its publisher translates
+TOKEN_ID = re.compile(r"^tk_[0-9a-f]{16}$")
+MAX_LABEL = 80
+ACCESS = "access"  # the type of an AccessChange on the bus
 
 
 class State:
@@ -36,6 +45,8 @@ class Room:
     stream_id: str | None = None  # the publishing stream (its resume re-attaches here)
     finals: int = 0
     epoch: int = 0  # how many times a stream attached: a publisher that left ends the room unless another came
+    # languages listeners may ask for beyond the publisher's own targets (and the source); None: none beyond them
+    allowed_targets: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,15 +56,82 @@ class Room:
         return cls(room_id=str(d["room_id"]), owner=str(d["owner"]), created=float(d["created"]),
                    state=str(d.get("state", State.WAITING)), source_lang=d.get("source_lang"),
                    targets=list(d.get("targets") or []), stream_id=d.get("stream_id"),
-                   finals=int(d.get("finals", 0)), epoch=int(d.get("epoch", 0)))
+                   finals=int(d.get("finals", 0)), epoch=int(d.get("epoch", 0)),
+                   allowed_targets=list(d["allowed_targets"]) if d.get("allowed_targets") is not None else None)
 
     def public(self, listeners: dict[str, int] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"room_id": self.room_id, "state": self.state, "source_lang": self.source_lang,
-               "targets": self.targets, "stream_id": self.stream_id, "created": self.created, "finals": self.finals}
+               "targets": self.targets, "allowed_targets": self.allowed_targets, "stream_id": self.stream_id,
+               "created": self.created, "finals": self.finals}
         if listeners is not None:
             out["languages"] = listeners
             out["listeners"] = sum(listeners.values())
         return out
+
+
+def listenable(room: Room) -> frozenset[str] | None:
+    """The languages a listener of ``room`` may ask for: its source, its publisher's own targets and its
+    ``allowed_targets``. None while that is not known yet: a room made by REST without ``allowed_targets`` and no
+    publisher so far (listeners may join it; when a publisher attaches, those outside its targets are closed)."""
+    if room.allowed_targets is None and not room.targets:
+        return None
+    return frozenset([*room.targets, *(room.allowed_targets or ()), *([room.source_lang] if room.source_lang else [])])
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A listener token as the directory keeps it: its id, its digest, when it was made and the owner's label."""
+
+    token_id: str
+    digest: str
+    created: float
+    label: str | None = None
+
+    @classmethod
+    def of(cls, token: str, created: float, label: str | None = None) -> TokenInfo:
+        d = digest(token)
+        return cls(token_id_of_digest(d), d, created, label)
+
+    def to_json(self) -> str:
+        return json.dumps({"digest": self.digest, "created": self.created, "label": self.label})
+
+    @classmethod
+    def from_json(cls, token_id: str, raw: str) -> TokenInfo:
+        d = json.loads(raw)
+        return cls(token_id, str(d["digest"]), float(d["created"]), d.get("label"))
+
+    def public(self) -> dict[str, Any]:
+        """What the owner sees: never the token, nor its digest."""
+        return {"token_id": self.token_id, "created": self.created, "label": self.label}
+
+
+@dataclass(frozen=True)
+class AccessChange:
+    """Who may no longer listen: ``revoked`` token ids, or ``everyone`` (the owner's key was revoked), or anyone
+    asking for a language outside ``allowed`` (a publisher attached to a room whose languages were open)."""
+
+    reason: str
+    revoked: tuple[str, ...] = ()
+    everyone: bool = False
+    allowed: tuple[str, ...] | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": ACCESS, "reason": self.reason, "revoked": list(self.revoked), "everyone": self.everyone,
+                "allowed": list(self.allowed) if self.allowed is not None else None}
+
+    @classmethod
+    def from_wire(cls, e: dict[str, Any]) -> AccessChange:
+        allowed = e.get("allowed")
+        return cls(str(e.get("reason", "")), tuple(e.get("revoked") or ()), bool(e.get("everyone")),
+                   tuple(allowed) if allowed is not None else None)
+
+    def refuses(self, token_id: str, langs: tuple[str, ...]) -> str | None:
+        """Why a listener with this token and these languages must go (``token`` or ``language``), or None."""
+        if self.everyone or token_id in self.revoked:
+            return "token"
+        if self.allowed is not None and any(lang not in self.allowed for lang in langs):
+            return "language"
+        return None
 
 
 def new_room_id() -> str:
@@ -66,6 +144,15 @@ def new_token() -> str:
 
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def token_id_of_digest(token_digest: str) -> str:
+    return "tk_" + token_digest[:16]
+
+
+def token_id_of(token: str) -> str:
+    """A listener token's id: what its owner lists and revokes it by (it tells nothing about the token)."""
+    return token_id_of_digest(digest(token))
 
 
 def project(event: dict[str, Any], langs: tuple[str, ...], speech: bool = False) -> dict[str, Any] | None:

@@ -6,8 +6,10 @@ stamped with ``published_at`` (wall-clock seconds, so listeners can measure deli
 for long drops partials first and counts what it dropped; the publisher's own stream is never slowed.
 
 Targets: the stream translates into the union of its own targets and the languages listeners ask for now (read
-from the directory every ``SYNC_S``); a language added while the room is live is translated from its next final,
-one nobody listens to any more stops costing anything.
+from the directory every ``SYNC_S``) that the room allows (``model.listenable``: a presence entry for any other
+language, however it got there, costs nothing); a language added while the room is live is translated from its next
+final, one nobody listens to any more stops costing anything. A room whose record is gone (deleted, its owner's key
+revoked) stops being published.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 from ..errors import LinguaFusionError
 from ..stream.events import Event
 from ..stream.session import StreamSession
-from .bus import RoomBus, RoomDirectory
-from .model import PUBLISHED, State
+from .bus import RoomBus
+from .directory import RoomDirectory
+from .model import PUBLISHED, Room, State
 
 log = logging.getLogger("lingua_fusion.rooms")
 SYNC_S = 0.5
@@ -41,7 +44,8 @@ PARTIAL_MT_S = 5.0  # a partial's translation into the room's other languages is
 class RoomPublisher:
     def __init__(self, room_id: str, session: StreamSession, bus: RoomBus, directory: RoomDirectory, *,
                  low_confidence: Callable[[str], bool], clock: Callable[[], float] = time.time,
-                 metrics: Any = None, epoch: int = 0, orphan_s: float = ORPHAN_S) -> None:
+                 metrics: Any = None, epoch: int = 0, orphan_s: float = ORPHAN_S,
+                 allowed: frozenset[str] | None = None) -> None:
         self.room_id = room_id
         self.epoch = epoch
         self.orphan_s = orphan_s
@@ -51,6 +55,7 @@ class RoomPublisher:
         self.clock = clock
         self.metrics = metrics
         self.own = list(session.spec.targets)  # the publisher's own targets: always translated
+        self.allowed = allowed if allowed is not None else frozenset(self.own)  # what listeners may add
         self._low_confidence = low_confidence
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=PUBLISH_QUEUE)
         self.dropped = 0
@@ -204,7 +209,7 @@ class RoomPublisher:
             room = await self.directory.get(self.room_id)
             if room is not None:
                 room.state, room.finals = State.ENDED, self.finals
-                await self.directory.save(room)
+                await ended(room, self.directory, self.bus)
 
     async def _sync(self) -> None:
         touched = self.clock()  # created or attached (a save) just now
@@ -218,12 +223,13 @@ class RoomPublisher:
             except LinguaFusionError as exc:
                 log.warning("room %s: language sync failed: %s", self.room_id, exc.message)
                 wanted, room = None, None
-            if room is not None and room.state == State.ENDED:
-                self.ended = True  # ended by its owner (perhaps on another gateway): stop publishing
+            if wanted is not None and (room is None or room.state == State.ENDED):
+                self.ended = True  # deleted or ended by its owner (perhaps on another gateway): stop publishing
                 self._stop_others()
                 return
             if wanted is not None:
-                self.speech_langs = {k.removeprefix(SPEECH) for k in wanted if k.startswith(SPEECH)}
+                self.speech_langs = {k.removeprefix(SPEECH) for k in wanted
+                                     if k.startswith(SPEECH) and k.removeprefix(SPEECH) in self.allowed}
                 self.retarget({k.removeprefix(SPEECH) for k in wanted})
             if self.session.closed.is_set() and self._queue.empty() and not self._busy:
                 # the stream ended without `closed` (a lost connection; it may resume, here or elsewhere, and
@@ -241,7 +247,7 @@ class RoomPublisher:
             if room is None or room.state == State.ENDED or room.epoch != self.epoch:
                 return  # ended, or the stream resumed (perhaps on another gateway) and attached again
             room.state, room.finals = State.ENDED, max(room.finals, self.finals)
-            await self.directory.save(room)
+            await ended(room, self.directory, self.bus)
             await self.bus.publish(self.room_id, {"type": "closed", "finals": room.finals,
                                                   "reason": "the publisher left", "published_at": self.clock()})
         except LinguaFusionError as exc:
@@ -252,7 +258,7 @@ class RoomPublisher:
         changed in place: a translation in flight keeps the list it started with."""
         spec = self.session.spec
         source = spec.source_lang
-        extra = sorted(lang for lang in listened if lang not in self.own and lang != source)
+        extra = sorted(lang for lang in listened if lang in self.allowed and lang not in self.own and lang != source)
         targets = self.own + extra
         if targets != spec.targets:
             spec.targets = targets
@@ -278,3 +284,9 @@ class RoomPublisher:
         for task in [*self._tasks, *self._slides]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+async def ended(room: Room, directory: RoomDirectory, bus: RoomBus) -> None:
+    """Save ``room`` as ended; the owner's oldest ended rooms past ``max_ended_per_key`` lose their history too."""
+    for room_id in await directory.save(room):
+        await bus.forget(room_id)

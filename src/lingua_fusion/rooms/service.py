@@ -1,5 +1,9 @@
-"""``RoomService``: rooms on one gateway: create, mint listener tokens, list, end (owner key only), publish a
-stream into a room, and join a room as a listener.
+"""``RoomService``: rooms on one gateway: create, mint, list and revoke listener tokens, list, delete (owner key
+only), publish a stream into a room, and join a room as a listener.
+
+A listener token opens its room only while the token is not revoked, its room not deleted and its owner's key not
+revoked (``owner_revoked``, asked at each join; a revocation also closes the open listeners on every gateway: an
+``AccessChange`` on the room's bus, ``feed.py``), and only in the languages the room allows (``model.listenable``).
 
 A listener joins in three steps, in this order, so that no final falls between history and live: it is added to
 this gateway's ``Feed`` of the room (which follows the bus from a position taken before), then the history after
@@ -29,28 +33,50 @@ from ..errors import (
     NotConfigured,
     NotFound,
     QuotaExceeded,
+    TargetNotAllowed,
 )
 from ..stream.events import Event
 from ..stream.session import StreamSession
-from .bus import MAX_TOKENS, LocalRoomBus, LocalRoomDirectory, RoomBus, RoomDirectory
+from .bus import LocalRoomBus, RoomBus
+from .directory import LocalRoomDirectory, RoomDirectory, RoomLimits
 from .feed import Feed, Listener, Outgoing, encode_history
 from .metrics import RoomMetrics
-from .model import MAX_LISTEN_LANGS, ROOM_ID, Room, State, digest, new_room_id, new_token
+from .model import (
+    MAX_ALLOWED_TARGETS,
+    MAX_LABEL,
+    MAX_LISTEN_LANGS,
+    ROOM_ID,
+    TOKEN_ID,
+    AccessChange,
+    Room,
+    State,
+    TokenInfo,
+    digest,
+    listenable,
+    new_room_id,
+    new_token,
+    token_id_of_digest,
+)
 from .publisher import SPEECH, RoomPublisher
 
 log = logging.getLogger("lingua_fusion.rooms")
 PRESENCE_S = 2.0  # how often a gateway says again who listens to what
 PRESENCE_TTL_S = 10.0  # a gateway silent this long (dead) stops counting
-MAX_ROOMS_PER_KEY = 100
 
 
-def open_rooms(redis_url: str | None, *, max_tokens: int = MAX_TOKENS) -> tuple[RoomBus, RoomDirectory]:
+def open_rooms(redis_url: str | None, limits: RoomLimits | None = None) -> tuple[RoomBus, RoomDirectory]:
     """Redis when the server keeps its state there (every gateway sees every room), else in-process."""
+    limits = limits or RoomLimits()
     if redis_url:
         from .redis_bus import RedisRoomBus, RedisRoomDirectory
 
-        return RedisRoomBus(redis_url), RedisRoomDirectory(redis_url, max_tokens=max_tokens)
-    return LocalRoomBus(), LocalRoomDirectory(max_tokens=max_tokens)
+        return (RedisRoomBus(redis_url, ttl_s=limits.ttl_s, ended_ttl_s=limits.ended_ttl_s),
+                RedisRoomDirectory(redis_url, limits))
+    return LocalRoomBus(ended_ttl_s=limits.ended_ttl_s), LocalRoomDirectory(limits)
+
+
+def _never_revoked(_key_id: str) -> bool:
+    return False
 
 
 DRAIN_S = 2.0  # at shutdown, for the listeners' connections to take their last events and the draining one
@@ -60,8 +86,10 @@ DRAIN_POLL_S = 0.02
 class RoomService:
     def __init__(self, bus: RoomBus, directory: RoomDirectory, *, check_pair: Callable[[str, str], Any],
                  low_confidence: Callable[[str, str], bool], metrics: RoomMetrics | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 owner_revoked: Callable[[str], bool] = _never_revoked) -> None:
         self.bus = bus
+        self.owner_revoked = owner_revoked  # the key store's answer (api/app.py): a revoked owner's tokens are dead
         self.directory = directory
         self.unavailable: str | None = None  # why this server makes no rooms (set by serve --workers without Redis)
         self.check_pair = check_pair  # (source, target) -> route; raises unsupported_pair
@@ -79,17 +107,33 @@ class RoomService:
         if self.unavailable is not None:
             raise NotConfigured(self.unavailable)
 
-    async def create(self, owner: str, source_lang: str | None = None) -> tuple[Room, str]:
+    async def create(self, owner: str, source_lang: str | None = None,
+                     allowed_targets: builtins.list[str] | None = None) -> tuple[Room, str]:
         self._check_available()
-        mine = await self.directory.rooms_of(owner)
-        if sum(r.state != State.ENDED for r in mine) >= MAX_ROOMS_PER_KEY:
-            raise QuotaExceeded(f"this key has {MAX_ROOMS_PER_KEY} rooms open; end one first (DELETE "
-                                "/v1/rooms/{id})", details={"limit": "max_rooms_per_key"})
-        room = Room(new_room_id(), owner, round(self.clock(), 3),
-                    source_lang=langs_mod.normalize(source_lang, field="source_lang") if source_lang else None)
+        source = langs_mod.normalize(source_lang, field="source_lang") if source_lang else None
+        room = Room(new_room_id(), owner, round(self.clock(), 3), source_lang=source,
+                    allowed_targets=self._allowed(source, allowed_targets))
         token = new_token()
-        await self.directory.create(room, digest(token))
+        if not await self.directory.create(room, TokenInfo.of(token, room.created)):
+            limit = self.directory.limits.max_open_per_key
+            raise QuotaExceeded(f"this key has {limit} rooms open; end one first (DELETE /v1/rooms/{{id}})",
+                                details={"limit": "max_rooms_per_key", "max": limit})
         return room, token
+
+    def _allowed(self, source: str | None, targets: builtins.list[str] | None) -> builtins.list[str] | None:
+        """``allowed_targets`` as given: each a language the source can be translated into, at most 32."""
+        if targets is None:
+            return None
+        if not isinstance(targets, list) or len(targets) > MAX_ALLOWED_TARGETS:
+            raise InvalidParameter(f"allowed_targets lists at most {MAX_ALLOWED_TARGETS} languages")
+        out: builtins.list[str] = []
+        for t in targets:
+            lang = langs_mod.normalize(t if isinstance(t, str) else "", field="allowed_targets")
+            if source and lang != source:
+                self.check_pair(source, lang)
+            if lang not in out:
+                out.append(lang)
+        return out
 
     async def owned(self, room_id: str, owner: str) -> Room:
         """The room if ``owner`` made it; another key's room is a 404, as one that does not exist."""
@@ -98,19 +142,41 @@ class RoomService:
             raise NotFound(f"no room {room_id[:40]} for this key")
         return room
 
-    async def mint(self, room_id: str, owner: str) -> str:
+    async def mint(self, room_id: str, owner: str, label: str | None = None) -> str:
         room = await self.owned(room_id, owner)
-        return await self._new_token(room.room_id)
+        if room.state == State.ENDED:
+            raise InvalidParameter(f"room {room_id} has ended: it takes no new listener tokens")
+        if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
+            raise InvalidParameter(f"label is a string of at most {MAX_LABEL} characters")
+        return await self._new_token(room.room_id, label)
 
-    async def _new_token(self, room_id: str) -> str:
+    async def _new_token(self, room_id: str, label: str | None = None) -> str:
         token = new_token()
-        if not await self.directory.add_token(room_id, digest(token)):
-            limit = self.directory.max_tokens
-            raise QuotaExceeded(f"room {room_id} has {limit} listener tokens, the most it may have; a token keeps "
-                                "working for 24 h after the room's last change: hand out tokens you minted, or "
-                                "create another room", details={"limit": "max_listener_tokens_per_room",
-                                                                "max": limit})
+        if not await self.directory.add_token(room_id, TokenInfo.of(token, round(self.clock(), 3), label)):
+            limit = self.directory.limits.max_tokens
+            raise QuotaExceeded(f"room {room_id} has {limit} listener tokens, the most it may have; revoke some "
+                                "(DELETE /v1/rooms/{id}/tokens/{token_id}), or create another room",
+                                details={"limit": "max_listener_tokens_per_room", "max": limit})
         return token
+
+    async def tokens(self, room_id: str, owner: str) -> builtins.list[dict[str, Any]]:
+        room = await self.owned(room_id, owner)
+        return [t.public() for t in await self.directory.tokens(room.room_id)]
+
+    async def revoke_token(self, room_id: str, owner: str, token_id: str) -> int:
+        """The token opens nothing any more; its open listeners are closed (``unauthenticated``, 4401) here at
+        once and on other gateways as their feed reads the change. How many were closed here."""
+        room = await self.owned(room_id, owner)
+        if not TOKEN_ID.match(token_id) or not await self.directory.remove_token(room.room_id, token_id):
+            raise NotFound(f"room {room.room_id} has no listener token {token_id[:40]}")
+        return await self._refuse(room.room_id, AccessChange("token_revoked", revoked=(token_id,)))
+
+    async def _refuse(self, room_id: str, change: AccessChange) -> int:
+        feed = self.feeds.get(room_id)
+        closed = feed.apply(change) if feed is not None else 0
+        await self.bus.publish(room_id, change.to_wire())  # the other gateways' feeds
+        self.metrics.listeners.set(sum(len(f.listeners) for f in self.feeds.values()))
+        return closed
 
     async def describe(self, room: Room) -> dict[str, Any]:
         counts = await self.directory.languages(room.room_id, self.clock())
@@ -125,49 +191,84 @@ class RoomService:
         return [await self.describe(r) for r in sorted(await self.directory.rooms_of(owner), key=lambda r: r.created)]
 
     async def end(self, room_id: str, owner: str) -> Room:
-        """End the room: every listener gets ``closed`` (reason ``ended by its owner``); its publisher's stream
-        goes on, no longer published."""
+        """Delete the room (``DELETE /v1/rooms/{id}``): every listener gets ``closed`` (reason ``ended by its
+        owner``), then the room is forgotten: its tokens open nothing, its history is gone (``not_found``); its
+        publisher's stream goes on, no longer published."""
         room = await self.owned(room_id, owner)
+        await self._stop_publisher(room)
         if room.state != State.ENDED:
-            pub = self.publishers.pop(room_id, None)
-            if pub is not None:
-                room.finals = pub.finals
-                await pub.close()
-                self.metrics.rooms.set(len(self.publishers))
             room.state = State.ENDED
-            await self.directory.save(room)
             await self.bus.publish(room_id, {"type": "closed", "finals": room.finals, "reason": "ended by its owner",
                                              "published_at": round(self.clock(), 6)})
+        await self._forget(room)
         return room
 
+    async def _stop_publisher(self, room: Room) -> None:
+        pub = self.publishers.pop(room.room_id, None)
+        if pub is not None:
+            room.finals = max(room.finals, pub.finals)
+            await pub.close()
+            self.metrics.rooms.set(len(self.publishers))
+
+    async def _forget(self, room: Room) -> None:
+        await self.directory.forget(room.room_id, room.owner)
+        await self.bus.forget(room.room_id)
+
+    async def revoke_key(self, owner: str) -> int:
+        """The owner's key was revoked: each of its rooms' listeners is closed (``unauthenticated``, 4401) on every
+        gateway and the rooms are forgotten. How many listeners were closed here."""
+        closed = 0
+        change = AccessChange("owner_revoked", everyone=True)
+        for room in await self.directory.rooms_of(owner):
+            await self._stop_publisher(room)
+            closed += await self._refuse(room.room_id, change)
+            await self._forget(room)
+        for feed in [f for f in self.feeds.values() if f.owner == owner]:  # rooms already gone from the directory
+            closed += feed.apply(change)
+        return closed
+
+    def listened_owners(self) -> set[str]:
+        """The owner keys of the rooms listened to here (the revoked-key watch asks the store about them)."""
+        return {f.owner for f in self.feeds.values() if f.listeners}
+
     # ---- publishing (RoomHost) ---------------------------------------------------------------------------------
-    async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event) -> None:
+    async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event,
+                     room_targets: Any = None) -> None:
         self._check_available()
         spec = session.spec
         resumed = getattr(ready, "resumed", None) is not None
         room_id = await self.directory.room_of_stream(spec.stream_id) if resumed else None
+        if room_id is not None and await self.directory.get(room_id) is None:
+            room_id = None  # the room it published into was deleted, or forgotten
         if room_id is None and isinstance(room, str):
             room_id = room
         elif room_id is None and room is not True:
             raise InvalidParameter("room is true (publish this stream as a new room) or the id of a room this key "
                                    "created (POST /v1/rooms)")
+        if room_targets is not None and not isinstance(room_targets, list):
+            raise InvalidParameter("room_targets lists the languages the room's listeners may add")
         if room_id is None:
-            record, _ = await self.create(key_id)
+            record, token = await self.create(key_id, spec.source_lang, room_targets)  # its first token: ready's
         else:
             record = await self.owned(room_id, key_id)
             if record.state == State.ENDED and not resumed:
                 raise InvalidParameter(f"room {room_id} has ended; create another")
-        token = await self._new_token(record.room_id)  # a room full of tokens is refused before it goes live
+            if room_targets is not None:
+                record.allowed_targets = self._allowed(spec.source_lang, room_targets)
+            token = await self._new_token(record.room_id)  # a room full of tokens is refused before it goes live
         record.state, record.stream_id, record.epoch = State.LIVE, spec.stream_id, record.epoch + 1
         record.source_lang, record.targets = spec.source_lang, list(spec.targets)
         await self.directory.save(record)
+        allowed = listenable(record) or frozenset()
+        await self._refuse(record.room_id, AccessChange("targets", allowed=tuple(sorted(allowed))))
         old = self.publishers.pop(record.room_id, None)
         if old is not None:
             await old.close()
         if resumed:
             await self._catch_up(record.room_id, session)
         pub = RoomPublisher(record.room_id, session, self.bus, self.directory, clock=self.clock, epoch=record.epoch,
-                            low_confidence=lambda t: self.low_confidence(spec.source_lang, t), metrics=self.metrics)
+                            low_confidence=lambda t: self.low_confidence(spec.source_lang, t), metrics=self.metrics,
+                            allowed=allowed)
         pub.finals = session.seq
         pub.retarget(set((await self.directory.languages(record.room_id, self.clock())).keys()))
         pub.start()
@@ -175,6 +276,7 @@ class RoomService:
         self.publishers[record.room_id] = pub
         self.metrics.rooms.set(len(self.publishers))
         ready.room_id, ready.listener_token = record.room_id, token  # type: ignore[attr-defined]
+        ready.listener_token_id = token_id_of_digest(digest(token))  # type: ignore[attr-defined]
 
     async def _catch_up(self, room_id: str, session: StreamSession) -> None:
         """A resumed publisher (its server died, or its connection broke): finals it logged but whose room event
@@ -202,20 +304,23 @@ class RoomService:
             raise AuthenticationError("a listener token is needed (Authorization: Bearer lt_..., or ?token=)")
         room = await self.directory.get(room_id) if ROOM_ID.match(room_id) else None
         if room is None:  # room ids are 64 random bits: saying one does not exist gives nothing away
-            raise NotFound(f"no room {room_id[:40]}")
+            raise NotFound(f"no room {room_id[:40]} (it never existed, was deleted, or ended long enough ago)")
         if not await self.directory.token_ok(room_id, digest(token)):
-            raise AuthenticationError("this listener token does not open this room")
+            raise AuthenticationError("this listener token does not open this room (another room's, revoked by "
+                                      "the room's owner, or none)")
+        if self.owner_revoked(room.owner):
+            raise AuthenticationError("the room's owner key was revoked: its listener tokens no longer open it")
         langs = self._languages(room, targets)
         if not 0 <= after_seq < 2**53:
             raise InvalidParameter("after_seq must be an integer from 0 to 2**53")
-        listener = Listener(room_id, langs, speech, after_seq)
+        listener = Listener(room_id, langs, speech, after_seq, token_id=token_id_of_digest(digest(token)))
         if room.state == State.ENDED:
             history = await self.bus.history(room_id, after_seq)
             listener.prime(self._gap_notice(after_seq, history)
                            + self._with_closed(encode_history(history, langs), room))
             listener.close()
             return listener
-        feed = await self._feed(room_id)
+        feed = await self._feed(room_id, room.owner)
         feed.add(listener)
         self._joined()
         try:
@@ -242,8 +347,12 @@ class RoomService:
         if not targets or len(targets) > MAX_LISTEN_LANGS:
             raise InvalidParameter(f"targets lists 1 to {MAX_LISTEN_LANGS} languages (targets=es,de)")
         out: builtins.list[str] = []
+        allowed = listenable(room)
         for t in targets:
             lang = langs_mod.normalize(t, field="targets")
+            if allowed is not None and lang not in allowed:  # never added to what the publisher pays for
+                raise TargetNotAllowed(f"this room's publisher allows listeners {', '.join(sorted(allowed))}; "
+                                       f"not {lang}", details={"allowed": sorted(allowed)})
             if room.source_lang and lang != room.source_lang:
                 self.check_pair(room.source_lang, lang)  # 422 unsupported_pair, naming the served pairs
             if lang not in out:
@@ -271,11 +380,11 @@ class RoomService:
             self.metrics.left.labels(reason=reason).inc()
         self.metrics.listeners.set(sum(len(f.listeners) for f in self.feeds.values()))
 
-    async def _feed(self, room_id: str) -> Feed:
+    async def _feed(self, room_id: str, owner: str) -> Feed:
         async with self._feed_lock:
             feed = self.feeds.get(room_id)
             if feed is None or feed.ended:
-                feed = Feed(room_id, self.bus, self._feed_empty)
+                feed = Feed(room_id, self.bus, self._feed_empty, owner)
                 await feed.start()
                 self.feeds[room_id] = feed
                 self.metrics.feeds.set(len(self.feeds))

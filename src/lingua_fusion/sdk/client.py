@@ -113,17 +113,20 @@ class _Base:
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
                inputs: list[str] | None = None, room: bool | str | None = None,
-               vocabulary_id: str | None = None) -> RemoteStream:
+               vocabulary_id: str | None = None, room_targets: list[str] | None = None) -> RemoteStream:
         """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``. ``inputs``: what the
         stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity.
         ``room``: True publishes the stream as a new room (``s.ready["room_id"]``, ``s.ready["listener_token"]``),
-        or the id of a room made with ``create_room()``. ``vocabulary_id``: a sign or lip vocabulary of this key;
-        the stream's video frames are then also read for signs (``sign`` events) or lips (fused into the finals:
-        their ``modalities`` say ``["audio", "lips"]`` or ``["lips"]``)."""
+        or the id of a room made with ``create_room()``; ``room_targets``: the languages its listeners may ask for
+        beyond ``target_langs`` (each translated only while someone listens). ``vocabulary_id``: a sign or lip
+        vocabulary of this key; the stream's video frames are then also read for signs (``sign`` events) or lips
+        (fused into the finals: their ``modalities`` say ``["audio", "lips"]`` or ``["lips"]``)."""
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
                               min_confidence, audio_format, inputs)
         if room:
             start["room"] = room
+        if room_targets is not None:
+            start["room_targets"] = room_targets
         if vocabulary_id:
             start["vocabulary_id"] = vocabulary_id
         return RemoteStream(ws_url(self.base_url), self.api_key, start)
@@ -180,12 +183,20 @@ class MultimodalTranslator(VocabularyMethods, _Base):
         CLI asks before it spends time on a file (language detection, decoding)."""
         self._call("GET", "/v1/glossaries")
 
-    def create_room(self, source_lang: str | None = None) -> dict[str, Any]:
-        """A room to publish a stream into later (``stream(..., room=room_id)``): room_id, listener_token."""
-        return dict(self._call("POST", "/v1/rooms", json={"source_lang": source_lang} if source_lang else {}))
+    def create_room(self, source_lang: str | None = None, allowed_targets: list[str] | None = None) -> dict[str, Any]:
+        """A room to publish a stream into later (``stream(..., room=room_id)``): room_id, listener_token, token_id.
+        ``allowed_targets``: the languages its listeners may ask for beyond the publisher's own targets."""
+        return dict(self._call("POST", "/v1/rooms", json=_room_body(source_lang, allowed_targets)))
 
     def room_token(self, room_id: str) -> str:
         return str(self._call("POST", f"/v1/rooms/{room_id}/tokens")["listener_token"])
+
+    def room_tokens(self, room_id: str) -> list[dict[str, Any]]:
+        """The room's listener tokens: token_id, created, label (never the tokens themselves)."""
+        return list(self._call("GET", f"/v1/rooms/{room_id}/tokens")["tokens"])
+
+    def revoke_room_token(self, room_id: str, token_id: str) -> dict[str, Any]:
+        return dict(self._call("DELETE", f"/v1/rooms/{room_id}/tokens/{token_id}"))
 
     def rooms(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/rooms")["rooms"])
@@ -230,11 +241,18 @@ class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
     async def models(self) -> dict[str, Any]:
         return dict(await self._call("GET", "/v1/models"))
 
-    async def create_room(self, source_lang: str | None = None) -> dict[str, Any]:
-        return dict(await self._call("POST", "/v1/rooms", json={"source_lang": source_lang} if source_lang else {}))
+    async def create_room(self, source_lang: str | None = None,
+                          allowed_targets: list[str] | None = None) -> dict[str, Any]:
+        return dict(await self._call("POST", "/v1/rooms", json=_room_body(source_lang, allowed_targets)))
 
     async def room_token(self, room_id: str) -> str:
         return str((await self._call("POST", f"/v1/rooms/{room_id}/tokens"))["listener_token"])
+
+    async def room_tokens(self, room_id: str) -> list[dict[str, Any]]:
+        return list((await self._call("GET", f"/v1/rooms/{room_id}/tokens"))["tokens"])
+
+    async def revoke_room_token(self, room_id: str, token_id: str) -> dict[str, Any]:
+        return dict(await self._call("DELETE", f"/v1/rooms/{room_id}/tokens/{token_id}"))
 
     async def rooms(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/v1/rooms"))["rooms"])
@@ -250,3 +268,10 @@ class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _room_body(source_lang: str | None, allowed_targets: list[str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"source_lang": source_lang} if source_lang else {}
+    if allowed_targets is not None:
+        body["allowed_targets"] = allowed_targets
+    return body

@@ -25,8 +25,8 @@ def room(room_id: str) -> str:
 
 
 def room_tokens(room_id: str) -> str:
-    """Set: SHA-256 digests of the room's listener tokens."""
-    return f"{PREFIX}room:{room_id}:tokens"
+    """Hash: the room's listener tokens, token id -> JSON ``{digest (SHA-256), created, label}``."""
+    return f"{PREFIX}room:{room_id}:listener-tokens"
 
 
 def room_presence(room_id: str) -> str:
@@ -44,9 +44,14 @@ def room_finals(room_id: str) -> str:
     return f"{PREFIX}room:{room_id}:finals"
 
 
-def rooms_of_owner(key_id: str) -> str:
-    """Set: the room ids an API key created."""
-    return f"{PREFIX}rooms:owner:{key_id}"
+def rooms_open_of_owner(key_id: str) -> str:
+    """Sorted set: the waiting and live rooms an API key created, scored by when their record expires."""
+    return f"{PREFIX}rooms:owner:{key_id}:open"
+
+
+def rooms_ended_of_owner(key_id: str) -> str:
+    """Sorted set: the ended rooms an API key created, scored by when their record expires (the oldest first)."""
+    return f"{PREFIX}rooms:owner:{key_id}:ended"
 
 
 def room_of_stream(stream_id: str) -> str:

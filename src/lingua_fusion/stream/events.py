@@ -48,6 +48,7 @@ class Ready(Event):
     resumed: dict[str, Any] | None = field(default=None, metadata=INTERNAL)  # last_seq, resume_from(_ts)
     room_id: str | None = _opt()  # the stream is published as this room (start message "room")
     listener_token: str | None = _opt()  # read-only: listeners join the room with it (never the publisher's key)
+    listener_token_id: str | None = _opt()  # that token's id: what the owner revokes it by
     max_audio_speed: float | None = _opt()  # the stream's audio budget (stream/budget.py): x real time, averaged
     max_audio_burst_s: float | None = _opt()  # ... in bursts of this many seconds (also the most per message)
 

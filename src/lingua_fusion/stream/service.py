@@ -76,9 +76,12 @@ class KeyQuota:
 class RoomHost(Protocol):
     """Where a stream started with ``"room": true`` (or a room id made by REST) is published (rooms/service.py)."""
 
-    async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event) -> None:
+    async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event,
+                     room_targets: Any = None) -> None:
         """Publish ``session`` as a room (a resumed stream re-attaches to its room); fills the ready event's
-        ``room_id`` and ``listener_token``. Raises a client error for a room that is not this key's."""
+        ``room_id``, ``listener_token`` and ``listener_token_id``. ``room_targets`` (the start message's): the
+        languages the room's listeners may add to the stream's own targets. Raises a client error for a room that is
+        not this key's."""
         ...
 
     async def close(self) -> None: ...
@@ -175,7 +178,7 @@ class StreamService:
             greeting: list[Event] = [await session.open()]
             finished = False
             if msg.get("room") not in (None, False) and self.rooms is not None:  # publish it as a room
-                await self.rooms.attach(session, msg["room"], who.key_id, greeting[0])
+                await self.rooms.attach(session, msg["room"], who.key_id, greeting[0], msg.get("room_targets"))
             if snapshot is not None:
                 assert req is not None
                 greeting += await self._replay(spec.stream_id, req.last_seq, int(snapshot.get("log_from", 1)))
