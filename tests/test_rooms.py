@@ -127,7 +127,8 @@ def test_cli_stream_room_and_listen_late_joiner_included(live: Live, tmp_path: P
     talk = tmp_path / "talk.wav"
     talk.write_bytes(talk_wav(SENTENCES))
     pub = subprocess.Popen([str(BIN), "stream", str(talk), "--from", "en", "--to", "es", "--to", "ca", "--realtime",
-                            "--json", "--room", "--url", live.url, "--api-key", key], stdout=subprocess.PIPE,
+                            "--json", "--room", "--allow", "fr", "--url", live.url, "--api-key", key],
+                           stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     assert pub.stdout is not None
     ready = json.loads(pub.stdout.readline())
@@ -140,6 +141,8 @@ def test_cli_stream_room_and_listen_late_joiner_included(live: Live, tmp_path: P
                                 text=True)
 
     early = listen("ca")  # not the stream's first target: its partials are translated for the room
+    allowed = listen("fr")  # not one of the stream's targets, but the publisher allowed it (--allow fr)
+    refused = listen("de")  # neither: the publisher does not pay for it
     lines = []
     while True:  # the late joiner comes after the publisher's second final
         line = pub.stdout.readline()
@@ -152,14 +155,17 @@ def test_cli_stream_room_and_listen_late_joiner_included(live: Live, tmp_path: P
     assert pub.returncode == 0, err
     published = finals_of(lines + [json.loads(x) for x in out.splitlines()])
     assert [f["seq"] for f in published] == list(range(1, len(published) + 1)) and len(published) >= 3
-    for proc, lang in ((early, "ca"), (late, "es")):
+    _o, e = refused.communicate(timeout=60)
+    assert refused.returncode == 2 and "target_not_allowed" in e, e
+    for proc, lang in ((early, "ca"), (allowed, "fr"), (late, "es")):
         o, e = proc.communicate(timeout=60)
         assert proc.returncode == 0, e
         events = [json.loads(x) for x in o.splitlines()]
         heard = finals_of(events)
         assert [f["seq"] for f in heard] == [f["seq"] for f in published]  # 1..N, the late joiner included
-        assert [f["translations"][lang] for f in heard] == [f["translations"][lang] for f in published]
-        assert all(set(f["translations"]) == {lang} for f in heard)
+        assert [f["translations"].get(lang) for f in heard] == [f["translations"].get(lang) for f in published]
+        # fr joins the room's languages as its listener arrives: a caption already translating may go without it
+        assert all(set(f["translations"]) == {lang} for f in heard[lang == "fr":])
         assert events[-1]["type"] == "closed"
         partials = [e for e in events if e["type"] in ("partial", "revision")]
         assert all(set(p.get("translations", {})) <= {lang} for p in partials)

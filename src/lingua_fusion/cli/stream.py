@@ -75,12 +75,14 @@ def check_request(client: Any, targets: list[str], slo: str, source_lang: str | 
 
 async def play_file(path: Path, *, targets: list[str], source_lang: str | None, slo: str, realtime: bool, chunk_ms: int,
                     partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any,
-                    room: bool = False) -> int:
+                    room: bool = False, allow: list[str] | None = None) -> int:
     from ..errors import InvalidParameter
     from ..sdk import LocalTranslator, MultimodalTranslator
 
     if room and not url:
         raise InvalidParameter("--room publishes the stream on a server for listeners: give --url")
+    if allow and not room:
+        raise InvalidParameter("--allow names languages a room's listeners may ask for: give --room too")
 
     data = await asyncio.to_thread(read_media, path)
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
@@ -96,7 +98,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
         chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
     stream = client.stream(targets, source_lang=source_lang, slo=slo, partials=partials,
-                           **({"room": True} if room else {}))
+                           **({"room": True, "room_targets": [*targets, *(allow or [])]} if room else {}))
     if hasattr(stream, "on_reconnect"):
         stream.on_break = lambda st: console.print(
             f"connection lost; reconnecting (for up to {st.reconnect_timeout:g} s)", markup=False, style="yellow")

@@ -107,6 +107,8 @@ def stream(
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
     room: bool = typer.Option(False, "--room", help="Publish the stream as a room; prints its room_id and "
                               "listener_token (with --json: the ready event) for `linguafusion listen`."),
+    allow: list[str] = typer.Option([], "--allow", help="With --room: another language its listeners may ask for "
+                                    "(repeat; default: only the --to languages)."),
 ) -> None:
     """Play FILE as a live stream and print captions as they arrive."""
     import asyncio
@@ -116,7 +118,7 @@ def stream(
     try:
         code = asyncio.run(play_file(file, targets=to, source_lang=source_lang, slo=slo, realtime=realtime,
                                      chunk_ms=chunk_ms, partials=partials, as_json=as_json, url=url,
-                                     api_key=api_key, console=err, room=room))
+                                     api_key=api_key, console=err, room=room, allow=allow))
     except LinguaFusionError as exc:
         _fail(exc)
         return
