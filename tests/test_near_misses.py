@@ -43,7 +43,8 @@ from test_promises import Wire, serve, settings_for, text_start
 from lingua_fusion.api.shared_tickets import SharedTicketBook
 from lingua_fusion.api.tickets import TicketBook
 from lingua_fusion.errors import AuthenticationError
-from lingua_fusion.rooms.bus import LocalRoomBus, LocalRoomDirectory
+from lingua_fusion.rooms.bus import LocalRoomBus
+from lingua_fusion.rooms.directory import LocalRoomDirectory
 from lingua_fusion.rooms.service import RoomService
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput

@@ -134,7 +134,8 @@ def test_models_health_and_metrics(server: Server) -> None:
     assert gemma and gemma[0]["low_confidence"]
     assert httpx.get(f"{server.url}/healthz", timeout=10).json() == {"status": "ok"}
     assert httpx.get(f"{server.url}/readyz", timeout=10).json()["ready"] is True
-    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.admin_key}"},
+                        timeout=10).text  # with auth on, /metrics takes an admin key (or the scrape token)
     assert 'linguafusion_stage_latency_seconds_bucket{le="0.5",stage="mt"}' in metrics
     assert "linguafusion_requests_total" in metrics and "linguafusion_errors_total" in metrics
 

@@ -72,12 +72,15 @@ class TenantBreaker:
         level = self.classes.level(slo)
         return level if level and not self.keys_down(slo) else 0
 
+    def effective(self, slo: str, key_id: str) -> int:
+        """The level a stream of ``key_id`` in class ``slo`` works at: its key's own, or the class's while no key
+        of the class is down on its own."""
+        own = self.key_level(slo, key_id)
+        return own if own or self.keys_down(slo) else self.classes.level(slo)
+
     def active(self, slo: str, step: str, key_id: str) -> bool:
         """Does a stream of ``key_id`` in class ``slo`` apply ``step`` now?"""
-        need = STEPS.index(step) + 1
-        if self.key_level(slo, key_id) >= need:
-            return True
-        return self.classes.level(slo) >= need and not self.keys_down(slo)
+        return self.effective(slo, key_id) >= STEPS.index(step) + 1
 
     def level(self, slo: str) -> int:
         return self.classes.level(slo)

@@ -33,7 +33,7 @@ from ..errors import (
     TakenOver,
 )
 from ..glossary import Term
-from ..serving.breaker import SLOBreaker
+from ..serving.breaker import STEPS, SLOBreaker, Transition
 from ..serving.executor import Executor
 from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
 from ..serving.tenant_breaker import KeyedTransition, TenantBreaker
@@ -121,6 +121,7 @@ class StreamService:
         self.baseline = baseline  # serves start messages with "engine": "per-stream" (admin keys, benchmarks)
         self.sessions: dict[str, StreamSession] = {}
         self._holds: dict[str, _Hold] = {}  # stream id -> its reservation (quota and admission)
+        self._levels: dict[str, int] = {}  # stream id -> the breaker level it was last told (``_apply``)
         self._pixels: dict[str, PixelBudget] = {}  # key id -> the pixels its live streams may decode (budget.py)
         self.image_slots = Slots(settings.server.max_images_in_flight)  # decoded frames, all streams together
         self.draining = False
@@ -372,6 +373,7 @@ class StreamService:
         if self.sessions.get(stream_id) is not session:
             return  # released already (or replaced by a resumed session)
         del self.sessions[stream_id]
+        self._levels.pop(stream_id, None)
         held = self._holds.get(stream_id)
         if held is not None:
             self._unhold(stream_id, held)
@@ -404,6 +406,11 @@ class StreamService:
             self._apply(self.breaker.tick(self.executor.clock()))
 
     def _apply(self, transitions: list[KeyedTransition]) -> None:
+        """Log and count the breakers' moves, then tell each stream whose working level (``TenantBreaker.effective``)
+        changed, once, whichever breaker moved it; a stream reaching the shedding step may be shed."""
+        if not transitions:
+            return
+        last: dict[str, Transition] = {}  # per class: the latest move, for what the notice says
         for kt in transitions:
             t, key_id = kt.move, kt.key_id
             down = t.to_level > t.from_level
@@ -413,24 +420,24 @@ class StreamService:
             if self.metrics is not None and key_id is None:
                 self.metrics.degradation_level.labels(slo=t.slo).set(t.to_level)
                 self.metrics.breaker_transitions.labels(slo=t.slo, direction="degrade" if down else "restore").inc()
-            affected = self._affected(t.slo, key_id)
-            notice = Degraded if down else Restored
-            for s in affected:
-                s.notify(notice(slo=t.slo, level=t.to_level, step=t.step, stage=t.stage, window_p99_s=t.p99))
-            if down and t.step == "shed_low_importance" and affected:
-                victim = min(affected, key=lambda s: s.spec.importance)
+            last[t.slo] = t
+        for slo, t in last.items():
+            shed: list[StreamSession] = []
+            for s in [s for s in self.sessions.values() if s.spec.slo == slo]:
+                before = self._levels.get(s.spec.stream_id, 0)
+                now = self.breaker.effective(slo, s.spec.key_id)
+                if now == before:
+                    continue
+                self._levels[s.spec.stream_id] = now
+                notice = Degraded if now > before else Restored
+                step = STEPS[max(now, before) - 1]
+                s.notify(notice(slo=slo, level=now, step=step, stage=t.stage, window_p99_s=t.p99))
+                if now > before and step == "shed_low_importance":
+                    shed.append(s)
+            if shed:
+                victim = min(shed, key=lambda s: s.spec.importance)
                 victim.fail(Overloaded("the server is over its SLO; the least important stream was shed",
                                        retry_after=10.0))
-
-    def _affected(self, slo: str, key_id: str | None) -> list[StreamSession]:
-        """The streams a move applies to: a key's move, that key's streams of the class; the class's move, every
-        stream of the class, or only the streams of keys down on their own while there are such (the class is
-        down for their doing)."""
-        of_class = [s for s in self.sessions.values() if s.spec.slo == slo]
-        if key_id is not None:
-            return [s for s in of_class if s.spec.key_id == key_id]
-        down = set(self.breaker.keys_down(slo))
-        return [s for s in of_class if s.spec.key_id in down] if down else of_class
 
     async def revoke(self, key_id: str) -> int:
         """A key was revoked: its live streams end now (``unauthenticated``, 4401). Returns how many."""
