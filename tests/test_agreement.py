@@ -72,7 +72,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_readme_glossary_example_through_the_cli(tmp_path: Path) -> None:
-    """The README's own example, the way a user runs it: the CLI with a glossary file, rule-based en -> es."""
+    """The documented example (docs/models.md, Glossaries; the README's SDK snippet uses the same term), the way a
+    user runs it: the CLI with a glossary file, rule-based en -> es."""
     gloss = tmp_path / "terms.json"
     gloss.write_text(json.dumps({"bank": "orilla", "board": "junta", "headquarters": "sede"}))
     p = _cli("translate", "--text", "I went to the bank. The bank of the river is green.", "--from", "en",

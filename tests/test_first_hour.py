@@ -146,7 +146,7 @@ def test_models_shows_route_and_tier_per_pair(server: Server) -> None:
 
 
 def test_speech_with_no_mt_pair_goes_through_whisper_translate(tmp_path: Path) -> None:
-    """README: Whisper's speech -> English task serves speech when no MT pair exists (it -> en here)."""
+    """docs/models.md: Whisper's speech -> English task serves speech when no MT pair exists (it -> en here)."""
     wav = tmp_path / "it.wav"
     wav.write_bytes(espeak_wav("Buongiorno a tutti. Oggi parliamo del bilancio della scuola.", voice="it"))
     p = cli("translate", wav, "--from", "it", "--to", "en", "--json")

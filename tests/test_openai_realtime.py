@@ -404,22 +404,22 @@ def test_wav_helper_sanity() -> None:
     assert abs(len(pcm(wav, 24000)) / 48000 - seconds) < 0.05
 
 
-# ---- the README's example, as written ------------------------------------------------------------------------------
-def readme_example(url: str, key: str) -> Callable[..., Any]:
-    """The README's Realtime example (the python block that defines transcribe_live), pointed at ``url``."""
+# ---- the documented example (docs/openai.md), as written ---------------------------------------------------------
+def documented_example(url: str, key: str) -> Callable[..., Any]:
+    """The Realtime example of docs/openai.md (the python block that defines transcribe_live), pointed at ``url``."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = next(b for b in readme.split("```python\n")[1:] if "async def transcribe_live" in b).split("```")[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "openai.md").read_text()
+    block = next(b for b in page.split("```python\n")[1:] if "async def transcribe_live" in b).split("```")[0]
     code = block.replace('"http://127.0.0.1:8000/v1"', repr(url + "/v1")).replace('"sk_..."', repr(key))
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, "docs/openai.md", "exec"), namespace)  # noqa: S102 - our own docs
     return namespace["transcribe_live"]  # type: ignore[no-any-return]
 
 
-async def test_the_readme_example_runs_as_written_on_a_file_pushed_as_fast_as_a_loop_goes(
+async def test_the_documented_example_runs_as_written_on_a_file_pushed_as_fast_as_a_loop_goes(
         api: Api, talk: bytes, capsys: pytest.CaptureFixture[str]) -> None:
-    transcribe_live = readme_example(api.url, api.key)
+    transcribe_live = documented_example(api.url, api.key)
     step = 4800  # 100 ms of 24 kHz PCM16
     audio = talk * 3  # ~240 messages, no sleeps between them: more than the server's burst of 100
     chunks = [audio[i:i + step] for i in range(0, len(audio), step)]

@@ -1,6 +1,6 @@
-"""The promises of README.md and docs/reliability.md, checked where the user sees them: on the wire, with a raw
-WebSocket client that counts every message the server sent (the SDK drops finals it has seen, so an SDK-level test
-cannot see a final sent twice), and over HTTP.
+"""The promises of README.md, docs/api.md and docs/reliability.md (listed in docs/testing.md), checked where the
+user sees them: on the wire, with a raw WebSocket client that counts every message the server sent (the SDK drops
+finals it has seen, so an SDK-level test cannot see a final sent twice), and over HTTP.
 
 Servers are real (``create_app`` under uvicorn in the test's event loop, real Apertium for the text streams); the
 test reaches into the app only to hold an admission slot, to compact the stream log, or to drive the breaker.
