@@ -95,13 +95,13 @@ REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "properties": {"name": {"type": "string"},
                        "scopes": {"type": "array", "items": {"enum": ["translate", "admin"]}}}}),
     ("POST", "/v1/vocabularies"): json_body({
-        "type": "object", "required": ["kind"],
+        "type": "object", "required": ["kind"], "additionalProperties": False,  # closed (api/vocab.py)
         "properties": {"name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]}, "lang": {"enum": LANGS}}}),
     ("POST", "/v1/rooms"): json_body({"type": "object", "properties": {"source_lang": {"enum": LANGS}}}),
     # an import of a vocabulary with no examples (examples with valid landmark sequences are beyond a schema:
     # t must not decrease, a sign needs hands in two frames); tests/test_vision_api.py imports real ones
     ("POST", "/v1/vocabularies/import"): json_body({
-        "type": "object", "required": ["format", "kind", "examples"],
+        "type": "object", "required": ["format", "kind", "examples"], "additionalProperties": False,  # closed
         "properties": {"format": {"const": "linguafusion-vocabulary/1"}, "name": {"type": "string"},
                        "kind": {"enum": ["sign", "lip"]}, "lang": {"enum": LANGS},
                        "examples": {"type": "array", "maxItems": 0}}}),
@@ -148,7 +148,7 @@ NEGATIVE_BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "type": "object", "required": ["kind"],
         "properties": {"name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]}, "lang": {"type": "string"}}}),
     ("POST", "/v1/vocabularies/import"): json_body({
-        "type": "object", "required": ["format", "kind", "examples"],
+        "type": "object", "required": ["format", "kind", "examples"], "additionalProperties": False,  # closed
         "properties": {"format": {"const": "linguafusion-vocabulary/1"}, "name": {"type": "string"},
                        "kind": {"enum": ["sign", "lip"]}, "lang": {"type": "string"},
                        "examples": {"type": "array", "items": {

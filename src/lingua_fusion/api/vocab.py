@@ -42,20 +42,21 @@ POINTS = {"type": "array", "items": {"type": "array", "items": {"type": "number"
 FRAMES = {"type": "array", "description": "landmark frames, t non-decreasing (docs/video.md)", "items": {
     "type": "object", "properties": {"t": {"type": "number"}, "left_hand": POINTS, "right_hand": POINTS,
                                      "pose": POINTS, "lips": POINTS}}}
-CREATE = spec.json_body({"type": "object", "required": ["kind"], "properties": {
+CREATE = spec.json_body({"type": "object", "required": ["kind"], "additionalProperties": False, "properties": {
     "name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]},
     "lang": {"type": "string", "description": "the language the glosses are written in (default en)"}}})
 EXAMPLE = {"required": True, "content": {
-    "application/json": {"schema": {"type": "object", "required": ["gloss", "frames"],
+    "application/json": {"schema": {"type": "object", "required": ["gloss", "frames"], "additionalProperties": False,
                                     "properties": {"gloss": {"type": "string"}, "frames": FRAMES}}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["gloss", "file"], "properties": {
         "gloss": {"type": "string"}, "file": {"type": "string", "format": "binary", "description": "a video"}}}}}}
 RECOGNISE = {"required": True, "content": {
-    "application/json": {"schema": {"type": "object", "required": ["frames"],
+    "application/json": {"schema": {"type": "object", "required": ["frames"], "additionalProperties": False,
                                     "properties": {"frames": FRAMES, "target_lang": {"type": "string"}}}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary"}, "target_lang": {"type": "string"}}}}}}
-IMPORT = spec.json_body({"type": "object", "required": ["format", "kind", "examples"], "properties": {
+IMPORT = spec.json_body({"type": "object", "required": ["format", "kind", "examples"], "additionalProperties": False,
+                         "properties": {
     "format": {"const": "linguafusion-vocabulary/1"}, "name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]},
     "lang": {"type": "string"}, "examples": {"type": "array", "items": {
         "type": "object", "required": ["gloss", "frames"],
