@@ -93,7 +93,7 @@ def test_error_statuses() -> None:
                 "injected_fault": 503, "backend_failed": 503,
                 "state_store_unavailable": 503, "internal": 500, "origin_not_allowed": 403, "quota_exceeded": 403,
                 "host_not_allowed": 400, "unsupported_content_type": 415, "taken_over": 409, "timeout": 504,
-                "not_configured": 501}
+                "not_configured": 501, "target_not_allowed": 403}
     assert {c.code: c.status for c in ERROR_CLASSES} == expected
     assert errors.BackendError.retryable and errors.Draining.retryable and errors.StoreUnavailable.retryable
     assert not errors.SlowConsumer.retryable  # a client too slow to read would be too slow again
