@@ -2,7 +2,7 @@
 3,400 of them made each create scan every room kept, 9 -> 70 ms). In-process ``RoomService`` on the in-process
 directory, no server: what is measured is the directory's work per create, not HTTP.
 
-    .venv/bin/python bench/rooms_churn.py --rooms 3400
+    .venv/bin/python bench/rooms_churn.py --rooms 3400   # also writes bench/results/rooms_churn.json
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import json
 import statistics
 import time
+from pathlib import Path
 
 from lingua_fusion.rooms.bus import LocalRoomBus
 from lingua_fusion.rooms.directory import LocalRoomDirectory
@@ -36,7 +37,11 @@ async def churn(n: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rooms", type=int, default=3400)
-    print(json.dumps(asyncio.run(churn(ap.parse_args().rooms))))
+    ap.add_argument("--json", type=Path, default=Path("bench/results/rooms_churn.json"))
+    args = ap.parse_args()
+    out = asyncio.run(churn(args.rooms))
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
