@@ -258,7 +258,12 @@ async def test_the_executor_records_a_shared_batch_and_a_failed_call_under_each_
         queued = [asyncio.create_task(ex.run(key, MtInput(text), CallContext(sid, tentative=tent, trace=ref)))
                   for text, sid, tent, ref in (("one", "st_a", False, a), ("two", "st_a", False, a),
                                                ("three", "st_b", True, b))]
-        await asyncio.sleep(0.05)
+        for _ in range(3000):  # all three queued first (a busy CI loop ran the tasks late: a wait of 1 ms)
+            if ex.depth(key) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert ex.depth(key) == 3
+        await asyncio.sleep(0.05)  # then they wait at least this long behind the held batch
         release.set()
         assert await asyncio.gather(hold, *queued) == ["HOLD", "ONE", "TWO", "THREE"]
         with pytest.raises(BackendError):
