@@ -20,7 +20,6 @@ from its header and paid before it is decoded; beyond the budget the stream's re
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -111,16 +110,6 @@ class PixelBudget(Bucket):
         return Error(PICTURES_PACED_CODE, f"pictures arrive faster than {self.rate / 1e6:g} megapixels a second "
                      "for this key: this stream's reads are paced",
                      {"limit": "max_key_pixels_per_s", "pixels_per_s": self.rate})
-
-
-async def pay(budget: AudioBudget | PixelBudget, units: float, emit: Callable[[Error], None]) -> None:
-    """Charge ``units`` to ``budget``; the first time it has to wait the stream is told (``emit``), and the caller
-    (the stream's reader) waits out the debt here."""
-    wait = budget.charge(units)
-    if (notice := budget.notice()) is not None:
-        emit(notice)
-    if wait > 0:
-        await asyncio.sleep(wait)
 
 
 def pixel_budget(limits: LimitSettings, clock: Callable[[], float]) -> PixelBudget:

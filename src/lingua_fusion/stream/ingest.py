@@ -17,7 +17,7 @@ from ..errors import InvalidParameter, LinguaFusionError
 from ..media.stream_decoder import StreamDecoder
 from ..tracing import TraceRef, span
 from ..types import SR
-from .budget import AudioBudget, pay
+from .budget import AudioBudget
 from .contracts import Alive, Emit, Spawn
 from .events import Error, error_event
 from .jobs import StreamJobs
@@ -119,16 +119,19 @@ class AudioIngest:
             if isinstance(item, LinguaFusionError):
                 self._emit(Error(item.code, item.public_message))
                 continue
-            step = int(self.budget.burst_s * SR)
-            for piece in range(0, len(item), step):  # a decoder's item is paid as it goes
-                chunk = item[piece:piece + step]
+            for piece in range(0, len(item), int(self.budget.burst_s * SR)):  # a decoder's item is paid as it goes
+                chunk = item[piece:piece + int(self.budget.burst_s * SR)]
                 await self._pay(len(chunk) / SR)
                 await self._ingest(chunk, None)
 
     async def _pay(self, seconds: float) -> None:
         """The stream's audio budget (stream/budget.py): refused before any work if one message is too long, else
         the reader waits while the stream is ahead of its allowed speed."""
-        await pay(self.budget, seconds, self._emit)
+        wait = self.budget.charge(seconds)
+        if (notice := self.budget.notice()) is not None:
+            self._emit(notice)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     async def _ingest(self, samples: np.ndarray, ts: float | None) -> None:
         if not len(samples):  # nothing to place (the timeline ignores it too): no clock, no notice, no VAD
