@@ -35,6 +35,9 @@ class ServerSettings(BaseModel):
     model_timeout_factor: float = 10.0  # ... and this times its predicted cost: its items failed and retried
     max_concurrent_requests: int = 8  # file requests translated at once
     max_waiting_requests: int = 32  # file requests queued beyond those; more get 429 overloaded
+    # file requests' threads (decoding a video's frames, its audio) run this much nicer than the server, so live
+    # streams get the CPU first (Linux: per thread, inherited by the decoder's own threads); 0: the same priority
+    file_nice: int = Field(default=10, ge=0, le=19)
     max_streams: int = 256  # live streams admitted at once, all keys together
     max_streams_per_key: int = 32  # live streams one key may hold at once
     stream_idle_timeout_s: float = 60.0  # a stream that sends nothing this long is closed (4408)

@@ -7,7 +7,9 @@ waiting places than the heaviest key takes the heaviest key's newest place (that
 instead); otherwise the newcomer is refused. One key can therefore queue everything only while nobody else asks.
 ``Admission`` runs it on asyncio: ``async with admission.slot(key_id, wait_s):``, or ``admission.run(key_id,
 deadline, fn)`` for work on a thread: the caller gets its answer (or 504) by the deadline, and the slot stays taken
-until the thread really returns, so the bound on concurrent work holds even for work that overruns.
+until the thread really returns, so the bound on concurrent work holds even for work that overruns. Those threads
+are the admission's own, one per running slot, at a lower CPU priority (``server.file_nice``): a file's decoding
+waits for live streams' work, whose models' threads and event loop keep the server's priority.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import threading
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
-
-import anyio
 
 from ..deadline import Deadline
 from ..errors import Draining, Overloaded, RequestTimeout
@@ -107,12 +110,25 @@ class FairQueue:
             del self.waiting[key]
 
 
+def lower_priority(nice: int) -> None:
+    """This thread's CPU priority lowered by ``nice`` (Linux keeps a nice value per thread, and threads it starts,
+    a decoder's, inherit it); where that cannot be done the thread runs at the process's priority."""
+    if nice <= 0:
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: the same priority
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+
+
 class Admission:
     """At most ``running`` translations at once and ``waiting`` queued, shared fairly between keys; 429 beyond."""
 
-    def __init__(self, running: int, waiting: int, metrics: Metrics) -> None:
+    def __init__(self, running: int, waiting: int, metrics: Metrics, *, nice: int = 0) -> None:
         self.queue = FairQueue(running, waiting)
         self.metrics = metrics
+        # one thread per running slot: a slot is held until its thread returns, so no work waits here for a thread
+        self._threads = ThreadPoolExecutor(max_workers=max(1, running), thread_name_prefix="file-work",
+                                           initializer=lower_priority, initargs=(nice,))
         self._events: dict[Ticket, asyncio.Event] = {}
         self._overrunning: set[asyncio.Task[object]] = set()  # work whose caller stopped waiting, still in its slot
         self._drained = asyncio.Event()  # set once the server stops (begin_drain): answers are due by _drain_at
@@ -131,7 +147,7 @@ class Admission:
 
         async def held() -> T:
             async with self.slot(key_id, wait_s=max(0.0, deadline.left())):
-                return await anyio.to_thread.run_sync(fn)
+                return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
 
         task = asyncio.create_task(held(), name=f"file-request:{key_id}")
         loop = asyncio.get_running_loop()
@@ -155,6 +171,10 @@ class Admission:
             if not task.done():  # overran, or the client went away: it keeps its slot until the thread ends
                 self._overrunning.add(task)
                 task.add_done_callback(self._settled)
+
+    def close(self) -> None:
+        """At shut-down: threads still running end on their own (they are not waited for)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     def _settled(self, task: asyncio.Task[object]) -> None:
         self._overrunning.discard(task)

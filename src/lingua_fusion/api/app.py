@@ -89,6 +89,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
             if warm_task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(warm_task, timeout=120)
+            admission.close()
             translator.close()
             store.close()
             vocab_api.close(app)
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
                   description="Real-time multimodal translation: speech, images, text -> text, speech, "
                               "braille.")
     admission = Admission(settings.server.max_concurrent_requests, settings.server.max_waiting_requests,
-                          metrics)
+                          metrics, nice=settings.server.file_nice)
     app.state.ctx = AppContext(settings=settings, translator=translator, store=store, metrics=metrics,
                                admission=admission, ready=ready)
     app.state.metrics = metrics
@@ -211,9 +212,12 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                  asyncio.create_task(takeover.run(), name="takeover-watch")]
         if settings.server.auth:
             tasks.append(asyncio.create_task(watch.run(), name="revocation-watch"))
+        # file requests run their model work on the streams' engine: one scheduler, shared batches, fair keys
+        translator.use_engine(service.executor, asyncio.get_running_loop())
         try:
             yield
         finally:
+            translator.use_engine(None)
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -5,13 +5,16 @@ read (OCR); a video's frames read first (files/visuals.py), then its audio track
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 
 from ..config import Settings
 from ..media import decode_audio, decode_image
 from ..models.registry import Registry
+from ..serving.ports import OcrInput
 from ..types import Modality, Segment
+from .engine import EngineLink
 from .request import ValidRequest
 from .speech import SpeechRecogniser
 from .validate import identify
@@ -23,11 +26,12 @@ SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 
 class Recogniser:
     def __init__(self, settings: Settings, registry: Registry, speech: SpeechRecogniser,
-                 visuals: VideoVisuals) -> None:
+                 visuals: VideoVisuals, engine: Callable[[], EngineLink]) -> None:
         self.settings = settings
         self.registry = registry
         self.speech = speech
         self.visuals = visuals
+        self.engine = engine
 
     def recognise(self, valid: ValidRequest, work: Work, st: Stages) -> list[Segment]:
         data = valid.request.data
@@ -42,7 +46,7 @@ class Recogniser:
             with st.stage("decode"):
                 image = decode_image(data, self.settings.limits)
             with st.stage("ocr"):
-                segs = self._ocr(image, work.source, work.models)
+                segs = self._ocr(image, work)
             if segs and work.source is None:
                 work.source, work.confidence = identify(" ".join(s.source_text for s in segs))
                 work.detected = True
@@ -57,9 +61,8 @@ class Recogniser:
         with st.stage("asr"):
             return self.speech.recognise(audio, work, valid.request.glossary, valid.request.prompt)
 
-    def _ocr(self, image: np.ndarray, source: str | None, models: dict[str, str]) -> list[Segment]:
-        ocr = self.registry.ocr()
-        models["ocr"] = ocr.info.name
-        lines = ocr.recognize(image, language=source)
+    def _ocr(self, image: np.ndarray, work: Work) -> list[Segment]:
+        work.models["ocr"] = self.registry.ocr_name()
+        lines = self.engine().read(OcrInput(image, work.source), work.call)
         return [Segment(start=0.0, end=0.0, source_text=ln.text, text=ln.text,
                         confidence=round(ln.confidence, 4)) for ln in lines if ln.text.strip()]

@@ -3,6 +3,7 @@ translation, low-confidence routes), the route described, then the output modali
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .. import langs
@@ -10,10 +11,26 @@ from ..glossary import Term
 from ..models.registry import LOW_CHRF, Registry
 from ..types import Modality, Segment, TranslationResult
 from ..untranslated import warning as untranslated_warning
+from .engine import EngineLink, FileCall
 from .request import ValidRequest
 from .work import Stages, Work
 
 SPEECH_CONFIDENT = 0.5  # a spoken-language detection below this is reported as LOW
+SPOKEN_PIECE_CHARS = 400  # characters of text per TTS work item (a few sentences; a longer sentence goes whole)
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
+
+
+def spoken_pieces(text: str, most: int = SPOKEN_PIECE_CHARS) -> list[str]:
+    """``text`` as whole sentences grouped into pieces of at most ``most`` characters (one piece when empty)."""
+    pieces: list[str] = []
+    for sentence in (p.strip() for p in _SENTENCE_END.split(text)):
+        if not sentence:
+            continue
+        if pieces and len(pieces[-1]) + 1 + len(sentence) <= most:
+            pieces[-1] += " " + sentence
+        else:
+            pieces.append(sentence)
+    return pieces or [text]
 
 
 def say_what_happened(work: Work) -> None:
@@ -71,16 +88,14 @@ def assemble(valid: ValidRequest, work: Work, segs: list[Segment], slides: list[
         glossary_terms_applied=[{"source": t.source, "target": t.target} for t in applied])
 
 
-def render(registry: Registry, result: TranslationResult, tgt_mod: Modality, st: Stages) -> None:
-    """The output modality: speech -> ``result.audio`` (WAV), braille -> ``result.braille``; text needs nothing."""
+def render(registry: Registry, engine: EngineLink, call: FileCall, result: TranslationResult, tgt_mod: Modality,
+           st: Stages) -> None:
+    """The output modality: speech -> ``result.audio`` (WAV, spoken on the engine a few sentences per work item),
+    braille -> ``result.braille``; text needs nothing."""
     if tgt_mod == Modality.SPEECH:
         with st.stage("tts"):
-            tts = registry.tts(result.target_lang)
-            result.models["tts"] = tts.info.name
-            from ..models.tts import to_wav
-
-            pcm, sr = tts.synthesize(result.text, language=result.target_lang)
-            result.audio = to_wav(pcm, sr)
+            result.models["tts"] = registry.tts_name(result.target_lang)
+            result.audio = engine.speak(result.target_lang, spoken_pieces(result.text), call)
             result.audio_format = "wav"
     elif tgt_mod == Modality.BRAILLE:
         with st.stage("braille"):

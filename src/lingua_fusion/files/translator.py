@@ -11,10 +11,16 @@ codes. ``translate`` runs the stages, each in a module of its own:
     files/mt.py         segments through an MT route (glossary, translation memory, deadline)
     files/result.py     warnings, the TranslationResult, TTS / braille output
     files/work.py       what a request carries between them (``Work``) and per-stage timing (``Stages``)
+    files/engine.py     every model call of theirs as work items on the serving engine (``EngineLink``)
+
+The models run on the engine: the API server's (``use_engine``: the streams' port, so a file's work shares each
+model's batches and fair queues with live streams), or, with no server, an engine of the translator's own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 from ..config import Settings
@@ -23,9 +29,11 @@ from ..errors import NoContent
 from ..glossary import Term
 from ..models.registry import MTRoute, Registry
 from ..models.transcript_guard import script_for
+from ..serving.ports import ModelPort
 from ..tracing import TraceRef
 from ..types import Modality, TranslationResult
-from .mt import MT_CHUNK, SegmentMT
+from .engine import EngineLink, FileCall, OwnEngine
+from .mt import SegmentMT
 from .recognise import SENTENCE, Recogniser
 from .request import FileRequest, ValidRequest
 from .result import SPEECH_CONFIDENT, assemble, render
@@ -36,7 +44,7 @@ from .work import Stages, Work
 
 SPEECH = {Modality.AUDIO, Modality.VIDEO}  # sources whose segments are cut by pauses, not by sentences
 
-__all__ = ["MT_CHUNK", "SENTENCE", "SPEECH_CONFIDENT", "FileRequest", "FileTranslator", "ValidRequest"]
+__all__ = ["SENTENCE", "SPEECH_CONFIDENT", "FileRequest", "FileTranslator", "ValidRequest"]
 
 
 class FileTranslator:
@@ -46,9 +54,29 @@ class FileTranslator:
         self.observer: Any = None  # set by the API: observer.stage(name, seconds)
         self.slide_context = True  # a video's slide words feed ASR (hot words) and MT (names kept as written)
         self._validator = RequestValidator(self.settings, self.registry)
-        self._mt = SegmentMT(self.registry)
-        self._visuals = VideoVisuals(self.settings, self.registry, self._mt)
-        self._recogniser = Recogniser(self.settings, self.registry, SpeechRecogniser(self.registry), self._visuals)
+        self._link: EngineLink | None = None  # the server's engine (use_engine)
+        self._own: OwnEngine | None = None  # with no server: started at the first request, closed with close()
+        self._lock = threading.Lock()
+        self._mt = SegmentMT(self.registry, self.engine)
+        self._visuals = VideoVisuals(self.settings, self.registry, self._mt, self.engine)
+        self._recogniser = Recogniser(self.settings, self.registry, SpeechRecogniser(self.registry, self.engine),
+                                      self._visuals, self.engine)
+
+    def use_engine(self, port: ModelPort | None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Run the model work on ``port``, an engine on ``loop`` (the API server's, at start-up); None: back to
+        an engine of the translator's own (at shut-down)."""
+        with self._lock:
+            self._link = None if port is None or loop is None else EngineLink(
+                port, loop, self.settings.server.request_timeout_s)
+
+    def engine(self) -> EngineLink:
+        """Where this translator's model work runs now."""
+        with self._lock:
+            if self._link is not None:
+                return self._link
+            if self._own is None:
+                self._own = OwnEngine(self.registry, self.settings)
+            return self._own.link
 
     def validate(self, req: FileRequest) -> ValidRequest:
         """Check a request without decoding its media (``RequestValidator.validate``): every check, before any
@@ -65,8 +93,9 @@ class FileTranslator:
         request's span (tracing on), parent of one span per stage."""
         st = Stages(deadline, trace)
         valid = req if isinstance(req, ValidRequest) else self.validate(req)
+        call = st.call = FileCall(key_id=valid.request.scope, deadline=deadline, trace=trace)
         glossary, tgt_mod = valid.request.glossary, valid.target_modality
-        work = Work(source=valid.source_lang, target=valid.target_lang, route=valid.route,
+        work = Work(source=valid.source_lang, target=valid.target_lang, route=valid.route, call=call,
                     speech_translation=valid.speech_translation, confidence=valid.source_confidence,
                     detected=valid.source_confidence is not None, transcribe_only=valid.request.transcribe_only,
                     slide_context=self.slide_context, scope=valid.request.scope,
@@ -91,15 +120,14 @@ class FileTranslator:
         if work.route is not None and segs:
             names = self._visuals.slide_names(work, segs, glossary)
             with st.stage("mt"):
-                applied = self._mt.translate(segs, work.route, glossary + names, work.models, st.deadline,
-                                             scope=work.scope, sentences=valid.source_modality in SPEECH,
+                applied = self._mt.translate(segs, work.route, glossary, work.models, call, names=names,
+                                             sentences=valid.source_modality in SPEECH,
                                              unknown=work.untranslated, script=work.target_script)
-            applied = [t for t in applied if t not in names]
         slides = self._visuals.slides(work, glossary, tgt_mod, st) \
             if work.video is not None and work.video.slides else []
         signs = self._visuals.signs(valid.request.signs, work, st) if work.signs else []
         result = assemble(valid, work, segs, slides, signs, applied)
-        render(self.registry, result, tgt_mod, st)
+        render(self.registry, self.engine(), call, result, tgt_mod, st)
         result.latency_ms = st.total()
         if trace is not None:
             trace.set(source_lang=result.source_lang, target_lang=result.target_lang, route=result.route)
@@ -109,4 +137,8 @@ class FileTranslator:
         return result
 
     def close(self) -> None:
+        with self._lock:
+            own, self._own = self._own, None
+        if own is not None:
+            own.close()
         self.registry.close()

@@ -4,23 +4,31 @@ slide names that MT would mangle kept as written, then each slide row and sign g
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ..config import Settings
 from ..errors import UnsupportedPair
 from ..glossary import Term
+from ..models.base import OCRLine
 from ..models.registry import Registry
+from ..serving.ports import OcrInput
 from ..types import Modality, Segment
+from .engine import EngineLink
 from .mt import SegmentMT
 from .validate import check_pair, identify
 from .work import Stages, Work
 
 
 class VideoVisuals:
-    def __init__(self, settings: Settings, registry: Registry, mt: SegmentMT) -> None:
+    def __init__(self, settings: Settings, registry: Registry, mt: SegmentMT,
+                 engine: Callable[[], EngineLink]) -> None:
         self.settings = settings
         self.registry = registry
         self.mt = mt
+        self.engine = engine
 
     def read(self, data: bytes, work: Work, st: Stages, signs: Any = None) -> bool:
         """A video's frames -> its slides (``work.video``; their words become ASR prompts and MT names). Returns
@@ -29,8 +37,13 @@ class VideoVisuals:
         from ..video.file_video import read_video
         from ..video.slide_reader import MAX_READS
 
+        link, call, lang = self.engine(), work.call, work.source
+
+        def ocr(rgb: np.ndarray) -> list[OCRLine]:  # on the slide reader's own thread
+            return link.read(OcrInput(rgb, lang), call)
+
         with st.stage("video"):
-            video = read_video(data, self.settings, self.registry,
+            video = read_video(data, self.settings, ocr, self.registry.ocr_name(),
                                FrameContext(work.source, work.target, self.settings, self.registry, signs),
                                deadline=st.deadline)
             work.signs = signs.finish() if signs is not None else []
@@ -67,7 +80,7 @@ class VideoVisuals:
         if not names:
             return []
         probe = [Segment(start=0.0, end=0.0, source_text=n, text=n) for n in names]
-        self.mt.translate(probe, work.route, [], {}, None, work.scope)
+        self.mt.translate(probe, work.route, [], {}, work.call)
         return [Term(n, n) for n, p in zip(names, probe, strict=True)
                 if p.text.strip() != n and SequenceMatcher(None, n.lower(), p.text.strip().lower()).ratio() >= 0.6]
 
@@ -87,7 +100,7 @@ class VideoVisuals:
 
         def mt(rows: list[str]) -> list[str]:
             assert route is not None
-            return self.mt.texts(rows, route, glossary, work.models, st.deadline, work.scope, work.untranslated,
+            return self.mt.texts(rows, route, glossary, work.models, work.call, work.untranslated,
                                  work.target_script)
 
         braille = None
@@ -110,7 +123,7 @@ class VideoVisuals:
 
         def mt(texts: list[str]) -> list[str]:
             assert route is not None
-            return self.mt.texts(texts, route, [], work.models, st.deadline, work.scope, work.untranslated,
+            return self.mt.texts(texts, route, [], work.models, work.call, work.untranslated,
                                  work.target_script)
 
         with st.stage("signs_mt"):

@@ -11,6 +11,7 @@ from typing import Any
 from ..deadline import Deadline
 from ..models.registry import MTRoute
 from ..tracing import TraceRef, span
+from .engine import FileCall
 
 
 @dataclass
@@ -36,16 +37,19 @@ class Work:
     target_script: str | None = None
     untranslated: list[str] = field(default_factory=list)  # words MT left as written (lingua_fusion/untranslated.py)
     slide_context: bool = True  # FileTranslator.slide_context when the request started: slide words feed ASR, MT
+    call: FileCall = field(default_factory=FileCall)  # the engine's view of this request: key, deadline, span
 
 
 class Stages:
     """Per-stage latency, and the request's deadline checked as each stage starts."""
 
-    def __init__(self, deadline: Deadline | None = None, trace: TraceRef | None = None) -> None:
+    def __init__(self, deadline: Deadline | None = None, trace: TraceRef | None = None,
+                 call: FileCall | None = None) -> None:
         self.ms: dict[str, float] = {}
         self._t0 = time.perf_counter()
         self.deadline = deadline
         self.trace = trace  # the request's span (tracing on): each stage is a child span
+        self.call = call  # its engine calls: their items are recorded under the stage that makes them
 
     @contextmanager
     def stage(self, name: str):  # type: ignore[no-untyped-def]
@@ -53,8 +57,15 @@ class Stages:
             self.deadline.check(name)  # RequestTimeout (504): the thread stops here instead of finishing late
         t = time.perf_counter()
         try:
-            with span(self.trace, name):
-                yield
+            with span(self.trace, name) as child:
+                outer = self.call.trace if self.call is not None else None
+                if self.call is not None and child is not None:
+                    self.call.trace = child
+                try:
+                    yield
+                finally:
+                    if self.call is not None:
+                        self.call.trace = outer
         finally:
             self.ms[name] = round(self.ms.get(name, 0.0) + (time.perf_counter() - t) * 1000, 2)
 

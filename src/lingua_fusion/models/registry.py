@@ -251,6 +251,25 @@ class Registry:
     def mt_info(self, key: str) -> BackendInfo:
         return self._mt_infos[key]
 
+    # ---- names (what a result reports as its models; nothing is loaded: under --workers the models run in the
+    # model process, not where the result is assembled) ----------------------------------------------------------
+    def asr_name(self, language: str | None, task: str = "transcribe") -> str:
+        from ..langs import KNOWN
+
+        info = WHISPER_TINY_EN if language == "en" and task == "transcribe" else \
+            whisper_base_info(tuple(sorted(KNOWN)))
+        return asr_info(info, self.settings.models.backend).name
+
+    def ocr_name(self) -> str:
+        from .ocr import RapidOCRBackend, TesseractBackend
+
+        return (TesseractBackend if self.settings.models.ocr_engine == "tesseract" else RapidOCRBackend).info.name
+
+    def tts_name(self, language: str) -> str:
+        from .tts import ESPEAK_NAME, PiperTTS
+
+        return PiperTTS.info.name if language == "en" else ESPEAK_NAME
+
     def ocr(self) -> Any:
         from .ocr import RapidOCRBackend, TesseractBackend
 

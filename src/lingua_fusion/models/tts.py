@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import BackendError, UnsupportedPair
 from .base import BackendInfo
 
+ESPEAK_NAME = "espeak-ng"
 ESPEAK_VOICES = {"zh": "cmn-latn-pinyin", "en": "en-us", "pt": "pt-br"}
 
 
@@ -46,7 +47,7 @@ class EspeakTTS:
         voices = subprocess.run(["espeak-ng", "--voices"], capture_output=True, text=True, timeout=10).stdout
         names = {line.split()[1] for line in voices.splitlines()[1:] if len(line.split()) > 1}
         self._langs = {code for code in names if "-" not in code and len(code) == 2} | set(ESPEAK_VOICES)
-        self.info = BackendInfo(name="espeak-ng", task="tts", languages=tuple(sorted(self._langs)),
+        self.info = BackendInfo(name=ESPEAK_NAME, task="tts", languages=tuple(sorted(self._langs)),
                                 licence="GPL-3.0+", quality="robotic formant synthesis, instant")
 
     def synthesize(self, text: str, *, language: str) -> tuple[np.ndarray, int]:

@@ -27,7 +27,7 @@ from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
 from .faults import Fault, check_outputs
 from .keys import ModelKey
-from .ports import CallContext, MtInput, StageObserver
+from .ports import FILE_CLASS, CallContext, MtInput, StageObserver, TranscribeInput
 from .runners import ContinuousRunner, Runner, build_runner
 from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, round_robin, stage_deadline
 from .threads import COLD_TIMEOUT_S, ModelThreads
@@ -41,6 +41,9 @@ MODES = ("batched", "unbatched", "per-stream")
 VAD_BATCH = 256  # streams' windows per VAD call
 VAD_BATCH_S = 120.0  # seconds of audio per VAD call (a 4 MiB PCM message is 131 s: it goes alone)
 MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 cores); one longer item runs alone
+# an ASR batch's work units: a stream's utterance is 1, a file's piece (TranscribeInput) at least this, so a piece
+# runs in a batch of its own and no stream's utterance waits inside a batch for a file's 30 s of speech
+ASR_MAX_UNITS = 8.0
 VAD_KEY = ModelKey.vad()
 
 
@@ -82,7 +85,7 @@ class Executor:
         self.scheduler.batch_scale = {"mt": 4}  # Apertium translates a batch in one pipeline run: up to 32 items
         # ... of at most MT_BATCH_CHARS characters in all (one longer item runs alone): a key's 20,000-character
         # messages cannot fill a batch that another key's caption then waits behind
-        self.scheduler.max_units = {"mt": MT_BATCH_CHARS}
+        self.scheduler.max_units = {"mt": MT_BATCH_CHARS, "asr": ASR_MAX_UNITS}
         self.scheduler.max_queue_per_key = max(1, max_queue // 2)  # one key never holds a whole model queue
         self.threads = ModelThreads(self._timeout, metrics, self.lanes)
         self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: runners.py
@@ -196,11 +199,14 @@ class Executor:
         """Batches of ``key`` that run at once (its workers and model threads)."""
         return self._lanes.get(key, 1)
 
-    def _timeout(self, key: ModelKey, n: int, warm: bool) -> float:
+    def _timeout(self, key: ModelKey, payloads: list[Any], warm: bool) -> float:
         base = self.settings.server.model_timeout_s
+        # a file's piece of speech may take up to its own length on a loaded CPU (it has no cost model)
+        speech = sum(len(p.audio) / 16000 for p in payloads if isinstance(p, TranscribeInput))
         if not warm:
-            return max(base, COLD_TIMEOUT_S)
-        return max(base, self.settings.server.model_timeout_factor * self.scheduler.cost(str(key)).predict(n))
+            return max(base, COLD_TIMEOUT_S, speech)
+        predicted = self.settings.server.model_timeout_factor * self.scheduler.cost(str(key)).predict(len(payloads))
+        return max(base, predicted, speech)
 
     def _ensure_worker(self, key: ModelKey) -> None:
         tasks = self._workers.setdefault(key, [])
@@ -322,7 +328,8 @@ class Executor:
 
     def _observe(self, key: ModelKey, batch: list[WorkItem], t0: float, done: float, cold: bool,
                  overlapped: bool = False) -> None:
-        if not cold:
+        files = any(w.slo == FILE_CLASS for w in batch)
+        if not cold and not files:  # a file's piece is not a stream's item: admission's cost model learns neither
             self.scheduler.observe(str(key), len(batch), done - t0, overlapped)
         record_batch(key, key.stage, [(w.payload.trace, w.enqueued, w.tentative) for w in batch], t0, done)
         if self.metrics is not None:
@@ -333,7 +340,7 @@ class Executor:
             self.metrics.depth(str(key), self.scheduler.depth(str(key)))
         if self.observer is not None and self.mode == "batched":
             for w in batch:
-                if not w.tentative:
+                if not w.tentative and w.slo != FILE_CLASS:  # files feed no stream's SLO breaker
                     self.observer.stage_done(w.slo, w.stage, done - w.enqueued, w.key_id)
 
     # ---- admission -------------------------------------------------------------------------------------------
@@ -425,8 +432,13 @@ def _continuous(runner: object) -> bool:
 
 
 def _units(payload: Any) -> float:
-    """An item's work units for fairness and batch bounds: an MT item's characters; 1 for anything else."""
-    return float(max(1, len(payload.text))) if isinstance(payload, MtInput) else 1.0
+    """An item's work units for fairness and batch bounds: an MT item's characters; a file's piece of speech its
+    seconds / 3 (a stream's utterance is about 3 s), at least a batch's worth; 1 for anything else."""
+    if isinstance(payload, MtInput):
+        return float(max(1, len(payload.text)))
+    if isinstance(payload, TranscribeInput):
+        return max(ASR_MAX_UNITS, len(payload.audio) / 16000 / 3)
+    return 1.0
 
 
 def _prior(key: str) -> CostModel:

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidParameter, MalformedOutput
+from ..models.base import ASRResult
 from .keys import ModelKey
-from .ports import AsrOutput
+from .ports import AsrOutput, TranscribeInput
 
 KINDS = ("delay", "error", "hang", "garbage")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
@@ -118,9 +119,11 @@ def check_outputs(key: ModelKey, args: list[Any], results: Any) -> list[Any]:
         raise MalformedOutput(f"{key} returned {len(results) if isinstance(results, list) else type(results).__name__}"
                               f" outputs for {len(args)} inputs")
     for arg, r in zip(args, results, strict=True):
-        if key.task == "asr":
-            ok = (isinstance(r, AsrOutput) and _text_ok(r.text, 4000) and isinstance(r.confidence, (int, float))
-                  and math.isfinite(r.confidence) and -1e-6 <= r.confidence <= 1 + 1e-6)
+        if key.task == "asr" and isinstance(arg, TranscribeInput):  # a file's piece: Whisper's segments
+            ok = isinstance(r, ASRResult) and _text_ok(r.text, 40 * len(arg.audio) // 16000 + 4000) and all(
+                _confidence_ok(s.confidence) and math.isfinite(s.start) and s.start <= s.end for s in r.segments)
+        elif key.task == "asr":
+            ok = isinstance(r, AsrOutput) and _text_ok(r.text, 4000) and _confidence_ok(r.confidence)
         elif key.task == "mt":
             ok = _text_ok(r, 10 * len(arg.text) + 200)
         elif key.task == "ocr":
@@ -132,3 +135,7 @@ def check_outputs(key: ModelKey, args: list[Any], results: Any) -> list[Any]:
         if not ok:
             raise MalformedOutput(f"{key} returned malformed output ({str(r)[:60]!r})")
     return results
+
+
+def _confidence_ok(c: object) -> bool:
+    return isinstance(c, (int, float)) and math.isfinite(c) and -1e-6 <= c <= 1 + 1e-6

@@ -18,10 +18,15 @@ Contract of ``ModelPort.run(key, payload, ctx)``:
 | task | payload | result |
 |---|---|---|
 | vad | ``np.ndarray`` 16 kHz float32 (whole 32 ms windows) | ``np.ndarray`` speech probability per window |
-| asr | ``AsrInput`` | ``AsrOutput`` |
+| asr | ``AsrInput`` (a stream's utterance) | ``AsrOutput`` |
+| asr | ``TranscribeInput`` (a piece of a file, at most ~30 s) | ``ASRResult`` (Whisper's segments, piece times) |
 | mt | ``MtInput`` | ``str`` |
-| ocr | ``np.ndarray`` RGB image | ``list[OcrLine]`` in reading order |
+| ocr | ``np.ndarray`` RGB image, or ``OcrInput`` (an image and its language) | ``list[OcrLine]`` in reading order |
 | tts | ``str`` | ``bytes`` (a WAV file) |
+
+File requests (lingua_fusion/files) use the same port with ``ctx.slo == FILE_CLASS``: their work waits behind live
+streams' of the same key (a looser deadline), shares each model fairly with other keys, and feeds no stream SLO
+breaker.
 """
 
 from __future__ import annotations
@@ -49,6 +54,28 @@ class AsrInput:
 class AsrOutput:
     text: str
     confidence: float  # 0..1, the least confident segment's
+
+
+@dataclass(frozen=True)
+class TranscribeInput:
+    """A piece of a file's speech, transcribed with Whisper's own segments (times from the piece's start)."""
+
+    audio: np.ndarray
+    language: str | None = None  # None: Whisper detects it (ASRResult.language, language_probability)
+    task: str = "transcribe"  # or "translate": Whisper's speech translation into English
+    prompt: str | None = None
+    hotwords: str | None = None
+
+
+@dataclass(frozen=True)
+class OcrInput:
+    """An image to read, with the language of its text when known (Tesseract picks its model by it)."""
+
+    image: np.ndarray
+    language: str | None = None
+
+
+FILE_CLASS = "file"  # the work class of file requests (serving/scheduler.py WORK_CLASSES)
 
 
 @dataclass(frozen=True)

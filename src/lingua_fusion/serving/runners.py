@@ -11,11 +11,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..glossary import apply_mt_batch
+from ..models.base import ASRResult, OCRLine
 from ..models.registry import Registry
 from ..models.transcript_guard import guard_text
 from .keys import ModelKey
-from .ports import AsrInput, AsrOutput, MtInput
+from .ports import AsrInput, AsrOutput, MtInput, OcrInput, TranscribeInput
 
 Runner = Callable[[list[Any]], list[Any]]
 
@@ -40,16 +43,22 @@ def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False)
     if key.task == "mt":
         return _mt(registry, key.source, key.target)
     if key.task == "ocr":
-        return lambda images: [registry.ocr().recognize(img) for img in images]
+        return lambda images: [_read(registry, img) for img in images]
     if key.task == "tts":
         return lambda texts: [registry.speak_wav(text, key.source) for text in texts]
     return lambda windows: [registry.vad().probabilities(audio) for audio in windows]
 
 
+def _read(registry: Registry, item: np.ndarray | OcrInput) -> list[OCRLine]:
+    if isinstance(item, OcrInput):
+        return registry.ocr().recognize(item.image, language=item.language)
+    return registry.ocr().recognize(item)
+
+
 def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
     script = "Hans" if lang == "zh" else None  # a stream's zh is Simplified (models/transcript_guard.py)
 
-    def run(items: list[AsrInput]) -> list[AsrOutput]:
+    def utterances(items: list[AsrInput]) -> list[AsrOutput]:
         asr = registry.asr(lang)
         if per_stream:
             pairs = []
@@ -60,6 +69,24 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
             pairs = asr.transcribe_batch([it.audio for it in items], language=lang,
                                          prompts=[it.prompt for it in items])
         return [AsrOutput(*guard_text(text, conf, script)) for text, conf in pairs]
+
+    def piece(it: TranscribeInput) -> ASRResult:  # a file's piece: Whisper's own segments and timestamps
+        asr = registry.asr(it.language, task=it.task)
+        result: ASRResult = asr.transcribe(it.audio, language=it.language, task=it.task, initial_prompt=it.prompt,
+                                           hotwords=it.hotwords)
+        return result
+
+    def run(items: list[AsrInput | TranscribeInput]) -> list[AsrOutput | ASRResult]:
+        # the scheduler gives a file's piece a batch of its own (serving/executor.py ASR_MAX_UNITS); a mixed batch
+        # (a test's) still answers every item in order
+        out: list[AsrOutput | ASRResult | None] = [None] * len(items)
+        streams = [(i, it) for i, it in enumerate(items) if isinstance(it, AsrInput)]
+        for (i, _it), res in zip(streams, utterances([it for _i, it in streams]) if streams else [], strict=True):
+            out[i] = res
+        for i, it in enumerate(items):
+            if isinstance(it, TranscribeInput):
+                out[i] = piece(it)
+        return [r for r in out if r is not None]
 
     return run
 

@@ -27,12 +27,15 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admission counts a model's lanes
 SLO_CLASSES: dict[str, float] = {"interactive": 1.0, "standard": 3.0, "batch": 30.0}  # caption p99 target (s)
+# every class work may carry: the streams' SLO classes and file requests' (serving/ports.py FILE_CLASS), whose
+# looser deadline puts a file's pieces behind a stream's captions of the same key
+WORK_CLASSES: dict[str, float] = {**SLO_CLASSES, "file": 60.0}
 # share of the caption budget each stage may use (the rest is network / emit slack)
 STAGE_BUDGET = {"asr": 0.6, "mt": 0.3, "tts": 0.5, "ocr": 0.5}
 
 
 def stage_deadline(slo: str, stage: str, start: float) -> float:
-    return start + SLO_CLASSES[slo] * STAGE_BUDGET.get(stage, 0.5)
+    return start + WORK_CLASSES[slo] * STAGE_BUDGET.get(stage, 0.5)
 
 
 def round_robin(items: list[T], key: Callable[[T], str], units: Callable[[T], float], *, max_items: int,

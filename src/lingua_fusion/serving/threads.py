@@ -27,9 +27,9 @@ COLD_TIMEOUT_S = 120.0  # a model's first batch may include loading it
 
 
 class ModelThreads:
-    def __init__(self, timeout_for: Callable[[ModelKey, int, bool], float], metrics: Any = None,
+    def __init__(self, timeout_for: Callable[[ModelKey, list[Any], bool], float], metrics: Any = None,
                  lanes_for: Callable[[ModelKey], int] | None = None) -> None:
-        self._timeout_for = timeout_for  # (key, batch size, warm) -> seconds
+        self._timeout_for = timeout_for  # (key, the batch's payloads, warm) -> seconds
         self._lanes_for = lanes_for or (lambda key: 1)  # key -> batches of it that run at once (its threads)
         self.metrics = metrics
         self.faults: dict[str, Fault] = {}  # chaos: "model/kind" -> fault
@@ -60,7 +60,7 @@ class ModelThreads:
             pool = self._pools[key] = ThreadPoolExecutor(max_workers=max(1, self._lanes_for(key)),
                                                          thread_name_prefix=f"model-{key}")
         running = asyncio.get_running_loop().run_in_executor(pool, work)
-        timeout = self._timeout_for(key, len(payloads), key in self.warm)
+        timeout = self._timeout_for(key, payloads, key in self.warm)
         try:
             results = await asyncio.wait_for(asyncio.shield(running), timeout)
         except TimeoutError:

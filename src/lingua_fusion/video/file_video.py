@@ -4,11 +4,15 @@ return the slides read. Called from ``FileTranslator`` in its worker thread (nev
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..config import Settings
 from ..deadline import Deadline
+from ..models.base import OCRLine
 from .decode import VideoProbe, decode_frames, probe
 from .fanout import FrameContext, FrameFanout, Tap, file_fanout
 from .frames import FrameStats
@@ -31,14 +35,14 @@ class VideoRead:
         return names_in([s.source_text for s in self.slides])
 
 
-def read_video(data: bytes, settings: Settings, registry: Any, ctx: FrameContext, *,
-               deadline: Deadline | None = None) -> VideoRead:
-    """Probe the container; when it has a video track, decode it at the rate its consumers want and read slides."""
+def read_video(data: bytes, settings: Settings, ocr: Callable[[np.ndarray], list[OCRLine]], ocr_model: str,
+               ctx: FrameContext, *, deadline: Deadline | None = None) -> VideoRead:
+    """Probe the container; when it has a video track, decode it at the rate its consumers want and read slides
+    (``ocr``: an image's lines, on the engine; ``ocr_model``: its name for the result)."""
     info = probe(data, settings.limits)
     if not info.has_video:
         return VideoRead(info)
-    ocr = registry.ocr()
-    reader = SlideReader(lambda rgb: ocr.recognize(rgb, language=ctx.source_lang))
+    reader = SlideReader(ocr)
     fanout: FrameFanout = file_fanout(ctx, [Tap("slides", reader, SLIDE_FPS)])
     try:
         info, decoded = decode_frames(data, settings.limits, fanout.offer, fps=fanout.fps, deadline=deadline)
@@ -47,7 +51,7 @@ def read_video(data: bytes, settings: Settings, registry: Any, ctx: FrameContext
         raise
     slides = reader.finish(info.duration_s)
     return VideoRead(info, slides=slides, stats=fanout.stats(), decoded=decoded, capped=reader.capped,
-                     ocr_model=ocr.info.name)
+                     ocr_model=ocr_model)
 
 
 def slide_texts(slides: list[SlideSpan], translate: Any | None, braille: Any | None = None) -> list[Any]:

@@ -35,7 +35,7 @@ from ...models.registry import Registry
 from ..executor import stream_demand
 from ..faults import Fault
 from ..keys import ModelKey
-from ..ports import CallContext, StageObserver
+from ..ports import FILE_CLASS, CallContext, StageObserver
 from ..scheduler import Demand
 from . import codec
 
@@ -246,7 +246,7 @@ class RemotePort:
                 continue
             self._depth[key] = int(reply.get("depth") or 0)
             if self.observer is not None and not ctx.tentative and self.mode == "batched" \
-                    and reply.get("value") is not None:
+                    and ctx.slo != FILE_CLASS and reply.get("value") is not None:
                 self.observer.stage_done(ctx.slo, key.stage, self.clock() - t0, ctx.key_id)
             return reply.get("value")
 
