@@ -102,7 +102,8 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     def port(registry: Registry, s: Settings, _metrics: Metrics) -> Any:
         return RemotePort(link, registry, s)
 
-    app = create_app(settings, executor=port)
+    # nothing to warm here: streams' and files' model work alike runs in the model process, which warms its own
+    app = create_app(settings, executor=port, warm=False)
     # a ticket issued by one worker opens a stream on any (api/shared_tickets.py); the file lives in the run dir
     app.state.tickets = SharedTicketBook(Path(path).parent / "tickets.db")
 

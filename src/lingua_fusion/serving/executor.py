@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import Settings
-from ..errors import BackendError, LinguaFusionError, ModelTimeout, Overloaded
+from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeout, Overloaded
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
 from .faults import Fault, check_outputs
@@ -113,8 +113,11 @@ class Executor:
                 if key.task == "vad" and not _continuous(self._runner(key)):
                     return await self._submit_vad(payload, ctx.key_id, ctx.trace)
                 return await self._submit(key, payload, ctx)
-            except BackendError:
-                if ctx.tentative or attempt >= self.retries or self._closing:
+            except BackendError as exc:
+                # a file's item whose model process crashed is not sent again: one input that crashes it would
+                # crash it again, into a crash loop for every key (the request gets 503 backend_failed to retry)
+                crashed = ctx.slo == FILE_CLASS and isinstance(exc, BackendFailed)
+                if ctx.tentative or attempt >= self.retries or self._closing or crashed:
                     raise
                 attempt += 1
                 if self.metrics is not None:
