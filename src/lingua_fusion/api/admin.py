@@ -20,7 +20,7 @@ async def list_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
     streams = request.app.state.streams
     return {"chaos": context(request).settings.server.chaos,
             "faults": {k: f.public() for k, f in streams.executor.faults.items()},
-            "stuck_calls": streams.executor.threads.stuck(),
+            "stuck_calls": streams.executor.stuck(),
             "breaker": {slo: streams.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
 
 

@@ -35,6 +35,7 @@ from ..errors import LinguaFusionError
 from ..files import FileTranslator
 from ..models.registry import Registry
 from ..observability import Metrics
+from ..serving.engine import Engine
 from ..serving.executor import Executor
 from ..serving.gpu.server import build_executor, warm_engine
 from ..state.sqlite import SQLiteStore
@@ -59,7 +60,7 @@ log = logging.getLogger("lingua_fusion.api")
 # what runs while the server serves and is closed after it: entered by the lifespan around its ``yield``
 StreamsLifetime = Callable[[], contextlib.AbstractAsyncContextManager[None]]
 # builds the live streams' executor (the ModelPort) from the registry, settings and metrics
-ExecutorFactory = Callable[[Registry, Settings, Metrics], Executor]
+ExecutorFactory = Callable[[Registry, Settings, Metrics], Engine]
 
 
 def create_app(settings: Settings | None = None, engine: FileTranslator | None = None, *,

@@ -90,6 +90,7 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     """One stream worker: the app, serving on the shared socket, its streams' models in the model process."""
     from ..models.registry import Registry
     from ..observability import Metrics
+    from ..serving.engine import Engine
     from ..serving.shard.remote import ModelLink, RemotePort, link_in_flight
     from .app import create_app
     from .server import build_server, install_logging
@@ -99,7 +100,7 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     install_logging(log_level)
     link = ModelLink(path, max_in_flight=link_in_flight(settings))
 
-    def port(registry: Registry, s: Settings, _metrics: Metrics) -> Any:
+    def port(registry: Registry, s: Settings, _metrics: Metrics) -> Engine:
         return RemotePort(link, registry, s)
 
     # nothing to warm here: streams' and files' model work alike runs in the model process, which warms its own

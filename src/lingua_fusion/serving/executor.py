@@ -198,6 +198,10 @@ class Executor:
         thread: ``models.engine_warm``)."""
         return self._runner(key)
 
+    def stuck(self) -> dict[str, int]:
+        """Model calls still running past their timeout, by model key (serving/threads.py)."""
+        return self.threads.stuck()
+
     def lanes(self, key: ModelKey) -> int:
         """Batches of ``key`` that run at once (its workers and model threads)."""
         return self._lanes.get(key, 1)

@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ..glossary import Term
 from ..serving.breaker import STEPS, SLOBreaker, Transition
-from ..serving.executor import Executor
+from ..serving.engine import Engine
 from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
 from ..serving.tenant_breaker import KeyedTransition, TenantBreaker
 from ..tracing import Tracer
@@ -109,7 +109,7 @@ class Opened:
 
 
 class StreamService:
-    def __init__(self, executor: Executor, settings: Settings, *, log: StreamLog | None = None,
+    def __init__(self, executor: Engine, settings: Settings, *, log: StreamLog | None = None,
                  metrics: Any = None, glossary_for: Callable[[Principal, str], list[Term]] | None = None,
                  quota: KeyQuota | None = None, baseline: StreamService | None = None) -> None:
         self.executor = executor

@@ -193,13 +193,6 @@ class ModelLink:
         self._fail_pending()
 
 
-class NoThreads:
-    """The model threads are in the model process: /v1/admin/faults shows none stuck here."""
-
-    def stuck(self) -> dict[str, int]:
-        return {}
-
-
 class RemotePort:
     """One engine of the model process ("batched" or "per-stream") as this worker's ModelPort and admission."""
 
@@ -213,7 +206,6 @@ class RemotePort:
         self.observer: StageObserver | None = None
         self.retries = 2
         self.faults: dict[str, Fault] = {}  # chaos runs on a single-process server (serve refuses --chaos here)
-        self.threads = NoThreads()
         self._depth: dict[ModelKey, int] = {}
 
     async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
@@ -252,6 +244,10 @@ class RemotePort:
 
     def depth(self, key: ModelKey) -> int:
         return self._depth.get(key, 0)
+
+    def stuck(self) -> dict[str, int]:
+        """The model threads are in the model process: none is stuck here (its own log and metrics say)."""
+        return {}
 
     # ---- admission (decided in the model process, across every worker) -------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,

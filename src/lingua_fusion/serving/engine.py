@@ -1,0 +1,51 @@
+"""The serving engine's declared face: what streams (stream/service.py), file requests (files/engine.py through
+its ``ModelPort`` part), rooms and the API may use of model serving, and nothing more.
+
+Three implementations, by composition, each checked against this Protocol by mypy where it is built (api/app.py,
+api/workers.py, cluster/):
+- ``serving/executor.py`` ``Executor``: the scheduler, a worker per model key, the model threads, in process;
+- ``serving/shard/remote.py`` ``RemotePort``: the link to a model process (``serve --workers``), where an Executor
+  runs every worker's work and decides admission across them;
+- ``cluster/port.py`` ``ClusterExecutor``: an Executor whose work goes to Ray Serve model replicas.
+
+Contract, beside ``ModelPort.run`` and ``depth`` (serving/ports.py):
+- ``demand`` is pure: a stream's load per model key, from its languages and inputs; ``reserve`` admits it or
+  raises ``Overloaded`` (429) when it would break the admitted streams' SLOs; ``release`` frees it and resolves the
+  stream's queued work to ``None``. Every reserve is released once.
+- ``observer`` hears each committed item's stage latency (the StreamService's SLO breaker); file work is not
+  reported (``FILE_CLASS``).
+- ``faults`` are the chaos faults in force (``--chaos``; empty where chaos cannot run), ``stuck`` the model calls
+  still running past their timeout, by model key (the admin's status page).
+- ``registry`` answers routes and model names; under ``--workers`` it loads no model.
+- ``close`` ends every worker task and model thread the engine started; nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from ..models.registry import Registry
+from .faults import Fault
+from .ports import ModelPort, StageObserver
+from .scheduler import Demand
+
+
+class Engine(ModelPort, Protocol):
+    registry: Registry
+    observer: StageObserver | None
+    clock: Callable[[], float]
+
+    @property
+    def faults(self) -> dict[str, Fault]: ...
+
+    def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
+               inputs: list[str]) -> Demand: ...
+
+    async def reserve(self, demand: Demand, key_id: str = "") -> None: ...
+
+    def release(self, stream_id: str) -> None: ...
+
+    def stuck(self) -> dict[str, int]: ...
+
+    async def close(self) -> None: ...
