@@ -29,7 +29,12 @@ TEXT = ("Good morning everyone and welcome to the quarterly review. The new offi
         "ten and ends at noon. Our team has grown by twelve people this year.")
 
 
+_calls = iter(range(1_000_000))
+
+
 async def one(client: httpx.AsyncClient, url: str, job: dict[str, Any]) -> float:
+    if "text" in job.get("data", {}):  # a text of its own each time: the translation memory would answer a repeat
+        job = {**job, "data": {**job["data"], "text": f"Item {next(_calls)}. {job['data']['text']}"}}
     t0 = time.monotonic()
     r = await client.post(url + "/v1/translate", timeout=600, **job)
     r.raise_for_status()
