@@ -17,17 +17,26 @@ Alive = Callable[[], bool]  # the session's state allows this work (live, or not
 
 class Slots:
     """A count of things in flight with a bound, shared by the streams of a service (decoded images: a key's 32
-    streams must not hold 64 decoded 40-megapixel frames at once)."""
+    streams must not hold 64 decoded 40-megapixel frames at once), and a share per key: one key holds at most
+    half of them (rounded up), so another key's picture always finds a slot that the first key cannot take."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.per_key = max(1, (limit + 1) // 2)
         self.used = 0
+        self.held: dict[str, int] = {}
 
-    def take(self) -> bool:
-        if self.used >= self.limit:
+    def take(self, key: str = "") -> bool:
+        if self.used >= self.limit or self.held.get(key, 0) >= self.per_key:
             return False
         self.used += 1
+        self.held[key] = self.held.get(key, 0) + 1
         return True
 
-    def give(self) -> None:
+    def give(self, key: str = "") -> None:
         self.used = max(0, self.used - 1)
+        left = self.held.get(key, 0) - 1
+        if left > 0:
+            self.held[key] = left
+        else:
+            self.held.pop(key, None)

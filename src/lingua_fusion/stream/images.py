@@ -82,8 +82,9 @@ class Images:
         if self._in_flight >= MAX_IMAGES_IN_FLIGHT:
             raise Overloaded(f"more than {MAX_IMAGES_IN_FLIGHT} images of this stream are being read; send fewer",
                              retry_after=1.0)
-        if not self.slots.take():
-            raise Overloaded("the server is reading too many images; send fewer", retry_after=1.0)
+        if not self.slots.take(self.jobs.spec.key_id):
+            raise Overloaded("the server is reading too many images (of this key, or of all); send fewer",
+                             retry_after=1.0)
         self._in_flight += 1
         try:
             with span(self.trace, "decode", media="image", bytes=len(data)):
@@ -114,7 +115,7 @@ class Images:
 
     def _image_done(self) -> None:
         self._in_flight -= 1
-        self.slots.give()
+        self.slots.give(self.jobs.spec.key_id)
 
     async def _slide_job(self, image: np.ndarray, t: float) -> None:
         try:

@@ -178,15 +178,17 @@ class StreamVideo:
         from ..errors import Overloaded
         from ..media import decode_image
 
-        if not self._slots.take():
-            raise Overloaded("the server is decoding too many frames; send fewer", retry_after=1.0)
+        key = self.slides.jobs.spec.key_id
+        if not self._slots.take(key):
+            raise Overloaded("the server is decoding too many frames (of this key, or of all); send fewer",
+                             retry_after=1.0)
         try:
             def work() -> None:
                 self.fanout.offer(VideoFrame(t=t, rgb=decode_image(data, self._limits)))
 
             await asyncio.to_thread(work)
         finally:
-            self._slots.give()
+            self._slots.give(key)
 
     async def finish(self, wait_s: float) -> None:
         await self.slides.finish(wait_s)
