@@ -406,7 +406,7 @@ class Executor:
         for p in self._vad:
             p.future.cancel()
         for runner in self._runners.values():  # a continuous runner's own thread (serving/gpu)
-            if _continuous(runner) and hasattr(runner, "close"):
+            if isinstance(runner, ContinuousRunner):
                 await asyncio.to_thread(runner.close)
         self.threads.close()
 
@@ -435,7 +435,7 @@ def _lanes_of(key: ModelKey, settings: Settings) -> int:
 
 
 def _continuous(runner: object) -> bool:
-    return hasattr(runner, "submit")
+    return isinstance(runner, ContinuousRunner)  # the declared Protocol (serving/runners.py), checked at run time
 
 
 def _units(payload: Any) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from .ports import AsrInput, AsrOutput, MtInput, OcrInput, TranscribeInput
 Runner = Callable[[list[Any]], list[Any]]
 
 
+@runtime_checkable
 class ContinuousRunner(Protocol):
     """A backend that batches on its own, continuously (serving/gpu: sequences join and leave its running batch at
     every decoder step): the executor hands it work as it is scheduled and does not wait for a batch to end."""
@@ -34,6 +35,10 @@ class ContinuousRunner(Protocol):
     def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
         """Queue ``payloads`` (tentative ones are preempted first under memory pressure); each future resolves (on
         the runner's thread) to its result or exception."""
+        ...
+
+    def close(self) -> None:
+        """Stop its thread; items still queued fail (the executor is closing)."""
         ...
 
 

@@ -122,11 +122,12 @@ def warm_engine(executor: Any, settings: Settings) -> Callable[[], dict[str, str
     language's first streams do not wait for it. Returns a probe of their states by model ("ready", "building",
     "failed: why") for /readyz; None when the engine is off or ``executor`` is another process's (a worker's
     RemotePort: its model process warms its own)."""
-    build_now = getattr(executor, "build_now", None)
+    from ..executor import Executor
+
     langs = settings.models.engine_warm_langs()
-    if build_now is None or not langs:
+    if not isinstance(executor, Executor) or not langs:
         return None
-    runners = {str(key): build_now(key) for key in map(ModelKey.asr, langs)}
+    runners = {str(key): executor.build_now(key) for key in map(ModelKey.asr, langs)}
     log.info("engine warm-up: building %s", ", ".join(runners))
     return lambda: {name: getattr(runner, "state", "ready") for name, runner in runners.items()}
 
