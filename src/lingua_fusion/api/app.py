@@ -127,8 +127,7 @@ def _warm(translator: FileTranslator, ready: threading.Event) -> None:
     try:
         translator.registry.asr("en")
         translator.registry.vad()
-        apertium = translator.registry.mt("apertium")
-        apertium.warm("en", "es")
+        translator.registry.warm_apertium("en", "es")
     except LinguaFusionError as exc:
         log.error("warm-up failed: %s", exc.message)
     finally:

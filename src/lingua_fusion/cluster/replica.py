@@ -59,7 +59,7 @@ class ModelReplica:
                 if key.task == "asr":
                     self.registry.asr(key.source)
                 elif key.task == "mt":  # the default pairs are Apertium's
-                    self.registry.mt("apertium").warm(key.source, key.target)
+                    self.registry.warm_apertium(key.source, key.target)
             except LinguaFusionError as exc:
                 log.warning("warm-up of %s failed: %s", key, exc.message)
 

