@@ -271,6 +271,39 @@ async def test_a_body_of_plain_lists_is_refused_and_healthz_stays_quick(srv: Srv
 
 
 @pytest.mark.timeout(240)
+async def test_bodies_and_messages_nested_deep_or_of_millions_of_elements_are_refused_before_parsing(
+        srv: Srv) -> None:
+    """16 MiB of ``[{"a":[{"a":...`` to a landmark route, four 4 MiB stream messages of ``[],[],...`` (0.4 s of parsing
+    each on the event loop before): each refused as too_large (json_bounds.py), /healthz quick beside them."""
+    import httpx
+
+    a, _ = srv.new_key("nesting-attacker")
+    auth = {"Authorization": f"Bearer {a}", "Content-Type": "application/json"}
+
+    async def stream_lists() -> tuple[list[dict[str, Any]], int | None]:
+        ws, _ = await opened(srv.ws, a, start(["text"], target_langs=["es"]))
+        await ws.send("[" + "[]," * (4 * 1024 * 1024 // 3 - 2) + "[]]")
+        return await ending(ws)
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        vid = (await client.post(srv.url + "/v1/vocabularies", headers=auth,
+                                 content=b'{"kind": "sign"}')).json()["vocabulary_id"]
+        deep = b'[{"a":' * ((16 * (1 << 20) - 1024) // 6)  # objects all along: the landmark run check passes it
+        work = asyncio.gather(*[client.post(f"{srv.url}/v1/vocabularies/{vid}/examples", headers=auth, content=deep)
+                                for _ in range(2)], *[stream_lists() for _ in range(4)])
+        t = time.monotonic()
+        answers, slowest = await healthz_while(srv, work)
+        took = time.monotonic() - t
+    print(f"/healthz slowest {slowest:.3f} s beside two 16 MiB bodies nested 2.8 million deep and four 4 MiB "
+          f"stream messages of lists (all refused in {took:.2f} s)")
+    for r in answers[:2]:
+        assert r.status_code == 413 and r.json()["error"]["details"]["limit"] == "max_json_depth", r.text
+    for events, code in answers[2:]:
+        assert code == 4413 and events[-1]["details"]["limit"] == "max_json_elements", events
+    assert slowest < 1.0
+
+
+@pytest.mark.timeout(240)
 async def test_g711_appends_are_converted_off_the_event_loop(srv: Srv) -> None:
     """The old route resampled each G.711 append on the event loop (0.87 s per 4 MiB append; /healthz p99
     0.38-0.48 s beside them). Now an append is at most 30 s of audio, converted on a worker thread."""
