@@ -197,7 +197,8 @@ async def test_one_keys_40_megapixel_images_leave_another_keys_captions_live_und
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """Attack 3 under ``serve --workers 2``: a picture decoded in a stream worker went to the model process as
     ~120 MB of RGB, copied on both sides' event loops, every other stream's model replies behind it. Now it
-    crosses at the size OCR reads it (serving/shard/pictures.py: 1984x1984, 11.8 MB)."""
+    crosses at the size OCR reads it (serving/shard/pictures.py: 1984x1984, 11.8 MB), and each worker paces the
+    key at 1/N of its pixel budget (with a whole budget per worker B's captions once came 10 s late)."""
     state = tmp_path_factory.mktemp("fair-keys-workers")
     admin = admin_key(state)
     url, proc = start_server(state, "--workers", "2")

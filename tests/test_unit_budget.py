@@ -134,3 +134,16 @@ async def test_a_keys_pictures_are_paid_through_the_same_function() -> None:
     await pay(budget, 40e6, told.append, sleep)
     await pay(budget, 40e6, told.append, sleep)
     assert slept == pytest.approx([2.5]) and [e.code for e in told] == ["pictures_paced"]
+
+
+def test_a_keys_pixel_budget_is_shared_out_over_the_workers() -> None:
+    """serve --workers N: each worker paces a key's streams there at 1/N of limits.max_key_pixels_per_s, so the
+    key's streams together stay within it wherever they land (api/workers.py shared_out)."""
+    from lingua_fusion.api.workers import shared_out
+    from lingua_fusion.config import Settings
+
+    s = Settings()
+    s.limits.max_key_pixels_per_s = 16e6
+    each = shared_out(s, workers=2, model_processes=1)
+    assert each.limits.max_key_pixels_per_s == 8e6 and s.limits.max_key_pixels_per_s == 16e6
+    assert shared_out(s, workers=4, model_processes=2).models.gpu_memory_share == s.models.gpu_memory_share / 2

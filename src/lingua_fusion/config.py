@@ -70,7 +70,8 @@ class LimitSettings(BaseModel):
     max_audio_speed: float = Field(default=4.0, gt=0)
     # ... in bursts of at most this many audio seconds, which is also the most one message may carry (413 too_large)
     max_audio_burst_s: float = Field(default=30.0, gt=0)
-    # pixels of images and video frames one key's streams may have decoded per second, together (beyond: reads wait)
+    # pixels of images and video frames one key's streams may have decoded per second, together (beyond: reads wait;
+    # serve --workers N: each worker paces the key's streams there at 1/N of it)
     max_key_pixels_per_s: float = Field(default=16_000_000.0, gt=0)
     max_glossary_terms: int = 5_000  # terms in one glossary at most
     max_glossary_bytes: int = 2_000_000  # a glossary upload's size at most
