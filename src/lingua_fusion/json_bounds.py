@@ -10,13 +10,15 @@ stream message is measured first, at C / numpy speed, and refused (``TooLarge``,
 - elements: the ``[``, ``{`` and ``,`` outside strings: a container of n values counts n (an empty one 1), so the
   count is about the number of values (an object member counts once).
 
-How: a conservative count first (``bytes.count``, about 1 GB/s): brackets and commas anywhere, strings included;
-when that is within both bounds nothing else is done (a base64 image or audio message has none at all). Otherwise
+How: a conservative count first, brackets and commas anywhere, strings included (one ``bytes.translate`` pass that
+keeps only those bytes, about 2.5 GB/s); when that is within both bounds nothing else is done (a base64 image or
+audio message has none at all). Otherwise
 the exact scan: escaped characters are dropped (``\\\\`` pairs, then ``\\"``: a run of backslashes keeps its last one
 only when it is odd, and that one escapes the quote after it), every remaining quote flips in / out of a string
 (numpy's xor accumulate), and outside strings the running sum of opens (+1) and closes (-1) is the depth. The scan
-goes in pieces of ``PIECE`` bytes and stops at the first piece past a bound: a 16 MiB body of ``[[[[...`` or of
-``[],[],...`` costs one piece. numpy releases the interpreter lock inside its loops, so a scan on a worker thread
+goes in pieces of ``PIECE`` bytes and stops at the first piece past a bound: a 16 MiB body of ``[[[[...`` costs one
+piece, of ``[],[],...`` one piece at ``limits.max_json_elements`` (about 6 MiB of pieces at the landmark routes'
+bound). numpy releases the interpreter lock inside its loops, so a scan on a worker thread
 lets the event loop run. A text that is not JSON is measured all the same (what it counts is then an
 approximation); the parser refuses it afterwards.
 """
@@ -40,6 +42,7 @@ _COUNTED[[ord("["), ord("{"), ord(",")]] = True
 _STRUCTURAL = _COUNTED.copy()
 _STRUCTURAL[[ord("]"), ord("}"), ord('"')]] = True
 _QUOTE = ord('"')
+_NOT_MARKS = bytes(b for b in range(256) if b not in b"[{,")  # deleted by the glance
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,11 @@ def _bytes(raw: bytes | str) -> bytes:
 
 def within_at_a_glance(raw: bytes, bounds: JsonBounds) -> bool:
     """True when counting brackets and commas anywhere (strings included) already shows ``raw`` within ``bounds``:
-    the depth is at most the ``[`` and ``{``, the elements at most those and the ``,``."""
-    opens = raw.count(b"[") + raw.count(b"{")
-    return opens <= bounds.max_depth and opens + raw.count(b",") <= bounds.max_elements
+    the depth is at most the ``[`` and ``{``, the elements at most those and the ``,``. (One C pass keeps only
+    those three bytes: 1.4 ms for 4 MiB, where three ``count`` calls took 4 ms.)"""
+    marks = raw.translate(None, _NOT_MARKS)
+    opens = len(marks) - marks.count(b",")
+    return opens <= bounds.max_depth and len(marks) <= bounds.max_elements
 
 
 def measure(raw: bytes | str, bounds: JsonBounds | None = None) -> JsonShape:
