@@ -163,13 +163,11 @@ async def image_flood(srv: Srv, key: str, png: bytes, every_s: float, stop: asyn
         await reader
 
 
-@pytest.mark.timeout(300)
-async def test_one_keys_40_megapixel_images_leave_another_keys_captions_live(srv: Srv) -> None:
-    """The old server (serve --workers) decoded four streams' blank 6300x6300 PNGs (131 KB, 40 MP) every 0.25 s:
-    B's first caption came 33.5 s late and B was then closed. Now the key's pictures are paid by their pixels
-    (limits.max_key_pixels_per_s) before they are decoded."""
-    a, _ = srv.new_key("image-attacker")
-    b, _ = srv.new_key("honest-images")
+async def image_attack(srv: Srv, name: str) -> tuple[list[float], set[Any]]:
+    """Attack 3: four streams of key A send a blank 6300x6300 PNG (131 KB, 40 MP) every 0.25 s while key B
+    streams speech at real time: (B's caption lateness, the error codes A was sent)."""
+    a, _ = srv.new_key(f"image-attacker-{name}")
+    b, _ = srv.new_key(f"honest-images-{name}")
     png = blank_png(6300)
     stop = asyncio.Event()
     seen: list[list[dict[str, Any]]] = [[], [], [], []]
@@ -180,10 +178,37 @@ async def test_one_keys_40_megapixel_images_leave_another_keys_captions_live(srv
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*floods), 60)
+    return beside, {e.get("code") for events in seen for e in events if e["type"] == "error"}
+
+
+@pytest.mark.timeout(300)
+async def test_one_keys_40_megapixel_images_leave_another_keys_captions_live(srv: Srv) -> None:
+    """The old server (serve --workers) decoded four streams' blank 6300x6300 PNGs (131 KB, 40 MP) every 0.25 s:
+    B's first caption came 33.5 s late and B was then closed. Now the key's pictures are paid by their pixels
+    (limits.max_key_pixels_per_s) before they are decoded."""
+    beside, codes = await image_attack(srv, "one")
     print(f"B's caption lateness beside A's four 40 MP image floods {beside}")
     assert len(beside) >= len(SENTENCES) - 1 and max(beside) < LATE_S, beside
-    codes = {e.get("code") for events in seen for e in events if e["type"] == "error"}
     assert "pictures_paced" in codes, codes  # A was paced, and told
+
+
+@pytest.mark.timeout(300)
+async def test_one_keys_40_megapixel_images_leave_another_keys_captions_live_under_workers(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Attack 3 under ``serve --workers 2``: a picture decoded in a stream worker went to the model process as
+    ~120 MB of RGB, copied on both sides' event loops, every other stream's model replies behind it. Now it
+    crosses at the size OCR reads it (serving/shard/pictures.py: 1984x1984, 11.8 MB), and each worker paces the
+    key at 1/N of its pixel budget (with a whole budget per worker B's captions once came 10 s late)."""
+    state = tmp_path_factory.mktemp("fair-keys-workers")
+    admin = admin_key(state)
+    url, proc = start_server(state, "--workers", "2")
+    try:
+        beside, codes = await image_attack(Srv(url, proc, state, admin), "workers")
+    finally:
+        stop_server(proc)
+    print(f"B's caption lateness beside A's four 40 MP image floods, serve --workers 2: {beside}")
+    assert len(beside) >= len(SENTENCES) - 1 and max(beside) < LATE_S, beside
+    assert "pictures_paced" in codes, codes
 
 
 @pytest.mark.timeout(240)
@@ -268,6 +293,39 @@ async def test_a_body_of_plain_lists_is_refused_and_healthz_stays_quick(srv: Srv
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_parameter", r.text
         assert "without a JSON object" in r.json()["error"]["message"]
     assert slowest < 1.5
+
+
+@pytest.mark.timeout(240)
+async def test_bodies_and_messages_nested_deep_or_of_millions_of_elements_are_refused_before_parsing(
+        srv: Srv) -> None:
+    """16 MiB of ``[{"a":[{"a":...`` to a landmark route, four 4 MiB stream messages of ``[],[],...`` (0.4 s of parsing
+    each on the event loop before): each refused as too_large (json_bounds.py), /healthz quick beside them."""
+    import httpx
+
+    a, _ = srv.new_key("nesting-attacker")
+    auth = {"Authorization": f"Bearer {a}", "Content-Type": "application/json"}
+
+    async def stream_lists() -> tuple[list[dict[str, Any]], int | None]:
+        ws, _ = await opened(srv.ws, a, start(["text"], target_langs=["es"]))
+        await ws.send("[" + "[]," * (4 * 1024 * 1024 // 3 - 2) + "[]]")
+        return await ending(ws)
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        vid = (await client.post(srv.url + "/v1/vocabularies", headers=auth,
+                                 content=b'{"kind": "sign"}')).json()["vocabulary_id"]
+        deep = b'[{"a":' * ((16 * (1 << 20) - 1024) // 6)  # objects all along: the landmark run check passes it
+        work = asyncio.gather(*[client.post(f"{srv.url}/v1/vocabularies/{vid}/examples", headers=auth, content=deep)
+                                for _ in range(2)], *[stream_lists() for _ in range(4)])
+        t = time.monotonic()
+        answers, slowest = await healthz_while(srv, work)
+        took = time.monotonic() - t
+    print(f"/healthz slowest {slowest:.3f} s beside two 16 MiB bodies nested 2.8 million deep and four 4 MiB "
+          f"stream messages of lists (all refused in {took:.2f} s)")
+    for r in answers[:2]:
+        assert r.status_code == 413 and r.json()["error"]["details"]["limit"] == "max_json_depth", r.text
+    for events, code in answers[2:]:
+        assert code == 4413 and events[-1]["details"]["limit"] == "max_json_elements", events
+    assert slowest < 1.0
 
 
 @pytest.mark.timeout(240)

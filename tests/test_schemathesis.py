@@ -265,7 +265,7 @@ def test_operation(api: Api, method: str, path: str, mode: str) -> None:
     ("POST", "/v1/keys", {"json": {"scopes": 5}}, 400),  # TypeError: int object is not iterable
     ("POST", "/v1/glossaries", {"data": {"terms": "a\rb,c\n"}}, 400),  # csv.Error: new-line in unquoted field
     ("POST", "/v1/glossaries", {"files": {"file": ("g.csv", b"a" * 200_000 + b",b\n")}}, 400),  # field limit
-    ("POST", "/v1/glossaries", {"files": {"file": ("g.json", b"[" * 100_000)}}, 400),  # RecursionError
+    ("POST", "/v1/glossaries", {"files": {"file": ("g.json", b"[" * 100_000)}}, 413),  # was RecursionError
     ("POST", "/v1/translate", {"data": {"source_modality": "text", "target_lang": "es"},  # UnicodeDecodeError
                                "files": {"file": ("t.txt", b"hello. " * 1000 + b"\xff")}}, 415),
 ], ids=["scopes-number", "glossary-cr", "glossary-huge-field", "glossary-deep-json", "text-file-bad-utf8"])

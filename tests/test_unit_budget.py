@@ -91,3 +91,59 @@ def test_a_pictures_header_gives_its_pixels_without_decoding_it() -> None:
     Image.new("L", (6300, 6300)).save(buf, "PNG")
     assert image_pixels(buf.getvalue()) == 6300 * 6300
     assert image_pixels(b"not an image") == 0  # decoding then says why
+
+
+async def test_paying_charges_tells_once_and_waits_out_exactly_the_debt() -> None:
+    """stream/budget.py pay: the audio ingest and the pictures both pay through it."""
+    from lingua_fusion.stream.budget import pay
+    from lingua_fusion.stream.events import Error
+
+    clock = Clock()
+    budget = AudioBudget(speed=4.0, burst_s=30.0, clock=clock)
+    told: list[Error] = []
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+        clock.t += s
+
+    await pay(budget, 30.0, told.append, sleep)  # the burst at once: no wait, nothing said
+    assert slept == [] and told == []
+    for _ in range(3):
+        await pay(budget, 10.0, told.append, sleep)  # each 10 s at 4x: 2.5 s of debt, waited out
+    assert slept == pytest.approx([2.5, 2.5, 2.5])
+    assert [e.code for e in told] == [PACED_CODE]  # told once
+    with pytest.raises(TooLarge):
+        await pay(budget, 31.0, told.append, sleep)  # over the burst: refused before anything is waited
+    assert len(slept) == 3
+
+
+async def test_a_keys_pictures_are_paid_through_the_same_function() -> None:
+    from lingua_fusion.config import LimitSettings
+    from lingua_fusion.stream.budget import pay, pixel_budget
+    from lingua_fusion.stream.events import Error
+
+    clock = Clock()
+    budget = pixel_budget(LimitSettings(max_key_pixels_per_s=16e6, max_image_pixels=40_000_000), clock)
+    told: list[Error] = []
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    await pay(budget, 40e6, told.append, sleep)
+    await pay(budget, 40e6, told.append, sleep)
+    assert slept == pytest.approx([2.5]) and [e.code for e in told] == ["pictures_paced"]
+
+
+def test_a_keys_pixel_budget_is_shared_out_over_the_workers() -> None:
+    """serve --workers N: each worker paces a key's streams there at 1/N of limits.max_key_pixels_per_s, so the
+    key's streams together stay within it wherever they land (api/workers.py shared_out)."""
+    from lingua_fusion.api.workers import shared_out
+    from lingua_fusion.config import Settings
+
+    s = Settings()
+    s.limits.max_key_pixels_per_s = 16e6
+    each = shared_out(s, workers=2, model_processes=1)
+    assert each.limits.max_key_pixels_per_s == 8e6 and s.limits.max_key_pixels_per_s == 16e6
+    assert shared_out(s, workers=4, model_processes=2).models.gpu_memory_share == s.models.gpu_memory_share / 2

@@ -73,12 +73,19 @@ class LimitSettings(BaseModel):
     max_audio_speed: float = Field(default=4.0, gt=0)
     # ... in bursts of at most this many audio seconds, which is also the most one message may carry (413 too_large)
     max_audio_burst_s: float = Field(default=30.0, gt=0)
-    # pixels of images and video frames one key's streams may have decoded per second, together (beyond: reads wait)
+    # pixels of images and video frames one key's streams may have decoded per second, together (beyond: reads wait;
+    # serve --workers N: each worker paces the key's streams there at 1/N of it)
     max_key_pixels_per_s: float = Field(default=16_000_000.0, gt=0)
     max_glossary_terms: int = 5_000  # terms in one glossary at most
     max_glossary_bytes: int = 2_000_000  # a glossary upload's size at most
     max_glossaries_per_key: int = 100  # glossaries one key may keep (403 quota_exceeded)
     max_json_bytes: int = 64 * 1024  # JSON bodies (/v1/keys, /v1/admin/faults) and any body of other routes
+    # every JSON body, stream message and glossary file, measured before it is parsed (json_bounds.py; 413
+    # too_large): containers open at once at most (landmark JSON nests 7 deep) ...
+    max_json_depth: int = Field(default=64, ge=1)
+    # ... and elements at most (the [, { and , outside strings: about the values); the landmark routes take
+    # vision.max_json_elements. 4 MiB of [],[],... is 2.8 million, 0.4 s of parsing holding the interpreter lock
+    max_json_elements: int = Field(default=100_000, ge=1)
     max_listener_tokens_per_room: int = Field(default=10_000, ge=1)  # more: quota_exceeded
 
 
@@ -207,6 +214,9 @@ class VisionSettings(BaseModel):
     max_vocabularies_per_key: int = Field(default=20, ge=1)  # sign / lip vocabularies one key may keep
     max_examples_per_vocabulary: int = Field(default=500, ge=1)  # examples one vocabulary may hold
     max_vocabulary_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # a JSON body (examples, import)
+    # elements in such a body at most (limits.max_json_elements elsewhere): 16 MiB of landmark frames as written by
+    # LandmarkSeq.iter_json (5 decimals, compact) measured 2.8 million; one example of 2,000 frames is 0.7 million
+    max_json_elements: int = Field(default=4_000_000, ge=1)
     max_vocabulary_bytes_per_key: int = Field(default=256 * 1024 * 1024, ge=1024)  # stored landmark JSON, all vocabs
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from . import agreement, strict_json
 from .deadline import Deadline
 from .errors import InvalidParameter, TooLarge
+from .json_bounds import JsonBounds
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class Term:
     target: str
 
 
-def parse(data: bytes, *, max_terms: int, filename: str = "") -> list[Term]:
+def parse(data: bytes, *, max_terms: int, filename: str = "", bounds: JsonBounds | None = None) -> list[Term]:
+    """The terms of a CSV or JSON glossary (JSON past ``bounds`` is refused before it is parsed: TooLarge)."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -36,7 +38,7 @@ def parse(data: bytes, *, max_terms: int, filename: str = "") -> list[Term]:
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")) or filename.endswith(".json"):
         try:
-            obj = strict_json.loads(text)  # a lone surrogate would reach SQLite and the model wire
+            obj = strict_json.loads(text, bounds)  # a lone surrogate would reach SQLite and the model wire
         except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
             raise InvalidParameter(f"glossary JSON is invalid: {exc}") from exc
         if isinstance(obj, dict) and "terms" in obj:

@@ -9,6 +9,9 @@ Two things Python's ``json.loads`` accepts that are not text a server can keep:
 
 Both raise ``ValueError`` here, which every caller already maps to ``invalid_parameter``. A surrogate *pair*
 (``"\\ud83d\\ude00"``) is one character and passes.
+
+Given ``bounds``, the text is measured before it is parsed (json_bounds.py): deeper or with more elements than
+they allow is a ``TooLarge`` (413), and nothing is parsed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+
+from .json_bounds import JsonBounds, check
 
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -25,9 +30,11 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def loads(raw: str | bytes) -> Any:
+def loads(raw: str | bytes, bounds: JsonBounds | None = None) -> Any:
     """``json.loads`` that refuses NaN / Infinity and lone surrogates (``ValueError``; ``RecursionError`` on
-    nesting too deep, as ``json.loads``)."""
+    nesting too deep, as ``json.loads``) and, given ``bounds``, a text past them before parsing (``TooLarge``)."""
+    if bounds is not None:
+        check(raw, bounds)
     obj = json.loads(raw, parse_constant=_not_json)
     escaped = _SURROGATE_BYTES.search(raw) if isinstance(raw, bytes) else _SURROGATE.search(raw)
     if escaped is not None:  # rare: only then is the whole value checked

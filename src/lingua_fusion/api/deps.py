@@ -18,6 +18,7 @@ from .. import strict_json
 from ..config import Settings
 from ..errors import AuthenticationError, InvalidParameter, TooLarge, UnsupportedContentType
 from ..files import FileTranslator
+from ..json_bounds import JsonBounds, bounds_of
 from ..observability import Metrics
 from ..state.sqlite import ApiKey, SQLiteStore
 from .admission import Admission
@@ -127,11 +128,13 @@ def check_json_type(request: Request) -> None:
                                      f"(not {_content_type(request) or 'none'})")
 
 
-def parse_json(body: bytes, loads: Callable[[bytes], Any] = strict_json.loads) -> Any:
-    """``loads(body)``, strictly: not JSON, nesting deep enough to exhaust the parser (RecursionError, a 500
-    before), NaN / Infinity or lone surrogates are InvalidParameter (400)."""
+def parse_json(body: bytes, bounds: JsonBounds,
+               loads: Callable[[bytes, JsonBounds], Any] = strict_json.loads) -> Any:
+    """``loads(body, bounds)``, strictly: not JSON, nesting deep enough to exhaust the parser (RecursionError, a 500
+    before), NaN / Infinity or lone surrogates are InvalidParameter (400); past ``bounds`` (depth, elements:
+    json_bounds.py), measured before parsing, TooLarge (413)."""
     try:
-        return loads(body)
+        return loads(body, bounds)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise InvalidParameter("the body is not valid JSON") from exc
 
@@ -142,7 +145,7 @@ async def require_json(request: Request) -> None:
     after a CORS preflight, which this server never grants. The body is parsed here once, strictly
     (``parse_json``); the route's own ``request.json()`` then parses what passed."""
     check_json_type(request)
-    parse_json(await request.body())
+    parse_json(await request.body(), bounds_of(context(request).settings))
 
 
 JsonBody = Depends(require_json)

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from .. import glossary as glossary_mod
 from .. import langs
 from ..errors import EmptyInput, QuotaExceeded, TooLarge
+from ..json_bounds import bounds_of
 from . import spec
 from .deps import TranslateKey, context, read_form
 
@@ -38,7 +39,8 @@ async def upload_glossary(request: Request, key: TranslateKey) -> JSONResponse:
                        details={"limit": "max_glossary_bytes"})
     if not raw.strip():
         raise EmptyInput("send a glossary 'file' (CSV or JSON) or a 'terms' field")
-    terms = glossary_mod.parse(raw, max_terms=limits.max_glossary_terms, filename=filename)
+    terms = glossary_mod.parse(raw, max_terms=limits.max_glossary_terms, filename=filename,
+                               bounds=bounds_of(ctx.settings))
     src = form.get("source_lang")
     tgt = form.get("target_lang")
     gid = ctx.store.put_glossary(key.key_id, str(form.get("name") or filename or "glossary"), terms,

@@ -35,9 +35,9 @@ from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
-from .. import strict_json
 from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, NotFound, TooLarge, from_code
+from ..json_bounds import bounds_of
 from ..stream.budget import check_message
 from ..stream.events import Closed, Error, Final, Partial
 from ..stream.protocol import close_code, parse_start
@@ -48,7 +48,7 @@ from .handshake import offered_secret
 from .openai_compat import error_type, openai_error, realtime_model
 from .openai_realtime_audio import Converter
 from .openai_realtime_events import BETA, GA, SessionConfig
-from .ws import _Rate
+from .ws import _Rate, parse_message
 
 log = logging.getLogger("lingua_fusion.api")
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
@@ -168,11 +168,10 @@ class Transcription:
         """One client event; a bad one is answered with an ``error`` event and the session goes on."""
         event_id = None
         try:
-            try:  # strictly: a lone surrogate parsed here failed at the echo of the event (1011, a traceback)
-                msg = strict_json.loads(text)
-            except (ValueError, RecursionError) as exc:
-                raise InvalidParameter("client events are JSON objects, strictly: no NaN / Infinity, no lone "
-                                       "UTF-16 surrogate (\\ud800-\\udfff) in a string") from exc
+            # strictly: a lone surrogate parsed here failed at the echo of the event (1011, a traceback); too
+            # deep or too many elements is a too_large error event, measured before parsing (json_bounds.py)
+            msg = await parse_message(text, "client events are JSON objects, strictly: no NaN / Infinity, no lone "
+                                      "UTF-16 surrogate (\\ud800-\\udfff) in a string", bounds_of(self.settings))
             if not isinstance(msg, dict):
                 raise InvalidParameter("client events are JSON objects")
             event_id = msg.get("event_id") if isinstance(msg.get("event_id"), str) else None

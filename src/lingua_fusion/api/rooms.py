@@ -32,6 +32,7 @@ from starlette.datastructures import QueryParams
 from .. import strict_json
 from ..config import Settings
 from ..errors import InvalidParameter, LinguaFusionError, SlowConsumer, UnsupportedContentType
+from ..json_bounds import bounds_of
 from ..models.registry import Registry
 from ..observability import Metrics
 from ..rooms.directory import RoomLimits
@@ -42,7 +43,7 @@ from ..rooms.service import RoomService, open_rooms
 from ..stream.events import error_event
 from ..stream.protocol import close_code
 from . import spec
-from .deps import TranslateKey, flag
+from .deps import TranslateKey, context, flag
 from .handshake import offered_secret
 
 log = logging.getLogger("lingua_fusion.api")
@@ -141,7 +142,8 @@ async def _optional_json(request: Request) -> dict[str, Any]:
     if ctype != "application/json":
         raise UnsupportedContentType("this route takes a JSON body: send 'Content-Type: application/json'")
     try:
-        body = strict_json.loads(raw)  # NaN / Infinity and lone surrogates are not JSON either
+        # NaN / Infinity and lone surrogates are not JSON either; too deep or too many elements: 413 before parsing
+        body = strict_json.loads(raw, bounds_of(context(request).settings))
     except (ValueError, RecursionError) as exc:
         raise InvalidParameter("the body is not valid JSON") from exc
     if not isinstance(body, dict):

@@ -30,6 +30,7 @@ from ..config import Settings
 from ..deadline import Deadline
 from ..errors import EmptyInput, InvalidParameter, TooLarge
 from ..files import FileRequest
+from ..json_bounds import landmark_bounds
 from ..vision import bigjson
 from ..vision.landmarks import LandmarkSeq
 from ..vision.service import VisionService, recognition_body
@@ -101,7 +102,8 @@ def _vision(request: Request) -> VisionService:
 async def _json(request: Request) -> Any:
     """The JSON body, parsed once and strictly (as ``deps.require_json``), on a worker thread."""
     check_json_type(request)
-    return await asyncio.to_thread(parse_json, await request.body(), bigjson.loads)
+    bounds = landmark_bounds(_vision(request).settings)
+    return await asyncio.to_thread(parse_json, await request.body(), bounds, bigjson.loads)
 
 
 def closed(body: Any, fields: frozenset[str], what: str) -> dict[str, Any]:

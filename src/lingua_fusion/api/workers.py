@@ -18,6 +18,8 @@ default), supervised.
 - SIGTERM / SIGINT: the workers drain (finals logged and sent, clients told to reconnect), then the model process
   ends. A SIGTERM to the whole process group reaches the model processes at once: each serves its workers' drain
   until they hang up (model_process.py ``ModelServer.drain``).
+- A key's pixel budget (``limits.max_key_pixels_per_s``) is shared out: each worker paces the key's streams there
+  at 1/N of it.
 - /metrics on any worker sums every process (serving/shard/metrics.py).
 - Stream tickets (``POST /v1/stream-tickets``) are kept in the run directory, shared: any worker redeems them
   (api/shared_tickets.py).
@@ -154,14 +156,25 @@ def sweep_stale_run_dirs() -> list[str]:
     return removed
 
 
+def shared_out(settings: Settings, workers: int, model_processes: int) -> Settings:
+    """The settings each process is started with: what is one machine's or one key's, divided among them."""
+    out = settings.model_copy(deep=True)
+    m = out.models
+    m.gpu_memory_share /= model_processes  # each engine's share of the pools' memory
+    m.asr_threads = max(1, m.asr_threads // model_processes)  # ... and of the cores for CPU models
+    # a key's pixel budget (stream/budget.py) is kept by each worker for the key's streams there: each gets 1/N, so
+    # that the key's streams together, wherever they land, decode at most limits.max_key_pixels_per_s (with a full
+    # rate per worker, a key's four image floods on two workers had twice the OCR of one process, and another
+    # key's captions came 10 s late on the 2-core machine)
+    out.limits.max_key_pixels_per_s /= workers
+    return out
+
+
 class Supervisor:
     def __init__(self, settings: Settings, workers: int, log_level: str = "info", model_processes: int = 1) -> None:
         if not 1 <= model_processes <= workers:
             raise ValueError("model processes must be between 1 and the number of workers")
-        self.settings = settings.model_copy(deep=True)
-        m = self.settings.models
-        m.gpu_memory_share /= model_processes  # each engine's share of the pools' memory
-        m.asr_threads = max(1, m.asr_threads // model_processes)  # ... and of the cores for CPU models
+        self.settings = shared_out(settings, workers, model_processes)
         self.n = workers
         self.log_level = log_level
         sweep_stale_run_dirs()

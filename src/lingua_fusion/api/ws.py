@@ -7,7 +7,9 @@ The key is checked at the handshake, before any message is read: from ``Authoriz
 cannot set headers on a WebSocket) from the subprotocol list ``["linguafusion", "bearer.<key>"]``, which keeps the
 key out of URLs and access logs; or a single-use ``?ticket=`` from ``POST /v1/stream-tickets`` (api/tickets.py);
 ``?api_key=`` still works and is masked in the logs (redact.py). Messages over
-``server.max_ws_message_bytes`` are refused by the WebSocket layer itself (close 1009) before they are buffered.
+``server.max_ws_message_bytes`` are refused by the WebSocket layer itself (close 1009) before they are buffered; a
+text message is measured before it is parsed (``limits.max_json_depth`` / ``max_json_elements``: 4413 too_large),
+on a worker thread when it is over ``OFF_LOOP_CHARS``.
 Whatever a client sends ends in an error event and/or a close code, never in an unhandled exception.
 """
 
@@ -27,6 +29,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from .. import strict_json
 from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge
+from ..json_bounds import JsonBounds, bounds_of
 from ..stream.events import Event, error_event
 from ..stream.protocol import MAX_START_BYTES, close_code
 from ..stream.service import Principal, StreamService
@@ -37,6 +40,7 @@ from .tickets import is_ticket
 log = logging.getLogger("lingua_fusion.api")
 SUBPROTOCOL = "linguafusion"  # offered with "bearer.<key>"; the server answers with this one, never the key
 BEARER = "bearer."
+OFF_LOOP_CHARS = 64 * 1024  # a longer text message is measured and parsed on a worker thread
 REFUSE_WAIT_S = 2.0  # a refused client's first message is awaited this long (and dropped) before the close
 
 
@@ -126,17 +130,25 @@ async def _start(ws: WebSocket, settings: Settings) -> dict[str, Any]:
         raise InvalidParameter("the first message must be the JSON start message, not binary data")
     if len(raw) > MAX_START_BYTES:
         raise TooLarge("start message too large")
-    msg = _json(raw, "the start message must be JSON")
+    msg = _json(raw, "the start message must be JSON", bounds_of(settings))
     if not isinstance(msg, dict):
         raise InvalidParameter("the start message must be a JSON object")
     return msg
 
 
-def _json(raw: str, message: str) -> Any:
+def _json(raw: str, message: str, bounds: JsonBounds) -> Any:
     try:  # NaN / Infinity and lone surrogates: refused like any other malformed text (strict_json.py)
-        return strict_json.loads(raw)
+        return strict_json.loads(raw, bounds)  # too deep, too many elements: TooLarge before parsing
     except (ValueError, RecursionError) as exc:
         raise InvalidParameter(message) from exc
+
+
+async def parse_message(raw: str, message: str, bounds: JsonBounds) -> Any:
+    """``_json``, on a worker thread for a long message: the measuring is numpy (it lets the loop run) and what
+    is then parsed is bounded in elements."""
+    if len(raw) <= OFF_LOOP_CHARS:
+        return _json(raw, message, bounds)
+    return await asyncio.to_thread(_json, raw, message, bounds)
 
 
 async def _send(ws: WebSocket, event: Event) -> None:
@@ -174,6 +186,7 @@ class _Rate:
 async def _read(ws: WebSocket, session: StreamSession, settings: Settings) -> None:
     idle, max_bytes = settings.server.stream_idle_timeout_s, settings.server.max_ws_message_bytes
     rate = _Rate(settings.server.max_ws_messages_per_s)
+    bounds = bounds_of(settings)
     while True:
         msg = await asyncio.wait_for(ws.receive(), timeout=idle)
         if not rate.take():
@@ -186,7 +199,7 @@ async def _read(ws: WebSocket, session: StreamSession, settings: Settings) -> No
         text = msg.get("text") or ""
         if len(data if data is not None else text) > max_bytes:
             raise TooLarge(f"message over {max_bytes} bytes")
-        m = None if data is not None else _message(text)  # a malformed message ends the stream (4400)
+        m = None if data is not None else await _message(text, bounds)  # malformed: the stream ends (4400)
         if m is not None and m.get("type") == "end":
             await session.end()
             return
@@ -204,8 +217,8 @@ async def _read(ws: WebSocket, session: StreamSession, settings: Settings) -> No
             session.notify(error_event(exc))
 
 
-def _message(text: str) -> dict[str, Any]:
-    m = _json(text, "messages must be JSON objects or binary PCM16 audio")
+async def _message(text: str, bounds: JsonBounds) -> dict[str, Any]:
+    m = await parse_message(text, "messages must be JSON objects or binary PCM16 audio", bounds)
     if not isinstance(m, dict):
         m = {"type": None}  # an unknown message: an error event, the stream goes on
     return m  # its ts is checked by the session (stream/protocol.py check_ts), for in-process streams too

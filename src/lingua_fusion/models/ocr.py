@@ -10,6 +10,9 @@ from ..errors import BackendError
 from .base import BackendInfo, OCRLine
 
 TESSDATA = "/usr/share/tesseract-ocr/5/tessdata/"
+# RapidOCR's Global.max_side_len: a picture with a longer side is resized to this (each side then rounded to a
+# multiple of 32) before its detector and recogniser see it; both read that picture, the recogniser's crops too
+READ_SIDE = 2000
 TESS_LANG = {"en": "eng", "zh": "chi_sim", "es": "spa", "fr": "fra", "de": "deu", "pt": "por", "ca": "cat"}
 
 
@@ -21,6 +24,7 @@ class RapidOCRBackend:
         from rapidocr import RapidOCR
 
         self._engine = RapidOCR(params={"Det.limit_type": "max", "Det.limit_side_len": 960,
+                                        "Global.max_side_len": READ_SIDE,
                                         "Global.use_cls": False, "Global.log_level": "error"})
         self._lock = threading.Lock()
 
@@ -89,3 +93,29 @@ def sort_reading_order(lines: list[OCRLine]) -> list[OCRLine]:
     heights = [max(1.0, ln.box[3] - ln.box[1]) for ln in lines]
     tol = float(np.median(heights)) * 0.5
     return sorted(lines, key=lambda ln: (round(ln.box[1] / tol) if tol else ln.box[1], ln.box[0]))
+
+
+def read_size(width: int, height: int, side: int = READ_SIDE) -> tuple[int, int] | None:
+    """(width, height) RapidOCR resizes a picture of this size to before reading it (its ``reduce_max_side``, step
+    for step: the longer side to ``side``, each side rounded to a multiple of 32); None when it reads the picture as
+    it is (the longer side within ``side``, or a size it could not resize)."""
+    if max(height, width) <= side:
+        return None
+    ratio = float(side) / height if height > width else float(side) / width
+    new_h, new_w = int(round(int(height * ratio) / 32) * 32), int(round(int(width * ratio) / 32) * 32)
+    if new_h <= 0 or new_w <= 0:
+        return None
+    return new_w, new_h
+
+
+def as_read(image: np.ndarray) -> np.ndarray:
+    """``image`` as RapidOCR reads it: resized as its preprocessing does (the same ``cv2.resize``, bilinear), so
+    what it reads from the result is what it would have read from ``image``; ``image`` itself when it is not
+    resized."""
+    size = read_size(image.shape[1], image.shape[0])
+    if size is None:
+        return image
+    import cv2
+
+    return cv2.resize(image, size)
+

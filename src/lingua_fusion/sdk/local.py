@@ -10,6 +10,7 @@ from .. import glossary as glossary_mod
 from ..config import Settings
 from ..errors import InvalidParameter, NotFound
 from ..files import FileRequest, FileTranslator
+from ..json_bounds import bounds_of
 from ..tracing import Tracer, from_settings
 from ..types import TranslationResult
 from ..vision.client import LocalVocabularyMethods
@@ -64,11 +65,13 @@ class LocalTranslator(LocalVocabularyMethods):
             import json
 
             parsed = glossary_mod.parse(json.dumps(terms, ensure_ascii=False).encode("utf-8"),
-                                        max_terms=self.settings.limits.max_glossary_terms, filename="glossary.json")
+                                        max_terms=self.settings.limits.max_glossary_terms, filename="glossary.json",
+                                        bounds=bounds_of(self.settings))
         else:
             p = Path(terms)
             parsed = glossary_mod.parse(read_file(p, "glossary file"),
-                                        max_terms=self.settings.limits.max_glossary_terms, filename=p.name)
+                                        max_terms=self.settings.limits.max_glossary_terms, filename=p.name,
+                                        bounds=bounds_of(self.settings))
         gid = f"local_{len(self._glossaries) + 1}"
         self._glossaries[gid] = parsed
         return gid

@@ -16,12 +16,17 @@ at most one 30 s message's work every 7.5 s per stream.
 Pictures cost by their pixels (decode, the copy to a model process, OCR): each key has one ``PixelBudget`` for all
 its streams (``limits.max_key_pixels_per_s``, 16 MP/s, bursts of one largest image): an image or frame is sized
 from its header and paid before it is decoded; beyond the budget the stream's reads wait.
+
+``pay`` is the one way a stream pays either: charge, tell the client once, wait out the debt (the sleep is passed
+in; the buckets themselves never wait).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..config import LimitSettings
 from ..errors import TooLarge
@@ -116,3 +121,23 @@ def pixel_budget(limits: LimitSettings, clock: Callable[[], float]) -> PixelBudg
     """A key's pixel budget: ``max_key_pixels_per_s``, in bursts of at least one largest image."""
     rate = limits.max_key_pixels_per_s
     return PixelBudget(rate, max(rate, float(limits.max_image_pixels)), clock)
+
+
+class Paced(Protocol):
+    """A budget a stream pays: ``AudioBudget`` or ``PixelBudget``."""
+
+    def charge(self, units: float) -> float: ...
+
+    def notice(self) -> Error | None: ...
+
+
+async def pay(budget: Paced, units: float, emit: Callable[[Error], None],
+              sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
+    """Charge ``units`` to ``budget`` (an ``AudioBudget`` refuses a message over its burst here, ``TooLarge``,
+    before any work); the first time a charge has to wait the stream is told (``emit``, once), and the caller,
+    the stream's reader, waits out the debt here (``sleep``: ``asyncio.sleep``, looked up when it waits)."""
+    wait = budget.charge(units)
+    if (notice := budget.notice()) is not None:
+        emit(notice)
+    if wait > 0:
+        await (sleep or asyncio.sleep)(wait)

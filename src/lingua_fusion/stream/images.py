@@ -14,7 +14,7 @@ import numpy as np
 from ..config import Settings
 from ..errors import BackendError, InvalidParameter, Overloaded
 from ..tracing import TraceRef, span
-from .budget import PixelBudget
+from .budget import PixelBudget, pay
 from .contracts import Degraded, Emit, Slots, Spawn
 from .events import Error, Slide
 from .jobs import StreamJobs
@@ -64,11 +64,7 @@ class Images:
         from ..media.image import image_pixels
 
         pixels = min(await asyncio.to_thread(image_pixels, data), self.settings.limits.max_image_pixels)
-        wait = self.pixels.charge(pixels)
-        if (notice := self.pixels.notice()) is not None:
-            self._emit(notice)
-        if wait > 0:
-            await asyncio.sleep(wait)
+        await pay(self.pixels, pixels, self._emit)
 
     async def feed_image(self, data: bytes, ts: float | None) -> None:
         from ..media import decode_image

@@ -17,7 +17,7 @@ from ..errors import InvalidParameter, LinguaFusionError
 from ..media.stream_decoder import StreamDecoder
 from ..tracing import TraceRef, span
 from ..types import SR
-from .budget import AudioBudget
+from .budget import AudioBudget, pay
 from .contracts import Alive, Emit, Spawn
 from .events import Error, error_event
 from .jobs import StreamJobs
@@ -108,7 +108,7 @@ class AudioIngest:
             return
         if len(data) % 2:
             raise InvalidParameter("PCM16 audio must have an even number of bytes")
-        await self._pay(len(data) / 2 / SR)
+        await pay(self.budget, len(data) / 2 / SR, self._emit)  # too long: refused here; ahead: the reader waits
         await self._ingest(np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0, ts)
 
     async def _pump_decoded(self, decoded: asyncio.Queue[Any]) -> None:
@@ -121,17 +121,8 @@ class AudioIngest:
                 continue
             for piece in range(0, len(item), int(self.budget.burst_s * SR)):  # a decoder's item is paid as it goes
                 chunk = item[piece:piece + int(self.budget.burst_s * SR)]
-                await self._pay(len(chunk) / SR)
+                await pay(self.budget, len(chunk) / SR, self._emit)
                 await self._ingest(chunk, None)
-
-    async def _pay(self, seconds: float) -> None:
-        """The stream's audio budget (stream/budget.py): refused before any work if one message is too long, else
-        the reader waits while the stream is ahead of its allowed speed."""
-        wait = self.budget.charge(seconds)
-        if (notice := self.budget.notice()) is not None:
-            self._emit(notice)
-        if wait > 0:
-            await asyncio.sleep(wait)
 
     async def _ingest(self, samples: np.ndarray, ts: float | None) -> None:
         if not len(samples):  # nothing to place (the timeline ignores it too): no clock, no notice, no VAD

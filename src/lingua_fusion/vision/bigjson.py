@@ -21,7 +21,8 @@ gave the scanner one C call of seconds: ``loads`` refuses, before parsing, a bod
 between two objects (a landmark frame is an object of about 2 KB; an attacker's lists are refused in ~20 ms of
 numpy that lets other threads run).
 
-Both are strict as ``strict_json.loads`` (NaN / Infinity and lone surrogates are a ``ValueError``). Call them off
+Both are strict as ``strict_json.loads`` (NaN / Infinity and lone surrogates are a ``ValueError``; given ``bounds``,
+``loads`` measures the body's depth and elements after the run check and before parsing: json_bounds.py). Call them off
 the event loop (``asyncio.to_thread``); on the loop they block as long as the plain calls.
 """
 
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidParameter
+from ..json_bounds import JsonBounds, check
 from .landmarks import PARTS
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -66,12 +68,15 @@ def longest_run(raw: bytes) -> int:
     return int(max(starts[0], len(raw) - starts[-1], np.diff(starts).max(initial=0)))
 
 
-def loads(raw: bytes) -> Any:
+def loads(raw: bytes, bounds: JsonBounds | None = None) -> Any:
     """The value of a JSON body; ``ValueError`` if it is not strict JSON, ``RecursionError`` if nested too deep,
-    ``InvalidParameter`` if it has a run over ``MAX_RUN_BYTES`` without an object (``longest_run``)."""
+    ``InvalidParameter`` if it has a run over ``MAX_RUN_BYTES`` without an object (``longest_run``), ``TooLarge``
+    if it is past ``bounds``."""
     if len(raw) > MAX_RUN_BYTES and (run := longest_run(raw)) > MAX_RUN_BYTES:
         raise InvalidParameter(f"{run} bytes of the body without a JSON object: landmark bodies are objects (one per "
                                f"frame) at most {MAX_RUN_BYTES} bytes apart", details={"limit": "max_run_bytes"})
+    if bounds is not None:
+        check(raw, bounds)
     obj = json.loads(raw, parse_constant=_not_json, object_hook=_each_object)
     if _SURROGATE.search(raw) is not None:  # rare: only then is every string checked
         try:

@@ -6,10 +6,11 @@ request's future from its reply, and when the connection ends fails every reques
 worker's admitted streams. ``RemotePort`` is one engine's view of it ("batched", or the admin-only "per-stream"
 baseline), with the face the StreamService uses (``run``, ``depth``, ``demand``, ``reserve``, ``release``,
 ``close``):
-- ``run``: tentative work fails at once when the model process is lost (the contract: never retried); committed
-  work is retried (``retries`` times) once the link is back, so a caption in flight when the model process dies is
-  transcribed by its successor, or its final says ``failed``. Every call ends within ``server.request_timeout_s``
-  (``ModelTimeout``), like the in-process executor's.
+- ``run``: a picture for OCR crosses at the size OCR reads it (pictures.py). Tentative work fails at once when
+  the model process is lost (the contract: never retried); committed work is retried (``retries`` times) once the
+  link is back, so a caption in flight when the model process dies is transcribed by its successor, or its final
+  says ``failed``. Every call ends within ``server.request_timeout_s`` (``ModelTimeout``), like the in-process
+  executor's.
 - retries of backend failures inside the model process happen there (Executor.run), not twice.
 - the stage latency of committed work (send -> reply, IPC included) goes to this worker's StageObserver, so each
   worker's SLO breaker hears its own streams.
@@ -37,7 +38,7 @@ from ..faults import Fault
 from ..keys import ModelKey
 from ..ports import FILE_CLASS, CallContext, StageObserver
 from ..scheduler import Demand
-from . import codec
+from . import codec, pictures
 
 log = logging.getLogger("lingua_fusion.serving.shard")
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
@@ -209,6 +210,12 @@ class RemotePort:
         self._depth: dict[ModelKey, int] = {}
 
     async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+        if key.task == "ocr" and pictures.shrinks(self.settings, payload):  # at the size OCR reads (pictures.py)
+            small, scale = await pictures.as_read_off_loop(payload)
+            return pictures.scaled(await self._run(key, small, ctx), scale)
+        return await self._run(key, payload, ctx)
+
+    async def _run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
         msg = {"op": "run", "key": str(key), "mode": self.mode, "payload": payload, "ctx": _ctx_wire(ctx)}
         if ctx.trace is None:  # tracing off: nothing added to the message
             return await self._call(key, msg, ctx)
