@@ -102,8 +102,12 @@ class Final(Event):
     low_confidence: list[str] | None = _opt()  # targets the tiny LLM translated (check them: often wrong)
     untranslated: dict[str, list[str]] | None = _opt()  # per target, words MT left as written (no dictionary)
     replaced: list[list[str]] | None = _opt()  # [heard, lip-read] words the lips replaced (vision/stream_lips.py)
+    # the finals (this one among them, by seq) whose translation was made as one sentence and cut back onto each:
+    # an utterance cut at the maximum length mid-sentence and the one that finished it (stream/sentences.py)
+    sentence: list[int] | None = _opt()
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text | lips: which cursor it moves in the log
+    cut: str = field(default="", metadata=INTERNAL)  # why its utterance ended: pause | length | end (stream/policy.py)
     # what contributed when more than its input did (speech confirmed or changed by lips: ["audio", "lips"])
     modalities: list[str] | None = field(default=None, metadata=INTERNAL)
 

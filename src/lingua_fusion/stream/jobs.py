@@ -78,8 +78,11 @@ class StreamJobs:
             return None
         return Tentative(res.text, res.confidence, translation)
 
-    async def commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float) -> Final | None:
-        """A committed utterance -> its final (unnumbered), or None when it held no words."""
+    async def commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float,
+                     cut: str = "pause") -> Final | None:
+        """A committed utterance -> its final (unnumbered), or None when it held no words. ``cut``: why the policy
+        ended it; one cut at the maximum length (``"length"``) comes back untranslated: its sentence may go on in the
+        next utterance, and the emitter translates them together (stream/sentences.py)."""
         def empty(**kw: Any) -> Final:  # a final over this span with nothing in it but what ``kw`` says
             return Final(start=round(start, 3), end=round(end, 3), source_text="", text="",
                          translations={t: "" for t in self.spec.targets}, wall_ref=wall_ref, **kw)
@@ -105,8 +108,15 @@ class StreamJobs:
                          note=f"speech confidence {res.confidence:.2f} below {self.spec.min_confidence}")
         if fused is not None and "lips" in fused.modalities:  # confirmed, re-ranked or corrected by the lips
             return await self._fused(fused, start, end, wall_ref, asr_ms)
-        return await self.translate(res.text, start, end, confidence=res.confidence, wall_ref=wall_ref,
-                                    asr_ms=asr_ms)
+        if cut == "length":  # heard, not yet translated
+            return Final(start=round(start, 3), end=round(end, 3), source_text=res.text, text="", translations={},
+                         confidence=res.confidence, latency_ms={"asr": round(asr_ms, 1)}, wall_ref=wall_ref,
+                         cut=cut)
+        final = await self.translate(res.text, start, end, confidence=res.confidence, wall_ref=wall_ref,
+                                     asr_ms=asr_ms)
+        if final is not None:
+            final.cut = cut
+        return final
 
     async def _fused(self, fused: Any, start: float, end: float, wall_ref: float, asr_ms: float) -> Final | None:
         """A final from ``vision.fusion.fuse``'s caption, saying which modalities made it (an utterance's span:

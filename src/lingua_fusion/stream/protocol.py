@@ -23,9 +23,9 @@ from ..serving.scheduler import SLO_CLASSES
 from .policy import PolicyConfig
 
 POLICIES = {
-    "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0),
-    "standard": PolicyConfig(step_s=1.0, eou_silence_s=0.4, max_utterance_s=10.0),
-    "batch": PolicyConfig(step_s=3.0, eou_silence_s=0.6, max_utterance_s=15.0),
+    "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0, sentence_hold_s=4.0),
+    "standard": PolicyConfig(step_s=1.0, eou_silence_s=0.4, max_utterance_s=10.0, sentence_hold_s=8.0),
+    "batch": PolicyConfig(step_s=3.0, eou_silence_s=0.6, max_utterance_s=15.0, sentence_hold_s=15.0),
 }
 INPUTS = ("audio", "image", "text", "video")  # what a stream may send (video: frame messages); a stream declares
 # a subset in its start message

@@ -283,8 +283,12 @@ class StreamSession:
 
     def busy(self) -> bool:
         """Committed work not yet sent or not yet logged (a drain waits for it)."""
-        return bool(self._pending.qsize() or (self.journal is not None and self.journal.pending) or any(
-            t.get_name() == "commit" and not t.done() for t in self._tasks))
+        return bool(self._pending.qsize() or self.finals.holding or (self.journal is not None and self.journal.pending)
+                    or any(t.get_name() == "commit" and not t.done() for t in self._tasks))
+
+    def release_held(self) -> None:
+        """The server drains: a caption held for its sentence's end (stream/finals.py) is translated and sent now."""
+        self.finals.release()
 
     def fail(self, error: LinguaFusionError) -> None:
         """Close now, saying why (slow consumer, shed, drain, a lost log): the writer sends ``error``."""
