@@ -47,8 +47,6 @@ def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False)
 
 
 def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
-    script = "Hans" if lang == "zh" else None  # a stream's zh is Simplified (models/transcript_guard.py)
-
     def run(items: list[AsrInput]) -> list[AsrOutput]:
         asr = registry.asr(lang)
         if per_stream:
@@ -59,7 +57,8 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
         else:
             pairs = asr.transcribe_batch([it.audio for it in items], language=lang,
                                          prompts=[it.prompt for it in items])
-        return [AsrOutput(*guard_text(text, conf, script)) for text, conf in pairs]
+        # loops cut; Mandarin as Whisper wrote it: the stream writes it in the script its tag asked for (jobs.py)
+        return [AsrOutput(*guard_text(text, conf, None)) for text, conf in pairs]
 
     return run
 

@@ -177,7 +177,8 @@ class StreamSession:
         self.ingest.start()
         return Ready(stream_id=self.spec.stream_id, resume_token=self.spec.resume_token, slo=self.spec.slo,
                      source_lang=self.spec.source_lang, targets=self.spec.targets, partials=self.spec.partials,
-                     resumed=resumed, max_audio_speed=self.budget.speed, max_audio_burst_s=self.budget.burst_s)
+                     resumed=resumed, max_audio_speed=self.budget.speed, max_audio_burst_s=self.budget.burst_s,
+                     scripts=self.spec.scripts())
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
