@@ -1,6 +1,6 @@
 """A live sentence longer than the longest utterance: a real server, real Piper speech, real Whisper and Apertium.
 
-The commit policy cuts an utterance at ``max_utterance_s`` (6 s for ``interactive``) while the speaker goes on;
+The commit policy cuts an utterance at ``max_utterance_s`` (10 s for ``standard``) while the speaker goes on;
 the caption cut there waits for the next one, and MT translates the two as one sentence (stream/sentences.py).
 """
 
@@ -16,9 +16,10 @@ from lingua_fusion.config import LimitSettings
 from lingua_fusion.media import decode_audio
 from lingua_fusion.sentences import join
 
-# about 9 s of Piper with no comma (Piper pauses at commas, and a pause would end the utterance there)
-LONG = ("When you see your sister at the station tomorrow morning please ask her to bring these things with her "
-        "from the store near the old market on her way home tonight")
+# about 11.5 s of Piper with no comma (Piper pauses at commas, and a pause would end the utterance there)
+LONG = ("When you see your sister and her two children at the main station tomorrow morning before the first "
+        "train leaves for the coast please ask her to bring these things with her from the store near the old "
+        "market on her way back home tonight after work")
 
 
 def _norm(s: str) -> str:
@@ -27,11 +28,11 @@ def _norm(s: str) -> str:
 
 async def test_a_sentence_longer_than_an_utterance_is_translated_as_one_sentence(server: Server) -> None:
     audio, _ = decode_audio(piper_wav(LONG), LimitSettings())
-    assert len(audio) / 16000 > 7.0  # longer than interactive's 6 s utterances, whatever Piper's pace
+    assert len(audio) / 16000 > 10.8  # longer than standard's 10 s utterances, whatever Piper's pace
     pcm = (audio.clip(-1, 1) * 32767).astype("<i2").tobytes()
     t = MultimodalTranslator(api_key=server.key(), base_url=server.url)
     finals: list[dict[str, Any]] = []
-    async with t.stream(["es"], slo="interactive", partials=False) as s:
+    async with t.stream(["es"], slo="standard", partials=False) as s:  # a held caption waits 8 s at most
         await s.send_audio(pcm, ts=0.0)
         await s.end()
         finals = [ev.model_dump() async for ev in s if ev.type == "final"]
