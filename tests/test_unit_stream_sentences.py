@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from fakes import FakePort, drain, session
 
+from lingua_fusion.errors import Overloaded
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrOutput, MtInput
 from lingua_fusion.stream import protocol
@@ -159,3 +160,20 @@ async def test_a_drain_releases_a_held_caption() -> None:
     assert isinstance(first, Final) and first.note is not None and "draining" in first.note
     await s.end()
     await drain(s)
+
+
+@pytest.mark.usefixtures("short_policy")
+async def test_a_held_sentence_whose_translation_fails_still_goes_out_numbered_with_its_words() -> None:
+    said = iter([CUT, REST])
+
+    def answer(key: ModelKey, payload: object) -> AsrOutput | None:
+        if key.task == "mt" and isinstance(payload, MtInput) and payload.text.startswith(CUT):
+            raise Overloaded("full")  # the joined sentence's MT
+        return AsrOutput(next(said, ""), 0.9) if key.task == "asr" else None
+    s = session(FakePort(on_call=answer), spec=StreamSpec(source_lang="en", targets=["es"], partials=False))
+    s.start()
+    await s.feed_audio(_speech(3.0) + _silence(1.0))
+    await s.end()
+    finals = [e for e in await drain(s) if e["type"] == "final"]
+    assert [(f["seq"], f["source_text"], f["failed"]) for f in finals] == [(1, CUT, ["mt:es"]), (2, REST, ["mt:es"])]
+    assert "translation failed" in finals[0]["note"]
