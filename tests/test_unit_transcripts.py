@@ -99,18 +99,24 @@ def test_no_double_spaces_and_by_half(apertium) -> None:  # type: ignore[no-unty
 
 def test_a_sentence_split_across_segments_is_translated_whole(apertium) -> None:  # type: ignore[no-untyped-def]
     from lingua_fusion.config import Settings
+    from lingua_fusion.files.engine import FileCall, OwnEngine
     from lingua_fusion.files.mt import SegmentMT
     from lingua_fusion.models.registry import Registry
 
     registry = Registry(Settings())
-    segs = [seg(0, 3, "I will ask her to bring these"), seg(3.2, 5, "things with her from the store.")]
-    SegmentMT(registry).translate(segs, registry.mt_route("en", "es"), [], {}, sentences=True)
-    joined = " ".join(s.text for s in segs)
-    alone = registry.route_translator(registry.mt_route("en", "es"))(
-        ["I will ask her to bring these things with her from the store."])[0]
-    assert joined == alone  # what the whole sentence gives as text, spread over the two segments
-    assert all(s.text for s in segs)
-    registry.close()
+    engine = OwnEngine(registry, Settings())  # the file path's MT runs on the engine (files/engine.py)
+    try:
+        segs = [seg(0, 3, "I will ask her to bring these"), seg(3.2, 5, "things with her from the store.")]
+        SegmentMT(registry, lambda: engine.link).translate(segs, registry.mt_route("en", "es"), [], {}, FileCall(),
+                                                           sentences=True)
+        joined = " ".join(s.text for s in segs)
+        alone = registry.route_translator(registry.mt_route("en", "es"))(
+            ["I will ask her to bring these things with her from the store."])[0]
+        assert joined == alone  # what the whole sentence gives as text, spread over the two segments
+        assert all(s.text for s in segs)
+    finally:
+        engine.close()
+        registry.close()
 
 
 def test_a_short_clip_with_a_prompt_as_long_as_its_budget_is_decoded() -> None:

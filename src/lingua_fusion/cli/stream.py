@@ -86,6 +86,8 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
 
     data = await asyncio.to_thread(read_media, path)
     client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
+    # the tags go to the server as given (zh-TW asks for Traditional characters); the codes are for printing
+    tags, source_tag = list(targets), source_lang
     targets, source_lang = await asyncio.to_thread(check_request, client, targets, slo, source_lang)
     audio, _info = decode_audio(data, Settings().limits, what=path.name)
     from ..video.stream_source import has_video, video_frames
@@ -97,7 +99,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     if not realtime:
         chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
-    stream = client.stream(targets, source_lang=source_lang, slo=slo, partials=partials,
+    stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials,
                            **({"room": True, "room_targets": [*targets, *(allow or [])]} if room else {}))
     if hasattr(stream, "on_reconnect"):
         stream.on_break = lambda st: console.print(

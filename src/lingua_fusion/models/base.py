@@ -14,6 +14,8 @@ class BackendInfo:
     task: str  # asr | mt | ocr | tts | vad | braille
     languages: tuple[str, ...] = ()
     pairs: tuple[tuple[str, str], ...] = ()
+    # pairs served directly but never as a leg of a pivot (measured as routes of their own only)
+    direct_only: tuple[tuple[str, str], ...] = ()
     licence: str = ""
     quality: str = ""
     low_confidence: bool = False

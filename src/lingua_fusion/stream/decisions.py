@@ -45,7 +45,7 @@ class Decisions:
             self._partial = self._spawn(self._partial_job(audio, d, self._utterance), "partial")
         elif d.kind == "commit":
             audio = self.timeline.view(d.start, d.end).copy()
-            self._queue(self.jobs.commit(audio, d.start, d.end, self.arrivals.of(d.end)))
+            self._queue(self.jobs.commit(audio, d.start, d.end, self.arrivals.of(d.end), d.cut or "pause"))
             self._utterance += 1
             self._last_partial = ""
             self.timeline.consume_s(d.end)

@@ -51,6 +51,7 @@ class Ready(Event):
     listener_token_id: str | None = _opt()  # that token's id: what the owner revokes it by
     max_audio_speed: float | None = _opt()  # the stream's audio budget (stream/budget.py): x real time, averaged
     max_audio_burst_s: float | None = _opt()  # ... in bursts of this many seconds (also the most per message)
+    scripts: dict[str, str] | None = _opt()  # Chinese: the transcript's ("source") and each target's script
 
     def to_wire(self) -> dict[str, Any]:
         out = super().to_wire()
@@ -102,8 +103,13 @@ class Final(Event):
     low_confidence: list[str] | None = _opt()  # targets the tiny LLM translated (check them: often wrong)
     untranslated: dict[str, list[str]] | None = _opt()  # per target, words MT left as written (no dictionary)
     replaced: list[list[str]] | None = _opt()  # [heard, lip-read] words the lips replaced (vision/stream_lips.py)
+    # the finals (this one among them, by seq) whose translation was made as one sentence and cut back onto each:
+    # an utterance cut at the maximum length mid-sentence and the one that finished it (stream/sentences.py)
+    sentence: list[int] | None = _opt()
+    scripts: dict[str, str] | None = _opt()  # Chinese: the script of source_text ("source") and of each target
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text | lips: which cursor it moves in the log
+    cut: str = field(default="", metadata=INTERNAL)  # why its utterance ended: pause | length | end (stream/policy.py)
     # what contributed when more than its input did (speech confirmed or changed by lips: ["audio", "lips"])
     modalities: list[str] | None = field(default=None, metadata=INTERNAL)
 

@@ -1,23 +1,41 @@
 """A stream's finals, in input order: commit jobs are queued (bounded: too many pending closes the stream) and
 awaited one by one; each final is numbered 1, 2, 3, ... with no gaps, logged (stream/journal.py), timed, sent with
-its metrics, then spoken when the stream asked for speech."""
+its metrics, then spoken when the stream asked for speech.
+
+A final cut at the maximum utterance length is held for the next one, which may finish its sentence: the two are
+translated as one text and go out together (stream/sentences.py decides). A hold lasts until the next job is done,
+at most the class's ``sentence_hold_s``; the end of the stream or ``release`` (a drain) ends it at once. Nothing is
+logged before it is sent, so a held final lost with the process is captioned again on resume (its audio is after
+``committed_until``)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..errors import LinguaFusionError, Overloaded, StoreUnavailable
+from ..sentences import join
 from ..tracing import TraceRef, span
+from . import sentences
 from .contracts import Emit, Spawn
 from .events import Error, Final, Metrics, Speech
 from .jobs import StreamJobs
 from .journal import Journal
 from .protocol import StreamSpec
 from .timeline import AudioTimeline
+
+
+class Mark(enum.Enum):
+    END = "end"  # no more jobs
+    LATE = "late"  # the next job was not done in time (or a hold was released): it stays first in line
+
+
+Result = Final | Error | None  # what a job comes to: its final, its error, or nothing said
+Job = asyncio.Task[Final | None]
 
 
 class Finals:
@@ -33,8 +51,13 @@ class Finals:
         self._emit = emit
         self._spawn = spawn
         self.trace = trace
-        self.pending: asyncio.Queue[asyncio.Task[Final | None] | None] = asyncio.Queue(maxsize=64)
+        self.pending: asyncio.Queue[Job | None] = asyncio.Queue(maxsize=64)
         self.seq = 0
+        self.holding = False  # a final waits for the next one to finish its sentence
+        self._ahead: Job | None = None  # taken from ``pending`` and not done in time: first in line
+        self._back: Result = None  # a result taken that was not the held sentence's end: first in line
+        self._ended = False  # the end was taken from ``pending``
+        self._released = asyncio.Event()
 
     def queue(self, job: Coroutine[Any, Any, Final | None]) -> None:
         task = self._spawn(job, "commit")
@@ -52,23 +75,103 @@ class Finals:
         """No more jobs: ``run`` returns once the queued ones are sent."""
         await self.pending.put(None)
 
+    def release(self) -> None:
+        """Hold no final any longer (the server drains): a held one is translated as it stands and sent."""
+        self._released.set()
+
     async def run(self, drain_timeout_s: float) -> int:
         """Send every queued job's final until ``end``; then wait for the log (at most ``drain_timeout_s``).
         Returns how many finals were sent but not logged."""
-        while True:
-            job = await self.pending.get()
-            if job is None:
-                break
-            try:
-                final = await job
-            except LinguaFusionError as exc:
-                self._emit(Error(exc.code, exc.public_message))
-                continue
-            if final is not None:
-                await self._send(final)
+        while (item := await self._take()) is not Mark.END:
+            if isinstance(item, Error):
+                self._emit(item)
+            elif isinstance(item, Final):
+                group, base = await self._whole(item), self.seq
+                for final in group:
+                    if len(group) > 1:
+                        final.sentence = list(range(base + 1, base + 1 + len(group)))
+                    await self._send(final)
         if self.journal is None:
             return 0
         return await self.journal.finish(drain_timeout_s)
+
+    async def _take(self, wait_s: float | None = None) -> Result | Mark:
+        """The next job's result, in input order; END when there are no more jobs. With ``wait_s``: LATE when it
+        is not done within that, or a hold is released first (it stays first in line)."""
+        if self._back is not None:
+            back, self._back = self._back, None
+            return back
+        loop = asyncio.get_running_loop()
+        until = None if wait_s is None else loop.time() + wait_s
+        if self._ahead is None and not self._ended:
+            if until is None:
+                self._ahead = await self.pending.get()
+            else:
+                getter = asyncio.ensure_future(self.pending.get())
+                if not await self._within(getter, until):
+                    getter.cancel()  # the queue keeps an item that came meanwhile
+                    return Mark.LATE
+                self._ahead = getter.result()
+            self._ended = self._ahead is None
+        job = self._ahead
+        if job is None:
+            return Mark.END
+        if until is not None and not await self._within(job, until):
+            return Mark.LATE
+        self._ahead = None
+        try:
+            return await job
+        except LinguaFusionError as exc:
+            return Error(exc.code, exc.public_message)
+
+    async def _within(self, fut: asyncio.Future[Any], until: float) -> bool:
+        """Is ``fut`` done by loop time ``until``, and before a ``release``?"""
+        released = asyncio.ensure_future(self._released.wait())
+        try:
+            await asyncio.wait({fut, released}, timeout=max(0.0, until - asyncio.get_running_loop().time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            released.cancel()
+        return fut.done()
+
+    async def _whole(self, first: Final) -> list[Final]:
+        """``first``, and when it was cut at the length limit, the next final if that one goes on with its
+        sentence, translated together (stream/sentences.py); a result that does not join stays first in line."""
+        group, heard = [first], [sentences.Heard.of(first)]
+        if not sentences.waits(heard):
+            return group
+        hold, t0 = self.spec.policy.sentence_hold_s, time.monotonic()
+        self.holding = True
+        try:
+            while sentences.waits(heard):
+                nxt = await self._take(hold - (time.monotonic() - t0))
+                if isinstance(nxt, Final) and sentences.joins(heard, sentences.Heard.of(nxt)):
+                    group.append(nxt)
+                    heard.append(sentences.Heard.of(nxt))
+                    continue
+                why = _why(nxt, hold, self._released.is_set())
+                if not isinstance(nxt, Mark):
+                    self._back = nxt
+                break
+            else:
+                why = f"it was still open after {len(group)} captions"
+        finally:
+            self.holding = False
+        try:
+            whole = await self.jobs.translate(join([f.source_text for f in group], self.spec.source_lang),
+                                              first.start, group[-1].end, confidence=min(f.confidence for f in group),
+                                              wall_ref=first.wall_ref)
+        except LinguaFusionError as exc:  # (overloaded): the captions still go out, numbered, with their words
+            targets = list(self.spec.targets)
+            whole = Final(start=first.start, end=group[-1].end, source_text="", text="",
+                          translations={t: "" for t in targets}, confidence=0.0,
+                          failed=[f"mt:{t}" for t in targets if t != self.spec.source_lang] or None,
+                          note=f"translation failed: {exc.public_message}")
+        if whole is not None:
+            sentences.share(group, whole)
+        sentences.add_note(group[-1], sentences.open_note(heard, why))
+        first.latency_ms["held"] = round((time.monotonic() - t0) * 1000, 1)
+        return group
 
     async def _send(self, final: Final) -> None:
         self.seq += 1
@@ -84,7 +187,8 @@ class Finals:
                     write.set(durable=final.durable is not False)  # False: sent before the log had it
         latency = time.monotonic() - final.wall_ref
         final.latency_ms["caption"] = round(latency * 1000, 1)
-        self._caption_done(latency)
+        # the SLO breaker hears the server's lateness, not the time a held caption waited for the speaker's words
+        self._caption_done(latency - final.latency_ms.get("held", 0.0) / 1000)
         self._emit(final)
         self._emit(Metrics(seq=self.seq, latency_ms=final.latency_ms,
                            queue_depth={str(k): self.jobs.port.depth(k) for k in self.jobs.model_keys()}))
@@ -100,3 +204,14 @@ class Finals:
             return
         if wav:
             self._emit(Speech(seq=final.seq, lang=target, audio_base64=base64.b64encode(wav).decode("ascii")))
+
+
+def _why(nxt: Result | Mark, hold_s: float, released: bool) -> str:
+    """Why a held final's sentence was not finished by ``nxt``."""
+    if nxt is Mark.END:
+        return "the stream ended"
+    if nxt is Mark.LATE:
+        return "the server is draining" if released else f"no more speech came within {hold_s:g} s"
+    if isinstance(nxt, Final) and nxt.modality != "audio":
+        return "the next caption was not speech"
+    return "the next utterance failed" if isinstance(nxt, Error) else "no more words came"

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import BackendError, Overloaded
 from ..glossary import Term
+from ..models.transcript_guard import to_script
 from ..serving.keys import ModelKey
 from ..serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput
 from ..tracing import TraceRef
@@ -50,6 +51,16 @@ class StreamJobs:
         return CallContext(self.spec.stream_id, self.spec.slo, self.spec.importance, tentative, start,
                            key_id=self.spec.key_id, trace=self.trace)
 
+    def heard(self, text: str) -> str:
+        """A transcript in the script the stream's source tag asked for (Whisper writes Mandarin in either)."""
+        script = self.spec.source_script
+        return to_script(text, script) if script and text else text
+
+    def written(self, text: str, target: str) -> str:
+        """A caption in ``target``'s script (zh-TW: Traditional; the MT engines write Simplified)."""
+        script = self.spec.target_scripts.get(target)
+        return to_script(text, script) if script and text else text
+
     def model_keys(self) -> list[ModelKey]:
         """The model keys this stream uses (for its metrics events)."""
         src = self.spec.source_lang
@@ -65,21 +76,24 @@ class StreamJobs:
                                                         AsrInput(audio, self._prompt()), self._ctx(True))
             if res is None or not current():
                 return None
-            target = self.spec.targets[0]
-            translation = res.text
-            if res.text and target != self.spec.source_lang:
+            text, target = self.heard(res.text), self.spec.targets[0]
+            translation = text
+            if text and target != self.spec.source_lang:
                 # a tentative translation of the tentative text: shed first under load, like the re-decode itself
                 out = await self.port.run(ModelKey.mt(self.spec.source_lang, target),
-                                          MtInput(res.text, self.glossary), self._ctx(True))
+                                          MtInput(text, self.glossary), self._ctx(True))
                 if out is None or not current():
                     return None
                 translation = str(out)
         except (BackendError, Overloaded):  # tentative: never retried, never an error the stream sees
             return None
-        return Tentative(res.text, res.confidence, translation)
+        return Tentative(text, res.confidence, self.written(translation, target))
 
-    async def commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float) -> Final | None:
-        """A committed utterance -> its final (unnumbered), or None when it held no words."""
+    async def commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float,
+                     cut: str = "pause") -> Final | None:
+        """A committed utterance -> its final (unnumbered), or None when it held no words. ``cut``: why the policy
+        ended it; one cut at the maximum length (``"length"``) comes back untranslated: its sentence may go on in the
+        next utterance, and the emitter translates them together (stream/sentences.py)."""
         def empty(**kw: Any) -> Final:  # a final over this span with nothing in it but what ``kw`` says
             return Final(start=round(start, 3), end=round(end, 3), source_text="", text="",
                          translations={t: "" for t in self.spec.targets}, wall_ref=wall_ref, **kw)
@@ -94,6 +108,8 @@ class StreamJobs:
             return empty(confidence=0.0, failed=["asr"],
                          note=f"speech recognition failed: {exc.public_message}")
         asr_ms = (time.monotonic() - wall_ref) * 1000
+        if res is not None:
+            res = AsrOutput(self.heard(res.text), res.confidence)
         fused = None if lips is None else await lips.fuse(res.text if res else "", res.confidence if res else 0.0,
                                                           start, end)
         if fused is not None and "audio" not in fused.modalities:  # unsure or no speech: what the lips said
@@ -105,8 +121,15 @@ class StreamJobs:
                          note=f"speech confidence {res.confidence:.2f} below {self.spec.min_confidence}")
         if fused is not None and "lips" in fused.modalities:  # confirmed, re-ranked or corrected by the lips
             return await self._fused(fused, start, end, wall_ref, asr_ms)
-        return await self.translate(res.text, start, end, confidence=res.confidence, wall_ref=wall_ref,
-                                    asr_ms=asr_ms)
+        if cut == "length":  # heard, not yet translated
+            return Final(start=round(start, 3), end=round(end, 3), source_text=res.text, text="", translations={},
+                         confidence=res.confidence, latency_ms={"asr": round(asr_ms, 1)}, wall_ref=wall_ref,
+                         cut=cut, scripts=self.spec.scripts())
+        final = await self.translate(res.text, start, end, confidence=res.confidence, wall_ref=wall_ref,
+                                     asr_ms=asr_ms)
+        if final is not None:
+            final.cut = cut
+        return final
 
     async def _fused(self, fused: Any, start: float, end: float, wall_ref: float, asr_ms: float) -> Final | None:
         """A final from ``vision.fusion.fuse``'s caption, saying which modalities made it (an utterance's span:
@@ -130,7 +153,7 @@ class StreamJobs:
 
         async def one(target: str) -> str:
             if target == src:
-                return text
+                return self.written(text, target)
             key, names, ctx = ModelKey.mt(src, target), tuple(slide_terms), self._ctx(False, wall_ref)
             try:  # a long text in pieces: each is a work item, so another key's caption waits for one piece at most
                 outs = await asyncio.gather(*(self.port.run(key, MtInput(piece, self.glossary, names), ctx)
@@ -143,7 +166,7 @@ class StreamJobs:
             if words:
                 unknown[target] = words
                 notes.append(untranslated_warning(words, target))
-            return translated
+            return self.written(translated, target)
 
         unknown: dict[str, list[str]] = {}
         targets = list(self.spec.targets)  # read once: a room may add a language while this caption translates
@@ -157,7 +180,7 @@ class StreamJobs:
                      latency_ms={"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
                      failed=sorted(failed) or None, note="; ".join(notes) or None, wall_ref=wall_ref,
                      modality=modality, low_confidence=self._low_confidence(translations) or None,
-                     untranslated=unknown or None)
+                     untranslated=unknown or None, scripts=self.spec.scripts())
 
     def _low_confidence(self, translations: dict[str, str]) -> list[str]:
         """The targets of this final that the tiny LLM translated (their route is low-confidence)."""

@@ -4,7 +4,9 @@ An utterance is the audio since the last commit. While it grows, it is re-decode
 work the scheduler may shed); the words two successive hypotheses agree on (LocalAgreement-2) are shown as the
 stable part of a ``partial``. The utterance is committed when the VAD hears ``eou_silence_s`` of silence after
 speech, or when it reaches ``max_utterance_s`` (cut at the quietest point of its last second). The committed decode
-is never shed and committed text is never retracted: later audio only ever adds new finals.
+is never shed and committed text is never retracted: later audio only ever adds new finals. A commit says why it
+was cut (``cut``): at a ``pause``, at the ``length`` limit (the speaker had not stopped: its sentence may go on in
+the next utterance, stream/sentences.py), or at the ``end`` of the stream.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Decision:
     kind: str  # "partial" | "commit" | "wait"
     start: float = 0.0
     end: float = 0.0
+    cut: str = ""  # a commit's: "pause" | "length" (max_utterance_s reached while speech went on) | "end"
 
 
 @dataclass
@@ -43,6 +46,9 @@ class PolicyConfig:
     step_s: float = 1.0
     eou_silence_s: float = 0.6
     max_utterance_s: float = 10.0
+    # a caption cut at max_utterance_s waits at most this long for the next utterance to finish its sentence
+    # before it is translated alone (stream/sentences.py)
+    sentence_hold_s: float = 8.0
     speech_threshold: float = 0.5
     min_speech_s: float = 0.25
 
@@ -104,9 +110,9 @@ class CommitPolicy:
             self.utt_start = max(self.utt_start, t - 0.3)
             return None
         if self.speech_s >= self.cfg.min_speech_s and t - self.last_speech_end >= self.cfg.eou_silence_s:
-            return Decision("commit", self.utt_start, min(t, self.last_speech_end + 0.2))
+            return Decision("commit", self.utt_start, min(t, self.last_speech_end + 0.2), "pause")
         if t - self.utt_start >= self.cfg.max_utterance_s:
-            return Decision("commit", self.utt_start, self._quietest_cut(t))
+            return Decision("commit", self.utt_start, self._quietest_cut(t), "length")
         return None
 
     def _quietest_cut(self, t_end: float) -> float:
@@ -147,5 +153,5 @@ class CommitPolicy:
     def flush(self, t_end: float) -> Decision:
         """End of stream: commit whatever speech is pending."""
         if self.speech_start is not None and self.speech_s > 0:
-            return Decision("commit", self.utt_start, t_end)
+            return Decision("commit", self.utt_start, t_end, "end")
         return Decision("wait")

@@ -19,13 +19,14 @@ from .. import langs
 from ..errors import InvalidParameter, LinguaFusionError
 from ..glossary import Term
 from ..models.registry import MTRoute
+from ..models.transcript_guard import SCRIPT_NAMES, script_for
 from ..serving.scheduler import SLO_CLASSES
 from .policy import PolicyConfig
 
 POLICIES = {
-    "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0),
-    "standard": PolicyConfig(step_s=1.0, eou_silence_s=0.4, max_utterance_s=10.0),
-    "batch": PolicyConfig(step_s=3.0, eou_silence_s=0.6, max_utterance_s=15.0),
+    "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0, sentence_hold_s=4.0),
+    "standard": PolicyConfig(step_s=1.0, eou_silence_s=0.4, max_utterance_s=10.0, sentence_hold_s=8.0),
+    "batch": PolicyConfig(step_s=3.0, eou_silence_s=0.6, max_utterance_s=15.0, sentence_hold_s=15.0),
 }
 INPUTS = ("audio", "image", "text", "video")  # what a stream may send (video: frame messages); a stream declares
 # a subset in its start message
@@ -54,10 +55,20 @@ class StreamSpec:
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     key_id: str = ""  # the API key that opened the stream: only it (or an admin key) may resume it
     vocabulary_id: str = ""  # the key's sign vocabulary: video frames are also read for signs (vision/)
+    # Chinese in the script its tag asked for (models/transcript_guard.py): the transcript's ("Hans" / "Hant", None
+    # for other languages) and each Chinese target's; zh is Simplified, zh-TW / zh-Hant / zh-HK Traditional
+    source_script: str | None = None
+    target_scripts: dict[str, str] = field(default_factory=dict)
 
     @property
     def policy(self) -> PolicyConfig:
         return POLICIES[self.slo]
+
+    def scripts(self) -> dict[str, str] | None:
+        """What the ready event and each final say of the scripts: ``source`` (the transcript) and each Chinese
+        target, as files' ``models.asr_script`` does ("zh-Hant (Traditional)"); None when no Chinese is in it."""
+        named = {**({"source": self.source_script} if self.source_script else {}), **self.target_scripts}
+        return {k: SCRIPT_NAMES[v] for k, v in named.items()} or None
 
     def to_dict(self) -> dict[str, Any]:
         """What the stream log keeps, so a resume after a restart rebuilds the same stream."""
@@ -66,7 +77,8 @@ class StreamSpec:
                 "glossary": [[t.source, t.target] for t in self.glossary], "min_confidence": self.min_confidence,
                 "speech": self.speech, "audio_format": self.audio_format, "clock_offsets": self.clock_offsets,
                 "inputs": self.inputs, "low_confidence": self.low_confidence, "key_id": self.key_id,
-                "vocabulary_id": self.vocabulary_id}
+                "vocabulary_id": self.vocabulary_id, "source_script": self.source_script,
+                "target_scripts": self.target_scripts}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
@@ -78,7 +90,10 @@ class StreamSpec:
                    inputs=list(d.get("inputs", INPUTS)), low_confidence=list(d.get("low_confidence", [])),
                    stream_id=stream_id, resume_token=resume_token,
                    key_id=str(d.get("key_id", "")),  # a snapshot from before keys were stored: admin only
-                   vocabulary_id=str(d.get("vocabulary_id", "")))
+                   vocabulary_id=str(d.get("vocabulary_id", "")),
+                   # a snapshot from before scripts were stored: zh was Simplified
+                   source_script=d.get("source_script", "Hans" if d["source_lang"] == "zh" else None),
+                   target_scripts=dict(d.get("target_scripts", {t: "Hans" for t in d["targets"] if t == "zh"})))
 
 
 @dataclass(frozen=True)
@@ -96,11 +111,18 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
     route it returns tells whether that target's finals come from the low-confidence LLM."""
     if msg.get("type") != "start":
         raise InvalidParameter("the first message must be {\"type\": \"start\", ...}")
-    source = langs.normalize(msg.get("source_lang") or "en", field="source_lang")
+    raw_source = msg.get("source_lang") or "en"
+    source = langs.normalize(raw_source, field="source_lang")
     raw_targets = msg.get("target_langs") or ([msg["target_lang"]] if msg.get("target_lang") else [])
     if not raw_targets or not isinstance(raw_targets, list) or len(raw_targets) > MAX_TARGETS:
         raise InvalidParameter(f"target_langs must list 1 to {MAX_TARGETS} languages")
     targets = [langs.normalize(t, field="target_langs") for t in raw_targets]
+    target_scripts: dict[str, str] = {}
+    for raw, t in zip(raw_targets, targets, strict=True):
+        script = _script(raw, t)
+        if script is not None and target_scripts.setdefault(t, script) != script:
+            raise InvalidParameter("a stream's Chinese captions have one script: ask for zh (Simplified) or zh-TW "
+                                   "(Traditional), not both", details={"field": "target_langs"})
     low_confidence = []
     for t in targets:
         route = check_pair(source, t) if t != source else None
@@ -131,7 +153,16 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
                       partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
                       speech=bool(msg.get("speech", False)), audio_format=audio_format,
                       clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)),
-                      low_confidence=low_confidence)
+                      low_confidence=low_confidence, source_script=_script(raw_source, source),
+                      target_scripts=target_scripts)
+
+
+def _script(raw: Any, lang: str) -> str | None:
+    """The script a (valid) language tag asks for: zh-TW / zh-Hant / zh-HK "Hant", any other Chinese "Hans",
+    None for a language that is not Chinese."""
+    if lang != "zh":
+        return None
+    return script_for(str(raw).strip().lower().replace("_", "-")) or "Hans"
 
 
 def parse_resume(resume: Any) -> ResumeRequest:

@@ -454,6 +454,8 @@ class StreamService:
         self.draining = True
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
+        for s in self.sessions.values():
+            s.release_held()
         for _ in range(int(deadline_s / DRAIN_POLL_S) + 1):  # sessions finish on their own: look every 50 ms
             if not any(s.busy() for s in self.sessions.values()) or loop.time() >= end:
                 break

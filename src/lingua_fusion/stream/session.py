@@ -177,7 +177,8 @@ class StreamSession:
         self.ingest.start()
         return Ready(stream_id=self.spec.stream_id, resume_token=self.spec.resume_token, slo=self.spec.slo,
                      source_lang=self.spec.source_lang, targets=self.spec.targets, partials=self.spec.partials,
-                     resumed=resumed, max_audio_speed=self.budget.speed, max_audio_burst_s=self.budget.burst_s)
+                     resumed=resumed, max_audio_speed=self.budget.speed, max_audio_burst_s=self.budget.burst_s,
+                     scripts=self.spec.scripts())
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -283,8 +284,12 @@ class StreamSession:
 
     def busy(self) -> bool:
         """Committed work not yet sent or not yet logged (a drain waits for it)."""
-        return bool(self._pending.qsize() or (self.journal is not None and self.journal.pending) or any(
-            t.get_name() == "commit" and not t.done() for t in self._tasks))
+        return bool(self._pending.qsize() or self.finals.holding or (self.journal is not None and self.journal.pending)
+                    or any(t.get_name() == "commit" and not t.done() for t in self._tasks))
+
+    def release_held(self) -> None:
+        """The server drains: a caption held for its sentence's end (stream/finals.py) is translated and sent now."""
+        self.finals.release()
 
     def fail(self, error: LinguaFusionError) -> None:
         """Close now, saying why (slow consumer, shed, drain, a lost log): the writer sends ``error``."""

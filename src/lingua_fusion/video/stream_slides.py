@@ -117,14 +117,14 @@ class StreamSlides:
 
         async def one(target: str) -> list[str]:
             if target == src:
-                return [r.text for r in rows]
+                return [self.jobs.written(r.text, target) for r in rows]
             key = ModelKey.mt(src, target)
             try:
                 outs = await asyncio.gather(*(self.jobs.port.run(key, MtInput(r.text, self.jobs.glossary),
                                                                  self._ctx()) for r in rows))
             except BackendError:
                 return ["" for _ in rows]  # the slide's source text still goes out
-            return [str(o or "") for o in outs]
+            return [self.jobs.written(str(o or ""), target) for o in outs]
 
         targets = list(spec.targets)
         outs = await asyncio.gather(*(one(t) for t in targets))

@@ -83,10 +83,10 @@ class StreamSigns(LandmarkLane):
 
         async def one(target: str) -> str:
             if target == spec.source_lang:
-                return text
+                return self.jobs.written(text, target)
             try:
-                return str(await self.jobs.port.run(ModelKey.mt(spec.source_lang, target), MtInput(text, []),
-                                                    self._ctx()) or "")
+                return self.jobs.written(str(await self.jobs.port.run(ModelKey.mt(spec.source_lang, target),
+                                                                      MtInput(text, []), self._ctx()) or ""), target)
             except BackendError:
                 return ""  # the gloss still goes out
 
