@@ -196,3 +196,33 @@ def test_a_files_piece_runs_alone_and_feeds_no_breaker_nor_cost_model() -> None:
     assert ASR_MAX_UNITS >= 1
     assert observer.samples and all(slo != FILE_CLASS for slo, _stage in observer.samples)
     assert ("standard", "asr") in observer.samples
+
+
+class Link:
+    """An EngineLink's transcribe: each piece's first segment says its length; the language is 'en'."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[TranscribeInput]]] = []
+
+    def transcribe(self, key: ModelKey, pieces: list[TranscribeInput], call: FileCall) -> list[ASRResult]:
+        self.calls.append((str(key), list(pieces)))
+        return [ASRResult("x", "en", [ASRSegment(0.5, len(p.audio) / RATE, "x", 0.9)], 0.97) for p in pieces]
+
+
+def test_a_file_of_unknown_language_is_told_by_its_first_piece_and_the_same_model_does_the_rest() -> None:
+    from lingua_fusion.files.speech import SpeechRecogniser
+
+    link = Link()
+    speech_rec = SpeechRecogniser(None, lambda: link)  # type: ignore[arg-type, return-value]
+    audio = speech(75.0, quiet=[(24.0, 24.6), (47.0, 47.5)])
+    res = speech_rec._in_pieces(audio, None, "transcribe", None, None, FileCall())
+    (first_key, first), (rest_key, rest) = link.calls
+    assert first_key == rest_key == "asr:base:" and first[0].language is None and len(first) == 1
+    assert all(p.language == "en" and p.multilingual for p in rest) and len(rest) == 2
+    assert res.language == "en" and res.language_probability == 0.97
+    assert [round(s.start, 1) for s in res.segments] == [0.5, round(cuts(audio)[1][0] / RATE + 0.5, 1),
+                                                          round(cuts(audio)[2][0] / RATE + 0.5, 1)]
+    link.calls.clear()
+    speech_rec._in_pieces(audio, "en", "transcribe", None, None, FileCall())
+    ((key, pieces),) = link.calls  # a language given: every piece at once, on its own model
+    assert key == "asr:tiny.en" and len(pieces) == 3 and not any(p.multilingual for p in pieces)

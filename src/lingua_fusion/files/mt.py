@@ -33,14 +33,14 @@ class SegmentMT:
         (models/transcript_guard.py; the engines write Simplified)."""
         if sentences and len(segs) > 1:
             return self._by_sentence(segs, route, terms, models, call, names, unknown, script)
-        for i, leg in enumerate(route.legs):
-            models["mt" if len(route.legs) == 1 else f"mt_leg{i + 1}"] = self.registry.mt_info(leg.backend).name
-        if not segs:
-            return []
         key = ModelKey.mt(route.legs[0].source, route.legs[-1].target)  # the runner takes the same route
         sources = [s.source_text for s in segs]
         items = [MtInput(text, tuple(terms), tuple(names), call.key_id) for text in sources]
-        texts = self.engine().translate(key, items, call)
+        texts = self.engine().translate(key, items, call) if items else []
+        for i, leg in enumerate(route.legs):  # named after the call: in process, as the engine loaded it
+            models["mt" if len(route.legs) == 1 else f"mt_leg{i + 1}"] = self.registry.mt_name(leg.backend)
+        if not segs:
+            return []
         for s, t in zip(segs, texts, strict=True):
             s.text, words = strip_marks(t)
             if script:

@@ -32,6 +32,7 @@ class SpeechRecogniser:
         no MT pair from that language, Whisper's task=translate gives English (``work.speech_translation``)."""
         hot = hotwords(glossary) if glossary else None
         task = "translate" if work.speech_translation else "transcribe"
+        asked = work.source  # the model is chosen by the language asked (None: the multilingual one detects it)
         res = self._transcribe(audio, work, task, hot, prompt, work.call)
         if work.source is None:
             work.source = langs.normalize(res.language, field="source_lang")
@@ -45,7 +46,7 @@ class SpeechRecogniser:
                     work.route = self.registry.speech_translation_route(work.source, work.target)
                     work.speech_translation, task = True, "translate"
                     res = self._transcribe(audio, work, task, hot, prompt, work.call)
-        work.models["asr"] = self.registry.asr_name(work.source, task) + (
+        work.models["asr"] = self.registry.asr_name(asked, task) + (
             " (task=translate)" if work.speech_translation else "")
         # Mandarin in the script asked for (zh-TW / zh-Hant: Traditional, else Simplified); loops cut and said
         script = (work.source_script or "Hans") if task == "transcribe" and res.language == "zh" else None
@@ -61,9 +62,11 @@ class SpeechRecogniser:
         """The speech through Whisper in pieces; for a video whose slides were read, slide terms are then corrected
         from each slide's audio transcribed again with the slide's words as the prompt (video/context.py). Slides in
         another language than the speech are not used (they would pull Whisper into their language)."""
+        multilingual = work.source is None  # the model that detects the language transcribes all of it
+
         def run(x: np.ndarray, slide_prompt: str | None = None, language: str | None = work.source) -> ASRResult:
             both = " ".join(p for p in (prompt, slide_prompt) if p) or None
-            return self._in_pieces(x, language, task, both, hot, call)
+            return self._in_pieces(x, language, task, both, hot, call, multilingual)
 
         res = run(audio)
         if work.video is None or not work.video.slides or not work.slide_context or task != "transcribe":
@@ -79,20 +82,22 @@ class SpeechRecogniser:
                                    stop=(lambda: deadline.left() < deadline.seconds / 3) if deadline else None)
 
     def _in_pieces(self, audio: np.ndarray, language: str | None, task: str, prompt: str | None,
-                   hot: str | None, call: FileCall) -> ASRResult:
+                   hot: str | None, call: FileCall, multilingual: bool = False) -> ASRResult:
         """``audio`` transcribed in pieces of at most 30 s cut at pauses (one work item each), as one result
         (segment times from the start of ``audio``). Without a language the first piece tells it, and the rest are
         transcribed in it (as Whisper itself decides from the first 30 s)."""
         ranges = cuts(audio)
         link = self.engine()
         results: list[ASRResult] = []
+        detected = multilingual or language is None  # the multilingual model that detects it transcribes it all
         if language is None and len(ranges) > 1:
             a, b = ranges[0]
             results = link.transcribe(ModelKey.asr(""), [TranscribeInput(audio[a:b], None, task, prompt, hot)], call)
             language = results[0].language
         rest = ranges[len(results):]
-        results += link.transcribe(ModelKey.asr(language or ""),
-                                   [TranscribeInput(audio[a:b], language, task, prompt, hot) for a, b in rest], call)
+        key = ModelKey.asr("" if detected else language or "")
+        results += link.transcribe(key, [TranscribeInput(audio[a:b], language, task, prompt, hot, detected)
+                                         for a, b in rest], call)
         segments = [ASRSegment(start=s.start + a / RATE, end=s.end + a / RATE, text=s.text, confidence=s.confidence)
                     for (a, _b), r in zip(ranges, results, strict=True) for s in r.segments]
         head = results[0]

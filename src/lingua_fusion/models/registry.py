@@ -257,6 +257,13 @@ class Registry:
     def mt_info(self, key: str) -> BackendInfo:
         return self._mt_infos[key]
 
+    def mt_name(self, key: str) -> str:
+        """The name of MT backend ``key`` as loaded here (a user directory on the continuous engine is
+        "NAME-continuous"), or as discovered when it is loaded elsewhere (the model process)."""
+        loaded = self._loaded.get(key)
+        info: BackendInfo = loaded.info if loaded is not None else self._mt_infos[key]
+        return info.name
+
     # ---- names (what a result reports as its models; nothing is loaded: under --workers the models run in the
     # model process, not where the result is assembled) ----------------------------------------------------------
     def asr_name(self, language: str | None, task: str = "transcribe") -> str:

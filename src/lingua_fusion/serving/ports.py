@@ -65,6 +65,9 @@ class TranscribeInput:
     task: str = "transcribe"  # or "translate": Whisper's speech translation into English
     prompt: str | None = None
     hotwords: str | None = None
+    # the multilingual model whatever ``language`` is: a file whose language was detected by it is transcribed by
+    # it to the end (the English-only model would otherwise take the pieces after the first)
+    multilingual: bool = False
 
 
 @dataclass(frozen=True)

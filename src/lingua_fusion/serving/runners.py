@@ -75,7 +75,7 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
         return [AsrOutput(*guard_text(text, conf, None)) for text, conf in pairs]
 
     def piece(it: TranscribeInput) -> ASRResult:  # a file's piece: Whisper's own segments and timestamps
-        asr = registry.asr(it.language, task=it.task)
+        asr = registry.asr(None if it.multilingual else it.language, task=it.task)
         result: ASRResult = asr.transcribe(it.audio, language=it.language, task=it.task, initial_prompt=it.prompt,
                                            hotwords=it.hotwords)
         return result
