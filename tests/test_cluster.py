@@ -148,6 +148,17 @@ def _holder(c: Cluster) -> Beat:
     return _wait(lambda: next((b for b in c.beats() if b.streams), None), 20, "the stream's gateway")
 
 
+def test_a_file_request_runs_on_the_model_replicas_through_the_gateways_engine(cluster: Cluster) -> None:
+    """A file's model work goes through the gateway's engine (files/engine.py), which sends ASR and MT to the model
+    replicas as it does streams' (cluster/port.py): the talk comes back transcribed and translated."""
+    r = httpx.post(cluster.url + "/v1/translate", files={"file": ("talk.wav", cluster.talk.read_bytes(), "audio/wav")},
+                   data={"target_lang": "es", "source_lang": "en"}, timeout=180)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert "oficina" in body["text"].lower() and len(body["segments"]) >= 2, body["text"]
+    assert body["models"]["asr"].startswith("whisper-tiny.en")
+
+
 def test_a_gateway_killed_mid_stream_the_client_resumes_on_another(cluster: Cluster) -> None:
     s = Stream(cluster)
     assert s.first_final.wait(90), "no caption before the kill"

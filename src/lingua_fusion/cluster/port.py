@@ -27,7 +27,7 @@ from ..errors import BackendError, ModelTimeout, Overloaded
 from ..models.registry import Registry
 from ..serving.executor import Executor
 from ..serving.keys import ModelKey
-from ..serving.ports import CallContext
+from ..serving.ports import FILE_CLASS, CallContext
 from ..serving.scheduler import Demand
 from .wire import Call, Reply
 
@@ -105,7 +105,7 @@ class ClusterExecutor(Executor):
                 continue
             self._depths[key] = reply.depth
             value = reply.result()
-            if not ctx.tentative and value is not None and self.observer is not None:
+            if not ctx.tentative and value is not None and self.observer is not None and ctx.slo != FILE_CLASS:
                 self.observer.stage_done(ctx.slo, key.stage, self.clock() - t0, ctx.key_id)
             return value
 

@@ -391,7 +391,8 @@ class StreamService:
 
     # ---- StageObserver -----------------------------------------------------------------------------------------
     def stage_done(self, slo: str, stage: str, seconds: float, key_id: str = "") -> None:
-        self._record(slo, seconds, stage, key_id)
+        if slo in SLO_CLASSES:  # a stream's class; file work (serving/ports.py FILE_CLASS) trips no stream breaker
+            self._record(slo, seconds, stage, key_id)
 
     # ---- the SLO breaker ---------------------------------------------------------------------------------------
     def _record(self, slo: str, seconds: float, stage: str, key_id: str) -> None:
