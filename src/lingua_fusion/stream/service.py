@@ -8,19 +8,20 @@ old session's next write is refused), registration, the ``ready`` event, and for
 missed (exactly once, in order) with a notice when compaction dropped some. Capacity comes before the claim, so a
 resume refused for capacity or for a drain has taken nothing over; and a stream holds one reservation here however
 many connections take it over in turn (``_Hold``), so a takeover of a stream live here needs no capacity of its own.
-``drain`` ends every stream for a shutdown. The service is also where the SLO breaker lives: it hears every
-caption's latency (StreamOwner) and every committed model stage's (StageObserver), and applies the breaker's
-transitions to its streams: notices, fewer partials and frames, shedding.
+``drain`` ends every stream for a shutdown. Two parts do the rest, each a module of its own: ``StreamCapacity``
+(stream/capacity.py: the key's quota and the engine's admission, one reservation per stream, refusals counted) and
+``BreakerSupervisor`` (stream/supervisor.py: the SLO breakers, which hear every caption's latency through the
+service as StreamOwner and every committed model stage's as StageObserver, and their notices, thinning and
+shedding).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..config import Settings
@@ -33,44 +34,20 @@ from ..errors import (
     TakenOver,
 )
 from ..glossary import Term
-from ..serving.breaker import STEPS, SLOBreaker, Transition
 from ..serving.engine import Engine
-from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
-from ..serving.tenant_breaker import KeyedTransition, TenantBreaker
+from ..serving.tenant_breaker import TenantBreaker
 from ..tracing import Tracer
 from .budget import PixelBudget, pixel_budget
+from .capacity import KeyQuota, Principal, StreamCapacity
 from .contracts import Slots
-from .events import Closed, Degraded, Error, Event, Logged, Restored
+from .events import Closed, Error, Event, Logged
 from .journal import StreamLog
 from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
 from .session import StreamSession
+from .supervisor import BreakerSupervisor
 
 log = logging.getLogger("lingua_fusion.streams")
 DRAIN_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who opens a stream: an API key's id, and whether it has admin scope."""
-
-    key_id: str
-    admin: bool = False
-
-
-@dataclass
-class KeyQuota:
-    """Open streams per API key (shared by the services of one server)."""
-
-    limit: int
-    open: dict[str, int] = field(default_factory=dict)
-
-    def take(self, key_id: str) -> None:
-        if self.open.get(key_id, 0) >= self.limit:
-            raise Overloaded("this key has too many open streams", retry_after=5.0)
-        self.open[key_id] = self.open.get(key_id, 0) + 1
-
-    def give(self, key_id: str) -> None:
-        self.open[key_id] = max(0, self.open.get(key_id, 1) - 1)
 
 
 class RoomHost(Protocol):
@@ -85,17 +62,6 @@ class RoomHost(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-@dataclass
-class _Hold:
-    """A stream's one reservation here: a slot of ``key_id``'s quota and its admission by the executor. Its live
-    session holds it, and so does every open of the stream under way (a resume taking it over); the last to let go
-    frees it. ``admitted`` is answered once admission has: an open that finds it pending waits for that answer."""
-
-    key_id: str
-    admitted: asyncio.Future[bool]
-    count: int = 1
 
 
 @dataclass
@@ -117,18 +83,15 @@ class StreamService:
         self.log = log
         self.metrics = metrics
         self.glossary_for = glossary_for
-        self.quota = quota or KeyQuota(settings.server.max_streams_per_key)
+        self.capacity = StreamCapacity(executor, settings, quota or KeyQuota(settings.server.max_streams_per_key),
+                                       metrics)
         self.baseline = baseline  # serves start messages with "engine": "per-stream" (admin keys, benchmarks)
         self.sessions: dict[str, StreamSession] = {}
-        self._holds: dict[str, _Hold] = {}  # stream id -> its reservation (quota and admission)
-        self._levels: dict[str, int] = {}  # stream id -> the breaker level it was last told (``_apply``)
         self._pixels: dict[str, PixelBudget] = {}  # key id -> the pixels its live streams may decode (budget.py)
         self.image_slots = Slots(settings.server.max_images_in_flight)  # decoded frames, all streams together
         self.draining = False
-        server = settings.server
-        self.breaker = TenantBreaker(lambda: SLOBreaker(dict(SLO_CLASSES), window_s=server.breaker_window_s,
-                                                        k=server.breaker_k, stage_share=STAGE_BUDGET))
-        self._ticker: asyncio.Task[None] | None = None
+        self.supervisor = BreakerSupervisor(settings, lambda: self.executor.clock(), lambda: self.sessions.values(),
+                                            metrics)
         self.tracer: Tracer | None = None  # set when tracing is on: each stream gets a span (lingua_fusion/tracing)
         self.rooms: RoomHost | None = None  # set by the app: streams started with "room" publish there (rooms/)
         self.vision: Any = None  # set by the app (vision/service.py): streams with a "vocabulary_id" read signs
@@ -156,16 +119,16 @@ class StreamService:
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
             spec.key_id = who.key_id
             spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
-            self._refuse_if_breached(spec.slo, who.key_id)
+            self.supervisor.refuse_if_breached(spec.slo, who.key_id, self.capacity.refused)
         # capacity before the claim: a resume refused for it (or for a drain) has taken nothing over, and the
         # connection still serving the stream, here or elsewhere, keeps it
-        held = await self._hold(spec, who)
+        held = await self.capacity.hold(spec, spec.key_id or who.key_id)
         try:
             self._refuse_if_draining()  # it may have begun while this open waited on the store or on admission
             if req is not None:
                 snapshot = await self._take_over(req)
         except BaseException:
-            self._unhold(spec.stream_id, held)
+            self.capacity.unhold(spec.stream_id, held)
             raise
         trace = None if self.tracer is None else self.tracer.stream(
             spec.stream_id, spec.key_id, spec.slo, spec.source_lang, spec.targets, resumed=snapshot is not None)
@@ -195,90 +158,17 @@ class StreamService:
             session.fail(Draining("the server is shutting down; reconnect to resume this stream"))
         return Opened(session, greeting, finished)
 
-    async def _hold(self, spec: StreamSpec, who: Principal) -> _Hold:
-        """Capacity for ``spec``'s stream, or ``Overloaded`` (4429) with nothing else changed. A stream that holds
-        a reservation here already (its session is live here, or another open of it is under way) needs no more:
-        a takeover replaces a connection, it does not add a stream. Otherwise a slot of the stream's own key's quota
-        (the key that opened it, also when an admin key resumes it: a key's streams stay within its cap) and the
-        executor's admission (across every worker of ``serve --workers``, serving/shard)."""
-        sid = spec.stream_id
-        held = self._holds.get(sid)
-        if held is not None:
-            held.count += 1
-            try:
-                admitted = await asyncio.wait_for(asyncio.shield(held.admitted),
-                                                  self.settings.server.request_timeout_s)
-            except BaseException:
-                self._unhold(sid, held)
-                raise
-            if not admitted:  # the open that asked was refused (and dropped the reservation): so is this one
-                self._refused()
-                raise Overloaded("no capacity for this stream now; retry later", retry_after=5.0)
-            return held
-        owner = spec.key_id or who.key_id
-        try:
-            self.quota.take(owner)
-        except Overloaded:
-            self._refused()
-            raise
-        held = _Hold(owner, asyncio.get_running_loop().create_future())
-        self._holds[sid] = held
-        try:
-            await self.executor.reserve(self.executor.demand(sid, spec.slo, spec.source_lang, spec.targets,
-                                                             spec.partials, spec.policy.step_s, spec.inputs),
-                                        owner)
-        except BaseException as exc:
-            if isinstance(exc, Overloaded) and exc.not_serving:  # its model process restarting or silent
-                self._unavailable()
-            del self._holds[sid]
-            self.quota.give(owner)
-            held.admitted.set_result(False)
-            raise
-        held.admitted.set_result(True)
-        return held
+    @property
+    def quota(self) -> KeyQuota:
+        return self.capacity.quota
 
-    def _refused(self) -> None:
-        """A refusal decided here (the key's cap, a class whose breaker is down) counts with admission's own
-        (``Executor.admit`` counts those)."""
-        if self.metrics is not None:
-            self.metrics.streams_rejected.inc()
-
-    def _unhold(self, stream_id: str, held: _Hold) -> None:
-        """One holder of ``stream_id``'s reservation lets go; the last frees its quota slot and admission."""
-        if self._holds.get(stream_id) is not held:
-            return  # refused, so dropped already
-        held.count -= 1
-        if held.count == 0:
-            del self._holds[stream_id]
-            self.executor.release(stream_id)
-            self.quota.give(held.key_id)
-
-    def _refuse_if_breached(self, slo: str, key_id: str) -> None:
-        """A new stream of a class whose SLO breaker has moved down is refused: the streams of that class already
-        miss its latency target, whatever the cause admission's cost model cannot see (the continuous engine, whose
-        cost it does not model; a slow dependency; another tenant of the machine). A resume is not refused for it:
-        it carries a stream the server already serves. A class that has gone quiet is restored by the breaker itself
-        (``SLOBreaker.tick``), so it is not locked out. Per key (serving/tenant_breaker.py): a key whose own streams
-        miss the target is refused; another key, meeting it, is not refused for that key's doing."""
-        self._apply(self.breaker.tick(self.executor.clock()))  # windows that ended since the last caption
-        level = self.breaker.refusing(slo, key_id)
-        if level:
-            self._refused()
-            own = self.breaker.key_level(slo, key_id) > 0
-            whose = "this key's streams" if own else "streams"
-            raise Overloaded(f"{whose} of the {slo} class are missing its latency target now; retry later or use a "
-                             "looser SLO class", retry_after=5.0,
-                             details={"slo": slo, "breaker_level": level, "scope": "key" if own else "class"})
-
-    def _unavailable(self) -> None:
-        """A refusal because the server cannot serve a new stream at all just now (``Overloaded.not_serving``):
-        counted apart from the refusals for room, so a rolling restart does not read as a full server."""
-        if self.metrics is not None:
-            self.metrics.streams_unavailable.inc()
+    @property
+    def breaker(self) -> TenantBreaker:
+        return self.supervisor.breaker
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
-            self._unavailable()
+            self.capacity.unavailable()
             raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0, not_serving=True)
 
     def _vocabulary(self, vid: Any, who: Principal) -> str:
@@ -327,7 +217,7 @@ class StreamService:
         """After the claim: a session of this stream that a concurrent resume registered here while this one waited
         on the store (two reconnects of one client) holds another epoch. The newer claim keeps the stream, the older
         one ends ``taken_over``; without this both went live and the one left out of ``sessions`` kept its quota
-        (both hold the stream's one reservation, ``_hold``: the loser lets go of it as it ends)."""
+        (both hold the stream's one reservation, ``StreamCapacity.hold``: the loser lets go of it as it ends)."""
         current = self.sessions.get(stream_id)
         if current is None:
             return
@@ -373,72 +263,23 @@ class StreamService:
         if self.sessions.get(stream_id) is not session:
             return  # released already (or replaced by a resumed session)
         del self.sessions[stream_id]
-        self._levels.pop(stream_id, None)
-        held = self._holds.get(stream_id)
-        if held is not None:
-            self._unhold(stream_id, held)
+        self.supervisor.forget(stream_id)
+        self.capacity.release(stream_id)
         key_id = session.spec.key_id
         if not any(s.spec.key_id == key_id for s in self.sessions.values()):
             self._pixels.pop(key_id, None)  # the key's last stream: its budget goes (bounded by live keys)
 
     def degraded(self, slo: str, step: str, key_id: str = "") -> bool:
-        return self.breaker.active(slo, step, key_id)
+        return self.supervisor.degraded(slo, step, key_id)
 
     def caption_done(self, slo: str, seconds: float, key_id: str = "") -> None:
         if self.metrics is not None:
             self.metrics.caption(slo, seconds)
-        self._record(slo, seconds, "caption", key_id)
+        self.supervisor.record(slo, seconds, "caption", key_id)
 
     # ---- StageObserver -----------------------------------------------------------------------------------------
     def stage_done(self, slo: str, stage: str, seconds: float, key_id: str = "") -> None:
-        if slo in SLO_CLASSES:  # a stream's class; file work (serving/ports.py FILE_CLASS) trips no stream breaker
-            self._record(slo, seconds, stage, key_id)
-
-    # ---- the SLO breaker ---------------------------------------------------------------------------------------
-    def _record(self, slo: str, seconds: float, stage: str, key_id: str) -> None:
-        if self._ticker is None or self._ticker.done():
-            self._ticker = asyncio.create_task(self._tick_loop(), name="breaker")
-        self._apply(self.breaker.record(slo, seconds, self.executor.clock(), stage, key_id or None))
-
-    async def _tick_loop(self) -> None:
-        """Closes idle windows (a class that went quiet is restored)."""
-        while True:
-            await asyncio.sleep(1.0)
-            self._apply(self.breaker.tick(self.executor.clock()))
-
-    def _apply(self, transitions: list[KeyedTransition]) -> None:
-        """Log and count the breakers' moves, then tell each stream whose working level (``TenantBreaker.effective``)
-        changed, once, whichever breaker moved it; a stream reaching the shedding step may be shed."""
-        if not transitions:
-            return
-        last: dict[str, Transition] = {}  # per class: the latest move, for what the notice says
-        for kt in transitions:
-            t, key_id = kt.move, kt.key_id
-            down = t.to_level > t.from_level
-            whose = f"key {key_id}" if key_id else "class"
-            log.warning("SLO breaker %s (%s): level %d -> %d (%s, %s window p99 %s s)", t.slo, whose, t.from_level,
-                        t.to_level, t.step, t.stage, t.p99)
-            if self.metrics is not None and key_id is None:
-                self.metrics.degradation_level.labels(slo=t.slo).set(t.to_level)
-                self.metrics.breaker_transitions.labels(slo=t.slo, direction="degrade" if down else "restore").inc()
-            last[t.slo] = t
-        for slo, t in last.items():
-            shed: list[StreamSession] = []
-            for s in [s for s in self.sessions.values() if s.spec.slo == slo]:
-                before = self._levels.get(s.spec.stream_id, 0)
-                now = self.breaker.effective(slo, s.spec.key_id)
-                if now == before:
-                    continue
-                self._levels[s.spec.stream_id] = now
-                notice = Degraded if now > before else Restored
-                step = STEPS[max(now, before) - 1]
-                s.notify(notice(slo=slo, level=now, step=step, stage=t.stage, window_p99_s=t.p99))
-                if now > before and step == "shed_low_importance":
-                    shed.append(s)
-            if shed:
-                victim = min(shed, key=lambda s: s.spec.importance)
-                victim.fail(Overloaded("the server is over its SLO; the least important stream was shed",
-                                       retry_after=10.0))
+        self.supervisor.record(slo, seconds, stage, key_id)  # file work is not recorded (FILE_CLASS)
 
     async def revoke(self, key_id: str) -> int:
         """A key was revoked: its live streams end now (``unauthenticated``, 4401). Returns how many."""
@@ -476,10 +317,7 @@ class StreamService:
     async def close(self) -> None:
         for s in list(self.sessions.values()):
             s.abort()
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._ticker
+        await self.supervisor.close()
         if self.rooms is not None:
             await self.rooms.close()
         await self.executor.close()

@@ -1,0 +1,112 @@
+"""The SLO breakers' reactions to live streams: every caption's latency and every committed model stage's are
+recorded (per class and per key, serving/tenant_breaker.py), windows that ended are closed once a second, and each
+move is applied: logged and counted, each stream whose working level changed told once (``degraded`` /
+``restored``), the least important stream shed at the shedding step, and a new stream of a class (or key) that is
+missing its target refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..config import Settings
+from ..errors import Overloaded
+from ..serving.breaker import STEPS, SLOBreaker, Transition
+from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
+from ..serving.tenant_breaker import KeyedTransition, TenantBreaker
+from .events import Degraded, Restored
+from .session import StreamSession
+
+log = logging.getLogger("lingua_fusion.streams")
+
+
+class BreakerSupervisor:
+    def __init__(self, settings: Settings, clock: Callable[[], float],
+                 sessions: Callable[[], Iterable[StreamSession]], metrics: Any = None) -> None:
+        server = settings.server
+        self.breaker = TenantBreaker(lambda: SLOBreaker(dict(SLO_CLASSES), window_s=server.breaker_window_s,
+                                                        k=server.breaker_k, stage_share=STAGE_BUDGET))
+        self.clock = clock  # the engine's
+        self.sessions = sessions  # the service's live streams, read when a move is applied
+        self.metrics = metrics
+        self.levels: dict[str, int] = {}  # stream id -> the level it was last told
+        self._ticker: asyncio.Task[None] | None = None
+
+    def record(self, slo: str, seconds: float, stage: str, key_id: str) -> None:
+        if slo not in SLO_CLASSES:  # file work (serving/ports.py FILE_CLASS) trips no stream breaker
+            return
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._tick_loop(), name="breaker")
+        self._apply(self.breaker.record(slo, seconds, self.clock(), stage, key_id or None))
+
+    def degraded(self, slo: str, step: str, key_id: str = "") -> bool:
+        return self.breaker.active(slo, step, key_id)
+
+    def refuse_if_breached(self, slo: str, key_id: str, refused: Callable[[], None]) -> None:
+        """A new stream of a class whose SLO breaker has moved down is refused: the streams of that class already
+        miss its latency target, whatever the cause admission's cost model cannot see (the continuous engine, whose
+        cost it does not model; a slow dependency; another tenant of the machine). A resume is not refused for it:
+        it carries a stream the server already serves. A class that has gone quiet is restored by the breaker itself
+        (``SLOBreaker.tick``), so it is not locked out. Per key: a key whose own streams miss the target is refused;
+        another key, meeting it, is not refused for that key's doing."""
+        self._apply(self.breaker.tick(self.clock()))  # windows that ended since the last caption
+        level = self.breaker.refusing(slo, key_id)
+        if level:
+            refused()
+            own = self.breaker.key_level(slo, key_id) > 0
+            whose = "this key's streams" if own else "streams"
+            raise Overloaded(f"{whose} of the {slo} class are missing its latency target now; retry later or use a "
+                             "looser SLO class", retry_after=5.0,
+                             details={"slo": slo, "breaker_level": level, "scope": "key" if own else "class"})
+
+    def forget(self, stream_id: str) -> None:
+        self.levels.pop(stream_id, None)
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._ticker
+
+    async def _tick_loop(self) -> None:
+        """Closes idle windows (a class that went quiet is restored)."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._apply(self.breaker.tick(self.clock()))
+
+    def _apply(self, transitions: list[KeyedTransition]) -> None:
+        """Log and count the breakers' moves, then tell each stream whose working level (``TenantBreaker.effective``)
+        changed, once, whichever breaker moved it; a stream reaching the shedding step may be shed."""
+        if not transitions:
+            return
+        last: dict[str, Transition] = {}  # per class: the latest move, for what the notice says
+        for kt in transitions:
+            t, key_id = kt.move, kt.key_id
+            down = t.to_level > t.from_level
+            whose = f"key {key_id}" if key_id else "class"
+            log.warning("SLO breaker %s (%s): level %d -> %d (%s, %s window p99 %s s)", t.slo, whose, t.from_level,
+                        t.to_level, t.step, t.stage, t.p99)
+            if self.metrics is not None and key_id is None:
+                self.metrics.degradation_level.labels(slo=t.slo).set(t.to_level)
+                self.metrics.breaker_transitions.labels(slo=t.slo, direction="degrade" if down else "restore").inc()
+            last[t.slo] = t
+        for slo, t in last.items():
+            shed: list[StreamSession] = []
+            for s in [s for s in self.sessions() if s.spec.slo == slo]:
+                before = self.levels.get(s.spec.stream_id, 0)
+                now = self.breaker.effective(slo, s.spec.key_id)
+                if now == before:
+                    continue
+                self.levels[s.spec.stream_id] = now
+                notice = Degraded if now > before else Restored
+                step = STEPS[max(now, before) - 1]
+                s.notify(notice(slo=slo, level=now, step=step, stage=t.stage, window_p99_s=t.p99))
+                if now > before and step == "shed_low_importance":
+                    shed.append(s)
+            if shed:
+                victim = min(shed, key=lambda s: s.spec.importance)
+                victim.fail(Overloaded("the server is over its SLO; the least important stream was shed",
+                                       retry_after=10.0))
