@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import io
 import secrets
 import threading
-import wave
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -30,6 +28,7 @@ from ..deadline import Deadline
 from ..errors import BackendError, ModelTimeout
 from ..models.base import ASRResult, OCRLine
 from ..models.registry import Registry
+from ..models.tts import join_wavs
 from ..serving.keys import ModelKey
 from ..serving.ports import FILE_CLASS, CallContext, ModelPort, MtInput, OcrInput, TranscribeInput
 from ..tracing import TraceRef
@@ -125,25 +124,6 @@ def _typed(value: object, kind: type[T], key: ModelKey) -> T:
     if not isinstance(value, kind):
         raise BackendError(f"{key} answered a {type(value).__name__} where a {kind.__name__} was due")
     return value
-
-
-def join_wavs(wavs: Sequence[bytes]) -> bytes:
-    """WAV files of one voice (one format) -> one WAV file."""
-    if len(wavs) == 1:
-        return wavs[0]
-    frames: list[bytes] = []
-    params = None
-    for w in wavs:
-        with wave.open(io.BytesIO(w)) as r:
-            params = params or r.getparams()
-            frames.append(r.readframes(r.getnframes()))
-    assert params is not None
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as out:
-        out.setparams(params)
-        for f in frames:
-            out.writeframes(f)
-    return buf.getvalue()
 
 
 class OwnEngine:

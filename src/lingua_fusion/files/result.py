@@ -3,7 +3,6 @@ translation, low-confidence routes), the route described, then the output modali
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from .. import langs
@@ -12,18 +11,18 @@ from ..models.registry import LOW_CHRF, Registry
 from ..types import Modality, Segment, TranslationResult
 from ..untranslated import warning as untranslated_warning
 from .engine import EngineLink, FileCall
+from .recognise import SENTENCE
 from .request import ValidRequest
 from .work import Stages, Work
 
 SPEECH_CONFIDENT = 0.5  # a spoken-language detection below this is reported as LOW
 SPOKEN_PIECE_CHARS = 400  # characters of text per TTS work item (a few sentences; a longer sentence goes whole)
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 
 
 def spoken_pieces(text: str, most: int = SPOKEN_PIECE_CHARS) -> list[str]:
     """``text`` as whole sentences grouped into pieces of at most ``most`` characters (one piece when empty)."""
     pieces: list[str] = []
-    for sentence in (p.strip() for p in _SENTENCE_END.split(text)):
+    for sentence in (p.strip() for p in SENTENCE.split(text)):
         if not sentence:
             continue
         if pieces and len(pieces[-1]) + 1 + len(sentence) <= most:

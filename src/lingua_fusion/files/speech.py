@@ -76,7 +76,7 @@ class SpeechRecogniser:
         shown = langs.identify(" ".join(s.source_text for s in work.video.slides))
         if not res.segments or (shown.sure and shown.lang != res.language):
             return res
-        deadline = work.deadline
+        deadline = work.call.deadline
         return correct_with_slides(res, lambda x, p: run(x, p, res.language), audio,
                                    pieces(work.video.slides, audio),
                                    stop=(lambda: deadline.left() < deadline.seconds / 3) if deadline else None)

@@ -49,7 +49,7 @@ class VideoVisuals:
             work.signs = signs.finish() if signs is not None else []
         if not video.probe.has_video:
             return True
-        work.video, work.deadline = video, st.deadline
+        work.video = video
         if video.slides:
             work.models["ocr"] = video.ocr_model
         else:

@@ -29,15 +29,15 @@ class Work:
     models: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames (ASR and MT context)
-    deadline: Deadline | None = None  # the request's: optional work (slide corrections) stops early near it
     signs: list[Any] = field(default_factory=list)  # vision/service.py GlossSpan: signs read (vocabulary_id)
-    scope: str = ""  # whose translation memory (the request's API key: FileRequest.scope)
     # Chinese scripts asked for by the request's language tags (zh-TW, zh-Hant: "Hant"; zh: "Hans"), or None
     source_script: str | None = None
     target_script: str | None = None
     untranslated: list[str] = field(default_factory=list)  # words MT left as written (lingua_fusion/untranslated.py)
     slide_context: bool = True  # FileTranslator.slide_context when the request started: slide words feed ASR, MT
-    call: FileCall = field(default_factory=FileCall)  # the engine's view of this request: key, deadline, span
+    # the engine's view of this request: its key (and translation memory), its deadline (optional work, the slide
+    # corrections, stops early near it), its current span
+    call: FileCall = field(default_factory=FileCall)
 
 
 class Stages:

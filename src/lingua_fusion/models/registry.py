@@ -7,13 +7,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Settings
 from ..errors import BackendError, UnsupportedPair
 from ..supervise import WorkerHealth
 from . import mt_apertium
 from .base import ASR, MT, OCR, TTS, VAD, BackendInfo, Braille
+
+if TYPE_CHECKING:  # loaded on first use (onnxruntime, tesseract)
+    from .ocr import RapidOCRBackend, TesseractBackend
 
 
 @dataclass(frozen=True)
@@ -186,12 +189,19 @@ class Registry:
             return WhisperASR(path, info, compute_type=m.asr_compute_type, threads=m.asr_threads,
                               beam_size=m.asr_beam_size, workers=m.asr_lanes())
 
+        key, info = self._asr_model(language, task)
+        if key == "asr:tiny.en":
+            return self._get(key, lambda: build(get_model_path(), info))
+        return self._get(key, lambda: build(whisper_base_dir(m.cache_dir), info))
+
+    @staticmethod
+    def _asr_model(language: str | None, task: str) -> tuple[str, BackendInfo]:
+        """Which Whisper serves ``language`` and ``task``: English-only tiny for English transcripts, else base."""
         if language == "en" and task == "transcribe":
-            return self._get("asr:tiny.en", lambda: build(get_model_path(), WHISPER_TINY_EN))
+            return "asr:tiny.en", WHISPER_TINY_EN
         from ..langs import KNOWN
 
-        base = whisper_base_info(tuple(sorted(KNOWN)))
-        return self._get("asr:base", lambda: build(whisper_base_dir(m.cache_dir), base))
+        return "asr:base", whisper_base_info(tuple(sorted(KNOWN)))
 
     def asr_torch(self, language: str | None) -> Any:
         """The Whisper weights ``asr(language)`` serves, loaded into the torch model on ``models.device`` whatever
@@ -267,16 +277,10 @@ class Registry:
     # ---- names (what a result reports as its models; nothing is loaded: under --workers the models run in the
     # model process, not where the result is assembled) ----------------------------------------------------------
     def asr_name(self, language: str | None, task: str = "transcribe") -> str:
-        from ..langs import KNOWN
-
-        info = WHISPER_TINY_EN if language == "en" and task == "transcribe" else \
-            whisper_base_info(tuple(sorted(KNOWN)))
-        return asr_info(info, self.settings.models.backend).name
+        return asr_info(self._asr_model(language, task)[1], self.settings.models.backend).name
 
     def ocr_name(self) -> str:
-        from .ocr import RapidOCRBackend, TesseractBackend
-
-        return (TesseractBackend if self.settings.models.ocr_engine == "tesseract" else RapidOCRBackend).info.name
+        return self._ocr_backend()[1].info.name
 
     def tts_name(self, language: str) -> str:
         from .tts import ESPEAK_NAME, PiperTTS
@@ -284,11 +288,14 @@ class Registry:
         return PiperTTS.info.name if language == "en" else ESPEAK_NAME
 
     def ocr(self) -> OCR:
+        return self._get(*self._ocr_backend())
+
+    def _ocr_backend(self) -> tuple[str, type[RapidOCRBackend] | type[TesseractBackend]]:
         from .ocr import RapidOCRBackend, TesseractBackend
 
         if self.settings.models.ocr_engine == "tesseract":
-            return self._get("ocr:tesseract", TesseractBackend)
-        return self._get("ocr:rapidocr", RapidOCRBackend)
+            return "ocr:tesseract", TesseractBackend
+        return "ocr:rapidocr", RapidOCRBackend
 
     def tts(self, language: str) -> TTS:
         from .tts import EspeakTTS, PiperTTS

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import threading
 import wave
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -71,4 +72,23 @@ def to_wav(audio: np.ndarray, sr: int) -> bytes:
         w.setsampwidth(2)
         w.setframerate(sr)
         w.writeframes(np.asarray(audio, dtype=np.int16).tobytes())
+    return buf.getvalue()
+
+
+def join_wavs(wavs: Sequence[bytes]) -> bytes:
+    """WAV files of one voice (one format) -> one WAV file."""
+    if len(wavs) == 1:
+        return wavs[0]
+    frames: list[bytes] = []
+    params = None
+    for w in wavs:
+        with wave.open(io.BytesIO(w)) as r:
+            params = params or r.getparams()
+            frames.append(r.readframes(r.getnframes()))
+    assert params is not None
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setparams(params)
+        for f in frames:
+            out.writeframes(f)
     return buf.getvalue()
