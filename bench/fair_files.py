@@ -78,19 +78,13 @@ def main() -> None:
         make_video(VIDEO)
         print(f"wrote {VIDEO} ({VIDEO.stat().st_size} bytes)")
         return
-    from conftest import start_server, stop_server
-    from test_security import Srv, admin_key
+    from test_security import auth_server
 
     out: dict[str, Any] = {}
     for name, nice in (("file_nice_0", "0"), ("file_nice_default", None)):
-        state = Path(tempfile.mkdtemp(prefix="fair-files-"))
-        admin = admin_key(state)
         env = {"LINGUAFUSION_SERVER__FILE_NICE": nice} if nice is not None else None
-        url, proc = start_server(state, env=env)
-        try:
-            out[name] = asyncio.run(figures(Srv(url, proc, state, admin)))
-        finally:
-            stop_server(proc)
+        with auth_server(Path(tempfile.mkdtemp(prefix="fair-files-")), env=env) as srv:
+            out[name] = asyncio.run(figures(srv))
         print(name, json.dumps(out[name]))
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))

@@ -75,16 +75,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fair_keys.json")
     args = ap.parse_args()
-    from conftest import start_server, stop_server
-    from test_security import Srv, admin_key
+    from test_security import auth_server
 
-    state = Path(tempfile.mkdtemp(prefix="fair-keys-"))
-    admin = admin_key(state)
-    url, proc = start_server(state)
-    try:
-        out = asyncio.run(figures(Srv(url, proc, state, admin)))
-    finally:
-        stop_server(proc)
+    with auth_server(Path(tempfile.mkdtemp(prefix="fair-keys-"))) as srv:
+        out = asyncio.run(figures(srv))
     args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
 

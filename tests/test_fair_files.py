@@ -17,20 +17,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import start_server, stop_server
 from test_fair_keys import LATE_S, SENTENCES, honest_stream, speech_16k
-from test_security import Srv, admin_key
+from test_security import Srv, auth_server
 
 VIDEO = Path(__file__).parent / "data" / "static_6000x6000_20s.mp4"
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
-    state = tmp_path_factory.mktemp("fair-files")
-    admin = admin_key(state)
-    url, proc = start_server(state)
-    yield Srv(url, proc, state, admin)
-    stop_server(proc)
+    with auth_server(tmp_path_factory.mktemp("fair-files")) as srv:
+        yield srv
 
 
 async def post_video(srv: Srv, key: str, data: bytes) -> httpx.Response:

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import start_server, stop_server, talk_wav
-from test_security import Srv, admin_key, ending, opened, start
+from conftest import talk_wav
+from test_security import Srv, auth_server, ending, opened, start
 
 LATE_S = 8.0  # B's captions, each after its speech; idle 0.4 s, under the old attack 22 s and then closed
 SENTENCES = ["The meeting starts at nine in the morning.", "Please bring your notes and a pen.",
@@ -32,11 +32,8 @@ SENTENCES = ["The meeting starts at nine in the morning.", "Please bring your no
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
-    state = tmp_path_factory.mktemp("fair-keys")
-    admin = admin_key(state)
-    url, proc = start_server(state)
-    yield Srv(url, proc, state, admin)
-    stop_server(proc)
+    with auth_server(tmp_path_factory.mktemp("fair-keys")) as srv:
+        yield srv
 
 
 def speech_16k() -> bytes:
@@ -199,13 +196,8 @@ async def test_one_keys_40_megapixel_images_leave_another_keys_captions_live_und
     ~120 MB of RGB, copied on both sides' event loops, every other stream's model replies behind it. Now it
     crosses at the size OCR reads it (serving/shard/pictures.py: 1984x1984, 11.8 MB), and each worker paces the
     key at 1/N of its pixel budget (with a whole budget per worker B's captions once came 10 s late)."""
-    state = tmp_path_factory.mktemp("fair-keys-workers")
-    admin = admin_key(state)
-    url, proc = start_server(state, "--workers", "2")
-    try:
-        beside, codes = await image_attack(Srv(url, proc, state, admin), "workers")
-    finally:
-        stop_server(proc)
+    with auth_server(tmp_path_factory.mktemp("fair-keys-workers"), "--workers", "2") as srv:
+        beside, codes = await image_attack(srv, "workers")
     print(f"B's caption lateness beside A's four 40 MP image floods, serve --workers 2: {beside}")
     assert len(beside) >= len(SENTENCES) - 1 and max(beside) < LATE_S, beside
     assert "pictures_paced" in codes, codes
@@ -369,13 +361,10 @@ async def test_the_sdk_sends_a_file_no_faster_than_the_server_reads_it(
     it: the server never has to pace it (no `audio_paced`), and every sentence comes back."""
     from lingua_fusion.sdk import MultimodalTranslator
 
-    state = tmp_path_factory.mktemp("sdk-pace")
-    admin = admin_key(state)
-    url, proc = start_server(state, env={"LINGUAFUSION_LIMITS__MAX_AUDIO_SPEED": "6",
-                                         "LINGUAFUSION_LIMITS__MAX_AUDIO_BURST_S": "4"})
-    try:
+    with auth_server(tmp_path_factory.mktemp("sdk-pace"), env={"LINGUAFUSION_LIMITS__MAX_AUDIO_SPEED": "6",
+                                                               "LINGUAFUSION_LIMITS__MAX_AUDIO_BURST_S": "4"}) as srv:
         audio = speech_16k() * 2  # about 20 s: 4 s at once, the rest at 6x
-        client = MultimodalTranslator(api_key=admin, base_url=url)
+        client = MultimodalTranslator(api_key=srv.admin, base_url=srv.url)
         events: list[dict[str, Any]] = []
         async with client.stream(["es"], source_lang="en", partials=False) as s:
             assert s.ready["max_audio_speed"] == 6 and s.ready["max_audio_burst_s"] == 4
@@ -389,8 +378,6 @@ async def test_the_sdk_sends_a_file_no_faster_than_the_server_reads_it(
             async for ev in s:
                 events.append(ev.model_dump(exclude_none=True))
             await asyncio.wait_for(sender, 60)
-    finally:
-        stop_server(proc)
     codes = [e.get("code") for e in events if e["type"] == "error"]
     assert "audio_paced" not in codes, codes
     assert len([e for e in events if e["type"] == "final" and e.get("text")]) >= 2 * len(SENTENCES) - 1, events

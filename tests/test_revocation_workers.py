@@ -12,8 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import start_server, stop_server
-from test_security import Srv, admin_key, connect, ending, event, opened, start
+from test_security import Srv, auth_server, connect, ending, event, opened, start
 
 from lingua_fusion.api.revocation import RevocationWatch
 from lingua_fusion.state.sqlite import SQLiteStore
@@ -23,11 +22,8 @@ MAX_TRIES = 16  # streams opened until both workers hold one (the kernel hands e
 
 @pytest.fixture(scope="module")
 def workers2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
-    state = tmp_path_factory.mktemp("revocation")
-    admin = admin_key(state)
-    url, proc = start_server(state, "--workers", "2")
-    yield Srv(url, proc, state, admin)
-    stop_server(proc)
+    with auth_server(tmp_path_factory.mktemp("revocation"), "--workers", "2") as srv:
+        yield srv
 
 
 def _worker_of(srv: Srv, ws: Any) -> int:

@@ -56,6 +56,17 @@ def admin_key(state: Path) -> str:
                           text=True, timeout=60, check=True).stdout.strip()
 
 
+@contextlib.contextmanager
+def auth_server(state: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[Srv]:
+    """``linguafusion serve`` with auth on and an admin key made first (``extra``: its flags), stopped after."""
+    admin = admin_key(state)
+    url, proc = start_server(state, *extra, env=env)
+    try:
+        yield Srv(url, proc, state, admin)
+    finally:
+        stop_server(proc)
+
+
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
     """Auth on, a 1 MiB upload limit, a 2 s head timeout, one file translation at a time with two waiting, three

@@ -16,7 +16,7 @@ import pytest
 from lingua_fusion.config import Settings
 from lingua_fusion.deadline import Deadline
 from lingua_fusion.errors import BackendError, RequestTimeout
-from lingua_fusion.files.engine import WINDOW, EngineLink, FileCall, join_wavs
+from lingua_fusion.files.engine import WINDOW, EngineLink, FileCall
 from lingua_fusion.files.mt import applied_terms
 from lingua_fusion.files.pieces import RATE, cuts
 from lingua_fusion.files.result import spoken_pieces
@@ -70,7 +70,7 @@ def test_wavs_of_one_voice_join_into_one_file() -> None:
     import io
     import wave
 
-    from lingua_fusion.models.tts import to_wav
+    from lingua_fusion.models.tts import join_wavs, to_wav
 
     one, two = to_wav(np.zeros(800, np.float32), 16000), to_wav(np.ones(1600, np.float32) * 0.1, 16000)
     with wave.open(io.BytesIO(join_wavs([one, two]))) as w:
