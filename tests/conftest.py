@@ -181,7 +181,7 @@ def _piper():  # type: ignore[no-untyped-def]
     from lingua_fusion.models.tts import PiperTTS
 
     if not _PIPER:
-        _PIPER.append(PiperTTS())
+        _PIPER.append(PiperTTS(varied=False))  # the same speech every run
     return _PIPER[0]
 
 

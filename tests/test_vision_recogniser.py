@@ -246,3 +246,43 @@ def test_a_store_from_before_features_were_kept_still_recognises(tmp_path: Path)
     db = sqlite3.connect(path)
     assert db.execute("SELECT COUNT(*) FROM vocab_examples WHERE features IS NULL").fetchone()[0] == 0
     db.close()
+
+
+
+def test_a_worker_that_loses_the_race_to_add_a_column_still_starts(tmp_path: Path) -> None:
+    # serve --workers opens the file from every worker at the same moment: each may find the features column
+    # missing, and the one that lost the race to add it died at start-up ("duplicate column name: features").
+    # Made certain here: another process has the column added but not committed when this store looks.
+    import sqlite3
+    import threading
+    import time
+
+    from lingua_fusion.vision.store import VocabularyStore
+
+    path = VocabularyStore(tmp_path).path
+    db = sqlite3.connect(path, isolation_level=None)  # as a release before features left the file
+    db.execute("DROP TABLE vocab_examples")
+    db.execute("CREATE TABLE vocab_examples (example_id TEXT PRIMARY KEY, vocab_id TEXT, gloss TEXT, frames TEXT, "
+               "n_frames INTEGER, created REAL)")
+    db.execute("CREATE INDEX vocab_examples_by_vocab ON vocab_examples (vocab_id)")
+    db.execute("BEGIN IMMEDIATE")
+    db.execute("ALTER TABLE vocab_examples ADD COLUMN features BLOB")
+    opened: list[object] = []
+    racer = threading.Thread(target=lambda: opened.append(_store_or_error(tmp_path)))
+    racer.start()
+    time.sleep(1.0)  # the store has read the old schema and waits for the write lock to add the column
+    db.execute("COMMIT")
+    racer.join(30)
+    db.close()
+    assert len(opened) == 1 and isinstance(opened[0], VocabularyStore), opened
+    opened[0].close()
+
+
+def _store_or_error(state_dir: Path) -> object:
+    from lingua_fusion.vision.store import VocabularyStore
+
+    try:
+        return VocabularyStore(state_dir)
+    except Exception as exc:  # what the test reports: the store that did not open
+        return exc
+

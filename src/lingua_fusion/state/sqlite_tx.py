@@ -10,6 +10,9 @@ lock, then fails with ``sqlite3.OperationalError`` ("database is locked"). That 
 own typed error, ``busy(exc)``, chained from SQLite's (``raise ... from exc``). A failure after it (a statement, the
 ``COMMIT``) is rolled back and raised as it is: each caller types those as it always has.
 
+``add_column`` is the one schema change the stores make to a file from an earlier release: several processes open
+the file at once at start-up, so each may find the column missing and only the first adds it.
+
 The connection must be in autocommit mode (``isolation_level=None``), so that the module does not begin
 transactions of its own; the lock that serialises the connection's users is the caller's to hold around this.
 """
@@ -37,3 +40,15 @@ def write_transaction(db: sqlite3.Connection,
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
+
+
+def add_column(db: sqlite3.Connection, table: str, column: str, declaration: str) -> None:
+    """Add ``column`` (``declaration``: its type and default) to ``table`` unless it is there, safe against other
+    processes adding it at the same moment (the loser's "duplicate column name" is the column being there)."""
+    if column in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+        return
+    try:
+        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    except sqlite3.OperationalError:
+        if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+            raise  # not the race: a real failure (a locked or read-only file)

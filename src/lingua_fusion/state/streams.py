@@ -32,7 +32,7 @@ from ..errors import AuthenticationError, BackendError, ClientError, NotFound, T
 from ..redact import redact_url
 from . import redis_keys
 from .private import private_dir, private_file
-from .sqlite_tx import write_transaction
+from .sqlite_tx import add_column, write_transaction
 
 log = logging.getLogger("lingua_fusion.state")
 T = TypeVar("T")
@@ -129,10 +129,7 @@ class SQLiteStreamStore:
                              "PRIMARY KEY (stream_id, seq))")
             # the owner epoch beside the body, so the take-over watch reads it without parsing whole snapshots
             # (a glossary of 5,000 terms is in the body); a file from before it gets the column (0: never resumed)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(stream_snapshot)")}
-            if "epoch" not in columns:
-                with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
-                    self._db.execute("ALTER TABLE stream_snapshot ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
+            add_column(self._db, "stream_snapshot", "epoch", "INTEGER NOT NULL DEFAULT 0")
 
     def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None:
         body = {**snapshot, "token_digest": token_digest(token), "last_seq": 0, "committed_until": 0.0,

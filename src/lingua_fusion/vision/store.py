@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import InvalidParameter, NotFound, QuotaExceeded
 from ..state.private import private_dir, private_file
+from ..state.sqlite_tx import add_column
 from . import bigjson
 from .landmarks import LandmarkSeq
 from .normalise import KINDS, LENGTH, features
@@ -99,11 +100,11 @@ class VocabularyStore:
             self._db.execute("CREATE TABLE IF NOT EXISTS vocabularies (vocab_id TEXT PRIMARY KEY, owner TEXT, "
                              "name TEXT, kind TEXT, lang TEXT, created REAL)")
             self._db.execute("CREATE TABLE IF NOT EXISTS vocab_examples (example_id TEXT PRIMARY KEY, "
-                             "vocab_id TEXT, gloss TEXT, frames TEXT, n_frames INTEGER, created REAL)")
+                             "vocab_id TEXT, gloss TEXT, frames TEXT, n_frames INTEGER, created REAL, features BLOB)")
             self._db.execute("CREATE INDEX IF NOT EXISTS vocab_examples_by_vocab ON vocab_examples (vocab_id)")
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(vocab_examples)")}
-            if "features" not in columns:  # a store from before features were kept: filled in as they are read
-                self._db.execute("ALTER TABLE vocab_examples ADD COLUMN features BLOB")
+            # a store from before features were kept gets the column, filled in as examples are read; every
+            # worker of ``serve --workers`` opens the file at once, so the add is safe against a racing one
+            add_column(self._db, "vocab_examples", "features", "BLOB")
 
     # ---- vocabularies ------------------------------------------------------------------------------------------
     def create(self, owner: str, name: str, kind: str, lang: str = "en") -> Vocabulary:
