@@ -45,6 +45,7 @@ MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 c
 # runs in a batch of its own and no stream's utterance waits inside a batch for a file's 30 s of speech
 ASR_MAX_UNITS = 8.0
 VAD_KEY = ModelKey.vad()
+SERVICE_WARMUP = 3  # a continuous runner's first items settled: not admission's measure of it (warm-up)
 
 
 @dataclass(eq=False)
@@ -95,6 +96,8 @@ class Executor:
         self._workers: dict[ModelKey, list[asyncio.Task[None]]] = {}  # one per lane
         self._lanes: dict[ModelKey, int] = {}
         self._flights: dict[ModelKey, list[_Flight]] = {}  # batches in flight per key (one per busy lane)
+        self._in_flight: dict[ModelKey, int] = {}  # a continuous runner's items handed over and not yet settled
+        self._served: dict[ModelKey, int] = {}  # ... and settled
         self._vad: list[_Pending] = []
         self._closing = False
 
@@ -185,9 +188,13 @@ class Executor:
             else:
                 runner = build_runner(key, self.registry, per_stream=self.mode == "per-stream")
             self._runners[key] = runner
-            # a continuous runner batches on its own: hand it everything scheduled, at no modelled cost
-            cost = CostModel(0.0, 0.0) if _continuous(runner) else _prior(str(key))
-            self.scheduler.costs.setdefault(str(key), cost)
+            # a continuous runner batches on its own: hand it everything scheduled, at no modelled batch cost;
+            # admission counts it by its items' latency against the items in flight (Scheduler.service), from the
+            # key's prior until its items are seen
+            continuous = _continuous(runner)
+            self.scheduler.costs.setdefault(str(key), CostModel(0.0, 0.0) if continuous else _prior(str(key)))
+            if continuous:
+                self.scheduler.service.setdefault(str(key), _prior(str(key)))
             lanes = 1 if _continuous(runner) else _lanes_of(key, self.settings)
             self._lanes[key] = lanes
             self.scheduler.lanes[str(key)] = lanes  # admission: the key's capacity is per lane
@@ -287,12 +294,23 @@ class Executor:
             return False
         loop = asyncio.get_running_loop()
         futures = runner.submit([w.payload.payload for w in batch], [w.tentative for w in batch])
-        for w, fut in zip(batch, futures, strict=True):
-            fut.add_done_callback(lambda f, w=w: loop.call_soon_threadsafe(self._settle, key, w, f))
+        handed = self.clock()
+        before = self._in_flight.get(key, 0)
+        self._in_flight[key] = before + len(batch)
+        # each item's place among the items in flight (those before it, itself): a runner that serves one at a
+        # time answers the n-th after n items' time, one that decodes them together answers all alike
+        for i, (w, fut) in enumerate(zip(batch, futures, strict=True)):
+            fut.add_done_callback(lambda f, w=w, n=before + i + 1: loop.call_soon_threadsafe(
+                self._settle, key, w, f, handed, n))
         return True
 
-    def _settle(self, key: ModelKey, w: WorkItem, done: Future[Any]) -> None:
-        """On the loop: one item of a continuous runner finished."""
+    def _settle(self, key: ModelKey, w: WorkItem, done: Future[Any], handed: float, in_flight: int) -> None:
+        """On the loop: one item of a continuous runner finished, handed over at ``handed`` with ``in_flight``
+        items in flight; a stream's item that succeeded is admission's measure of the runner (after its first
+        SERVICE_WARMUP items, which pay for its first calls: kernels chosen, buffers grown)."""
+        self._in_flight[key] -= 1
+        served = self._served.get(key, 0) + 1
+        self._served[key] = served
         exc = done.exception()
         if exc is None:
             try:
@@ -304,7 +322,10 @@ class Executor:
             self._failed(key, [w.payload], err)
         else:
             _resolve(w.payload.future, result)
-            self._observe(key, [w], w.enqueued, self.clock(), cold=True)
+            now = self.clock()
+            if served > SERVICE_WARMUP and w.slo != FILE_CLASS:
+                self.scheduler.observe_service(str(key), in_flight, now - handed)
+            self._observe(key, [w], w.enqueued, now, cold=True)
         self._wake[key].set()
 
     async def _vad_step(self, key: ModelKey) -> bool:

@@ -26,6 +26,12 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admission counts a model's lanes
+# a continuous runner's capacity is counted at most this many times the items it has been seen to hold in flight at
+# once (at least SERVICE_MIN_IN_FLIGHT): what it does with more is extrapolated no further than that, so admission
+# grows with what the runner has shown, a factor at a time, and never from a flat fit's infinite promise
+SERVICE_GROWTH = 2.0
+SERVICE_MIN_IN_FLIGHT = 4
+SERVICE_MAX_IN_FLIGHT = 1024  # the GPU engine's largest decode batch (serving/gpu/runner.py max_batch)
 SLO_CLASSES: dict[str, float] = {"interactive": 1.0, "standard": 3.0, "batch": 30.0}  # caption p99 target (s)
 # every class work may carry: the streams' SLO classes and file requests' (serving/ports.py FILE_CLASS), whose
 # looser deadline puts a file's pieces behind a stream's captions of the same key
@@ -235,6 +241,11 @@ class Scheduler:
         # cost, once it has been seen (two lanes on cores other jobs hold are no faster than one)
         self.lanes: dict[str, int] = {}
         self.overlap_costs: dict[str, CostModel] = {}
+        # a continuous runner's (serving/gpu: it batches on its own, so it has no batch latency to fit): an item's
+        # time from hand-over to result against the items in flight when it was handed over; by Little's law it
+        # serves n / latency(n) items/s with n in flight. ``service_seen``: the most in flight it was seen to hold
+        self.service: dict[str, CostModel] = {}
+        self.service_seen: dict[str, int] = {}
         self.queues: dict[str, ModelQueue] = defaultdict(ModelQueue)
         self.admitted: dict[str, Demand] = {}
         self.stats = SchedulerStats()
@@ -386,16 +397,29 @@ class Scheduler:
                 self.overlap_costs[model] = CostModel(cm.c0, cm.c1)
             self.overlap_costs[model].observe(batch, seconds)
 
+    def observe_service(self, model: str, in_flight: int, seconds: float) -> None:
+        """A continuous runner's item: handed over with ``in_flight`` items in flight (itself included), its result
+        ``seconds`` later. Admission counts the model by this (``capacity``) from then on."""
+        self.service.setdefault(model, CostModel()).observe(in_flight, seconds)
+        self.service_seen[model] = max(self.service_seen.get(model, 0), in_flight)
+
     # ---- admission ------------------------------------------------------------------------------------------
     def capacity(self, model: str, slo: str) -> float:
         """Items/s the model sustains with batches small enough for the SLO's stage budget. A model with several
         lanes: each lane's at the latency its batches have while other lanes run, once OVERLAP_MIN_OBSERVATIONS
-        such batches were seen; until then one lane's (capacity is proven, not assumed)."""
+        such batches were seen; until then one lane's (capacity is proven, not assumed). A continuous runner's (its
+        model in ``service``, from its prior until its items are seen): the items in flight whose latency fits half
+        the stage budget, by Little's law, at most SERVICE_GROWTH times as many as it has held."""
+        budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(model.split(":")[0], 0.5)
+        svc = self.service.get(model)
+        if svc is not None:
+            held = max(SERVICE_MIN_IN_FLIGHT, int(SERVICE_GROWTH * self.service_seen.get(model, 0)))
+            n = svc.max_batch_within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
+            return n / max(1e-6, svc.predict(n))
         cm, lanes = self.cost(model), 1
         overlap = self.overlap_costs.get(model)
         if self.lanes.get(model, 1) > 1 and overlap is not None and overlap.observations >= OVERLAP_MIN_OBSERVATIONS:
             cm, lanes = overlap, self.lanes[model]
-        budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(model.split(":")[0], 0.5)
         b = cm.max_batch_within(budget / 2, self.batch_cap(model))  # half the budget to serve, half to wait
         return lanes * b / max(1e-6, cm.predict(b))
 
