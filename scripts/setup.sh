@@ -36,6 +36,10 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 if [[ ",$EXTRAS," == *",hf,"* ]]; then
   # The CPU build of torch lies on this machine's disk; ask for it first so nothing pulls a CUDA build.
   "${PIP[@]}" "torch==2.13.0" -c requirements/constraints-core.txt
+  # speaker diarization's voice encoder (models/speaker.py): only the weights in the wheel are used, on torch, so
+  # the wheel goes in without its declared dependencies (librosa, numba, scikit-learn, webrtcvad built from
+  # source, and `typing`, a copy of the standard library's module); pyproject.toml cannot say --no-deps
+  "${PIP[@]}" --no-deps "resemblyzer==0.1.4"
 fi
 llama_build=""
 if [[ ",$EXTRAS," == *",llm,"* ]]; then

@@ -148,10 +148,11 @@ def test_unknown_model_is_a_404_in_openais_shape(api: Api, english: Path) -> Non
         api.client().audio.translations.create(model="tts-1", file=english.open("rb"))
 
 
-def test_known_model_without_the_feature_is_a_400(api: Api, english: Path) -> None:
+def test_diarized_json_needs_the_diarizing_model(api: Api, english: Path) -> None:
     with pytest.raises(openai.BadRequestError) as exc:
-        api.client().audio.transcriptions.create(model="gpt-4o-transcribe-diarize", file=english.open("rb"))
-    assert "diarization" in exc.value.body["message"]
+        api.client().audio.transcriptions.create(model="whisper-1", file=english.open("rb"),
+                                                 response_format="diarized_json")
+    assert "gpt-4o-transcribe-diarize" in exc.value.body["message"] and exc.value.body["param"] == "response_format"
 
 
 def test_wrong_key_is_a_401(api: Api, english: Path) -> None:

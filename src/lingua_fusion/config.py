@@ -236,6 +236,20 @@ class RoomSettings(BaseModel):
     ttl_s: float = Field(default=24 * 3600.0, gt=0)
 
 
+class DiarizeSettings(BaseModel):
+    """Speaker diarization of files (``diarize=true``, docs/diarization.md): the clusterer and its bounds."""
+
+    # the most speakers a file may be given (a request's max_speakers may only lower it); past it a voice joins the
+    # closest speaker, with a low speaker_confidence
+    max_speakers: int = Field(default=8, ge=1, le=32)
+    # the longest speech diarized (seconds of decoded audio); longer: 413 too_large before any ASR
+    max_audio_s: float = Field(default=3 * 3600.0, gt=0)
+    # cosine similarity a segment's voice needs to join a speaker; below it opens a new one (bench/diarize.py)
+    threshold: float = Field(default=0.80, ge=-1.0, le=1.0)
+    window_hop_s: float = Field(default=0.4, gt=0, le=1.6)  # between a segment's 1.6 s embedding windows
+    max_windows_per_segment: int = Field(default=16, ge=1, le=256)  # a long segment's windows, evenly spread
+
+
 class TmSettings(BaseModel):
     """The translation memory (lingua_fusion/tm, docs/rooms.md): a local LRU, then Redis (``state.redis_url``)."""
 
@@ -259,6 +273,7 @@ class Settings(BaseSettings):
     rooms: RoomSettings = Field(default_factory=RoomSettings)
     otel: OtelSettings = Field(default_factory=OtelSettings)
     vision: VisionSettings = Field(default_factory=VisionSettings)
+    diarize: DiarizeSettings = Field(default_factory=DiarizeSettings)
     state_dir: Path | None = None  # LINGUAFUSION_STATE_DIR shortcut
 
     def resolved_state_dir(self) -> Path:

@@ -37,6 +37,9 @@ class Segment(BaseModel):
     source_text: str
     text: str
     confidence: float | None = None
+    # diarize=true: who spoke it ("S1", "S2", ... in order of appearance) and how sure that is (0..1)
+    speaker: str | None = None
+    speaker_confidence: float | None = None
 
 
 class SlideText(BaseModel):

@@ -37,7 +37,8 @@ from .deps import AppContext, TranslateKey, context, flag, read_form
 from .openai_compat import language_code, language_name, openai_error, speech_model
 
 log = logging.getLogger("lingua_fusion.api")
-FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+FORMATS = ("json", "text", "srt", "verbose_json", "vtt", "diarized_json")
+DIARIZED_FORMATS = ("json", "text", "diarized_json")  # what OpenAI's diarizing model answers in
 GRANULARITIES = ("segment", "word")
 
 
@@ -88,6 +89,12 @@ async def _run(request: Request, key_id: str, form: FormData, *, translate: bool
     if fmt not in FORMATS:
         raise InvalidParameter(f"response_format must be one of {', '.join(FORMATS)}",
                                details={"field": "response_format"})
+    if fmt == "diarized_json" and not model.diarize:
+        raise InvalidParameter("response_format diarized_json needs model gpt-4o-transcribe-diarize",
+                               details={"field": "response_format"})
+    if model.diarize and fmt not in DIARIZED_FORMATS:
+        raise InvalidParameter(f"{model.name} answers in {', '.join(DIARIZED_FORMATS)}",
+                               details={"field": "response_format"})
     granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     if any(g not in GRANULARITIES for g in granularities):
         raise InvalidParameter("timestamp_granularities[] takes segment and word",
@@ -103,7 +110,7 @@ async def _run(request: Request, key_id: str, form: FormData, *, translate: bool
     # the audio track of any audio or video file (a video's frames are not read: OpenAI's API is speech only)
     req = FileRequest(source_modality="audio", target_lang=target if translate else "", source_lang=source,
                       data=data, glossary=_glossary(form, ctx, key_id), filename=filename, prompt=_prompt(form),
-                      transcribe_only=not translate, scope=key_id)
+                      transcribe_only=not translate, scope=key_id, diarize=model.diarize)
     valid = ctx.translator.validate(req)  # every check before the queue and before any decoding
     deadline = Deadline(ctx.settings.server.request_timeout_s)
     result = await ctx.admission.run(key_id, deadline,
@@ -183,6 +190,9 @@ def render(result: TranslationResult, fmt: str, *, task: str) -> Response:
     if fmt == "vtt":
         return PlainTextResponse(to_vtt(result.segments), media_type="text/vtt")
     body: dict[str, Any] = {"text": text}
+    if fmt == "diarized_json":
+        body = {"task": "transcribe", "duration": result.duration_s or 0.0, "text": text,
+                "segments": diarized_segments(result, task)}
     if fmt == "verbose_json":
         lang = result.target_lang if task == "translate" else result.source_lang
         body = {"task": task, "language": language_name(lang), "duration": result.duration_s or 0.0,
@@ -206,6 +216,25 @@ def segments(result: TranslationResult) -> list[dict[str, Any]]:
     return out
 
 
+def diarized_segments(result: TranslationResult, task: str) -> list[dict[str, Any]]:
+    """OpenAI's diarized segments (``TranscriptionDiarizedSegment``): speakers named as OpenAI names them, "A",
+    "B", ... in order of appearance (ours are S1, S2, ...; ``linguafusion.speakers`` maps one to the other)."""
+    return [{"type": "transcript.text.segment", "id": f"seg_{i}", "start": s.start, "end": s.end,
+             "text": s.text if task == "translate" else s.source_text, "speaker": openai_speaker(s.speaker)}
+            for i, s in enumerate(result.segments)]
+
+
+def openai_speaker(label: str | None) -> str:
+    """S1 -> A, S2 -> B, ... S27 -> AA; no speaker (a segment with no voice) -> "unknown"."""
+    if not label or not label[1:].isdigit():
+        return "unknown"
+    n, out = int(label[1:]), ""
+    while n > 0:
+        n, r = divmod(n - 1, 26)
+        out = chr(ord("A") + r) + out
+    return out
+
+
 def extension(result: TranslationResult) -> dict[str, Any]:
     """What only this server says about a result (ignored by OpenAI's clients): languages, the route, warnings."""
     out: dict[str, Any] = {"source_lang": result.source_lang, "target_lang": result.target_lang,
@@ -214,6 +243,9 @@ def extension(result: TranslationResult) -> dict[str, Any]:
                            "warnings": result.warnings}
     if result.glossary_terms_applied:
         out["glossary_terms_applied"] = result.glossary_terms_applied
+    speakers = sorted({s.speaker for s in result.segments if s.speaker}, key=lambda x: int(x[1:]))
+    if speakers:
+        out["speakers"] = {openai_speaker(s): s for s in speakers}
     return out
 
 

@@ -5,7 +5,7 @@ what is supported and what is not: docs/openai.md.
 Every ``model`` name goes to the same speech route that /v1/translate and /v1/streams use (Whisper tiny.en for
 English, Whisper base for any other language, then MT when a translation is asked for): the names differ only in
 what they restrict (``whisper-tiny.en`` takes English speech only). An unknown name is a 404 ``model_not_found``;
-a known OpenAI name for a feature this server lacks (diarization) is a 400 that says so.
+``gpt-4o-transcribe-diarize`` adds speaker diarization (files/diarize.py; ``response_format=diarized_json``).
 
 Errors are answered in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with this server's
 ``details`` kept as an extra field; ``code`` is our stable code (errors.py) except where OpenAI's clients know
@@ -24,7 +24,8 @@ from ..errors import InvalidParameter, LinguaFusionError, NotFound
 AUTO = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-mini-transcribe-2025-12-15",
         "gpt-transcribe", "gpt-live-transcribe", "gpt-realtime-whisper", "linguafusion")
 ENGLISH_ONLY = ("whisper-tiny.en",)
-UNSUPPORTED = {"gpt-4o-transcribe-diarize": "speaker diarization is not supported by this server"}
+DIARIZE = ("gpt-4o-transcribe-diarize",)  # the auto route, each segment's speaker found (diarize=true)
+UNSUPPORTED: dict[str, str] = {}  # known OpenAI names for what this server lacks: name -> why (a 400)
 # realtime (conversation) model names a client may put in the realtime URL; this server opens a transcription
 # session for them (it has no speech-to-speech model)
 REALTIME_PREFIXES = ("gpt-realtime", "gpt-4o-realtime", "gpt-4o-mini-realtime")
@@ -39,6 +40,7 @@ class SpeechModel:
 
     name: str
     english_only: bool = False
+    diarize: bool = False  # each segment's speaker (response_format diarized_json shows them)
 
     def language(self, requested: str | None) -> str | None:
         """The spoken language to pass on: the requested one (None: detected), checked against the model."""
@@ -51,7 +53,7 @@ class SpeechModel:
 
 
 def served_models() -> list[str]:
-    return [*AUTO, *ENGLISH_ONLY]
+    return [*AUTO, *ENGLISH_ONLY, *DIARIZE]
 
 
 def speech_model(name: str | None, *, field: str = "model") -> SpeechModel:
@@ -63,6 +65,8 @@ def speech_model(name: str | None, *, field: str = "model") -> SpeechModel:
         return SpeechModel(name)
     if name in ENGLISH_ONLY:
         return SpeechModel(name, english_only=True)
+    if name in DIARIZE:
+        return SpeechModel(name, diarize=True)
     if name in UNSUPPORTED:
         raise InvalidParameter(f"{name}: {UNSUPPORTED[name]}", details={"field": field})
     raise NotFound(f"the model {name[:64]!r} does not exist here; served: {', '.join(served_models())}",
@@ -73,7 +77,16 @@ def realtime_model(name: str) -> SpeechModel:
     """A realtime URL's ``model``: a transcription model, or a realtime model name (transcription only here)."""
     if name.startswith(REALTIME_PREFIXES):
         return SpeechModel("whisper-1")
-    return speech_model(name)
+    return live_model(name)
+
+
+def live_model(name: str | None, *, field: str = "model") -> SpeechModel:
+    """A transcription model for live audio: diarization is for files here (a 400 says so)."""
+    model = speech_model(name, field=field)
+    if model.diarize:
+        raise InvalidParameter(f"{model.name}: speaker diarization is for files here (/v1/audio/transcriptions), "
+                               "not live sessions", details={"field": field})
+    return model
 
 
 # ---- errors --------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import InvalidParameter
 from ..serving.scheduler import SLO_CLASSES
 from ..stream.protocol import MAX_TARGETS, POLICIES
-from .openai_compat import SpeechModel, language_code, speech_model
+from .openai_compat import SpeechModel, language_code, live_model
 from .openai_realtime_audio import BETA_FORMATS, FORMATS
 
 GA, BETA = "ga", "beta"
@@ -116,7 +116,7 @@ class SessionConfig:
         t = _dict(value, where)
         if "model" in t and t["model"] is not None and not isinstance(t["model"], str):
             raise InvalidParameter("transcription.model must be a string", details={"field": "model"})
-        model = speech_model(t["model"], field="model") if t.get("model") else self.model
+        model = live_model(t["model"], field="model") if t.get("model") else self.model
         language = language_code(t["language"], field="language") if "language" in t else self.language
         return replace(self, model=model, language=model.language(language),
                        prompt=str(t.get("prompt") or "") if "prompt" in t else self.prompt)

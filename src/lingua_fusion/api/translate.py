@@ -58,7 +58,9 @@ async def translate(request: Request, key: TranslateKey) -> Response:
                       target_modality=str(form.get("target_modality") or "text"),
                       source_lang=str(form.get("source_lang")) if form.get("source_lang") else None,
                       data=data, text=str(text) if text is not None else None, glossary=terms,
-                      filename=filename, signs=signs, scope=key.key_id)
+                      filename=filename, signs=signs, scope=key.key_id,
+                      diarize=flag(_flag(form.get("diarize", "false"), "diarize")),
+                      max_speakers=_count(form.get("max_speakers"), "max_speakers"))
     # every check (size, languages and pair, modality vs bytes, UTF-8): before the queue, before any decoding
     # (on a thread: telling an ogg / webm / mp4 from its header whether it holds video opens the container)
     valid = await asyncio.to_thread(ctx.translator.validate, req)
@@ -95,3 +97,13 @@ def _flag(value: object, field: str) -> object:
     if str(value).strip().lower() not in FLAGS:
         raise InvalidParameter(f"{field} must be true or false", details={"field": field})
     return value
+
+
+def _count(value: object, field: str) -> int | None:
+    """An optional whole-number form field ("3"); anything else is refused (its range: files/validate.py)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise InvalidParameter(f"{field} must be a whole number", details={"field": field}) from None

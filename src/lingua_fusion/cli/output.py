@@ -24,7 +24,8 @@ err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 FLAGS = {"source_lang": "--from", "target_lang": "--to", "target_langs": "--to", "source_modality": "--modality",
          "target_modality": "--target-modality", "output_format": "--format", "input_media": "FILE",
-         "glossary_id": "--glossary", "enable_glossary": "--glossary", "slo": "--slo"}
+         "glossary_id": "--glossary", "enable_glossary": "--glossary", "slo": "--slo",
+         "diarize": "--diarize", "max_speakers": "--max-speakers"}
 _FIELD = re.compile(r"(?<![\w/-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(?![\w-])")
 
 

@@ -31,6 +31,9 @@ def translate(
     glossary: Path | None = typer.Option(None, "--glossary", help="CSV/JSON term list to apply."),
     vocabulary: str | None = typer.Option(None, "--vocabulary",
                                           help="A sign vocabulary's id: the video's signs are read (JSON: signs)."),
+    diarize: bool = typer.Option(False, "--diarize",
+                                 help="Speech: who spoke each segment (JSON: segments[].speaker; SRT/VTT name them)."),
+    max_speakers: int | None = typer.Option(None, "--max-speakers", help="With --diarize: at most this many."),
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
 ) -> None:
     """Translate a file or text, through a server (--url) or in-process. Warnings go to stderr."""
@@ -49,7 +52,8 @@ def translate(
             result = client.translate(str(file) if file else None, text=text, target_lang=to,
                                       source_lang=source_lang, source_modality=modality,
                                       target_modality=target_modality, enable_glossary=gid is not None,
-                                      glossary_id=gid, vocabulary_id=vocabulary)
+                                      glossary_id=gid, vocabulary_id=vocabulary, diarize=diarize,
+                                      max_speakers=max_speakers)
     except LinguaFusionError as exc:
         fail(exc)
     warn(result.warnings)

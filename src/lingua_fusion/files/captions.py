@@ -4,6 +4,9 @@ Slides are cues of their own, interleaved with the captions by start time and la
 top of the picture so they do not cover the spoken captions at the bottom: WebVTT says so with standard cue
 settings (``line:0``), SRT has no standard position, so its slide cues start with ``{\\an8}``, the override that
 VLC, mpv, MPC-HC and ffmpeg/libass read as "top centre" (a player that does not know it shows it as text).
+
+A diarized segment names its speaker: WebVTT with its voice span (``<v S1>text``, which players show as the
+speaker's name or style), SRT, which has no such tag, with the label before the text (``S1: text``).
 """
 
 from __future__ import annotations
@@ -26,31 +29,35 @@ def _ts(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
-def _cues(segments: list[Segment], slides: Sequence[Any]) -> list[tuple[float, float, str, bool]]:
-    """(start, end, text, is_slide) in start order; a slide's text without blank lines (a blank line ends a cue)."""
-    cues = [(s.start, s.end, s.text, False) for s in segments]
+def _cues(segments: list[Segment], slides: Sequence[Any]) -> list[tuple[float, float, str, bool, str | None]]:
+    """(start, end, text, is_slide, speaker) in start order; a slide's text without blank lines (a blank line ends
+    a cue)."""
+    cues = [(s.start, s.end, s.text, False, s.speaker) for s in segments]
     for sl in slides:
         text = "\n".join(ln for ln in sl.text.replace("-->", "->").splitlines() if ln.strip())
         if text:
-            cues.append((sl.start, sl.end, text, True))
+            cues.append((sl.start, sl.end, text, True, None))
     return sorted(cues, key=lambda c: (c[0], c[3]))
 
 
 def to_srt(segments: list[Segment], slides: Sequence[Any] = ()) -> str:
     blocks = []
-    for i, (start, end, text, slide) in enumerate(_cues(segments, slides), 1):
-        body = f"{SRT_SLIDE_TAG}{SLIDE_LABEL} {text}" if slide else text
+    for i, (start, end, text, slide, speaker) in enumerate(_cues(segments, slides), 1):
+        body = f"{SRT_SLIDE_TAG}{SLIDE_LABEL} {text}" if slide else (f"{speaker}: {text}" if speaker else text)
         blocks.append(f"{i}\n{_ts(start, ',')} --> {_ts(max(end, start + 0.001), ',')}\n{body}\n")
     return "\n".join(blocks)
 
 
 def to_vtt(segments: list[Segment], slides: Sequence[Any] = ()) -> str:
     blocks = ["WEBVTT\n"]
-    for start, end, text, slide in _cues(segments, slides):
+    for start, end, text, slide, speaker in _cues(segments, slides):
         timing = f"{_ts(start, '.')} --> {_ts(max(end, start + 0.001), '.')}"
         if slide:
             body = text.replace("&", "&amp;").replace("<", "&lt;")
             blocks.append(f"{timing} {VTT_SLIDE_SETTINGS}\n{SLIDE_LABEL} {body}\n")
+        elif speaker:
+            body = text.replace("&", "&amp;").replace("<", "&lt;")
+            blocks.append(f"{timing}\n<v {speaker}>{body}\n")
         else:
             blocks.append(f"{timing}\n{text}\n")
     return "\n".join(blocks)

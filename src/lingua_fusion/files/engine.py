@@ -23,6 +23,8 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import numpy as np
+
 from ..config import Settings
 from ..deadline import Deadline
 from ..errors import BackendError, ModelTimeout
@@ -30,7 +32,7 @@ from ..models.base import ASRResult, OCRLine
 from ..models.registry import Registry
 from ..models.tts import join_wavs
 from ..serving.keys import ModelKey
-from ..serving.ports import FILE_CLASS, CallContext, ModelPort, MtInput, OcrInput, TranscribeInput
+from ..serving.ports import FILE_CLASS, CallContext, ModelPort, MtInput, OcrInput, SpeakerInput, TranscribeInput
 from ..tracing import TraceRef
 
 T = TypeVar("T")
@@ -78,6 +80,12 @@ class EngineLink:
         text), as one WAV file."""
         key = ModelKey.tts(lang)
         return join_wavs([_typed(w, bytes, key) for w in self._run(key, texts, call, "tts")])
+
+    def embed_speakers(self, items: Sequence[SpeakerInput], call: FileCall) -> list[np.ndarray]:
+        """Each stretch of voice's window embeddings ((windows, 256) each): one work item per stretch, a batch of
+        them one forward of the voice encoder."""
+        key = ModelKey.spk()
+        return [_typed(r, np.ndarray, key) for r in self._run(key, items, call, "diarize")]
 
     def _run(self, key: ModelKey, payloads: Sequence[object], call: FileCall, stage: str) -> list[object]:
         ctx = call.context()

@@ -1,6 +1,7 @@
 """A validated request's input -> source segments, by modality: text split into sentences; an image decoded and
 read (OCR); a video's frames read first (files/visuals.py), then its audio track; audio decoded and transcribed
-(files/speech.py). A source language learnt on the way (OCR text, slides, Whisper) is noted in the ``Work``."""
+(files/speech.py), then with diarize each segment's speaker (files/diarize.py). A source language learnt on the
+way (OCR text, slides, Whisper) is noted in the ``Work``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..media import decode_audio, decode_image
 from ..models.registry import Registry
 from ..serving.ports import OcrInput
 from ..types import Modality, Segment
+from .diarize import SpeakerLabeller
 from .engine import EngineLink
 from .request import ValidRequest
 from .speech import SpeechRecogniser
@@ -26,12 +28,13 @@ SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 
 class Recogniser:
     def __init__(self, settings: Settings, registry: Registry, speech: SpeechRecogniser,
-                 visuals: VideoVisuals, engine: Callable[[], EngineLink]) -> None:
+                 visuals: VideoVisuals, engine: Callable[[], EngineLink], speakers: SpeakerLabeller) -> None:
         self.settings = settings
         self.registry = registry
         self.speech = speech
         self.visuals = visuals
         self.engine = engine
+        self.speakers = speakers
 
     def recognise(self, valid: ValidRequest, work: Work, st: Stages) -> list[Segment]:
         data = valid.request.data
@@ -56,10 +59,16 @@ class Recogniser:
         with st.stage("decode"):
             audio, info = decode_audio(data, self.settings.limits, what=valid.source_modality.value)
         work.duration = float(info["duration_s"])  # type: ignore[arg-type]
+        if valid.request.diarize:
+            self.speakers.check_length(work.duration)
         if info["has_video"] and work.video is None:
             work.warnings.append("video frames were not read (source_modality audio): only the audio track was used")
         with st.stage("asr"):
-            return self.speech.recognise(audio, work, valid.request.glossary, valid.request.prompt)
+            segs = self.speech.recognise(audio, work, valid.request.glossary, valid.request.prompt)
+        if valid.request.diarize:
+            with st.stage("diarize"):
+                segs = self.speakers.label(audio, segs, work, valid.request.max_speakers)
+        return segs
 
     def _ocr(self, image: np.ndarray, work: Work) -> list[Segment]:
         work.models["ocr"] = self.registry.ocr_name()

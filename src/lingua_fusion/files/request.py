@@ -24,6 +24,8 @@ class FileRequest:
     transcribe_only: bool = False  # speech -> text in the spoken language: no MT; target_lang is not used
     signs: Any = None  # vision/file_signs.py SignReader: a video's signs read with the key's vocabulary_id
     scope: str = ""  # the requesting API key's id: whose translation memory the request may use (tm/key.py)
+    diarize: bool = False  # speech only: each segment's speaker (files/diarize.py)
+    max_speakers: int | None = None  # with diarize: at most this many (None: diarize.max_speakers)
 
 
 @dataclass(frozen=True)

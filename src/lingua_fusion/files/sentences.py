@@ -3,10 +3,10 @@
 Whisper cuts a recording into segments at pauses and at its 30 s windows, not at sentence ends: one sentence often
 spans two segments ("... bring these" | "things with her from the store."), and MT given each piece alone
 translates neither right. ``sentence_groups`` joins consecutive segments until one ends a sentence (terminal
-punctuation) or a long pause or a length cap ends the group; MT translates each group once; ``spread`` puts the
-translation back on the group's segments, each piece sized like its segment's share of the source, cut between
-words (CJK: between characters), so captions keep their times. The text helpers are lingua_fusion/sentences.py's,
-shared with live streams.
+punctuation) or a long pause, a change of speaker or a length cap ends the group; MT translates each group once;
+``spread`` puts the translation back on the group's segments, each piece sized like its segment's share of the
+source, cut between words (CJK: between characters), so captions keep their times. The text helpers are
+lingua_fusion/sentences.py's, shared with live streams.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def sentence_groups(segs: Sequence[Segment], *, max_pause_s: float = MAX_PAUSE_S
     for i, seg in enumerate(segs):
         if groups and (continues(seg.source_text) or not ends_sentence(segs[groups[-1][-1]].source_text)) \
                 and seg.start - segs[groups[-1][-1]].end <= max_pause_s \
+                and seg.speaker == segs[groups[-1][-1]].speaker \
                 and size + len(seg.source_text) <= max_chars:
             groups[-1].append(i)
             size += len(seg.source_text)

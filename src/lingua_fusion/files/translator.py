@@ -7,6 +7,7 @@ codes. ``translate`` runs the stages, each in a module of its own:
 
     files/recognise.py  input -> source segments by modality (text, image + OCR, video, audio)
     files/speech.py     speech -> segments (Whisper; slide terms corrected)
+    files/diarize.py    with diarize: each speech segment's speaker (voice embeddings on the engine, clustered)
     files/visuals.py    a video's frames -> slides and signs; slide names kept; slides and signs translated
     files/mt.py         segments through an MT route (glossary, translation memory, deadline)
     files/result.py     warnings, the TranslationResult, TTS / braille output
@@ -32,6 +33,7 @@ from ..models.transcript_guard import script_for
 from ..serving.ports import ModelPort
 from ..tracing import TraceRef
 from ..types import Modality, TranslationResult
+from .diarize import SpeakerLabeller
 from .engine import EngineLink, FileCall, OwnEngine
 from .mt import SegmentMT
 from .recognise import SENTENCE, Recogniser
@@ -60,7 +62,7 @@ class FileTranslator:
         self._mt = SegmentMT(self.registry, self.engine)
         self._visuals = VideoVisuals(self.settings, self.registry, self._mt, self.engine)
         self._recogniser = Recogniser(self.settings, self.registry, SpeechRecogniser(self.registry, self.engine),
-                                      self._visuals, self.engine)
+                                      self._visuals, self.engine, SpeakerLabeller(self.settings.diarize, self.engine))
 
     def use_engine(self, port: ModelPort | None, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Run the model work on ``port``, an engine on ``loop`` (the API server's, at start-up); None: back to

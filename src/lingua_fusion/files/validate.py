@@ -131,6 +131,7 @@ class RequestValidator:
         if req.transcribe_only and src_mod not in (Modality.AUDIO, Modality.VIDEO):
             raise InvalidParameter("a transcription takes speech: an audio or video file",
                                    details={"field": "source_modality"})
+        self._check_diarize(req, src_mod)
         if src_mod == Modality.TEXT:
             text = self._read_text(req)
             confidence = None
@@ -143,6 +144,19 @@ class RequestValidator:
             raise EmptyInput("no file was sent (or it is empty)")
         return ValidRequest(req, src_mod, tgt_mod, target, source, route,
                             container=self._check_kind(req.data, src_mod), speech_translation=speech_translation)
+
+    def _check_diarize(self, req: FileRequest, src_mod: Modality) -> None:
+        """diarize takes speech; max_speakers is 1 .. diarize.max_speakers and needs diarize."""
+        cap = self.settings.diarize.max_speakers
+        if req.max_speakers is not None:
+            if not req.diarize:
+                raise InvalidParameter("max_speakers needs diarize=true", details={"field": "max_speakers"})
+            if not 1 <= req.max_speakers <= cap:
+                raise InvalidParameter(f"max_speakers must be from 1 to {cap}",
+                                       details={"field": "max_speakers", "max": cap})
+        if req.diarize and src_mod not in (Modality.AUDIO, Modality.VIDEO):
+            raise InvalidParameter("diarize tells speakers apart in speech: send an audio or video file",
+                                   details={"field": "diarize"})
 
     def _plan(self, source: str | None, target: str, speech: bool) -> tuple[MTRoute | None, bool]:
         """(route, speech_translation): the MT route for the pair; for speech with no pair, Whisper's speech ->

@@ -17,6 +17,7 @@ from .base import ASR, MT, OCR, TTS, VAD, BackendInfo, Braille
 
 if TYPE_CHECKING:  # loaded on first use (onnxruntime, tesseract)
     from .ocr import RapidOCRBackend, TesseractBackend
+    from .speaker import SpeakerEncoder
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,12 @@ class Registry:
 
         return self._get("vad", SileroVAD)
 
+    def speaker(self) -> SpeakerEncoder:
+        """Resemblyzer's voice encoder (diarization): BackendError when its wheel is not installed."""
+        from .speaker import SpeakerEncoder
+
+        return self._get("speaker", SpeakerEncoder)
+
     def mt(self, key: str) -> MT:
         if key == "apertium":
             return self._get(key, mt_apertium.ApertiumMT)
@@ -425,13 +432,14 @@ class Registry:
         from ..langs import KNOWN
         from .braille import TABLES
         from .ocr import RapidOCRBackend, TesseractBackend
+        from .speaker import SpeakerEncoder
         from .tts import PiperTTS
         from .vad import SileroVAD
 
         infos: list[tuple[str, BackendInfo]] = [
             ("asr", asr_info(WHISPER_TINY_EN, self.settings.models.backend)),
             ("asr", asr_info(whisper_base_info(tuple(sorted(KNOWN))), self.settings.models.backend)),
-            ("vad", SileroVAD.info)]
+            ("vad", SileroVAD.info), ("speaker", SpeakerEncoder.info)]
         m = self.settings.models
         if m.engine:  # live streams' ASR on the continuous-batching engine (serving/gpu/server.py)
             infos += [("asr", replace(i, name=f"{i.name}-{m.engine}",

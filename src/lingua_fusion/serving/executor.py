@@ -36,7 +36,7 @@ log = logging.getLogger("lingua_fusion.serving")
 
 # starting cost models (seconds, measured on 2 cores); refined online from every batch
 PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base": (0.15, 0.15), "mt": (0.05, 0.01), "ocr": (0.5, 0.5),
-               "tts": (0.1, 0.2)}
+               "tts": (0.1, 0.2), "spk": (0.05, 0.05)}
 MODES = ("batched", "unbatched", "per-stream")
 VAD_BATCH = 256  # streams' windows per VAD call
 VAD_BATCH_S = 120.0  # seconds of audio per VAD call (a 4 MiB PCM message is 131 s: it goes alone)

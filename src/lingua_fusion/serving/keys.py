@@ -1,6 +1,7 @@
 """ModelKey: which model a piece of work runs on. Built and parsed here only.
 
-The string form (``asr:tiny.en``, ``asr:base:de``, ``mt:en-es``, ``ocr``, ``tts:es``, ``vad``) is what the scheduler
+The string form (``asr:tiny.en``, ``asr:base:de``, ``mt:en-es``, ``ocr``, ``tts:es``, ``vad``, ``spk``: speaker
+embeddings) is what the scheduler
 queues by, what metrics label, and what a chaos fault's ``model`` prefix matches.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TASKS = ("asr", "mt", "ocr", "tts", "vad")
+TASKS = ("asr", "mt", "ocr", "tts", "vad", "spk")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class ModelKey:
     @classmethod
     def vad(cls) -> ModelKey:
         return cls("vad")
+
+    @classmethod
+    def spk(cls) -> ModelKey:
+        """Speaker embeddings of a file's speech (models/speaker.py), for diarization."""
+        return cls("spk")
 
     @property
     def stage(self) -> str:

@@ -23,6 +23,7 @@ Contract of ``ModelPort.run(key, payload, ctx)``:
 | mt | ``MtInput`` | ``str`` |
 | ocr | ``np.ndarray`` RGB image, or ``OcrInput`` (an image and its language) | ``list[OcrLine]`` in reading order |
 | tts | ``str`` | ``bytes`` (a WAV file) |
+| spk | ``SpeakerInput`` (a stretch of one voice in a file) | ``np.ndarray`` (windows, 256) speaker embeddings |
 
 File requests (lingua_fusion/files) use the same port with ``ctx.slo == FILE_CLASS``: their work waits behind live
 streams' of the same key (a looser deadline), shares each model fairly with other keys, and feeds no stream SLO
@@ -76,6 +77,16 @@ class OcrInput:
 
     image: np.ndarray
     language: str | None = None
+
+
+@dataclass(frozen=True)
+class SpeakerInput:
+    """A stretch of one voice in a file (a segment's audio, 16 kHz): embedded as windows ``hop`` samples apart,
+    at most ``most`` of them (models/speaker.py ``windows_of``); the result is their (n, 256) embeddings."""
+
+    audio: np.ndarray
+    hop: int = 6400
+    most: int = 16
 
 
 FILE_CLASS = "file"  # the work class of file requests (serving/scheduler.py WORK_CLASSES)

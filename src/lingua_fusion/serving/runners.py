@@ -18,7 +18,7 @@ from ..models.base import ASRResult, OCRLine
 from ..models.registry import Registry
 from ..models.transcript_guard import guard_text
 from .keys import ModelKey
-from .ports import AsrInput, AsrOutput, MtInput, OcrInput, TranscribeInput
+from .ports import AsrInput, AsrOutput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 
 Runner = Callable[[list[Any]], list[Any]]
 
@@ -51,7 +51,20 @@ def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False)
         return lambda images: [_read(registry, img) for img in images]
     if key.task == "tts":
         return lambda texts: [registry.speak_wav(text, key.source) for text in texts]
+    if key.task == "spk":
+        return lambda stretches: _embed(registry, stretches)
     return lambda windows: [registry.vad().probabilities(audio) for audio in windows]
+
+
+def _embed(registry: Registry, items: list[SpeakerInput]) -> list[np.ndarray]:
+    """Every window of every item in the batch through the voice encoder in one forward (models/speaker.py
+    bounds a forward's windows), split back per item."""
+    from ..models.speaker import windows_of
+
+    windows = [windows_of(it.audio, it.hop, it.most) for it in items]
+    embedded = registry.speaker().embed(np.concatenate(windows)) if windows else np.zeros((0, 0), np.float32)
+    bounds = np.cumsum([0, *(len(w) for w in windows)])
+    return [embedded[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _read(registry: Registry, item: np.ndarray | OcrInput) -> list[OCRLine]:

@@ -7,7 +7,7 @@ event loop would otherwise spend its time on). Only a closed set of types crosse
 model process never runs code it was sent): msgpack's own types, ``np.ndarray`` as dtype, shape and its raw bytes
 (audio travels as float32 bytes, images as uint8), the ports' payloads and results (``AsrInput``, ``AsrOutput``,
 ``MtInput``, ``Term``, ``OCRLine``; a file's ``TranscribeInput``, ``ASRResult``, ``ASRSegment``,
-``OcrInput``), ``Demand``, and ``LinguaFusionError`` by class name, message, details and
+``OcrInput``, ``SpeakerInput``), ``Demand``, and ``LinguaFusionError`` by class name, message, details and
 retry_after (``error_of``). Anything else is a ``TypeError`` at the sender.
 
 Messages (``op``): worker -> model ``run`` {id, key, mode, payload, ctx, traceparent (tracing on only)}, ``admit``
@@ -29,7 +29,7 @@ import numpy as np
 from ... import errors
 from ...glossary import Term
 from ...models.base import ASRResult, ASRSegment, OCRLine
-from ..ports import AsrInput, AsrOutput, MtInput, OcrInput, TranscribeInput
+from ..ports import AsrInput, AsrOutput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 from ..scheduler import Demand
 
 # the largest image a client may send (limits.max_image_pixels, 40 MP) is 120 MB as RGB pixels for OCR; a 4 MiB
@@ -37,7 +37,8 @@ from ..scheduler import Demand
 MAX_FRAME = 160 * 1024 * 1024
 _HEAD = struct.Struct(">I")
 _TYPES: dict[str, type] = {t.__name__: t for t in (AsrInput, AsrOutput, MtInput, Term, OCRLine, Demand,
-                                                   TranscribeInput, OcrInput, ASRResult, ASRSegment)}
+                                                   TranscribeInput, OcrInput, ASRResult, ASRSegment,
+                                                   SpeakerInput)}
 _TUPLES = {"glossary", "names", "box"}  # fields rebuilt as tuples (hashable: MT compiles a glossary once per tuple)
 
 
