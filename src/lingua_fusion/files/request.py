@@ -24,6 +24,7 @@ class FileRequest:
     transcribe_only: bool = False  # speech -> text in the spoken language: no MT; target_lang is not used
     signs: Any = None  # vision/file_signs.py SignReader: a video's signs read with the key's vocabulary_id
     scope: str = ""  # the requesting API key's id: whose translation memory the request may use (tm/key.py)
+    word_timestamps: bool = False  # speech: each segment's words with their times (segments[i].words)
 
 
 @dataclass(frozen=True)
