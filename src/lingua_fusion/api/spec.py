@@ -36,7 +36,10 @@ TRANSLATE = form_body({
         "enable_glossary": {"enum": ["true", "false", "1", "0", "yes", "no", "on", "off"]},
         "glossary_id": {"type": "string"},
         "vocabulary_id": {"type": "string", "description": "a sign vocabulary of this key: a video's signs are read "
-                                                           "(the result's signs)"}}})
+                                                           "(the result's signs)"},
+        "word_timestamps": {"enum": ["true", "false", "1", "0", "yes", "no", "on", "off"],
+                            "description": "speech: each segment's spoken words with their times (segments[].words; "
+                                           "vtt: karaoke cues)"}}})
 GLOSSARY = form_body({
     "type": "object", "anyOf": [{"required": ["terms"]}, {"required": ["file"]}],
     "properties": {"file": {"type": "string", "format": "binary", "description": "CSV (source,target) or JSON"},

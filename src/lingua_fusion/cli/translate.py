@@ -31,6 +31,8 @@ def translate(
     glossary: Path | None = typer.Option(None, "--glossary", help="CSV/JSON term list to apply."),
     vocabulary: str | None = typer.Option(None, "--vocabulary",
                                           help="A sign vocabulary's id: the video's signs are read (JSON: signs)."),
+    words: bool = typer.Option(False, "--words", help="Speech: each segment's spoken words with their times "
+                               "(--json: segments[].words; --format vtt: karaoke cues)."),
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
 ) -> None:
     """Translate a file or text, through a server (--url) or in-process. Warnings go to stderr."""
@@ -39,6 +41,8 @@ def translate(
     from ..sdk import LocalTranslator, MultimodalTranslator
 
     kind = _output_kind(file, text, as_json, fmt, target_modality, out)
+    if words and kind not in ("json", "vtt"):
+        usage("--words adds word times to --json (segments[].words) or karaoke cues to --format vtt: give one")
     try:
         client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
         gid = client.upload_glossary(glossary) if glossary else None
@@ -49,7 +53,7 @@ def translate(
             result = client.translate(str(file) if file else None, text=text, target_lang=to,
                                       source_lang=source_lang, source_modality=modality,
                                       target_modality=target_modality, enable_glossary=gid is not None,
-                                      glossary_id=gid, vocabulary_id=vocabulary)
+                                      glossary_id=gid, vocabulary_id=vocabulary, word_timestamps=words)
     except LinguaFusionError as exc:
         fail(exc)
     warn(result.warnings)
@@ -63,9 +67,9 @@ def translate(
         sys.stdout.write(render(result, kind))
         return
     if out is not None:
-        write_out(out, render(result, kind))
+        write_out(out, render(result, kind, karaoke=words))
     else:
-        sys.stdout.write(render(result, kind))
+        sys.stdout.write(render(result, kind, karaoke=words))
 
 
 def _output_kind(file: Path | None, text: str | None, as_json: bool, fmt: str | None, target_modality: str,

@@ -45,7 +45,8 @@ def ws_url(base_url: str) -> str:
 
 def _form(input_media: MediaInput | None, text: str | None, source_modality: str | None, target_lang: str,
           target_modality: str, source_lang: str | None, enable_glossary: bool, glossary_id: str | None,
-          vocabulary_id: str | None = None) -> tuple[dict[str, str], dict[str, Any] | None]:
+          vocabulary_id: str | None = None,
+          word_timestamps: bool = False) -> tuple[dict[str, str], dict[str, Any] | None]:
     data, text, modality, filename = read_input(input_media, text, source_modality)
     fields = {"target_lang": target_lang, "target_modality": target_modality,
               "enable_glossary": "true" if enable_glossary else "false", "output_format": "json"}
@@ -57,6 +58,8 @@ def _form(input_media: MediaInput | None, text: str | None, source_modality: str
         fields["glossary_id"] = glossary_id
     if vocabulary_id:  # a video's signs, read with this sign vocabulary: the result's ``signs``
         fields["vocabulary_id"] = vocabulary_id
+    if word_timestamps:  # speech: each segment's words with their times (``segments[i].words``)
+        fields["word_timestamps"] = "true"
     if text is not None:
         fields["text"] = text
         return fields, None
@@ -167,9 +170,9 @@ class MultimodalTranslator(VocabularyMethods, _Base):
     def translate(self, input_media: MediaInput | None = None, *, target_lang: str, source_modality: str | None = None,
                   target_modality: str = "text", source_lang: str | None = None, text: str | None = None,
                   enable_glossary: bool = False, glossary_id: str | None = None,
-                  vocabulary_id: str | None = None) -> TranslationResult:
+                  vocabulary_id: str | None = None, word_timestamps: bool = False) -> TranslationResult:
         fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
-                              enable_glossary, glossary_id, vocabulary_id)
+                              enable_glossary, glossary_id, vocabulary_id, word_timestamps)
         return parse_result(self._call("POST", "/v1/translate", data=fields, files=files))
 
     def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
@@ -230,9 +233,10 @@ class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
     async def translate(self, input_media: MediaInput | None = None, *, target_lang: str,
                         source_modality: str | None = None, target_modality: str = "text",
                         source_lang: str | None = None, text: str | None = None, enable_glossary: bool = False,
-                        glossary_id: str | None = None, vocabulary_id: str | None = None) -> TranslationResult:
+                        glossary_id: str | None = None, vocabulary_id: str | None = None,
+                        word_timestamps: bool = False) -> TranslationResult:
         fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
-                              enable_glossary, glossary_id, vocabulary_id)
+                              enable_glossary, glossary_id, vocabulary_id, word_timestamps)
         return parse_result(await self._call("POST", "/v1/translate", data=fields, files=files))
 
     async def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
