@@ -50,6 +50,11 @@ def test_a_corrected_slide_term_takes_the_time_of_the_words_it_replaces() -> Non
     assert fixed.words[3] == plain[0].words[5]
 
 
+def test_segments_whose_words_were_not_asked_for_get_none_when_corrected() -> None:
+    plain = [ASRSegment(0.0, 3.0, "We use cube an eighties today.", 0.9)]
+    assert correct_terms(plain, "We use Kubernetes today.", {"kubernetes"})[0].words == []
+
+
 def test_a_pieces_words_move_onto_the_files_clock() -> None:
     assert [(w.start, w.end) for w in shifted(timed("one two"), 25.5)] == [(25.5, 26.0), (26.0, 26.5)]
 

@@ -33,7 +33,10 @@ def realigned(words: Sequence[ASRWord], text: str) -> list[ASRWord]:
     """The words of ``text`` (split at spaces) timed from ``words``: a word kept (case and punctuation aside) keeps
     its time and probability; a run that replaces old words shares their span evenly, at their lowest
     probability; a word with nothing to replace gets a zero-length time where it stands. Old words left out
-    of ``text`` are dropped. Unchanged text gives the words back as they were."""
+    of ``text`` are dropped. Unchanged text gives the words back as they were; no words (none were asked for)
+    stay none."""
+    if not words:
+        return []
     new = text.split()
     if "".join(w.word for w in words) == "".join(new):  # unchanged (Mandarin's words have no spaces between)
         return list(words)
@@ -49,7 +52,7 @@ def realigned(words: Sequence[ASRWord], text: str) -> list[ASRWord]:
             out += [ASRWord(t, round(start + k * step, 3), round(start + (k + 1) * step, 3), prob)
                     for k, t in enumerate(new[j1:j2])]
         elif op == "insert":
-            at = words[i1 - 1].end if i1 > 0 else (words[0].start if words else 0.0)
+            at = words[i1 - 1].end if i1 > 0 else words[0].start
             out += [ASRWord(t, at, at, 0.0) for t in new[j1:j2]]
     return out
 
