@@ -1,6 +1,6 @@
 """File requests under ``serve --workers 2``: their model work crosses to the model process through the worker's
 engine (files/engine.py over serving/shard/remote.py), typed on the wire (``TranscribeInput`` -> ``ASRResult`` with
-its segments, ``OcrInput``, ``MtInput``, TTS), and the results are those of one process."""
+its segments and their timed words, ``OcrInput``, ``MtInput``, TTS), and the results are those of one process."""
 
 from __future__ import annotations
 
@@ -48,3 +48,14 @@ def test_a_slide_and_speech_out_cross_too(url: str) -> None:
     assert r.status_code == 200, r.text
     wav = base64.b64decode(r.json()["audio_base64"])
     assert wav[:4] == b"RIFF" and len(wav) > 16000
+
+
+@pytest.mark.timeout(300)
+def test_word_times_cross_from_the_model_process(url: str) -> None:
+    r = httpx.post(url + "/v1/translate", files={"file": ("talk.wav", talk_wav(SENTENCES), "audio/wav")},
+                   data={"target_lang": "es", "source_lang": "en", "word_timestamps": "true"}, timeout=240)
+    assert r.status_code == 200, r.text
+    segs = r.json()["segments"]
+    assert segs and all([w["word"] for w in s["words"]] == s["source_text"].split() for s in segs), segs
+    starts = [w["start"] for s in segs for w in s["words"]]
+    assert starts == sorted(starts) and starts[-1] > 2.0

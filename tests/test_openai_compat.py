@@ -164,7 +164,7 @@ def test_wrong_key_is_a_401(api: Api, english: Path) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [
-    ({"timestamp_granularities": ["word"], "response_format": "verbose_json"}, "timestamp_granularities[]"),
+    ({"timestamp_granularities": ["word"], "response_format": "json"}, "timestamp_granularities[]"),
     ({"response_format": "docx"}, "response_format"),
     ({"temperature": 1.5}, "temperature"),
     ({"language": "klingon"}, "language"),

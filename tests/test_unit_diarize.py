@@ -11,13 +11,13 @@ from lingua_fusion.config import Settings
 from lingua_fusion.errors import InvalidParameter
 from lingua_fusion.files import FileRequest
 from lingua_fusion.files.captions import to_srt, to_vtt
-from lingua_fusion.files.diarize import parts_of, split_text
+from lingua_fusion.files.diarize import Part, parts_of, split_by_speaker, split_text
 from lingua_fusion.files.sentences import sentence_groups
 from lingua_fusion.files.validate import RequestValidator
 from lingua_fusion.lab.diarize.der import Span, score
 from lingua_fusion.models.registry import Registry
-from lingua_fusion.speakers.cluster import SpeakerClusterer, label_all
-from lingua_fusion.types import Segment
+from lingua_fusion.speakers.cluster import Assignment, SpeakerClusterer, label_all
+from lingua_fusion.types import Segment, Word
 
 pytestmark = pytest.mark.timeout(60)
 RNG = np.random.default_rng(7)
@@ -91,10 +91,35 @@ def test_captions_name_the_speaker() -> None:
     assert "\nS1: Hola.\n" in srt and "\nS2: Sí <no>.\n" in srt and "\nVale.\n" in srt
 
 
+def test_karaoke_captions_name_the_speaker_too() -> None:
+    seg = Segment(start=0.0, end=1.0, source_text="Hi there.", text="Hola.", speaker="S2",
+                  words=[Word(word="Hi", start=0.0, end=0.4, probability=0.9),
+                         Word(word="there.", start=0.5, end=1.0, probability=0.9)])
+    assert "\n<v S2>Hi <00:00:00.500>there.\n<v S2>Hola.\n" in to_vtt([seg], karaoke=True)
+
+
 def test_a_segment_of_two_speakers_is_split_at_a_clause_end() -> None:
     assert split_text("Yes, sure. Why not today?", [1.0, 1.0]) == ["Yes, sure.", "Why not today?"]
     pieces = split_text("one two three four five six", [1.0, 2.0])
     assert " ".join(pieces) == "one two three four five six" and len(pieces) == 2
+
+
+def test_a_split_segment_with_word_times_splits_at_the_words_and_keeps_each_its_own() -> None:
+    # asked with word_timestamps: the words say where the text changes hands (not the share of time), and each
+    # half keeps only its own words, so the words still spell each half's text
+    spoken = [("Are", 0.0, 0.3), ("you", 0.3, 0.5), ("coming?", 0.5, 1.0), ("Yes,", 1.6, 1.9),
+              ("in", 1.9, 2.0), ("a", 2.0, 2.1), ("minute.", 2.1, 2.8)]
+    seg = Segment(start=0.0, end=2.8, source_text="Are you coming? Yes, in a minute.",
+                  text="Are you coming? Yes, in a minute.",
+                  words=[Word(word=w, start=a, end=b, probability=0.9) for w, a, b in spoken])
+    one, two = Assignment(0, 0.9, 0.9), Assignment(1, 0.8, 0.85)
+    parts = [(Part(0, 0, 16000), one), (Part(0, int(1.5 * 16000), int(2.8 * 16000)), two)]
+    first, second = split_by_speaker(seg, parts)
+    assert (first.speaker, first.source_text, second.speaker, second.source_text) == \
+        ("S1", "Are you coming?", "S2", "Yes, in a minute.")
+    assert [w.word for w in first.words or []] == ["Are", "you", "coming?"]
+    assert [w.word for w in second.words or []] == ["Yes,", "in", "a", "minute."]
+    assert first.end == second.start == 1.25
 
 
 def test_pauses_cut_a_segment_into_parts() -> None:

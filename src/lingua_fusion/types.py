@@ -31,6 +31,15 @@ SOURCE_MODALITIES = {Modality.AUDIO, Modality.VIDEO, Modality.IMAGE, Modality.TE
 TARGET_MODALITIES = {Modality.TEXT, Modality.SPEECH, Modality.BRAILLE}
 
 
+class Word(BaseModel):
+    """A spoken word and its time in the file (seconds), as Whisper aligned it; ``probability`` 0-1."""
+
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
 class Segment(BaseModel):
     start: float
     end: float
@@ -40,6 +49,8 @@ class Segment(BaseModel):
     # diarize=true: who spoke it ("S1", "S2", ... in order of appearance) and how sure that is (0..1)
     speaker: str | None = None
     speaker_confidence: float | None = None
+    # the words of ``source_text`` (the spoken language), asked with word_timestamps; None: not asked
+    words: list[Word] | None = None
 
 
 class SlideText(BaseModel):

@@ -95,22 +95,17 @@ async def _run(request: Request, key_id: str, form: FormData, *, translate: bool
     if model.diarize and fmt not in DIARIZED_FORMATS:
         raise InvalidParameter(f"{model.name} answers in {', '.join(DIARIZED_FORMATS)}",
                                details={"field": "response_format"})
-    granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
-    if any(g not in GRANULARITIES for g in granularities):
-        raise InvalidParameter("timestamp_granularities[] takes segment and word",
-                               details={"field": "timestamp_granularities[]"})
-    if "word" in granularities:
-        raise InvalidParameter("word timestamps are not supported here: ask for segment timestamps "
-                               "(verbose_json gives segments)", details={"field": "timestamp_granularities[]"})
     _temperature(form)
     stream = flag(_text(form, "stream") or "false")
+    granularities = _granularities(form, fmt, translate=translate, stream=stream)
     data, filename = await _file(form, ctx)
     source = model.language(language_code(_language(form), field="language"))
     target = language_code(_text(form, "target_language"), field="target_language") or "en"
     # the audio track of any audio or video file (a video's frames are not read: OpenAI's API is speech only)
     req = FileRequest(source_modality="audio", target_lang=target if translate else "", source_lang=source,
                       data=data, glossary=_glossary(form, ctx, key_id), filename=filename, prompt=_prompt(form),
-                      transcribe_only=not translate, scope=key_id, diarize=model.diarize)
+                      transcribe_only=not translate, scope=key_id, diarize=model.diarize,
+                      word_timestamps="word" in granularities)
     valid = ctx.translator.validate(req)  # every check before the queue and before any decoding
     deadline = Deadline(ctx.settings.server.request_timeout_s)
     result = await ctx.admission.run(key_id, deadline,
@@ -119,7 +114,7 @@ async def _run(request: Request, key_id: str, form: FormData, *, translate: bool
     if stream:
         return StreamingResponse(_events(result), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return render(result, fmt, task="translate" if translate else "transcribe")
+    return render(result, fmt, task="translate" if translate else "transcribe", granularities=granularities)
 
 
 # ---- reading the form ---------------------------------------------------------------------------------------
@@ -142,6 +137,26 @@ async def _file(form: FormData, ctx: AppContext) -> tuple[bytes, str]:
     if not data:
         raise EmptyInput("the file is empty", details={"field": "file"})
     return data, upload.filename or ""
+
+
+def _granularities(form: FormData, fmt: str, *, translate: bool, stream: bool) -> tuple[str, ...]:
+    """``timestamp_granularities[]`` as OpenAI reads it: segment and/or word, word only with verbose_json (json
+    with word is OpenAI's 400 too), and only on a transcription (OpenAI's translations have no such field; here
+    the words are the spoken language's, which a translation's text is not)."""
+    raw = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
+    if any(g not in GRANULARITIES for g in raw):
+        raise InvalidParameter("timestamp_granularities[] takes segment and word",
+                               details={"field": "timestamp_granularities[]"})
+    chosen = tuple(g for g in GRANULARITIES if g in raw)
+    if "word" not in chosen:
+        return chosen
+    if translate:
+        raise InvalidParameter("word timestamps are of the spoken words: ask /v1/audio/transcriptions",
+                               details={"field": "timestamp_granularities[]"})
+    if fmt != "verbose_json" or stream:
+        raise InvalidParameter("timestamp_granularities[]=word needs response_format=verbose_json (not a stream)",
+                               details={"field": "timestamp_granularities[]"})
+    return chosen
 
 
 def _language(form: FormData) -> str | None:
@@ -181,7 +196,9 @@ def _glossary(form: FormData, ctx: AppContext, key_id: str) -> list[glossary_mod
 
 
 # ---- answering ----------------------------------------------------------------------------------------------
-def render(result: TranslationResult, fmt: str, *, task: str) -> Response:
+def render(result: TranslationResult, fmt: str, *, task: str, granularities: tuple[str, ...] = ()) -> Response:
+    """``granularities`` shape verbose_json as OpenAI does: ``segments`` unless only words were asked for,
+    ``words`` (a flat list, in order) when they were."""
     text = result.text if task == "translate" else result.source_text
     if fmt == "text":
         return PlainTextResponse(text + "\n")
@@ -195,8 +212,11 @@ def render(result: TranslationResult, fmt: str, *, task: str) -> Response:
                 "segments": diarized_segments(result, task)}
     if fmt == "verbose_json":
         lang = result.target_lang if task == "translate" else result.source_lang
-        body = {"task": task, "language": language_name(lang), "duration": result.duration_s or 0.0,
-                "text": text, "segments": segments(result)}
+        body = {"task": task, "language": language_name(lang), "duration": result.duration_s or 0.0, "text": text}
+        if granularities != ("word",):
+            body["segments"] = segments(result)
+        if "word" in granularities:
+            body["words"] = words(result)
     body["usage"] = {"type": "duration", "seconds": round(result.duration_s or 0.0, 3)}
     body["linguafusion"] = extension(result)
     return JSONResponse(body)
@@ -233,6 +253,12 @@ def openai_speaker(label: str | None) -> str:
         n, r = divmod(n - 1, 26)
         out = chr(ord("A") + r) + out
     return out
+
+
+def words(result: TranslationResult) -> list[dict[str, Any]]:
+    """OpenAI's word objects, ``{word, start, end}``, every segment's in order (the probability stays on
+    /v1/translate's ``segments[].words``: OpenAI's shape has none)."""
+    return [{"word": w.word, "start": w.start, "end": w.end} for s in result.segments for w in s.words or ()]
 
 
 def extension(result: TranslationResult) -> dict[str, Any]:

@@ -40,7 +40,10 @@ TRANSLATE = form_body({
         "diarize": {"enum": ["true", "false", "1", "0", "yes", "no", "on", "off"],
                     "description": "speech: each segment's speaker (segments[].speaker, S1, S2, ...)"},
         "max_speakers": {"type": "integer", "minimum": 1,
-                         "description": "with diarize: at most this many speakers (cap: diarize.max_speakers)"}}})
+                         "description": "with diarize: at most this many speakers (cap: diarize.max_speakers)"},
+        "word_timestamps": {"enum": ["true", "false", "1", "0", "yes", "no", "on", "off"],
+                            "description": "speech: each segment's spoken words with their times (segments[].words; "
+                                           "vtt: karaoke cues)"}}})
 GLOSSARY = form_body({
     "type": "object", "anyOf": [{"required": ["terms"]}, {"required": ["file"]}],
     "properties": {"file": {"type": "string", "format": "binary", "description": "CSV (source,target) or JSON"},

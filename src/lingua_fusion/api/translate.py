@@ -52,6 +52,7 @@ async def translate(request: Request, key: TranslateKey) -> Response:
 
         signs = file_signs.reader(request.app.state.vision, key.key_id, form.get("vocabulary_id"),
                                   secrets.token_hex(6))
+    words = flag(_flag(form.get("word_timestamps", "false"), "word_timestamps"))
     source_modality = form.get("source_modality")  # None: FileTranslator.validate tells it from the bytes
     req = FileRequest(source_modality=str(source_modality) if source_modality else None,
                       target_lang=str(form.get("target_lang") or ""),
@@ -60,7 +61,7 @@ async def translate(request: Request, key: TranslateKey) -> Response:
                       data=data, text=str(text) if text is not None else None, glossary=terms,
                       filename=filename, signs=signs, scope=key.key_id,
                       diarize=flag(_flag(form.get("diarize", "false"), "diarize")),
-                      max_speakers=_count(form.get("max_speakers"), "max_speakers"))
+                      max_speakers=_count(form.get("max_speakers"), "max_speakers"), word_timestamps=words)
     # every check (size, languages and pair, modality vs bytes, UTF-8): before the queue, before any decoding
     # (on a thread: telling an ogg / webm / mp4 from its header whether it holds video opens the container)
     valid = await asyncio.to_thread(ctx.translator.validate, req)
@@ -70,14 +71,14 @@ async def translate(request: Request, key: TranslateKey) -> Response:
     result = await ctx.admission.run(key.key_id, deadline,
                                      functools.partial(ctx.translator.translate, valid, deadline=deadline,
                                                        trace=request_trace(request, key_id=key.key_id)))
-    return _render(result, fmt)
+    return _render(result, fmt, karaoke=words)
 
 
-def _render(result: TranslationResult, fmt: str) -> Response:
+def _render(result: TranslationResult, fmt: str, *, karaoke: bool = False) -> Response:
     if fmt == "srt":
         return PlainTextResponse(to_srt(result.segments, result.slides), media_type="application/x-subrip")
-    if fmt == "vtt":
-        return PlainTextResponse(to_vtt(result.segments, result.slides), media_type="text/vtt")
+    if fmt == "vtt":  # with word times: the spoken words' karaoke line over the translation (files/captions.py)
+        return PlainTextResponse(to_vtt(result.segments, result.slides, karaoke=karaoke), media_type="text/vtt")
     if fmt == "text":
         return PlainTextResponse(result.braille if result.braille is not None else result.text)
     if result.audio is not None and fmt == "wav":

@@ -25,7 +25,7 @@ err = Console(stderr=True, soft_wrap=True, highlight=False)
 FLAGS = {"source_lang": "--from", "target_lang": "--to", "target_langs": "--to", "source_modality": "--modality",
          "target_modality": "--target-modality", "output_format": "--format", "input_media": "FILE",
          "glossary_id": "--glossary", "enable_glossary": "--glossary", "slo": "--slo",
-         "diarize": "--diarize", "max_speakers": "--max-speakers"}
+         "diarize": "--diarize", "max_speakers": "--max-speakers", "word_timestamps": "--words"}
 _FIELD = re.compile(r"(?<![\w/-])(" + "|".join(sorted(FLAGS, key=len, reverse=True)) + r")(?![\w-])")
 
 
@@ -71,8 +71,9 @@ def write_out(out: Path, payload: str | bytes) -> None:
     err.print(f"wrote {out} ({size} bytes)", markup=False, style="dim")
 
 
-def render(result: Any, kind: str) -> str:
-    """The result as the chosen output: json (with audio_base64 for speech), srt, vtt, or plain text/braille."""
+def render(result: Any, kind: str, *, karaoke: bool = False) -> str:
+    """The result as the chosen output: json (with audio_base64 for speech), srt, vtt (``karaoke``: a line of the
+    spoken words timed word by word), or plain text/braille."""
     from ..files.captions import to_srt, to_vtt
 
     if kind == "json":
@@ -83,7 +84,7 @@ def render(result: Any, kind: str) -> str:
     if kind == "srt":
         return to_srt(result.segments, result.slides)
     if kind == "vtt":
-        return to_vtt(result.segments, result.slides)
+        return to_vtt(result.segments, result.slides, karaoke=karaoke)
     return (result.braille if result.braille is not None else result.text) + "\n"
 
 

@@ -34,6 +34,8 @@ def translate(
     diarize: bool = typer.Option(False, "--diarize",
                                  help="Speech: who spoke each segment (JSON: segments[].speaker; SRT/VTT name them)."),
     max_speakers: int | None = typer.Option(None, "--max-speakers", help="With --diarize: at most this many."),
+    words: bool = typer.Option(False, "--words", help="Speech: each segment's spoken words with their times "
+                               "(--json: segments[].words; --format vtt: karaoke cues)."),
     url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
 ) -> None:
     """Translate a file or text, through a server (--url) or in-process. Warnings go to stderr."""
@@ -42,6 +44,8 @@ def translate(
     from ..sdk import LocalTranslator, MultimodalTranslator
 
     kind = _output_kind(file, text, as_json, fmt, target_modality, out)
+    if words and kind not in ("json", "vtt"):
+        usage("--words adds word times to --json (segments[].words) or karaoke cues to --format vtt: give one")
     try:
         client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
         gid = client.upload_glossary(glossary) if glossary else None
@@ -53,7 +57,7 @@ def translate(
                                       source_lang=source_lang, source_modality=modality,
                                       target_modality=target_modality, enable_glossary=gid is not None,
                                       glossary_id=gid, vocabulary_id=vocabulary, diarize=diarize,
-                                      max_speakers=max_speakers)
+                                      max_speakers=max_speakers, word_timestamps=words)
     except LinguaFusionError as exc:
         fail(exc)
     warn(result.warnings)
@@ -67,9 +71,9 @@ def translate(
         sys.stdout.write(render(result, kind))
         return
     if out is not None:
-        write_out(out, render(result, kind))
+        write_out(out, render(result, kind, karaoke=words))
     else:
-        sys.stdout.write(render(result, kind))
+        sys.stdout.write(render(result, kind, karaoke=words))
 
 
 def _output_kind(file: Path | None, text: str | None, as_json: bool, fmt: str | None, target_modality: str,

@@ -48,16 +48,37 @@ def to_srt(segments: list[Segment], slides: Sequence[Any] = ()) -> str:
     return "\n".join(blocks)
 
 
-def to_vtt(segments: list[Segment], slides: Sequence[Any] = ()) -> str:
+def to_vtt(segments: list[Segment], slides: Sequence[Any] = (), *, karaoke: bool = False) -> str:
+    """WebVTT cues; ``karaoke``: a segment with words (``Segment.words``) shows them as a line of its own with a
+    timestamp tag before each word (WebVTT's karaoke style: players paint each word from its time), above the
+    translation when there is one."""
     blocks = ["WEBVTT\n"]
+    spoken = {(s.start, s.end, s.text): s for s in segments if karaoke and s.words}
     for start, end, text, slide, speaker in _cues(segments, slides):
         timing = f"{_ts(start, '.')} --> {_ts(max(end, start + 0.001), '.')}"
+        voice = f"<v {speaker}>" if speaker else ""
         if slide:
-            body = text.replace("&", "&amp;").replace("<", "&lt;")
-            blocks.append(f"{timing} {VTT_SLIDE_SETTINGS}\n{SLIDE_LABEL} {body}\n")
+            blocks.append(f"{timing} {VTT_SLIDE_SETTINGS}\n{SLIDE_LABEL} {_vtt_escape(text)}\n")
+        elif (seg := spoken.get((start, end, text))) is not None:
+            line = voice + _karaoke(seg)
+            blocks.append(f"{timing}\n{line}\n" if text == seg.source_text
+                          else f"{timing}\n{line}\n{voice}{_vtt_escape(text)}\n")
         elif speaker:
-            body = text.replace("&", "&amp;").replace("<", "&lt;")
-            blocks.append(f"{timing}\n<v {speaker}>{body}\n")
+            blocks.append(f"{timing}\n{voice}{_vtt_escape(text)}\n")
         else:
             blocks.append(f"{timing}\n{text}\n")
     return "\n".join(blocks)
+
+
+def _vtt_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;")
+
+
+def _karaoke(seg: Segment) -> str:
+    """ "The <00:00:00.300>quick <00:00:00.540>brown": the first word shows with the cue, each next one at its
+    start (a tag may not come before the cue's start: a word timed there is clamped to it)."""
+    assert seg.words
+    parts = [_vtt_escape(seg.words[0].word)]
+    for w in seg.words[1:]:
+        parts.append(f"<{_ts(max(w.start, seg.start), '.')}>{_vtt_escape(w.word)}")
+    return " ".join(parts)

@@ -27,7 +27,7 @@ from ..config import DiarizeSettings
 from ..errors import TooLarge
 from ..serving.ports import SpeakerInput
 from ..speakers.cluster import SHORT_SLACK, Assignment, label_all
-from ..types import Segment
+from ..types import Segment, Word
 from .engine import EngineLink
 from .pieces import RATE
 from .work import Work
@@ -141,7 +141,7 @@ class SpeakerLabeller:
         out: list[Segment] = []
         for i, seg in enumerate(segments):
             mine = [(p, a) for p, a in zip(parts, found, strict=True) if p.segment == i and a is not None]
-            out += _split(seg, mine)
+            out += split_by_speaker(seg, mine)
         work.models["speaker"] = SPEAKER_MODEL
         count = len({a.index for a in found if a is not None})
         if count >= cap and cap < s.max_speakers:
@@ -150,7 +150,7 @@ class SpeakerLabeller:
         return out
 
 
-def _split(seg: Segment, parts: list[tuple[Part, Assignment]]) -> list[Segment]:
+def split_by_speaker(seg: Segment, parts: list[tuple[Part, Assignment]]) -> list[Segment]:
     """``seg`` labelled with its parts' speaker, or split where consecutive parts have different speakers."""
     if not parts:
         return [seg]
@@ -160,17 +160,36 @@ def _split(seg: Segment, parts: list[tuple[Part, Assignment]]) -> list[Segment]:
             runs[-1].append((p, a))
         else:
             runs.append([(p, a)])
-    texts = split_text(seg.source_text, [sum(p.end - p.start for p, _a in r) for r in runs]) \
-        if len(runs) > 1 else [seg.source_text]
+    spans = _spans(seg, runs)
+    words: list[list[Word] | None] = [None] * len(runs)
+    if len(runs) > 1 and seg.words:  # the words asked for (word_timestamps) say where the text changes hands
+        words = [[w for w in seg.words if a <= (w.start + w.end) / 2 < b] for a, b in spans]
+        words[-1] = [w for w in seg.words if (w.start + w.end) / 2 >= spans[-1][0]]
+        texts = [" ".join(w.word for w in ws) for ws in words if ws is not None]  # words have no spaces
+    elif len(runs) > 1:  # else by each run's share of the voiced time, at the nearest clause end
+        texts = split_text(seg.source_text, [sum(p.end - p.start for p, _a in r) for r in runs])
+    else:
+        texts = [seg.source_text]
     if any(not t for t in texts):  # too little text to share: the segment goes to its main speaker
         main = max(runs, key=lambda r: sum(p.end - p.start for p, _a in r))
         runs, texts = [[pa for r in runs for pa in r if pa[1].index == main[0][1].index]], [seg.source_text]
+        spans, words = [(seg.start, seg.end)], [seg.words]
     out = []
-    for k, (run, text) in enumerate(zip(runs, texts, strict=True)):
-        start = seg.start if k == 0 else round((runs[k - 1][-1][0].end + run[0][0].start) / 2 / RATE, 3)
-        end = seg.end if k == len(runs) - 1 else round((run[-1][0].end + runs[k + 1][0][0].start) / 2 / RATE, 3)
+    for run, text, (start, end), ws in zip(runs, texts, spans, words, strict=True):
         voice = sum(p.end - p.start for p, _a in run)
         conf = sum((p.end - p.start) * a.confidence for p, a in run) / max(1, voice)
         out.append(seg.model_copy(update={"start": start, "end": end, "source_text": text, "text": text,
-                                          "speaker": run[0][1].label, "speaker_confidence": round(conf, 3)}))
+                                          "speaker": run[0][1].label, "speaker_confidence": round(conf, 3),
+                                          "words": ws if len(runs) > 1 else seg.words}))
     return out
+
+
+def _spans(seg: Segment, runs: list[list[tuple[Part, Assignment]]]) -> list[tuple[float, float]]:
+    """Each run's (start, end) in seconds: the segment's own ends outside, halfway through the pause between
+    two runs inside."""
+    spans = []
+    for k, run in enumerate(runs):
+        start = seg.start if k == 0 else round((runs[k - 1][-1][0].end + run[0][0].start) / 2 / RATE, 3)
+        end = seg.end if k == len(runs) - 1 else round((run[-1][0].end + runs[k + 1][0][0].start) / 2 / RATE, 3)
+        spans.append((start, end))
+    return spans

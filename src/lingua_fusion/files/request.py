@@ -26,6 +26,7 @@ class FileRequest:
     scope: str = ""  # the requesting API key's id: whose translation memory the request may use (tm/key.py)
     diarize: bool = False  # speech only: each segment's speaker (files/diarize.py)
     max_speakers: int | None = None  # with diarize: at most this many (None: diarize.max_speakers)
+    word_timestamps: bool = False  # speech: each segment's words with their times (segments[i].words)
 
 
 @dataclass(frozen=True)

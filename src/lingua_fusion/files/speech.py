@@ -14,9 +14,10 @@ from ..glossary import Term, hotwords
 from ..models.base import ASRResult, ASRSegment
 from ..models.registry import Registry
 from ..models.transcript_guard import guard_segments
+from ..models.word_times import shifted
 from ..serving.keys import ModelKey
 from ..serving.ports import TranscribeInput
-from ..types import Segment
+from ..types import Segment, Word
 from .engine import EngineLink, FileCall
 from .pieces import RATE, cuts
 from .work import Work
@@ -55,7 +56,8 @@ class SpeechRecogniser:
         if script:
             work.models["asr_script"] = {"Hans": "zh-Hans (Simplified)", "Hant": "zh-Hant (Traditional)"}[script]
         return [Segment(start=round(s.start, 3), end=round(s.end, 3), source_text=s.text, text=s.text,
-                        confidence=s.confidence) for s in segments]
+                        confidence=s.confidence, words=_words(s) if work.word_timestamps else None)
+                for s in segments]
 
     def _transcribe(self, audio: np.ndarray, work: Work, task: str, hot: str | None, prompt: str | None,
                     call: FileCall) -> ASRResult:
@@ -66,7 +68,9 @@ class SpeechRecogniser:
 
         def run(x: np.ndarray, slide_prompt: str | None = None, language: str | None = work.source) -> ASRResult:
             both = " ".join(p for p in (prompt, slide_prompt) if p) or None
-            return self._in_pieces(x, language, task, both, hot, call, multilingual)
+            # a slide piece's second pass lends its text only: its words are not timed
+            words = work.word_timestamps and slide_prompt is None
+            return self._in_pieces(x, language, task, both, hot, call, multilingual, words)
 
         res = run(audio)
         if work.video is None or not work.video.slides or not work.slide_context or task != "transcribe":
@@ -82,24 +86,38 @@ class SpeechRecogniser:
                                    stop=(lambda: deadline.left() < deadline.seconds / 3) if deadline else None)
 
     def _in_pieces(self, audio: np.ndarray, language: str | None, task: str, prompt: str | None,
-                   hot: str | None, call: FileCall, multilingual: bool = False) -> ASRResult:
+                   hot: str | None, call: FileCall, multilingual: bool = False, words: bool = False) -> ASRResult:
         """``audio`` transcribed in pieces of at most 30 s cut at pauses (one work item each), as one result
-        (segment times from the start of ``audio``). Without a language the first piece tells it, and the rest are
-        transcribed in it (as Whisper itself decides from the first 30 s)."""
+        (segment and word times from the start of ``audio``). Without a language the first piece tells it, and the
+        rest are transcribed in it (as Whisper itself decides from the first 30 s). ``words``: each segment's
+        words timed too."""
         ranges = cuts(audio)
         link = self.engine()
         results: list[ASRResult] = []
         detected = multilingual or language is None  # the multilingual model that detects it transcribes it all
         if language is None and len(ranges) > 1:
             a, b = ranges[0]
-            results = link.transcribe(ModelKey.asr(""), [TranscribeInput(audio[a:b], None, task, prompt, hot)], call)
+            results = link.transcribe(ModelKey.asr(""), [TranscribeInput(audio[a:b], None, task, prompt, hot,
+                                                                         word_timestamps=words)], call)
             language = results[0].language
         rest = ranges[len(results):]
         key = ModelKey.asr("" if detected else language or "")
-        results += link.transcribe(key, [TranscribeInput(audio[a:b], language, task, prompt, hot, detected)
+        results += link.transcribe(key, [TranscribeInput(audio[a:b], language, task, prompt, hot, detected, words)
                                          for a, b in rest], call)
-        segments = [ASRSegment(start=s.start + a / RATE, end=s.end + a / RATE, text=s.text, confidence=s.confidence)
+        segments = [ASRSegment(start=s.start + a / RATE, end=s.end + a / RATE, text=s.text, confidence=s.confidence,
+                               words=shifted(s.words, a / RATE))
                     for (a, _b), r in zip(ranges, results, strict=True) for s in r.segments]
         head = results[0]
         return ASRResult(text=" ".join(s.text for s in segments).strip(), language=head.language, segments=segments,
                          language_probability=head.language_probability)
+
+
+def _words(seg: ASRSegment) -> list[Word]:
+    """A segment's words for the result, inside the segment's time (Whisper's alignment can put a word's edge a
+    frame outside the segment it belongs to; a caption player shows a word only within its cue)."""
+    start, end = round(seg.start, 3), round(seg.end, 3)
+    out = []
+    for w in seg.words:
+        lo = min(max(w.start, start), end)
+        out.append(Word(word=w.word, start=lo, end=min(max(w.end, lo), end), probability=w.probability))
+    return out

@@ -100,7 +100,7 @@ class FileTranslator:
         work = Work(source=valid.source_lang, target=valid.target_lang, route=valid.route, call=call,
                     speech_translation=valid.speech_translation, confidence=valid.source_confidence,
                     detected=valid.source_confidence is not None, transcribe_only=valid.request.transcribe_only,
-                    slide_context=self.slide_context,
+                    slide_context=self.slide_context, word_timestamps=valid.request.word_timestamps,
                     source_script=script_for(valid.request.source_lang),
                     target_script=script_for(valid.request.target_lang))
         segs = self._recogniser.recognise(valid, work, st)

@@ -15,6 +15,7 @@ from ..errors import (
     EmptyInput,
     InvalidParameter,
     MediaTypeMismatch,
+    NotConfigured,
     TooLarge,
     UnknownLanguage,
     UnsupportedMedia,
@@ -23,6 +24,7 @@ from ..errors import (
 from ..media import sniff
 from ..media.sniff import SUPPORTED_AV, SUPPORTED_IMAGES, MediaKind, cut_in_signature
 from ..models.registry import MTRoute, Registry
+from ..models.word_times import WORDS_NEED_CT2
 from ..types import SOURCE_MODALITIES, TARGET_MODALITIES, Modality
 from .request import FileRequest, ValidRequest
 
@@ -132,6 +134,8 @@ class RequestValidator:
             raise InvalidParameter("a transcription takes speech: an audio or video file",
                                    details={"field": "source_modality"})
         self._check_diarize(req, src_mod)
+        if req.word_timestamps:
+            self._check_words(src_mod)
         if src_mod == Modality.TEXT:
             text = self._read_text(req)
             confidence = None
@@ -157,6 +161,14 @@ class RequestValidator:
         if req.diarize and src_mod not in (Modality.AUDIO, Modality.VIDEO):
             raise InvalidParameter("diarize tells speakers apart in speech: send an audio or video file",
                                    details={"field": "diarize"})
+
+    def _check_words(self, src_mod: Modality) -> None:
+        """Word times are of speech, timed by the CTranslate2 backend (the torch port has no alignment pass)."""
+        if src_mod not in (Modality.AUDIO, Modality.VIDEO):
+            raise InvalidParameter(f"word_timestamps times spoken words: a {src_mod.value} input has none (send "
+                                   "an audio or video file)", details={"field": "word_timestamps"})
+        if self.settings.models.backend == "torch":
+            raise NotConfigured(WORDS_NEED_CT2, details={"field": "word_timestamps"})
 
     def _plan(self, source: str | None, target: str, speech: bool) -> tuple[MTRoute | None, bool]:
         """(route, speech_translation): the MT route for the pair; for speech with no pair, Whisper's speech ->

@@ -35,6 +35,7 @@ class Work:
     target_script: str | None = None
     untranslated: list[str] = field(default_factory=list)  # words MT left as written (lingua_fusion/untranslated.py)
     slide_context: bool = True  # FileTranslator.slide_context when the request started: slide words feed ASR, MT
+    word_timestamps: bool = False  # the request asked for each segment's words (FileRequest.word_timestamps)
     # the engine's view of this request: its key (and translation memory), its deadline (optional work, the slide
     # corrections, stops early near it), its current span
     call: FileCall = field(default_factory=FileCall)

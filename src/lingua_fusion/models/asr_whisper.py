@@ -6,11 +6,12 @@ import math
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError
-from .base import ASRResult, ASRSegment, BackendInfo
+from .base import ASRResult, ASRSegment, ASRWord, BackendInfo
 
 ZH_PROMPT = "以下是普通话的句子。"  # Simplified-Chinese prompt so Whisper writes Simplified characters
 # The trimmed window's rule (window_samples). Measured by bench/whisper_trim.py (docs/benchmarks.md): with 6 s and no
@@ -160,7 +161,10 @@ class WhisperASR:
         return lang, float(prob)
 
     def transcribe(self, audio: np.ndarray, *, language: str | None, task: str = "transcribe",
-                   initial_prompt: str | None = None, hotwords: str | None = None) -> ASRResult:
+                   initial_prompt: str | None = None, hotwords: str | None = None,
+                   word_timestamps: bool = False) -> ASRResult:
+        """``word_timestamps``: faster-whisper's own (cross-attention DTW per window), asked only when wanted: it
+        runs an alignment pass over each window's tokens."""
         if not self.multilingual:
             language = "en"
             task = "transcribe"
@@ -170,7 +174,7 @@ class WhisperASR:
             segments, info = self._model.transcribe(
                 audio, language=language, task=task, beam_size=self._beam, temperature=0.0,
                 initial_prompt=initial_prompt, hotwords=hotwords, vad_filter=False,
-                condition_on_previous_text=False, without_timestamps=False,
+                condition_on_previous_text=False, without_timestamps=False, word_timestamps=word_timestamps,
             )
             out: list[ASRSegment] = []
             for s in segments:
@@ -179,6 +183,18 @@ class WhisperASR:
                     continue
                 conf = float(math.exp(s.avg_logprob)) * (1.0 - float(s.no_speech_prob))
                 out.append(ASRSegment(start=float(s.start), end=float(s.end), text=text,
-                                      confidence=round(min(1.0, max(0.0, conf)), 4)))
+                                      confidence=round(min(1.0, max(0.0, conf)), 4), words=_words(s.words)))
         return ASRResult(text=" ".join(s.text for s in out).strip(), language=info.language, segments=out,
                          language_probability=float(info.language_probability))
+
+
+def _words(words: list[Any] | None) -> list[ASRWord]:
+    """faster-whisper's ``Word`` s as ours: the text without the space Whisper's tokens start with, times in
+    seconds, ``probability`` rounded; a word that is only punctuation or space is dropped."""
+    out = []
+    for w in words or ():
+        text = str(w.word).strip()
+        if text:
+            out.append(ASRWord(word=text, start=round(float(w.start), 3), end=round(float(w.end), 3),
+                               probability=round(float(w.probability), 4)))
+    return out

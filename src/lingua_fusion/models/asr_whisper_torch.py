@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BackendError
+from ..errors import BackendError, NotConfigured
 from .asr_whisper import ZH_PROMPT, collapse_repeats, decode_length, window_samples
 from .base import ASRResult, ASRSegment, BackendInfo
 from .whisper_decode import Decoded, DecodeOptions, SpecialTokens, greedy_decode
 from .whisper_torch import LogMel, WhisperTorch, load_whisper
+from .word_times import WORDS_NEED_CT2
 
 SR = 16000
 WINDOW_FRAMES = 3000  # Whisper's 30 s window in mel frames
@@ -178,7 +179,12 @@ class WhisperTorchASR:
         return lang, float(prob)
 
     def transcribe(self, audio: np.ndarray, *, language: str | None, task: str = "transcribe",
-                   initial_prompt: str | None = None, hotwords: str | None = None) -> ASRResult:
+                   initial_prompt: str | None = None, hotwords: str | None = None,
+                   word_timestamps: bool = False) -> ASRResult:
+        """``word_timestamps``: not in this port (it has no cross-attention alignment pass): ``NotConfigured``,
+        which files/validate.py also answers before any work when ``models.backend`` is torch."""
+        if word_timestamps:
+            raise NotConfigured(WORDS_NEED_CT2, details={"field": "word_timestamps"})
         if not self.multilingual:
             language, task = "en", "transcribe"
         if language == "zh" and task == "transcribe" and not initial_prompt:

@@ -22,11 +22,24 @@ class BackendInfo:
 
 
 @dataclass
+class ASRWord:
+    """A word of a segment and its time (faster-whisper's ``word_timestamps``: cross-attention aligned to the
+    audio by DTW), in seconds from the start of the audio transcribed; ``probability`` is its tokens' mean."""
+
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+@dataclass
 class ASRSegment:
     start: float
     end: float
     text: str
     confidence: float
+    # its words, only when asked (``transcribe(word_timestamps=True)``: it costs an alignment pass per window)
+    words: list[ASRWord] = field(default_factory=list)
 
 
 @dataclass
@@ -48,7 +61,11 @@ class ASR(Protocol):
     info: BackendInfo
 
     def transcribe(self, audio: np.ndarray, *, language: str | None, task: str = "transcribe",
-                   initial_prompt: str | None = None, hotwords: str | None = None) -> ASRResult: ...
+                   initial_prompt: str | None = None, hotwords: str | None = None,
+                   word_timestamps: bool = False) -> ASRResult:
+        """Whisper's segments of ``audio``; with ``word_timestamps`` each carries its words (``ASRSegment.words``),
+        or the backend raises ``NotConfigured`` when it cannot time words."""
+        ...
 
     def transcribe_batch(self, audios: list[np.ndarray], *, language: str | None,
                          prompts: list[str | None] | None = None,

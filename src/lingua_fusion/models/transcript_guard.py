@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 from .base import ASRSegment
+from .word_times import realigned, rewritten
 
 MAX_COMPRESSION = 2.4  # Whisper's compression_ratio_threshold
 MIN_CHARS = 40  # shorter texts do not compress enough to tell
@@ -76,7 +77,8 @@ def to_script(text: str, script: str) -> str:
 
 def guard_segments(segments: list[ASRSegment], script: str | None) -> tuple[list[ASRSegment], list[str]]:
     """A file's segments with loops cut (a suspect one's confidence at most SUSPECT_CONFIDENCE), empty ones
-    dropped, in ``script`` when given; and a warning per suspect segment."""
+    dropped, in ``script`` when given; and a warning per suspect segment. Their words follow the text
+    (models/word_times.py)."""
     out, warnings = [], []
     for seg in segments:
         checked = check(seg.text)
@@ -86,7 +88,11 @@ def guard_segments(segments: list[ASRSegment], script: str | None) -> tuple[list
         if checked.suspect:
             conf = min(conf, SUSPECT_CONFIDENCE)
             warnings.append(f"possible hallucination at {seg.start:.1f}-{seg.end:.1f} s: {checked.why}")
-        out.append(ASRSegment(seg.start, seg.end, to_script(checked.text, script) if script else checked.text, conf))
+        words = realigned(seg.words, checked.text) if checked.text != seg.text else seg.words
+        if script:
+            words = rewritten(words, lambda w: to_script(w, script))
+        out.append(ASRSegment(seg.start, seg.end, to_script(checked.text, script) if script else checked.text, conf,
+                              words))
     return out, warnings
 
 

@@ -45,8 +45,8 @@ def ws_url(base_url: str) -> str:
 
 def _form(input_media: MediaInput | None, text: str | None, source_modality: str | None, target_lang: str,
           target_modality: str, source_lang: str | None, enable_glossary: bool, glossary_id: str | None,
-          vocabulary_id: str | None = None, diarize: bool = False,
-          max_speakers: int | None = None) -> tuple[dict[str, str], dict[str, Any] | None]:
+          vocabulary_id: str | None = None, diarize: bool = False, max_speakers: int | None = None,
+          word_timestamps: bool = False) -> tuple[dict[str, str], dict[str, Any] | None]:
     data, text, modality, filename = read_input(input_media, text, source_modality)
     fields = {"target_lang": target_lang, "target_modality": target_modality,
               "enable_glossary": "true" if enable_glossary else "false", "output_format": "json"}
@@ -62,6 +62,8 @@ def _form(input_media: MediaInput | None, text: str | None, source_modality: str
         fields["diarize"] = "true"
     if max_speakers is not None:
         fields["max_speakers"] = str(max_speakers)
+    if word_timestamps:  # speech: each segment's words with their times (``segments[i].words``)
+        fields["word_timestamps"] = "true"
     if text is not None:
         fields["text"] = text
         return fields, None
@@ -173,11 +175,12 @@ class MultimodalTranslator(VocabularyMethods, _Base):
                   target_modality: str = "text", source_lang: str | None = None, text: str | None = None,
                   enable_glossary: bool = False, glossary_id: str | None = None,
                   vocabulary_id: str | None = None, diarize: bool = False,
-                  max_speakers: int | None = None) -> TranslationResult:
+                  max_speakers: int | None = None, word_timestamps: bool = False) -> TranslationResult:
         """``diarize``: each speech segment's speaker (``segments[i].speaker``, ``speaker_confidence``);
-        ``max_speakers`` bounds how many (docs/diarization.md)."""
+        ``max_speakers`` bounds how many (docs/diarization.md); ``word_timestamps``: each speech segment's words
+        with their times (``segments[i].words``)."""
         fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
-                              enable_glossary, glossary_id, vocabulary_id, diarize, max_speakers)
+                              enable_glossary, glossary_id, vocabulary_id, diarize, max_speakers, word_timestamps)
         return parse_result(self._call("POST", "/v1/translate", data=fields, files=files))
 
     def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
@@ -239,9 +242,9 @@ class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
                         source_modality: str | None = None, target_modality: str = "text",
                         source_lang: str | None = None, text: str | None = None, enable_glossary: bool = False,
                         glossary_id: str | None = None, vocabulary_id: str | None = None, diarize: bool = False,
-                        max_speakers: int | None = None) -> TranslationResult:
+                        max_speakers: int | None = None, word_timestamps: bool = False) -> TranslationResult:
         fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
-                              enable_glossary, glossary_id, vocabulary_id, diarize, max_speakers)
+                              enable_glossary, glossary_id, vocabulary_id, diarize, max_speakers, word_timestamps)
         return parse_result(await self._call("POST", "/v1/translate", data=fields, files=files))
 
     async def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:

@@ -31,7 +31,7 @@ class LocalTranslator(LocalVocabularyMethods):
                   source_modality: str | None = None, target_modality: str = "text",
                   source_lang: str | None = None, text: str | None = None, enable_glossary: bool = False,
                   glossary_id: str | None = None, vocabulary_id: str | None = None, diarize: bool = False,
-                  max_speakers: int | None = None) -> TranslationResult:
+                  max_speakers: int | None = None, word_timestamps: bool = False) -> TranslationResult:
         # FileTranslator.translate validates the request (size, modality vs bytes, UTF-8, languages, pair) as
         # it does for the server; a text file is handed over as bytes so that it gets the same checks
         data, text, modality, filename = read_input(input_media, text, source_modality)
@@ -49,7 +49,8 @@ class LocalTranslator(LocalVocabularyMethods):
             signs = file_signs.reader(self._vision(), self.OWNER, vocabulary_id, "local")
         req = FileRequest(source_modality=modality, target_lang=target_lang, target_modality=target_modality,
                           source_lang=source_lang, data=data, text=text, glossary=terms, filename=filename,
-                          signs=signs, diarize=diarize, max_speakers=max_speakers)
+                          signs=signs, diarize=diarize, max_speakers=max_speakers,
+                          word_timestamps=word_timestamps)
         if self.tracer is None:
             return self.engine.translate(req)
         trace = self.tracer.root("translate")

@@ -121,7 +121,8 @@ def check_outputs(key: ModelKey, args: list[Any], results: Any) -> list[Any]:
     for arg, r in zip(args, results, strict=True):
         if key.task == "asr" and isinstance(arg, TranscribeInput):  # a file's piece: Whisper's segments
             ok = isinstance(r, ASRResult) and _text_ok(r.text, 40 * len(arg.audio) // 16000 + 4000) and all(
-                _confidence_ok(s.confidence) and math.isfinite(s.start) and s.start <= s.end for s in r.segments)
+                _confidence_ok(s.confidence) and math.isfinite(s.start) and s.start <= s.end
+                and all(math.isfinite(w.start) and w.start <= w.end for w in s.words) for s in r.segments)
         elif key.task == "asr":
             ok = isinstance(r, AsrOutput) and _text_ok(r.text, 4000) and _confidence_ok(r.confidence)
         elif key.task == "mt":

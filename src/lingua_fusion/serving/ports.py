@@ -69,6 +69,7 @@ class TranscribeInput:
     # the multilingual model whatever ``language`` is: a file whose language was detected by it is transcribed by
     # it to the end (the English-only model would otherwise take the pieces after the first)
     multilingual: bool = False
+    word_timestamps: bool = False  # each segment's words with their times (ASRSegment.words): an extra pass
 
 
 @dataclass(frozen=True)

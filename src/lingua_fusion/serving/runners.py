@@ -90,7 +90,7 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
     def piece(it: TranscribeInput) -> ASRResult:  # a file's piece: Whisper's own segments and timestamps
         asr = registry.asr(None if it.multilingual else it.language, task=it.task)
         result: ASRResult = asr.transcribe(it.audio, language=it.language, task=it.task, initial_prompt=it.prompt,
-                                           hotwords=it.hotwords)
+                                           hotwords=it.hotwords, word_timestamps=it.word_timestamps)
         return result
 
     def run(items: list[AsrInput | TranscribeInput]) -> list[AsrOutput | ASRResult]:

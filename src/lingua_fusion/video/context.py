@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..models.base import ASRResult, ASRSegment
+from ..models.word_times import realigned
 from ..types import SR
 from .slide_reader import SlideSpan
 
@@ -64,7 +65,8 @@ def correct_terms(plain: list[ASRSegment], prompted: str, slide_words: set[str])
             continue
         for i, w in words[i1:i2]:
             out[i].append(w)
-    return [ASRSegment(s.start, s.end, " ".join(ws), s.confidence) for s, ws in zip(plain, out, strict=True)]
+    return [ASRSegment(s.start, s.end, " ".join(ws), s.confidence, realigned(s.words, " ".join(ws)))
+            for s, ws in zip(plain, out, strict=True)]
 
 
 def prompt_of(slide: SlideSpan) -> str:

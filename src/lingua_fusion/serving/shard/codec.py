@@ -6,7 +6,7 @@ sends thousands of small requests a second, and a frame, a read and a write each
 event loop would otherwise spend its time on). Only a closed set of types crosses it (no pickle: the
 model process never runs code it was sent): msgpack's own types, ``np.ndarray`` as dtype, shape and its raw bytes
 (audio travels as float32 bytes, images as uint8), the ports' payloads and results (``AsrInput``, ``AsrOutput``,
-``MtInput``, ``Term``, ``OCRLine``; a file's ``TranscribeInput``, ``ASRResult``, ``ASRSegment``,
+``MtInput``, ``Term``, ``OCRLine``; a file's ``TranscribeInput``, ``ASRResult``, ``ASRSegment``, ``ASRWord``,
 ``OcrInput``, ``SpeakerInput``), ``Demand``, and ``LinguaFusionError`` by class name, message, details and
 retry_after (``error_of``). Anything else is a ``TypeError`` at the sender.
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from ... import errors
 from ...glossary import Term
-from ...models.base import ASRResult, ASRSegment, OCRLine
+from ...models.base import ASRResult, ASRSegment, ASRWord, OCRLine
 from ..ports import AsrInput, AsrOutput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 from ..scheduler import Demand
 
@@ -37,7 +37,7 @@ from ..scheduler import Demand
 MAX_FRAME = 160 * 1024 * 1024
 _HEAD = struct.Struct(">I")
 _TYPES: dict[str, type] = {t.__name__: t for t in (AsrInput, AsrOutput, MtInput, Term, OCRLine, Demand,
-                                                   TranscribeInput, OcrInput, ASRResult, ASRSegment,
+                                                   TranscribeInput, OcrInput, ASRResult, ASRSegment, ASRWord,
                                                    SpeakerInput)}
 _TUPLES = {"glossary", "names", "box"}  # fields rebuilt as tuples (hashable: MT compiles a glossary once per tuple)
 
