@@ -29,6 +29,7 @@ from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext
 from lingua_fusion.serving.scheduler import SERVICE_MIN_IN_FLIGHT, CostModel, Demand, Scheduler
+from lingua_fusion.serving.service_curve import ServiceCurve
 
 KEY = ModelKey.asr("en")
 MODEL = str(KEY)
@@ -37,7 +38,7 @@ MODEL = str(KEY)
 def fitted(c0: float, c1: float, up_to: int) -> Scheduler:
     """A scheduler whose continuous model was seen serving items with latency c0 + c1 * n, n from 1 to ``up_to``."""
     s = Scheduler()
-    s.service[MODEL] = CostModel(0.2, 0.1)  # the prior a runner starts from
+    s.service[MODEL] = ServiceCurve(0.2, 0.1)  # the prior a runner starts from
     for _ in range(5):
         for n in range(1, up_to + 1):
             s.observe_service(MODEL, n, c0 + c1 * n)
@@ -67,14 +68,26 @@ def test_a_runner_counted_at_no_cost_admits_without_end() -> None:
 
 
 def test_capacity_grows_only_as_far_as_the_runner_has_shown() -> None:
-    # one item in flight seen: one size says nothing of the slope, so the prior's (0.1 s an item) stands, and at
-    # most SERVICE_MIN_IN_FLIGHT are counted: 4 / 0.4 s
+    # one item in flight seen: one size says nothing of the slope, so the prior's (0.1 s an item) stands beyond
+    # it, and at most SERVICE_MIN_IN_FLIGHT are counted: 4 / (0.05 + 3 x 0.1) s
     cold = fitted(0.05, 0.0, up_to=1)
-    assert cold.capacity(MODEL, "standard") == pytest.approx(SERVICE_MIN_IN_FLIGHT / 0.4, rel=0.05)
+    assert cold.capacity(MODEL, "standard") == pytest.approx(SERVICE_MIN_IN_FLIGHT / 0.35, rel=0.05)
     # a flat latency up to 100 in flight (a GPU with room to spare): the fit alone would promise the engine's
     # largest batch at once; counted at most twice what it has held, it is 200 in flight, 200 / 0.05 s
     proven = fitted(0.05, 0.0, up_to=100)
     assert proven.capacity(MODEL, "standard") == pytest.approx(200 / 0.05, rel=0.05)
+
+
+def test_what_a_high_load_taught_is_not_forgotten_in_a_quiet_spell() -> None:
+    # a runner (0.1 s an item alone) seen at up to 12 in flight, then a long quiet spell of one or two items at a
+    # time, which it answers almost as fast as one: the next burst is admitted at what it was seen to do under
+    # load. (A line fitted to the quiet spell alone has a slope near 0, and promised seven times as much.)
+    s = fitted(0.0, 0.1, up_to=12)
+    before = s.capacity(MODEL, "standard")
+    for i in range(500):
+        s.observe_service(MODEL, 1 + i % 2, 0.1 + 0.01 * (i % 2))
+    assert s.capacity(MODEL, "standard") == pytest.approx(before, rel=0.05)
+    assert before == pytest.approx(10.0, rel=0.05)  # 1 / 0.1 s: the rate a serial runner serves
 
 
 def test_a_tighter_class_is_counted_at_the_latency_its_budget_allows() -> None:
@@ -92,6 +105,7 @@ class Serial:
         self._queue: deque[tuple[Any, Future[Any]]] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self.held = self.most_held = 0  # items submitted and not yet answered; the most at once
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -102,6 +116,8 @@ class Serial:
         futures: list[Future[Any]] = [Future() for _ in payloads]
         with self._cv:
             self._queue.extend(zip(payloads, futures, strict=True))
+            self.held += len(payloads)
+            self.most_held = max(self.most_held, self.held)
             self._cv.notify()
         return futures
 
@@ -120,6 +136,8 @@ class Serial:
                     return
                 payload, future = self._queue.popleft()
             time.sleep(self.per_item)
+            with self._cv:
+                self.held -= 1
             future.set_result(AsrOutput(f"{len(payload.audio)} samples", 0.9))
 
 
@@ -143,3 +161,38 @@ async def test_the_executor_measures_a_continuous_runner_and_refuses_streams_bey
         assert 3 <= streams <= 17, streams
     finally:
         await executor.close()
+
+
+async def test_a_continuous_runner_holds_no_more_than_admission_counts_it_at() -> None:
+    """Handed everything at once, a runner queues it inside, in arrival order, and every item is late. It is
+    handed only as many as its window (Scheduler.service_window); the rest wait in the scheduler, where committed
+    work goes first and partials past their deadline are shed."""
+    runner = Serial(per_item=0.05)  # 20 items/s: 1.8 s of ASR budget at standard, half of it 18 items
+    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    try:
+        clip = AsrInput(np.zeros(1600, np.float32))
+        calls = [executor.run(KEY, clip, CallContext(stream_id=f"s{i}", tentative=i % 2 == 0)) for i in range(60)]
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 60)
+        window = executor.scheduler.service_window(MODEL)
+        assert window is not None and runner.most_held <= max(window, SERVICE_MIN_IN_FLIGHT * 2)
+        assert runner.most_held < 60  # before: all 60 handed over at once
+        committed = outs[1::2]
+        assert all(o is not None and o.text == "1600 samples" for o in committed)  # committed work is never shed
+        assert any(o is None for o in outs[0::2])  # some partials could not make their deadline: shed, not late
+    finally:
+        await executor.close()
+
+
+def test_a_full_window_is_given_captions_before_partials() -> None:
+    # a partial handed over holds one of the runner's few places, which a caption behind it then waits for: with
+    # room for two, the two committed items go first, whatever came before them
+    from lingua_fusion.serving.scheduler import WorkItem
+
+    s = Scheduler()
+    items = [WorkItem(f"s{i}", MODEL, "asr", enqueued=0.0, deadline=1.8, tentative=i < 4) for i in range(6)]
+    for w in items:
+        assert s.submit(w)
+    batch, _shed = s.next_batch(MODEL, 0.0, limit=2, committed_first=True)
+    assert [w.stream_id for w in batch] == ["s4", "s5"]
+    batch, _shed = s.next_batch(MODEL, 0.0, limit=8)
+    assert [w.tentative for w in batch] == [True] * 4

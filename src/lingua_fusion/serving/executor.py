@@ -30,6 +30,7 @@ from .keys import ModelKey
 from .ports import FILE_CLASS, CallContext, MtInput, StageObserver, TranscribeInput
 from .runners import ContinuousRunner, Runner, build_runner
 from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, round_robin, stage_deadline
+from .service_curve import ServiceCurve
 from .threads import COLD_TIMEOUT_S, ModelThreads
 
 log = logging.getLogger("lingua_fusion.serving")
@@ -194,7 +195,8 @@ class Executor:
             continuous = _continuous(runner)
             self.scheduler.costs.setdefault(str(key), CostModel(0.0, 0.0) if continuous else _prior(str(key)))
             if continuous:
-                self.scheduler.service.setdefault(str(key), _prior(str(key)))
+                prior = _prior(str(key))
+                self.scheduler.service.setdefault(str(key), ServiceCurve(prior.c0, prior.c1))
             lanes = 1 if _continuous(runner) else _lanes_of(key, self.settings)
             self._lanes[key] = lanes
             self.scheduler.lanes[str(key)] = lanes  # admission: the key's capacity is per lane
@@ -283,11 +285,14 @@ class Executor:
         runner = self._runners[key]
         assert _continuous(runner)
         room = runner.room()
+        window = self.scheduler.service_window(str(key))
+        if window is not None:  # no more in flight than admission counts the runner at
+            room = min(room, window - self._in_flight.get(key, 0))
         if room <= 0:  # woken again when one of its items settles (or, for a runner still starting, within 0.5 s)
             for w in self.scheduler.shed(str(key), self.clock()):  # meanwhile partials past their deadline go
                 _resolve(w.payload.future, None)
             return False
-        batch, shed = self.scheduler.next_batch(str(key), self.clock())
+        batch, shed = self.scheduler.next_batch(str(key), self.clock(), limit=room, committed_first=True)
         for w in shed:
             _resolve(w.payload.future, None)
         if not batch:

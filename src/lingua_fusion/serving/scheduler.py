@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .service_curve import ServiceCurve
+
 T = TypeVar("T")
 OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admission counts a model's lanes
 # a continuous runner's capacity is counted at most this many times the items it has been seen to hold in flight at
@@ -242,10 +244,9 @@ class Scheduler:
         self.lanes: dict[str, int] = {}
         self.overlap_costs: dict[str, CostModel] = {}
         # a continuous runner's (serving/gpu: it batches on its own, so it has no batch latency to fit): an item's
-        # time from hand-over to result against the items in flight when it was handed over; by Little's law it
-        # serves n / latency(n) items/s with n in flight. ``service_seen``: the most in flight it was seen to hold
-        self.service: dict[str, CostModel] = {}
-        self.service_seen: dict[str, int] = {}
+        # latency against the items in flight (serving/service_curve.py); by Little's law it serves n / latency(n)
+        # items/s with n in flight
+        self.service: dict[str, ServiceCurve] = {}
         self.queues: dict[str, ModelQueue] = defaultdict(ModelQueue)
         self.admitted: dict[str, Demand] = {}
         self.stats = SchedulerStats()
@@ -321,16 +322,19 @@ class Scheduler:
         risk = 0.0 if risk < 0.0 else 1.0 if risk > 1.0 else risk
         return self.alpha * item.importance + (1 - self.alpha) * risk
 
-    def next_batch(self, model: str, now: float) -> tuple[list[WorkItem], list[WorkItem]]:
-        """Return (batch to run now, tentative items shed because they can no longer meet their deadline)."""
+    def next_batch(self, model: str, now: float, limit: int | None = None,
+                   committed_first: bool = False) -> tuple[list[WorkItem], list[WorkItem]]:
+        """Return (batch to run now, at most ``limit`` items, and tentative items shed because they can no longer
+        meet their deadline). ``committed_first``: within a key, committed items before any tentative one (a
+        continuous runner's window: a partial handed over holds a place a caption then waits for)."""
         shed = self.shed(model, now)
         q = self.queues.get(model)
         if not q:
             return [], shed
         cm = self.cost(model)
         ready = now + cm.predict(1)
-        cap = self.batch_cap(model)
-        top, tags = self._fair_order(model, q.candidates(cap), cap, ready)
+        cap = self.batch_cap(model) if limit is None else max(1, min(limit, self.batch_cap(model)))
+        top, tags = self._fair_order(model, q.candidates(cap), cap, ready, committed_first)
         # Items already past rescue (deadline < now + single-item latency) do not constrain the batch: under
         # overload, shrinking batches to chase lost deadlines would only cut throughput and make everyone late.
         take = 1
@@ -354,7 +358,7 @@ class Scheduler:
         self.stats.batch_sizes[take] += 1
         return batch, shed
 
-    def _fair_order(self, model: str, candidates: list[WorkItem], cap: int, ready: float
+    def _fair_order(self, model: str, candidates: list[WorkItem], cap: int, ready: float, committed_first: bool
                     ) -> tuple[list[WorkItem], list[tuple[float, str, float]]]:
         """Up to ``cap`` candidates in dispatch order: keys by start tag (fair queueing on units), each key's own
         items by score; within the model's ``max_units``. Returns them and (start, key, finish) per item."""
@@ -362,7 +366,7 @@ class Scheduler:
         for w in candidates:
             by_key[w.key_id].append(w)
         for items in by_key.values():
-            items.sort(key=lambda w: (-self._score(w, ready), w.deadline, w.seq))
+            items.sort(key=lambda w: (committed_first and w.tentative, -self._score(w, ready), w.deadline, w.seq))
             items.reverse()  # pop() from the end: best first
         finish = {k: self.finish[model].get(k, 0.0) for k in by_key}
         v = self.vtime[model]
@@ -400,8 +404,7 @@ class Scheduler:
     def observe_service(self, model: str, in_flight: int, seconds: float) -> None:
         """A continuous runner's item: handed over with ``in_flight`` items in flight (itself included), its result
         ``seconds`` later. Admission counts the model by this (``capacity``) from then on."""
-        self.service.setdefault(model, CostModel()).observe(in_flight, seconds)
-        self.service_seen[model] = max(self.service_seen.get(model, 0), in_flight)
+        self.service.setdefault(model, ServiceCurve()).observe(in_flight, seconds)
 
     # ---- admission ------------------------------------------------------------------------------------------
     def capacity(self, model: str, slo: str) -> float:
@@ -413,8 +416,7 @@ class Scheduler:
         budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(model.split(":")[0], 0.5)
         svc = self.service.get(model)
         if svc is not None:
-            held = max(SERVICE_MIN_IN_FLIGHT, int(SERVICE_GROWTH * self.service_seen.get(model, 0)))
-            n = svc.max_batch_within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
+            n = self._in_flight_within(model, svc, budget)
             return n / max(1e-6, svc.predict(n))
         cm, lanes = self.cost(model), 1
         overlap = self.overlap_costs.get(model)
@@ -422,6 +424,22 @@ class Scheduler:
             cm, lanes = overlap, self.lanes[model]
         b = cm.max_batch_within(budget / 2, self.batch_cap(model))  # half the budget to serve, half to wait
         return lanes * b / max(1e-6, cm.predict(b))
+
+    def _in_flight_within(self, model: str, svc: ServiceCurve, budget: float) -> int:
+        held = max(SERVICE_MIN_IN_FLIGHT, int(SERVICE_GROWTH * svc.most_in_flight))
+        return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
+
+    def service_window(self, model: str) -> int | None:
+        """How many items a continuous runner may hold in flight (None: ``model`` is not one): as many as admission
+        counts it at, for the tightest class admitted on it. The rest wait here, where committed work goes first
+        and tentative work past its deadline is shed; handed over, they would queue inside the runner, in
+        arrival order, and make every item late."""
+        svc = self.service.get(model)
+        if svc is None:
+            return None
+        slos = [d.slo for d in self.admitted.values() if model in d.rate] or ["standard"]
+        tightest = min(slos, key=lambda s: SLO_CLASSES[s])
+        return self._in_flight_within(model, svc, SLO_CLASSES[tightest] * STAGE_BUDGET.get(model.split(":")[0], 0.5))
 
     def admit(self, demand: Demand) -> bool:
         streams = [*self.admitted.values(), demand]

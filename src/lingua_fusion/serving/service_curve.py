@@ -1,0 +1,83 @@
+"""A continuous runner's latency curve: how long an item takes with n items in flight, learnt online.
+
+A continuous runner (the GPU engine, serving/gpu) batches on its own, so there is no batch latency to fit as for
+the batch runners (scheduler.CostModel). What the executor can see is each item's time from hand-over to result
+and its place among the items in flight when it was handed over. By Little's law a runner holding n items whose
+latency is L(n) serves n / L(n) items per second: admission counts it at the largest n whose latency fits the
+class's budget.
+
+The curve is kept per bucket of in-flight counts (1, 2-3, 4-7, 8-15, ...), each an exponentially weighted mean
+of its samples' in-flight count and latency, so what was learnt at a high load stays known while the load is low
+(a single fitted line would forget its slope in a quiet minute, and then promise the next burst far too much).
+Between buckets the curve is interpolated; it never falls as more items are in flight (a noisy bucket does not
+promise that more is faster). Beyond the most items seen in flight it is extrapolated along its last slope (the
+prior's while one bucket is known), and the caller bounds how far (Scheduler: twice what was held). Until a first
+item is seen the prior line c0 + c1 * n stands in. Pure: no clock, no threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WEIGHT = 0.2  # a new sample's weight in its bucket's means
+
+
+@dataclass
+class _Point:
+    in_flight: float
+    latency: float
+
+
+class ServiceCurve:
+    def __init__(self, c0: float = 0.2, c1: float = 0.1) -> None:
+        self.c0, self.c1 = c0, c1  # the prior line, until items are seen (and its slope while one bucket is)
+        self._points: dict[int, _Point] = {}
+        self.observations = 0
+        self.most_in_flight = 0
+
+    def observe(self, in_flight: int, seconds: float) -> None:
+        n = max(1, in_flight)
+        bucket = 1 << (n.bit_length() - 1)
+        point = self._points.get(bucket)
+        if point is None:
+            self._points[bucket] = _Point(float(n), seconds)
+        else:
+            point.in_flight += WEIGHT * (n - point.in_flight)
+            point.latency += WEIGHT * (seconds - point.latency)
+        self.observations += 1
+        self.most_in_flight = max(self.most_in_flight, n)
+
+    def _curve(self) -> list[tuple[float, float]]:
+        curve: list[tuple[float, float]] = []
+        top = 0.0
+        for point in sorted(self._points.values(), key=lambda p: p.in_flight):
+            top = max(top, point.latency)  # never faster with more in flight
+            curve.append((point.in_flight, top))
+        return curve
+
+    def predict(self, n: float) -> float:
+        """Seconds an item takes with ``n`` items in flight."""
+        curve = self._curve()
+        if not curve:
+            return max(0.0, self.c0 + self.c1 * n)
+        if n <= curve[0][0]:
+            return curve[0][1]  # fewer than the fewest seen: no faster than that
+        for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+            if n <= x1:
+                return y1 if x1 - x0 < 1e-9 else y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = (curve[-2], curve[-1]) if len(curve) > 1 else ((0.0, 0.0), curve[-1])
+        slope = self.c1 if len(curve) == 1 or x1 - x0 < 1e-9 else (y1 - y0) / (x1 - x0)
+        return y1 + max(0.0, slope) * (n - x1)
+
+    def within(self, seconds: float, cap: int) -> int:
+        """The most items in flight (1 to ``cap``) whose latency is predicted within ``seconds``."""
+        lo, hi = 1, max(1, cap)
+        if self.predict(hi) <= seconds:
+            return hi
+        while hi - lo > 1:  # predict is non-decreasing in n
+            mid = (lo + hi) // 2
+            if self.predict(mid) <= seconds:
+                lo = mid
+            else:
+                hi = mid
+        return lo
