@@ -9,7 +9,11 @@ class's budget.
 The curve is kept per bucket of in-flight counts (1, 2-3, 4-7, 8-15, ...), each an exponentially weighted mean
 of its samples' in-flight count and latency, so what was learnt at a high load stays known while the load is low
 (a single fitted line would forget its slope in a quiet minute, and then promise the next burst far too much).
-Between buckets the curve is interpolated; it never falls as more items are in flight (a noisy bucket does not
+A bucket not sampled in the last FORGET_AFTER items is dropped: a load the
+runner is no longer handed (its window, below, keeps it under what the curve allows) would otherwise hold its old
+latency for ever, and a runner that was slow once (another job on its cores) would stay counted slow. Items come
+fast under load and slowly when quiet, so a bucket outlives a quiet spell and is re-probed within seconds of a
+busy one. Between buckets the curve is interpolated; it never falls as more items are in flight (a noisy bucket does not
 promise that more is faster). Beyond the most items seen in flight it is extrapolated along its last slope (the
 prior's while one bucket is known), and the caller bounds how far (Scheduler: twice what was held). Until a first
 item is seen the prior line c0 + c1 * n stands in. Pure: no clock, no threads.
@@ -20,12 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WEIGHT = 0.2  # a new sample's weight in its bucket's means
+FORGET_AFTER = 200  # items: a bucket not sampled among the last this many is dropped
 
 
 @dataclass
 class _Point:
     in_flight: float
     latency: float
+    last: int  # the observation that last updated it
 
 
 class ServiceCurve:
@@ -38,13 +44,16 @@ class ServiceCurve:
     def observe(self, in_flight: int, seconds: float) -> None:
         n = max(1, in_flight)
         bucket = 1 << (n.bit_length() - 1)
+        self.observations += 1
         point = self._points.get(bucket)
         if point is None:
-            self._points[bucket] = _Point(float(n), seconds)
+            self._points[bucket] = _Point(float(n), seconds, self.observations)
         else:
             point.in_flight += WEIGHT * (n - point.in_flight)
             point.latency += WEIGHT * (seconds - point.latency)
-        self.observations += 1
+            point.last = self.observations
+        for b in [b for b, p in self._points.items() if self.observations - p.last > FORGET_AFTER]:
+            del self._points[b]
         self.most_in_flight = max(self.most_in_flight, n)
 
     def _curve(self) -> list[tuple[float, float]]:
