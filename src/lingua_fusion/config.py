@@ -147,7 +147,10 @@ class ModelSettings(BaseModel):
         """``asr_parallel`` resolved: 0 means min(2, the cores this process may use)."""
         if self.asr_parallel:
             return self.asr_parallel
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        try:
+            cores = len(os.sched_getaffinity(0))  # the cores this process may use (a container's share)
+        except AttributeError:  # not on Linux
+            cores = os.cpu_count() or 1
         return max(1, min(2, cores))
 
     @field_validator("ocr_engine")

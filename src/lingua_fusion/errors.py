@@ -54,6 +54,7 @@ class LinguaFusionError(Exception):
     code = "internal"
     retryable = False
     public: str | None = "internal error; see the server log"  # None: the message itself is for the client
+    retry_after: float | None = None  # seconds a client should wait before a retry (Retry-After), where one helps
 
     def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)

@@ -16,14 +16,17 @@ DRAINING_RETRY_AFTER = "2"  # seconds: a restarted server is back, or another on
 
 
 def error_response(err: LinguaFusionError) -> JSONResponse:
-    headers = {}
-    if isinstance(err, Overloaded):
-        headers["Retry-After"] = str(max(1, int(round(err.retry_after))))
-    elif isinstance(err, Draining):
-        headers["Retry-After"] = DRAINING_RETRY_AFTER
-    elif isinstance(err, BackendError):  # a worker restarting (BackendFailed says when), a model away for now
-        headers["Retry-After"] = str(max(1, int(round(err.retry_after))))
-    return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
+    return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=retry_headers(err))
+
+
+def retry_headers(err: LinguaFusionError) -> dict[str, str]:
+    """Retry-After for an error a retry may cure: overloaded (its own wait), draining (another server takes it),
+    a backend away for now (a worker restarting: BackendFailed says when); none for the rest."""
+    if isinstance(err, Draining):
+        return {"Retry-After": DRAINING_RETRY_AFTER}
+    if isinstance(err, Overloaded | BackendError) and err.retry_after is not None:
+        return {"Retry-After": str(max(1, int(round(err.retry_after))))}
+    return {}
 
 
 def install(app: FastAPI) -> None:

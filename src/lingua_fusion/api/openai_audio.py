@@ -34,6 +34,7 @@ from ..files.captions import to_srt, to_vtt
 from ..tracing.http import request_trace
 from ..types import TranslationResult
 from .deps import AppContext, TranslateKey, context, flag, read_form
+from .errors import retry_headers
 from .openai_compat import language_code, language_name, openai_error, speech_model
 
 log = logging.getLogger("lingua_fusion.api")
@@ -61,8 +62,7 @@ def error_response(request: Request, exc: LinguaFusionError) -> JSONResponse:
     request.app.state.metrics.errors.labels(code=exc.code).inc()
     if exc.status >= 500:
         log.error("request failed: %s", exc.message)
-    headers = {"Retry-After": str(max(1, round(exc.retry_after)))} if hasattr(exc, "retry_after") else {}
-    return JSONResponse({"error": openai_error(exc)}, status_code=exc.status, headers=headers)
+    return JSONResponse({"error": openai_error(exc)}, status_code=exc.status, headers=retry_headers(exc))
 
 
 router = APIRouter(route_class=OpenAIRoute)

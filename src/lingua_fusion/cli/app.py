@@ -76,7 +76,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)  # usage errors come back here, to be told in the documented form
     except TyperException as exc:  # an unknown option or command, a value out of range, a missing argument
-        code = _exit_code(usage, exc.format_message() if hasattr(exc, "format_message") else str(exc))
+        code = _exit_code(usage, exc.format_message())
     except LinguaFusionError as exc:  # a typed error that a command did not catch: still the documented form
         code = _exit_code(fail, exc)
     except (KeyboardInterrupt, typer.Abort):

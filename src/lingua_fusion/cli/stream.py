@@ -78,6 +78,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
                     room: bool = False, allow: list[str] | None = None) -> int:
     from ..errors import InvalidParameter
     from ..sdk import LocalTranslator, MultimodalTranslator
+    from ..sdk.stream import RemoteStream
 
     if room and not url:
         raise InvalidParameter("--room publishes the stream on a server for listeners: give --url")
@@ -101,7 +102,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     step = int(16000 * chunk_ms / 1000) * 2
     stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials,
                            **({"room": True, "room_targets": [*targets, *(allow or [])]} if room else {}))
-    if hasattr(stream, "on_reconnect"):
+    if isinstance(stream, RemoteStream):  # over the network: it may break and resume (in-process it cannot)
         stream.on_break = lambda st: console.print(
             f"connection lost; reconnecting (for up to {st.reconnect_timeout:g} s)", markup=False, style="yellow")
         stream.on_reconnect = lambda st: console.print(

@@ -73,7 +73,7 @@ class StoreLink:
         except (LinguaFusionError, OSError, sqlite3.Error, json.JSONDecodeError) as exc:  # a read of SQLite that
             # stayed locked or hit a bad file, a snapshot that does not parse: the store failed, typed like an outage
             self.failures += 1
-            self.last_error = getattr(exc, "message", str(exc))[:200]
+            self.last_error = (exc.message if isinstance(exc, LinguaFusionError) else str(exc))[:200]
             if self.failures == 1:  # the details go to the log; clients are told the log is unavailable
                 log.warning("stream log call failed: %s", self.last_error)
             self.down_until = self.clock() + min(self.max_backoff_s, 0.5 * 2 ** (self.failures - 1))

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ...errors import BackendError
+from ..runners import ContinuousRunner
 
 log = logging.getLogger("lingua_fusion.gpu")
 
@@ -32,12 +33,13 @@ _BUILDS = threading.Lock()  # one build at a time in the process (each sizes its
 
 
 class DeferredRunner:
-    def __init__(self, build: Callable[[], Any], name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, build: Callable[[], ContinuousRunner], name: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self._build = build
         self._clock = clock
         self._lock = threading.Lock()
-        self._runner: Any = None  # a ContinuousRunner (serving/runners.py), once built
+        self._runner: ContinuousRunner | None = None  # once built
         self._error: BackendError | None = None
         self._retry_at = 0.0
         self._failures = 0
@@ -46,7 +48,7 @@ class DeferredRunner:
         self._start()
 
     @property
-    def built(self) -> Any:
+    def built(self) -> ContinuousRunner | None:
         """The runner ``build`` made; None while it is building, or failed."""
         return self._runner
 
@@ -83,8 +85,7 @@ class DeferredRunner:
                 self._runner = runner
                 log.info("%s: GPU runner ready", self.name)
                 return
-        if hasattr(runner, "close"):  # closed while it was being built: nobody will use it
-            runner.close()
+        runner.close()  # closed while it was being built: nobody will use it
 
     def _failed(self) -> BackendError | None:
         """The last build's error while it stands; past its back-off, a new build is started and None returned."""
@@ -123,5 +124,5 @@ class DeferredRunner:
         with self._lock:
             self._closed = True
             runner = self._runner
-        if runner is not None and hasattr(runner, "close"):
+        if runner is not None:
             runner.close()

@@ -160,7 +160,7 @@ def _array_head(n: int) -> bytes:
 def error_to_wire(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, errors.LinguaFusionError):
         return {"cls": type(exc).__name__, "message": exc.message, "details": exc.details,
-                "retry_after": getattr(exc, "retry_after", None)}
+                "retry_after": exc.retry_after}
     return {"cls": "BackendError", "message": f"{type(exc).__name__}: {exc}", "details": {}, "retry_after": None}
 
 
