@@ -5,10 +5,13 @@ the target language (the identifier on the translations: py3langid, lingua_fusio
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conftest import Server, espeak_wav, piper_wav
+from conftest import BIN, Server, espeak_wav, piper_wav
 
 from lingua_fusion import MultimodalTranslator, langs
 from lingua_fusion.config import LimitSettings
@@ -31,11 +34,11 @@ def speech(lang: str, text: str) -> np.ndarray:
     return audio
 
 
-def talk() -> tuple[bytes, list[tuple[float, float, str]]]:
+def talk(spoken: list[tuple[str, str]] = SPOKEN) -> tuple[bytes, list[tuple[float, float, str]]]:
     """The utterances with pauses as PCM16 at 16 kHz, and each one's span on the stream's clock and language."""
     silence = np.zeros(int(PAUSE_S * 16000), np.float32)
     parts, spans, t = [silence], [], PAUSE_S
-    for lang, text in SPOKEN:
+    for lang, text in spoken:
         audio = speech(lang, text)
         parts += [audio, silence]
         spans.append((t, t + len(audio) / 16000, lang))
@@ -85,3 +88,17 @@ async def test_a_stream_that_gives_its_language_is_not_detected(server: Server) 
     assert finals and all(f["source_lang"] == "es" and f.get("source_lang_confidence") is None
                           and "detect" not in f["latency_ms"] for f in finals)
     assert any(f["text"] and f["text"] != f["source_text"] for f in finals)  # translated from Spanish
+
+
+def test_the_cli_streams_a_file_whose_speaker_switches_with_from_auto(server: Server, tmp_path: Path) -> None:
+    from lingua_fusion.models.tts import to_wav
+
+    pcm, spans = talk(SPOKEN[:2])  # English, then Spanish
+    wav = tmp_path / "panel.wav"
+    wav.write_bytes(to_wav(np.frombuffer(pcm, dtype="<i2"), 16000))
+    p = subprocess.run([str(BIN), "stream", str(wav), "--to", "en", "--from", "auto", "--no-partials", "--json",
+                        "--url", server.url, "--api-key", server.key()], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    finals = [e for e in map(json.loads, p.stdout.splitlines()) if e["type"] == "final"]
+    assert [f["source_lang"] for f in finals] == [spans[said(f, spans)][2] for f in finals] and len(finals) >= 2
+    assert "detected source language" not in p.stderr  # the server detects per utterance, not the CLI once

@@ -153,3 +153,18 @@ async def test_text_in_an_auto_stream_is_read_in_its_own_language() -> None:
     await s.end()
     (final,) = [e for e in await drain(s) if e["type"] == "final"]
     assert final["source_lang"] == "es" and final["modalities"] == ["text"]
+
+
+def test_a_detection_crosses_to_the_model_process_and_its_output_is_checked() -> None:
+    from lingua_fusion.errors import MalformedOutput
+    from lingua_fusion.serving.faults import check_outputs
+    from lingua_fusion.serving.shard import codec
+
+    item = DetectInput(np.arange(8, dtype=np.float32), ("en", "es"))
+    back = codec.decode(codec.encode({"op": "run", "payload": item, "value": {"en": 0.25, "es": 0.75}})[4:])
+    assert back["payload"].candidates == ("en", "es") and np.array_equal(back["payload"].audio, item.audio)
+    assert back["value"] == {"en": 0.25, "es": 0.75}
+    assert check_outputs(ModelKey.detect(), [item], [{"en": 0.25, "es": 0.75}])
+    for bad in ({"en": 1.0}, {"en": 0.5, "es": float("nan")}, AsrOutput("hola", 0.9)):  # a candidate missing,
+        with pytest.raises(MalformedOutput):  # a probability that is none, a transcript
+            check_outputs(ModelKey.detect(), [item], [bad])
