@@ -60,6 +60,9 @@ def check_request(client: Any, targets: list[str], slo: str, source_lang: str | 
     if slo not in SLO_CLASSES:
         raise InvalidParameter(f"--slo must be one of {', '.join(sorted(SLO_CLASSES))}, not {slo!r}")
     norm = [langs.normalize(t, field="target_langs") for t in targets]
+    if source_lang is not None and source_lang.strip().lower() == "auto":  # each utterance's, told by the server
+        client.check_key()  # which languages it may detect, and their routes, are the start message's to check
+        return norm, "auto"
     source = langs.normalize(source_lang, field="source_lang") if source_lang else None
     client.check_key()
     pairs = set(client.models()["pairs"])

@@ -106,7 +106,8 @@ def _output_kind(file: Path | None, text: str | None, as_json: bool, fmt: str | 
 def stream(
     file: Path = typer.Argument(..., help="Audio (or video) file played as a live stream."),
     to: list[str] = typer.Option(..., "--to", help="Target language(s); repeat for several."),
-    source_lang: str | None = typer.Option(None, "--from", help="Spoken language (detected from the file if omitted)."),
+    source_lang: str | None = typer.Option(None, "--from", help="Spoken language (detected from the file if omitted; "
+                                           "auto: detected per utterance by the server)."),
     slo: str = typer.Option("standard", "--slo", help="interactive | standard | batch"),
     realtime: bool = typer.Option(False, "--realtime", help="Pace the audio at real time."),
     chunk_ms: int = typer.Option(250, "--chunk-ms"),

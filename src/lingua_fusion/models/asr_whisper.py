@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError
-from .base import ASRResult, ASRSegment, ASRWord, BackendInfo
+from .base import ASRResult, ASRSegment, ASRWord, BackendInfo, among
 
 ZH_PROMPT = "以下是普通话的句子。"  # Simplified-Chinese prompt so Whisper writes Simplified characters
 # The trimmed window's rule (window_samples). Measured by bench/whisper_trim.py (docs/benchmarks.md): with 6 s and no
@@ -121,11 +122,7 @@ class WhisperASR:
             return []
         lang = "en" if not self.multilingual else (language or "en")
         longest = max(len(a) for a in audios)
-        n = window_samples(longest)
-        padded = np.zeros((len(audios), n), dtype=np.float32)
-        for i, a in enumerate(audios):
-            padded[i, : min(n, len(a))] = a[-n:] if len(a) > n else a
-        feats = np.stack([self._model.feature_extractor(x)[:, : n // 160] for x in padded])
+        feats = self._trimmed(audios, window_samples(longest))
         tok = Tokenizer(self._model.hf_tokenizer, self.multilingual, task="transcribe", language=lang)
         prevs = []
         for i in range(len(audios)):
@@ -151,6 +148,34 @@ class WhisperASR:
             conf = float(np.exp(min(0.0, avg_logprob))) * (1.0 - float(r.no_speech_prob))
             out.append((collapse_repeats(tok.decode(ids).strip()), round(min(1.0, max(0.0, conf)), 4)))
         return out
+
+    def _trimmed(self, audios: list[np.ndarray], n: int) -> np.ndarray:
+        """The log-mels of ``audios`` in one zero-padded window of ``n`` samples each (a longer clip: its end)."""
+        padded = np.zeros((len(audios), n), dtype=np.float32)
+        for i, a in enumerate(audios):
+            padded[i, : min(n, len(a))] = a[-n:] if len(a) > n else a
+        return np.stack([self._model.feature_extractor(x)[:, : n // 160] for x in padded])
+
+    def detect_batch(self, audios: list[np.ndarray], candidates: Sequence[str], *,
+                     window_s: float | None = None) -> list[dict[str, float]]:
+        """Each clip's candidate languages' probabilities (summing to 1), in one CTranslate2 call on the batch.
+
+        Whisper's language token after <|startoftranscript|>, on the encoder's output for the same trimmed window
+        as ``transcribe_batch`` (``window_s``: a window of that many seconds instead; 30 is faster-whisper's own
+        detection, which pads every clip to 30 s): one encoder pass and one decoder step, no VAD (a stream's
+        utterance is speech already). An English-only model can only say English."""
+        import ctranslate2
+
+        if not audios:
+            return []
+        if not self.multilingual:
+            return [among({"en": 1.0}, candidates) for _ in audios]
+        n = window_samples(max(len(a) for a in audios)) if window_s is None else int(window_s * 16000)
+        feats = self._trimmed(audios, min(n, 30 * 16000))
+        with self._lock:
+            encoded = self._model.model.encode(ctranslate2.StorageView.from_array(feats))
+            ranked = self._model.model.detect_language(encoded)
+        return [among({tok[2:-2]: float(p) for tok, p in r}, candidates) for r in ranked]
 
     def detect_language(self, audio: np.ndarray) -> tuple[str, float]:
         """Spoken language of (the speech in the first 30 s of) ``audio``; English-only models answer "en"."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 
 from ..errors import BackendError, NotConfigured
 from .asr_whisper import ZH_PROMPT, collapse_repeats, decode_length, window_samples
-from .base import ASRResult, ASRSegment, BackendInfo
+from .base import ASRResult, ASRSegment, BackendInfo, among
 from .whisper_decode import Decoded, DecodeOptions, SpecialTokens, greedy_decode
 from .whisper_torch import LogMel, WhisperTorch, load_whisper
 from .word_times import WORDS_NEED_CT2
@@ -177,6 +178,21 @@ class WhisperTorchASR:
         with self._lock:
             lang, prob = self._language_probs(self._encode_window(feats, 0, min(WINDOW_FRAMES, feats.shape[1])))[0]
         return lang, float(prob)
+
+    def detect_batch(self, audios: list[np.ndarray], candidates: Sequence[str], *,
+                     window_s: float | None = None) -> list[dict[str, float]]:
+        """WhisperASR.detect_batch: each clip's candidate languages' probabilities (summing to 1), from the
+        language token's logits, one clip at a time on a 30 s window (this backend's ``_encode_window``; the
+        zeros after the clip are what a trimmed window also holds, so ``window_s`` changes nothing here)."""
+        if not self.multilingual:
+            return [among({"en": 1.0}, candidates) for _ in audios]
+        out = []
+        for a in audios:
+            feats = self._features(a[-30 * SR:])
+            with self._lock:
+                probs = self._language_probs(self._encode_window(feats, 0, min(WINDOW_FRAMES, feats.shape[1])))
+            out.append(among(dict(probs), candidates))
+        return out
 
     def transcribe(self, audio: np.ndarray, *, language: str | None, task: str = "transcribe",
                    initial_prompt: str | None = None, hotwords: str | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -77,6 +78,11 @@ class ASR(Protocol):
         """The spoken language of (the first 30 s of) ``audio`` and its probability."""
         ...
 
+    def detect_batch(self, audios: list[np.ndarray], candidates: Sequence[str]) -> list[dict[str, float]]:
+        """Short clips (one per stream): each candidate language's probability for each, summing to 1 over the
+        candidates (Whisper's language identification renormalised over them)."""
+        ...
+
 
 class MT(Protocol):
     info: BackendInfo
@@ -108,3 +114,13 @@ class Braille(Protocol):
     info: BackendInfo
 
     def translate(self, text: str, *, language: str) -> str: ...
+
+
+def among(probs: Mapping[str, float], candidates: Sequence[str]) -> dict[str, float]:
+    """``probs`` (a language identifier's, over every language it knows) over ``candidates`` only, renormalised to
+    sum to 1; evenly spread when it gave none of them any weight (it cannot tell: the caller's threshold says so)."""
+    picked = {c: max(0.0, float(probs.get(c, 0.0))) for c in candidates}
+    total = sum(picked.values())
+    if total <= 0.0:
+        return {c: round(1.0 / len(picked), 4) for c in picked} if picked else {}
+    return {c: round(p / total, 4) for c, p in picked.items()}

@@ -120,14 +120,16 @@ class _Base:
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
                inputs: list[str] | None = None, room: bool | str | None = None,
-               vocabulary_id: str | None = None, room_targets: list[str] | None = None) -> RemoteStream:
+               vocabulary_id: str | None = None, room_targets: list[str] | None = None,
+               source_langs: list[str] | None = None) -> RemoteStream:
         """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``. ``inputs``: what the
         stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity.
         ``room``: True publishes the stream as a new room (``s.ready["room_id"]``, ``s.ready["listener_token"]``),
         or the id of a room made with ``create_room()``; ``room_targets``: the languages its listeners may ask for
         beyond ``target_langs`` (each translated only while someone listens). ``vocabulary_id``: a sign or lip
         vocabulary of this key; the stream's video frames are then also read for signs (``sign`` events) or lips
-        (fused into the finals: their ``modalities`` say ``["audio", "lips"]`` or ``["lips"]``)."""
+        (fused into the finals: their ``modalities`` say ``["audio", "lips"]`` or ``["lips"]``). ``source_lang="auto"``:
+        each utterance's language is detected (among ``source_langs`` when given) and each final says it."""
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
                               min_confidence, audio_format, inputs)
         if room:
@@ -136,6 +138,8 @@ class _Base:
             start["room_targets"] = room_targets
         if vocabulary_id:
             start["vocabulary_id"] = vocabulary_id
+        if source_langs is not None:
+            start["source_langs"] = source_langs
         return RemoteStream(ws_url(self.base_url), self.api_key, start)
 
     def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,

@@ -81,12 +81,15 @@ class LocalTranslator(LocalVocabularyMethods):
     def stream(self, target_langs: list[str], *, source_lang: str = "en", slo: str = "standard",
                partials: bool = True, importance: float = 0.5, glossary_id: str | None = None,
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
-               inputs: list[str] | None = None, vocabulary_id: str | None = None) -> Any:
+               inputs: list[str] | None = None, vocabulary_id: str | None = None,
+               source_langs: list[str] | None = None) -> Any:
         """A live stream on an in-process StreamService (same interface and behaviour as the remote one)."""
         from .stream import LocalStream, start_message
 
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
                               min_confidence, audio_format, inputs)
+        if source_langs is not None:
+            start["source_langs"] = source_langs
         if vocabulary_id:
             start["vocabulary_id"] = vocabulary_id
             self.streams().vision = self._vision()  # vision/client.py: this translator's vocabularies

@@ -22,7 +22,7 @@ Contract, beside ``ModelPort.run`` and ``depth`` (serving/ports.py):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..models.registry import Registry
@@ -40,7 +40,7 @@ class Engine(ModelPort, Protocol):
     def faults(self) -> dict[str, Fault]: ...
 
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-               inputs: list[str]) -> Demand: ...
+               inputs: list[str], detect: Sequence[str] = ()) -> Demand: ...
 
     async def reserve(self, demand: Demand, key_id: str = "") -> None: ...
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,9 +35,10 @@ from .threads import COLD_TIMEOUT_S, ModelThreads
 
 log = logging.getLogger("lingua_fusion.serving")
 
-# starting cost models (seconds, measured on 2 cores); refined online from every batch
-PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base": (0.15, 0.15), "mt": (0.05, 0.01), "ocr": (0.5, 0.5),
-               "tts": (0.1, 0.2), "spk": (0.05, 0.05)}
+# starting cost models (seconds, measured on 2 cores); refined online from every batch. Matched by prefix, in order:
+# language identification (asr:base:auto, one encoder pass and one decoder step) before base's transcriptions
+PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base:auto": (0.08, 0.04), "asr:base": (0.15, 0.15),
+               "mt": (0.05, 0.01), "ocr": (0.5, 0.5), "tts": (0.1, 0.2), "spk": (0.05, 0.05)}
 MODES = ("batched", "unbatched", "per-stream")
 VAD_BATCH = 256  # streams' windows per VAD call
 VAD_BATCH_S = 120.0  # seconds of audio per VAD call (a 4 MiB PCM message is 131 s: it goes alone)
@@ -378,8 +379,8 @@ class Executor:
 
     # ---- admission -------------------------------------------------------------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-               inputs: list[str]) -> Demand:
-        demand = stream_demand(stream_id, slo, source, targets, partials, step_s, inputs)
+               inputs: list[str], detect: Sequence[str] = ()) -> Demand:
+        demand = stream_demand(stream_id, slo, source, targets, partials, step_s, inputs, detect)
         self.prepare(demand)
         return demand
 
@@ -438,16 +439,26 @@ class Executor:
 
 
 def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-                  inputs: list[str]) -> Demand:
-    """What a stream asks of each model (items/s), for admission. Pure: a worker process computes it too."""
+                  inputs: list[str], detect: Sequence[str] = ()) -> Demand:
+    """What a stream asks of each model (items/s), for admission. Pure: a worker process computes it too.
+
+    ``detect``: the languages a stream started with ``source_lang: "auto"`` may speak. Each committed utterance is
+    then identified once (``ModelKey.detect()``), and any one candidate may take all of the stream's speech: the
+    speaker may keep to it, so each candidate's ASR and MT keys are reserved the whole rate (a worst case per
+    key; at most 8 candidates, protocol.py)."""
     rate: dict[str, float] = {}
+    spoken = list(detect) or [source]
     if "audio" in inputs:
         # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
         # what is left and are shed first, so they count at a quarter of their rate
-        rate[str(ModelKey.asr(source))] = 0.3 + (0.25 / step_s if partials else 0.0)
-    for t in targets:
-        if t != source:
-            rate[str(ModelKey.mt(source, t))] = 0.3
+        for lang in spoken:
+            rate[str(ModelKey.asr(lang))] = 0.3 + (0.25 / step_s if partials else 0.0)
+        if detect:
+            rate[str(ModelKey.detect())] = 0.3
+    for lang in spoken:
+        for t in targets:
+            if t != lang:
+                rate[str(ModelKey.mt(lang, t))] = 0.3
     return Demand(stream_id, slo, rate)
 
 

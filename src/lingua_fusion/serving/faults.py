@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import InvalidParameter, MalformedOutput
 from ..models.base import ASRResult
 from .keys import ModelKey
-from .ports import AsrOutput, TranscribeInput
+from .ports import AsrOutput, DetectInput, TranscribeInput
 
 KINDS = ("delay", "error", "hang", "garbage")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
@@ -123,6 +123,9 @@ def check_outputs(key: ModelKey, args: list[Any], results: Any) -> list[Any]:
             ok = isinstance(r, ASRResult) and _text_ok(r.text, 40 * len(arg.audio) // 16000 + 4000) and all(
                 _confidence_ok(s.confidence) and math.isfinite(s.start) and s.start <= s.end
                 and all(math.isfinite(w.start) and w.start <= w.end for w in s.words) for s in r.segments)
+        elif isinstance(arg, DetectInput):  # each candidate's probability, nothing else
+            ok = isinstance(r, dict) and set(r) == set(arg.candidates) and all(
+                isinstance(p, float) and 0.0 <= p <= 1.0 for p in r.values())
         elif key.task == "asr":
             ok = isinstance(r, AsrOutput) and _text_ok(r.text, 4000) and _confidence_ok(r.confidence)
         elif key.task == "mt":

@@ -1,7 +1,7 @@
 """ModelKey: which model a piece of work runs on. Built and parsed here only.
 
-The string form (``asr:tiny.en``, ``asr:base:de``, ``mt:en-es``, ``ocr``, ``tts:es``, ``vad``, ``spk``: speaker
-embeddings) is what the scheduler
+The string form (``asr:tiny.en``, ``asr:base:de``, ``asr:base:auto``: spoken language identification, ``mt:en-es``,
+``ocr``, ``tts:es``, ``vad``, ``spk``: speaker embeddings) is what the scheduler
 queues by, what metrics label, and what a chaos fault's ``model`` prefix matches.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TASKS = ("asr", "mt", "ocr", "tts", "vad", "spk")
+DETECT = "auto"  # the ASR "language" of spoken language identification (ModelKey.detect)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,14 @@ class ModelKey:
     @classmethod
     def asr(cls, lang: str) -> ModelKey:
         return cls("asr", lang)
+
+    @classmethod
+    def detect(cls) -> ModelKey:
+        """Which of a stream's candidate languages an utterance is in (``DetectInput``): the multilingual Whisper's
+        language identification. An ASR key of its own, not a task: it is a caption's first ASR step (the stage's
+        budget, the breaker's window), and a queue of its own keeps its cheap encoder-only items out of the
+        transcription batches, whose cost model would otherwise learn from both."""
+        return cls("asr", DETECT)
 
     @classmethod
     def mt(cls, source: str, target: str) -> ModelKey:

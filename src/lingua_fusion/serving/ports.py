@@ -20,6 +20,7 @@ Contract of ``ModelPort.run(key, payload, ctx)``:
 | vad | ``np.ndarray`` 16 kHz float32 (whole 32 ms windows) | ``np.ndarray`` speech probability per window |
 | asr | ``AsrInput`` (a stream's utterance) | ``AsrOutput`` |
 | asr | ``TranscribeInput`` (a piece of a file, at most ~30 s) | ``ASRResult`` (Whisper's segments, piece times) |
+| asr (``ModelKey.detect()``) | ``DetectInput`` (an utterance, its candidates) | ``dict[str, float]`` (sums to 1) |
 | mt | ``MtInput`` | ``str`` |
 | ocr | ``np.ndarray`` RGB image, or ``OcrInput`` (an image and its language) | ``list[OcrLine]`` in reading order |
 | tts | ``str`` | ``bytes`` (a WAV file) |
@@ -55,6 +56,17 @@ class AsrInput:
 class AsrOutput:
     text: str
     confidence: float  # 0..1, the least confident segment's
+
+
+@dataclass(frozen=True)
+class DetectInput:
+    """A stream's committed utterance whose language the server is to tell (start message ``source_lang: "auto"``),
+    among ``candidates``: the languages the stream may be in. Whisper scores every language it knows; only the
+    candidates count, renormalised, so that a short utterance is not called Galician or Portuguese when the stream
+    can only be in Spanish, English or German (stream/languages.py decides what an unsure score means)."""
+
+    audio: np.ndarray
+    candidates: tuple[str, ...]
 
 
 @dataclass(frozen=True)

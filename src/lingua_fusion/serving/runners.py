@@ -14,11 +14,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..glossary import apply_mt_batch
-from ..models.base import ASRResult, OCRLine
+from ..models.base import ASRResult, OCRLine, among
 from ..models.registry import Registry
 from ..models.transcript_guard import guard_text
 from .keys import ModelKey
-from .ports import AsrInput, AsrOutput, MtInput, OcrInput, SpeakerInput, TranscribeInput
+from .ports import AsrInput, AsrOutput, DetectInput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 
 Runner = Callable[[list[Any]], list[Any]]
 
@@ -43,6 +43,8 @@ class ContinuousRunner(Protocol):
 
 
 def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False) -> Runner:
+    if key == ModelKey.detect():
+        return lambda items: _detect(registry, items)
     if key.task == "asr":
         return _asr(registry, key.source, per_stream)
     if key.task == "mt":
@@ -54,6 +56,14 @@ def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False)
     if key.task == "spk":
         return lambda stretches: _embed(registry, stretches)
     return lambda windows: [registry.vad().probabilities(audio) for audio in windows]
+
+
+def _detect(registry: Registry, items: list[DetectInput]) -> list[dict[str, float]]:
+    """Every stream's utterance in one language identification call on the multilingual Whisper, scored over the
+    union of their candidates, then each over its own (renormalising a renormalised subset keeps its ratios)."""
+    union = sorted({c for it in items for c in it.candidates})
+    scored = registry.asr(None).detect_batch([it.audio for it in items], union) if items else []
+    return [among(probs, it.candidates) for it, probs in zip(items, scored, strict=True)]
 
 
 def _embed(registry: Registry, items: list[SpeakerInput]) -> list[np.ndarray]:

@@ -87,7 +87,8 @@ class StreamCapacity:
         self.holds[sid] = held
         try:
             await self.engine.reserve(self.engine.demand(sid, spec.slo, spec.source_lang, spec.targets,
-                                                         spec.partials, spec.policy.step_s, spec.inputs), owner)
+                                                         spec.partials, spec.policy.step_s, spec.inputs,
+                                                         spec.source_langs), owner)
         except BaseException as exc:
             if isinstance(exc, Overloaded) and exc.not_serving:  # its model process restarting or silent
                 self.unavailable()

@@ -52,6 +52,7 @@ class Ready(Event):
     max_audio_speed: float | None = _opt()  # the stream's audio budget (stream/budget.py): x real time, averaged
     max_audio_burst_s: float | None = _opt()  # ... in bursts of this many seconds (also the most per message)
     scripts: dict[str, str] | None = _opt()  # Chinese: the transcript's ("source") and each target's script
+    source_langs: list[str] | None = _opt()  # source_lang "auto": the languages each utterance may be detected in
 
     def to_wire(self) -> dict[str, Any]:
         out = super().to_wire()
@@ -107,6 +108,11 @@ class Final(Event):
     # an utterance cut at the maximum length mid-sentence and the one that finished it (stream/sentences.py)
     sentence: list[int] | None = _opt()
     scripts: dict[str, str] | None = _opt()  # Chinese: the script of source_text ("source") and of each target
+    source_lang: str | None = _opt()  # the language of source_text (given, or detected on a "auto" stream)
+    # a "auto" stream's: the detector's probability for source_lang among the stream's languages, and True when its
+    # best guess scored under stream/languages.py SURE (source_lang is then the stream's previous language)
+    source_lang_confidence: float | None = _opt()
+    source_lang_unsure: bool | None = _opt()
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text | lips: which cursor it moves in the log
     cut: str = field(default="", metadata=INTERNAL)  # why its utterance ended: pause | length | end (stream/policy.py)

@@ -157,15 +157,16 @@ class Finals:
                 why = f"it was still open after {len(group)} captions"
         finally:
             self.holding = False
+        lang = first.source_lang or self.spec.source_lang  # the group's: a final in another language does not join
         try:
-            whole = await self.jobs.translate(join([f.source_text for f in group], self.spec.source_lang),
-                                              first.start, group[-1].end, confidence=min(f.confidence for f in group),
-                                              wall_ref=first.wall_ref)
+            whole = await self.jobs.translate(join([f.source_text for f in group], lang), first.start, group[-1].end,
+                                              confidence=min(f.confidence for f in group), wall_ref=first.wall_ref,
+                                              lang=lang)
         except LinguaFusionError as exc:  # (overloaded): the captions still go out, numbered, with their words
             targets = list(self.spec.targets)
             whole = Final(start=first.start, end=group[-1].end, source_text="", text="",
                           translations={t: "" for t in targets}, confidence=0.0,
-                          failed=[f"mt:{t}" for t in targets if t != self.spec.source_lang] or None,
+                          failed=[f"mt:{t}" for t in targets if t != lang] or None,
                           note=f"translation failed: {exc.public_message}")
         if whole is not None:
             sentences.share(group, whole)

@@ -1,5 +1,6 @@
-"""A stream's model jobs over the ModelPort: partial re-decodes, commits (ASR -> confidence gate -> MT per target),
-text translations, slides (OCR) and speech. Each returns what it made; the session decides what to do with it.
+"""A stream's model jobs over the ModelPort: partial re-decodes, commits (on a ``source_lang: "auto"`` stream the
+utterance's language first, stream/languages.py; then ASR in that language -> confidence gate -> MT per target from
+it), text translations, slides (OCR) and speech. Each returns what it made; the session decides what to do with it.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from .. import langs
 from ..errors import BackendError, Overloaded
 from ..glossary import Term
 from ..models.transcript_guard import to_script
 from ..serving.keys import ModelKey
-from ..serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput
+from ..serving.ports import AsrInput, AsrOutput, CallContext, DetectInput, ModelPort, MtInput
 from ..tracing import TraceRef
 from ..untranslated import strip_marks
 from ..untranslated import warning as untranslated_warning
 from .events import Final
+from .languages import Detection, decide
 from .protocol import StreamSpec
 
 MAX_SLIDES = 32  # slides a stream remembers (their words are ASR context and MT names)
@@ -46,14 +49,23 @@ class StreamJobs:
         self.slides: list[tuple[float, str]] = []  # (stream time, OCR text), oldest first
         self.glossary = tuple(spec.glossary)  # one tuple for the stream's life: the MT thread compiles it once
         self.lips: Any = None  # vision/stream_lips.py StreamLips: a lip vocabulary's evidence, fused into finals
+        self.heard_lang: str | None = None  # a "auto" stream's last surely detected language
+
+    @property
+    def lang(self) -> str:
+        """The language partials are decoded in: the given one, or on a "auto" stream the last one heard surely
+        (before any, the first candidate): a partial is not worth a detection of its own."""
+        return self.heard_lang or self.spec.source_lang
 
     def _ctx(self, tentative: bool, start: float | None = None) -> CallContext:
         return CallContext(self.spec.stream_id, self.spec.slo, self.spec.importance, tentative, start,
                            key_id=self.spec.key_id, trace=self.trace)
 
-    def heard(self, text: str) -> str:
-        """A transcript in the script the stream's source tag asked for (Whisper writes Mandarin in either)."""
-        script = self.spec.source_script
+    def heard(self, text: str, lang: str | None = None) -> str:
+        """A transcript in the script the stream's source tag asked for (Whisper writes Mandarin in either); Mandarin
+        detected on a "auto" stream whose first language is not Chinese in Simplified characters."""
+        script = self.spec.source_script if (lang or self.spec.source_lang) == self.spec.source_lang else (
+            "Hans" if lang == "zh" else None)
         return to_script(text, script) if script and text else text
 
     def written(self, text: str, target: str) -> str:
@@ -62,25 +74,28 @@ class StreamJobs:
         return to_script(text, script) if script and text else text
 
     def model_keys(self) -> list[ModelKey]:
-        """The model keys this stream uses (for its metrics events)."""
-        src = self.spec.source_lang
-        return [ModelKey.asr(src)] + [ModelKey.mt(src, t) for t in self.spec.targets if t != src]
+        """The model keys this stream uses now (for its metrics events): a "auto" stream's detection and its
+        current language's."""
+        src = self.lang
+        return ([ModelKey.detect()] if self.spec.detects else []) + [ModelKey.asr(src)] + [
+            ModelKey.mt(src, t) for t in self.spec.targets if t != src]
 
     async def vad(self, audio: np.ndarray) -> np.ndarray:
         return await self.port.run(ModelKey.vad(), np.ascontiguousarray(audio), self._ctx(False))
 
     async def partial(self, audio: np.ndarray, current: Callable[[], bool]) -> Tentative | None:
         """Re-decode the utterance so far. None when shed, failed (a partial not shown) or no longer ``current``."""
+        src = self.lang
         try:
-            res: AsrOutput | None = await self.port.run(ModelKey.asr(self.spec.source_lang),
-                                                        AsrInput(audio, self._prompt()), self._ctx(True))
+            res: AsrOutput | None = await self.port.run(ModelKey.asr(src), AsrInput(audio, self._prompt()),
+                                                        self._ctx(True))
             if res is None or not current():
                 return None
-            text, target = self.heard(res.text), self.spec.targets[0]
+            text, target = self.heard(res.text, src), self.spec.targets[0]
             translation = text
-            if text and target != self.spec.source_lang:
+            if text and target != src:
                 # a tentative translation of the tentative text: shed first under load, like the re-decode itself
-                out = await self.port.run(ModelKey.mt(self.spec.source_lang, target),
+                out = await self.port.run(ModelKey.mt(src, target),
                                           MtInput(text, self.glossary), self._ctx(True))
                 if out is None or not current():
                     return None
@@ -93,59 +108,107 @@ class StreamJobs:
                      cut: str = "pause") -> Final | None:
         """A committed utterance -> its final (unnumbered), or None when it held no words. ``cut``: why the policy
         ended it; one cut at the maximum length (``"length"``) comes back untranslated: its sentence may go on in the
-        next utterance, and the emitter translates them together (stream/sentences.py)."""
+        next utterance, and the emitter translates them together (stream/sentences.py). On a "auto" stream its
+        language is detected first, and it is transcribed and translated in that language."""
+        if not self.spec.detects:
+            return await self._commit(audio, start, end, wall_ref, cut, self.spec.source_lang)
+        t0 = time.monotonic()
+        detection, failure = await self._detect(audio, wall_ref)
+        detect_ms = (time.monotonic() - t0) * 1000  # what detecting the language added to the caption's latency
+        final = await self._commit(audio, start, end, wall_ref, cut, detection.lang)
+        if final is not None:
+            final.source_lang = detection.lang
+            final.source_lang_confidence = detection.confidence
+            final.source_lang_unsure = detection.unsure or None
+            final.latency_ms["detect"] = round(detect_ms, 1)
+            for note in (failure, detection.note(self.spec.source_langs) if failure is None else None):
+                if note:
+                    final.note = f"{final.note}; {note}" if final.note else note
+        return final
+
+    async def _detect(self, audio: np.ndarray, wall_ref: float) -> tuple[Detection, str | None]:
+        """The utterance's language (stream/languages.py ``decide``), and a note when the detection failed (after
+        its retries: then the stream's previous language, unsure). A sure one becomes the stream's language."""
+        failure = None
+        try:
+            probs = await self.port.run(ModelKey.detect(), DetectInput(audio, tuple(self.spec.source_langs)),
+                                        self._ctx(False, wall_ref))
+        except BackendError as exc:
+            probs, failure = None, f"language detection failed ({exc.public_message}): kept {self.lang}"
+        detection = decide(probs or {}, self.heard_lang, self.spec.source_lang)
+        if not detection.unsure:
+            self.heard_lang = detection.lang
+        return detection, failure
+
+    async def _commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float, cut: str,
+                      lang: str) -> Final | None:
+        """``commit`` in a known language ``lang``."""
         def empty(**kw: Any) -> Final:  # a final over this span with nothing in it but what ``kw`` says
             return Final(start=round(start, 3), end=round(end, 3), source_text="", text="",
-                         translations={t: "" for t in self.spec.targets}, wall_ref=wall_ref, **kw)
+                         translations={t: "" for t in self.spec.targets}, wall_ref=wall_ref, source_lang=lang, **kw)
         lips = self.lips
         if lips is not None:
             lips.claim(start, end)  # this utterance's lip movements are fused here, not captioned on their own
         try:
-            res: AsrOutput | None = await self.port.run(ModelKey.asr(self.spec.source_lang),
-                                                        AsrInput(audio, self._prompt()), self._ctx(False, wall_ref))
+            res: AsrOutput | None = await self.port.run(ModelKey.asr(lang), AsrInput(audio, self._prompt()),
+                                                        self._ctx(False, wall_ref))
         except BackendError as exc:
             # retried and still failing: the span gets a final that says so, keeping the numbering gap-free
             return empty(confidence=0.0, failed=["asr"],
                          note=f"speech recognition failed: {exc.public_message}")
         asr_ms = (time.monotonic() - wall_ref) * 1000
         if res is not None:
-            res = AsrOutput(self.heard(res.text), res.confidence)
+            res = AsrOutput(self.heard(res.text, lang), res.confidence)
         fused = None if lips is None else await lips.fuse(res.text if res else "", res.confidence if res else 0.0,
                                                           start, end)
         if fused is not None and "audio" not in fused.modalities:  # unsure or no speech: what the lips said
-            return await self._fused(fused, start, end, wall_ref, asr_ms)
+            return await self._fused(fused, start, end, wall_ref, asr_ms, lang)
         if res is None or not res.text.strip():
             return None
         if res.confidence < self.spec.min_confidence:
             return empty(confidence=res.confidence, gated=["asr"],
                          note=f"speech confidence {res.confidence:.2f} below {self.spec.min_confidence}")
         if fused is not None and "lips" in fused.modalities:  # confirmed, re-ranked or corrected by the lips
-            return await self._fused(fused, start, end, wall_ref, asr_ms)
+            return await self._fused(fused, start, end, wall_ref, asr_ms, lang)
         if cut == "length":  # heard, not yet translated
             return Final(start=round(start, 3), end=round(end, 3), source_text=res.text, text="", translations={},
                          confidence=res.confidence, latency_ms={"asr": round(asr_ms, 1)}, wall_ref=wall_ref,
-                         cut=cut, scripts=self.spec.scripts())
+                         cut=cut, scripts=self.spec.scripts(), source_lang=lang)
         final = await self.translate(res.text, start, end, confidence=res.confidence, wall_ref=wall_ref,
-                                     asr_ms=asr_ms)
+                                     asr_ms=asr_ms, lang=lang)
         if final is not None:
             final.cut = cut
         return final
 
-    async def _fused(self, fused: Any, start: float, end: float, wall_ref: float, asr_ms: float) -> Final | None:
+    async def _fused(self, fused: Any, start: float, end: float, wall_ref: float, asr_ms: float,
+                     lang: str) -> Final | None:
         """A final from ``vision.fusion.fuse``'s caption, saying which modalities made it (an utterance's span:
         it moves the audio cursor of the log whatever made its text)."""
         final = await self.translate(fused.text, start, end, confidence=fused.confidence, wall_ref=wall_ref,
-                                     asr_ms=asr_ms)
+                                     asr_ms=asr_ms, lang=lang)
         if final is not None:
             final.modalities = list(fused.modalities)
             final.replaced = [list(p) for p in fused.replaced] or None
         return final
 
+    async def translate_text(self, text: str, t: float, wall_ref: float) -> Final | None:
+        """A text message's final. On a "auto" stream its language is the text identifier's when that is sure and
+        a candidate (a typed question need not be in the language being spoken), else the stream's current one."""
+        lang = await asyncio.to_thread(self.text_lang, text) if self.spec.detects else self.spec.source_lang
+        return await self.translate(text, t, t, confidence=1.0, wall_ref=wall_ref, modality="text", lang=lang)
+
+    def text_lang(self, text: str) -> str:
+        """See ``translate_text`` (py3langid: loaded on first use, so called off the event loop)."""
+        guess = langs.identify(text)
+        return guess.lang if guess.sure and guess.lang in self.spec.source_langs else self.lang
+
     async def translate(self, text: str, start: float, end: float, *, confidence: float, wall_ref: float,
-                        asr_ms: float = 0.0, modality: str = "audio") -> Final | None:
+                        asr_ms: float = 0.0, modality: str = "audio", lang: str | None = None) -> Final | None:
+        """``text`` (in ``lang``, by default the stream's source language) -> a final translated into every
+        target; a target in the text's own language gets the text itself."""
         if not text:
             return None
-        src = self.spec.source_lang
+        src = lang or self.spec.source_lang
         t0 = time.monotonic()
         slide_terms = self._slide_terms(text)
         failed: list[str] = []
@@ -179,12 +242,12 @@ class StreamJobs:
                      slides=slides, slide_terms=[t.source for t in slide_terms],
                      latency_ms={"asr": round(asr_ms, 1), "mt": round((time.monotonic() - t0) * 1000, 1)},
                      failed=sorted(failed) or None, note="; ".join(notes) or None, wall_ref=wall_ref,
-                     modality=modality, low_confidence=self._low_confidence(translations) or None,
-                     untranslated=unknown or None, scripts=self.spec.scripts())
+                     modality=modality, low_confidence=self._low_confidence(translations, src) or None,
+                     untranslated=unknown or None, scripts=self.spec.scripts(), source_lang=src)
 
-    def _low_confidence(self, translations: dict[str, str]) -> list[str]:
-        """The targets of this final that the tiny LLM translated (their route is low-confidence)."""
-        return [t for t in self.spec.low_confidence if translations.get(t)]
+    def _low_confidence(self, translations: dict[str, str], src: str) -> list[str]:
+        """The targets of this final that the tiny LLM translated (their route from ``src`` is low-confidence)."""
+        return [t for t in self.spec.low_targets(src) if translations.get(t)]
 
     async def read_slide(self, image: np.ndarray, t: float) -> str | None:
         """OCR a frame (tentative work: shed under load). Raises BackendError when the OCR backend fails."""

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import langs
-from ..errors import InvalidParameter, LinguaFusionError
+from ..errors import InvalidParameter, LinguaFusionError, UnsupportedPair
 from ..glossary import Term
 from ..models.registry import MTRoute
 from ..models.transcript_guard import SCRIPT_NAMES, script_for
 from ..serving.scheduler import SLO_CLASSES
+from .languages import DETECTABLE, MAX_SOURCE_LANGS
 from .policy import PolicyConfig
 
 POLICIES = {
@@ -33,6 +34,7 @@ INPUTS = ("audio", "image", "text", "video")  # what a stream may send (video: f
 AUDIO_FORMATS = ("pcm16", "webm", "ogg")  # webm / ogg: Opus, as a browser's MediaRecorder sends it
 MAX_START_BYTES = 64 * 1024
 MAX_TARGETS = 8
+AUTO = "auto"  # source_lang: each utterance's language is detected (stream/languages.py)
 MAX_TS = 1e10  # seconds: a media timestamp beyond (about year 2286 as a Unix time) is refused, not overflowed
 
 
@@ -59,10 +61,24 @@ class StreamSpec:
     # for other languages) and each Chinese target's; zh is Simplified, zh-TW / zh-Hant / zh-HK Traditional
     source_script: str | None = None
     target_scripts: dict[str, str] = field(default_factory=dict)
+    # ``source_lang: "auto"``: the languages each utterance may be detected in (stream/languages.py), the first is
+    # ``source_lang`` (what text, slides and partials before the first detection are read in); empty: the language
+    # was given. And per candidate, the targets whose route from it goes through the tiny LLM
+    source_langs: list[str] = field(default_factory=list)
+    low_confidence_from: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def policy(self) -> PolicyConfig:
         return POLICIES[self.slo]
+
+    @property
+    def detects(self) -> bool:
+        """Is each utterance's language detected (``source_lang: "auto"``)?"""
+        return bool(self.source_langs)
+
+    def low_targets(self, source: str) -> list[str]:
+        """The targets whose route from ``source`` goes through the tiny LLM."""
+        return self.low_confidence_from.get(source, []) if self.detects else self.low_confidence
 
     def scripts(self) -> dict[str, str] | None:
         """What the ready event and each final say of the scripts: ``source`` (the transcript) and each Chinese
@@ -78,7 +94,8 @@ class StreamSpec:
                 "speech": self.speech, "audio_format": self.audio_format, "clock_offsets": self.clock_offsets,
                 "inputs": self.inputs, "low_confidence": self.low_confidence, "key_id": self.key_id,
                 "vocabulary_id": self.vocabulary_id, "source_script": self.source_script,
-                "target_scripts": self.target_scripts}
+                "target_scripts": self.target_scripts, "source_langs": self.source_langs,
+                "low_confidence_from": self.low_confidence_from}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
@@ -93,7 +110,9 @@ class StreamSpec:
                    vocabulary_id=str(d.get("vocabulary_id", "")),
                    # a snapshot from before scripts were stored: zh was Simplified
                    source_script=d.get("source_script", "Hans" if d["source_lang"] == "zh" else None),
-                   target_scripts=dict(d.get("target_scripts", {t: "Hans" for t in d["targets"] if t == "zh"})))
+                   target_scripts=dict(d.get("target_scripts", {t: "Hans" for t in d["targets"] if t == "zh"})),
+                   source_langs=list(d.get("source_langs", [])),
+                   low_confidence_from={k: list(v) for k, v in d.get("low_confidence_from", {}).items()})
 
 
 @dataclass(frozen=True)
@@ -111,8 +130,9 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
     route it returns tells whether that target's finals come from the low-confidence LLM."""
     if msg.get("type") != "start":
         raise InvalidParameter("the first message must be {\"type\": \"start\", ...}")
-    raw_source = msg.get("source_lang") or "en"
-    source = langs.normalize(raw_source, field="source_lang")
+    raw_source = msg.get("source_lang") or ("auto" if msg.get("source_langs") is not None else "en")
+    auto = isinstance(raw_source, str) and raw_source.strip().lower() == AUTO
+    source = "" if auto else langs.normalize(raw_source, field="source_lang")
     raw_targets = msg.get("target_langs") or ([msg["target_lang"]] if msg.get("target_lang") else [])
     if not raw_targets or not isinstance(raw_targets, list) or len(raw_targets) > MAX_TARGETS:
         raise InvalidParameter(f"target_langs must list 1 to {MAX_TARGETS} languages")
@@ -123,11 +143,12 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
         if script is not None and target_scripts.setdefault(t, script) != script:
             raise InvalidParameter("a stream's Chinese captions have one script: ask for zh (Simplified) or zh-TW "
                                    "(Traditional), not both", details={"field": "target_langs"})
-    low_confidence = []
-    for t in targets:
-        route = check_pair(source, t) if t != source else None
-        if route is not None and route.low_confidence:
-            low_confidence.append(t)
+    if msg.get("source_langs") is not None and not auto:
+        raise InvalidParameter('source_langs lists the languages to detect: it goes with source_lang "auto"',
+                               details={"field": "source_langs"})
+    source_langs, low_from = _candidates(msg, targets, check_pair) if auto else ([], {})
+    source = source_langs[0] if auto else source
+    low_confidence = low_from.get(source, []) if auto else _low_targets(source, targets, check_pair)
     slo = str(msg.get("slo", "standard"))
     if slo not in SLO_CLASSES:
         raise InvalidParameter(f"slo must be one of {sorted(SLO_CLASSES)}")
@@ -154,7 +175,46 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
                       speech=bool(msg.get("speech", False)), audio_format=audio_format,
                       clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)),
                       low_confidence=low_confidence, source_script=_script(raw_source, source),
-                      target_scripts=target_scripts)
+                      target_scripts=target_scripts, source_langs=source_langs, low_confidence_from=low_from)
+
+
+def _low_targets(source: str, targets: list[str], check_pair: Callable[[str, str], MTRoute | None]) -> list[str]:
+    """The targets whose route from ``source`` goes through the tiny LLM; raises ``unsupported_pair`` for a target
+    with no route from it."""
+    low = []
+    for t in targets:
+        route = check_pair(source, t) if t != source else None
+        if route is not None and route.low_confidence:
+            low.append(t)
+    return low
+
+
+def _candidates(msg: dict[str, Any], targets: list[str], check_pair: Callable[[str, str], MTRoute | None]
+                ) -> tuple[list[str], dict[str, list[str]]]:
+    """A ``source_lang: "auto"`` stream's candidate languages, and each one's tiny-LLM targets. Listed in the start
+    message (``source_langs``, 1 to MAX_SOURCE_LANGS): each must have a route to every target (else
+    ``unsupported_pair``); left out: those of ``DETECTABLE`` that have one. A room's stream gives its language: its
+    listeners' languages are checked against it, and its partials are translated for them from it."""
+    if msg.get("room"):
+        raise InvalidParameter('a room\'s stream gives its source_lang: "auto" is for streams that are not rooms',
+                               details={"field": "source_lang"})
+    asked = msg.get("source_langs")
+    if asked is not None and (not isinstance(asked, list) or not 1 <= len(asked) <= MAX_SOURCE_LANGS):
+        raise InvalidParameter(f"source_langs must list 1 to {MAX_SOURCE_LANGS} languages",
+                               details={"field": "source_langs"})
+    pool = list(dict.fromkeys(langs.normalize(c, field="source_langs") for c in asked)) if asked else list(DETECTABLE)
+    chosen: dict[str, list[str]] = {}
+    for lang in pool:
+        try:
+            chosen[lang] = _low_targets(lang, targets, check_pair)
+        except UnsupportedPair:
+            if asked:  # the client named it: say which pair cannot be served
+                raise
+    if not chosen:
+        raise UnsupportedPair(f"no language this server can detect ({', '.join(DETECTABLE)}) has a route to every "
+                              f"target ({', '.join(targets)}): give source_lang, or fewer targets",
+                              details={"field": "target_langs"})
+    return list(chosen), chosen
 
 
 def _script(raw: Any, lang: str) -> str | None:

@@ -25,15 +25,17 @@ MAX_GROUP = 2  # a held caption waits for one more at most: its latency stays bo
 
 @dataclass(frozen=True)
 class Heard:
-    """What the decision reads of a final: its words, why its utterance ended, whether it is speech."""
+    """What the decision reads of a final: its words, why its utterance ended, whether it is speech, its language
+    (a "auto" stream's speaker may switch at a cut: two languages are not one sentence)."""
 
     text: str
     cut: str = "pause"
     speech: bool = True
+    lang: str = ""
 
     @classmethod
     def of(cls, final: Final) -> Heard:
-        return cls(final.source_text, final.cut, final.modality == "audio")
+        return cls(final.source_text, final.cut, final.modality == "audio", final.source_lang or "")
 
 
 def waits(group: Sequence[Heard], max_group: int = MAX_GROUP) -> bool:
@@ -44,9 +46,11 @@ def waits(group: Sequence[Heard], max_group: int = MAX_GROUP) -> bool:
 
 
 def joins(group: Sequence[Heard], nxt: Heard) -> bool:
-    """Does ``nxt`` go on with the sentence the group left open? Speech with words after a piece without final
-    punctuation, or speech that starts in lower case (the full stop before it was put there at the cut)."""
-    return nxt.speech and bool(nxt.text.strip()) and (not ends_sentence(group[-1].text) or continues(nxt.text))
+    """Does ``nxt`` go on with the sentence the group left open? Speech in the same language with words after a
+    piece without final punctuation, or speech that starts in lower case (the full stop before it was put there at
+    the cut)."""
+    return nxt.speech and bool(nxt.text.strip()) and nxt.lang == group[-1].lang and (
+        not ends_sentence(group[-1].text) or continues(nxt.text))
 
 
 def open_note(group: Sequence[Heard], why: str) -> str | None:

@@ -43,7 +43,7 @@ from .jobs import StreamJobs
 from .journal import Journal, StreamLog
 from .outbox import Outbox
 from .policy import CommitPolicy
-from .protocol import StreamSpec, check_ts
+from .protocol import AUTO, StreamSpec, check_ts
 from .resume import ResumePoint
 from .timeline import AudioTimeline
 
@@ -176,7 +176,8 @@ class StreamSession:
         self._emitter = asyncio.create_task(self._emit_finals(), name=f"emit:{self.spec.stream_id}")
         self.ingest.start()
         return Ready(stream_id=self.spec.stream_id, resume_token=self.spec.resume_token, slo=self.spec.slo,
-                     source_lang=self.spec.source_lang, targets=self.spec.targets, partials=self.spec.partials,
+                     source_lang=AUTO if self.spec.detects else self.spec.source_lang, targets=self.spec.targets,
+                     partials=self.spec.partials, source_langs=list(self.spec.source_langs) or None,
                      resumed=resumed, max_audio_speed=self.budget.speed, max_audio_burst_s=self.budget.burst_s,
                      scripts=self.spec.scripts())
 
@@ -234,8 +235,7 @@ class StreamSession:
         t = self._place("text", ts)
         if ts is not None and t <= self._text_until + 1e-6:
             return  # re-sent after a resume, and its caption was logged before the break: not again
-        self._queue(self.jobs.translate(text.strip(), t, t, confidence=1.0, wall_ref=time.monotonic(),
-                                        modality="text"))
+        self._queue(self.jobs.translate_text(text.strip(), t, time.monotonic()))
 
     async def feed_image(self, data: bytes, ts: float | None = None) -> None:
         self._live("image")

@@ -49,6 +49,11 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
     def asr(key: ModelKey) -> Any:
         from .deferred import DeferredRunner
 
+        if key == ModelKey.detect():  # language identification: one encoder pass and one step, on the CPU runner
+            from ..runners import build_runner
+
+            return build_runner(key, registry)
+
         # built on a thread of its own (torch imported, weights, pools, graphs): the event loop asking for it does
         # not wait
         runner = DeferredRunner(lambda: build_asr(registry, key, settings), str(key))

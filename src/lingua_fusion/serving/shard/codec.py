@@ -7,8 +7,8 @@ event loop would otherwise spend its time on). Only a closed set of types crosse
 model process never runs code it was sent): msgpack's own types, ``np.ndarray`` as dtype, shape and its raw bytes
 (audio travels as float32 bytes, images as uint8), the ports' payloads and results (``AsrInput``, ``AsrOutput``,
 ``MtInput``, ``Term``, ``OCRLine``; a file's ``TranscribeInput``, ``ASRResult``, ``ASRSegment``, ``ASRWord``,
-``OcrInput``, ``SpeakerInput``), ``Demand``, and ``LinguaFusionError`` by class name, message, details and
-retry_after (``error_of``). Anything else is a ``TypeError`` at the sender.
+``OcrInput``, ``SpeakerInput``; a stream's ``DetectInput``), ``Demand``, and ``LinguaFusionError`` by class name,
+message, details and retry_after (``error_of``). Anything else is a ``TypeError`` at the sender.
 
 Messages (``op``): worker -> model ``run`` {id, key, mode, payload, ctx, traceparent (tracing on only)}, ``admit``
 {id, demand, key_id, mode, force}, ``release`` {stream_id, mode}, ``depth``-less (every reply carries its key's
@@ -29,7 +29,7 @@ import numpy as np
 from ... import errors
 from ...glossary import Term
 from ...models.base import ASRResult, ASRSegment, ASRWord, OCRLine
-from ..ports import AsrInput, AsrOutput, MtInput, OcrInput, SpeakerInput, TranscribeInput
+from ..ports import AsrInput, AsrOutput, DetectInput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 from ..scheduler import Demand
 
 # the largest image a client may send (limits.max_image_pixels, 40 MP) is 120 MB as RGB pixels for OCR; a 4 MiB
@@ -38,8 +38,9 @@ MAX_FRAME = 160 * 1024 * 1024
 _HEAD = struct.Struct(">I")
 _TYPES: dict[str, type] = {t.__name__: t for t in (AsrInput, AsrOutput, MtInput, Term, OCRLine, Demand,
                                                    TranscribeInput, OcrInput, ASRResult, ASRSegment, ASRWord,
-                                                   SpeakerInput)}
-_TUPLES = {"glossary", "names", "box"}  # fields rebuilt as tuples (hashable: MT compiles a glossary once per tuple)
+                                                   SpeakerInput, DetectInput)}
+# fields rebuilt as tuples (hashable: MT compiles a glossary once per tuple; a DetectInput's candidates)
+_TUPLES = {"glossary", "names", "box", "candidates"}
 
 
 def _default(obj: Any) -> Any:
