@@ -25,6 +25,7 @@ from ..config import Settings
 from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeout, Overloaded
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
+from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
 from .faults import Fault, check_outputs
 from .keys import ModelKey
 from .ports import FILE_CLASS, CallContext, MtInput, StageObserver, TranscribeInput
@@ -35,17 +36,10 @@ from .threads import COLD_TIMEOUT_S, ModelThreads
 
 log = logging.getLogger("lingua_fusion.serving")
 
-# starting cost models (seconds, measured on 2 cores); refined online from every batch. Matched by prefix, in order:
-# language identification (asr:base:auto, one encoder pass and one decoder step) before base's transcriptions
-PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base:auto": (0.08, 0.04), "asr:base": (0.15, 0.15),
-               "mt": (0.05, 0.01), "ocr": (0.5, 0.5), "tts": (0.1, 0.2), "spk": (0.05, 0.05)}
 MODES = ("batched", "unbatched", "per-stream")
 VAD_BATCH = 256  # streams' windows per VAD call
 VAD_BATCH_S = 120.0  # seconds of audio per VAD call (a 4 MiB PCM message is 131 s: it goes alone)
 MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 cores); one longer item runs alone
-# an ASR batch's work units: a stream's utterance is 1, a file's piece (TranscribeInput) at least this, so a piece
-# runs in a batch of its own and no stream's utterance waits inside a batch for a file's 30 s of speech
-ASR_MAX_UNITS = 8.0
 VAD_KEY = ModelKey.vad()
 SERVICE_WARMUP = 3  # a continuous runner's first items settled: not admission's measure of it (warm-up)
 
@@ -140,7 +134,7 @@ class Executor:
                         deadline=stage_deadline(ctx.slo, key.stage, now if ctx.start is None else ctx.start),
                         importance=ctx.importance, tentative=ctx.tentative,
                         payload=_Pending(payload, fut, now, trace=ctx.trace), slo=ctx.slo, key_id=ctx.key_id,
-                        units=_units(payload))
+                        units=work_units(payload))
         queued, shed = self.scheduler.submit_or_shed(item)
         if shed is not None:  # a partial dropped to make room: its caller hears so now, not at its timeout
             _resolve(shed.payload.future, None)
@@ -194,9 +188,9 @@ class Executor:
             # admission counts it by its items' latency against the items in flight (Scheduler.service), from the
             # key's prior until its items are seen
             continuous = _continuous(runner)
-            self.scheduler.costs.setdefault(str(key), CostModel(0.0, 0.0) if continuous else _prior(str(key)))
+            self.scheduler.costs.setdefault(str(key), CostModel(0.0, 0.0) if continuous else prior_cost(str(key)))
             if continuous:
-                prior = _prior(str(key))
+                prior = prior_cost(str(key))
                 self.scheduler.service.setdefault(str(key), ServiceCurve(prior.c0, prior.c1))
             lanes = 1 if _continuous(runner) else _lanes_of(key, self.settings)
             self._lanes[key] = lanes
@@ -438,30 +432,6 @@ class Executor:
         self.threads.close()
 
 
-def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-                  inputs: list[str], detect: Sequence[str] = ()) -> Demand:
-    """What a stream asks of each model (items/s), for admission. Pure: a worker process computes it too.
-
-    ``detect``: the languages a stream started with ``source_lang: "auto"`` may speak. Each committed utterance is
-    then identified once (``ModelKey.detect()``), and any one candidate may take all of the stream's speech: the
-    speaker may keep to it, so each candidate's ASR and MT keys are reserved the whole rate (a worst case per
-    key; at most 8 candidates, protocol.py)."""
-    rate: dict[str, float] = {}
-    spoken = list(detect) or [source]
-    if "audio" in inputs:
-        # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
-        # what is left and are shed first, so they count at a quarter of their rate
-        for lang in spoken:
-            rate[str(ModelKey.asr(lang))] = 0.3 + (0.25 / step_s if partials else 0.0)
-        if detect:
-            rate[str(ModelKey.detect())] = 0.3
-    for lang in spoken:
-        for t in targets:
-            if t != lang:
-                rate[str(ModelKey.mt(lang, t))] = 0.3
-    return Demand(stream_id, slo, rate)
-
-
 def _lanes_of(key: ModelKey, settings: Settings) -> int:
     """Whisper through CTranslate2 runs ``models.asr_parallel`` batches at once (its WhisperASR has that many
     CTranslate2 workers); every other model (and the torch backend, whose threads are process-wide) one."""
@@ -473,23 +443,6 @@ def _lanes_of(key: ModelKey, settings: Settings) -> int:
 
 def _continuous(runner: object) -> bool:
     return isinstance(runner, ContinuousRunner)  # the declared Protocol (serving/runners.py), checked at run time
-
-
-def _units(payload: Any) -> float:
-    """An item's work units for fairness and batch bounds: an MT item's characters; a file's piece of speech its
-    seconds / 3 (a stream's utterance is about 3 s), at least a batch's worth; 1 for anything else."""
-    if isinstance(payload, MtInput):
-        return float(max(1, len(payload.text)))
-    if isinstance(payload, TranscribeInput):
-        return max(ASR_MAX_UNITS, len(payload.audio) / 16000 / 3)
-    return 1.0
-
-
-def _prior(key: str) -> CostModel:
-    for prefix, (c0, c1) in PRIOR_COSTS.items():
-        if key.startswith(prefix):
-            return CostModel(c0, c1)
-    return CostModel()
 
 
 def _resolve(fut: asyncio.Future[Any], value: Any) -> None:

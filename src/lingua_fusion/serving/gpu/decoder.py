@@ -37,7 +37,7 @@ import torch
 from ...errors import CapacityExhausted
 from .blocks import BlockPool
 from .device_call import wait
-from .paged import Gather, PagedKV, slots_of
+from .paged import DeviceInputs, Gather, PagedKV, slots_of
 
 Attend = Callable[..., torch.Tensor]
 
@@ -98,16 +98,6 @@ class _Seq:
 
     def next_input(self) -> int:
         return self.prompt[self.pos] if self.pos < len(self.prompt) else self.out[-1]
-
-
-@dataclass
-class DeviceInputs:
-    tokens: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    self_gather: Gather
-    cross_gather: Gather
-    first: torch.Tensor
 
 
 @dataclass

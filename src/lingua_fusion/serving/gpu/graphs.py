@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .paged import Gather
+from .paged import DeviceInputs, Gather
 
 T = TypeVar("T")
 _FIELDS = ("tokens", "positions", "slots", "self_lens", "cross_lens", "first")
@@ -70,8 +70,6 @@ class _Bucket:
         self_tables = self.dev[at: at + size * self.self_blocks].view(size, self.self_blocks)
         at += size * self.self_blocks
         cross_tables = self.dev[at:].view(size, self.cross_blocks)
-        from .decoder import DeviceInputs
-
         self.inputs = DeviceInputs(
             views[0], views[1], views[2],
             Gather(self_tables, views[3], engine.pool.block_size, self.self_blocks * engine.pool.block_size),

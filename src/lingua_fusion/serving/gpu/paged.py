@@ -115,3 +115,15 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: 
     max_len = k.shape[2]
     mask = torch.arange(max_len, device=q.device)[None, :] < torch.tensor(lengths, device=q.device)[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+
+
+@dataclass
+class DeviceInputs:
+    """One decode step's inputs on the device (StepInputs.to_device, or a CUDA graph's static buffers: graphs.py)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    self_gather: Gather
+    cross_gather: Gather
+    first: torch.Tensor

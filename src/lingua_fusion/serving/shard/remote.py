@@ -33,7 +33,7 @@ from typing import Any
 from ...config import Settings
 from ...errors import BackendError, ModelTimeout, Overloaded
 from ...models.registry import Registry
-from ..executor import stream_demand
+from ..demand import stream_demand
 from ..faults import Fault
 from ..keys import ModelKey
 from ..ports import FILE_CLASS, CallContext, StageObserver

@@ -1,0 +1,61 @@
+"""What model work costs before it is measured: a stream's demand per model (admission), each model's starting
+cost model, an item's work units (fairness and batch bounds). Pure: a worker process of ``serve --workers``
+computes a stream's demand here without importing the executor (serving/shard/remote.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .keys import ModelKey
+from .ports import MtInput, TranscribeInput
+from .scheduler import CostModel, Demand
+
+# starting cost models (seconds, measured on 2 cores); refined online from every batch. Matched by prefix, in order:
+# language identification (asr:base:auto, one encoder pass and one decoder step) before base's transcriptions
+PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base:auto": (0.08, 0.04), "asr:base": (0.15, 0.15),
+               "mt": (0.05, 0.01), "ocr": (0.5, 0.5), "tts": (0.1, 0.2), "spk": (0.05, 0.05)}
+# an ASR batch's work units: a stream's utterance is 1, a file's piece (TranscribeInput) at least this, so a piece
+# runs in a batch of its own and no stream's utterance waits inside a batch for a file's 30 s of speech
+ASR_MAX_UNITS = 8.0
+
+
+def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
+                  inputs: list[str], detect: Sequence[str] = ()) -> Demand:
+    """What a stream asks of each model (items/s), for admission. Pure: a worker process computes it too.
+
+    ``detect``: the languages a stream started with ``source_lang: "auto"`` may speak. Each committed utterance is
+    then identified once (``ModelKey.detect()``), and any one candidate may take all of the stream's speech: the
+    speaker may keep to it, so each candidate's ASR and MT keys are reserved the whole rate (a worst case per
+    key; at most 8 candidates, protocol.py)."""
+    rate: dict[str, float] = {}
+    spoken = list(detect) or [source]
+    if "audio" in inputs:
+        # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
+        # what is left and are shed first, so they count at a quarter of their rate
+        for lang in spoken:
+            rate[str(ModelKey.asr(lang))] = 0.3 + (0.25 / step_s if partials else 0.0)
+        if detect:
+            rate[str(ModelKey.detect())] = 0.3
+    for lang in spoken:
+        for t in targets:
+            if t != lang:
+                rate[str(ModelKey.mt(lang, t))] = 0.3
+    return Demand(stream_id, slo, rate)
+
+
+def work_units(payload: Any) -> float:
+    """An item's work units for fairness and batch bounds: an MT item's characters; a file's piece of speech its
+    seconds / 3 (a stream's utterance is about 3 s), at least a batch's worth; 1 for anything else."""
+    if isinstance(payload, MtInput):
+        return float(max(1, len(payload.text)))
+    if isinstance(payload, TranscribeInput):
+        return max(ASR_MAX_UNITS, len(payload.audio) / 16000 / 3)
+    return 1.0
+
+
+def prior_cost(key: str) -> CostModel:
+    for prefix, (c0, c1) in PRIOR_COSTS.items():
+        if key.startswith(prefix):
+            return CostModel(c0, c1)
+    return CostModel()
