@@ -74,7 +74,13 @@ class StreamStore(Protocol):
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None: ...
 
-    def compact(self, retention_s: float, max_log: int) -> dict[str, int]: ...
+    def compact(self, retention_s: float, max_log: int, live: Collection[str] = ()) -> dict[str, int]:
+        """Drop what no client can still ask for: streams closed (or left, no session serving them) for
+        ``retention_s``; a live stream's log beyond its last ``max_log`` finals (its snapshot's ``log_from`` says
+        where it starts now, and a resume from before it is told ``log_compacted``). ``live``: streams a session of
+        the caller serves; they are kept however long they were silent (a pause is not an end), and their clock
+        is refreshed so another process's compaction keeps them too."""
+        ...
 
     def close(self) -> None: ...
 
@@ -215,9 +221,10 @@ class SQLiteStreamStore:
                 snap["closed"] = True
                 self._put(db, stream_id, snap)
 
-    def compact(self, retention_s: float, max_log: int) -> dict[str, int]:
-        """Drop streams closed (or silent) for ``retention_s``; keep a live stream's last ``max_log`` finals (its
-        snapshot says where its log now starts); checkpoint the WAL file back to zero length."""
+    def compact(self, retention_s: float, max_log: int, live: Collection[str] = ()) -> dict[str, int]:
+        """The Protocol's; then the WAL file is checkpointed back to zero length. A stream silent for
+        ``retention_s`` whose session is live (a conference's lunch break: audio, no finals) was dropped here
+        before, and its next final found no stream (``the stream log lost this stream``)."""
         cutoff = time.time() - retention_s
         with self._lock:
             trimmed = 0
@@ -225,6 +232,7 @@ class SQLiteStreamStore:
                 # the write lock before the choice (serve --workers: another process may resume a silent stream,
                 # refreshing its `updated`, between a choice made outside and the delete: its log was dropped)
                 with write_transaction(self._db, busy=_compaction_failed) as db:
+                    self._touch(db, list(live))
                     old = [r[0] for r in db.execute("SELECT stream_id FROM stream_snapshot WHERE updated < ?",
                                                     (cutoff,)).fetchall()]
                     for sid in old:
@@ -246,6 +254,16 @@ class SQLiteStreamStore:
                 raise _compaction_failed(exc) from exc
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return {"streams_dropped": len(old), "finals_trimmed": trimmed}
+
+    @staticmethod
+    def _touch(db: sqlite3.Connection, stream_ids: list[str]) -> None:
+        """Live streams' snapshots are as fresh as now (retention counts from the end of a session, not from its
+        last final)."""
+        now = time.time()
+        for i in range(0, len(stream_ids), EPOCH_BATCH):
+            chunk = stream_ids[i: i + EPOCH_BATCH]
+            db.execute(f"UPDATE stream_snapshot SET updated=? WHERE stream_id IN ({','.join('?' * len(chunk))})",
+                       (now, *chunk))
 
     def close(self) -> None:
         with self._lock:
@@ -378,9 +396,21 @@ class RedisStreamStore:
 
         self._watched(stream_id, change)
 
-    def compact(self, retention_s: float, max_log: int) -> dict[str, int]:
+    def compact(self, retention_s: float, max_log: int, live: Collection[str] = ()) -> dict[str, int]:
         """Nothing to sweep: Redis expires closed streams after the retention and silent ones after the TTL, and
-        every append trims the log to its last ``max_log`` finals."""
+        every append trims the log to its last ``max_log`` finals. A live stream's keys get their TTL again, so a
+        session silent longer than the TTL keeps its stream."""
+        ids = list(live)
+
+        def run() -> None:
+            pipe = self._r.pipeline(transaction=False)
+            for sid in ids:  # EXPIRE on a key that is not there does nothing
+                for key in (redis_keys.stream_snapshot(sid), redis_keys.stream_log(sid), redis_keys.stream_epoch(sid)):
+                    pipe.expire(key, self._ttl)
+            pipe.execute()
+
+        if ids:
+            self._run(run)
         return {"streams_dropped": 0, "finals_trimmed": 0}
 
     def close(self) -> None:
