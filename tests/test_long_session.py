@@ -167,6 +167,21 @@ def test_redis_compaction_gives_a_live_streams_keys_their_ttl_again() -> None:
         store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=needs_redis)])
+def test_a_replay_reads_the_finals_after_what_the_client_has_from_a_long_log(kind: str, tmp_path: Path) -> None:
+    """Redis reads a replay from the log's end back, a page (REPLAY_PAGE) at a time: every page edge is right."""
+    store: Any = SQLiteStreamStore(tmp_path) if kind == "sqlite" else RedisStreamStore(REDIS or "")
+    sid = f"st_replay_{time.monotonic_ns()}"
+    try:
+        store.open_stream(sid, "tok", {"spec": {}})
+        for seq in range(1, 601):
+            store.append_final(sid, {"type": "final", "seq": seq, "end": float(seq)}, float(seq))
+        for after in (0, 1, 88, 343, 344, 345, 599, 600):  # 600 - 256 = 344: the first page's edge
+            assert [e["seq"] for e in store.finals_after(sid, after)] == list(range(after + 1, 601)), after
+    finally:
+        store.close()
+
+
 # ---- ten minutes of stream ---------------------------------------------------------------------------------------
 @contextlib.asynccontextmanager
 async def serve(settings: Settings) -> AsyncIterator[tuple[str, Any]]:

@@ -43,6 +43,7 @@ def token_digest(token: str) -> str:
 
 
 EPOCH_BATCH = 500  # stream ids per query of ``epochs`` (SQLite's bound on host parameters is far above)
+REPLAY_PAGE = 256  # finals read per Redis call of a resume's replay, from the log's end back
 
 
 class StreamStore(Protocol):
@@ -380,8 +381,17 @@ class RedisStreamStore:
         return {sid: int(raw) for sid, raw in zip(ids, raws, strict=True) if raw is not None}
 
     def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]:
-        rows = self._run(lambda: self._r.lrange(redis_keys.stream_log(stream_id), 0, -1))
-        return [e for e in (json.loads(r) for r in rows) if int(e["seq"]) > seq]
+        """Read from the log's end back, a page at a time, until a final at or before ``seq``: a resume late in a
+        long stream reads what it asks for, not the whole log (10,000 finals of JSON, on every reconnect)."""
+        key, found = redis_keys.stream_log(stream_id), {}
+        for end in range(-1, -self._max_log - REPLAY_PAGE, -REPLAY_PAGE):
+            page = self._run(lambda end=end: self._r.lrange(key, end - REPLAY_PAGE + 1, end))
+            entries = [json.loads(r) for r in page]  # oldest first
+            # by seq: a final appended between two reads shifts the pages by one (read twice, never skipped)
+            found.update({int(e["seq"]): e for e in entries if int(e["seq"]) > seq})
+            if len(page) < REPLAY_PAGE or int(entries[0]["seq"]) <= seq:
+                break  # the log's start, or the client has everything before this page
+        return [found[k] for k in sorted(found)]
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None:
         def change(pipe: Any, snap: dict[str, Any] | None) -> None:
