@@ -54,17 +54,21 @@ def log_bytes(state: Path) -> int:
     return sum(p.stat().st_size for p in state.rglob("streams.sqlite3*"))
 
 
-def window_rows(finals: list[dict[str, Any]], samples: list[dict[str, float]], window_s: float,
-                total_s: float) -> list[dict[str, Any]]:
-    """Per window of stream time: finals (by their end), caption latency, the last RSS / CPU / log sample."""
+def window_rows(finals: list[dict[str, Any]], partials: list[float], samples: list[dict[str, float]],
+                window_s: float, total_s: float) -> list[dict[str, Any]]:
+    """Per window of stream time: finals (by their end), caption latency, partials shown (tentative decodes the
+    scheduler did not shed: they cost CPU as the machine allows), the last RSS / CPU / log sample. The talk ends
+    with the sentence that crosses ``total_s``: that tail belongs to the last window."""
     rows = []
-    for k in range(int(np.ceil(total_s / window_s))):
-        a, b = k * window_s, min(total_s, (k + 1) * window_s)
+    n = max(1, int(np.floor(total_s / window_s + 1e-6)))
+    for k in range(n):
+        a, b = k * window_s, (k + 1) * window_s if k < n - 1 else float("inf")
         lat = [f["caption_ms"] for f in finals if a <= f["end"] < b]
         inside = [s for s in samples if a <= s["stream_s"] < b] or [min(samples, key=lambda s: abs(s["stream_s"] - b))]
         last = inside[-1]
         wall = [s["wall_s"] for s in inside]
-        rows.append({"window": k + 1, "stream_min": [round(a / 60, 1), round(b / 60, 1)], "finals": len(lat),
+        rows.append({"window": k + 1, "stream_min": [round(a / 60, 1), round(min(b, total_s) / 60, 1)],
+                     "finals": len(lat), "partials": sum(1 for t in partials if a <= t < b),
                      "caption_p50_ms": round(float(np.percentile(lat, 50)), 1) if lat else None,
                      "caption_p99_ms": round(float(np.percentile(lat, 99)), 1) if lat else None,
                      "caption_max_ms": round(max(lat), 1) if lat else None,
@@ -96,6 +100,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="lf-long-"))
     url, server = start_server(state, "--no-auth", env=env)
     finals: list[dict[str, Any]] = []
+    partials: list[float] = []  # each partial's (or revision's) end, stream s
     errors: list[dict[str, Any]] = []
     samples: list[dict[str, float]] = []
     stats = FeedStats()
@@ -122,6 +127,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     if ev["type"] == "final":
                         finals.append({"seq": ev["seq"], "end": ev["end"], "caption_ms": ev["latency_ms"]["caption"],
                                        "held_ms": ev["latency_ms"].get("held", 0.0), "text": ev["source_text"]})
+                    elif ev["type"] in ("partial", "revision"):
+                        partials.append(float(ev["end"]))
                     elif ev["type"] == "error":
                         errors.append(ev)
                     elif ev["type"] == "closed":
@@ -147,10 +154,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             sample()
     finally:
         stop_server(server)
-    rows = window_rows(finals, samples, args.window_min * 60, total_s)
+    rows = window_rows(finals, partials, samples, args.window_min * 60, total_s)
     seqs = [f["seq"] for f in finals]
     return {"schema": "linguafusion.bench.long_session/1", "commit": git_commit(), "machine": machine(),
-            "stream_min": round(total_s / 60, 1), "wall_s": round(time.monotonic() - t_start, 1),
+            "stream_min": round(total_s / 60, 1), "window_min": args.window_min,
+            "wall_s": round(time.monotonic() - t_start, 1),
             "settings": {**env, "speed": args.speed, "chunk_s": 0.5, "max_pending_s": args.max_pending_s,
                          "partials": True, "slo": "standard", "targets": ["es"]},
             "talk": {"sentences": len(sentences), "seed": args.seed, "break_every_s": args.break_every_s,
@@ -163,15 +171,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(rep: dict[str, Any]) -> str:
-    head = (f"{'window (stream min)':>20} {'finals':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'RSS MiB':>8} "
-            f"{'CPU s':>6} {'wall s':>7} {'log KiB':>8}")
+    """The table and the first-against-last line; a saved result prints again with ``--report FILE``."""
+    head = (f"{'window (stream min)':>20} {'finals':>6} {'partials':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+            f"{'RSS MiB':>8} {'CPU s':>6} {'wall s':>7} {'log KiB':>8}")
     lines = [head]
     for r in rep["windows"]:
         a, b = r["stream_min"]
-        lines.append(f"{f'{a:g}-{b:g}':>20} {r['finals']:>6} {r['caption_p50_ms']!s:>8} {r['caption_p99_ms']!s:>8} "
-                     f"{r['caption_max_ms']!s:>8} {r['rss_mib']:>8} {r['cpu_s']:>6} {r['wall_s']:>7} "
-                     f"{r['log_kib']:>8}")
-    first, last = rep["windows"][0], rep["windows"][-1]
+        lines.append(f"{f'{a:g}-{b:g}':>20} {r['finals']:>6} {r.get('partials', '-')!s:>8} "
+                     f"{r['caption_p50_ms']!s:>8} {r['caption_p99_ms']!s:>8} {r['caption_max_ms']!s:>8} "
+                     f"{r['rss_mib']:>8} {r['cpu_s']:>6} {r['wall_s']:>7} {r['log_kib']:>8}")
+    # the last whole window (a result saved before the tail was folded in ends with a short one)
+    full = [r for r in rep["windows"] if r["stream_min"][1] - r["stream_min"][0] >= rep.get("window_min", 10) - 1e-6]
+    first, last = rep["windows"][0], (full or rep["windows"])[-1]
     lines.append(f"first vs last window: RSS {first['rss_mib']} -> {last['rss_mib']} MiB, caption p99 "
                  f"{first['caption_p99_ms']} -> {last['caption_p99_ms']} ms, CPU {first['cpu_s']} -> "
                  f"{last['cpu_s']} s; {rep['finals']} finals (gap-free: {rep['gap_free']}), {rep['stream_min']} min "
@@ -192,7 +203,11 @@ def main() -> int:
     ap.add_argument("--break-s", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=ROOT / "bench/results/long_session.json")
+    ap.add_argument("--report", type=Path, help="print a saved result again (nothing is run)")
     args = ap.parse_args()
+    if args.report is not None:
+        print(report(json.loads(args.report.read_text())))
+        return 0
     rep = asyncio.run(run(args))
     print(report(rep))
     args.json.parent.mkdir(parents=True, exist_ok=True)
