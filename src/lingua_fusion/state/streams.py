@@ -43,6 +43,7 @@ def token_digest(token: str) -> str:
 
 
 EPOCH_BATCH = 500  # stream ids per query of ``epochs`` (SQLite's bound on host parameters is far above)
+REPLAY_PAGE = 256  # finals read per Redis call of a resume's replay, from the log's end back
 
 
 class StreamStore(Protocol):
@@ -74,7 +75,13 @@ class StreamStore(Protocol):
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None: ...
 
-    def compact(self, retention_s: float, max_log: int) -> dict[str, int]: ...
+    def compact(self, retention_s: float, max_log: int, live: Collection[str] = ()) -> dict[str, int]:
+        """Drop what no client can still ask for: streams closed (or left, no session serving them) for
+        ``retention_s``; a live stream's log beyond its last ``max_log`` finals (its snapshot's ``log_from`` says
+        where it starts now, and a resume from before it is told ``log_compacted``). ``live``: streams a session of
+        the caller serves; they are kept however long they were silent (a pause is not an end), and their clock
+        is refreshed so another process's compaction keeps them too."""
+        ...
 
     def close(self) -> None: ...
 
@@ -215,9 +222,10 @@ class SQLiteStreamStore:
                 snap["closed"] = True
                 self._put(db, stream_id, snap)
 
-    def compact(self, retention_s: float, max_log: int) -> dict[str, int]:
-        """Drop streams closed (or silent) for ``retention_s``; keep a live stream's last ``max_log`` finals (its
-        snapshot says where its log now starts); checkpoint the WAL file back to zero length."""
+    def compact(self, retention_s: float, max_log: int, live: Collection[str] = ()) -> dict[str, int]:
+        """The Protocol's; then the WAL file is checkpointed back to zero length. A stream silent for
+        ``retention_s`` whose session is live (a conference's lunch break: audio, no finals) was dropped here
+        before, and its next final found no stream (``the stream log lost this stream``)."""
         cutoff = time.time() - retention_s
         with self._lock:
             trimmed = 0
@@ -225,6 +233,7 @@ class SQLiteStreamStore:
                 # the write lock before the choice (serve --workers: another process may resume a silent stream,
                 # refreshing its `updated`, between a choice made outside and the delete: its log was dropped)
                 with write_transaction(self._db, busy=_compaction_failed) as db:
+                    self._touch(db, list(live))
                     old = [r[0] for r in db.execute("SELECT stream_id FROM stream_snapshot WHERE updated < ?",
                                                     (cutoff,)).fetchall()]
                     for sid in old:
@@ -246,6 +255,16 @@ class SQLiteStreamStore:
                 raise _compaction_failed(exc) from exc
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return {"streams_dropped": len(old), "finals_trimmed": trimmed}
+
+    @staticmethod
+    def _touch(db: sqlite3.Connection, stream_ids: list[str]) -> None:
+        """Live streams' snapshots are as fresh as now (retention counts from the end of a session, not from its
+        last final)."""
+        now = time.time()
+        for i in range(0, len(stream_ids), EPOCH_BATCH):
+            chunk = stream_ids[i: i + EPOCH_BATCH]
+            db.execute(f"UPDATE stream_snapshot SET updated=? WHERE stream_id IN ({','.join('?' * len(chunk))})",
+                       (now, *chunk))
 
     def close(self) -> None:
         with self._lock:
@@ -362,8 +381,17 @@ class RedisStreamStore:
         return {sid: int(raw) for sid, raw in zip(ids, raws, strict=True) if raw is not None}
 
     def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]:
-        rows = self._run(lambda: self._r.lrange(redis_keys.stream_log(stream_id), 0, -1))
-        return [e for e in (json.loads(r) for r in rows) if int(e["seq"]) > seq]
+        """Read from the log's end back, a page at a time, until a final at or before ``seq``: a resume late in a
+        long stream reads what it asks for, not the whole log (10,000 finals of JSON, on every reconnect)."""
+        key, found = redis_keys.stream_log(stream_id), {}
+        for end in range(-1, -self._max_log - REPLAY_PAGE, -REPLAY_PAGE):
+            page = self._run(lambda end=end: self._r.lrange(key, end - REPLAY_PAGE + 1, end))
+            entries = [json.loads(r) for r in page]  # oldest first
+            # by seq: a final appended between two reads shifts the pages by one (read twice, never skipped)
+            found.update({int(e["seq"]): e for e in entries if int(e["seq"]) > seq})
+            if len(page) < REPLAY_PAGE or int(entries[0]["seq"]) <= seq:
+                break  # the log's start, or the client has everything before this page
+        return [found[k] for k in sorted(found)]
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None:
         def change(pipe: Any, snap: dict[str, Any] | None) -> None:
@@ -378,9 +406,21 @@ class RedisStreamStore:
 
         self._watched(stream_id, change)
 
-    def compact(self, retention_s: float, max_log: int) -> dict[str, int]:
+    def compact(self, retention_s: float, max_log: int, live: Collection[str] = ()) -> dict[str, int]:
         """Nothing to sweep: Redis expires closed streams after the retention and silent ones after the TTL, and
-        every append trims the log to its last ``max_log`` finals."""
+        every append trims the log to its last ``max_log`` finals. A live stream's keys get their TTL again, so a
+        session silent longer than the TTL keeps its stream."""
+        ids = list(live)
+
+        def run() -> None:
+            pipe = self._r.pipeline(transaction=False)
+            for sid in ids:  # EXPIRE on a key that is not there does nothing
+                for key in (redis_keys.stream_snapshot(sid), redis_keys.stream_log(sid), redis_keys.stream_epoch(sid)):
+                    pipe.expire(key, self._ttl)
+            pipe.execute()
+
+        if ids:
+            self._run(run)
         return {"streams_dropped": 0, "finals_trimmed": 0}
 
     def close(self) -> None:

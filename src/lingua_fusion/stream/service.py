@@ -308,11 +308,14 @@ class StreamService:
             await self.baseline.drain(max(0.0, end - loop.time()))
 
     async def compact(self) -> dict[str, int]:
-        """Log compaction: drop streams past their retention, trim long logs (state/streams.py)."""
+        """Log compaction: drop streams past their retention, trim long logs (state/streams.py). The streams live
+        here are kept whatever their silence: under ``serve --workers`` every worker compacts and keeps its own, so
+        a stream live on another worker stays as long as ``compact_interval_s`` is well under ``retention_s``."""
         if self.log is None:
             return {}
+        live = [sid for sid, s in self.sessions.items() if s.journal is not None]
         return await self.log.call(self.log.store.compact, self.settings.state.retention_s,
-                                   self.settings.state.max_log_finals, wait_s=None)
+                                   self.settings.state.max_log_finals, live, wait_s=None)
 
     async def close(self) -> None:
         for s in list(self.sessions.values()):
