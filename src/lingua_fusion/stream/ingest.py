@@ -156,6 +156,8 @@ class AudioIngest:
                     return
                 for d in self.policy.on_vad(probs, self.vad_pos / SR):
                     self._decide(d)
+                if self.policy.speech_start is None:  # no utterance open: what lies before its start is not read
+                    self.timeline.release_s(self.policy.utt_start)
 
     def heard(self) -> tuple[float, float | None, bool]:
         """For lips (vision/stream_lips.py): audio heard by the VAD until (stream s), the open speech's start."""

@@ -119,3 +119,12 @@ class AudioTimeline:
 
     def consume_s(self, t: float) -> None:
         self.consume(int(round(t * SR)))
+
+    def release_s(self, t: float) -> None:
+        """Nothing before stream time ``t`` will be read again (no utterance is open before it: a pause, music): its
+        audio is released, all but the reorder window's, where a late chunk may still land. Without this a long
+        pause kept ``max_buffer_s`` of audio and copied all of it for every chunk past it (5% of a core per stream
+        with 20 ms chunks)."""
+        upto = min(int(round(t * SR)), self.end - int(self.reorder_window * SR))
+        if upto > self.start:
+            self.consume(upto)
