@@ -9,7 +9,7 @@ segments (files/speech.py), ``guard_text`` for a stream's utterance (serving/run
   and the result carries a warning naming it, never a normal transcript.
 - ``heard_nothing``: Whisper's own test that a window held no speech (a no-speech probability above 0.6 and a mean
   log-probability under -1.0: what it decoded is a guess at silence, "You", "Oh", "Yeah" over music). faster-whisper's
-  ``transcribe`` (files, ``models.asr_parallel`` streams) skips such a segment itself; the trimmed-window batch
+  ``transcribe`` (files; the per-stream benchmark baseline) skips such a segment itself; the trimmed-window batch
   decode of streams' utterances (``transcribe_batch``, both backends) calls the decoder directly, so it applies the
   test here and answers an empty text: no final, no partial.
 - ``to_script``: Whisper writes Mandarin in Traditional characters as often as not, whatever the prompt. ``zh``
