@@ -156,8 +156,9 @@ class AudioIngest:
                     return
                 for d in self.policy.on_vad(probs, self.vad_pos / SR):
                     self._decide(d)
-                if self.policy.speech_start is None:  # no utterance open: what lies before its start is not read
-                    self.timeline.release_s(self.policy.utt_start)
+                # a pause's audio before the open utterance is never decoded: the timeline lets it go now (a commit,
+                # which releases the rest, may be minutes away), so a stream's buffer is its utterance, not its pause
+                self.timeline.release(self.policy.utt_start)
 
     def heard(self) -> tuple[float, float | None, bool]:
         """For lips (vision/stream_lips.py): audio heard by the VAD until (stream s), the open speech's start."""

@@ -5,7 +5,8 @@ a gap becomes silence (not a shift), a late or out-of-order chunk inside the reo
 one older than the window (or before audio already consumed) is dropped and counted. A chunk placed over audio
 already received (not into a gap's silence) overwrites it and is counted as ``overlapped``: both are a client's
 clock running backward, which the stream tells its client (stream/ingest.py). Memory is bounded: audio before
-``consumed`` is released, and so are the gaps remembered (those older than the reorder window, past 256).
+``consumed`` is released (at each commit, and in a pause up to the open utterance's start: ``release``), the buffer
+never holds more than ``max_buffer_s``, and the gaps remembered are those inside the reorder window, at most 256.
 """
 
 from __future__ import annotations
@@ -114,17 +115,17 @@ class AudioTimeline:
 
     def consume(self, upto_sample: int) -> None:
         upto = min(max(upto_sample, self.start), self.end)
+        if upto == self.start:
+            return  # nothing to release: no copy
         self.buf = self.buf[upto - self.start:].copy()
         self.start = upto
 
+    def release(self, before_s: float) -> None:
+        """Audio before stream time ``before_s`` will not be read again (the silence behind the open utterance):
+        let it go now rather than at the next commit, which a long pause puts off (without this, a pause held up to
+        ``max_buffer_s`` of silence, 3.8 MB, copied on every write). The reorder window behind the furthest sample
+        is kept, so a late chunk is placed, or dropped, exactly as before."""
+        self.consume(min(int(round(before_s * SR)), self.end - int(self.reorder_window * SR)))
+
     def consume_s(self, t: float) -> None:
         self.consume(int(round(t * SR)))
-
-    def release_s(self, t: float) -> None:
-        """Nothing before stream time ``t`` will be read again (no utterance is open before it: a pause, music): its
-        audio is released, all but the reorder window's, where a late chunk may still land. Without this a long
-        pause kept ``max_buffer_s`` of audio and copied all of it for every chunk past it (5% of a core per stream
-        with 20 ms chunks)."""
-        upto = min(int(round(t * SR)), self.end - int(self.reorder_window * SR))
-        if upto > self.start:
-            self.consume(upto)
