@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 EXTRAS=${EXTRAS:-test,lab,llm,hf,otel,cluster}
 APT_PACKAGES=(apertium apertium-eng-spa apertium-fr-es apertium-eng-cat apertium-fra-cat apertium-es-pt
-  apertium-spa-cat apertium-por-cat espeak-ng
+  apertium-spa-cat apertium-por-cat espeak-ng sox
   liblouis-bin liblouis-data redis-server fonts-dejavu-core tesseract-ocr tesseract-ocr-eng libgl1 libglib2.0-0
   chromium chromium-driver)
 

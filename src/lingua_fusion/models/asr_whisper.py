@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import BackendError
 from .base import ASRResult, ASRSegment, ASRWord, BackendInfo, among
+from .transcript_guard import heard_nothing, mean_logprob
 
 ZH_PROMPT = "以下是普通话的句子。"  # Simplified-Chinese prompt so Whisper writes Simplified characters
 # The trimmed window's rule (window_samples). Measured by bench/whisper_trim.py (docs/benchmarks.md): with 6 s and no
@@ -146,7 +147,9 @@ class WhisperASR:
             length = max(1, len(r.sequences_ids[0]))
             avg_logprob = r.scores[0] / length if r.scores else -5.0
             conf = float(np.exp(min(0.0, avg_logprob))) * (1.0 - float(r.no_speech_prob))
-            out.append((collapse_repeats(tok.decode(ids).strip()), round(min(1.0, max(0.0, conf)), 4)))
+            silent = heard_nothing(float(r.no_speech_prob), mean_logprob(r.scores[0], length) if r.scores else -5.0)
+            text = "" if silent else collapse_repeats(tok.decode(ids).strip())  # Whisper's own no-speech rule
+            out.append((text, round(min(1.0, max(0.0, conf)), 4)))
         return out
 
     def _trimmed(self, audios: list[np.ndarray], n: int) -> np.ndarray:

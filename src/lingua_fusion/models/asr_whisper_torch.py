@@ -22,6 +22,7 @@ import torch
 from ..errors import BackendError, NotConfigured
 from .asr_whisper import ZH_PROMPT, collapse_repeats, decode_length, window_samples
 from .base import ASRResult, ASRSegment, BackendInfo, among
+from .transcript_guard import heard_nothing, mean_logprob
 from .whisper_decode import Decoded, DecodeOptions, SpecialTokens, greedy_decode
 from .whisper_torch import LogMel, WhisperTorch, load_whisper
 from .word_times import WORDS_NEED_CT2
@@ -145,7 +146,9 @@ class WhisperTorchASR:
         with self._lock:
             xa, frames = self._encode(windows)
             results = greedy_decode(self.model, xa, frames, token_prompts, budgets, self.special, opts)
-        return [(tok.decode(r.tokens).strip(), _confidence(r)) for r in results]
+        # Whisper's own no-speech rule, as WhisperASR.transcribe_batch (models/transcript_guard.py)
+        return [("" if heard_nothing(r.no_speech_prob, mean_logprob(r.score, len(r.tokens)))
+                 else tok.decode(r.tokens).strip(), _confidence(r)) for r in results]
 
     # ---- files -----------------------------------------------------------------------------------------------
     def _language_probs(self, xa: torch.Tensor) -> list[tuple[str, float]]:

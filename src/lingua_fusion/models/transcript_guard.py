@@ -7,6 +7,11 @@ segments (files/speech.py), ``guard_text`` for a stream's utterance (serving/run
   ratio above 2.4 (zlib; the text repeats itself) or a run of the same short piece eight times or more ("天天天...")
   is a loop. The loop is cut to its first occurrence and the segment is marked ``suspect``: its confidence drops
   and the result carries a warning naming it, never a normal transcript.
+- ``heard_nothing``: Whisper's own test that a window held no speech (a no-speech probability above 0.6 and a mean
+  log-probability under -1.0: what it decoded is a guess at silence, "You", "Oh", "Yeah" over music). faster-whisper's
+  ``transcribe`` (files; the per-stream benchmark baseline) skips such a segment itself; the trimmed-window batch
+  decode of streams' utterances (``transcribe_batch``, both backends) calls the decoder directly, so it applies the
+  test here and answers an empty text: no final, no partial.
 - ``to_script``: Whisper writes Mandarin in Traditional characters as often as not, whatever the prompt. ``zh``
   (and zh-CN, zh-Hans) is given Simplified characters, zh-TW / zh-Hant Traditional (Taiwan's forms), with OpenCC's
   tables (opencc-python-reimplemented, Apache-2.0, pure Python); the result says which (``script``). Files convert
@@ -28,6 +33,8 @@ MAX_COMPRESSION = 2.4  # Whisper's compression_ratio_threshold
 MIN_CHARS = 40  # shorter texts do not compress enough to tell
 RUN = re.compile(r"(.{1,6}?)\1{7,}", re.DOTALL)  # a piece of 1-6 characters repeated 8 times or more
 SUSPECT_CONFIDENCE = 0.05
+NO_SPEECH_PROB = 0.6  # Whisper's no_speech_threshold
+LOGPROB_FLOOR = -1.0  # Whisper's logprob_threshold
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,20 @@ class Checked:
     text: str
     suspect: bool
     why: str = ""
+
+
+def heard_nothing(no_speech_prob: float, mean_logprob: float) -> bool:
+    """Whisper's rule for a window that held no speech (openai/whisper transcribe.py, faster-whisper alike): the
+    no-speech token's probability above NO_SPEECH_PROB *and* the decoded text's mean log-probability under
+    LOGPROB_FLOOR. Both, because either alone also fires on real speech: a confident word over music has a high
+    no-speech probability, a mumbled one a low log-probability."""
+    return no_speech_prob > NO_SPEECH_PROB and mean_logprob < LOGPROB_FLOOR
+
+
+def mean_logprob(score: float, tokens: int) -> float:
+    """faster-whisper's ``avg_logprob`` from a CTranslate2 score (the sum of log-probabilities over ``tokens``,
+    length-normalised): the sum over the tokens and the end-of-text token."""
+    return score * tokens / (tokens + 1) if tokens > 0 else score
 
 
 def compression_ratio(text: str) -> float:

@@ -84,12 +84,14 @@ class StreamJobs:
         return await self.port.run(ModelKey.vad(), np.ascontiguousarray(audio), self._ctx(False))
 
     async def partial(self, audio: np.ndarray, current: Callable[[], bool]) -> Tentative | None:
-        """Re-decode the utterance so far. None when shed, failed (a partial not shown) or no longer ``current``."""
+        """Re-decode the utterance so far. None when shed, failed (a partial not shown) or no longer ``current``, and
+        when it heard no words or its confidence is under the stream's ``min_confidence``: what the final's gate
+        would withhold is not shown tentatively either (music, applause: Whisper's guesses at them stay unsaid)."""
         src = self.lang
         try:
             res: AsrOutput | None = await self.port.run(ModelKey.asr(src), AsrInput(audio, self._prompt()),
                                                         self._ctx(True))
-            if res is None or not current():
+            if res is None or not current() or not res.text.strip() or res.confidence < self.spec.min_confidence:
                 return None
             text, target = self.heard(res.text, src), self.spec.targets[0]
             translation = text
