@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import faulthandler
 import io
@@ -11,9 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -104,6 +106,28 @@ class Server:
         out = subprocess.run([str(BIN), "keys", "create", "--state-dir", str(self.state_dir), *args],
                              capture_output=True, text=True, timeout=60, check=True)
         return out.stdout.strip()
+
+
+@contextlib.asynccontextmanager
+async def serve_in_loop(settings: Settings, wait_s: float = 30.0) -> AsyncIterator[tuple[str, Any]]:
+    """A real server (uvicorn, the app of ``create_app``) in this event loop: (host:port, app); ``wait_s`` bounds
+    its start and its stop."""
+    import uvicorn
+
+    from lingua_fusion.api import create_app
+
+    app = create_app(settings, warm=False)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(wait_s):
+            while not server.started:  # noqa: ASYNC110 (uvicorn offers no event for it)
+                await asyncio.sleep(0.02)
+        yield f"127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(serving, wait_s)
 
 
 def start_server(state_dir: Path, *extra: str, env: dict[str, str] | None = None,

@@ -19,17 +19,14 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
-from conftest import REDIS, free_port, needs_redis
+from conftest import REDIS, needs_redis, serve_in_loop
 
-from lingua_fusion.api import create_app
 from lingua_fusion.config import Settings
 from lingua_fusion.errors import NotFound
 from lingua_fusion.lab.long_talk import FeedStats, Piece, SpeechClock, feed, plan_talk, sentence_pcm
@@ -183,21 +180,9 @@ def test_a_replay_reads_the_finals_after_what_the_client_has_from_a_long_log(kin
 
 
 # ---- ten minutes of stream ---------------------------------------------------------------------------------------
-@contextlib.asynccontextmanager
-async def serve(settings: Settings) -> AsyncIterator[tuple[str, Any]]:
-    """A real server in this event loop: (host:port, app)."""
-    app = create_app(settings, warm=False)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not server.started:  # noqa: ASYNC110 (uvicorn offers no event for it)
-                await asyncio.sleep(0.02)
-        yield f"127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, WAIT_S)
+def serve(settings: Settings) -> contextlib.AbstractAsyncContextManager[tuple[str, Any]]:
+    """A real server in this event loop: (host:port, app) (conftest.serve_in_loop)."""
+    return serve_in_loop(settings, WAIT_S)
 
 
 @dataclass

@@ -12,15 +12,13 @@ import asyncio
 import base64
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
-from conftest import free_port, piper_wav
+from conftest import piper_wav, serve_in_loop
 
-from lingua_fusion.api import create_app
 from lingua_fusion.config import Settings
 from lingua_fusion.glossary import Term
 from lingua_fusion.serving.breaker import STEPS
@@ -40,21 +38,9 @@ def settings_for(tmp: Path, **server: Any) -> Settings:
     return s
 
 
-@contextlib.asynccontextmanager
-async def serve(settings: Settings) -> AsyncIterator[tuple[str, Any]]:
-    """A real server in this event loop: (base URL, app)."""
-    app = create_app(settings, warm=False)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not server.started:  # noqa: ASYNC110 (uvicorn offers no event for it)
-                await asyncio.sleep(0.02)
-        yield f"127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(serving, WAIT_S)
+def serve(settings: Settings) -> contextlib.AbstractAsyncContextManager[tuple[str, Any]]:
+    """A real server in this event loop: (host:port, app) (conftest.serve_in_loop)."""
+    return serve_in_loop(settings, WAIT_S)
 
 
 class Wire:
