@@ -9,7 +9,7 @@ Apertium for text); the breaker test drives the clock, the last-piece test runs 
 to see the samples the recogniser got. Each kind was checked against one planted one-line bug (reverted; the
 committed source is unchanged), with what the suite before this file said:
 
-1. A secret that almost matches: planted ``state/sqlite.py _digest``: ``secret[:24]`` (an API key is looked up by
+1. A secret that almost matches: planted ``state/users.py key_digest``: ``secret[:24]`` (an API key is looked up by
    its first 24 characters). Old suite: passed. Here: test_an_api_key_that_almost_matches_is_refused.
 2. One class of three: planted ``stream/service.py``: every class's breaker target ``SLO_CLASSES["standard"]``.
    Old suite: passed (its breaker tests use "standard"). Here: test_each_class_is_held_to_its_own_latency_target

@@ -607,7 +607,11 @@ async def test_on_redis_a_token_revoked_on_one_gateway_closes_its_listener_on_an
 async def test_a_revoked_owner_key_refuses_its_rooms_tokens_and_closes_their_listeners(kind: str) -> None:
     revoked: set[str] = set()
     rooms = service(kind)
-    rooms.owner_revoked = revoked.__contains__
+
+    async def owner_revoked(key_id: str) -> bool:
+        return key_id in revoked
+
+    rooms.owner_revoked = owner_revoked
     room_id, token = await live_room(rooms)
     listener = await rooms.join(room_id, token, ["es"])
     assert rooms.listened_owners() == {"key_owner"}  # the revoked-key watch asks the store about it

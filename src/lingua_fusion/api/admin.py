@@ -66,19 +66,21 @@ async def create_key(request: Request, _key: AdminKey) -> JSONResponse:
     name = body.get("name", "")
     if not isinstance(name, str):
         raise InvalidParameter("name must be a string")
-    secret, k = context(request).store.create_key(name, scopes)
+    ctx = context(request)
+    secret, k = await ctx.offload(ctx.store.create_key, name, scopes)
     return JSONResponse({"api_key": secret, "key_id": k.key_id, "scopes": list(k.scopes)}, status_code=201)
 
 
 @router.get("/v1/keys")
 async def list_keys(request: Request, _key: AdminKey) -> dict[str, Any]:
     return {"keys": [{"key_id": k.key_id, "name": k.name, "scopes": list(k.scopes), "created": k.created,
-                      "revoked": k.revoked} for k in context(request).store.list_keys()]}
+                      "revoked": k.revoked} for k in await context(request).offload(context(request).store.list_keys)]}
 
 
 @router.delete("/v1/keys/{key_id}")
 async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str, Any]:
-    context(request).store.revoke_key(key_id)
+    ctx = context(request)
+    await ctx.offload(ctx.store.revoke_key, key_id)
     closed = await request.app.state.streams.revoke(key_id)  # its live streams end (4401); resumes are refused
     request.app.state.tickets.revoke(key_id)  # its unused stream tickets too (api/tickets.py)
     # its rooms' listeners are closed (4401) on every gateway and the rooms forgotten (rooms/service.py)

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -38,8 +38,9 @@ from ..observability import Metrics
 from ..serving.engine import Engine
 from ..serving.executor import Executor
 from ..serving.gpu.server import build_executor, warm_engine
-from ..state.sqlite import SQLiteStore
+from ..state.offload import Offload
 from ..state.streams import open_store
+from ..state.users import UserStore, open_users
 from ..stream.journal import StreamLog
 from ..stream.service import KeyQuota, Principal, StreamService
 from ..tracing import Tracer, from_settings
@@ -70,7 +71,8 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     ``settings.otel``, None when off; lingua_fusion/tracing)."""
     settings = settings or Settings()
     translator = engine or FileTranslator(settings)
-    store = SQLiteStore(settings.resolved_state_dir())
+    store = open_users(settings.resolved_state_dir(), settings.state.redis_url)  # state/users.py
+    offload = Offload()
     metrics = Metrics()
     metrics.workers.watch(translator.registry.workers)
     translator.observer = metrics
@@ -93,6 +95,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
             admission.close()
             translator.close()
             store.close()
+            offload.close()
             vocab_api.close(app)
             await tracing_http.shutdown(app)
 
@@ -102,7 +105,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     admission = Admission(settings.server.max_concurrent_requests, settings.server.max_waiting_requests,
                           metrics, nice=settings.server.file_nice)
     app.state.ctx = AppContext(settings=settings, translator=translator, store=store, metrics=metrics,
-                               admission=admission, ready=ready)
+                               admission=admission, ready=ready, offload=offload)
     app.state.metrics = metrics
     app.state.drain_files = admission.begin_drain  # at shutdown (api/server.py DrainingServer)
     app.state.engine = translator
@@ -117,7 +120,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     vocab_api.install(app, settings)  # /v1/vocabularies: taught signs and lip words (api/vocab.py)
     docs.install(app)  # /docs offline, bearer auth in the OpenAPI document (api/docs.py)
     web.install(app)  # /, /ops, /static, stream tickets, /v1/ops/metrics (api/web.py)
-    streams = _install_streams(app, settings, translator, metrics, store, executor or build_executor)
+    streams = _install_streams(app, settings, translator, metrics, store, offload, executor or build_executor)
     tracing_http.install(app, tracer if tracer is not None else from_settings(settings))
     app.state.started = time.time()
     return app
@@ -154,15 +157,15 @@ class CountRequests:
                                                        status=str(sent.status)).inc()
 
 
-def _owner_revoked(store: SQLiteStore) -> Callable[[str], bool]:
-    def revoked(key_id: str) -> bool:
-        return key_id in store.revoked_among([key_id])  # one indexed SQLite read, as each request's authentication
+def _owner_revoked(store: UserStore, offload: Offload) -> Callable[[str], Awaitable[bool]]:
+    async def revoked(key_id: str) -> bool:
+        return key_id in await offload(store.revoked_among, [key_id])  # one read, as each request's authentication
 
     return revoked
 
 
 def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslator, metrics: Metrics,
-                     store: SQLiteStore, executor: ExecutorFactory) -> StreamsLifetime:
+                     store: UserStore, offload: Offload, executor: ExecutorFactory) -> StreamsLifetime:
     """Build the StreamService (and the per-stream baseline it hands admin benchmark streams to), set
     ``app.state.streams`` and ``app.state.drain``, install /v1/streams; return the streams' lifetime (the
     compaction loop and the revoked-key watch while serving; the services and the stream log closed after)."""
@@ -171,8 +174,8 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
     quota = KeyQuota(settings.server.max_streams_per_key)
     baseline = StreamService(Executor(translator.registry, settings, mode="per-stream"), settings, quota=quota)
 
-    def glossary_for(who: Principal, gid: str) -> list[glossary_mod.Term]:
-        return store.get_glossary(who.key_id, gid)[1]
+    async def glossary_for(who: Principal, gid: str) -> list[glossary_mod.Term]:
+        return (await offload(store.get_glossary, who.key_id, gid))[1]
 
     service = StreamService(executor(translator.registry, settings, metrics), settings,
                             log=StreamLog(log_store, metrics), metrics=metrics, glossary_for=glossary_for,
@@ -227,8 +230,8 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
     app.state.streams = service
     service.vision = app.state.vision  # streams with a vocabulary_id read signs (api/vocab.py, vision/)
     # rooms: api/rooms.py, rooms/; a room's listener tokens are dead once its owner's key is revoked
-    rooms = service.rooms = rooms_api.install(app, settings, metrics, translator.registry,
-                                              owner_revoked=_owner_revoked(store) if settings.server.auth else None)
+    revoked = _owner_revoked(store, offload) if settings.server.auth else None
+    rooms = service.rooms = rooms_api.install(app, settings, metrics, translator.registry, owner_revoked=revoked)
     tm = translator.registry.translation_memory()
     if tm is not None:  # its hits, misses and evictions on /metrics
         from ..tm.metrics import TmCollector
@@ -236,8 +239,8 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
         metrics.registry.register(TmCollector(tm))
     app.state.drain = service.drain
 
-    def authenticate(secret: str | None) -> Principal:
-        key = ANONYMOUS if not settings.server.auth else store.authenticate(secret)
+    async def authenticate(secret: str | None) -> Principal:
+        key = ANONYMOUS if not settings.server.auth else await offload(store.authenticate, secret)
         return Principal(key.key_id, "admin" in key.scopes)
 
     ws_routes.install(app, service, web.ticketed(app, authenticate))  # ?ticket= once (api/tickets.py)

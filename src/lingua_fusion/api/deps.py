@@ -20,7 +20,8 @@ from ..errors import AuthenticationError, InvalidParameter, TooLarge, Unsupporte
 from ..files import FileTranslator
 from ..json_bounds import JsonBounds, bounds_of
 from ..observability import Metrics
-from ..state.sqlite import ApiKey, SQLiteStore
+from ..state.offload import Offload
+from ..state.users import ApiKey, UserStore
 from .admission import Admission
 
 ANONYMOUS = ApiKey("anonymous", "no-auth", ("translate", "admin"), 0.0, False)
@@ -32,10 +33,11 @@ class AppContext:
 
     settings: Settings
     translator: FileTranslator
-    store: SQLiteStore
+    store: UserStore  # keys and glossaries (state/users.py): call it through ``offload``
     metrics: Metrics
     admission: Admission
     ready: threading.Event  # set once the warm-up has run (/readyz)
+    offload: Offload  # runs the store's blocking calls off the event loop (state/offload.py)
 
 
 def context(request: Request) -> AppContext:
@@ -51,14 +53,14 @@ def bearer(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def authenticate(ctx: AppContext, secret: str | None, scope: str = "translate") -> ApiKey:
+async def authenticate(ctx: AppContext, secret: str | None, scope: str = "translate") -> ApiKey:
     """The key for ``secret`` if it holds ``scope``; ANONYMOUS (every scope) on a --no-auth server."""
     if not ctx.settings.server.auth:
         return ANONYMOUS
-    return ctx.store.authenticate(secret, scope)
+    return await ctx.offload(ctx.store.authenticate, secret, scope)
 
 
-def check_scrape(ctx: AppContext, secret: str | None) -> None:
+async def check_scrape(ctx: AppContext, secret: str | None) -> None:
     """/metrics with auth on: ``server.metrics_token`` (compared in constant time: a near miss learns nothing from
     the timing) or an admin key; else 401 ``unauthenticated`` (no secret, an unknown one, a wrong token) or 403
     ``forbidden`` (a key without the admin scope), as ``/v1/ops/metrics`` refuses. Open with --no-auth."""
@@ -68,7 +70,7 @@ def check_scrape(ctx: AppContext, secret: str | None) -> None:
     if token and secret and hmac.compare_digest(secret.encode(), token.encode()):
         return
     try:
-        ctx.store.authenticate(secret, "admin")
+        await ctx.offload(ctx.store.authenticate, secret, "admin")
     except AuthenticationError as exc:
         raise AuthenticationError("/metrics needs an admin key or the server's metrics token (server.metrics_token) "
                                   f"as 'Authorization: Bearer ...': {exc.message}") from exc
@@ -78,7 +80,7 @@ def require(scope: str) -> Callable[[Request], Awaitable[ApiKey]]:
     """A FastAPI dependency: the request's API key, checked for ``scope`` (401 / 403 otherwise)."""
 
     async def key(request: Request) -> ApiKey:
-        return authenticate(context(request), bearer(request), scope)
+        return await authenticate(context(request), bearer(request), scope)
 
     return key
 

@@ -12,6 +12,7 @@ from .. import glossary as glossary_mod
 from .. import langs
 from ..errors import EmptyInput, QuotaExceeded, TooLarge
 from ..json_bounds import bounds_of
+from ..state.users import glossary_quota_message
 from . import spec
 from .deps import TranslateKey, context, read_form
 
@@ -22,10 +23,9 @@ router = APIRouter()
 async def upload_glossary(request: Request, key: TranslateKey) -> JSONResponse:
     ctx = context(request)
     limits = ctx.settings.limits
-    if ctx.store.count_glossaries(key.key_id) >= limits.max_glossaries_per_key:
-        raise QuotaExceeded(f"this key has {limits.max_glossaries_per_key} glossaries, the most it may keep; "
-                            "delete one first (DELETE /v1/glossaries/{id})",
-                            details={"limit": "max_glossaries_per_key"})
+    if await ctx.offload(ctx.store.count_glossaries, key.key_id) >= limits.max_glossaries_per_key:
+        raise QuotaExceeded(glossary_quota_message(limits.max_glossaries_per_key),
+                            details={"limit": "max_glossaries_per_key"})  # before reading the body
     form = await read_form(request)
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
@@ -43,24 +43,27 @@ async def upload_glossary(request: Request, key: TranslateKey) -> JSONResponse:
                                bounds=bounds_of(ctx.settings))
     src = form.get("source_lang")
     tgt = form.get("target_lang")
-    gid = ctx.store.put_glossary(key.key_id, str(form.get("name") or filename or "glossary"), terms,
-                                 langs.normalize(str(src)) if src else None,
-                                 langs.normalize(str(tgt)) if tgt else None)
+    gid = await ctx.offload(ctx.store.put_glossary, key.key_id, str(form.get("name") or filename or "glossary"),
+                            terms, langs.normalize(str(src)) if src else None,
+                            langs.normalize(str(tgt)) if tgt else None, limit=limits.max_glossaries_per_key)
     return JSONResponse({"glossary_id": gid, "terms": len(terms)}, status_code=201)
 
 
 @router.get("/v1/glossaries")
 async def list_glossaries(request: Request, key: TranslateKey) -> dict[str, Any]:
-    return {"glossaries": context(request).store.list_glossaries(key.key_id)}
+    ctx = context(request)
+    return {"glossaries": await ctx.offload(ctx.store.list_glossaries, key.key_id)}
 
 
 @router.get("/v1/glossaries/{glossary_id}")
 async def get_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
-    meta, terms = context(request).store.get_glossary(key.key_id, glossary_id)
+    ctx = context(request)
+    meta, terms = await ctx.offload(ctx.store.get_glossary, key.key_id, glossary_id)
     return {**meta, "terms": [{"source": t.source, "target": t.target} for t in terms]}
 
 
 @router.delete("/v1/glossaries/{glossary_id}")
 async def delete_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
-    context(request).store.delete_glossary(key.key_id, glossary_id)
+    ctx = context(request)
+    await ctx.offload(ctx.store.delete_glossary, key.key_id, glossary_id)
     return {"glossary_id": glossary_id, "deleted": True}

@@ -54,7 +54,7 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics_route(request: Request) -> Response:
-    check_scrape(context(request), bearer(request))
+    await check_scrape(context(request), bearer(request))
     return Response(context(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

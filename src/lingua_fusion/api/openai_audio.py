@@ -103,7 +103,7 @@ async def _run(request: Request, key_id: str, form: FormData, *, translate: bool
     target = language_code(_text(form, "target_language"), field="target_language") or "en"
     # the audio track of any audio or video file (a video's frames are not read: OpenAI's API is speech only)
     req = FileRequest(source_modality="audio", target_lang=target if translate else "", source_lang=source,
-                      data=data, glossary=_glossary(form, ctx, key_id), filename=filename, prompt=_prompt(form),
+                      data=data, glossary=await _glossary(form, ctx, key_id), filename=filename, prompt=_prompt(form),
                       transcribe_only=not translate, scope=key_id, diarize=model.diarize,
                       word_timestamps="word" in granularities)
     valid = ctx.translator.validate(req)  # every check before the queue and before any decoding
@@ -188,11 +188,11 @@ def _prompt(form: FormData) -> str | None:
     return " ".join(parts)[:1000] or None
 
 
-def _glossary(form: FormData, ctx: AppContext, key_id: str) -> list[glossary_mod.Term]:
+async def _glossary(form: FormData, ctx: AppContext, key_id: str) -> list[glossary_mod.Term]:
     gid = _text(form, "glossary_id")
     if gid is None:
         return []
-    return ctx.store.get_glossary(key_id, gid)[1]
+    return (await ctx.offload(ctx.store.get_glossary, key_id, gid))[1]
 
 
 # ---- answering ----------------------------------------------------------------------------------------------

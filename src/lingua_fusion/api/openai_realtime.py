@@ -29,7 +29,7 @@ import binascii
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,7 @@ class Live:
     pump: asyncio.Task[None] | None = None
 
 
-def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | None], Principal]) -> None:
+def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | None], Awaitable[Principal]]) -> None:
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
         secret, subprotocol = _credentials(ws)
@@ -90,7 +90,7 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
         dialect = BETA if ws.headers.get("openai-beta", "").lower().startswith("realtime=v1") else GA
         conn: Transcription | None = None
         try:
-            who = authenticate(secret)
+            who = await authenticate(secret)
             config = SessionConfig()
             model = ws.query_params.get("model")
             if model:
@@ -199,7 +199,7 @@ class Transcription:
         parse_start(config.start_message(), self.service.executor.registry.mt_route, [])  # languages, pairs, slo
         if config.glossary_id and self.service.glossary_for is not None:
             try:
-                self.service.glossary_for(self.who, config.glossary_id)  # 404 for a glossary this key does not have
+                await self.service.glossary_for(self.who, config.glossary_id)  # 404: not this key's
             except NotFound as exc:
                 raise NotFound(exc.message, details={"field": "glossary_id"}) from exc
         if (config.format, config.rate) != (self.config.format, self.config.rate):

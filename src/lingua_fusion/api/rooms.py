@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, WebSocket, WebSocketDisconnect
@@ -61,7 +61,7 @@ def limits(settings: Settings) -> RoomLimits:
 
 
 def install(app: FastAPI, settings: Settings, metrics: Metrics, registry: Registry,
-            owner_revoked: Callable[[str], bool] | None = None) -> RoomService:
+            owner_revoked: Callable[[str], Awaitable[bool]] | None = None) -> RoomService:
     """``owner_revoked``: the key store's answer, asked at each join (None: keys are never revoked, auth off)."""
     bus, directory = open_rooms(settings.state.redis_url, limits(settings))
     rooms = RoomService(bus, directory, check_pair=registry.mt_route,

@@ -41,11 +41,11 @@ async def translate(request: Request, key: TranslateKey) -> Response:
     check_output_format(fmt, str(form.get("target_modality") or "text"))
     terms: list[glossary_mod.Term] = []
     if flag(_flag(form.get("enable_glossary", "false"), "enable_glossary")):
-        gid = form.get("glossary_id") or ctx.store.latest_glossary(key.key_id)
+        gid = form.get("glossary_id") or await ctx.offload(ctx.store.latest_glossary, key.key_id)
         if not gid:
             raise InvalidParameter("enable_glossary is set but this key has no glossary: upload one first "
                                    "(POST /v1/glossaries) or pass glossary_id", details={"field": "enable_glossary"})
-        _meta, terms = ctx.store.get_glossary(key.key_id, str(gid))
+        _meta, terms = await ctx.offload(ctx.store.get_glossary, key.key_id, str(gid))
     signs = None
     if form.get("vocabulary_id"):  # a video's signs, read with this key's sign vocabulary (vision/file_signs.py)
         from ..vision import file_signs

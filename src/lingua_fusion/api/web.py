@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +69,19 @@ def install(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="web-static")
 
 
-def ticketed(app: FastAPI, authenticate: Callable[[str | None], Principal]) -> Callable[[str | None], Principal]:
+def ticketed(app: FastAPI, authenticate: Callable[[str | None], Awaitable[Principal]]
+             ) -> Callable[[str | None], Awaitable[Principal]]:
     """``authenticate`` for the WebSocket that also takes a ticket, once. The ticket's key is checked again (a key
     revoked since the ticket was issued is refused)."""
 
-    def check(secret: str | None) -> Principal:
+    async def check(secret: str | None) -> Principal:
         if not is_ticket(secret):
-            return authenticate(secret)
+            return await authenticate(secret)
         assert secret is not None
         ticket = app.state.tickets.redeem(secret, time.monotonic())
         ctx: AppContext = app.state.ctx
         if ctx.settings.server.auth:
-            key = next((k for k in ctx.store.list_keys() if k.key_id == ticket.key_id), None)
+            key = await ctx.offload(ctx.store.get_key, ticket.key_id)
             if key is None or key.revoked:
                 raise AuthenticationError("the key this ticket was issued to has been revoked")
         return Principal(ticket.key_id, ticket.admin)

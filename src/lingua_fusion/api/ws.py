@@ -21,7 +21,7 @@ import binascii
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
@@ -44,7 +44,7 @@ OFF_LOOP_CHARS = 64 * 1024  # a longer text message is measured and parsed on a 
 REFUSE_WAIT_S = 2.0  # a refused client's first message is awaited this long (and dropped) before the close
 
 
-def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | None], Principal]) -> None:
+def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | None], Awaitable[Principal]]) -> None:
     settings = service.settings
 
     @app.websocket("/v1/streams")
@@ -54,7 +54,7 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
         session: StreamSession | None = None
         try:
             try:
-                who = authenticate(secret)  # before reading anything: nothing a client without a key sends is kept
+                who = await authenticate(secret)  # before reading anything: nothing keyless is kept
             except LinguaFusionError as exc:
                 await _refuse_unread(ws, exc)
                 return

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from .app import STATE_OPT, _settings, app, is_loopback
 from .output import err, usage
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..state.users import UserStore
 
 
 @app.command()
@@ -47,7 +51,6 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
     install_logging(log_level)  # before the app is built: what it logs at start-up is masked too
     if cluster:
         from ..cluster.deploy import ClusterSpec, run_cluster
-        from ..state.sqlite import SQLiteStore
 
         if workers > 1 or model_processes > 1 or settings.server.chaos:
             usage("--cluster runs its own processes: it takes neither --workers, --model-processes nor --chaos")
@@ -55,9 +58,7 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
             usage("--cluster needs Redis for the shared stream log: set LINGUAFUSION_STATE__REDIS_URL")
 
         def ready() -> None:
-            keys = SQLiteStore(settings.resolved_state_dir())  # gateways read the same key store
-            _banner(keys, settings, host, port)
-            keys.close()
+            _banner(None, settings, host, port)  # gateways read the same key store (Redis: state/users.py)
 
         spec = ClusterSpec(gateways, model_replicas, max_model_replicas or None)
         run_cluster(settings, spec, address=ray_address, host=host, port=port, ready=ready)
@@ -68,11 +69,8 @@ def serve(host: str = typer.Option("127.0.0.1", "--host"), port: int = typer.Opt
         if settings.server.chaos:
             usage("--chaos needs a single process: fault injection is not sent to the model process (--workers 1)")
         from ..api.workers import serve_sharded
-        from ..state.sqlite import SQLiteStore
 
-        keys = SQLiteStore(settings.resolved_state_dir())
-        _banner(keys, settings, host, port)
-        keys.close()
+        _banner(None, settings, host, port)
         try:
             serve_sharded(settings, workers, log_level, model_processes)
         except OSError as exc:  # the port is taken, the host is not ours
@@ -97,15 +95,30 @@ def runnable() -> str:
     return str(beside) if beside.exists() else "linguafusion"
 
 
-def _banner(store: Any, settings: Any, host: str, port: int) -> None:
-    """Where the server is, where its state lives, and with auth on and no key yet, the command that makes one."""
+def _banner(store: UserStore | None, settings: Settings, host: str, port: int) -> None:
+    """Where the server is, where its state lives, and with auth on and no key yet, the command that makes one.
+    ``store``: the server's key store, or None to open the one the settings name (and close it)."""
+    from ..errors import LinguaFusionError
+    from ..redact import redact_url
+    from ..state.users import open_users
+
     state = settings.resolved_state_dir()
     auth = settings.server.auth
-    err.print(f"LinguaFusion on http://{host}:{port} (auth {'on' if auth else 'off'}); state directory: {state}",
-              markup=False)
-    if auth and not any(not k.revoked for k in store.list_keys()):
-        err.print(f"no API key in {state} yet: create one with\n  {runnable()} keys create --admin --state-dir "
-                  f"{state}", markup=False, style="yellow")
+    redis_url = settings.state.redis_url
+    where = f"keys in Redis ({redact_url(redis_url)})" if redis_url else f"state directory: {state}"
+    err.print(f"LinguaFusion on http://{host}:{port} (auth {'on' if auth else 'off'}); {where}", markup=False)
+    keys = store or open_users(state, redis_url)
+    try:
+        none_yet = auth and not any(not k.revoked for k in keys.list_keys())
+    except LinguaFusionError as exc:  # Redis down at start: the server serves once it answers
+        err.print(f"the key store does not answer yet: {exc.message}", markup=False, style="yellow")
+        none_yet = False
+    finally:
+        if store is None:
+            keys.close()
+    if none_yet:
+        err.print(f"no API key in {'Redis' if redis_url else state} yet: create one with\n  {runnable()} keys "
+                  f"create --admin{'' if redis_url else f' --state-dir {state}'}", markup=False, style="yellow")
     err.print(f"API docs: http://{host}:{port}/docs", markup=False, style="dim")
 
 

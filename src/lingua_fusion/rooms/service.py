@@ -21,7 +21,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import langs as langs_mod
@@ -75,7 +75,7 @@ def open_rooms(redis_url: str | None, limits: RoomLimits | None = None) -> tuple
     return LocalRoomBus(ended_ttl_s=limits.ended_ttl_s), LocalRoomDirectory(limits)
 
 
-def _never_revoked(_key_id: str) -> bool:
+async def _never_revoked(_key_id: str) -> bool:
     return False
 
 
@@ -87,7 +87,7 @@ class RoomService:
     def __init__(self, bus: RoomBus, directory: RoomDirectory, *, check_pair: Callable[[str, str], Any],
                  low_confidence: Callable[[str, str], bool], metrics: RoomMetrics | None = None,
                  clock: Callable[[], float] = time.time,
-                 owner_revoked: Callable[[str], bool] = _never_revoked) -> None:
+                 owner_revoked: Callable[[str], Awaitable[bool]] = _never_revoked) -> None:
         self.bus = bus
         self.owner_revoked = owner_revoked  # the key store's answer (api/app.py): a revoked owner's tokens are dead
         self.directory = directory
@@ -308,7 +308,7 @@ class RoomService:
         if not await self.directory.token_ok(room_id, digest(token)):
             raise AuthenticationError("this listener token does not open this room (another room's, revoked by "
                                       "the room's owner, or none)")
-        if self.owner_revoked(room.owner):
+        if await self.owner_revoked(room.owner):
             raise AuthenticationError("the room's owner key was revoked: its listener tokens no longer open it")
         langs = self._languages(room, targets)
         if not 0 <= after_seq < 2**53:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import glossary as glossary_mod
 from ..config import Settings
@@ -15,6 +15,9 @@ from ..tracing import Tracer, from_settings
 from ..types import TranslationResult
 from ..vision.client import LocalVocabularyMethods
 from .common import MediaInput, read_file, read_input
+
+if TYPE_CHECKING:
+    from ..stream.capacity import Principal
 
 
 class LocalTranslator(LocalVocabularyMethods):
@@ -102,9 +105,12 @@ class LocalTranslator(LocalVocabularyMethods):
 
         if self._streams is None:
             self._streams = StreamService(Executor(self.engine.registry, self.settings), self.settings,
-                                          glossary_for=lambda _who, gid: self._glossary(gid))
+                                          glossary_for=self._stream_glossary)
             self._streams.tracer = self.tracer
         return self._streams
+
+    async def _stream_glossary(self, _who: Principal, gid: str) -> list[glossary_mod.Term]:
+        return self._glossary(gid)
 
     def _glossary(self, gid: str) -> list[glossary_mod.Term]:
         if gid not in self._glossaries:

@@ -78,3 +78,34 @@ def cluster_gateways(cluster: str) -> str:
 def cluster_drain(cluster: str) -> str:
     """String (TTL): set by ``serve --cluster`` on SIGTERM: every gateway of ``cluster`` drains its streams."""
     return f"{PREFIX}cluster:{cluster}:drain"
+
+
+def api_key(digest: str) -> str:
+    """Hash: one API key's record (key_id, name, scopes, created, revoked), found by the SHA-256 digest of the key
+    itself: authenticating a request is one HGETALL. The key is never stored."""
+    return f"{PREFIX}key:{digest}"
+
+
+def api_key_id(key_id: str) -> str:
+    """String: the digest of the key ``key_id`` names (listing, revocation by id)."""
+    return f"{PREFIX}key-id:{key_id}"
+
+
+def api_keys() -> str:
+    """Sorted set: every key id, scored by when it was created."""
+    return f"{PREFIX}keys"
+
+
+def glossary(glossary_id: str) -> str:
+    """String: one glossary (JSON: owner, name, languages, terms, created)."""
+    return f"{PREFIX}glossary:{glossary_id}"
+
+
+def glossaries_of_owner(key_id: str) -> str:
+    """Sorted set: the glossaries an API key uploaded, scored by when (the latest is the default one)."""
+    return f"{PREFIX}glossaries:owner:{key_id}"
+
+
+def glossary_owners() -> str:
+    """Set: every key id that has uploaded a glossary (``state migrate`` and its check walk them)."""
+    return f"{PREFIX}glossaries:owners"

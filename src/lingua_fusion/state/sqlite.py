@@ -1,35 +1,27 @@
-"""SQLite store for API keys (only a SHA-256 digest is kept) and glossaries. Thread-safe, WAL journal."""
+"""SQLite store for API keys (only a SHA-256 digest is kept) and glossaries: the embedded ``UserStore``
+(state/users.py). Thread-safe, WAL journal; the workers of one host share the file."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import sqlite3
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import AuthenticationError, NotFound, PermissionDenied
+from ..errors import BackendError, NotFound, QuotaExceeded
 from ..glossary import Term
 from .private import private_dir, private_file
+from .sqlite_tx import write_transaction
+from .users import SCOPES, ApiKey, GlossaryRecord, KeyRecord, check_key, glossary_quota_message, key_digest, new_key
 
-SCOPES = ("translate", "admin")
-
-
-@dataclass(frozen=True)
-class ApiKey:
-    key_id: str
-    name: str
-    scopes: tuple[str, ...]
-    created: float
-    revoked: bool
+__all__ = ["SCOPES", "ApiKey", "SQLiteStore"]
 
 
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+def _busy(exc: Exception) -> BackendError:
+    return BackendError(f"the key store is locked by another process: {exc}")
 
 
 class SQLiteStore:
@@ -46,18 +38,33 @@ class SQLiteStore:
 
     # ---- keys -----------------------------------------------------------------------------------------------
     def create_key(self, name: str = "", scopes: tuple[str, ...] = ("translate",)) -> tuple[str, ApiKey]:
-        key_id = "key_" + secrets.token_hex(6)
-        secret = "sk_" + secrets.token_urlsafe(32)
-        key = ApiKey(key_id, name, tuple(scopes), time.time(), False)
+        secret, key = new_key(name, scopes)
         with self._lock, self._db:
             self._db.execute("INSERT INTO api_keys VALUES (?,?,?,?,?,0)",
-                             (key_id, _digest(secret), name, ",".join(scopes), key.created))
+                             (key.key_id, key_digest(secret), name, ",".join(scopes), key.created))
         return secret, key
 
     def list_keys(self) -> list[ApiKey]:
+        return [r.key for r in self.records()]
+
+    def get_key(self, key_id: str) -> ApiKey | None:
         with self._lock:
-            rows = self._db.execute("SELECT key_id, name, scopes, created, revoked FROM api_keys ORDER BY created")
-            return [ApiKey(r[0], r[1], tuple(r[2].split(",")), r[3], bool(r[4])) for r in rows.fetchall()]
+            row = self._db.execute("SELECT key_id, name, scopes, created, revoked FROM api_keys WHERE key_id=?",
+                                   (key_id,)).fetchone()
+        return None if row is None else ApiKey(row[0], row[1], tuple(row[2].split(",")), row[3], bool(row[4]))
+
+    def records(self) -> list[KeyRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT key_id, name, scopes, created, revoked, digest FROM api_keys "
+                                    "ORDER BY created").fetchall()
+        return [KeyRecord(ApiKey(r[0], r[1], tuple(r[2].split(",")), r[3], bool(r[4])), r[5]) for r in rows]
+
+    def import_key(self, record: KeyRecord) -> bool:
+        k = record.key
+        with self._lock, self._db:
+            cur = self._db.execute("INSERT OR IGNORE INTO api_keys VALUES (?,?,?,?,?,?)",
+                                   (k.key_id, record.digest, k.name, ",".join(k.scopes), k.created, int(k.revoked)))
+        return cur.rowcount == 1
 
     def revoke_key(self, key_id: str) -> None:
         with self._lock, self._db:
@@ -77,31 +84,45 @@ class SQLiteStore:
         return out
 
     def authenticate(self, secret: str | None, scope: str = "translate") -> ApiKey:
-        if not secret:
-            raise AuthenticationError("missing API key: send 'Authorization: Bearer sk_...'")
-        with self._lock:
-            row = self._db.execute("SELECT key_id, name, scopes, created, revoked FROM api_keys WHERE digest=?",
-                                   (_digest(secret),)).fetchone()
-        if row is None:
-            raise AuthenticationError("invalid API key: this server's key store does not hold it (keys belong to "
-                                      "one state directory: create them with `linguafusion keys create --state-dir "
-                                      "DIR`, DIR being the one the server's banner names)")
-        key = ApiKey(row[0], row[1], tuple(row[2].split(",")), row[3], bool(row[4]))
-        if key.revoked:
-            raise AuthenticationError("this API key has been revoked")
-        if scope not in key.scopes and "admin" not in key.scopes:
-            raise PermissionDenied(f"this API key lacks the '{scope}' scope")
-        return key
+        row = None
+        if secret:
+            with self._lock:
+                row = self._db.execute("SELECT key_id, name, scopes, created, revoked FROM api_keys WHERE digest=?",
+                                       (key_digest(secret),)).fetchone()
+        key = None if row is None else ApiKey(row[0], row[1], tuple(row[2].split(",")), row[3], bool(row[4]))
+        return check_key(secret, key, scope, "this server's key store does not hold it (keys belong to one state "
+                         "directory: create them with `linguafusion keys create --state-dir DIR`, DIR being the one "
+                         "the server's banner names)")
 
     # ---- glossaries -----------------------------------------------------------------------------------------
     def put_glossary(self, owner: str, name: str, terms: list[Term], source_lang: str | None,
-                     target_lang: str | None) -> str:
+                     target_lang: str | None, *, limit: int | None = None) -> str:
         gid = "gl_" + secrets.token_hex(6)
-        payload = json.dumps([[t.source, t.target] for t in terms], ensure_ascii=False)
-        with self._lock, self._db:
-            self._db.execute("INSERT INTO glossaries VALUES (?,?,?,?,?,?,?)",
-                             (gid, owner, name, source_lang, target_lang, payload, time.time()))
+        self._insert_glossary(GlossaryRecord(gid, owner, name, source_lang, target_lang, tuple(terms), time.time()),
+                              limit)
         return gid
+
+    def _insert_glossary(self, g: GlossaryRecord, limit: int | None, *, replace: bool = True) -> bool:
+        payload = json.dumps([[t.source, t.target] for t in g.terms], ensure_ascii=False)
+        # one write transaction for the count and the insert: another worker of the host cannot add between
+        with self._lock, write_transaction(self._db, _busy):
+            if limit is not None:
+                n = self._db.execute("SELECT COUNT(*) FROM glossaries WHERE owner=?", (g.owner,)).fetchone()[0]
+                if int(n) >= limit:
+                    raise QuotaExceeded(glossary_quota_message(limit), details={"limit": "max_glossaries_per_key"})
+            cur = self._db.execute(f"INSERT {'' if replace else 'OR IGNORE '}INTO glossaries VALUES (?,?,?,?,?,?,?)",
+                                   (g.glossary_id, g.owner, g.name, g.source_lang, g.target_lang, payload, g.created))
+        return cur.rowcount == 1
+
+    def glossary_records(self) -> list[GlossaryRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT glossary_id, owner, name, source_lang, target_lang, terms, created "
+                                    "FROM glossaries ORDER BY created").fetchall()
+        return [GlossaryRecord(r[0], r[1], r[2], r[3], r[4], tuple(Term(s, t) for s, t in json.loads(r[5])), r[6])
+                for r in rows]
+
+    def import_glossary(self, record: GlossaryRecord) -> bool:
+        return self._insert_glossary(record, None, replace=False)
 
     def get_glossary(self, owner: str, glossary_id: str) -> tuple[dict[str, str | None], list[Term]]:
         with self._lock:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -76,7 +76,7 @@ class Opened:
 
 class StreamService:
     def __init__(self, executor: Engine, settings: Settings, *, log: StreamLog | None = None,
-                 metrics: Any = None, glossary_for: Callable[[Principal, str], list[Term]] | None = None,
+                 metrics: Any = None, glossary_for: Callable[[Principal, str], Awaitable[list[Term]]] | None = None,
                  quota: KeyQuota | None = None, baseline: StreamService | None = None) -> None:
         self.executor = executor
         self.settings = settings
@@ -115,7 +115,7 @@ class StreamService:
             spec = await self._resumable(req, who)
         else:
             gid = msg.get("glossary_id")
-            terms = self.glossary_for(who, str(gid)) if gid and self.glossary_for is not None else []
+            terms = await self.glossary_for(who, str(gid)) if gid and self.glossary_for is not None else []
             spec = parse_start(msg, self.executor.registry.mt_route, terms)
             spec.key_id = who.key_id
             spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
