@@ -42,7 +42,8 @@ from ..state.offload import Offload
 from ..state.streams import open_store
 from ..state.users import UserStore, open_users
 from ..stream.journal import StreamLog
-from ..stream.service import KeyQuota, Principal, StreamService
+from ..stream.quota import RedisKeyQuota, open_quota
+from ..stream.service import Principal, StreamService
 from ..tracing import Tracer, from_settings
 from ..tracing import http as tracing_http
 from . import admin, docs, glossaries, headers, health, openai_audio, openai_realtime, translate, web
@@ -171,7 +172,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
     compaction loop and the revoked-key watch while serving; the services and the stream log closed after)."""
     log_store = open_store(settings.resolved_state_dir(), settings.state.redis_url,
                            max_log=settings.state.max_log_finals, retention_s=settings.state.retention_s)
-    quota = KeyQuota(settings.server.max_streams_per_key)
+    quota = open_quota(settings.state.redis_url, settings.server.max_streams_per_key)  # stream/quota.py
     baseline = StreamService(Executor(translator.registry, settings, mode="per-stream"), settings, quota=quota)
 
     async def glossary_for(who: Principal, gid: str) -> list[glossary_mod.Term]:
@@ -215,6 +216,8 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                  asyncio.create_task(takeover.run(), name="takeover-watch")]
         if settings.server.auth:
             tasks.append(asyncio.create_task(watch.run(), name="revocation-watch"))
+        if isinstance(quota, RedisKeyQuota):  # its leases renewed, its releases sent
+            tasks.append(asyncio.create_task(quota.run(), name="stream-quota"))
         # file requests run their model work on the streams' engine: one scheduler, shared batches, fair keys
         translator.use_engine(service.executor, asyncio.get_running_loop())
         try:
@@ -226,6 +229,8 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await service.close()
+            if isinstance(quota, RedisKeyQuota):
+                await quota.close()
 
     app.state.streams = service
     service.vision = app.state.vision  # streams with a vocabulary_id read signs (api/vocab.py, vision/)

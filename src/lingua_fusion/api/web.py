@@ -47,7 +47,7 @@ async def stream_ticket(request: Request, key: TranslateKey) -> dict[str, Any]:
     """A single-use ticket for one WebSocket stream: ``WS /v1/streams?ticket=<ticket>`` within ``expires_in``
     seconds. Browsers cannot set headers on a WebSocket; the ticket keeps the key itself out of every URL."""
     service = request.app.state.streams
-    if service.quota.open.get(key.key_id, 0) >= service.quota.limit:
+    if service.quota.held_here(key.key_id) >= service.quota.limit:  # the cap itself: at the stream's open
         raise Overloaded("this key has too many open streams", retry_after=5.0)
     book: TicketBook = request.app.state.tickets
     ticket = book.issue(key.key_id, "admin" in key.scopes, time.monotonic())

@@ -7,7 +7,7 @@ behind ``stream`` and ``listen``."""
 from . import serve, translate  # noqa: F401
 
 # isort: split
-from . import keys, lab  # noqa: F401
+from . import keys, lab, state  # noqa: F401
 from .app import app, is_loopback, main
 
 __all__ = ["app", "is_loopback", "main"]

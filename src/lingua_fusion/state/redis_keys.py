@@ -109,3 +109,14 @@ def glossaries_of_owner(key_id: str) -> str:
 def glossary_owners() -> str:
     """Set: every key id that has uploaded a glossary (``state migrate`` and its check walk them)."""
     return f"{PREFIX}glossaries:owners"
+
+
+def stream_quota(key_id: str) -> str:
+    """Sorted set: the live streams of an API key on every gateway, scored by when each one's lease lapses
+    (stream/quota.py): its size is the key's count against ``server.max_streams_per_key``."""
+    return f"{PREFIX}quota:{key_id}:streams"
+
+
+def stream_quota_holders(key_id: str) -> str:
+    """Hash: stream id -> the gateway holding its slot (a resume elsewhere moves it; only the holder releases)."""
+    return f"{PREFIX}quota:{key_id}:holders"

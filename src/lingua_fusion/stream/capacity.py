@@ -6,13 +6,16 @@ knows of sessions."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import Settings
 from ..errors import Overloaded
 from ..serving.engine import Engine
 from .protocol import StreamSpec
+from .quota import KeyQuota, Quota
+
+__all__ = ["Hold", "KeyQuota", "Principal", "StreamCapacity"]
 
 
 @dataclass(frozen=True)
@@ -21,22 +24,6 @@ class Principal:
 
     key_id: str
     admin: bool = False
-
-
-@dataclass
-class KeyQuota:
-    """Open streams per API key (shared by the services of one server)."""
-
-    limit: int
-    open: dict[str, int] = field(default_factory=dict)
-
-    def take(self, key_id: str) -> None:
-        if self.open.get(key_id, 0) >= self.limit:
-            raise Overloaded("this key has too many open streams", retry_after=5.0)
-        self.open[key_id] = self.open.get(key_id, 0) + 1
-
-    def give(self, key_id: str) -> None:
-        self.open[key_id] = max(0, self.open.get(key_id, 1) - 1)
 
 
 @dataclass
@@ -51,7 +38,7 @@ class Hold:
 
 
 class StreamCapacity:
-    def __init__(self, engine: Engine, settings: Settings, quota: KeyQuota, metrics: Any = None) -> None:
+    def __init__(self, engine: Engine, settings: Settings, quota: Quota, metrics: Any = None) -> None:
         self.engine = engine
         self.settings = settings
         self.quota = quota
@@ -79,7 +66,7 @@ class StreamCapacity:
                 raise Overloaded("no capacity for this stream now; retry later", retry_after=5.0)
             return held
         try:
-            self.quota.take(owner)
+            await self.quota.take(owner, sid)
         except Overloaded:
             self.refused()
             raise
@@ -93,7 +80,7 @@ class StreamCapacity:
             if isinstance(exc, Overloaded) and exc.not_serving:  # its model process restarting or silent
                 self.unavailable()
             del self.holds[sid]
-            self.quota.give(owner)
+            self.quota.give(owner, sid)
             held.admitted.set_result(False)
             raise
         held.admitted.set_result(True)
@@ -107,7 +94,7 @@ class StreamCapacity:
         if held.count == 0:
             del self.holds[stream_id]
             self.engine.release(stream_id)
-            self.quota.give(held.key_id)
+            self.quota.give(held.key_id, stream_id)
 
     def release(self, stream_id: str) -> None:
         """The stream's live session let go of its reservation."""

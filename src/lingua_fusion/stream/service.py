@@ -43,6 +43,7 @@ from .contracts import Slots
 from .events import Closed, Error, Event, Logged
 from .journal import StreamLog
 from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
+from .quota import Quota
 from .session import StreamSession
 from .supervisor import BreakerSupervisor
 
@@ -77,7 +78,7 @@ class Opened:
 class StreamService:
     def __init__(self, executor: Engine, settings: Settings, *, log: StreamLog | None = None,
                  metrics: Any = None, glossary_for: Callable[[Principal, str], Awaitable[list[Term]]] | None = None,
-                 quota: KeyQuota | None = None, baseline: StreamService | None = None) -> None:
+                 quota: Quota | None = None, baseline: StreamService | None = None) -> None:
         self.executor = executor
         self.settings = settings
         self.log = log
@@ -159,7 +160,7 @@ class StreamService:
         return Opened(session, greeting, finished)
 
     @property
-    def quota(self) -> KeyQuota:
+    def quota(self) -> Quota:
         return self.capacity.quota
 
     @property
