@@ -15,9 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import websockets
 from conftest import BIN, start_server, stop_server
 
 from lingua_fusion import MultimodalTranslator
+from lingua_fusion.api.redis_tickets import RedisTicketBook
 from lingua_fusion.errors import (
     AuthenticationError,
     BackendError,
@@ -208,6 +210,9 @@ def _one_service(a: str, b: str, admin: str) -> None:
     assert with_glossary.status_code == 200 and "mansión" in with_glossary.json()["text"], with_glossary.text
     listed = httpx.get(b + "/v1/glossaries", headers=auth(user), timeout=30).json()["glossaries"]
     assert [x["glossary_id"] for x in listed] == [g.json()["glossary_id"]]
+    ticket = httpx.post(a + "/v1/stream-tickets", headers=auth(user), timeout=30).json()["ticket"]
+    assert asyncio.run(_open_with_ticket(b, ticket)) == "ready"  # issued on A, redeemed on B
+    assert asyncio.run(_open_with_ticket(a, ticket)) == "unauthenticated"  # once, anywhere
     assert httpx.delete(a + f"/v1/keys/{user_id}", headers=auth(admin), timeout=30).status_code == 200
     refused = httpx.post(b + "/v1/translate", data=text, headers=auth(user), timeout=30)  # revoked on A
     assert refused.status_code == 401 and "revoked" in refused.json()["error"]["message"]
@@ -254,6 +259,31 @@ async def _final(events: AsyncIterator[StreamEvent]) -> StreamEvent:
                 return ev
 
     return await asyncio.wait_for(first(), 60)
+
+
+async def _open_with_ticket(base: str, ticket: str) -> str:
+    async with websockets.connect(base.replace("http", "ws", 1) + f"/v1/streams?ticket={ticket}") as ws:
+        await ws.send(json.dumps({"type": "start", "inputs": ["text"], "source_lang": "en", "target_langs": ["es"]}))
+        got = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        return str(got["type"] if got["type"] == "ready" else got["code"])
+
+
+def test_a_stream_ticket_opens_one_stream_on_any_gateway_within_its_bounds(redis: ManagedRedis) -> None:
+    a, b = RedisTicketBook(redis.url, per_key=3), RedisTicketBook(redis.url, per_key=3)
+    try:
+        issued = [book.issue("key_tk", False, 0.0) for book in (a, b, a, b)]
+        assert [t is not None for t in issued] == [True, True, True, False]  # the key's bound, across books
+        first = issued[0]
+        assert first is not None and b.redeem(first.token, 0.0).key_id == "key_tk"
+        with pytest.raises(AuthenticationError):
+            a.redeem(first.token, 0.0)
+        assert a.issue("key_tk", True, 0.0) is not None  # the redeemed one's place is free again
+        assert b.revoke("key_tk") == 3
+        with pytest.raises(AuthenticationError):
+            a.redeem(str(issued[1].token if issued[1] else ""), 0.0)
+    finally:
+        a.close()
+        b.close()
 
 
 # ---- per-key stream quotas across gateways ------------------------------------------------------------------------

@@ -82,7 +82,7 @@ async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str,
     ctx = context(request)
     await ctx.offload(ctx.store.revoke_key, key_id)
     closed = await request.app.state.streams.revoke(key_id)  # its live streams end (4401); resumes are refused
-    request.app.state.tickets.revoke(key_id)  # its unused stream tickets too (api/tickets.py)
+    await ctx.offload(request.app.state.tickets.revoke, key_id)  # its unused stream tickets too (api/tickets.py)
     # its rooms' listeners are closed (4401) on every gateway and the rooms forgotten (rooms/service.py)
     listeners = await request.app.state.rooms.revoke_key(key_id)
     return {"key_id": key_id, "revoked": True, "streams_closed": closed, "room_listeners_closed": listeners}

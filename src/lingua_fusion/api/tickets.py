@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import AuthenticationError
 
@@ -29,6 +30,21 @@ class Ticket:
     key_id: str
     admin: bool
     expires_at: float  # on the clock the book was given
+
+
+class Tickets(Protocol):
+    """What the routes need of a book: this one (one process), api/shared_tickets.py (the workers of one host),
+    api/redis_tickets.py (every server on one Redis). Calls may block: the routes run them through ``Offload``."""
+
+    ttl_s: float
+    max_tickets: int
+    per_key: int
+
+    def issue(self, key_id: str, admin: bool, now: float) -> Ticket | None: ...
+
+    def redeem(self, token: str, now: float) -> Ticket: ...
+
+    def revoke(self, key_id: str) -> int: ...
 
 
 def is_ticket(secret: str | None) -> bool:

@@ -25,7 +25,8 @@ from ..errors import AuthenticationError, Overloaded
 from ..stream.service import Principal
 from . import opsview
 from .deps import AdminKey, AppContext, TranslateKey, context
-from .tickets import TicketBook, is_ticket
+from .redis_tickets import RedisTicketBook
+from .tickets import TicketBook, Tickets, is_ticket
 
 STATIC = Path(__file__).parent / "static"
 router = APIRouter()
@@ -49,8 +50,8 @@ async def stream_ticket(request: Request, key: TranslateKey) -> dict[str, Any]:
     service = request.app.state.streams
     if service.quota.held_here(key.key_id) >= service.quota.limit:  # the cap itself: at the stream's open
         raise Overloaded("this key has too many open streams", retry_after=5.0)
-    book: TicketBook = request.app.state.tickets
-    ticket = book.issue(key.key_id, "admin" in key.scopes, time.monotonic())
+    book: Tickets = request.app.state.tickets
+    ticket = await context(request).offload(book.issue, key.key_id, "admin" in key.scopes, time.monotonic())
     if ticket is None:
         raise Overloaded(f"too many unused stream tickets (at most {book.per_key} a key, {book.max_tickets} "
                          "in all): use or let expire the ones you have", retry_after=float(book.ttl_s))
@@ -64,7 +65,8 @@ async def ops_metrics(request: Request, _key: AdminKey) -> dict[str, Any]:
 
 
 def install(app: FastAPI) -> None:
-    app.state.tickets = TicketBook()
+    url = app.state.ctx.settings.state.redis_url  # with Redis, one book for every server (api/redis_tickets.py)
+    app.state.tickets = RedisTicketBook(url) if url else TicketBook()
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="web-static")
 
@@ -78,8 +80,8 @@ def ticketed(app: FastAPI, authenticate: Callable[[str | None], Awaitable[Princi
         if not is_ticket(secret):
             return await authenticate(secret)
         assert secret is not None
-        ticket = app.state.tickets.redeem(secret, time.monotonic())
         ctx: AppContext = app.state.ctx
+        ticket = await ctx.offload(app.state.tickets.redeem, secret, time.monotonic())
         if ctx.settings.server.auth:
             key = await ctx.offload(ctx.store.get_key, ticket.key_id)
             if key is None or key.revoked:

@@ -108,7 +108,8 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     # nothing to warm here: streams' and files' model work alike runs in the model process, which warms its own
     app = create_app(settings, executor=port, warm=False)
     # a ticket issued by one worker opens a stream on any (api/shared_tickets.py); the file lives in the run dir
-    app.state.tickets = SharedTicketBook(Path(path).parent / "tickets.db")
+    if not settings.state.redis_url:  # with Redis, the book there is every server's already (api/redis_tickets.py)
+        app.state.tickets = SharedTicketBook(Path(path).parent / "tickets.db")
 
     async def model_check() -> str | None:  # /readyz: this worker's model process answers (api/health.py)
         try:

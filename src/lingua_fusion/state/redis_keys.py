@@ -120,3 +120,19 @@ def stream_quota(key_id: str) -> str:
 def stream_quota_holders(key_id: str) -> str:
     """Hash: stream id -> the gateway holding its slot (a resume elsewhere moves it; only the holder releases)."""
     return f"{PREFIX}quota:{key_id}:holders"
+
+
+def stream_ticket(digest: str) -> str:
+    """String (PX: the ticket's lifetime): an unredeemed stream ticket (JSON: key id, admin), found by the SHA-256
+    digest of its token; a redeem deletes it, so it opens one stream on whichever gateway (api/redis_tickets.py)."""
+    return f"{PREFIX}ticket:{digest}"
+
+
+def stream_tickets() -> str:
+    """Sorted set: every unredeemed ticket's digest, scored by its expiry (the bound on tickets in all)."""
+    return f"{PREFIX}tickets"
+
+
+def stream_tickets_of_key(key_id: str) -> str:
+    """Sorted set: one key's unredeemed tickets' digests, scored by expiry (the per-key bound, revocation)."""
+    return f"{PREFIX}tickets:key:{key_id}"
