@@ -11,9 +11,9 @@ engine, labelled in order by an online clusterer, and the display names its publ
   with a note.
 - ``label``: called by the emitter (stream/finals.py) as it takes each final in input order, so "S1", "S2", ... are
   named as speakers appear whatever order the jobs finish in. One online pass (speakers/cluster.py
-  ``SpeakerClusterer`` at ``diarize.stream_threshold``, a lower bar for a short utterance): a live caption cannot wait for a
-  second pass, so an early utterance is never relabelled; past ``max_speakers`` a new voice joins the closest
-  speaker with a low ``speaker_confidence``.
+  ``SpeakerClusterer`` at ``diarize.stream_threshold``, a lower bar for a short utterance): a live caption cannot
+  wait for a second pass, so an early utterance is never relabelled; past ``max_speakers`` a new voice joins the
+  closest speaker with a low ``speaker_confidence``. ``latency_ms.speaker``: what the embedding took.
 - ``rename``: ``{"type": "rename_speaker", "speaker": "S1", "name": "Dr. Chen"}`` (``name`` null or "" takes
   the name away): a ``speaker_renamed`` event, and later finals carry ``speaker_name``.
 - ``state`` / ``restore``: the centroids (float16, ~0.7 KB a speaker) and the names ride in the stream's snapshot
@@ -24,6 +24,7 @@ engine, labelled in order by an online clusterer, and the display names its publ
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,7 @@ class Voice:
     embedding: np.ndarray | None
     seconds: float
     failure: str | None = None
+    ms: float = 0.0  # how long the embedding took (queue and forward), beside the utterance's ASR
 
 
 class StreamSpeakers:
@@ -84,7 +86,7 @@ class StreamSpeakers:
     async def embed(self, audio: np.ndarray, wall_ref: float) -> Voice:
         """The utterance's voice embedding (the mean of its windows' unit embeddings), on the engine."""
         voice = voiced(np.asarray(audio, np.float32))
-        seconds = len(voice) / RATE
+        seconds, t0 = len(voice) / RATE, time.monotonic()
         if seconds < MIN_VOICE_S:
             return Voice(None, seconds)
         try:
@@ -92,15 +94,18 @@ class StreamSpeakers:
                                           self._context(wall_ref))
         except LinguaFusionError as exc:  # failed after its retries, or the queue is full: no speaker, a note
             return Voice(None, seconds, f"speaker embedding failed: {exc.public_message}")
+        ms = round((time.monotonic() - t0) * 1000, 1)
         if windows is None or not len(windows):
-            return Voice(None, seconds)
-        return Voice(np.asarray(windows, np.float32).mean(axis=0), seconds)
+            return Voice(None, seconds, ms=ms)
+        return Voice(np.asarray(windows, np.float32).mean(axis=0), seconds, ms=ms)
 
     def label(self, final: Final) -> None:
         """``final``'s speaker from its voice (in input order: the emitter calls this as it takes each final)."""
         voice, final.voice = final.voice, None
         if not isinstance(voice, Voice):
             return
+        if voice.ms:
+            final.latency_ms["speaker"] = voice.ms
         if voice.failure:
             final.note = f"{final.note}; {voice.failure}" if final.note else voice.failure
         if voice.embedding is None or not final.source_text.strip():
