@@ -240,10 +240,11 @@ class RoomSettings(BaseModel):
 
 
 class DiarizeSettings(BaseModel):
-    """Speaker diarization of files (``diarize=true``, docs/diarization.md): the clusterer and its bounds."""
+    """Speaker diarization of files (``diarize=true``) and live streams (start message ``diarize: true``),
+    docs/diarization.md: the clusterer and its bounds."""
 
-    # the most speakers a file may be given (a request's max_speakers may only lower it); past it a voice joins the
-    # closest speaker, with a low speaker_confidence
+    # the most speakers a file or a stream may be given (a request's or start message's max_speakers may only lower
+    # it); past it a voice joins the closest speaker, with a low speaker_confidence
     max_speakers: int = Field(default=8, ge=1, le=32)
     # the longest speech diarized (seconds of decoded audio); longer: 413 too_large before any ASR
     max_audio_s: float = Field(default=3 * 3600.0, gt=0)
@@ -251,6 +252,13 @@ class DiarizeSettings(BaseModel):
     threshold: float = Field(default=0.80, ge=-1.0, le=1.0)
     window_hop_s: float = Field(default=0.4, gt=0, le=1.6)  # between a segment's 1.6 s embedding windows
     max_windows_per_segment: int = Field(default=16, ge=1, le=256)  # a long segment's windows, evenly spread
+    # a stream's bar (one online pass, each utterance's embedding judged once, as it is heard): an utterance's whole
+    # voice against a speaker's centroid; same synthetic voice across sentences 0.77-0.85, other voices <= 0.67
+    # (docs/diarization.md, "Live streams")
+    stream_threshold: float = Field(default=0.72, ge=-1.0, le=1.0)
+    # a stream's utterance is embedded as at most this many 1.6 s windows (evenly spread): one work item on the
+    # engine's spk key, batched with other streams' (at most 8 items a batch), so a forward is <= 8 x this windows
+    stream_max_windows: int = Field(default=8, ge=1, le=64)
 
 
 class TmSettings(BaseModel):

@@ -234,8 +234,10 @@ async def _feed(session: StreamSession, m: dict[str, Any]) -> None:
         await session.feed_text(str(m.get("text", "")), ts)
     elif kind == "frame":
         await session.feed_frame(_b64(m.get("data")), ts)
+    elif kind == "rename_speaker":
+        session.rename_speaker(m.get("speaker"), m.get("name"))
     else:
-        raise InvalidParameter(f"unknown message type {kind!r} (audio, image, frame, text, end)")
+        raise InvalidParameter(f"unknown message type {kind!r} (audio, image, frame, text, rename_speaker, end)")
 
 
 def _b64(value: Any) -> bytes:

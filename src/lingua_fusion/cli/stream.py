@@ -78,7 +78,7 @@ def check_request(client: Any, targets: list[str], slo: str, source_lang: str | 
 
 async def play_file(path: Path, *, targets: list[str], source_lang: str | None, slo: str, realtime: bool, chunk_ms: int,
                     partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any,
-                    room: bool = False, allow: list[str] | None = None) -> int:
+                    room: bool = False, allow: list[str] | None = None, diarize: bool = False) -> int:
     from ..errors import InvalidParameter
     from ..sdk import LocalTranslator, MultimodalTranslator
     from ..sdk.stream import RemoteStream
@@ -103,7 +103,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     if not realtime:
         chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
-    stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials,
+    stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials, diarize=diarize,
                            **({"room": True, "room_targets": [*targets, *(allow or [])]} if room else {}))
     if isinstance(stream, RemoteStream):  # over the network: it may break and resume (in-process it cannot)
         stream.on_break = lambda st: console.print(
@@ -196,6 +196,8 @@ def print_event(kind: str, data: dict[str, Any], targets: list[str], *, as_json:
 def _print_final(data: dict[str, Any], targets: list[str]) -> None:
     """One caption: every target's translation (a stream with two targets prints both)."""
     head = f"[{data.get('start', 0):7.2f}-{data.get('end', 0):7.2f}] #{data.get('seq')}"
+    who = data.get("speaker_name") or data.get("speaker")
+    head = f"{head} {who}:" if who else head
     translations = data.get("translations") or {}
     low = set(data.get("low_confidence") or ())
     if len(targets) == 1:

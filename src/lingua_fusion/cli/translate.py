@@ -118,6 +118,7 @@ def stream(
                               "listener_token (with --json: the ready event) for `linguafusion listen`."),
     allow: list[str] = typer.Option([], "--allow", help="With --room: another language its listeners may ask for "
                                     "(repeat; default: only the --to languages)."),
+    diarize: bool = typer.Option(False, "--diarize", help="Each caption's speaker (S1, S2, ...)."),
 ) -> None:
     """Play FILE as a live stream and print captions as they arrive."""
     import asyncio
@@ -127,7 +128,7 @@ def stream(
     try:
         code = asyncio.run(play_file(file, targets=to, source_lang=source_lang, slo=slo, realtime=realtime,
                                      chunk_ms=chunk_ms, partials=partials, as_json=as_json, url=url,
-                                     api_key=api_key, console=err, room=room, allow=allow))
+                                     api_key=api_key, console=err, room=room, allow=allow, diarize=diarize))
     except LinguaFusionError as exc:
         _fail(exc)
         return

@@ -27,13 +27,12 @@ from ..config import DiarizeSettings
 from ..errors import TooLarge
 from ..serving.ports import SpeakerInput
 from ..speakers.cluster import SHORT_SLACK, Assignment, label_all
+from ..speakers.voiced import FRAME, QUIET, frame_rms, voiced
 from ..types import Segment, Word
 from .engine import EngineLink
 from .pieces import RATE
 from .work import Work
 
-FRAME = 480  # 30 ms: the unit of the quiet-frame cut
-QUIET = 0.05  # a frame under this share of the segment's loud frames' RMS is quiet
 PAUSE_S = 0.2  # quiet this long inside a segment may be a change of speaker
 MIN_PART_S = 0.15  # shorter voiced runs are breaths and clicks: joined to their neighbour
 MIN_OPEN_S = 1.0  # parts with this much voice find the speakers; shorter ones are only scored against them
@@ -50,26 +49,9 @@ class Part:
     end: int
 
 
-def _frame_rms(audio: np.ndarray) -> np.ndarray:
-    n = len(audio) // FRAME
-    return np.sqrt(np.mean(audio[:n * FRAME].reshape(n, FRAME).astype(np.float64) ** 2, axis=1))
-
-
-def voiced(audio: np.ndarray) -> np.ndarray:
-    """``audio`` without its quiet 30 ms frames (pauses, breaths): what is left is the voice."""
-    rms = _frame_rms(audio)
-    if len(rms) < 2:
-        return audio
-    loud = float(np.percentile(rms, 90))
-    if loud <= 1e-4:
-        return audio[:0]
-    n = len(rms)
-    return audio[:n * FRAME].reshape(n, FRAME)[rms >= QUIET * loud].reshape(-1)
-
-
 def parts_of(audio: np.ndarray) -> list[tuple[int, int]]:
     """(start, end) sample offsets of the voiced runs in ``audio`` separated by ``PAUSE_S`` of quiet or more."""
-    rms = _frame_rms(audio)
+    rms = frame_rms(audio)
     if len(rms) < 2:
         return [(0, len(audio))] if len(audio) else []
     loud = float(np.percentile(rms, 90))

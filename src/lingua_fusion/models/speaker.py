@@ -32,6 +32,7 @@ WINDOW_FRAMES = 160  # the 1.6 s the encoder was trained on
 WINDOW_SAMPLES = WINDOW_FRAMES * HOP  # a window's samples: its mel frames are the first WINDOW_FRAMES of them
 EMBED_DIM = 256
 MAX_BATCH = 256  # windows per forward: 256 x 160 x 40 floats in, a few MB of LSTM state
+SMALL_BATCH = 64  # a forward of at most this many windows runs on one thread (module docstring)
 TARGET_DBFS = -30.0
 INT16_MAX = 2**15 - 1
 
@@ -135,15 +136,23 @@ class SpeakerEncoder:
         return self.embed_mels(mels)
 
     def embed_mels(self, mels: np.ndarray) -> np.ndarray:
-        """(n, frames, N_MELS) mel frames -> (n, EMBED_DIM) unit vectors (zeros where the ReLU left nothing)."""
+        """(n, frames, N_MELS) mel frames -> (n, EMBED_DIM) unit vectors (zeros where the ReLU left nothing). A
+        small forward (at most ``SMALL_BATCH`` windows: live streams' utterances) runs on one thread (module
+        docstring)."""
         torch = self._torch
         out = np.zeros((len(mels), EMBED_DIM), np.float32)
         with self._lock, torch.inference_mode():
-            for i in range(0, len(mels), MAX_BATCH):
-                _, (hidden, _) = self._lstm(torch.from_numpy(np.ascontiguousarray(mels[i:i + MAX_BATCH])))
-                raw = torch.relu(self._linear(hidden[-1]))
-                norm = torch.linalg.vector_norm(raw, dim=1, keepdim=True).clamp_min(1e-8)
-                out[i:i + MAX_BATCH] = (raw / norm).numpy()
+            threads = torch.get_num_threads()
+            if len(mels) <= SMALL_BATCH:
+                torch.set_num_threads(1)
+            try:
+                for i in range(0, len(mels), MAX_BATCH):
+                    _, (hidden, _) = self._lstm(torch.from_numpy(np.ascontiguousarray(mels[i:i + MAX_BATCH])))
+                    raw = torch.relu(self._linear(hidden[-1]))
+                    norm = torch.linalg.vector_norm(raw, dim=1, keepdim=True).clamp_min(1e-8)
+                    out[i:i + MAX_BATCH] = (raw / norm).numpy()
+            finally:
+                torch.set_num_threads(threads)
         return out
 
 

@@ -24,6 +24,9 @@ MAX_FINALS = 1000  # finals a room keeps for late joiners and reconnecting liste
 MAX_LIVE = 2000  # live events a room's bus keeps for followers that fell behind
 MAX_ENDED_ROOMS = 256  # in-process: ended rooms whose history is kept (Redis expires them instead)
 CLOSED_SEQ = 2**53  # the room's `closed` event is kept in its history after every final (a late joiner gets it)
+# the room's latest `speaker_renamed` (it carries every name given) is kept in its history too, and read first
+NAMES_SEQ = CLOSED_SEQ - 1
+KEPT = {"final", "speaker_renamed", "closed"}  # the events a room's history keeps
 ENDED_TTL_S = 3600.0  # an ended room's history is kept this long (rooms.ended_ttl_s)
 TTL_S = 24 * 3600.0  # a room's keys expire this long after the room's last write (rooms.ttl_s)
 
@@ -32,11 +35,12 @@ class RoomBus(Protocol):
     async def publish(self, room_id: str, event: dict[str, Any]) -> None:
         """Send ``event`` (a wire event) to every follower; a final (with ``seq``) is kept in the history too,
         before or atomically with the live send, so a follower that reads history after it started following
-        misses nothing."""
+        misses nothing; so are the latest ``speaker_renamed`` and ``closed``."""
         ...
 
     async def history(self, room_id: str, after_seq: int) -> list[dict[str, Any]]:
-        """The kept finals with ``seq > after_seq``, in seq order, each once; then ``closed`` if the room ended."""
+        """The latest ``speaker_renamed`` (the current names, whatever ``after_seq``), then the kept finals with
+        ``seq > after_seq``, in seq order, each once; then ``closed`` if the room ended."""
         ...
 
     async def position(self, room_id: str) -> str:
@@ -52,6 +56,19 @@ class RoomBus(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def kept_seq(event: dict[str, Any]) -> int:
+    """Where a kept event sits in a room's history: a final at its seq, the names and ``closed`` past them all."""
+    kind = event.get("type")
+    return int(event["seq"]) if kind == "final" else NAMES_SEQ if kind == "speaker_renamed" else CLOSED_SEQ
+
+
+def names_first(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A history (in seq order) with its ``speaker_renamed`` moved to the front: a late listener knows the names
+    before the finals that use the labels."""
+    return [e for e in history if e.get("type") == "speaker_renamed"] + [
+        e for e in history if e.get("type") != "speaker_renamed"]
 
 
 @dataclass
@@ -91,8 +108,8 @@ class LocalRoomBus:
             ch.finals[seq] = event
             for old in [s for s in ch.finals if s <= seq - self.max_finals]:  # the last max_finals kept
                 del ch.finals[old]
-        elif kind == "closed":
-            ch.finals[CLOSED_SEQ] = event
+        elif kind in KEPT:
+            ch.finals[kept_seq(event)] = event
         ch.counter += 1
         ch.live.append((ch.counter, event))
         if kind == "closed" and room_id not in self._ended:
@@ -105,7 +122,7 @@ class LocalRoomBus:
         ch = self._rooms.get(room_id)  # not made here: a history read keeps nothing
         if ch is None:
             return []
-        return [ch.finals[s] for s in sorted(ch.finals) if s > after_seq]
+        return names_first([ch.finals[s] for s in sorted(ch.finals) if s > after_seq])
 
     async def position(self, room_id: str) -> str:
         return str(self._ch(room_id).counter)

@@ -20,7 +20,7 @@ from typing import Any
 ROOM_ID = re.compile(r"^rm_[0-9a-f]{16}$")
 TOKEN_PREFIX = "lt_"
 # what a room carries from its publisher's stream; everything else (metrics, ready, notices) stays the publisher's
-PUBLISHED = frozenset({"partial", "revision", "final", "slide", "speech", "closed"})
+PUBLISHED = frozenset({"partial", "revision", "final", "slide", "speech", "speaker_renamed", "closed"})
 MAX_LISTEN_LANGS = 8
 MAX_ALLOWED_TARGETS = 32  # languages a room may let its listeners add to what its publisher translates
 TOKEN_ID = re.compile(r"^tk_[0-9a-f]{16}$")
@@ -188,6 +188,6 @@ def project(event: dict[str, Any], langs: tuple[str, ...], speech: bool = False)
         have = event.get("translations") or {}
         out["translations"] = {lang: have[lang] for lang in langs if lang in have}
         return out
-    if kind == "closed":
+    if kind in ("closed", "speaker_renamed"):  # a rename carries every name: a late listener's first event
         return dict(event)
     return None

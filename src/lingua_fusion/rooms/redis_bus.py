@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from ..errors import StoreUnavailable
 from ..state import redis_keys as keys
-from .bus import CLOSED_SEQ, ENDED_TTL_S, MAX_FINALS, MAX_LIVE, TTL_S
+from .bus import ENDED_TTL_S, KEPT, MAX_FINALS, MAX_LIVE, TTL_S, kept_seq, names_first
 from .directory import RoomLimits
 from .model import ACCESS, Room, State, TokenInfo, token_id_of_digest
 
@@ -101,8 +101,8 @@ class RedisRoomBus:
 
         async def run() -> None:
             pipe = self._r.pipeline(transaction=True)
-            if event.get("type") in ("final", "closed"):
-                seq = int(event["seq"]) if event["type"] == "final" else CLOSED_SEQ
+            if event.get("type") in KEPT:
+                seq = kept_seq(event)
                 fin = keys.room_finals(room_id)
                 pipe.zremrangebyscore(fin, seq, seq)  # idempotent: a final published again replaces itself
                 pipe.zadd(fin, {body: seq})
@@ -120,8 +120,8 @@ class RedisRoomBus:
         out: dict[int, dict[str, Any]] = {}
         for raw in rows:
             e = json.loads(raw)
-            out[int(e["seq"]) if e.get("type") == "final" else CLOSED_SEQ] = e
-        return [out[s] for s in sorted(out)]
+            out[kept_seq(e)] = e
+        return names_first([out[s] for s in sorted(out)])
 
     async def position(self, room_id: str) -> str:
         last = await _call(lambda: self._r.xrevrange(keys.room_live(room_id), "+", "-", count=1))

@@ -11,7 +11,7 @@ from ..errors import BackendError, InvalidParameter, LinguaFusionError, RequestT
 from ..types import TranslationResult
 from ..vision.client import AsyncVocabularyMethods, VocabularyMethods
 from .common import MediaInput, parse_result, raise_for_error, read_file, read_input
-from .stream import RemoteStream, start_message
+from .stream import RemoteStream, speakers, start_message
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CONNECT_TIMEOUT_S = 10.0  # a server that is down or unreachable is told in seconds
@@ -121,7 +121,8 @@ class _Base:
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
                inputs: list[str] | None = None, room: bool | str | None = None,
                vocabulary_id: str | None = None, room_targets: list[str] | None = None,
-               source_langs: list[str] | None = None) -> RemoteStream:
+               source_langs: list[str] | None = None, diarize: bool = False,
+               max_speakers: int | None = None) -> RemoteStream:
         """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``. ``inputs``: what the
         stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity.
         ``room``: True publishes the stream as a new room (``s.ready["room_id"]``, ``s.ready["listener_token"]``),
@@ -129,7 +130,9 @@ class _Base:
         beyond ``target_langs`` (each translated only while someone listens). ``vocabulary_id``: a sign or lip
         vocabulary of this key; the stream's video frames are then also read for signs (``sign`` events) or lips
         (fused into the finals: their ``modalities`` say ``["audio", "lips"]`` or ``["lips"]``). ``source_lang="auto"``:
-        each utterance's language is detected (among ``source_langs`` when given) and each final says it."""
+        each utterance's language is detected (among ``source_langs`` when given) and each final says it.
+        ``diarize``: each final's ``speaker`` ("S1", "S2", ..., at most ``max_speakers``); ``s.rename_speaker("S1",
+        "Dr. Chen")`` names one (docs/diarization.md)."""
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
                               min_confidence, audio_format, inputs)
         if room:
@@ -140,6 +143,7 @@ class _Base:
             start["vocabulary_id"] = vocabulary_id
         if source_langs is not None:
             start["source_langs"] = source_langs
+        speakers(start, diarize, max_speakers)
         return RemoteStream(ws_url(self.base_url), self.api_key, start)
 
     def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,

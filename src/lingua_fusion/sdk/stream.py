@@ -47,6 +47,15 @@ def start_message(target_langs: list[str], source_lang: str, slo: str, partials:
     return msg
 
 
+def speakers(start: dict[str, Any], diarize: bool, max_speakers: int | None) -> None:
+    """A start message's ``diarize`` and ``max_speakers`` (the server checks them: a bad value is
+    ``invalid_parameter``)."""
+    if diarize:
+        start["diarize"] = diarize
+    if max_speakers is not None:
+        start["max_speakers"] = max_speakers
+
+
 class RemoteStream:
     """A live stream over WebSocket that survives server restarts.
 
@@ -226,6 +235,11 @@ class RemoteStream:
     async def send_text(self, text: str, ts: float | None = None) -> None:
         await self._send(json.dumps({"type": "text", "ts": ts, "text": text}), ts)
 
+    async def rename_speaker(self, speaker: str, name: str | None) -> None:
+        """A ``diarize`` stream's speaker ("S1") gets a display name (None: none): a ``speaker_renamed`` event
+        comes back, and later finals carry ``speaker_name``."""
+        await self._send(json.dumps({"type": "rename_speaker", "speaker": speaker, "name": name}))
+
     async def end(self) -> None:
         self._ended = True
         await self._send(json.dumps({"type": "end"}))
@@ -296,6 +310,9 @@ class LocalStream:
 
     async def send_text(self, text: str, ts: float | None = None) -> None:
         await self._session.feed_text(text, ts)
+
+    async def rename_speaker(self, speaker: str, name: str | None) -> None:
+        self._session.rename_speaker(speaker, name)
 
     async def end(self) -> None:
         await self._session.end()

@@ -21,13 +21,14 @@ ASR_MAX_UNITS = 8.0
 
 
 def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-                  inputs: list[str], detect: Sequence[str] = ()) -> Demand:
+                  inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand:
     """What a stream asks of each model (items/s), for admission. Pure: a worker process computes it too.
 
     ``detect``: the languages a stream started with ``source_lang: "auto"`` may speak. Each committed utterance is
     then identified once (``ModelKey.detect()``), and any one candidate may take all of the stream's speech: the
     speaker may keep to it, so each candidate's ASR and MT keys are reserved the whole rate (a worst case per
-    key; at most 8 candidates, protocol.py)."""
+    key; at most 8 candidates, protocol.py). ``diarize``: each committed utterance's voice is embedded too
+    (``ModelKey.spk()``, stream/speakers.py)."""
     rate: dict[str, float] = {}
     spoken = list(detect) or [source]
     if "audio" in inputs:
@@ -37,6 +38,8 @@ def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], par
             rate[str(ModelKey.asr(lang))] = 0.3 + (0.25 / step_s if partials else 0.0)
         if detect:
             rate[str(ModelKey.detect())] = 0.3
+        if diarize:
+            rate[str(ModelKey.spk())] = 0.3
     for lang in spoken:
         for t in targets:
             if t != lang:

@@ -373,8 +373,8 @@ class Executor:
 
     # ---- admission -------------------------------------------------------------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-               inputs: list[str], detect: Sequence[str] = ()) -> Demand:
-        demand = stream_demand(stream_id, slo, source, targets, partials, step_s, inputs, detect)
+               inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand:
+        demand = stream_demand(stream_id, slo, source, targets, partials, step_s, inputs, detect, diarize)
         self.prepare(demand)
         return demand
 

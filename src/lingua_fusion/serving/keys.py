@@ -53,7 +53,7 @@ class ModelKey:
 
     @classmethod
     def spk(cls) -> ModelKey:
-        """Speaker embeddings of a file's speech (models/speaker.py), for diarization."""
+        """Speaker embeddings of a file's or a stream's speech (models/speaker.py), for diarization."""
         return cls("spk")
 
     @property

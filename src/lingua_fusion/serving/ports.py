@@ -24,7 +24,7 @@ Contract of ``ModelPort.run(key, payload, ctx)``:
 | mt | ``MtInput`` | ``str`` |
 | ocr | ``np.ndarray`` RGB image, or ``OcrInput`` (an image and its language) | ``list[OcrLine]`` in reading order |
 | tts | ``str`` | ``bytes`` (a WAV file) |
-| spk | ``SpeakerInput`` (a stretch of one voice in a file) | ``np.ndarray`` (windows, 256) speaker embeddings |
+| spk | ``SpeakerInput`` (a stretch of one voice: a file's part, a stream's utterance) | ``np.ndarray`` (windows, 256) |
 
 File requests (lingua_fusion/files) use the same port with ``ctx.slo == FILE_CLASS``: their work waits behind live
 streams' of the same key (a looser deadline), shares each model fairly with other keys, and feeds no stream SLO
@@ -94,7 +94,8 @@ class OcrInput:
 
 @dataclass(frozen=True)
 class SpeakerInput:
-    """A stretch of one voice in a file (a segment's audio, 16 kHz): embedded as windows ``hop`` samples apart,
+    """A stretch of one voice (a file's part of a segment, a stream's utterance; 16 kHz, its quiet frames left out):
+    embedded as windows ``hop`` samples apart,
     at most ``most`` of them (models/speaker.py ``windows_of``); the result is their (n, 256) embeddings."""
 
     audio: np.ndarray

@@ -24,8 +24,10 @@ with ``slack`` the bar to join a speaker is lowered for stretches shorter than `
 
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -130,6 +132,27 @@ class SpeakerClusterer:
             keep, drop = min(int(a), int(b)), max(int(a), int(b))
             self._sums[keep] = self._sums[keep] + self._sums.pop(drop)
             self._weights[keep] += self._weights.pop(drop)
+
+    def state(self) -> dict[str, Any]:
+        """What a stream's snapshot keeps of it (stream/speakers.py): each speaker's weighted sum as float16 (512
+        bytes a speaker, base64) and its weight; ``restore`` reads it back."""
+        sums = np.stack(self._sums).astype(np.float16) if self._sums else np.zeros((0, 0), np.float16)
+        return {"dim": int(sums.shape[1]) if len(sums) else 0, "weights": [round(w, 3) for w in self._weights],
+                "sums": base64.b64encode(sums.tobytes()).decode("ascii")}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """The speakers of ``state`` (``state()``'s form), at most ``max_speakers`` of them; a malformed state
+        leaves the clusterer as it was (the labels then start again: the snapshot is only a convenience)."""
+        try:
+            weights = [float(w) for w in state["weights"]][:self.max_speakers]
+            dim = int(state["dim"])
+            raw = np.frombuffer(base64.b64decode(state["sums"]), np.float16).astype(np.float32)
+            sums = raw.reshape(-1, dim)[:len(weights)] if dim else raw.reshape(0, 0)
+        except (KeyError, TypeError, ValueError):
+            return
+        if len(sums) != len(weights) or not np.isfinite(sums).all():
+            return
+        self._sums, self._weights = list(sums), weights
 
     def _open(self, unit: np.ndarray, weight: float, alternative: float) -> Assignment:
         self._sums.append(weight * unit)

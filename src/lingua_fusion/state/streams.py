@@ -51,9 +51,10 @@ class StreamStore(Protocol):
 
     def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
                      origin: float | None = None, text_until: float | None = None,
-                     epoch: int | None = None) -> None:
+                     epoch: int | None = None, speakers: dict[str, Any] | None = None) -> None:
         """Log ``event`` (a seq already logged is a retry: nothing happens). ``epoch``: the writing session's; a
-        stream claimed since is not written (``TakenOver``). None: no owner check (tools, tests)."""
+        stream claimed since is not written (``TakenOver``). None: no owner check (tools, tests). ``speakers``: a
+        diarize stream's speakers after it, kept in the snapshot (None: left as they were)."""
         ...
 
     def resume(self, stream_id: str, token: str) -> dict[str, Any]:
@@ -87,10 +88,13 @@ class StreamStore(Protocol):
 
 
 def _advance(snap: dict[str, Any], event: dict[str, Any], committed_until: float | None, origin: float | None,
-             text_until: float | None) -> None:
+             text_until: float | None, speakers: dict[str, Any] | None = None) -> None:
     """The snapshot after logging ``event``: ``committed_until`` (stream time covered by audio finals: the client
-    re-sends audio after it) and ``text_until`` (the latest logged text: re-sent text up to it is dropped)."""
+    re-sends audio after it), ``text_until`` (the latest logged text: re-sent text up to it is dropped) and a
+    diarize stream's ``speakers`` (its clusterer's centroids and names, stream/speakers.py: a few KB at most)."""
     snap["last_seq"] = int(event["seq"])
+    if speakers is not None:
+        snap["speakers"] = speakers
     if committed_until is not None:
         snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
     if text_until is not None:
@@ -170,7 +174,7 @@ class SQLiteStreamStore:
 
     def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
                      origin: float | None = None, text_until: float | None = None,
-                     epoch: int | None = None) -> None:
+                     epoch: int | None = None, speakers: dict[str, Any] | None = None) -> None:
         with self._write() as db:
             snap = self._read(db, stream_id)
             if snap is None:
@@ -178,7 +182,7 @@ class SQLiteStreamStore:
             _owned(snap, epoch)
             if int(snap.get("last_seq", 0)) >= int(event["seq"]):
                 return  # already logged (a retried write whose first try got through)
-            _advance(snap, event, committed_until, origin, text_until)
+            _advance(snap, event, committed_until, origin, text_until, speakers)
             db.execute("INSERT INTO stream_log VALUES (?,?,?)",
                        (stream_id, int(event["seq"]), json.dumps(event, ensure_ascii=False)))
             self._put(db, stream_id, snap)
@@ -335,7 +339,7 @@ class RedisStreamStore:
 
     def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
                      origin: float | None = None, text_until: float | None = None,
-                     epoch: int | None = None) -> None:
+                     epoch: int | None = None, speakers: dict[str, Any] | None = None) -> None:
         key, log_key = redis_keys.stream_snapshot(stream_id), redis_keys.stream_log(stream_id)
 
         def change(pipe: Any, snap: dict[str, Any] | None) -> None:
@@ -344,7 +348,7 @@ class RedisStreamStore:
             _owned(snap, epoch)
             if int(snap.get("last_seq", 0)) >= int(event["seq"]):
                 return  # already logged
-            _advance(snap, event, committed_until, origin, text_until)
+            _advance(snap, event, committed_until, origin, text_until, speakers)
             # compaction: the log keeps the last max_log finals; the snapshot says where it starts
             snap["log_from"] = max(1, int(event["seq"]) - self._max_log + 1)
             pipe.multi()

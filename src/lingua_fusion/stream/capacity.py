@@ -75,7 +75,7 @@ class StreamCapacity:
         try:
             await self.engine.reserve(self.engine.demand(sid, spec.slo, spec.source_lang, spec.targets,
                                                          spec.partials, spec.policy.step_s, spec.inputs,
-                                                         spec.source_langs), owner)
+                                                         spec.source_langs, spec.diarize), owner)
         except BaseException as exc:
             if isinstance(exc, Overloaded) and exc.not_serving:  # its model process restarting or silent
                 self.unavailable()

@@ -53,6 +53,8 @@ class Ready(Event):
     max_audio_burst_s: float | None = _opt()  # ... in bursts of this many seconds (also the most per message)
     scripts: dict[str, str] | None = _opt()  # Chinese: the transcript's ("source") and each target's script
     source_langs: list[str] | None = _opt()  # source_lang "auto": the languages each utterance may be detected in
+    max_speakers: int | None = _opt()  # diarize: finals carry speaker, at most this many speakers
+    speaker_names: dict[str, str] | None = _opt()  # diarize: the names given so far (a resumed stream's too)
 
     def to_wire(self) -> dict[str, Any]:
         out = super().to_wire()
@@ -113,6 +115,12 @@ class Final(Event):
     # best guess scored under stream/languages.py SURE (source_lang is then the stream's previous language)
     source_lang_confidence: float | None = _opt()
     source_lang_unsure: bool | None = _opt()
+    # a ``diarize`` stream's (stream/speakers.py): who spoke it, "S1", "S2", ... in order of appearance, stable within
+    # the stream; how sure (0..1); and the name the publisher gave that speaker (``rename_speaker``), when named
+    speaker: str | None = _opt()
+    speaker_confidence: float | None = _opt()
+    speaker_name: str | None = _opt()
+    voice: Any = field(default=None, metadata=INTERNAL)  # stream/speakers.py Voice: its embedding, until labelled
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text | lips: which cursor it moves in the log
     cut: str = field(default="", metadata=INTERNAL)  # why its utterance ended: pause | length | end (stream/policy.py)
@@ -124,6 +132,17 @@ class Final(Event):
         # what the caption was made from (``sign`` events: ["sign"])
         out["modalities"] = list(self.modalities or [self.modality])
         return out
+
+
+@dataclass
+class SpeakerRenamed(Event):
+    """A ``diarize`` stream's speaker was given a display name (``rename_speaker``; ``name`` None: the name was
+    taken away). ``names`` is every name given so far: a room's late listener gets the latest of these first."""
+
+    TYPE: ClassVar[str] = "speaker_renamed"
+    speaker: str
+    name: str | None
+    names: dict[str, str]
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """A stream's finals, in input order: commit jobs are queued (bounded: too many pending closes the stream) and
 awaited one by one; each final is numbered 1, 2, 3, ... with no gaps, logged (stream/journal.py), timed, sent with
-its metrics, then spoken when the stream asked for speech.
+its metrics, then spoken when the stream asked for speech. On a ``diarize`` stream each final is labelled with its
+speaker as it is taken, in input order (stream/speakers.py), and named as it is sent.
 
 A final cut at the maximum utterance length is held for the next one, which may finish its sentence: the two are
 translated as one text and go out together (stream/sentences.py decides). A hold lasts until the next job is done,
@@ -120,9 +121,12 @@ class Finals:
             return Mark.LATE
         self._ahead = None
         try:
-            return await job
+            result = await job
         except LinguaFusionError as exc:
             return Error(exc.code, exc.public_message)
+        if isinstance(result, Final) and self.jobs.speakers is not None:
+            self.jobs.speakers.label(result)  # here, in input order: speakers are named as they appear
+        return result
 
     async def _within(self, fut: asyncio.Future[Any], until: float) -> bool:
         """Is ``fut`` done by loop time ``until``, and before a ``release``?"""
@@ -177,13 +181,17 @@ class Finals:
     async def _send(self, final: Final) -> None:
         self.seq += 1
         final.seq = self.seq
+        speakers = self.jobs.speakers
+        if speakers is not None:
+            speakers.name(final)
         if self.journal is not None:
             if self.journal.full:
                 final.durable = False
                 self._fail(StoreUnavailable("the stream log has been unavailable too long; the stream was closed"))
                 return
-            with span(self.trace, "journal.write", seq=final.seq) as write:
-                await self.journal.append(final, self.timeline.origin)
+            with span(self.trace, "journal.write", seq=final.seq) as write:  # the speakers ride in the snapshot
+                await self.journal.append(final, self.timeline.origin,
+                                          speakers.state() if speakers is not None else None)
                 if write is not None:
                     write.set(durable=final.durable is not False)  # False: sent before the log had it
         latency = time.monotonic() - final.wall_ref

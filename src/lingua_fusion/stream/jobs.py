@@ -26,6 +26,7 @@ from ..untranslated import warning as untranslated_warning
 from .events import Final
 from .languages import Detection, decide
 from .protocol import StreamSpec
+from .speakers import StreamSpeakers
 
 MAX_SLIDES = 32  # slides a stream remembers (their words are ASR context and MT names)
 MT_PIECE_CHARS = 1000  # a caption's text goes to MT in pieces of at most this many characters (at sentence ends)
@@ -50,12 +51,17 @@ class StreamJobs:
         self.glossary = tuple(spec.glossary)  # one tuple for the stream's life: the MT thread compiles it once
         self.lips: Any = None  # vision/stream_lips.py StreamLips: a lip vocabulary's evidence, fused into finals
         self.heard_lang: str | None = None  # a "auto" stream's last surely detected language
+        self.speakers: StreamSpeakers | None = None  # a ``diarize`` stream's (stream/speakers.py), set by the session
 
     @property
     def lang(self) -> str:
         """The language partials are decoded in: the given one, or on a "auto" stream the last one heard surely
         (before any, the first candidate): a partial is not worth a detection of its own."""
         return self.heard_lang or self.spec.source_lang
+
+    def committed(self, start: float) -> CallContext:
+        """The context of committed work for words that arrived at ``start``."""
+        return self._ctx(False, start)
 
     def _ctx(self, tentative: bool, start: float | None = None) -> CallContext:
         return CallContext(self.spec.stream_id, self.spec.slo, self.spec.importance, tentative, start,
@@ -75,10 +81,11 @@ class StreamJobs:
 
     def model_keys(self) -> list[ModelKey]:
         """The model keys this stream uses now (for its metrics events): a "auto" stream's detection and its
-        current language's."""
+        current language's, a ``diarize`` stream's speaker embeddings."""
         src = self.lang
         return ([ModelKey.detect()] if self.spec.detects else []) + [ModelKey.asr(src)] + [
-            ModelKey.mt(src, t) for t in self.spec.targets if t != src]
+            ModelKey.mt(src, t) for t in self.spec.targets if t != src] + (
+            [ModelKey.spk()] if self.speakers is not None else [])
 
     async def vad(self, audio: np.ndarray) -> np.ndarray:
         return await self.port.run(ModelKey.vad(), np.ascontiguousarray(audio), self._ctx(False))
@@ -111,7 +118,18 @@ class StreamJobs:
         """A committed utterance -> its final (unnumbered), or None when it held no words. ``cut``: why the policy
         ended it; one cut at the maximum length (``"length"``) comes back untranslated: its sentence may go on in the
         next utterance, and the emitter translates them together (stream/sentences.py). On a "auto" stream its
-        language is detected first, and it is transcribed and translated in that language."""
+        language is detected first, and it is transcribed and translated in that language. On a ``diarize`` stream
+        its voice is embedded beside all that (the final's ``voice``: the emitter labels it, in order)."""
+        if self.speakers is None:
+            return await self._heard(audio, start, end, wall_ref, cut)
+        final, voice = await asyncio.gather(self._heard(audio, start, end, wall_ref, cut),
+                                            self.speakers.embed(audio, wall_ref))
+        if final is not None:
+            final.voice = voice
+        return final
+
+    async def _heard(self, audio: np.ndarray, start: float, end: float, wall_ref: float, cut: str) -> Final | None:
+        """``commit`` without the speaker."""
         if not self.spec.detects:
             return await self._commit(audio, start, end, wall_ref, cut, self.spec.source_lang)
         t0 = time.monotonic()

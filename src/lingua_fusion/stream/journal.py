@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -73,6 +74,7 @@ class _Entry:
     final: dict[str, Any]  # the wire form, as logged
     origin: float | None  # the stream clock's origin (media time of t=0) when it was logged
     audio: bool  # moves committed_until (audio) or text_until (text)
+    speakers: dict[str, Any] | None = None  # a diarize stream's speakers after this final (stream/speakers.py)
 
 
 class Journal:
@@ -104,10 +106,11 @@ class Journal:
         """Record a new stream (a resumed one is in the log already)."""
         await self.log.call(self.log.store.open_stream, self.stream_id, resume_token, {"spec": spec})
 
-    async def append(self, final: Final, origin: float | None) -> None:
-        """Log ``final`` (numbered) before it is sent; marks it ``durable = False`` when it cannot wait."""
+    async def append(self, final: Final, origin: float | None, speakers: dict[str, Any] | None = None) -> None:
+        """Log ``final`` (numbered) before it is sent; marks it ``durable = False`` when it cannot wait.
+        ``speakers``: a diarize stream's speakers, kept in the snapshot with it."""
         seq = final.seq
-        self._unlogged.append(_Entry(final.to_wire(), origin, final.modality == "audio"))
+        self._unlogged.append(_Entry(final.to_wire(), origin, final.modality == "audio", speakers))
         if self.log.metrics is not None:
             self.log.metrics.unlogged_finals.inc()
         if self._writer is None or self._writer.done():
@@ -138,8 +141,10 @@ class Journal:
             entry = self._unlogged[0]
             end = float(entry.final["end"])
             try:
-                await link.call(self.log.store.append_final, self.stream_id, entry.final,
-                                end if entry.audio else None, entry.origin, None if entry.audio else end, self.epoch)
+                write = self.log.store.append_final if entry.speakers is None else functools.partial(
+                    self.log.store.append_final, speakers=entry.speakers)
+                await link.call(write, self.stream_id, entry.final, end if entry.audio else None, entry.origin,
+                                None if entry.audio else end, self.epoch)
             except TakenOver as exc:  # resumed by another connection: that session numbers and logs from here
                 self._drop_unlogged()
                 if self._closed_at is None and self._fail is not None:

@@ -21,8 +21,10 @@ from ..glossary import Term
 from ..models.registry import MTRoute
 from ..models.transcript_guard import SCRIPT_NAMES, script_for
 from ..serving.scheduler import SLO_CLASSES
+from ..speakers.cluster import MAX_SPEAKERS
 from .languages import DETECTABLE, MAX_SOURCE_LANGS
 from .policy import PolicyConfig
+from .speakers import parse_diarize
 
 POLICIES = {
     "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0, sentence_hold_s=4.0),
@@ -66,6 +68,9 @@ class StreamSpec:
     # was given. And per candidate, the targets whose route from it goes through the tiny LLM
     source_langs: list[str] = field(default_factory=list)
     low_confidence_from: dict[str, list[str]] = field(default_factory=dict)
+    # ``diarize: true``: each final's speaker (stream/speakers.py), at most ``max_speakers`` of them (0: not asked)
+    diarize: bool = False
+    max_speakers: int = 0
 
     @property
     def policy(self) -> PolicyConfig:
@@ -95,7 +100,8 @@ class StreamSpec:
                 "inputs": self.inputs, "low_confidence": self.low_confidence, "key_id": self.key_id,
                 "vocabulary_id": self.vocabulary_id, "source_script": self.source_script,
                 "target_scripts": self.target_scripts, "source_langs": self.source_langs,
-                "low_confidence_from": self.low_confidence_from}
+                "low_confidence_from": self.low_confidence_from, "diarize": self.diarize,
+                "max_speakers": self.max_speakers}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
@@ -112,7 +118,8 @@ class StreamSpec:
                    source_script=d.get("source_script", "Hans" if d["source_lang"] == "zh" else None),
                    target_scripts=dict(d.get("target_scripts", {t: "Hans" for t in d["targets"] if t == "zh"})),
                    source_langs=list(d.get("source_langs", [])),
-                   low_confidence_from={k: list(v) for k, v in d.get("low_confidence_from", {}).items()})
+                   low_confidence_from={k: list(v) for k, v in d.get("low_confidence_from", {}).items()},
+                   diarize=bool(d.get("diarize", False)), max_speakers=int(d.get("max_speakers", 0)))
 
 
 @dataclass(frozen=True)
@@ -124,10 +131,11 @@ class ResumeRequest:
     last_seq: int
 
 
-def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | None], glossary: list[Term]
-                ) -> StreamSpec:
+def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | None], glossary: list[Term],
+                most_speakers: int = MAX_SPEAKERS) -> StreamSpec:
     """A new stream's start message -> its spec. ``check_pair(source, target)`` raises ``unsupported_pair``; the
-    route it returns tells whether that target's finals come from the low-confidence LLM."""
+    route it returns tells whether that target's finals come from the low-confidence LLM. ``most_speakers``: the
+    server's ``diarize.max_speakers`` (a start message's ``max_speakers`` may only lower it)."""
     if msg.get("type") != "start":
         raise InvalidParameter("the first message must be {\"type\": \"start\", ...}")
     raw_source = msg.get("source_lang") or ("auto" if msg.get("source_langs") is not None else "en")
@@ -170,12 +178,17 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
     if not isinstance(inputs, list) or not inputs or any(i not in INPUTS for i in inputs):
         raise InvalidParameter("inputs lists what the stream will send: a non-empty subset of audio, image, text, "
                                "video")
+    diarize, max_speakers = parse_diarize(msg, most_speakers)
+    if diarize and "audio" not in inputs:
+        raise InvalidParameter("diarize tells speakers apart by their voices: the stream's inputs need audio",
+                               details={"field": "diarize"})
     return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
                       partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
                       speech=bool(msg.get("speech", False)), audio_format=audio_format,
                       clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)),
                       low_confidence=low_confidence, source_script=_script(raw_source, source),
-                      target_scripts=target_scripts, source_langs=source_langs, low_confidence_from=low_from)
+                      target_scripts=target_scripts, source_langs=source_langs, low_confidence_from=low_from,
+                      diarize=diarize, max_speakers=max_speakers)
 
 
 def _low_targets(source: str, targets: list[str], check_pair: Callable[[str, str], MTRoute | None]) -> list[str]:

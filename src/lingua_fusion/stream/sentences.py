@@ -32,10 +32,12 @@ class Heard:
     cut: str = "pause"
     speech: bool = True
     lang: str = ""
+    speaker: str = ""  # a ``diarize`` stream's label: two speakers' words are not one sentence
 
     @classmethod
     def of(cls, final: Final) -> Heard:
-        return cls(final.source_text, final.cut, final.modality == "audio", final.source_lang or "")
+        return cls(final.source_text, final.cut, final.modality == "audio", final.source_lang or "",
+                   final.speaker or "")
 
 
 def waits(group: Sequence[Heard], max_group: int = MAX_GROUP) -> bool:
@@ -46,11 +48,12 @@ def waits(group: Sequence[Heard], max_group: int = MAX_GROUP) -> bool:
 
 
 def joins(group: Sequence[Heard], nxt: Heard) -> bool:
-    """Does ``nxt`` go on with the sentence the group left open? Speech in the same language with words after a
-    piece without final punctuation, or speech that starts in lower case (the full stop before it was put there at
-    the cut)."""
-    return nxt.speech and bool(nxt.text.strip()) and nxt.lang == group[-1].lang and (
-        not ends_sentence(group[-1].text) or continues(nxt.text))
+    """Does ``nxt`` go on with the sentence the group left open? Speech in the same language (and by the same
+    speaker, on a ``diarize`` stream) with words after a piece without final punctuation, or speech that starts in
+    lower case (the full stop before it was put there at the cut)."""
+    last = group[-1]
+    return nxt.speech and bool(nxt.text.strip()) and nxt.lang == last.lang and nxt.speaker == last.speaker and (
+        not ends_sentence(last.text) or continues(nxt.text))
 
 
 def open_note(group: Sequence[Heard], why: str) -> str | None:

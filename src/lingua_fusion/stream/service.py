@@ -117,7 +117,7 @@ class StreamService:
         else:
             gid = msg.get("glossary_id")
             terms = await self.glossary_for(who, str(gid)) if gid and self.glossary_for is not None else []
-            spec = parse_start(msg, self.executor.registry.mt_route, terms)
+            spec = parse_start(msg, self.executor.registry.mt_route, terms, self.settings.diarize.max_speakers)
             spec.key_id = who.key_id
             spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
             self.supervisor.refuse_if_breached(spec.slo, who.key_id, self.capacity.refused)

@@ -1,6 +1,7 @@
 """One live stream: its lifecycle, its three verbs and its event queue, wiring the parts that do the work.
 
-Its face is three verbs and a queue: ``feed_audio`` / ``feed_image`` / ``feed_text``, ``end``, and ``events``.
+Its face is three verbs and a queue: ``feed_audio`` / ``feed_image`` / ``feed_text``, ``end``, and ``events``
+(and, on a ``diarize`` stream, ``rename_speaker``).
 Everything else (opening, resuming, admission, the breaker's notices, shedding, drain) is the StreamService's.
 
 Input (audio / image / text with media timestamps) -> timeline -> VAD (off the event loop, batched with other
@@ -45,6 +46,7 @@ from .outbox import Outbox
 from .policy import CommitPolicy
 from .protocol import AUTO, StreamSpec, check_ts
 from .resume import ResumePoint
+from .speakers import StreamSpeakers
 from .timeline import AudioTimeline
 
 log = logging.getLogger("lingua_fusion.streams")
@@ -91,6 +93,8 @@ class StreamSession:
         self.policy = CommitPolicy(spec.policy)
         self.trace = trace  # the stream's span (tracing on; the StreamService ends it): stages are its children
         self.jobs = StreamJobs(spec, port, trace)
+        if spec.diarize:  # each final's speaker (stream/speakers.py)
+            self.jobs.speakers = StreamSpeakers(port, spec.max_speakers, settings.diarize, self.jobs.committed)
         self.outbox = Outbox(max_events, lambda: self.fail(SlowConsumer(
             "the client is not reading events; the stream was closed")))
         self.events = self.outbox.events
@@ -171,6 +175,8 @@ class StreamSession:
             self.timeline.start = self.timeline.end = int(round(point.committed_until * SR))
             self.ingest.vad_pos = self.timeline.start
             self.policy.committed(point.committed_until)
+            if self.jobs.speakers is not None:  # the labels and names so far go on
+                self.jobs.speakers.restore(self._resume.get("speakers"))
             resumed = point.resumed()
         self._to(State.LIVE)
         self._emitter = asyncio.create_task(self._emit_finals(), name=f"emit:{self.spec.stream_id}")
@@ -179,7 +185,8 @@ class StreamSession:
                      source_lang=AUTO if self.spec.detects else self.spec.source_lang, targets=self.spec.targets,
                      partials=self.spec.partials, source_langs=list(self.spec.source_langs) or None,
                      resumed=resumed, max_audio_speed=self.budget.speed, max_audio_burst_s=self.budget.burst_s,
-                     scripts=self.spec.scripts())
+                     scripts=self.spec.scripts(), max_speakers=self.spec.max_speakers or None,
+                     speaker_names=dict(self.jobs.speakers.names) if self.jobs.speakers is not None else None)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -212,6 +219,16 @@ class StreamSession:
         """PCM16 LE mono 16 kHz bytes, or a piece of the WebM/Ogg stream when the stream declared one."""
         self._live("audio")
         await self.ingest.feed(pcm16, check_ts(ts))
+
+    def rename_speaker(self, speaker: Any, name: Any) -> None:
+        """Give a ``diarize`` stream's speaker ("S1") a display name: ``speaker_renamed``, and later finals carry it
+        as ``speaker_name`` (a room's listeners see both)."""
+        if self.state not in (State.LIVE, State.DRAINING):
+            raise InvalidParameter("the stream is not live")
+        if self.jobs.speakers is None:
+            raise InvalidParameter("rename_speaker names a speaker: start the stream with diarize: true",
+                                   details={"field": "diarize"})
+        self._emit(self.jobs.speakers.rename(speaker, name))
 
     def _queue(self, job: Coroutine[Any, Any, Final | None]) -> None:
         self.finals.queue(job)

@@ -258,8 +258,8 @@ class RemotePort:
 
     # ---- admission (decided in the model process, across every worker) -------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-               inputs: list[str], detect: Sequence[str] = ()) -> Demand:
-        return stream_demand(stream_id, slo, source, targets, partials, step_s, inputs, detect)
+               inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand:
+        return stream_demand(stream_id, slo, source, targets, partials, step_s, inputs, detect, diarize)
 
     async def reserve(self, demand: Demand, key_id: str = "") -> None:
         ident = (self.mode, demand.stream_id)
