@@ -52,7 +52,7 @@ def model_app(settings: Settings, spec: ClusterSpec) -> Any:
         options["autoscaling_config"] = AutoscalingConfig(
             min_replicas=spec.model_replicas, max_replicas=spec.max_model_replicas,
             initial_replicas=spec.model_replicas, upscale_delay_s=10.0, downscale_delay_s=120.0,
-            look_back_period_s=10.0,
+            look_back_period_s=10.0, metrics_interval_s=2.0,  # Ray 2.60 warns (later refuses) unless look-back > it
             policy=AutoscalingPolicy(policy_function="lingua_fusion.cluster.autoscale:slo_policy"))
     else:
         options["num_replicas"] = spec.model_replicas
@@ -122,3 +122,23 @@ def run_cluster(settings: Settings, spec: ClusterSpec, *, address: str | None, h
         shutdown()
         with contextlib.suppress(Exception):
             request_drain(redis_url, cluster, on=False)
+
+
+def _spec(args: dict[str, Any]) -> ClusterSpec:
+    fields = {k: args[k] for k in ("gateways", "model_replicas", "max_model_replicas", "model_cpus") if k in args}
+    return ClusterSpec(**fields)
+
+
+def build_models(args: dict[str, Any]) -> Any:
+    """The ``lf-models`` application for a Serve config file (KubeRay's ``serveConfigV2``, ``serve deploy``):
+    ``import_path: lingua_fusion.cluster.deploy:build_models``; ``args`` as ``ClusterSpec``'s fields; settings from
+    the environment (``LINGUAFUSION_*``), as ``linguafusion serve`` reads them."""
+    return model_app(Settings(), _spec(args))
+
+
+def build_gateway(args: dict[str, Any]) -> Any:
+    """The ``lf-gateway`` application for a Serve config file (route ``/``); needs ``state.redis_url``."""
+    settings = Settings()
+    if not settings.state.redis_url:
+        raise ValueError("the gateway needs LINGUAFUSION_STATE__REDIS_URL: the stream log and keys are shared")
+    return gateway_app(settings, _spec(args))
