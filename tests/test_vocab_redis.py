@@ -23,6 +23,7 @@ from lingua_fusion.vision.landmarks import LandmarkSeq
 from lingua_fusion.vision.redis_store import RedisVocabularyStore
 from lingua_fusion.vision.store import VocabularyStore
 from lingua_fusion.vision.vocab_copy import copy_vocabularies
+from lingua_fusion.vision.vocab_model import Vocabulary
 from lingua_fusion.vision.vocab_port import VocabularyBackend, open_vocabularies
 
 SIGNS = syn.sign_vocabulary(4, seed=3)
@@ -127,6 +128,21 @@ def test_another_key_gets_not_found_everywhere(servers: Callable[..., tuple[Voca
             call()
         assert caught.value.code == "not_found" and caught.value.details == {"vocabulary_id": vid}
     assert a.get(owner, vid).examples == 2 and b.stored_bytes(other) == 0  # nothing of it changed
+
+
+@needs_redis
+def test_glosses_in_any_script_are_counted_and_uncounted(servers: Callable[..., tuple[VocabularyBackend,
+                                                                                      VocabularyBackend]]) -> None:
+    owner = _owner()
+    a, b = servers(owner)
+    glosses = ["Grüße", "日本語", 'say "hi"', "👋 wave"]
+    vid = _teach(a, owner, [(g, seq) for g, (_x, seq) in zip(glosses, TAUGHT, strict=False)])
+    assert b.get(owner, vid).glosses == 4 and [e["gloss"] for e in b.examples(owner, vid)] == glosses
+    assert [e["gloss"] for e in b.export(owner, vid)["examples"]] == glosses
+    for e in b.examples(owner, vid):  # the Lua step reads the gloss back from the example's JSON to uncount it
+        a.delete_example(owner, vid, e["example_id"])
+    assert b.get(owner, vid) == Vocabulary(vid, "signs", "sign", "en", b.get(owner, vid).created, 0, 0)
+    assert a.stored_bytes(owner) == 0
 
 
 def _race(*jobs: Callable[[], object]) -> tuple[int, list[QuotaExceeded]]:
