@@ -34,6 +34,8 @@ from lingua_fusion.sdk.stream import StreamEvent
 from lingua_fusion.state.redis_users import RedisUserStore
 from lingua_fusion.state.sqlite import SQLiteStore
 from lingua_fusion.stream.quota import RedisKeyQuota
+from lingua_fusion.vision.redis_store import RedisVocabularyStore
+from lingua_fusion.vision.store import VocabularyStore
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -144,11 +146,14 @@ def test_state_migrate_moves_keys_and_glossaries_and_a_second_run_copies_nothing
     local.revoke_key(gone.key_id)
     gid = local.put_glossary(key.key_id, "terms", [Term("house", "mansión")], "en", "es")
     local.close()
+    vocabularies = VocabularyStore(tmp_path)
+    vocab = vocabularies.create(key.key_id, "greetings", "sign")
+    vocabularies.close()
     url = redis.url.rsplit("/", 1)[0] + "/3"  # a database of its own: the counts below are this test's alone
     first = cli("state", "migrate", "--to", "redis", url, "--state-dir", str(tmp_path), env={})
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout) | {"problems": []} == {
-        "keys": 2, "keys_already_there": 0, "glossaries": 1, "glossaries_already_there": 0, "vocabularies": 0,
+        "keys": 2, "keys_already_there": 0, "glossaries": 1, "glossaries_already_there": 0, "vocabularies": 1,
         "verified": True, "problems": []}
     shared = RedisUserStore(url)
     try:
@@ -159,8 +164,14 @@ def test_state_migrate_moves_keys_and_glossaries_and_a_second_run_copies_nothing
         assert shared.get_glossary(key.key_id, gid)[1] == [Term("house", "mansión")]
     finally:
         shared.close()
+    shared_vocabularies = RedisVocabularyStore(url)
+    try:
+        assert [v.vocab_id for v in shared_vocabularies.list(key.key_id)] == [vocab.vocab_id]
+    finally:
+        shared_vocabularies.close()
     again = cli("state", "migrate", "--to", "redis", url, "--state-dir", str(tmp_path), env={})
     assert again.returncode == 0 and json.loads(again.stdout)["keys"] == 0
+    assert json.loads(again.stdout)["vocabularies"] == 0
     assert json.loads(again.stdout)["keys_already_there"] == 2
 
 

@@ -191,7 +191,7 @@ def test_calibration_compares_an_example_with_at_most_16_others(monkeypatch: pyt
 
 def test_the_store_grows_its_recogniser_without_parsing_any_stored_example(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lingua_fusion.vision import store as store_module
+    from lingua_fusion.vision import bigjson
     from lingua_fusion.vision.store import VocabularyStore
 
     rng = np.random.default_rng(5)
@@ -204,13 +204,13 @@ def test_the_store_grows_its_recogniser_without_parsing_any_stored_example(
     first = store.recogniser("key-a", vid)
 
     parsed: list[int] = []
-    real = store_module.bigjson.loads
+    real = bigjson.loads
 
     def counting(raw: bytes) -> object:
         parsed.append(len(raw))
         return real(raw)
 
-    monkeypatch.setattr(store_module.bigjson, "loads", counting)
+    monkeypatch.setattr(bigjson, "loads", counting)
     store.add_example("key-a", vid, *seqs[-1])
     grown = store.recogniser("key-a", vid)
     assert len(grown.examples) == len(first.examples) + 1

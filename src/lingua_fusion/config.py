@@ -183,10 +183,10 @@ class ModelSettings(BaseModel):
 
 
 class StateSettings(BaseModel):
-    # keys, glossaries, vocabularies, the stream log (SQLite)
+    # keys, glossaries, vocabularies, the stream log (SQLite; the last two in Redis when redis_url is set)
     state_dir: Path = Field(default_factory=default_state_dir)
 
-    redis_url: str | None = None  # a Redis: stream log, rooms, shared translation memory
+    redis_url: str | None = None  # a Redis: stream log, rooms, shared translation memory, vocabularies
     retention_s: float = 3600.0  # closed streams stay resumable / readable this long, then compaction drops them
     max_log_finals: int = 10_000  # a live stream's log keeps its last N finals (its snapshot holds the rest)
     compact_interval_s: float = 300.0  # how often the stream log drops what it no longer needs

@@ -50,8 +50,9 @@ async def translate(request: Request, key: TranslateKey) -> Response:
     if form.get("vocabulary_id"):  # a video's signs, read with this key's sign vocabulary (vision/file_signs.py)
         from ..vision import file_signs
 
-        signs = file_signs.reader(request.app.state.vision, key.key_id, form.get("vocabulary_id"),
-                                  secrets.token_hex(6))
+        # on a worker thread: the vocabulary store is disk or network, and the recogniser may be built
+        signs = await asyncio.to_thread(file_signs.reader, request.app.state.vision, key.key_id,
+                                        form.get("vocabulary_id"), secrets.token_hex(6))
     words = flag(_flag(form.get("word_timestamps", "false"), "word_timestamps"))
     source_modality = form.get("source_modality")  # None: FileTranslator.validate tells it from the bytes
     req = FileRequest(source_modality=str(source_modality) if source_modality else None,

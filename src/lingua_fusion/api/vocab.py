@@ -34,7 +34,8 @@ from ..json_bounds import landmark_bounds
 from ..vision import bigjson
 from ..vision.landmarks import LandmarkSeq
 from ..vision.service import VisionService, recognition_body
-from ..vision.store import VocabularyStore, check_gloss, check_kind
+from ..vision.vocab_model import check_gloss, check_kind
+from ..vision.vocab_port import open_vocabularies
 from . import spec
 from .deps import TranslateKey, check_json_type, context, is_json, parse_json, read_form
 
@@ -71,10 +72,7 @@ IMPORT_FIELDS = frozenset({"format", "name", "kind", "lang", "examples"})
 
 def install(app: FastAPI, settings: Settings) -> VisionService:
     """The vocabulary store and the vision service on ``app.state.vision``, and the routes."""
-    v = settings.vision
-    store = VocabularyStore(settings.resolved_state_dir(), max_per_key=v.max_vocabularies_per_key,
-                            max_examples=v.max_examples_per_vocabulary, max_bytes=v.max_vocabulary_bytes_per_key)
-    service = VisionService(settings, store)
+    service = VisionService(settings, open_vocabularies(settings))  # SQLite, or Redis with state.redis_url
     app.state.vision = service
     app.include_router(router)
     return service
@@ -150,31 +148,33 @@ async def create_vocabulary(request: Request, key: TranslateKey) -> JSONResponse
     body = closed(await _json(request), CREATE_FIELDS, "{name, kind, lang}")
     name, kind = _text(body, "name"), check_kind(body.get("kind"))
     lang = langs.normalize(_text(body, "lang") or "en", field="lang")
-    vocab = _vision(request).store.create(key.key_id, name, kind, lang)
+    vocab = await asyncio.to_thread(_vision(request).store.create, key.key_id, name, kind, lang)
     return JSONResponse(vocab.to_dict(), status_code=201)
 
 
 @router.get("/v1/vocabularies")
 async def list_vocabularies(request: Request, key: TranslateKey) -> dict[str, Any]:
-    return {"vocabularies": [v.to_dict() for v in _vision(request).store.list(key.key_id)]}
+    vocabs = await asyncio.to_thread(_vision(request).store.list, key.key_id)
+    return {"vocabularies": [v.to_dict() for v in vocabs]}
 
 
 @router.get("/v1/vocabularies/{vocab_id}")
 async def get_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
     store = _vision(request).store
-    return {**store.get(key.key_id, vocab_id).to_dict(), "examples": store.examples(key.key_id, vocab_id)}
+    vocab = await asyncio.to_thread(store.get, key.key_id, vocab_id)
+    return {**vocab.to_dict(), "examples": await asyncio.to_thread(store.examples, key.key_id, vocab_id)}
 
 
 @router.delete("/v1/vocabularies/{vocab_id}")
 async def delete_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
-    _vision(request).store.delete(key.key_id, vocab_id)
+    await asyncio.to_thread(_vision(request).store.delete, key.key_id, vocab_id)
     return {"vocabulary_id": vocab_id, "deleted": True}
 
 
 @router.post("/v1/vocabularies/{vocab_id}/examples", openapi_extra=spec.body(EXAMPLE))
 async def add_example(vocab_id: str, request: Request, key: TranslateKey) -> JSONResponse:
     store = _vision(request).store
-    vocab = store.get(key.key_id, vocab_id)  # 404 before reading a video for nothing
+    vocab = await asyncio.to_thread(store.get, key.key_id, vocab_id)  # 404 before reading a video for nothing
     body, data = await _payload(request, EXAMPLE_FIELDS, "{gloss, frames}")
     gloss = check_gloss(body.get("gloss"))
     deadline = Deadline(context(request).settings.server.request_timeout_s)
@@ -185,7 +185,7 @@ async def add_example(vocab_id: str, request: Request, key: TranslateKey) -> JSO
 
 @router.delete("/v1/vocabularies/{vocab_id}/examples/{example_id}")
 async def delete_example(vocab_id: str, example_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
-    _vision(request).store.delete_example(key.key_id, vocab_id, example_id)
+    await asyncio.to_thread(_vision(request).store.delete_example, key.key_id, vocab_id, example_id)
     return {"vocabulary_id": vocab_id, "example_id": example_id, "deleted": True}
 
 
@@ -209,7 +209,7 @@ async def import_vocabulary(request: Request, key: TranslateKey) -> JSONResponse
 async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
     ctx = context(request)
     service = _vision(request)
-    vocab = service.store.get(key.key_id, vocab_id)
+    vocab = await asyncio.to_thread(service.store.get, key.key_id, vocab_id)
     body, data = await _payload(request, RECOGNISE_FIELDS, "{frames, target_lang}")
     target = body.get("target_lang")
     if target is not None and not isinstance(target, str):

@@ -59,4 +59,13 @@ def _copy_vocabularies(directory: Path, url: str) -> int:
     """The state directory's vocabularies with their examples (none when it has no vocabulary store)."""
     if not (directory / "vocabularies.sqlite3").exists():
         return 0
-    return 0
+    from ..vision.redis_store import RedisVocabularyStore
+    from ..vision.store import VocabularyStore
+    from ..vision.vocab_copy import copy_vocabularies
+
+    src, dst = VocabularyStore(directory), RedisVocabularyStore(url)
+    try:
+        return copy_vocabularies(src, dst)
+    finally:
+        src.close()
+        dst.close()

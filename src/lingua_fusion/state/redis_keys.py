@@ -136,3 +136,49 @@ def stream_tickets() -> str:
 def stream_tickets_of_key(key_id: str) -> str:
     """Sorted set: one key's unredeemed tickets' digests, scored by expiry (the per-key bound, revocation)."""
     return f"{PREFIX}tickets:key:{key_id}"
+
+
+def vocab(vocab_id: str) -> str:
+    """Hash: a vocabulary's record (owner, name, kind, lang, created), ``bytes`` (the landmark JSON its examples
+    hold) and ``version`` (an int raised by every change: each process's cached recogniser is rebuilt on it)."""
+    return f"{PREFIX}vocab:{vocab_id}"
+
+
+def vocab_examples(vocab_id: str) -> str:
+    """Sorted set: the vocabulary's example ids scored by when they were taught (the order recognition reads)."""
+    return f"{PREFIX}vocab:{vocab_id}:examples"
+
+
+def vocab_example_meta(vocab_id: str) -> str:
+    """Hash: example id -> JSON ``{gloss, frames (how many), created}``."""
+    return f"{PREFIX}vocab:{vocab_id}:meta"
+
+
+def vocab_frames(vocab_id: str) -> str:
+    """Hash: example id -> its landmark JSON text, as exported."""
+    return f"{PREFIX}vocab:{vocab_id}:frames"
+
+
+def vocab_features(vocab_id: str) -> str:
+    """Hash: example id -> its features (float32 bytes): what the recogniser is built from."""
+    return f"{PREFIX}vocab:{vocab_id}:features"
+
+
+def vocab_glosses(vocab_id: str) -> str:
+    """Hash: gloss -> how many of the vocabulary's examples teach it (its length: the distinct glosses)."""
+    return f"{PREFIX}vocab:{vocab_id}:glosses"
+
+
+def vocabs_of_owner(key_id: str) -> str:
+    """Sorted set: an API key's vocabulary ids scored by when they were made (its size: the per-key cap)."""
+    return f"{PREFIX}vocabs:owner:{key_id}"
+
+
+def vocab_bytes_of_owner(key_id: str) -> str:
+    """String (int): the landmark JSON bytes that an API key's vocabularies hold (``max_bytes`` is checked on it)."""
+    return f"{PREFIX}vocabs:owner:{key_id}:bytes"
+
+
+def vocab_owners() -> str:
+    """Set: every API key that keeps a vocabulary (what a migration walks)."""
+    return f"{PREFIX}vocabs:owners"

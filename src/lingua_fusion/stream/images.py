@@ -6,7 +6,7 @@ are bounded per stream and, through ``Slots``, across the service's streams."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ MAX_IMAGES_IN_FLIGHT = 2  # frames a stream may have decoding or waiting for OCR
 
 class Images:
     def __init__(self, jobs: StreamJobs, settings: Settings, slots: Slots, place: Callable[[str, float | None], float],
-                 degraded: Degraded, new_video: Callable[[], Any], attach: Callable[[Any], None], emit: Emit,
+                 degraded: Degraded, new_video: Callable[[], Any], attach: Callable[[Any], Awaitable[None]], emit: Emit,
                  spawn: Spawn, pixels: PixelBudget, trace: TraceRef | None = None) -> None:
         self.jobs = jobs
         self.settings = settings
@@ -105,7 +105,7 @@ class Images:
         await self._pay(data)
         if self.video is None:
             self.video = self._new_video()
-            self._attach(self.video)
+            await self._attach(self.video)
         self._last_video_t = t
         await self.video.feed(data, t)
 

@@ -119,7 +119,8 @@ class StreamService:
             terms = await self.glossary_for(who, str(gid)) if gid and self.glossary_for is not None else []
             spec = parse_start(msg, self.executor.registry.mt_route, terms, self.settings.diarize.max_speakers)
             spec.key_id = who.key_id
-            spec.vocabulary_id = self._vocabulary(msg.get("vocabulary_id"), who)
+            # the store is read (and the recogniser built) on a worker thread: it is disk, network and DTW
+            spec.vocabulary_id = await asyncio.to_thread(self._vocabulary, msg.get("vocabulary_id"), who)
             self.supervisor.refuse_if_breached(spec.slo, who.key_id, self.capacity.refused)
         # capacity before the claim: a resume refused for it (or for a drain) has taken nothing over, and the
         # connection still serving the stream, here or elsewhere, keeps it

@@ -270,11 +270,11 @@ class StreamSession:
         return StreamVideo(self.jobs, self._emit, self._spawn, lambda: self.state != State.CLOSED,
                            self.settings.limits, self.image_slots, owner=self)
 
-    def _attach_vocabulary(self, video: Any) -> None:
+    async def _attach_vocabulary(self, video: Any) -> None:
         if self.spec.vocabulary_id:  # signs (or lips, fused with speech) too, against the key's vocabulary
             from ..vision import stream_signs
 
-            stream_signs.attach(video, self.owner.vision, self.spec, self.jobs, self._emit, self._spawn,
+            await stream_signs.attach(video, self.owner.vision, self.spec, self.jobs, self._emit, self._spawn,
                                 queue=self._queue, heard=self._heard)
 
     def _heard(self) -> tuple[float, float | None, bool]:

@@ -148,8 +148,8 @@ class AsyncVocabularyMethods:
 
 
 class LocalVocabularyMethods:
-    """The same methods in-process (``LocalTranslator``): the vocabularies live in the settings' state directory,
-    owned by the key id "local"."""
+    """The same methods in-process (``LocalTranslator``): the vocabularies live in the settings' state directory
+    (or their Redis: ``vocab_port.open_vocabularies``), owned by the key id "local"."""
 
     OWNER = "local"
     settings: Any
@@ -159,12 +159,9 @@ class LocalVocabularyMethods:
     def _vision(self) -> Any:
         if self._vision_service is None:
             from .service import VisionService
-            from .store import VocabularyStore
+            from .vocab_port import open_vocabularies
 
-            v = self.settings.vision
-            store = VocabularyStore(self.settings.resolved_state_dir(), max_per_key=v.max_vocabularies_per_key,
-                                    max_examples=v.max_examples_per_vocabulary)
-            self._vision_service = VisionService(self.settings, store)
+            self._vision_service = VisionService(self.settings, open_vocabularies(self.settings))
         return self._vision_service
 
     def _sequence(self, kind: str, frames: Frames | None, video: Video | None) -> LandmarkSeq:

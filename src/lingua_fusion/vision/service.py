@@ -17,7 +17,7 @@ from .extractor import MediapipeExtractor
 from .landmarks import MAX_FRAMES, LandmarkExtractor, LandmarkSeq
 from .recogniser import Recogniser, Recognition
 from .segment import Span, sign_spans
-from .store import VocabularyStore
+from .vocab_port import VocabularyBackend
 
 PARTS = {"sign": frozenset({"hands"}), "lip": frozenset({"lips"})}
 
@@ -43,7 +43,7 @@ class _Enough(Exception):
 
 
 class VisionService:
-    def __init__(self, settings: Settings, store: VocabularyStore,
+    def __init__(self, settings: Settings, store: VocabularyBackend,
                  extractor: Callable[[], LandmarkExtractor] | None = None) -> None:
         self.settings = settings
         self.store = store

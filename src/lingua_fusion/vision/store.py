@@ -10,80 +10,58 @@ Limits per key: ``max_per_key`` vocabularies, ``max_examples`` examples in each,
 landmark JSON over all of them (``quota_exceeded``, ``details.limit`` naming which). The stored JSON is read and
 written with ``bigjson`` (the callers run this store on worker threads: megabytes of JSON must not hold the GIL
 in one C call); the export is spliced from the stored text, never parsed.
+
+This is the default ``VocabularyBackend`` (vocab_port.py: the contract, and ``open_vocabularies``, which picks
+``redis_store.py`` instead when ``state.redis_url`` is set); what a vocabulary is, its checks and refusals, are
+``vocab_model.py``'s, shared with the Redis store.
 """
 
 from __future__ import annotations
 
 import builtins  # the class below has a method named list: its annotations say builtins.list
-import json
-import secrets
 import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..errors import InvalidParameter, NotFound, QuotaExceeded
+from ..errors import NotFound
 from ..state.private import private_dir, private_file
 from ..state.sqlite_tx import add_column
-from . import bigjson
 from .landmarks import LandmarkSeq
-from .normalise import KINDS, LENGTH, features
 from .recogniser import Example, Recogniser, RecogniserPolicy
+from .vocab_model import (
+    MAX_CACHED,
+    StoredExample,
+    Vocabulary,
+    blob,
+    check_gloss,
+    check_kind,
+    clean_name,
+    export_bytes,
+    export_doc,
+    new_example_id,
+    new_vocab_id,
+    no_room,
+    not_found,
+    parse_import,
+    prepare_example,
+    text_features,
+    too_many_bytes,
+    too_many_examples,
+    unblob,
+    untaught,
+)
 
-EXPORT_FORMAT = "linguafusion-vocabulary/1"
-MAX_GLOSS = 64
-MAX_NAME = 100
-MAX_CACHED = 64  # recognisers kept built (a large vocabulary's is a few MB)
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    vocab_id: str
-    name: str
-    kind: str
-    lang: str
-    created: float
-    examples: int = 0
-    glosses: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"vocabulary_id": self.vocab_id, "name": self.name, "kind": self.kind, "lang": self.lang,
-                "created": round(self.created, 3), "examples": self.examples, "glosses": self.glosses}
-
-
-def check_gloss(gloss: Any) -> str:
-    if not isinstance(gloss, str) or not gloss.strip():
-        raise InvalidParameter("'gloss' must be a non-empty string (the sign's or word's label)",
-                               details={"field": "gloss"})
-    g = " ".join(gloss.split())
-    if len(g) > MAX_GLOSS or not g.isprintable() or g.lower() == "unknown":
-        raise InvalidParameter(f"'gloss' must be printable, at most {MAX_GLOSS} characters, and not 'unknown'",
-                               details={"field": "gloss"})
-    return g
-
-
-def check_kind(kind: Any) -> str:
-    if kind not in KINDS:
-        raise InvalidParameter(f"'kind' must be one of {list(KINDS)}", details={"field": "kind"})
-    return str(kind)
-
-
-def _blob(feats: np.ndarray) -> bytes:
-    """An example's features as stored: float32 bytes, LENGTH rows."""
-    return np.ascontiguousarray(feats, dtype=np.float32).tobytes()
-
-
-def _frames_text(seq: LandmarkSeq) -> str:
-    """A sequence's JSON form as stored: written frame by frame (``bigjson``)."""
-    return "[" + ",".join(bigjson.dumps(frame).decode("utf-8") for frame in seq.iter_json()) + "]"
+__all__ = ["Vocabulary", "VocabularyStore", "check_gloss", "check_kind"]
+BATCH = 64  # examples read at once by stored_examples
 
 
 class VocabularyStore:
+    """The SQLite ``VocabularyBackend`` (vocab_port.py)."""
+
     def __init__(self, state_dir: Path, *, max_per_key: int = 20, max_examples: int = 500,
                  max_bytes: int = 256 * 1024 * 1024, policy: RecogniserPolicy | None = None) -> None:
         self.path = private_file(private_dir(state_dir) / "vocabularies.sqlite3")
@@ -109,8 +87,8 @@ class VocabularyStore:
     # ---- vocabularies ------------------------------------------------------------------------------------------
     def create(self, owner: str, name: str, kind: str, lang: str = "en") -> Vocabulary:
         kind = check_kind(kind)
-        name = " ".join(str(name or kind).split())[:MAX_NAME] or kind
-        vid = "vo_" + secrets.token_hex(6)
+        name = clean_name(name, kind)
+        vid = new_vocab_id()
         with self._lock, self._db:
             self._check_room(owner)
             created = time.time()
@@ -121,8 +99,7 @@ class VocabularyStore:
         """QuotaExceeded when ``owner`` keeps as many vocabularies as it may."""
         count = self._db.execute("SELECT COUNT(*) FROM vocabularies WHERE owner=?", (owner,)).fetchone()[0]
         if count >= self.max_per_key:
-            raise QuotaExceeded(f"this key has {self.max_per_key} vocabularies, the most it may keep; delete one "
-                                "first (DELETE /v1/vocabularies/{id})", details={"limit": "max_vocabularies_per_key"})
+            raise no_room(self.max_per_key)
 
     def get(self, owner: str, vocab_id: str) -> Vocabulary:
         with self._lock:
@@ -131,7 +108,7 @@ class VocabularyStore:
                 "FROM vocabularies v LEFT JOIN vocab_examples e ON e.vocab_id = v.vocab_id "
                 "WHERE v.vocab_id=? AND v.owner=? GROUP BY v.vocab_id", (vocab_id, owner)).fetchone()
         if row is None:
-            raise NotFound(f"no vocabulary {vocab_id} for this key", details={"vocabulary_id": vocab_id})
+            raise not_found(vocab_id)
         return Vocabulary(*row)
 
     def list(self, owner: str) -> list[Vocabulary]:
@@ -146,7 +123,7 @@ class VocabularyStore:
         with self._lock, self._db:
             cur = self._db.execute("DELETE FROM vocabularies WHERE vocab_id=? AND owner=?", (vocab_id, owner))
             if cur.rowcount == 0:
-                raise NotFound(f"no vocabulary {vocab_id} for this key", details={"vocabulary_id": vocab_id})
+                raise not_found(vocab_id)
             self._db.execute("DELETE FROM vocab_examples WHERE vocab_id=?", (vocab_id,))
         self._changed(vocab_id)
 
@@ -154,19 +131,15 @@ class VocabularyStore:
     def add_example(self, owner: str, vocab_id: str, gloss: str, seq: LandmarkSeq) -> dict[str, Any]:
         vocab = self.get(owner, vocab_id)
         gloss = check_gloss(gloss)
-        features(seq, vocab.kind)  # refuses a sequence this kind cannot use (no hands in a sign, no lips)
+        text, feats = prepare_example(seq, vocab.kind)
         if vocab.examples >= self.max_examples:
-            raise QuotaExceeded(f"a vocabulary holds at most {self.max_examples} examples",
-                                details={"limit": "max_examples_per_vocabulary"})
-        eid = "ex_" + secrets.token_hex(6)
-        text = _frames_text(seq)
-        # the features of what is stored (its JSON rounds coordinates), as an export imported elsewhere computes them
-        feats = features(LandmarkSeq.from_json(bigjson.loads(text.encode("utf-8"))), vocab.kind)
+            raise too_many_examples(self.max_examples)
+        eid = new_example_id()
         with self._lock, self._db:
             self._check_bytes(owner, len(text.encode("utf-8")))
             self._db.execute("INSERT INTO vocab_examples (example_id, vocab_id, gloss, frames, n_frames, created, "
                              "features) VALUES (?,?,?,?,?,?,?)",
-                             (eid, vocab_id, gloss, text, len(seq), time.time(), _blob(feats)))
+                             (eid, vocab_id, gloss, text, len(seq), time.time(), blob(feats)))
             # the cached recogniser grows by this one example (16 DTW comparisons at most), not rebuilt
             version = self._version.get(vocab_id, 0)
             cached = self._cache.get(vocab_id)
@@ -190,10 +163,7 @@ class VocabularyStore:
         """Under ``self._lock``: refuse what would take ``owner`` past ``max_bytes``."""
         used = self._stored_bytes(owner)
         if used + adding > self.max_bytes:
-            raise QuotaExceeded(f"this key's vocabularies hold {used} bytes of landmarks and may hold at most "
-                                f"{self.max_bytes}; this would add {adding}: delete examples or vocabularies first",
-                                details={"limit": "max_vocabulary_bytes_per_key", "used": used, "adding": adding,
-                                         "max": self.max_bytes})
+            raise too_many_bytes(used, adding, self.max_bytes)
 
     def examples(self, owner: str, vocab_id: str) -> builtins.list[dict[str, Any]]:
         self.get(owner, vocab_id)
@@ -217,39 +187,32 @@ class VocabularyStore:
         with self._lock:
             rows = self._db.execute("SELECT example_id, gloss, features FROM vocab_examples WHERE vocab_id=? "
                                     "ORDER BY created", (vocab_id,)).fetchall()
-        out, filled = [], []
-        for eid, gloss, blob in rows:
-            if blob is None:
-                with self._lock:
-                    (text,) = self._db.execute("SELECT frames FROM vocab_examples WHERE example_id=?",
-                                               (eid,)).fetchone()
-                feats = features(LandmarkSeq.from_json(bigjson.loads(text.encode("utf-8"))), kind)
-                filled.append((_blob(feats), eid))
-            else:
-                feats = np.frombuffer(blob, dtype=np.float32).reshape(LENGTH, -1)
-            out.append(Example(gloss, feats))
-        if filled:
-            with self._lock, self._db:
-                self._db.executemany("UPDATE vocab_examples SET features=? WHERE example_id=?", filled)
-        return out
+        return [Example(gloss, unblob(self._features(eid, kind, data))) for eid, gloss, data in rows]
+
+    def _features(self, example_id: str, kind: str, data: bytes | None) -> bytes:
+        """An example's stored features; for a row from before they were kept, computed from its JSON and kept."""
+        if data is not None:
+            return data
+        with self._lock:
+            (text,) = self._db.execute("SELECT frames FROM vocab_examples WHERE example_id=?",
+                                       (example_id,)).fetchone()
+        data = blob(text_features(text, kind))
+        with self._lock, self._db:
+            self._db.execute("UPDATE vocab_examples SET features=? WHERE example_id=?", (data, example_id))
+        return data
 
     # ---- export / import ---------------------------------------------------------------------------------------
     def export(self, owner: str, vocab_id: str) -> dict[str, Any]:
         """The export document (the SDK's local mode; the REST route sends ``export_json``'s bytes)."""
-        doc: dict[str, Any] = json.loads(self.export_json(owner, vocab_id))  # plain lists: callers write it as JSON
-        return doc
+        return export_doc(self.export_json(owner, vocab_id))
 
     def export_json(self, owner: str, vocab_id: str) -> bytes:
-        """The export document as JSON bytes, spliced from the stored frames' text (which ``add_example`` and
-        ``import_`` wrote from a checked ``LandmarkSeq``): nothing is parsed again."""
+        """The export document as JSON bytes, spliced from the stored frames' text (``vocab_model.export_bytes``)."""
         vocab = self.get(owner, vocab_id)
         with self._lock:
             rows = self._db.execute("SELECT gloss, frames FROM vocab_examples WHERE vocab_id=? ORDER BY created",
                                     (vocab_id,)).fetchall()
-        head = json.dumps({"format": EXPORT_FORMAT, "name": vocab.name, "kind": vocab.kind, "lang": vocab.lang},
-                          ensure_ascii=False)
-        examples = ",".join('{"gloss":' + json.dumps(g, ensure_ascii=False) + ',"frames":' + f + "}" for g, f in rows)
-        return (head[:-1] + ',"examples":[' + examples + "]}").encode("utf-8")
+        return export_bytes(vocab, rows)
 
     def import_(self, owner: str, doc: Any, name: str | None = None) -> Vocabulary:
         """A new vocabulary for ``owner`` from an export document; every example is checked before anything is
@@ -257,59 +220,71 @@ class VocabularyStore:
         before any example is checked (``create`` checks again, under the lock, when it writes)."""
         with self._lock:
             self._check_room(owner)
-        if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
-            raise InvalidParameter(f"not a vocabulary export: 'format' must be {EXPORT_FORMAT!r}",
-                                   details={"field": "format"})
-        kind = check_kind(doc.get("kind"))
-        items = doc.get("examples")
-        if not isinstance(items, list):
-            raise InvalidParameter("'examples' must be a list of {gloss, frames}", details={"field": "examples"})
-        if len(items) > self.max_examples:
-            raise QuotaExceeded(f"a vocabulary holds at most {self.max_examples} examples",
-                                details={"limit": "max_examples_per_vocabulary"})
-        parsed, feats = [], []
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise InvalidParameter(f"examples[{i}] is not an object", details={"field": f"examples[{i}]"})
-            seq = LandmarkSeq.from_json(item.get("frames"))
-            feats.append(_blob(features(seq, kind)))
-            parsed.append((check_gloss(item.get("gloss")), seq))
-        for field in ("name", "lang"):
-            if doc.get(field) is not None and not isinstance(doc.get(field), str):
-                raise InvalidParameter(f"'{field}' must be a string", details={"field": field})
-        from .. import langs
-
-        lang = langs.normalize(doc.get("lang") or "en", field="lang")
-        texts = [_frames_text(s) for _g, s in parsed]
-        size = sum(len(t.encode("utf-8")) for t in texts)
+        parsed = parse_import(doc, self.max_examples)
+        size = parsed.size
         with self._lock:
             self._check_bytes(owner, size)
-        vocab = self.create(owner, name or str(doc.get("name") or kind), kind, lang)
+        vocab = self.create(owner, name or parsed.name, parsed.kind, parsed.lang)
         try:
-            self._insert(owner, vocab.vocab_id, parsed, texts, feats, size)
-        except QuotaExceeded:  # another write of this key came in between
+            self._insert(owner, vocab.vocab_id, parsed.examples, size)
+        except Exception:  # another write of this key came in between (QuotaExceeded), or the write failed
             self.delete(owner, vocab.vocab_id)
             raise
         self._changed(vocab.vocab_id)
         return self.get(owner, vocab.vocab_id)
 
-    def _insert(self, owner: str, vocab_id: str, parsed: builtins.list[tuple[str, LandmarkSeq]],
-                texts: builtins.list[str], feats: builtins.list[bytes], size: int) -> None:
+    def _insert(self, owner: str, vocab_id: str, examples: builtins.list[tuple[str, str, int, bytes]],
+                size: int) -> None:
         now = time.time()
         with self._lock, self._db:
             self._check_bytes(owner, size)
             self._db.executemany("INSERT INTO vocab_examples (example_id, vocab_id, gloss, frames, n_frames, "
                                  "created, features) VALUES (?,?,?,?,?,?,?)",
-                                 [("ex_" + secrets.token_hex(6), vocab_id, g, t, len(s), now + i * 1e-6, f)
-                                  for i, ((g, s), t, f) in enumerate(zip(parsed, texts, feats, strict=True))])
+                                 [(new_example_id(), vocab_id, g, t, n, now + i * 1e-6, f)
+                                  for i, (g, t, n, f) in enumerate(examples)])
+
+    # ---- moving vocabularies between stores (vocab_copy.py) -----------------------------------------------------
+    def owners(self) -> builtins.list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT DISTINCT owner FROM vocabularies ORDER BY owner")]
+
+    def stored_examples(self, owner: str, vocab_id: str) -> Iterator[StoredExample]:
+        vocab = self.get(owner, vocab_id)
+        with self._lock:
+            ids = [r[0] for r in self._db.execute("SELECT example_id FROM vocab_examples WHERE vocab_id=? "
+                                                  "ORDER BY created", (vocab_id,))]
+        for i in range(0, len(ids), BATCH):
+            part = ids[i:i + BATCH]
+            with self._lock:
+                rows = self._db.execute("SELECT example_id, gloss, frames, n_frames, created, features FROM "
+                                        f"vocab_examples WHERE example_id IN ({','.join('?' * len(part))}) "
+                                        "ORDER BY created", part).fetchall()
+            for eid, gloss, text, n, created, data in rows:
+                yield StoredExample(eid, gloss, text, n, created, self._features(eid, vocab.kind, data))
+
+    def restore(self, owner: str, vocab: Vocabulary, examples: Iterable[StoredExample]) -> bool:
+        written = False
+        with self._lock, self._db:
+            cur = self._db.execute("INSERT OR IGNORE INTO vocabularies VALUES (?,?,?,?,?,?)",
+                                   (vocab.vocab_id, owner, vocab.name, vocab.kind, vocab.lang, vocab.created))
+            written = cur.rowcount > 0
+        for e in examples:
+            with self._lock, self._db:
+                cur = self._db.execute("INSERT OR IGNORE INTO vocab_examples (example_id, vocab_id, gloss, frames, "
+                                       "n_frames, created, features) VALUES (?,?,?,?,?,?,?)",
+                                       (e.example_id, vocab.vocab_id, e.gloss, e.frames, e.n_frames, e.created,
+                                        e.features))
+                written = written or cur.rowcount > 0
+        if written:
+            self._changed(vocab.vocab_id)
+        return written
 
     # ---- recognition -------------------------------------------------------------------------------------------
     def recogniser(self, owner: str, vocab_id: str) -> Recogniser:
         """The recogniser of ``owner``'s vocabulary (built once per version of it)."""
         vocab = self.get(owner, vocab_id)
         if vocab.examples == 0:
-            raise InvalidParameter(f"vocabulary {vocab_id} has no examples yet: teach it first "
-                                   "(POST /v1/vocabularies/{id}/examples)", details={"vocabulary_id": vocab_id})
+            raise untaught(vocab_id)
         with self._lock:
             version = self._version.get(vocab_id, 0)
             cached = self._cache.get(vocab_id)

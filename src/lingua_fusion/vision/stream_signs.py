@@ -106,16 +106,17 @@ class StreamSigns(LandmarkLane):
             return
 
 
-def attach(video: Any, vision: Any, spec: Any, jobs: Any, emit: Callable[[Event], None],
+async def attach(video: Any, vision: Any, spec: Any, jobs: Any, emit: Callable[[Event], None],
            spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], *,
            queue: Callable[[Coroutine[Any, Any, Any]], None] | None = None,
            heard: Callable[[], tuple[float, float | None, bool]] | None = None) -> Any:
     """Attach a stream's vocabulary consumer to its video fan-out (``video.stream_slides.StreamVideo``): signs
     for a sign vocabulary; for a lip vocabulary, lips fused with the stream's speech (``stream_lips.py``, which
-    needs the session's ``queue`` of finals and what audio it has ``heard``)."""
+    needs the session's ``queue`` of finals and what audio it has ``heard``). The store is read on a worker
+    thread (disk or network; a recogniser changed since the stream opened is rebuilt)."""
     from ..video.fanout import Tap
 
-    recogniser = vision.store.recogniser(spec.key_id, spec.vocabulary_id)
+    recogniser = await asyncio.to_thread(vision.store.recogniser, spec.key_id, spec.vocabulary_id)
     if recogniser.kind == "lip":
         from . import stream_lips
 
