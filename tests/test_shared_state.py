@@ -17,6 +17,7 @@ import httpx
 import pytest
 import websockets
 from conftest import BIN, start_server, stop_server
+from prometheus_client.parser import text_string_to_metric_families
 
 from lingua_fusion import MultimodalTranslator
 from lingua_fusion.api.redis_tickets import RedisTicketBook
@@ -190,7 +191,7 @@ def test_state_migrate_refuses_what_it_cannot_do_with_a_typed_error(tmp_path: Pa
 def test_two_servers_on_separate_state_directories_and_one_redis_are_one_service(tmp_path: Path,
                                                                                 redis: ManagedRedis) -> None:
     env = {"LINGUAFUSION_STATE__REDIS_URL": redis.url.rsplit("/", 1)[0] + "/4",
-           "LINGUAFUSION_SERVER__KEY_CHECK_INTERVAL_S": "1"}
+           "LINGUAFUSION_SERVER__KEY_CHECK_INTERVAL_S": "1", "LINGUAFUSION_SERVER__METRICS_PUBLISH_INTERVAL_S": "0.5"}
     made = cli("keys", "create", "--admin", "--state-dir", str(tmp_path / "cli"), env=env)
     assert made.returncode == 0, made.stderr
     admin = made.stdout.strip()
@@ -227,6 +228,27 @@ def _one_service(a: str, b: str, admin: str) -> None:
     assert httpx.delete(a + f"/v1/keys/{user_id}", headers=auth(admin), timeout=30).status_code == 200
     refused = httpx.post(b + "/v1/translate", data=text, headers=auth(user), timeout=30)  # revoked on A
     assert refused.status_code == 401 and "revoked" in refused.json()["error"]["message"]
+    _one_view(a, b, admin)
+
+
+def _one_view(a: str, b: str, admin: str) -> None:
+    """Either server's /metrics/cluster holds both replicas' pages, labelled; the ops page's cluster digest too."""
+    ports = {a.rsplit(":", 1)[1], b.rsplit(":", 1)[1]}
+    deadline = time.monotonic() + 30
+    while True:
+        page = httpx.get(b + "/metrics/cluster", headers=auth(admin), timeout=30)
+        assert page.status_code == 200, page.text
+        families = {f.name: f for f in text_string_to_metric_families(page.text)}
+        replicas = {s.labels.get("replica", "") for s in families["linguafusion_requests"].samples}
+        if {r.rsplit(":", 1)[-1] for r in replicas} >= ports or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert {r.rsplit(":", 1)[-1] for r in replicas} >= ports, replicas
+    assert all(s.labels["role"] == "server" for s in families["linguafusion_requests"].samples)
+    digest = httpx.get(a + "/v1/ops/metrics?scope=cluster", headers=auth(admin), timeout=30)
+    assert digest.status_code == 200 and digest.json()["summary"], digest.text
+    wrong = httpx.get(a + "/v1/ops/metrics?scope=everything", headers=auth(admin), timeout=30)
+    assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "invalid_parameter"
 
 
 async def test_while_redis_is_down_requests_get_503_and_live_streams_keep_captioning(tmp_path: Path) -> None:

@@ -46,6 +46,12 @@ class ServerSettings(BaseModel):
     # another worker of `serve --workers`, another server on the state directory, `keys revoke`): api/revocation.py;
     # and the stream store whether a stream live here was resumed elsewhere: api/takeover.py
     key_check_interval_s: float = Field(default=1.0, gt=0)
+    # who this server is in a cluster's metrics (metrics_view.py): set, /metrics labels every sample with replica
+    # and role (a cluster gateway sets both itself); with state.redis_url each server publishes its page every
+    # metrics_publish_interval_s for the cluster view (GET /metrics/cluster), named replica or host:port
+    replica: str = ""
+    role: str = "server"
+    metrics_publish_interval_s: float = Field(default=5.0, gt=0)
     breaker_window_s: float = 5.0
     breaker_k: int = 3
     chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default

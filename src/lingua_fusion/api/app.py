@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +34,7 @@ from ..asgi import StatusOf
 from ..config import Settings
 from ..errors import LinguaFusionError
 from ..files import FileTranslator
+from ..metrics_view import Publisher, labelled
 from ..models.registry import Registry
 from ..observability import Metrics
 from ..serving.engine import Engine
@@ -86,10 +88,16 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
         warm_task = asyncio.create_task(asyncio.to_thread(_warm, translator, ready)) if warm else None
         if not warm:
             ready.set()
+        publishing = asyncio.create_task(publisher.run(), name="metrics-publisher") if publisher else None
         try:
             async with streams():
                 yield
         finally:
+            if publishing is not None and publisher is not None:  # this replica leaves the cluster view
+                publishing.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await publishing
+                await publisher.close()
             if warm_task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(warm_task, timeout=120)
@@ -108,6 +116,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     app.state.ctx = AppContext(settings=settings, translator=translator, store=store, metrics=metrics,
                                admission=admission, ready=ready, offload=offload)
     app.state.metrics = metrics
+    publisher = app.state.metrics_publisher = _publisher(app.state.ctx)
     app.state.drain_files = admission.begin_drain  # at shutdown (api/server.py DrainingServer)
     app.state.engine = translator
     app.state.store = store
@@ -156,6 +165,18 @@ class CountRequests:
             route = scope.get("route")
             scope["app"].state.metrics.requests.labels(route=getattr(route, "path", "unmatched"),
                                                        status=str(sent.status)).inc()
+
+
+def _publisher(ctx: AppContext) -> Publisher | None:
+    """With a shared Redis, this replica's labelled page published there for the cluster view (metrics_view.py)."""
+    settings = ctx.settings
+    if not settings.state.redis_url:
+        return None
+    server = settings.server
+    replica = server.replica or f"{socket.gethostname()}:{server.port}"
+    labels = {"replica": replica, "role": server.role}
+    return Publisher(settings.state.redis_url, replica, lambda: labelled(ctx.metrics.render(), labels),
+                     interval_s=server.metrics_publish_interval_s)
 
 
 def _owner_revoked(store: UserStore, offload: Offload) -> Callable[[str], Awaitable[bool]]:

@@ -4,14 +4,20 @@ errors, which are an operator's business."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import RedisError
 
-from .deps import bearer, check_scrape, context
+from ..errors import BackendError, NotConfigured
+from ..metrics_view import Publisher, labelled
+from .deps import AppContext, bearer, check_scrape, context
+
+VIEW_TIMEOUT_S = 5.0
 
 router = APIRouter()
 
@@ -52,10 +58,39 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def page(ctx: AppContext) -> bytes:
+    """This server's /metrics page: labelled with ``replica`` and ``role`` when it has a replica name (a cluster
+    gateway, or ``server.replica`` set: metrics_view.py)."""
+    server = ctx.settings.server
+    text = ctx.metrics.render()
+    return labelled(text, {"replica": server.replica, "role": server.role}) if server.replica else text
+
+
 @router.get("/metrics")
 async def metrics_route(request: Request) -> Response:
     await check_scrape(context(request), bearer(request))
-    return Response(context(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(page(context(request)), media_type=PROMETHEUS)
+
+
+async def cluster_page(request: Request) -> bytes:
+    """Every live replica's page on this server's Redis, merged (NotConfigured without Redis; 503 when it fails)."""
+    publisher: Publisher | None = getattr(request.app.state, "metrics_publisher", None)
+    if publisher is None:
+        raise NotConfigured("the cluster view needs the servers' shared Redis: set LINGUAFUSION_STATE__REDIS_URL")
+    try:
+        return await asyncio.wait_for(publisher.view(), VIEW_TIMEOUT_S)
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise BackendError(f"reading the cluster's metrics from Redis failed: {exc!r}") from exc
+
+
+@router.get("/metrics/cluster")
+async def cluster_metrics_route(request: Request) -> Response:
+    """Every replica's /metrics (labelled replica, role) as one page: scrape one server for the whole cluster."""
+    await check_scrape(context(request), bearer(request))
+    return Response(await cluster_page(request), media_type=PROMETHEUS)
 
 
 @router.get("/v1/models")

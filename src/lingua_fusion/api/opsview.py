@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 
 Labels = dict[str, str]
+
+
+class Collecting(Protocol):
+    """A registry, or the families of a parsed page (metrics_view.ParsedRegistry: the cluster view)."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
 PREFIX = "linguafusion_"
 
 
@@ -40,7 +48,7 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
     return lower_bound
 
 
-def samples(registry: CollectorRegistry) -> list[dict[str, Any]]:
+def samples(registry: Collecting) -> list[dict[str, Any]]:
     """Every sample of the registry: ``{"name", "labels", "value"}`` (``_created`` timestamps left out)."""
     out = []
     for family in registry.collect():
@@ -119,6 +127,6 @@ def _le(bound: float) -> str | float:
     return "+Inf" if math.isinf(bound) else bound  # JSON has no infinity
 
 
-def snapshot(registry: CollectorRegistry, now: float) -> dict[str, Any]:
+def snapshot(registry: Collecting, now: float) -> dict[str, Any]:
     rows = samples(registry)
     return {"time": now, "summary": summarize(rows), "samples": rows}

@@ -21,7 +21,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from ..errors import AuthenticationError, Overloaded
+from ..errors import AuthenticationError, InvalidParameter, Overloaded
 from ..stream.service import Principal
 from . import opsview
 from .deps import AdminKey, AppContext, TranslateKey, context
@@ -59,8 +59,16 @@ async def stream_ticket(request: Request, key: TranslateKey) -> dict[str, Any]:
 
 
 @router.get("/v1/ops/metrics")
-async def ops_metrics(request: Request, _key: AdminKey) -> dict[str, Any]:
-    """What /metrics holds, as JSON, with a digest for the operations page (admin key)."""
+async def ops_metrics(request: Request, _key: AdminKey, scope: str = "server") -> dict[str, Any]:
+    """What /metrics holds, as JSON, with a digest for the operations page (admin key). ``scope=cluster``: every
+    replica's on the shared Redis (``GET /metrics/cluster``), summed in the digest, by replica in ``samples``."""
+    if scope == "cluster":
+        from ..metrics_view import ParsedRegistry
+        from .health import cluster_page
+
+        return opsview.snapshot(ParsedRegistry(await cluster_page(request)), time.time())
+    if scope != "server":
+        raise InvalidParameter("scope must be 'server' or 'cluster'", details={"field": "scope"})
     return opsview.snapshot(context(request).metrics.registry, time.time())
 
 

@@ -31,6 +31,8 @@ class Gateway:
             raise ValueError("a cluster gateway needs state.redis_url: the stream log must be shared")
         self.models_app = models_app
         self.gateway_id = f"{socket.gethostname()}-{os.getpid()}"
+        # its /metrics and its page in the cluster view are labelled with who it is (metrics_view.py)
+        self.settings.server.replica, self.settings.server.role = self.gateway_id, "gateway"
         self._fastapi: Any = None  # (``app`` is the Serve wrapper's property)
         self.executor: ClusterExecutor | None = None
         self.heartbeat: Heartbeat | None = None

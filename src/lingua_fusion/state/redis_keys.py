@@ -182,3 +182,9 @@ def vocab_bytes_of_owner(key_id: str) -> str:
 def vocab_owners() -> str:
     """Set: every API key that keeps a vocabulary (what a migration walks)."""
     return f"{PREFIX}vocabs:owners"
+
+
+def replica_metrics(replica: str) -> str:
+    """String (expiring after three publish intervals): one replica's /metrics page, labelled with its replica and
+    role, for the cluster view (metrics_view.py). ``replica`` "*": the SCAN pattern of all of them."""
+    return f"{PREFIX}metrics:replica:{replica}"

@@ -10,6 +10,8 @@ const ADMIN = "linguafusion.admin-key";
 const P = "linguafusion_";
 const COLORS = ["#2357d9", "#c4302b", "#1b8a4b", "#b86e00", "#7a3fc4", "#0f8c99", "#c43f8e", "#5d6b00"];
 const $ = (id) => document.getElementById(id);
+// /ops?scope=cluster: every replica on the servers' shared Redis (GET /metrics/cluster), summed in the cards
+const SCOPE = new URLSearchParams(location.search).get("scope") === "cluster" ? "cluster" : "server";
 const history = [];
 let paused = false;
 let timer = null;
@@ -223,7 +225,7 @@ function renderCharts() {
 async function poll() {
   if (paused) return;
   try {
-    const snap = await LF.request("/v1/ops/metrics", {}, ADMIN);
+    const snap = await LF.request(`/v1/ops/metrics?scope=${SCOPE}`, {}, ADMIN);
     if (paused) return; // paused while the request was out: keep what is shown
     $("ops-error").textContent = "";
     history.push(snap);
