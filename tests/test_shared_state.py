@@ -138,6 +138,26 @@ def test_a_redis_that_does_not_answer_is_a_typed_503_not_a_crash(tmp_path: Path)
         store.close()
 
 
+def test_a_redis_killed_and_restarted_on_its_aof_keeps_every_acknowledged_key_and_glossary(tmp_path: Path) -> None:
+    redis = ManagedRedis(tmp_path / "redis", appendfsync="always")
+    redis.start()
+    try:
+        store = RedisUserStore(redis.url)
+        made = [store.create_key(f"k{i}") for i in range(20)]
+        store.revoke_key(made[0][1].key_id)
+        gids = [store.put_glossary(made[1][1].key_id, f"g{i}", [Term("house", f"casa{i}")], "en", "es")
+                for i in range(5)]
+        redis.kill()  # SIGKILL right after the last acknowledged write
+        redis.start()  # same port, same append-only file
+        with pytest.raises(AuthenticationError, match="revoked"):
+            store.authenticate(made[0][0])
+        assert all(store.authenticate(secret).key_id == key.key_id for secret, key in made[1:])
+        assert [g["glossary_id"] for g in store.list_glossaries(made[1][1].key_id)] == gids
+        store.close()
+    finally:
+        redis.stop()
+
+
 # ---- migration ----------------------------------------------------------------------------------------------------
 def test_state_migrate_moves_keys_and_glossaries_and_a_second_run_copies_nothing(tmp_path: Path,
                                                                                  redis: ManagedRedis) -> None:
