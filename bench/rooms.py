@@ -3,6 +3,10 @@
 loopback, one server process (this checkout), listeners ramped up step by step in the same room.
 
     .venv/bin/python bench/rooms.py --steps 1,100,250,500,1000,1500 --json bench/results/rooms.json
+    .venv/bin/python bench/rooms.py --gateways 2 --steps 1,100,250,500,1000 --json bench/results/rooms_2gw.json
+
+``--gateways N`` runs N servers on one Redis (a real redis-server, the rooms' bus): the publisher on the first,
+listeners spread over all of them in turn, so each event crosses Redis to the other gateways' followers.
 
 The publisher is a text stream (a sentence every ``--interval`` s, as a speaker's captions come) published as a
 room with its own target es; listeners ask for es, ca, fr and pt in turn, so the room computes 4 languages once
@@ -78,8 +82,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     env = {"LINGUAFUSION_SERVER__MAX_CONNECTIONS": "20000", "LINGUAFUSION_SERVER__MAX_STREAMS_PER_KEY": "100",
            "LINGUAFUSION_SERVER__STREAM_IDLE_TIMEOUT_S": "900"}
-    url, server = start_server(Path(tempfile.mkdtemp()), "--no-auth", env=env, port=free_port())
+    redis = None
+    if args.gateways > 1:
+        from lingua_fusion.lab.chaos.redis_server import ManagedRedis
+
+        redis = ManagedRedis(Path(tempfile.mkdtemp()))
+        redis.start()
+        env["LINGUAFUSION_STATE__REDIS_URL"] = redis.url
+    started = [start_server(Path(tempfile.mkdtemp()), "--no-auth", env=env, port=free_port())
+               for _ in range(args.gateways)]
+    url, servers = started[0][0], [p for _, p in started]
     ws_url = url.replace("http://", "ws://")
+    ws_urls = [u.replace("http://", "ws://") for u, _ in started]
     steps_out: list[dict[str, Any]] = []
     listeners: list[Listener] = []
     tasks: list[asyncio.Task[None]] = []
@@ -107,7 +121,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         lst = Listener(len(listeners), LANGS[len(listeners) % len(LANGS)])
                         joined = asyncio.Event()
                         listeners.append(lst)
-                        tasks.append(asyncio.create_task(lst.run(ws_url, room_id, token, joined)))
+                        gateway = ws_urls[lst.i % len(ws_urls)]  # spread over the gateways in turn
+                        tasks.append(asyncio.create_task(lst.run(gateway, room_id, token, joined)))
                         burst.append(joined.wait())
                     await asyncio.wait_for(asyncio.gather(*burst), 120)
                 await asyncio.sleep(args.settle)  # presence reaches the publisher: all 4 languages computed
@@ -123,7 +138,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await asyncio.sleep(0.1)
                 delays = np.array([d for lst in listeners for s, d in lst.delays if s >= first]) * 1000
                 alive = [lst for lst in listeners if lst.error is None]
-                metrics = (await http.get("/metrics")).text
+                metrics = "\n".join([(await http.get(u + "/metrics")).text for u, _ in started])
                 step = {"listeners": target, "connected": len(alive), "finals": n_sent - first + 1,
                         "deliveries": int(delays.size),
                         "expected_deliveries": len(alive) * (n_sent - first + 1),
@@ -132,7 +147,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         "max_ms": round(float(delays.max()), 1) if delays.size else None,
                         "dropped": sum(1 for lst in listeners if lst.error), "gaps": sum(lst.gaps for lst in listeners),
                         "languages_translated": sorted((pub_finals[-1]["translations"] if pub_finals else {}).keys()),
-                        "server_listeners_metric": _metric(metrics, "linguafusion_room_listeners")}
+                        "server_listeners_metric": _metric(metrics, "linguafusion_room_listeners"),
+                        "listeners_per_gateway": [_metric((await http.get(u + "/metrics")).text,
+                                                          "linguafusion_room_listeners") for u, _ in started]}
                 steps_out.append(step)
                 print(json.dumps(step), flush=True)
                 if step["p99_ms"] is None or step["p99_ms"] > args.p99_ms * 4:
@@ -143,24 +160,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for t in tasks:
             t.cancel()
-        stop_server(server)
+        for server in servers:
+            stop_server(server)
+        if redis is not None:
+            redis.stop()
     ok = [s for s in steps_out if s["p99_ms"] is not None and s["p99_ms"] <= args.p99_ms and not s["dropped"]
           and s["deliveries"] == s["expected_deliveries"]]
-    return {"bench": "rooms", "bound_p99_ms": args.p99_ms, "languages": LANGS, "interval_s": args.interval,
+    return {"bench": "rooms", "gateways": args.gateways, "bound_p99_ms": args.p99_ms, "languages": LANGS,
+            "interval_s": args.interval,
             "max_listeners_within_bound": max((s["listeners"] for s in ok), default=0), "steps": steps_out,
             "commit": git_commit(), "machine": machine()}
 
 
 def _metric(text: str, name: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+    """The sum of ``name``'s unlabelled samples in ``text`` (several servers' pages: their total)."""
+    values = [float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return sum(values) if values else None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", default="1,100,250,500,1000,1500")
+    ap.add_argument("--gateways", type=int, default=1, help="servers on one Redis; listeners spread over them")
     ap.add_argument("--sentences", type=int, default=8)
     ap.add_argument("--interval", type=float, default=1.5)
     ap.add_argument("--settle", type=float, default=3.0)
