@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,9 +25,10 @@ SENTENCES = ["Good morning everyone and welcome to the conference.", "The river 
              "Please send me the report before Friday.", "Thank you all for listening today."]
 
 
-def new_key(state: Path) -> str:
+def new_key(state: Path, env: dict[str, str] | None = None) -> str:
+    """A key in the store the server will read: ``env`` with a Redis URL puts it in Redis (state/users.py)."""
     return subprocess.run([str(BIN), "keys", "create", "--state-dir", str(state)], capture_output=True, text=True,
-                          timeout=60, check=True).stdout.strip()
+                          timeout=60, check=True, env={**os.environ, **(env or {})}).stdout.strip()
 
 
 class Live:
@@ -336,7 +338,7 @@ async def test_a_listener_who_asks_for_speech_hears_its_own_language(live: Live)
 @needs_redis
 async def test_a_listener_on_gateway_b_hears_a_room_published_on_gateway_a(tmp_path: Path) -> None:
     env = {"LINGUAFUSION_STATE__REDIS_URL": REDIS or ""}
-    key = new_key(tmp_path)
+    key = new_key(tmp_path, env)
     a_url, a = start_server(tmp_path, env=env)
     b_url, b = start_server(tmp_path, env=env)  # the same key store, the same Redis
     try:
@@ -372,7 +374,7 @@ async def test_the_publishers_server_killed_mid_room_listeners_miss_nothing(tmp_
     to its room, finals logged but never published are published from the log, and a listener on the other
     gateway gets 1..N exactly once with the publisher's translations."""
     env = {"LINGUAFUSION_STATE__REDIS_URL": REDIS or ""}
-    key = new_key(tmp_path)
+    key = new_key(tmp_path, env)
     port = free_port()
     a_url, a = start_server(tmp_path, env=env, port=port)
     b_url, b = start_server(tmp_path, env=env)
@@ -430,10 +432,10 @@ def test_cli_listen_errors_are_clear(live: Live) -> None:
 
 @pytest.mark.parametrize("redis", [False, pytest.param(True, marks=needs_redis)])
 def test_a_room_gives_at_most_max_listener_tokens_and_says_so(tmp_path: Path, redis: bool) -> None:
-    owner = new_key(tmp_path)
     env = {"LINGUAFUSION_LIMITS__MAX_LISTENER_TOKENS_PER_ROOM": "3"}
     if redis:
         env["LINGUAFUSION_STATE__REDIS_URL"] = REDIS or ""
+    owner = new_key(tmp_path, env)
     url, proc = start_server(tmp_path, env=env)
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {owner}"}, timeout=30) as http:

@@ -217,7 +217,12 @@ def test_two_servers_on_separate_state_directories_and_one_redis_are_one_service
     admin = made.stdout.strip()
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
+    left = SQLiteStore(tmp_path / "a")  # a key of the days before Redis: A's banner says how to move it
+    left.create_key("old")
+    left.close()
     a, proc_a = start_server(tmp_path / "a", env=env)
+    banner = next((tmp_path / "a").glob("server-*.log")).read_text()
+    assert "1 API key(s)" in banner and "state migrate --to redis" in banner, banner
     try:
         b, proc_b = start_server(tmp_path / "b", env=env)
         try:

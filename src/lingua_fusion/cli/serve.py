@@ -110,6 +110,8 @@ def _banner(store: UserStore | None, settings: Settings, host: str, port: int) -
     keys = store or open_users(state, redis_url)
     try:
         none_yet = auth and not any(not k.revoked for k in keys.list_keys())
+        if redis_url:
+            _left_behind(keys, state, redis_url)
     except LinguaFusionError as exc:  # Redis down at start: the server serves once it answers
         err.print(f"the key store does not answer yet: {exc.message}", markup=False, style="yellow")
         none_yet = False
@@ -122,3 +124,23 @@ def _banner(store: UserStore | None, settings: Settings, host: str, port: int) -
     err.print(f"API docs: http://{host}:{port}/docs", markup=False, style="dim")
 
 
+
+
+def _left_behind(shared: UserStore, state: Path, redis_url: str) -> None:
+    """With keys in Redis, warn of keys that only the state directory's SQLite holds: the server no longer reads
+    them (a server that ran before Redis was set); ``state migrate`` moves them."""
+    from ..redact import redact_url
+    from ..state.sqlite import SQLiteStore
+
+    if not (state / "linguafusion.sqlite3").exists():
+        return
+    local = SQLiteStore(state)
+    try:
+        records = local.records()[:1000]
+    finally:
+        local.close()
+    missing = [r for r in records if shared.get_key(r.key.key_id) is None]
+    if missing:
+        err.print(f"{len(missing)} API key(s) in {state} are not in Redis, where this server reads keys: move them "
+                  f"with\n  {runnable()} state migrate --to redis {redact_url(redis_url)} --state-dir {state}",
+                  markup=False, style="yellow")
