@@ -18,9 +18,11 @@ import pytest
 import websockets
 from conftest import BIN, start_server, stop_server
 from prometheus_client.parser import text_string_to_metric_families
+from redis import asyncio as aioredis
 
 from lingua_fusion import MultimodalTranslator
 from lingua_fusion.api.redis_tickets import RedisTicketBook
+from lingua_fusion.config import Settings
 from lingua_fusion.errors import (
     AuthenticationError,
     BackendError,
@@ -32,8 +34,11 @@ from lingua_fusion.errors import (
 from lingua_fusion.glossary import Term
 from lingua_fusion.lab.chaos.redis_server import ManagedRedis
 from lingua_fusion.sdk.stream import StreamEvent
+from lingua_fusion.state import redis_keys as rk
 from lingua_fusion.state.redis_users import RedisUserStore
 from lingua_fusion.state.sqlite import SQLiteStore
+from lingua_fusion.stream.capacity import StreamCapacity
+from lingua_fusion.stream.protocol import parse_start
 from lingua_fusion.stream.quota import RedisKeyQuota
 from lingua_fusion.vision.redis_store import RedisVocabularyStore
 from lingua_fusion.vision.store import VocabularyStore
@@ -374,6 +379,59 @@ async def test_a_resumed_stream_keeps_one_slot_and_a_dead_gateway_s_slots_lapse(
             await a.take("key_resume", "st_2")
         await asyncio.sleep(1.3)  # B dies without renewing: its lease lapses
         await a.take("key_resume", "st_2")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_two_opens_of_one_stream_at_once_share_one_slot_and_one_admission(redis: ManagedRedis) -> None:
+    """The second open arrives while the first waits on Redis for its slot: it waits for that answer instead of
+    taking a slot and an admission of its own (which, refused, released the live stream's slot; review finding)."""
+    quota = RedisKeyQuota(redis.url, 1)
+    engine = OneStreamEngine()
+    capacity = StreamCapacity(engine, Settings(), quota)  # type: ignore[arg-type]
+    spec = parse_start({"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"]},
+                       lambda _s, _t: None, [])
+    try:
+        first, second = await asyncio.gather(capacity.hold(spec, "key_twice"), capacity.hold(spec, "key_twice"))
+        assert first is second and first.count == 2 and engine.admitted == {spec.stream_id}
+        capacity.unhold(spec.stream_id, first)
+        capacity.unhold(spec.stream_id, second)
+        assert engine.admitted == set() and capacity.holds == {}
+        await quota.sync()
+        await quota.take("key_twice", "st_next")  # the slot came back
+    finally:
+        await quota.close()
+
+
+class OneStreamEngine:
+    """Room for one stream: a second reservation is refused."""
+
+    def __init__(self) -> None:
+        self.admitted: set[str] = set()
+
+    def demand(self, stream_id: str, *_args: object) -> str:
+        return stream_id
+
+    async def reserve(self, demand: str, key_id: str = "") -> None:
+        if self.admitted:
+            raise Overloaded("full")
+        self.admitted.add(demand)
+
+    def release(self, stream_id: str) -> None:
+        self.admitted.discard(stream_id)
+
+
+async def test_a_gateway_back_after_its_leases_lapsed_does_not_push_a_key_past_its_cap(redis: ManagedRedis) -> None:
+    a, b = RedisKeyQuota(redis.url, 1, lease_s=1.0), RedisKeyQuota(redis.url, 1, lease_s=1.0)
+    try:
+        await a.take("key_lapse", "st_a")
+        await asyncio.sleep(1.3)  # A is cut off from Redis past its lease: its slot lapses
+        await b.take("key_lapse", "st_b")  # so B may take the key's one slot
+        await a.sync()  # A is back and renews: its lapsed slot does not come back over the cap
+        r = aioredis.from_url(redis.url, decode_responses=True)
+        assert await r.zrange(rk.stream_quota("key_lapse"), 0, -1) == ["st_b"]
+        await r.aclose()
     finally:
         await a.close()
         await b.close()

@@ -7,17 +7,18 @@
   then every replica's samples of it (a page concatenated as it is would repeat them, which Prometheus refuses).
 - ``Publisher``: with ``state.redis_url`` set, every server writes its labelled page to Redis every
   ``server.metrics_publish_interval_s`` (a key per replica that expires after three intervals, so a dead replica
-  leaves the view), and reads every replica's back for ``GET /metrics/cluster`` and the operations page's cluster
-  view (``GET /v1/ops/metrics?scope=cluster``). The pure functions take and give bytes; the publisher's Redis calls
+  leaves the view; an index of replicas by expiry, so the view never scans the keyspace), and reads every
+  replica's back for ``GET /metrics/cluster`` and the operations page's cluster view
+  (``GET /v1/ops/metrics?scope=cluster``). The pure functions take and give bytes; the publisher's Redis calls
   are async with timeouts, and a failure leaves the last view (or none) and is logged, never raised to a request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import Metric
@@ -25,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
 
+from .errors import BackendError
 from .state import redis_keys as rk
 
 log = logging.getLogger("lingua_fusion.metrics")
@@ -94,18 +96,31 @@ class Publisher:
 
     async def publish(self) -> None:
         page = await asyncio.to_thread(self._render)  # a registry's collect takes the GIL a while: not on the loop
-        await self._r.set(rk.replica_metrics(self.replica), page, ex=max(1, int(self.interval_s * 3)))
+        ttl = max(1, int(self.interval_s * 3))
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set(rk.replica_metrics(self.replica), page, ex=ttl)
+        pipe.zadd(rk.replica_metrics_index(), {self.replica: time.time() + ttl})  # the view reads the index, no SCAN
+        await pipe.execute()
 
     async def view(self) -> bytes:
-        """Every live replica's page, merged (this one's included once it has published)."""
-        keys: list[bytes] = []
-        async for key in self._r.scan_iter(match=rk.replica_metrics("*"), count=100):
-            keys.append(key)
-            if len(keys) >= MAX_REPLICAS:
-                break
-        got = await self._r.mget(sorted(keys)) if keys else []
+        """Every live replica's page, merged (this one's included once it has published). BackendError when a
+        page cannot be read as Prometheus text."""
+        index = rk.replica_metrics_index()
+        now = time.time()
+        await self._r.zremrangebyscore(index, "-inf", now)
+        replicas = await self._r.zrangebyscore(index, now, "+inf", start=0, num=MAX_REPLICAS)
+        got = await self._r.mget([rk.replica_metrics(r.decode() if isinstance(r, bytes) else str(r))
+                                  for r in replicas]) if replicas else []
         pages = [p if isinstance(p, bytes) else str(p).encode("utf-8") for p in got if p]
-        return merge(pages)
+        return await asyncio.to_thread(merge, pages)  # hundreds of pages: not on the loop
+
+    async def snapshot_registry(self) -> ParsedRegistry:
+        """The merged view as a registry (the operations page's digest), parsed off the loop."""
+        page = await self.view()
+        try:
+            return await asyncio.to_thread(ParsedRegistry, page)
+        except ValueError as exc:  # a replica's page that is not Prometheus text
+            raise BackendError(f"a replica's metrics page could not be parsed: {exc}") from exc
 
     async def run(self) -> None:
         """``publish`` every ``interval_s`` until cancelled; a failure is logged and tried again next time."""
@@ -117,6 +132,5 @@ class Publisher:
             await asyncio.sleep(self.interval_s)
 
     async def close(self) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self._r.delete(rk.replica_metrics(self.replica))
+        """The page is left to expire (within three intervals): the workers of one server share it."""
         await self._r.aclose()

@@ -173,6 +173,8 @@ def _publisher(ctx: AppContext) -> Publisher | None:
     if not settings.state.redis_url:
         return None
     server = settings.server
+    # the workers of `serve --workers` share one name: each renders the whole server's sum, so whichever wrote last
+    # is right, and a worker that stops leaves the page to the others (it expires, it is not deleted)
     replica = server.replica or f"{socket.gethostname()}:{server.port}"
     labels = {"replica": replica, "role": server.role}
     return Publisher(settings.state.redis_url, replica, lambda: labelled(ctx.metrics.render(), labels),

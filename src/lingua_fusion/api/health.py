@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -18,6 +18,7 @@ from ..metrics_view import Publisher, labelled
 from .deps import AppContext, bearer, check_scrape, context
 
 VIEW_TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 router = APIRouter()
 
@@ -75,13 +76,17 @@ async def metrics_route(request: Request) -> Response:
     return Response(page(context(request)), media_type=PROMETHEUS)
 
 
-async def cluster_page(request: Request) -> bytes:
-    """Every live replica's page on this server's Redis, merged (NotConfigured without Redis; 503 when it fails)."""
+def publisher_of(request: Request) -> Publisher:
     publisher: Publisher | None = getattr(request.app.state, "metrics_publisher", None)
     if publisher is None:
         raise NotConfigured("the cluster view needs the servers' shared Redis: set LINGUAFUSION_STATE__REDIS_URL")
+    return publisher
+
+
+async def cluster_view(read: Awaitable[T]) -> T:
+    """``read`` (the publisher's view) within VIEW_TIMEOUT_S; Redis failing or slow is a 503."""
     try:
-        return await asyncio.wait_for(publisher.view(), VIEW_TIMEOUT_S)
+        return await asyncio.wait_for(read, VIEW_TIMEOUT_S)
     except (RedisError, OSError, TimeoutError) as exc:
         raise BackendError(f"reading the cluster's metrics from Redis failed: {exc!r}") from exc
 
@@ -90,7 +95,7 @@ async def cluster_page(request: Request) -> bytes:
 async def cluster_metrics_route(request: Request) -> Response:
     """Every replica's /metrics (labelled replica, role) as one page: scrape one server for the whole cluster."""
     await check_scrape(context(request), bearer(request))
-    return Response(await cluster_page(request), media_type=PROMETHEUS)
+    return Response(await cluster_view(publisher_of(request).view()), media_type=PROMETHEUS)
 
 
 @router.get("/v1/models")

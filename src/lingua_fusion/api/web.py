@@ -63,10 +63,10 @@ async def ops_metrics(request: Request, _key: AdminKey, scope: str = "server") -
     """What /metrics holds, as JSON, with a digest for the operations page (admin key). ``scope=cluster``: every
     replica's on the shared Redis (``GET /metrics/cluster``), summed in the digest, by replica in ``samples``."""
     if scope == "cluster":
-        from ..metrics_view import ParsedRegistry
-        from .health import cluster_page
+        from .health import cluster_view, publisher_of
 
-        return opsview.snapshot(ParsedRegistry(await cluster_page(request)), time.time())
+        registry = await cluster_view(publisher_of(request).snapshot_registry())
+        return opsview.snapshot(registry, time.time())
     if scope != "server":
         raise InvalidParameter("scope must be 'server' or 'cluster'", details={"field": "scope"})
     return opsview.snapshot(context(request).metrics.registry, time.time())

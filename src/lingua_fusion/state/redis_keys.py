@@ -186,5 +186,10 @@ def vocab_owners() -> str:
 
 def replica_metrics(replica: str) -> str:
     """String (expiring after three publish intervals): one replica's /metrics page, labelled with its replica and
-    role, for the cluster view (metrics_view.py). ``replica`` "*": the SCAN pattern of all of them."""
+    role, for the cluster view (metrics_view.py)."""
     return f"{PREFIX}metrics:replica:{replica}"
+
+
+def replica_metrics_index() -> str:
+    """Sorted set: the replicas that published a page, scored by when it expires (what the cluster view reads)."""
+    return f"{PREFIX}metrics:replicas"

@@ -65,13 +65,16 @@ class StreamCapacity:
                 self.refused()
                 raise Overloaded("no capacity for this stream now; retry later", retry_after=5.0)
             return held
-        try:
-            await self.quota.take(owner, sid)
-        except Overloaded:
-            self.refused()
-            raise
         held = Hold(owner, asyncio.get_running_loop().create_future())
-        self.holds[sid] = held
+        self.holds[sid] = held  # before the first await: another open of this stream meanwhile waits for this answer
+        try:
+            await self.quota.take(owner, sid)  # on Redis a round trip (stream/quota.py)
+        except BaseException as exc:
+            del self.holds[sid]
+            held.admitted.set_result(False)
+            if isinstance(exc, Overloaded):
+                self.refused()
+            raise
         try:
             await self.engine.reserve(self.engine.demand(sid, spec.slo, spec.source_lang, spec.targets,
                                                          spec.partials, spec.policy.step_s, spec.inputs,
