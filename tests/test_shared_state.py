@@ -39,7 +39,7 @@ from lingua_fusion.state.redis_users import RedisUserStore
 from lingua_fusion.state.sqlite import SQLiteStore
 from lingua_fusion.stream.capacity import StreamCapacity
 from lingua_fusion.stream.protocol import parse_start
-from lingua_fusion.stream.quota import RedisKeyQuota
+from lingua_fusion.stream.redis_quota import RedisKeyQuota
 from lingua_fusion.vision.redis_store import RedisVocabularyStore
 from lingua_fusion.vision.store import VocabularyStore
 
@@ -195,7 +195,16 @@ def test_state_migrate_moves_keys_and_glossaries_and_a_second_run_copies_nothing
         assert [v.vocab_id for v in shared_vocabularies.list(key.key_id)] == [vocab.vocab_id]
     finally:
         shared_vocabularies.close()
+    later = SQLiteStore(tmp_path)  # revoked at the source after the first copy: the second carries it over
+    later.revoke_key(key.key_id)
+    later.close()
     again = cli("state", "migrate", "--to", "redis", url, "--state-dir", str(tmp_path), env={})
+    shared = RedisUserStore(url)
+    try:
+        with pytest.raises(AuthenticationError, match="revoked"):
+            shared.authenticate(secret)
+    finally:
+        shared.close()
     assert again.returncode == 0 and json.loads(again.stdout)["keys"] == 0
     assert json.loads(again.stdout)["vocabularies"] == 0
     assert json.loads(again.stdout)["keys_already_there"] == 2

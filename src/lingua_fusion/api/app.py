@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -34,7 +35,6 @@ from ..asgi import StatusOf
 from ..config import Settings
 from ..errors import LinguaFusionError
 from ..files import FileTranslator
-from ..metrics_view import Publisher, labelled
 from ..models.registry import Registry
 from ..observability import Metrics
 from ..serving.engine import Engine
@@ -44,7 +44,7 @@ from ..state.offload import Offload
 from ..state.streams import open_store
 from ..state.users import UserStore, open_users
 from ..stream.journal import StreamLog
-from ..stream.quota import RedisKeyQuota, open_quota
+from ..stream.quota import open_quota
 from ..stream.service import Principal, StreamService
 from ..tracing import Tracer, from_settings
 from ..tracing import http as tracing_http
@@ -58,6 +58,9 @@ from .deps import ANONYMOUS, AppContext
 from .guard import Guard
 from .revocation import RevocationWatch
 from .takeover import TakeoverWatch
+
+if TYPE_CHECKING:
+    from ..metrics_publish import Publisher
 
 log = logging.getLogger("lingua_fusion.api")
 
@@ -172,6 +175,9 @@ def _publisher(ctx: AppContext) -> Publisher | None:
     settings = ctx.settings
     if not settings.state.redis_url:
         return None
+    from ..metrics_publish import Publisher  # redis-py imports the OpenTelemetry SDK: only when Redis is set
+    from ..metrics_view import labelled
+
     server = settings.server
     # the workers of `serve --workers` share one name: each renders the whole server's sum, so whichever wrote last
     # is right, and a worker that stops leaves the page to the others (it expires, it is not deleted)
@@ -239,8 +245,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                  asyncio.create_task(takeover.run(), name="takeover-watch")]
         if settings.server.auth:
             tasks.append(asyncio.create_task(watch.run(), name="revocation-watch"))
-        if isinstance(quota, RedisKeyQuota):  # its leases renewed, its releases sent
-            tasks.append(asyncio.create_task(quota.run(), name="stream-quota"))
+        tasks.append(asyncio.create_task(quota.run(), name="stream-quota"))  # on Redis: leases renewed, releases sent
         # file requests run their model work on the streams' engine: one scheduler, shared batches, fair keys
         translator.use_engine(service.executor, asyncio.get_running_loop())
         try:
@@ -252,8 +257,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await service.close()
-            if isinstance(quota, RedisKeyQuota):
-                await quota.close()
+            await quota.close()
 
     app.state.streams = service
     service.vision = app.state.vision  # streams with a vocabulary_id read signs (api/vocab.py, vision/)

@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from redis.exceptions import RedisError
 
 from ..errors import BackendError, NotConfigured
-from ..metrics_view import Publisher, labelled
+from ..metrics_view import labelled
 from .deps import AppContext, bearer, check_scrape, context
+
+if TYPE_CHECKING:
+    from ..metrics_publish import Publisher
 
 VIEW_TIMEOUT_S = 5.0
 T = TypeVar("T")
@@ -85,6 +87,8 @@ def publisher_of(request: Request) -> Publisher:
 
 async def cluster_view(read: Awaitable[T]) -> T:
     """``read`` (the publisher's view) within VIEW_TIMEOUT_S; Redis failing or slow is a 503."""
+    from redis.exceptions import RedisError  # loaded with the publisher already (metrics_publish.py)
+
     try:
         return await asyncio.wait_for(read, VIEW_TIMEOUT_S)
     except (RedisError, OSError, TimeoutError) as exc:

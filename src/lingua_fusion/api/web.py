@@ -25,7 +25,6 @@ from ..errors import AuthenticationError, InvalidParameter, Overloaded
 from ..stream.service import Principal
 from . import opsview
 from .deps import AdminKey, AppContext, TranslateKey, context
-from .redis_tickets import RedisTicketBook
 from .tickets import TicketBook, Tickets, is_ticket
 
 STATIC = Path(__file__).parent / "static"
@@ -74,7 +73,12 @@ async def ops_metrics(request: Request, _key: AdminKey, scope: str = "server") -
 
 def install(app: FastAPI) -> None:
     url = app.state.ctx.settings.state.redis_url  # with Redis, one book for every server (api/redis_tickets.py)
-    app.state.tickets = RedisTicketBook(url) if url else TicketBook()
+    if url:
+        from .redis_tickets import RedisTicketBook  # redis-py imports the OpenTelemetry SDK: only when Redis is set
+
+        app.state.tickets = RedisTicketBook(url)
+    else:
+        app.state.tickets = TicketBook()
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="web-static")
 

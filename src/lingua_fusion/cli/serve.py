@@ -129,17 +129,24 @@ def _banner(store: UserStore | None, settings: Settings, host: str, port: int) -
 def _left_behind(shared: UserStore, state: Path, redis_url: str) -> None:
     """With keys in Redis, warn of keys that only the state directory's SQLite holds: the server no longer reads
     them (a server that ran before Redis was set); ``state migrate`` moves them."""
+    import sqlite3
+
     from ..redact import redact_url
     from ..state.sqlite import SQLiteStore
 
     if not (state / "linguafusion.sqlite3").exists():
         return
-    local = SQLiteStore(state)
     try:
-        records = local.records()[:1000]
-    finally:
-        local.close()
-    missing = [r for r in records if shared.get_key(r.key.key_id) is None]
+        local = SQLiteStore(state)
+        try:
+            records = local.records()
+        finally:
+            local.close()
+    except sqlite3.Error as exc:  # locked or corrupt: only a warning's worth, never the start
+        err.print(f"the state directory's key store could not be read: {exc}", markup=False, style="yellow")
+        return
+    there = {r.key.key_id for r in shared.records()}  # one listing, not a round trip per key
+    missing = [r for r in records if r.key.key_id not in there]
     if missing:
         err.print(f"{len(missing)} API key(s) in {state} are not in Redis, where this server reads keys: move them "
                   f"with\n  {runnable()} state migrate --to redis {redact_url(redis_url)} --state-dir {state}",

@@ -40,8 +40,8 @@ def migrate(to: tuple[str, str] = typer.Option(..., "--to", metavar="redis URL",
     src, dst = SQLiteStore(directory), RedisUserStore(url)
     try:
         copied = copy_users(src, dst)
-        copied.vocabularies = _copy_vocabularies(directory, url)
-        copied.problems = verify(src, dst)
+        copied.vocabularies, vocabulary_problems = _copy_vocabularies(directory, url)
+        copied.problems = verify(src, dst) + vocabulary_problems
     except LinguaFusionError as exc:  # Redis down or refusing: error [backend_unavailable], exit 2
         fail(exc)
     finally:
@@ -55,17 +55,25 @@ def migrate(to: tuple[str, str] = typer.Option(..., "--to", metavar="redis URL",
               "Serve with LINGUAFUSION_STATE__REDIS_URL set to this URL.", markup=False)
 
 
-def _copy_vocabularies(directory: Path, url: str) -> int:
-    """The state directory's vocabularies with their examples (none when it has no vocabulary store)."""
+def _copy_vocabularies(directory: Path, url: str) -> tuple[int, list[str]]:
+    """The state directory's vocabularies with their examples copied (none when it has no vocabulary store), and
+    what of them the copy lacks: a vocabulary missing, or with fewer examples."""
     if not (directory / "vocabularies.sqlite3").exists():
-        return 0
+        return 0, []
     from ..vision.redis_store import RedisVocabularyStore
     from ..vision.store import VocabularyStore
     from ..vision.vocab_copy import copy_vocabularies
 
     src, dst = VocabularyStore(directory), RedisVocabularyStore(url)
     try:
-        return copy_vocabularies(src, dst)
+        n = copy_vocabularies(src, dst)
+        problems = []
+        for owner in src.owners():
+            there = {v.vocab_id: v for v in dst.list(owner)}
+            for v in src.list(owner):
+                if v.vocab_id not in there or there[v.vocab_id].examples < v.examples:
+                    problems.append(f"vocabulary {v.vocab_id} is missing or lacks examples")
+        return n, problems
     finally:
         src.close()
         dst.close()

@@ -173,6 +173,8 @@ class RedisUserStore:
 
     def import_key(self, record: KeyRecord) -> bool:
         if self._run(lambda: self._r.exists(rk.api_key_id(record.key.key_id))):
+            if record.key.revoked:  # revoked at the source since an earlier copy: revocation goes one way only
+                self.revoke_key(record.key.key_id)
             return False
         self._write_key(record)
         return True

@@ -64,6 +64,8 @@ class SQLiteStore:
         with self._lock, self._db:
             cur = self._db.execute("INSERT OR IGNORE INTO api_keys VALUES (?,?,?,?,?,?)",
                                    (k.key_id, record.digest, k.name, ",".join(k.scopes), k.created, int(k.revoked)))
+            if cur.rowcount == 0 and k.revoked:  # revocation goes one way only
+                self._db.execute("UPDATE api_keys SET revoked=1 WHERE key_id=?", (k.key_id,))
         return cur.rowcount == 1
 
     def revoke_key(self, key_id: str) -> None:

@@ -104,7 +104,8 @@ class UserStore(Protocol):
     def glossary_records(self) -> list[GlossaryRecord]: ...
 
     def import_key(self, record: KeyRecord) -> bool:
-        """Store ``record`` as it is (id, digest, revoked); False when its id is held already (nothing changes)."""
+        """Store ``record`` as it is (id, digest, revoked); False when its id is held already (then only a
+        revocation is carried over: revocation goes one way)."""
         ...
 
     def import_glossary(self, record: GlossaryRecord) -> bool: ...

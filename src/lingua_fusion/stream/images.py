@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Settings
-from ..errors import BackendError, InvalidParameter, Overloaded
+from ..errors import BackendError, ClientError, InvalidParameter, Overloaded
 from ..tracing import TraceRef, span
 from .budget import PixelBudget, pay
 from .contracts import Degraded, Emit, Slots, Spawn
@@ -21,6 +21,7 @@ from .jobs import StreamJobs
 
 LOW_FRAME_INTERVAL_S = 5.0  # breaker step "lower_frame_rate": image frames read at most this often per stream
 MAX_IMAGES_IN_FLIGHT = 2  # frames a stream may have decoding or waiting for OCR at once; more are refused
+ATTACH_RETRY_S = 5.0  # a vocabulary whose store did not answer is tried again this much later (stream time)
 
 
 class Images:
@@ -43,6 +44,8 @@ class Images:
         self._last_frame_t = -1e9
         self._last_video_t = -1e9
         self._in_flight = 0  # frames decoding or waiting for OCR
+        self._attach_at: float | None = None  # stream time of the next try at attaching the vocabulary; None: done
+        self._attach_notified = False
 
     def _thinned(self, t: float, last_t: float) -> bool:
         """Degraded to ``lower_frame_rate``: at most one frame read per LOW_FRAME_INTERVAL_S of stream time."""
@@ -105,9 +108,27 @@ class Images:
         await self._pay(data)
         if self.video is None:
             self.video = self._new_video()
-            await self._attach(self.video)
+            self._attach_at = t
+        if self._attach_at is not None and t >= self._attach_at:
+            await self._attach_vocabulary(t)
         self._last_video_t = t
         await self.video.feed(data, t)
+
+    async def _attach_vocabulary(self, t: float) -> None:
+        """The stream's vocabulary consumers on its video. Its store unavailable (Redis down): slides go on, signs
+        wait and are tried again ATTACH_RETRY_S of stream time later (one notice); the vocabulary gone since the
+        stream opened (another key's now, deleted): no signs for this stream, said once. Never the stream's end."""
+        try:
+            await self._attach(self.video)
+            self._attach_at = None
+        except BackendError as exc:
+            self._attach_at = t + ATTACH_RETRY_S
+            if not self._attach_notified:
+                self._attach_notified = True
+                self._emit(Error(exc.code, f"signs paused, slides go on: {exc.public_message}"))
+        except ClientError as exc:
+            self._attach_at = None
+            self._emit(Error(exc.code, f"signs off for this stream: {exc.message}"))
 
     def _image_done(self) -> None:
         self._in_flight -= 1

@@ -120,7 +120,8 @@ class StreamService:
             spec = parse_start(msg, self.executor.registry.mt_route, terms, self.settings.diarize.max_speakers)
             spec.key_id = who.key_id
             # the store is read (and the recogniser built) on a worker thread: it is disk, network and DTW
-            spec.vocabulary_id = await asyncio.to_thread(self._vocabulary, msg.get("vocabulary_id"), who)
+            vid = msg.get("vocabulary_id")  # most streams name none: no thread hop for them
+            spec.vocabulary_id = await asyncio.to_thread(self._vocabulary, vid, who) if vid not in (None, "") else ""
             self.supervisor.refuse_if_breached(spec.slo, who.key_id, self.capacity.refused)
         # capacity before the claim: a resume refused for it (or for a drain) has taken nothing over, and the
         # connection still serving the stream, here or elsewhere, keeps it
