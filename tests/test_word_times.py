@@ -7,6 +7,7 @@ text, also for a file long enough to be cut into pieces; bad requests are typed 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import wave
@@ -16,6 +17,7 @@ from io import BytesIO
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from conftest import BIN, free_port, piper_wav, start_server, stop_server, talk_wav
@@ -192,3 +194,50 @@ def test_cli_words_without_an_output_that_shows_them_is_a_usage_error(speech: Pa
     assert p.stderr.startswith("error [invalid_parameter]: --words"), p.stderr
     p = cli("--text", "Good morning.", "--to", "es", "--json", "--words")
     assert p.returncode == 2 and "error [invalid_parameter]: --words times spoken words" in p.stderr, p.stderr
+
+
+# ---- live streams ------------------------------------------------------------------------------------------------
+async def test_a_stream_s_finals_carry_their_spoken_words_on_the_stream_s_clock(api: Api) -> None:
+    from lingua_fusion.config import LimitSettings
+    from lingua_fusion.media import decode_audio
+
+    audio, _ = decode_audio(talk_wav(LONG[:3]), LimitSettings())
+    data = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    t = MultimodalTranslator(base_url=api.url, api_key=api.key)
+    async with t.stream(["es"], partials=False, slo="batch", word_timestamps=True) as s:
+        for at in range(0, len(data), 32000):  # 1 s messages
+            await s.send_audio(data[at: at + 32000], ts=at / 32000)
+        await s.end()
+        finals = [e async for e in s if e.type == "final"]
+    assert finals and all(f.text for f in finals)
+    last = 0.0
+    for f in finals:
+        words = (f.model_extra or {}).get("words")
+        assert words, f
+        assert [norm(w["word"]) for w in words] == [norm(x) for x in (f.source_text or "").split()], f
+        for w in words:
+            assert (f.start or 0) - 0.1 <= w["start"] <= w["end"] <= (f.end or 0) + 0.1, (w, f.start, f.end)
+            assert w["start"] >= last - 1e-6
+            last = w["start"]
+    assert last <= len(audio) / 16000 + 0.1
+
+
+async def test_a_bad_word_timestamps_on_a_stream_is_a_typed_error(api: Api) -> None:
+    from websockets.asyncio.client import connect
+
+    for start in ({"word_timestamps": "yes"}, {"word_timestamps": True, "inputs": ["text"]}):
+        async with connect(api.url.replace("http", "ws", 1) + "/v1/streams",
+                           additional_headers={"Authorization": f"Bearer {api.key}"}) as ws:
+            await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": ["es"], **start}))
+            got = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert got["type"] == "error" and got["code"] == "invalid_parameter", got
+            assert got.get("details", {}).get("field") == "word_timestamps", got
+
+
+def test_cli_stream_words_prints_each_final_s_words_with_their_times(api: Api, speech: Path) -> None:
+    p = subprocess.run([str(BIN), "stream", str(speech), "--to", "es", "--words", "--no-partials", "--url", api.url,
+                        "--api-key", api.key, "--from", "en"], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    timed = [line.split() for line in p.stdout.splitlines() if "@" in line]
+    spoken = [norm(w.rsplit("@", 1)[0]) for line in timed for w in line]
+    assert spoken == [norm(w) for w in SPOKEN.split()], p.stdout

@@ -78,7 +78,8 @@ def check_request(client: Any, targets: list[str], slo: str, source_lang: str | 
 
 async def play_file(path: Path, *, targets: list[str], source_lang: str | None, slo: str, realtime: bool, chunk_ms: int,
                     partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any,
-                    room: bool = False, allow: list[str] | None = None, diarize: bool = False) -> int:
+                    room: bool = False, allow: list[str] | None = None, diarize: bool = False,
+                    words: bool = False) -> int:
     from ..errors import InvalidParameter
     from ..sdk import LocalTranslator, MultimodalTranslator
     from ..sdk.stream import RemoteStream
@@ -103,8 +104,9 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     if not realtime:
         chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
+    publish = {"room": True, "room_targets": [*targets, *(allow or [])]} if room else {}
     stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials, diarize=diarize,
-                           **({"room": True, "room_targets": [*targets, *(allow or [])]} if room else {}))
+                           word_timestamps=words, **publish)
     if isinstance(stream, RemoteStream):  # over the network: it may break and resume (in-process it cannot)
         stream.on_break = lambda st: console.print(
             f"connection lost; reconnecting (for up to {st.reconnect_timeout:g} s)", markup=False, style="yellow")
@@ -208,6 +210,8 @@ def _print_final(data: dict[str, Any], targets: list[str]) -> None:
         for t in targets:
             mark = " (low confidence)" if t in low else ""
             sys.stdout.write(f"    {t}: {translations.get(t, '')}{mark}\n")
+    if data.get("words"):  # a --words stream's: the spoken words with their times
+        sys.stdout.write("    " + " ".join(f"{w['word']}@{w['start']:.2f}" for w in data["words"]) + "\n")
     sys.stdout.flush()
 
 

@@ -119,6 +119,8 @@ def stream(
     allow: list[str] = typer.Option([], "--allow", help="With --room: another language its listeners may ask for "
                                     "(repeat; default: only the --to languages)."),
     diarize: bool = typer.Option(False, "--diarize", help="Each caption's speaker (S1, S2, ...)."),
+    words: bool = typer.Option(False, "--words", help="Each final's spoken words with their times (with --json: "
+                               "the final's words; else printed under the caption)."),
 ) -> None:
     """Play FILE as a live stream and print captions as they arrive."""
     import asyncio
@@ -128,7 +130,8 @@ def stream(
     try:
         code = asyncio.run(play_file(file, targets=to, source_lang=source_lang, slo=slo, realtime=realtime,
                                      chunk_ms=chunk_ms, partials=partials, as_json=as_json, url=url,
-                                     api_key=api_key, console=err, room=room, allow=allow, diarize=diarize))
+                                     api_key=api_key, console=err, room=room, allow=allow, diarize=diarize,
+                                     words=words))
     except LinguaFusionError as exc:
         _fail(exc)
         return

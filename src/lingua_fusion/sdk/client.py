@@ -122,7 +122,7 @@ class _Base:
                inputs: list[str] | None = None, room: bool | str | None = None,
                vocabulary_id: str | None = None, room_targets: list[str] | None = None,
                source_langs: list[str] | None = None, diarize: bool = False,
-               max_speakers: int | None = None) -> RemoteStream:
+               max_speakers: int | None = None, word_timestamps: bool = False) -> RemoteStream:
         """A live stream over WebSocket: ``async with translator.stream(["es"]) as s: ...``. ``inputs``: what the
         stream will send (audio, image, text; all by default); a stream without audio reserves no speech capacity.
         ``room``: True publishes the stream as a new room (``s.ready["room_id"]``, ``s.ready["listener_token"]``),
@@ -132,7 +132,8 @@ class _Base:
         (fused into the finals: their ``modalities`` say ``["audio", "lips"]`` or ``["lips"]``). ``source_lang="auto"``:
         each utterance's language is detected (among ``source_langs`` when given) and each final says it.
         ``diarize``: each final's ``speaker`` ("S1", "S2", ..., at most ``max_speakers``); ``s.rename_speaker("S1",
-        "Dr. Chen")`` names one (docs/diarization.md)."""
+        "Dr. Chen")`` names one (docs/diarization.md). ``word_timestamps``: each final's spoken ``words`` with their
+        start and end in stream seconds."""
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
                               min_confidence, audio_format, inputs)
         if room:
@@ -144,6 +145,8 @@ class _Base:
         if source_langs is not None:
             start["source_langs"] = source_langs
         speakers(start, diarize, max_speakers)
+        if word_timestamps:
+            start["word_timestamps"] = True
         return RemoteStream(ws_url(self.base_url), self.api_key, start)
 
     def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,

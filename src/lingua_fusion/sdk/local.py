@@ -86,13 +86,15 @@ class LocalTranslator(LocalVocabularyMethods):
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
                inputs: list[str] | None = None, vocabulary_id: str | None = None,
                source_langs: list[str] | None = None, diarize: bool = False,
-               max_speakers: int | None = None) -> Any:
+               max_speakers: int | None = None, word_timestamps: bool = False) -> Any:
         """A live stream on an in-process StreamService (same interface and behaviour as the remote one)."""
         from .stream import LocalStream, speakers, start_message
 
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
                               min_confidence, audio_format, inputs)
         speakers(start, diarize, max_speakers)
+        if word_timestamps:
+            start["word_timestamps"] = True
         if source_langs is not None:
             start["source_langs"] = source_langs
         if vocabulary_id:

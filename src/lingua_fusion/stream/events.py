@@ -120,6 +120,8 @@ class Final(Event):
     speaker: str | None = _opt()
     speaker_confidence: float | None = _opt()
     speaker_name: str | None = _opt()
+    # a ``word_timestamps`` stream's: each spoken word of source_text, {word, start, end} in stream seconds, in order
+    words: list[dict[str, Any]] | None = _opt()
     voice: Any = field(default=None, metadata=INTERNAL)  # stream/speakers.py Voice: its embedding, until labelled
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text | lips: which cursor it moves in the log

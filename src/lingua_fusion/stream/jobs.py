@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from .. import langs
-from ..errors import BackendError, Overloaded
+from ..errors import BackendError, NotConfigured, Overloaded
 from ..glossary import Term
 from ..models.transcript_guard import to_script
 from ..serving.keys import ModelKey
-from ..serving.ports import AsrInput, AsrOutput, CallContext, DetectInput, ModelPort, MtInput
+from ..serving.ports import AsrInput, AsrOutput, CallContext, DetectInput, ModelPort, MtInput, TranscribeInput
 from ..tracing import TraceRef
 from ..untranslated import strip_marks
 from ..untranslated import warning as untranslated_warning
@@ -29,6 +29,7 @@ from .protocol import StreamSpec
 from .speakers import StreamSpeakers
 
 MAX_SLIDES = 32  # slides a stream remembers (their words are ASR context and MT names)
+MAX_WORDS = 512  # words a final lists (an utterance is at most its class's maximum length: far fewer)
 MT_PIECE_CHARS = 1000  # a caption's text goes to MT in pieces of at most this many characters (at sentence ends)
 SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 
@@ -52,6 +53,7 @@ class StreamJobs:
         self.lips: Any = None  # vision/stream_lips.py StreamLips: a lip vocabulary's evidence, fused into finals
         self.heard_lang: str | None = None  # a "auto" stream's last surely detected language
         self.speakers: StreamSpeakers | None = None  # a ``diarize`` stream's (stream/speakers.py), set by the session
+        self._words_off = False  # a ``word_timestamps`` stream on a recogniser that cannot time words
 
     @property
     def lang(self) -> str:
@@ -169,9 +171,13 @@ class StreamJobs:
         lips = self.lips
         if lips is not None:
             lips.claim(start, end)  # this utterance's lip movements are fused here, not captioned on their own
+        words: list[dict[str, Any]] = []
         try:
-            res: AsrOutput | None = await self.port.run(ModelKey.asr(lang), AsrInput(audio, self._prompt()),
-                                                        self._ctx(False, wall_ref))
+            if self.spec.word_timestamps and not self._words_off:
+                res, words = await self._timed(audio, lang, start, wall_ref)
+            else:
+                res = await self.port.run(ModelKey.asr(lang), AsrInput(audio, self._prompt()),
+                                          self._ctx(False, wall_ref))
         except BackendError as exc:
             # retried and still failing: the span gets a final that says so, keeping the numbering gap-free
             return empty(confidence=0.0, failed=["asr"],
@@ -193,12 +199,39 @@ class StreamJobs:
         if cut == "length":  # heard, not yet translated
             return Final(start=round(start, 3), end=round(end, 3), source_text=res.text, text="", translations={},
                          confidence=res.confidence, latency_ms={"asr": round(asr_ms, 1)}, wall_ref=wall_ref,
-                         cut=cut, scripts=self.spec.scripts(), source_lang=lang)
+                         cut=cut, scripts=self.spec.scripts(), source_lang=lang, words=words or None)
         final = await self.translate(res.text, start, end, confidence=res.confidence, wall_ref=wall_ref,
                                      asr_ms=asr_ms, lang=lang)
         if final is not None:
             final.cut = cut
+            final.words = words or None
+            if self.spec.word_timestamps and self._words_off:
+                final.note = "; ".join(n for n in (final.note, "no word times: this server's speech recogniser "
+                                                   "cannot time words") if n)
         return final
+
+    async def _timed(self, audio: np.ndarray, lang: str, start: float,
+                     wall_ref: float) -> tuple[AsrOutput | None, list[dict[str, Any]]]:
+        """A ``word_timestamps`` stream's utterance: Whisper's segments with their words (the files' request on the
+        same model key, so it batches with them), as the utterance's text and its words in stream seconds (at most
+        MAX_WORDS). A recogniser that cannot time words (the torch port: NotConfigured) turns them off for the
+        stream, with a note on the final after; the text is decoded as usual."""
+        try:
+            out = await self.port.run(ModelKey.asr(lang), TranscribeInput(audio, lang, prompt=self._prompt(),
+                                                                          word_timestamps=True),
+                                      self._ctx(False, wall_ref))
+        except NotConfigured:
+            self._words_off = True
+            res = await self.port.run(ModelKey.asr(lang), AsrInput(audio, self._prompt()), self._ctx(False, wall_ref))
+            return res, []
+        if out is None:
+            return None, []
+        segments = out.segments
+        text = " ".join(s.text.strip() for s in segments).strip()
+        confidence = min((s.confidence for s in segments), default=0.0)
+        words = [{"word": w.word.strip(), "start": round(start + w.start, 3), "end": round(start + w.end, 3)}
+                 for s in segments for w in s.words if w.word.strip()][:MAX_WORDS]
+        return AsrOutput(text, confidence), words
 
     async def _fused(self, fused: Any, start: float, end: float, wall_ref: float, asr_ms: float,
                      lang: str) -> Final | None:

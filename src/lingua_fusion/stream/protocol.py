@@ -71,6 +71,8 @@ class StreamSpec:
     # ``diarize: true``: each final's speaker (stream/speakers.py), at most ``max_speakers`` of them (0: not asked)
     diarize: bool = False
     max_speakers: int = 0
+    # ``word_timestamps: true``: each final's spoken words with their times in stream seconds (stream/jobs.py)
+    word_timestamps: bool = False
 
     @property
     def policy(self) -> PolicyConfig:
@@ -101,7 +103,7 @@ class StreamSpec:
                 "vocabulary_id": self.vocabulary_id, "source_script": self.source_script,
                 "target_scripts": self.target_scripts, "source_langs": self.source_langs,
                 "low_confidence_from": self.low_confidence_from, "diarize": self.diarize,
-                "max_speakers": self.max_speakers}
+                "max_speakers": self.max_speakers, "word_timestamps": self.word_timestamps}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
@@ -119,7 +121,8 @@ class StreamSpec:
                    target_scripts=dict(d.get("target_scripts", {t: "Hans" for t in d["targets"] if t == "zh"})),
                    source_langs=list(d.get("source_langs", [])),
                    low_confidence_from={k: list(v) for k, v in d.get("low_confidence_from", {}).items()},
-                   diarize=bool(d.get("diarize", False)), max_speakers=int(d.get("max_speakers", 0)))
+                   diarize=bool(d.get("diarize", False)), max_speakers=int(d.get("max_speakers", 0)),
+                   word_timestamps=bool(d.get("word_timestamps", False)))
 
 
 @dataclass(frozen=True)
@@ -182,13 +185,17 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
     if diarize and "audio" not in inputs:
         raise InvalidParameter("diarize tells speakers apart by their voices: the stream's inputs need audio",
                                details={"field": "diarize"})
+    words = msg.get("word_timestamps", False)
+    if not isinstance(words, bool) or (words and "audio" not in inputs):
+        raise InvalidParameter("word_timestamps is true or false, and times spoken words: the stream's inputs "
+                               "need audio", details={"field": "word_timestamps"})
     return StreamSpec(source_lang=source, targets=targets, slo=slo, importance=importance,
                       partials=bool(msg.get("partials", True)), glossary=glossary, min_confidence=min_conf,
                       speech=bool(msg.get("speech", False)), audio_format=audio_format,
                       clock_offsets={k: float(v) for k, v in offsets.items()}, inputs=sorted(set(inputs)),
                       low_confidence=low_confidence, source_script=_script(raw_source, source),
                       target_scripts=target_scripts, source_langs=source_langs, low_confidence_from=low_from,
-                      diarize=diarize, max_speakers=max_speakers)
+                      diarize=diarize, max_speakers=max_speakers, word_timestamps=words)
 
 
 def _low_targets(source: str, targets: list[str], check_pair: Callable[[str, str], MTRoute | None]) -> list[str]:
