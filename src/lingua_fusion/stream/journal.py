@@ -110,6 +110,9 @@ class Journal:
         """Log ``final`` (numbered) before it is sent; marks it ``durable = False`` when it cannot wait.
         ``speakers``: a diarize stream's speakers, kept in the snapshot with it."""
         seq = final.seq
+        if speakers is not None:  # only the newest state is worth keeping (it rides with the last final written):
+            for entry in self._unlogged:  # a long outage keeps one copy, not one per waiting final
+                entry.speakers = None
         self._unlogged.append(_Entry(final.to_wire(), origin, final.modality == "audio", speakers))
         if self.log.metrics is not None:
             self.log.metrics.unlogged_finals.inc()
