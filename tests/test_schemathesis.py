@@ -43,7 +43,7 @@ from lingua_fusion.api.spec import form_body, json_body
 
 # Every operation the server has; test_spec_lists_every_operation fails when a route is added or removed.
 OPERATIONS = [
-    ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/v1/models"),
+    ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/metrics/cluster"), ("GET", "/v1/models"),
     ("POST", "/v1/translate"), ("GET", "/v1/glossaries"), ("POST", "/v1/glossaries"),
     ("GET", "/v1/glossaries/{glossary_id}"), ("DELETE", "/v1/glossaries/{glossary_id}"),
     ("GET", "/v1/admin/faults"), ("POST", "/v1/admin/faults"),

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..errors import BackendError, NotConfigured
+from ..errors import BackendError
 from ..metrics_view import labelled
 from .deps import AppContext, bearer, check_scrape, context
 
@@ -78,11 +79,17 @@ async def metrics_route(request: Request) -> Response:
     return Response(page(context(request)), media_type=PROMETHEUS)
 
 
-def publisher_of(request: Request) -> Publisher:
+def publisher_of(request: Request) -> Publisher | None:
+    """The cluster view's source; None without a shared Redis: this server is then a cluster of one."""
     publisher: Publisher | None = getattr(request.app.state, "metrics_publisher", None)
-    if publisher is None:
-        raise NotConfigured("the cluster view needs the servers' shared Redis: set LINGUAFUSION_STATE__REDIS_URL")
     return publisher
+
+
+def alone(ctx: AppContext) -> bytes:
+    """A server without a shared Redis, as its cluster view: its own page, labelled as the publisher labels it."""
+    server = ctx.settings.server
+    return labelled(ctx.metrics.render(), {"replica": server.replica or f"{socket.gethostname()}:{server.port}",
+                                           "role": server.role})
 
 
 async def cluster_view(read: Awaitable[T]) -> T:
@@ -97,9 +104,12 @@ async def cluster_view(read: Awaitable[T]) -> T:
 
 @router.get("/metrics/cluster")
 async def cluster_metrics_route(request: Request) -> Response:
-    """Every replica's /metrics (labelled replica, role) as one page: scrape one server for the whole cluster."""
+    """Every replica's /metrics (labelled replica, role) as one page: scrape one server for the whole cluster (a
+    server without a shared Redis: its own)."""
     await check_scrape(context(request), bearer(request))
-    return Response(await cluster_view(publisher_of(request).view()), media_type=PROMETHEUS)
+    publisher = publisher_of(request)
+    page_ = await cluster_view(publisher.view()) if publisher is not None else alone(context(request))
+    return Response(page_, media_type=PROMETHEUS)
 
 
 @router.get("/v1/models")

@@ -15,13 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from ..errors import AuthenticationError, InvalidParameter, Overloaded
+from ..errors import AuthenticationError, Overloaded
 from ..stream.service import Principal
 from . import opsview
 from .deps import AdminKey, AppContext, TranslateKey, context
@@ -58,16 +58,16 @@ async def stream_ticket(request: Request, key: TranslateKey) -> dict[str, Any]:
 
 
 @router.get("/v1/ops/metrics")
-async def ops_metrics(request: Request, _key: AdminKey, scope: str = "server") -> dict[str, Any]:
+async def ops_metrics(request: Request, _key: AdminKey,
+                      scope: Literal["server", "cluster"] = "server") -> dict[str, Any]:
     """What /metrics holds, as JSON, with a digest for the operations page (admin key). ``scope=cluster``: every
-    replica's on the shared Redis (``GET /metrics/cluster``), summed in the digest, by replica in ``samples``."""
-    if scope == "cluster":
-        from .health import cluster_view, publisher_of
+    replica's on the shared Redis (``GET /metrics/cluster``), summed in the digest, by replica in ``samples`` (a
+    server without a shared Redis: its own)."""
+    from .health import cluster_view, publisher_of
 
-        registry = await cluster_view(publisher_of(request).snapshot_registry())
-        return opsview.snapshot(registry, time.time())
-    if scope != "server":
-        raise InvalidParameter("scope must be 'server' or 'cluster'", details={"field": "scope"})
+    publisher = publisher_of(request) if scope == "cluster" else None
+    if publisher is not None:
+        return opsview.snapshot(await cluster_view(publisher.snapshot_registry()), time.time())
     return opsview.snapshot(context(request).metrics.registry, time.time())
 
 
