@@ -20,8 +20,9 @@ from typing import TypeVar
 
 import redis
 
-from ..errors import AuthenticationError, BackendError
+from ..errors import AuthenticationError
 from ..state import redis_keys as rk
+from ..state.redis_call import call
 from .tickets import MAX_TICKETS, PER_KEY, PREFIX, TTL_S, Ticket
 
 T = TypeVar("T")
@@ -66,10 +67,7 @@ class RedisTicketBook:
         self._redeem = self._r.register_script(REDEEM)
 
     def _run(self, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except (redis.RedisError, OSError) as exc:
-            raise BackendError(f"the stream tickets (Redis) failed: {exc}") from exc
+        return call(fn, "the stream tickets (Redis)")
 
     def __len__(self) -> int:
         return int(self._run(lambda: self._r.zcard(rk.stream_tickets())))

@@ -22,10 +22,11 @@ from typing import TypeVar
 import redis
 from redis.typing import EncodableT
 
-from ..errors import BackendError, NotFound, QuotaExceeded
+from ..errors import NotFound, QuotaExceeded
 from ..glossary import Term
 from ..redact import redact_url
 from . import redis_keys as rk
+from .redis_call import call
 from .users import ApiKey, GlossaryRecord, KeyRecord, check_key, glossary_quota_message, key_digest, new_key
 
 log = logging.getLogger("lingua_fusion.state")
@@ -96,10 +97,7 @@ class RedisUserStore:
         self._delete = self._r.register_script(DELETE_GLOSSARY)
 
     def _run(self, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except (redis.RedisError, OSError) as exc:
-            raise BackendError(f"the key store (Redis at {self._url}) failed: {exc}") from exc
+        return call(fn, f"the key store (Redis at {self._url})")
 
     # ---- keys -------------------------------------------------------------------------------------------------
     def create_key(self, name: str = "", scopes: tuple[str, ...] = ("translate",)) -> tuple[str, ApiKey]:

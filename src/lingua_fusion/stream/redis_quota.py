@@ -18,16 +18,19 @@ from .quota import too_many_streams
 log = logging.getLogger("lingua_fusion.stream")
 MAX_PENDING = 10_000  # releases waiting for Redis; past it the oldest lapse with their leases
 
-# KEYS: the key's lease set, its holders; ARGV: limit, lease_s, stream id, gateway. 1 taken (or held already), 0 full
-TAKE = """
+# both scripts begin on Redis's clock (``now``) by dropping the leases lapsed by it, with their holders
+LAPSED = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local lease = tonumber(ARGV[2])
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   redis.call('HDEL', KEYS[2], unpack(gone))
 end
+"""
+# KEYS: the key's lease set, its holders; ARGV: limit, lease_s, stream id, gateway. 1 taken (or held already), 0 full
+TAKE = LAPSED + """
+local lease = tonumber(ARGV[2])
 if not redis.call('ZSCORE', KEYS[1], ARGV[3]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
   return 0
 end
@@ -40,15 +43,8 @@ return 1
 # KEYS: as TAKE; ARGV: lease_s, gateway, limit, then the stream ids this gateway holds. A slot held by this gateway
 # is renewed; one that lapsed (this gateway away from Redis past a lease) comes back only within the cap; one that
 # another gateway holds now (a resume there) is not this one's. How many lapsed slots found the cap full
-RENEW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+RENEW = LAPSED + """
 local lease = tonumber(ARGV[1])
-local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-if #gone > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  redis.call('HDEL', KEYS[2], unpack(gone))
-end
 local over = 0
 for i = 4, #ARGV do
   local holder = redis.call('HGET', KEYS[2], ARGV[i])
