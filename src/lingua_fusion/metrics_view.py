@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import Metric
@@ -25,6 +26,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger("lingua_fusion.metrics")
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?(\s.*)$")
+
+
+def replica_labels(replica: str, role: str, port: int) -> dict[str, str]:
+    """Who a server is in the cluster view: ``replica`` (``server.replica``, or host:port; the workers of
+    ``serve --workers`` share that name: each renders the whole server's sum) and ``role``."""
+    return {"replica": replica or f"{socket.gethostname()}:{port}", "role": role}
 
 
 def _escape(value: str) -> str:

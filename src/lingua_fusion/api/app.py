@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -176,14 +175,13 @@ def _publisher(ctx: AppContext) -> Publisher | None:
     if not settings.state.redis_url:
         return None
     from ..metrics_publish import Publisher  # redis-py imports the OpenTelemetry SDK: only when Redis is set
-    from ..metrics_view import labelled
+    from ..metrics_view import labelled, replica_labels
 
     server = settings.server
-    # the workers of `serve --workers` share one name: each renders the whole server's sum, so whichever wrote last
-    # is right, and a worker that stops leaves the page to the others (it expires, it is not deleted)
-    replica = server.replica or f"{socket.gethostname()}:{server.port}"
-    labels = {"replica": replica, "role": server.role}
-    return Publisher(settings.state.redis_url, replica, lambda: labelled(ctx.metrics.render(), labels),
+    # whichever worker of `serve --workers` wrote last is right (each renders the sum), and a worker that stops
+    # leaves the page to the others (it expires, it is not deleted)
+    labels = replica_labels(server.replica, server.role, server.port)
+    return Publisher(settings.state.redis_url, labels["replica"], lambda: labelled(ctx.metrics.render(), labels),
                      interval_s=server.metrics_publish_interval_s)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -14,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import BackendError
-from ..metrics_view import labelled
+from ..metrics_view import labelled, replica_labels
 from .deps import AppContext, bearer, check_scrape, context
 
 if TYPE_CHECKING:
@@ -88,8 +87,7 @@ def publisher_of(request: Request) -> Publisher | None:
 def alone(ctx: AppContext) -> bytes:
     """A server without a shared Redis, as its cluster view: its own page, labelled as the publisher labels it."""
     server = ctx.settings.server
-    return labelled(ctx.metrics.render(), {"replica": server.replica or f"{socket.gethostname()}:{server.port}",
-                                           "role": server.role})
+    return labelled(ctx.metrics.render(), replica_labels(server.replica, server.role, server.port))
 
 
 async def cluster_view(read: Awaitable[T]) -> T:
