@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from sacrebleu.metrics import CHRF  # noqa: E402
 
 from lingua_fusion.config import Settings  # noqa: E402
-from lingua_fusion.models.registry import ROUTE_QUALITY, MTRoute, Registry  # noqa: E402
+from lingua_fusion.models.registry import Registry  # noqa: E402
+from lingua_fusion.models.routes import ROUTE_QUALITY, MTRoute  # noqa: E402
 from lingua_fusion.untranslated import strip_marks  # noqa: E402
 
 DATA = ROOT / "src" / "lingua_fusion" / "lab" / "eval" / "data" / "conference.tsv"

@@ -12,7 +12,7 @@ from fakes import FakeOwner, FakePort, drain, session
 
 from lingua_fusion.errors import InvalidParameter, UnsupportedPair
 from lingua_fusion.models.base import among
-from lingua_fusion.models.registry import MTLeg, MTRoute
+from lingua_fusion.models.routes import MTLeg, MTRoute
 from lingua_fusion.serving.demand import stream_demand
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, DetectInput

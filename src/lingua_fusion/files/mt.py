@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..glossary import Term, protect
-from ..models.registry import MTRoute, Registry
+from ..models.registry import Registry
+from ..models.routes import MTRoute
 from ..models.transcript_guard import to_script
 from ..serving.keys import ModelKey
 from ..serving.ports import MtInput

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..glossary import Term
-from ..models.registry import MTRoute
+from ..models.routes import MTRoute
 from ..types import Modality
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from .. import langs
 from ..glossary import Term
-from ..models.registry import LOW_CHRF, Registry
+from ..models.registry import Registry
+from ..models.routes import LOW_CHRF
 from ..types import Modality, Segment, TranslationResult
 from ..untranslated import warning as untranslated_warning
 from .engine import EngineLink, FileCall

@@ -28,7 +28,8 @@ from ..config import Settings
 from ..deadline import Deadline
 from ..errors import NoContent
 from ..glossary import Term
-from ..models.registry import MTRoute, Registry
+from ..models.registry import Registry
+from ..models.routes import MTRoute
 from ..models.transcript_guard import script_for
 from ..serving.ports import ModelPort
 from ..tracing import TraceRef

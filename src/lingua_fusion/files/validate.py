@@ -23,7 +23,8 @@ from ..errors import (
 )
 from ..media import sniff
 from ..media.sniff import SUPPORTED_AV, SUPPORTED_IMAGES, MediaKind, cut_in_signature
-from ..models.registry import MTRoute, Registry
+from ..models.registry import Registry
+from ..models.routes import MTRoute
 from ..models.word_times import WORDS_NEED_CT2
 from ..types import SOURCE_MODALITIES, TARGET_MODALITIES, Modality
 from .request import FileRequest, ValidRequest

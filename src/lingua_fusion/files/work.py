@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..deadline import Deadline
-from ..models.registry import MTRoute
+from ..models.routes import MTRoute
 from ..tracing import TraceRef, span
 from .engine import FileCall
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import builtins  # the class below has a method named list: its annotations say builtins.list
 import contextlib
-import json
 import logging
 import secrets
 import time
@@ -39,7 +38,8 @@ from ..stream.events import Event
 from ..stream.session import StreamSession
 from .bus import LocalRoomBus, RoomBus
 from .directory import LocalRoomDirectory, RoomDirectory, RoomLimits
-from .feed import Feed, Listener, Outgoing, encode_history
+from .feed import Feed, Listener, encode_history
+from .history import gap_notice, with_closed
 from .metrics import RoomMetrics
 from .model import (
     MAX_ALLOWED_TARGETS,
@@ -316,8 +316,8 @@ class RoomService:
         listener = Listener(room_id, langs, speech, after_seq, token_id=token_id_of_digest(digest(token)))
         if room.state == State.ENDED:
             history = await self.bus.history(room_id, after_seq)
-            listener.prime(self._gap_notice(after_seq, history)
-                           + self._with_closed(encode_history(history, langs), room))
+            listener.prime(gap_notice(after_seq, history)
+                           + with_closed(encode_history(history, langs), room))
             listener.close()
             return listener
         feed = await self._feed(room_id, room.owner)
@@ -329,19 +329,8 @@ class RoomService:
         except BaseException:
             self.leave(listener, "disconnected")
             raise
-        listener.prime(self._gap_notice(after_seq, history) + encode_history(history, langs))
+        listener.prime(gap_notice(after_seq, history) + encode_history(history, langs))
         return listener
-
-    @staticmethod
-    def _gap_notice(after_seq: int, history: builtins.list[dict[str, Any]]) -> builtins.list[Outgoing]:
-        """An ``error`` first when the history no longer holds every final after ``after_seq`` (a listener
-        reconnecting from further back than the last MAX_FINALS), as a resumed stream is told ``log_compacted``."""
-        first = next((int(e["seq"]) for e in history if e.get("type") == "final"), None)
-        if after_seq <= 0 or first is None or first <= after_seq + 1:
-            return []
-        notice = {"type": "error", "code": "log_compacted",
-                  "message": f"finals {after_seq + 1}..{first - 1} are past the room's history and cannot be replayed"}
-        return [Outgoing(notice, json.dumps(notice))]
 
     def _languages(self, room: Room, targets: builtins.list[str]) -> tuple[str, ...]:
         if not targets or len(targets) > MAX_LISTEN_LANGS:
@@ -358,13 +347,6 @@ class RoomService:
             if lang not in out:
                 out.append(lang)
         return tuple(out)
-
-    @staticmethod
-    def _with_closed(history: builtins.list[Outgoing], room: Room) -> builtins.list[Outgoing]:
-        if history and history[-1].type == "closed":
-            return history
-        closed = {"type": "closed", "finals": room.finals, "reason": "the room has ended"}
-        return [*history, Outgoing(closed, json.dumps(closed))]
 
     def _joined(self) -> None:
         self.metrics.joined.inc()

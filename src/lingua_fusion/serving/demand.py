@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .cost_model import CostModel
 from .keys import ModelKey
 from .ports import MtInput, TranscribeInput
-from .scheduler import CostModel, Demand
+from .scheduler import Demand
 
 # starting cost models (seconds, measured on 2 cores); refined online from every batch. Matched by prefix, in order:
 # language identification (asr:base:auto, one encoder pass and one decoder step) before base's transcriptions

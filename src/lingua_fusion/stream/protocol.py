@@ -18,7 +18,7 @@ from typing import Any
 from .. import langs
 from ..errors import InvalidParameter, LinguaFusionError, UnsupportedPair
 from ..glossary import Term
-from ..models.registry import MTRoute
+from ..models.routes import MTRoute
 from ..models.transcript_guard import SCRIPT_NAMES, script_for
 from ..serving.scheduler import SLO_CLASSES
 from ..speakers.cluster import MAX_SPEAKERS

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .decoder import Attend
+from .decoder_model import Attend
 
 
 class WhisperDecoder:

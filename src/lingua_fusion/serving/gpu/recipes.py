@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ...types import SR
 from ..ports import AsrInput, AsrOutput, MtInput
-from .decoder import Decoded, DecoderModel
+from .decoder_model import Decoded, DecoderModel
 from .hf_encoders import device_only
 
 MEL_FRAMES_PER_S = 100

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import torch
 
 from ...errors import BackendError, CapacityExhausted
-from .decoder import Decoded, DecodeEngine, DecoderModel
+from .decoder import DecodeEngine
+from .decoder_model import Decoded, DecoderModel
 from .graphs import own_stream
 from .memory import MemoryReport, PoolMemory, budget_bytes, pool_blocks
 from .paged import PagedKV

@@ -30,7 +30,7 @@ import torch
 from ...config import Settings
 from ...errors import ModelTimeout, Overloaded
 from ...models.mt_local import MAX_NEW_TOKENS, LocalDirMT
-from .decoder import Decoded, DecoderModel
+from .decoder_model import Decoded, DecoderModel
 from .models import M2M100Decoder, MarianDecoder
 from .recipes import encoder_outputs
 from .runner import GpuRunner

@@ -22,7 +22,7 @@ from ...config import Settings
 from ...models.asr_whisper import ZH_PROMPT, collapse_repeats, window_samples
 from ...types import SR
 from ..ports import AsrInput, AsrOutput
-from .decoder import Decoded
+from .decoder_model import Decoded
 from .encoder_graphs import EncoderGraphs
 from .graphs import buckets_up_to
 from .models import WhisperDecoder
