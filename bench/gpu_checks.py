@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import sys
 import time
@@ -128,8 +129,8 @@ def check_mt(device: str, n: int = 256, max_new: int = 48) -> list[dict[str, Any
         model = marian(11, device, dtype)
         plan = greedy_plan(model)
         assert not isinstance(plan, str), plan
-        recipe = TorchSeq2SeqRecipe(model, MarianDecoder(model, suppress=plan.suppress), plan,
-                                    max_new_tokens=max_new)
+        plan = dataclasses.replace(plan, max_new=max_new)
+        recipe = TorchSeq2SeqRecipe(model, MarianDecoder(model, suppress=plan.suppress), plan)
         runner = GpuRunner(recipe, blocks=8192, cross_blocks=2048, max_batch=512, dtype=dtype, device=device,
                            name="mt-check", graphs=device.startswith("cuda"))
         try:

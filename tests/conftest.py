@@ -190,6 +190,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     stop_server(proc)
 
 
+@pytest.fixture(autouse=True)
+def _breaker_restored(request: pytest.FixtureRequest) -> None:
+    """Each test on the shared server starts with its SLO breakers at level 0: a test before it on a loaded CI
+    machine may have left a class degraded (refusing new streams for the breaker's quiet period), and that is the
+    earlier test's state, not this one's behaviour (DELETE /v1/admin/breaker, an admin route)."""
+    if "server" not in request.fixturenames:
+        return
+    server: Server = request.getfixturevalue("server")
+    r = httpx.delete(server.url + "/v1/admin/breaker", headers={"Authorization": f"Bearer {server.admin_key}"},
+                     timeout=10)
+    r.raise_for_status()
+
+
 # ---- synthetic media ------------------------------------------------------------------------------------------
 def piper_wav(text: str) -> bytes:
     from lingua_fusion.models.tts import to_wav

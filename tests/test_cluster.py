@@ -1,5 +1,9 @@
 """The cluster on Ray Serve (docs/cluster.md), on a real Ray cluster of two nodes on loopback and a real Redis:
-`linguafusion serve --cluster` with two gateway replicas behind Serve's proxy and one model replica.
+`linguafusion serve --cluster` with two gateway replicas behind Serve's proxy and one model replica, auth on (the
+admin key made by `keys create --admin` in Redis, a user's key minted through the proxy), each node's replicas in
+their own state directory (cluster/node.py).
+
+- the two nodes keep separate state directories, and no key, glossary or stream log is in any of them;
 
 - a gateway SIGKILLed mid-stream: the client reconnects through the proxy, lands on another gateway process and
   resumes there; every committed caption exactly once, the whole recording covered;
@@ -44,6 +48,8 @@ NORM = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.Stri
 @dataclass
 class Cluster:
     url: str
+    key: str  # a user's key, minted through the proxy with the admin key
+    state: Path  # the driver's --state-dir
     talk: Path
     long_talk: Path  # the same sentences with short pauses: utterances up to 10 s, so a batch runs long enough
     driver: subprocess.Popen[bytes]  # to be killed in the middle of it
@@ -74,10 +80,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     ray.start()
     log = open(tmp / "driver.log", "wb")  # noqa: SIM115 - closed below
     env = {**os.environ, "LINGUAFUSION_STATE__REDIS_URL": REDIS or "", "RAY_USAGE_STATS_ENABLED": "0"}
+    state = tmp / "state"
+    admin = subprocess.run([str(BIN), "keys", "create", "--admin", "--state-dir", str(state)], env=env,
+                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     driver = subprocess.Popen([str(BIN), "serve", "--cluster", "--ray-address", ray.address, "--port",
-                               str(SERVE_PORT), "--no-auth", "--state-dir", str(tmp), "--gateways", "2",
+                               str(SERVE_PORT), "--state-dir", str(state), "--gateways", "2",
                                "--model-replicas", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
-    c = Cluster(f"http://127.0.0.1:{SERVE_PORT}", talk, long_talk, driver)
+    c = Cluster(f"http://127.0.0.1:{SERVE_PORT}", "", state, talk, long_talk, driver)
     try:
         def ready() -> bool:
             assert driver.poll() is None, (tmp / "driver.log").read_text()
@@ -88,6 +97,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             return ok and len(c.beats()) == 2
 
         _wait(ready, 150, "two gateways and a model replica")
+        r = httpx.post(c.url + "/v1/keys", json={"name": "cluster-user"}, timeout=30,
+                       headers={"Authorization": f"Bearer {admin}"})
+        assert r.status_code == 201, r.text
+        c.key = r.json()["api_key"]
         yield c
     finally:
         driver.send_signal(signal.SIGTERM)  # the driver shuts Serve down
@@ -106,7 +119,8 @@ class Stream:
         self.sentences = SENTENCES if long else SHORT
         talk = c.long_talk if long else c.talk
         self.proc = subprocess.Popen([str(BIN), "stream", str(talk), "--to", "es", "--realtime", "--json",
-                                      "--url", c.url, "--no-partials", *extra], stdout=subprocess.PIPE,
+                                      "--url", c.url, "--api-key", c.key, "--no-partials", *extra],
+                                     stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.events: list[dict[str, Any]] = []
         self.first_final = threading.Event()
@@ -148,11 +162,27 @@ def _holder(c: Cluster) -> Beat:
     return _wait(lambda: next((b for b in c.beats() if b.streams), None), 20, "the stream's gateway")
 
 
+def test_each_node_keeps_its_own_state_directory_and_no_user_state_is_on_disk(cluster: Cluster) -> None:
+    """Keys, glossaries and the stream log are in Redis: a key the proxy refuses without it works with it on every
+    gateway, and the state directories (one per Ray node, under the driver's --state-dir) hold none of them."""
+    anon = httpx.post(cluster.url + "/v1/translate", data={"text": "Hello.", "target_lang": "es"}, timeout=30)
+    assert anon.status_code == 401
+    beats = cluster.beats()
+    assert len({b.state_dir for b in beats}) == len({b.node for b in beats}) and all(b.node for b in beats)
+    nodes = sorted(p.name for p in (cluster.state / "nodes").iterdir())
+    assert set(nodes) >= {b.node for b in beats} and len(nodes) == 2  # the gateways' and the model replica's nodes
+    for b in beats:
+        assert Path(b.state_dir) == cluster.state / "nodes" / b.node
+    stored = {p.name for p in cluster.state.rglob("*") if p.is_file()}
+    assert not {n for n in stored if n.endswith((".sqlite3", ".db"))}, stored  # no key store, no stream log
+
+
 def test_a_file_request_runs_on_the_model_replicas_through_the_gateways_engine(cluster: Cluster) -> None:
     """A file's model work goes through the gateway's engine (files/engine.py), which sends ASR and MT to the model
     replicas as it does streams' (cluster/port.py): the talk comes back transcribed and translated."""
     r = httpx.post(cluster.url + "/v1/translate", files={"file": ("talk.wav", cluster.talk.read_bytes(), "audio/wav")},
-                   data={"target_lang": "es", "source_lang": "en"}, timeout=180)
+                   data={"target_lang": "es", "source_lang": "en"}, timeout=180,
+                   headers={"Authorization": f"Bearer {cluster.key}"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert "oficina" in body["text"].lower() and len(body["segments"]) >= 2, body["text"]
@@ -232,7 +262,8 @@ async def test_sigterm_drains_every_gateway_then_stops_the_cluster(cluster: Clus
     from websockets.exceptions import ConnectionClosed
 
     got: list[dict[str, Any]] = []
-    async with connect(f"ws://127.0.0.1:{SERVE_PORT}/v1/streams", open_timeout=30) as ws:
+    async with connect(f"ws://127.0.0.1:{SERVE_PORT}/v1/streams", open_timeout=30,
+                       additional_headers={"Authorization": f"Bearer {cluster.key}"}) as ws:
         await ws.send(json.dumps({"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"],
                                   "partials": False}))
         assert json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] == "ready"

@@ -176,6 +176,31 @@ def test_generation_config_the_engine_cannot_follow_stays_on_cpu(marian_dir: Pat
     assert engine_mt(LocalDirMT(path), Settings(models=ENGINE_CPU), "mt:x") is None  # type: ignore[arg-type]
 
 
+def test_the_directorys_own_max_new_tokens_bounds_every_translation_as_generate_does(marian_dir: Path,
+                                                                                     tmp_path: Path) -> None:
+    """A directory whose generation config caps translations at 12 new tokens: the engine and the CPU backend stop
+    there as ``generate`` does (the GPU benchmark's random-weight Marian relies on it: it never ends by itself)."""
+    from transformers import GenerationConfig
+
+    path = tmp_path / "capped"
+    shutil.copytree(marian_dir, path)
+    gen = GenerationConfig.from_pretrained(str(path))
+    gen.max_new_tokens = 12
+    gen.save_pretrained(str(path))
+    local = LocalDirMT(path)
+    with torch.no_grad():
+        enc = local._tok(TEXTS, return_tensors="pt", padding=True)
+        expected = local.detokenize(local.model.generate(**enc, num_beams=1))  # its config's limit
+    uncapped = _generate(LocalDirMT(marian_dir), TEXTS)
+    assert expected != uncapped and all(u.startswith(e) for e, u in zip(expected, uncapped, strict=True))
+    mt = _engine(local)
+    try:
+        assert mt.plan.max_new == 12
+        assert mt.translate(TEXTS, "en", "zh") == expected
+    finally:
+        mt.close()
+
+
 def _registry(tmp_path: Path, dirs: list[Path]) -> tuple[Settings, Registry]:
     settings = Settings(models={**ENGINE_CPU, "user_mt_dirs": dirs})  # type: ignore[arg-type]
     settings.state_dir = tmp_path / "state"

@@ -95,3 +95,17 @@ def test_a_degraded_class_that_goes_quiet_is_restored() -> None:
     assert b.level("standard") == 1 and b.level("batch") == 0
     assert SLOBreaker({"x": 1.0}, window_s=5.0).quiet_s == 60.0  # the default, and never under two windows
     assert SLOBreaker({"x": 1.0}, window_s=50.0).quiet_s == 100.0
+
+
+def test_an_operators_restore_returns_every_class_to_level_0_and_counts_afresh() -> None:
+    b = SLOBreaker({"standard": 3.0, "batch": 10.0}, window_s=5.0, k=3)
+    feed(b, "standard", 4.0, 0.0, 3)
+    b.tick(15.0)
+    feed(b, "standard", 4.0, 15.0, 2)  # breached windows on the way to the next step
+    trans = b.restore(26.0)
+    assert [(t.slo, t.from_level, t.to_level) for t in trans] == [("standard", 1, 0)]
+    assert b.level("standard") == 0 and b.restore(26.0) == []  # nothing left to restore
+    # the runs before the reset do not count: it takes K breached windows again to trip
+    feed(b, "standard", 4.0, 26.0, 2)
+    assert b.tick(36.0) == [] and b.level("standard") == 0
+    assert [t.to_level for t in feed(b, "standard", 4.0, 36.0, 1) + b.tick(41.0)] == [1]

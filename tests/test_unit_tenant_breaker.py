@@ -56,3 +56,11 @@ def test_a_key_that_went_quiet_is_forgotten_once_restored() -> None:
     assert b.refusing("standard", "A") == 0 and b.level("standard") == 0
     b.tick(1000.0 + 16 + 200)
     assert "A" not in b.keys
+
+
+def test_an_operators_restore_clears_the_class_and_every_key() -> None:
+    b = breaker()
+    run(b, 16, {"A": 27.0, "B": 0.4})
+    moves = b.restore(1016.0)
+    assert {(m.key_id, m.move.from_level, m.move.to_level) for m in moves} == {(None, 1, 0), ("A", 1, 0)}
+    assert b.refusing("standard", "A") == 0 and b.keys_down("standard") == []

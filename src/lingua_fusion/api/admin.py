@@ -1,4 +1,5 @@
-"""Admin routes (an admin key): fault injection (/v1/admin/faults, with --chaos) and API keys (/v1/keys)."""
+"""Admin routes (an admin key): fault injection (/v1/admin/faults, with --chaos), the SLO breakers' reset
+(/v1/admin/breaker) and API keys (/v1/keys)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ async def list_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
     return {"chaos": context(request).settings.server.chaos,
             "faults": {k: f.public() for k, f in streams.executor.faults.items()},
             "stuck_calls": streams.executor.stuck(),
-            "breaker": {slo: streams.breaker.level(slo) for slo in ("interactive", "standard", "batch")}}
+            "breaker": streams.supervisor.levels_by_class()}
 
 
 @router.post("/v1/admin/faults", openapi_extra=spec.body(spec.FAULT), dependencies=[JsonBody])
@@ -46,6 +47,20 @@ async def set_fault(request: Request, _key: AdminKey) -> JSONResponse:
 async def clear_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
     request.app.state.streams.executor.faults.clear()
     return {"faults": {}}
+
+
+# ---- the SLO breakers ----------------------------------------------------------------------------------------
+@router.get("/v1/admin/breaker")
+async def breaker_levels(request: Request, _key: AdminKey) -> dict[str, Any]:
+    return {"breaker": request.app.state.streams.supervisor.levels_by_class()}
+
+
+@router.delete("/v1/admin/breaker")
+async def restore_breaker(request: Request, _key: AdminKey) -> dict[str, Any]:
+    """Every class's and key's SLO breaker back to level 0 at once, instead of after its quiet period: an operator
+    who has removed the cause, or a benchmark sweep starting its next row. Degraded streams are told ``restored``;
+    the breaker trips again if the cause is still there."""
+    return {"breaker": request.app.state.streams.supervisor.restore()}
 
 
 # ---- API keys ----------------------------------------------------------------------------------------------

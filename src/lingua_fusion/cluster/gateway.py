@@ -18,6 +18,7 @@ from ..config import Settings
 from ..models.registry import Registry
 from ..observability import Metrics
 from .heartbeat import Beat, Heartbeat, cluster_name
+from .node import place_on_node
 from .port import ClusterExecutor
 
 MODELS_APP = "lf-models"  # the Serve application of the model replicas
@@ -30,6 +31,7 @@ class Gateway:
         if not self.settings.state.redis_url:
             raise ValueError("a cluster gateway needs state.redis_url: the stream log must be shared")
         self.models_app = models_app
+        self.node = place_on_node(self.settings)  # its own files in <state-dir>/nodes/<node> (node.py)
         self.gateway_id = f"{socket.gethostname()}-{os.getpid()}"
         # its /metrics and its page in the cluster view are labelled with who it is (metrics_view.py)
         self.settings.server.replica, self.settings.server.role = self.gateway_id, "gateway"
@@ -66,7 +68,7 @@ class Gateway:
         assert executor is not None  # built with the app
         draining = self.heartbeat is not None and self.heartbeat.draining
         return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), len(executor.scheduler.admitted),
-                    listeners, executor.hop_retries, draining)
+                    listeners, executor.hop_retries, draining, self.node, str(self.settings.resolved_state_dir()))
 
     async def __del__(self) -> None:
         if self.heartbeat is not None:

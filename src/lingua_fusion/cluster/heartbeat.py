@@ -45,6 +45,8 @@ class Beat:
     listeners: int = 0  # room listeners connected to this gateway
     hop_retries: int = 0  # model calls this gateway sent again after a replica failed (since it started)
     draining: bool = False  # the cluster's drain signal was seen: this gateway drained its streams
+    node: str = ""  # the Ray node it runs on (node.py)
+    state_dir: str = ""  # its own state directory on that node
 
 
 class Heartbeat:
@@ -109,7 +111,8 @@ async def read_beats(redis: object, cluster: str) -> list[Beat]:
             continue  # expired between the scan and the read
         d = json.loads(raw)
         beats.append(Beat(d["gateway"], int(d["pid"]), tuple(d["streams"]), int(d["admitted"]),
-                          int(d.get("listeners", 0)), int(d.get("hop_retries", 0)), bool(d.get("draining", False))))
+                          int(d.get("listeners", 0)), int(d.get("hop_retries", 0)), bool(d.get("draining", False)),
+                          str(d.get("node", "")), str(d.get("state_dir", ""))))
     return beats
 
 

@@ -26,6 +26,7 @@ from ..serving.keys import ModelKey
 from ..serving.scheduler import SLO_CLASSES, stage_deadline
 from ..tracing import from_settings
 from .autoscale import PressureWindow
+from .node import place_on_node
 from .wire import Call, Reply
 
 log = logging.getLogger("lingua_fusion.cluster")
@@ -45,6 +46,7 @@ class _Pressure:
 class ModelReplica:
     def __init__(self, settings: dict[str, Any], warm: tuple[str, ...] = ("asr:tiny.en", "mt:en-es")) -> None:
         self.settings = Settings.model_validate(settings)
+        self.node = place_on_node(self.settings)  # its own files in <state-dir>/nodes/<node> (node.py)
         self.registry = Registry(self.settings)
         self.pressure = PressureWindow()
         self.executor = Executor(self.registry, self.settings, observer=_Pressure(self.pressure))

@@ -50,6 +50,13 @@ def model_type(path: Path) -> str | None:
         return None
 
 
+def new_token_limit(model: Any) -> int:
+    """The most tokens one translation may generate: the directory's ``generation_config.max_new_tokens`` where it
+    sets one (as ``generate`` reads it), within ``MAX_NEW_TOKENS``."""
+    configured = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+    return min(MAX_NEW_TOKENS, int(configured)) if isinstance(configured, int) and configured > 0 else MAX_NEW_TOKENS
+
+
 class LocalDirMT:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -131,7 +138,7 @@ class LocalDirMT:
             import torch
 
             enc = self._tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=MAX_SOURCE_TOKENS)
-            kwargs: dict[str, Any] = {"max_new_tokens": MAX_NEW_TOKENS, "num_beams": 2}
+            kwargs: dict[str, Any] = {"max_new_tokens": new_token_limit(self._hf), "num_beams": 2}
             if tgt_code:
                 kwargs["forced_bos_token_id"] = self._tok.convert_tokens_to_ids(tgt_code)
             with torch.no_grad():

@@ -91,6 +91,20 @@ class SLOBreaker:
                 out.append(Transition(slo, now, level, 0, None, "caption"))
         return out
 
+    def restore(self, now: float) -> list[Transition]:
+        """An operator's reset (``DELETE /v1/admin/breaker``): every degraded class back to level 0, its windows
+        counted afresh; a benchmark sweep starts each row from a server that is not still refusing the last one."""
+        out: list[Transition] = []
+        for slo, level in list(self._level.items()):
+            self._reset_runs(slo)
+            if level:
+                self._level[slo] = 0
+                out.append(Transition(slo, now, level, 0, None, "caption"))
+        for w in self._windows.values():
+            w.samples = []
+            w.start = now
+        return out
+
     def _close_window(self, slo: str, stage: str, w: _Window, at: float) -> list[Transition]:
         target = self.target(slo, stage)
         p99 = float(np.percentile(w.samples, 99)) if len(w.samples) >= self.min_samples else None

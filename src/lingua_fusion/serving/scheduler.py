@@ -407,13 +407,14 @@ class Scheduler:
         return self._in_flight_within(model, svc, SLO_CLASSES[tightest] * STAGE_BUDGET.get(model.split(":")[0], 0.5))
 
     def admit(self, demand: Demand) -> bool:
-        """Reserve ``demand`` if every model it uses can carry it beside the streams admitted. A continuous runner
-        with no stream admitted on it takes one whatever its curve says: its curve learns only from items it
-        serves, so refusing would keep a pessimistic measure (taken while the cores were busy with other work)
-        for ever."""
+        """Reserve ``demand`` if every model it uses can carry it beside the streams admitted. A model with no
+        stream admitted on it takes one whatever its measure says: the measure learns only from work it serves,
+        so refusing would keep a pessimistic one for ever (a continuous runner's curve taken while the cores were
+        busy with other work; a batch runner's cost taken during a slow spell, such as a delay fault since
+        cleared). If the model is that slow, that one stream's captions show it and the SLO breaker acts."""
         streams = [*self.admitted.values(), demand]
         for model in {m for d in streams for m in d.rate}:
-            if model in self.service and not any(model in d.rate for d in self.admitted.values()):
+            if not any(model in d.rate for d in self.admitted.values()):
                 continue
             load = sum(d.rate.get(model, 0.0) for d in streams)
             tightest = min((d.slo for d in streams if model in d.rate), key=lambda s: SLO_CLASSES[s])

@@ -57,6 +57,13 @@ class TenantBreaker:
                 self._last.pop(key_id, None)
         return out
 
+    def restore(self, now: float) -> list[KeyedTransition]:
+        """Every breaker, the classes' and each key's, back to level 0 (``SLOBreaker.restore``)."""
+        out = [KeyedTransition(t, None) for t in self.classes.restore(now)]
+        for key_id, breaker in self.keys.items():
+            out += [KeyedTransition(t, key_id) for t in breaker.restore(now)]
+        return out
+
     def key_level(self, slo: str, key_id: str) -> int:
         breaker = self.keys.get(key_id)
         return breaker.level(slo) if breaker is not None else 0

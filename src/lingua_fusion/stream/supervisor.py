@@ -62,6 +62,15 @@ class BreakerSupervisor:
                              "looser SLO class", retry_after=5.0,
                              details={"slo": slo, "breaker_level": level, "scope": "key" if own else "class"})
 
+    def restore(self) -> dict[str, int]:
+        """An operator's reset of every breaker; the streams it had degraded are told ``restored``. Returns the
+        classes' levels after it (all 0)."""
+        self._apply(self.breaker.restore(self.clock()))
+        return self.levels_by_class()
+
+    def levels_by_class(self) -> dict[str, int]:
+        return {slo: self.breaker.level(slo) for slo in SLO_CLASSES}
+
     def forget(self, stream_id: str) -> None:
         self.levels.pop(stream_id, None)
 

@@ -29,7 +29,7 @@ import torch
 
 from ...config import Settings
 from ...errors import ModelTimeout, Overloaded
-from ...models.mt_local import MAX_NEW_TOKENS, LocalDirMT
+from ...models.mt_local import MAX_NEW_TOKENS, LocalDirMT, new_token_limit
 from .decoder_model import Decoded, DecoderModel
 from .models import M2M100Decoder, MarianDecoder
 from .recipes import encoder_outputs
@@ -52,6 +52,7 @@ class GreedyPlan:
     suppress: tuple[int, ...]  # never generated: suppress_tokens and single-token bad_words_ids
     suppress_first: tuple[int, ...]  # never the first generated token: begin_suppress_tokens
     forced_bos: int | None  # the first generated token, when the config forces one
+    max_new: int = MAX_NEW_TOKENS  # generate's max_new_tokens: the config's, within mt_local's MAX_NEW_TOKENS
 
 
 def greedy_plan(model: Any) -> GreedyPlan | str:
@@ -76,7 +77,8 @@ def greedy_plan(model: Any) -> GreedyPlan | str:
                       forced_eos=g.forced_eos_token_id is not None,
                       suppress=tuple(int(t) for t in (g.suppress_tokens or [])) + tuple(int(w[0]) for w in bad),
                       suppress_first=tuple(int(t) for t in (g.begin_suppress_tokens or [])),
-                      forced_bos=None if g.forced_bos_token_id is None else int(g.forced_bos_token_id))
+                      forced_bos=None if g.forced_bos_token_id is None else int(g.forced_bos_token_id),
+                      max_new=new_token_limit(model))
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,9 @@ class TorchSeq2SeqRecipe:
     """``Recipe`` (serving/gpu/runner.py) of a Hugging Face encoder-decoder over token ids: ``MtTokens`` -> the
     generated tokens (end-of-sentence left out)."""
 
-    def __init__(self, model: Any, decoder: DecoderModel, plan: GreedyPlan, *,
-                 max_new_tokens: int = MAX_NEW_TOKENS) -> None:
+    def __init__(self, model: Any, decoder: DecoderModel, plan: GreedyPlan) -> None:
         self.model, self.decoder, self.plan = model, decoder, plan
+        max_new_tokens = plan.max_new
         self.stop = plan.stop
         self.pad = int(model.config.pad_token_id)
         self.device = next(model.parameters()).device
