@@ -80,8 +80,11 @@ def write_vocab(out: Path, vocab_size: int, pieces: int, max_new_tokens: int, na
         sp = spm.SentencePieceProcessor(model_proto=blob)
         for i in range(sp.get_piece_size()):
             seen.setdefault(sp.id_to_piece(i), len(seen))
-    for i in range(len(seen), vocab_size - 1):
-        seen[f"<unused_{i}>"] = i  # OPUS-MT's vocabulary size: the output projection's real cost
+    pieces, n = len(seen), 0
+    while len(seen) < vocab_size - 1:  # OPUS-MT's vocabulary size: the output projection's real cost; as words
+        filler = f"\u2581w{n}"  # ("w123") a random model's output reads as a sentence's length, not as markup
+        n += 1
+        seen.setdefault(filler, len(seen))
     seen["<pad>"] = vocab_size - 1
     (out / "vocab.json").write_text(json.dumps(seen, ensure_ascii=False))
     (out / "tokenizer_config.json").write_text(json.dumps({
@@ -91,7 +94,7 @@ def write_vocab(out: Path, vocab_size: int, pieces: int, max_new_tokens: int, na
         "name": name, "pairs": [["en", "es"]], "licence": "benchmark only: random weights",
         "weights": "random", "max_new_tokens": max_new_tokens}))
     print(f"{out}: {len(english)} English and {len(spanish)} Spanish lines, {len(seen)} ids "
-          f"({sum(1 for k in seen if not k.startswith('<unused_'))} pieces)")
+          f"({pieces} pieces)")
 
 
 def write_model(out: Path, size: str, seed: int, max_new_tokens: int) -> None:

@@ -343,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
         warm = load_row(args, url, warm_n, args.warmup_s, 1, state, min(args.warmup_s + 180, budget.left()))
         warm["warm_s"] = round(time.monotonic() - t0, 1)
         doc["warmup"] = warm
+        doc["models"] = json.loads(get(url + "/v1/models", timeout=10)[1] or "{}")  # which MT ran, and where
         write()
         print(f"warm-up: {warm_n} streams of {args.warmup_s} s in {warm['warm_s']} s, caption p50 "
               f"{warm['caption_latency_s']['p50']} s p99 {warm['caption_latency_s']['p99']} s, errors "
@@ -378,10 +379,13 @@ def run(args: argparse.Namespace) -> int:
         doc["error"] = str(exc)
         print(f"error: {exc}", flush=True)
     finally:
+        # the engine's paged pools by model: a pool of the MT directory's key says its MT ran on the engine
+        page = get(url + "/metrics", timeout=10)[1]
+        doc["engine_pools"] = sorted({line.split("{", 1)[1].split("}", 1)[0] for line in page.splitlines()
+                                      if line.startswith("linguafusion_gpu_pool_bytes{")})
         doc["stop"] = stop_server(proc, args.stop_timeout_s)
         tail = log_path.read_text(errors="replace").splitlines()
         doc["server_log_tail"] = tail[-40:] if "error" in doc or doc["stop"]["how"] != "SIGTERM" else tail[-8:]
-        doc["engine_log"] = [line for line in tail if "continuous engine" in line][:8]  # which models run there
         doc["wall_s"] = round(args.budget_s - budget.left(), 1)
         write()
     print(f"stopped ({doc['stop']}); wrote {args.json} in {doc['wall_s']} s", flush=True)
