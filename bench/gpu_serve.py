@@ -193,6 +193,18 @@ def stop_server(proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, An
     return {"exit": proc.returncode, "how": how, "stop_s": round(time.monotonic() - t0, 1)}
 
 
+def restore_breakers(url: str) -> bool:
+    """``DELETE /v1/admin/breaker`` (the server runs without auth), then a moment for every worker to see it."""
+    import httpx
+
+    try:
+        ok = httpx.delete(url + "/v1/admin/breaker", timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
+    time.sleep(1.5)
+    return ok
+
+
 def metrics(url: str) -> dict[str, float]:
     from lingua_fusion.lab.loadgen.run import scrape
 
@@ -359,11 +371,13 @@ def run(args: argparse.Namespace) -> int:
             if proc.poll() is not None:
                 doc["rows"].append({"streams": n, "skipped": f"the server exited with {proc.returncode}"})
                 break
+            row_restored = restore_breakers(url)  # each row from a server not refusing for the last row's sake
             before, cpu0, gpu = metrics(url), group_cpu_s(proc.pid), GpuSampler(args.device)
             row = load_row(args, url, n, args.duration, procs, state,
                            min(args.duration + args.ramp_s + 240, budget.left() - args.stop_timeout_s))
             after = metrics(url)
             row["server_metrics"] = {"before": before, "after": after}
+            row["breaker_restored"] = row_restored
             row |= costs(row["admitted"] * args.duration, group_cpu_s(proc.pid) - cpu0, gpu.stop())
             doc["rows"].append(row)
             write()

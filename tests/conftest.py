@@ -222,8 +222,9 @@ def _piper():  # type: ignore[no-untyped-def]
     return _PIPER[0]
 
 
-def espeak_wav(text: str, voice: str = "en-us") -> bytes:
-    return subprocess.run(["espeak-ng", "-v", voice, "--stdout", text], capture_output=True, check=True,
+def espeak_wav(text: str, voice: str = "en-us", *args: str) -> bytes:
+    """espeak-ng's speech; ``args``: more of its options (``-g 5``: a gap of 50 ms between words)."""
+    return subprocess.run(["espeak-ng", "-v", voice, *args, "--stdout", text], capture_output=True, check=True,
                           timeout=60).stdout
 
 

@@ -47,7 +47,8 @@ OPERATIONS = [
     ("POST", "/v1/translate"), ("GET", "/v1/glossaries"), ("POST", "/v1/glossaries"),
     ("GET", "/v1/glossaries/{glossary_id}"), ("DELETE", "/v1/glossaries/{glossary_id}"),
     ("GET", "/v1/admin/faults"), ("POST", "/v1/admin/faults"),
-    ("DELETE", "/v1/admin/faults"), ("GET", "/v1/keys"), ("POST", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
+    ("DELETE", "/v1/admin/faults"), ("GET", "/v1/admin/breaker"), ("DELETE", "/v1/admin/breaker"),
+    ("GET", "/v1/keys"), ("POST", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
     # taught sign and lip vocabularies (api/vocab.py)
     ("GET", "/v1/vocabularies"), ("POST", "/v1/vocabularies"), ("GET", "/v1/vocabularies/{vocab_id}"),
     ("DELETE", "/v1/vocabularies/{vocab_id}"), ("POST", "/v1/vocabularies/{vocab_id}/examples"),

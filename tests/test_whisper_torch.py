@@ -22,7 +22,7 @@ from conftest import BIN, espeak_wav, piper_wav, talk_wav
 from lingua_fusion.config import LimitSettings, Settings
 from lingua_fusion.media.audio import decode_audio
 from lingua_fusion.models import asr_whisper
-from lingua_fusion.models.asr_whisper import WhisperASR, collapse_repeats
+from lingua_fusion.models.asr_whisper import WhisperASR, caption_text, collapse_repeats
 from lingua_fusion.models.asr_whisper_torch import WhisperTorchASR
 from lingua_fusion.models.base import BackendInfo
 from lingua_fusion.models.whisper_ct2 import read_ct2, whisper_dims
@@ -379,3 +379,11 @@ def test_cli_translate_with_the_torch_backend_gives_the_default_backends_words(t
     assert out["ctranslate2"]["models"]["asr"] == "whisper-base-ct2-int8"
     assert words(out["torch"]["source_text"]) == words(out["ctranslate2"]["source_text"])
     assert len(words(out["torch"]["source_text"])) >= 20, out
+
+
+def test_a_character_cut_off_by_the_length_budget_is_dropped_not_a_failed_caption() -> None:
+    """Whisper's byte-level tokens split a Han character's UTF-8 bytes; a decode stopped between them ends in
+    U+FFFD, which the output check refuses as malformed, failing the whole utterance (seen on a CPU without
+    AVX-512: the live Mandarin stream's only caption failed). The caption keeps what is whole."""
+    assert caption_text("坚强强弃恨 熬弦 温 落 车 \ufffd") == "坚强强弃恨 熬弦 温 落 车"
+    assert caption_text(" Good morning. ") == "Good morning."

@@ -59,8 +59,11 @@ async def breaker_levels(request: Request, _key: AdminKey) -> dict[str, Any]:
 async def restore_breaker(request: Request, _key: AdminKey) -> dict[str, Any]:
     """Every class's and key's SLO breaker back to level 0 at once, instead of after its quiet period: an operator
     who has removed the cause, or a benchmark sweep starting its next row. Degraded streams are told ``restored``;
-    the breaker trips again if the cause is still there."""
-    return {"breaker": request.app.state.streams.supervisor.restore()}
+    the breaker trips again if the cause is still there. Every worker of ``serve --workers N`` restores within a
+    second (stream/supervisor.py ``announce_restore``)."""
+    supervisor = request.app.state.streams.supervisor
+    await context(request).offload(supervisor.announce_restore)
+    return {"breaker": supervisor.restore()}
 
 
 # ---- API keys ----------------------------------------------------------------------------------------------

@@ -53,6 +53,13 @@ def _drop_repeated_sentences(text: str) -> str:
     return " ".join(out)
 
 
+def caption_text(decoded: str) -> str:
+    """Whisper's decoded tokens as a caption: a character cut off by the length budget (its UTF-8 bytes split over
+    tokens, decoded as U+FFFD; a Mandarin clip's last character, say) is dropped rather than failing the whole
+    utterance's output check (serving/faults.py), and a decoder loop is collapsed (``collapse_repeats``)."""
+    return collapse_repeats(decoded.replace("\ufffd", "").strip())
+
+
 def collapse_repeats(text: str, min_words: int = 3) -> str:
     """Drop a decoder loop: a sentence that repeats the one before, a run of >= min_words words that immediately
     repeats, or a tail that restarts the text."""
@@ -148,7 +155,7 @@ class WhisperASR:
             avg_logprob = r.scores[0] / length if r.scores else -5.0
             conf = float(np.exp(min(0.0, avg_logprob))) * (1.0 - float(r.no_speech_prob))
             silent = heard_nothing(float(r.no_speech_prob), mean_logprob(r.scores[0], length) if r.scores else -5.0)
-            text = "" if silent else collapse_repeats(tok.decode(ids).strip())  # Whisper's own no-speech rule
+            text = "" if silent else caption_text(tok.decode(ids))  # Whisper's own no-speech rule
             out.append((text, round(min(1.0, max(0.0, conf)), 4)))
         return out
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import BackendError, NotConfigured
-from .asr_whisper import ZH_PROMPT, collapse_repeats, decode_length, window_samples
+from .asr_whisper import ZH_PROMPT, caption_text, decode_length, window_samples
 from .base import ASRResult, ASRSegment, BackendInfo, among
 from .transcript_guard import heard_nothing, mean_logprob
 from .whisper_decode import Decoded, DecodeOptions, SpecialTokens, greedy_decode
@@ -117,7 +117,7 @@ class WhisperTorchASR:
                          prompts: list[str | None] | None = None, max_new_tokens: int = 160) -> list[tuple[str, float]]:
         """Decode several short clips in one batch. Returns (text, confidence) each, as WhisperASR."""
         pairs = self.decode_clips(audios, language=language, prompts=prompts, max_new_tokens=max_new_tokens)
-        return [(collapse_repeats(text), conf) for text, conf in pairs]
+        return [(caption_text(text), conf) for text, conf in pairs]
 
     def decode_clips(self, audios: list[np.ndarray], *, language: str | None, prompts: list[str | None] | None = None,
                      max_new_tokens: int = 160, min_window_s: float | None = None, pad_s: float | None = None

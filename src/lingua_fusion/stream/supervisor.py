@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from ..config import Settings
@@ -23,6 +25,16 @@ from .session import StreamSession
 log = logging.getLogger("lingua_fusion.streams")
 
 
+RESET_MARKER = "breaker-reset"
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 class BreakerSupervisor:
     def __init__(self, settings: Settings, clock: Callable[[], float],
                  sessions: Callable[[], Iterable[StreamSession]], metrics: Any = None) -> None:
@@ -34,6 +46,10 @@ class BreakerSupervisor:
         self.metrics = metrics
         self.levels: dict[str, int] = {}  # stream id -> the level it was last told
         self._ticker: asyncio.Task[None] | None = None
+        # an admin's reset reaches every worker of ``serve --workers N`` (each has its own breakers): the route
+        # touches this file in the state directory, and each worker's tick restores its breakers when it changes
+        self.reset_marker = settings.resolved_state_dir() / RESET_MARKER
+        self._reset_seen = _mtime(self.reset_marker)
 
     def record(self, slo: str, seconds: float, stage: str, key_id: str) -> None:
         if slo not in SLO_CLASSES:  # file work (serving/ports.py FILE_CLASS) trips no stream breaker
@@ -52,6 +68,7 @@ class BreakerSupervisor:
         it carries a stream the server already serves. A class that has gone quiet is restored by the breaker itself
         (``SLOBreaker.tick``), so it is not locked out. Per key: a key whose own streams miss the target is refused;
         another key, meeting it, is not refused for that key's doing."""
+        self._restore_if_announced()  # an admin's reset through another worker counts at once
         self._apply(self.breaker.tick(self.clock()))  # windows that ended since the last caption
         level = self.breaker.refusing(slo, key_id)
         if level:
@@ -67,6 +84,19 @@ class BreakerSupervisor:
         classes' levels after it (all 0)."""
         self._apply(self.breaker.restore(self.clock()))
         return self.levels_by_class()
+
+    def announce_restore(self) -> None:
+        """Tell this server's other workers (blocking file I/O: offloaded by the caller)."""
+        self.reset_marker.parent.mkdir(parents=True, exist_ok=True)
+        self.reset_marker.write_text(f"{time.time():.6f}\n")
+        self._reset_seen = _mtime(self.reset_marker)
+
+    def _restore_if_announced(self) -> None:
+        seen = _mtime(self.reset_marker)  # one stat a second
+        if seen != self._reset_seen:
+            self._reset_seen = seen
+            log.warning("SLO breakers restored by an admin (another worker's DELETE /v1/admin/breaker)")
+            self.restore()
 
     def levels_by_class(self) -> dict[str, int]:
         return {slo: self.breaker.level(slo) for slo in SLO_CLASSES}
@@ -84,6 +114,7 @@ class BreakerSupervisor:
         """Closes idle windows (a class that went quiet is restored)."""
         while True:
             await asyncio.sleep(1.0)
+            self._restore_if_announced()
             self._apply(self.breaker.tick(self.clock()))
 
     def _apply(self, transitions: list[KeyedTransition]) -> None:

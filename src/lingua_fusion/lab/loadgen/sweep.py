@@ -24,7 +24,9 @@ async def sweep(url: str, api_key: str | None, mix: Mix, counts: list[int], dura
     runs: list[dict[str, Any]] = []
 
     async def run(n: int) -> dict[str, Any]:
+        restored = await restore_breakers(url, api_key)
         r = await run_load(url, api_key, mix, n, duration, seed=seed, baseline=baseline)
+        r["breaker_restored"] = restored  # False: this row may start with the last row's breaker still refusing
         console.print(f"  {'baseline ' if baseline else ''}n={n}: goodput {r['goodput_streams']}/{n}, "
                       + ", ".join(f"{slo} p99 {c['caption_latency_s']['p99']} s" for slo, c in r["classes"].items())
                       + f", meets SLO: {r['meets_slo']}", markup=False)
@@ -52,6 +54,26 @@ async def sweep(url: str, api_key: str | None, mix: Mix, counts: list[int], dura
         last_ok = lo
     runs.sort(key=lambda r: r["streams"])
     return {"knee_streams": last_ok, "first_failing_streams": first_bad, "runs": runs}
+
+
+RESTORE_SETTLE_S = 1.5  # every worker of the server restores within a second of the reset (stream/supervisor.py)
+
+
+async def restore_breakers(url: str, api_key: str | None) -> bool:
+    """Each row starts from a server whose SLO breakers are at level 0 (``DELETE /v1/admin/breaker``), not from
+    the last row's overload: without it, a row after an overloaded one was refused whole within the breaker's
+    quiet period and the sweep read that as capacity. Needs an admin key (or a server without auth); False when
+    the server refused or lacks the route, and the row goes on as before."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        async with httpx.AsyncClient(timeout=10) as http:
+            r = await http.delete(url.rstrip("/") + "/v1/admin/breaker", headers=headers)
+    except httpx.HTTPError:
+        return False
+    if r.status_code != 200:
+        return False
+    await asyncio.sleep(RESTORE_SETTLE_S)
+    return True
 
 
 def build_report(url: str, mix: Mix, mix_path: Path | None, counts: list[int], duration: float, seed: int,

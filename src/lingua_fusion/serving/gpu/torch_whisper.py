@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ...config import Settings
-from ...models.asr_whisper import ZH_PROMPT, collapse_repeats, window_samples
+from ...models.asr_whisper import ZH_PROMPT, caption_text, window_samples
 from ...types import SR
 from ..ports import AsrInput, AsrOutput
 from .decoder_model import Decoded
@@ -83,7 +83,7 @@ class TorchWhisperRecipe:
         return hashlib.blake2b(np.ascontiguousarray(payload.audio).tobytes(), digest_size=16).digest()
 
     def result(self, payload: AsrInput, decoded: Decoded) -> AsrOutput:
-        text = collapse_repeats(self.tok.decode(decoded.tokens).strip())
+        text = caption_text(self.tok.decode(decoded.tokens))
         return AsrOutput(text, round(min(1.0, confidence(decoded.logprobs)), 4))
 
 
