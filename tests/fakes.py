@@ -62,6 +62,8 @@ class FakePort:
 class FakeOwner:
     """A StreamOwner: breaker steps switched on by hand, captions and releases recorded."""
 
+    vocabularies = None  # no taught signs or lips (stream.contracts.Vocabularies)
+
     def __init__(self) -> None:
         self.steps: set[str] = set()
         self.captions: list[float] = []

@@ -47,6 +47,7 @@ from ..stream.quota import open_quota
 from ..stream.service import Principal, StreamService
 from ..tracing import Tracer, from_settings
 from ..tracing import http as tracing_http
+from ..vision.stream_signs import StreamVocabularies
 from . import admin, docs, glossaries, headers, health, openai_audio, openai_realtime, translate, web
 from . import errors as error_map
 from . import rooms as rooms_api
@@ -258,7 +259,8 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
             await quota.close()
 
     app.state.streams = service
-    service.vision = app.state.vision  # streams with a vocabulary_id read signs (api/vocab.py, vision/)
+    # streams with a vocabulary_id read signs and lips (api/vocab.py, vision/)
+    service.vocabularies = StreamVocabularies(app.state.vision) if app.state.vision is not None else None
     # rooms: api/rooms.py, rooms/; a room's listener tokens are dead once its owner's key is revoked
     revoked = _owner_revoked(store, offload) if settings.server.auth else None
     rooms = service.rooms = rooms_api.install(app, settings, metrics, translator.registry, owner_revoked=revoked)

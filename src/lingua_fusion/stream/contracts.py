@@ -1,18 +1,45 @@
 """What a StreamSession hands its parts (stream/ingest.py, decisions.py, images.py, finals.py, outbox.py): the
-event sink, the task owner, the breaker's question, and ``Slots``, a bound shared by the streams of a service."""
+event sink, the task owner, the breaker's question, and ``Slots``, a bound shared by the streams of a service; and
+``Vocabularies``, the face of a stream's taught signs and lips (vision/), which the app injects so that stream/
+never imports vision/."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .events import Event
+from .events import Event, Final
+
+if TYPE_CHECKING:
+    from .jobs import StreamJobs
+    from .protocol import StreamSpec
 
 Emit = Callable[[Event], None]  # an event for the client (the session's outbox; never blocks)
 Spawn = Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]  # a task the session owns and cancels
 Degraded = Callable[[str], bool]  # is the breaker's step active for this stream's SLO class now?
 Alive = Callable[[], bool]  # the session's state allows this work (live, or not yet closed: the caller says which)
+Queue = Callable[[Coroutine[Any, Any, "Final | None"]], None]  # a caption job into the session's ordered finals
+Heard = Callable[[], tuple[float, float | None, bool]]  # audio heard so far: until (s), open speech's start, in speech
+
+
+class Vocabularies(Protocol):
+    """A key's taught vocabularies, as a live stream reads them (vision/stream_signs.py ``StreamVocabularies``).
+    ``video`` is the session's video fan-out (video/stream_slides.py ``StreamVideo``), opaque here: video/ imports
+    stream/, not the other way."""
+
+    def check(self, key_id: str, vocabulary_id: str) -> None:
+        """Raise (404 / 400) unless ``key_id`` has taught ``vocabulary_id``; blocking briefly (the store)."""
+        ...
+
+    async def attach(self, video: object, spec: StreamSpec, jobs: StreamJobs, emit: Emit, spawn: Spawn, *,
+                     queue: Queue, heard: Heard) -> None:
+        """Read signs (or lips fused with speech) from the stream's video frames against its vocabulary."""
+        ...
+
+    async def finish(self, video: object, wait_s: float) -> None:
+        """The stream ends: a sign still being made goes out (within ``wait_s``)."""
+        ...
 
 
 class Slots:

@@ -39,7 +39,7 @@ from ..serving.tenant_breaker import TenantBreaker
 from ..tracing import Tracer
 from .budget import PixelBudget, pixel_budget
 from .capacity import KeyQuota, Principal, StreamCapacity
-from .contracts import Slots
+from .contracts import Slots, Vocabularies
 from .events import Closed, Error, Event, Logged
 from .journal import StreamLog
 from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
@@ -95,7 +95,7 @@ class StreamService:
                                             metrics)
         self.tracer: Tracer | None = None  # set when tracing is on: each stream gets a span (lingua_fusion/tracing)
         self.rooms: RoomHost | None = None  # set by the app: streams started with "room" publish there (rooms/)
-        self.vision: Any = None  # set by the app (vision/service.py): streams with a "vocabulary_id" read signs
+        self.vocabularies: Vocabularies | None = None  # set by the app (vision/): "vocabulary_id" streams read signs
         executor.observer = self
 
     # ---- opening -----------------------------------------------------------------------------------------------
@@ -180,9 +180,9 @@ class StreamService:
             return ""
         if not isinstance(vid, str):
             raise InvalidParameter("vocabulary_id must be a string (POST /v1/vocabularies)")
-        if self.vision is None:
+        if self.vocabularies is None:
             raise InvalidParameter("this server reads no signs: it has no vocabulary store")
-        self.vision.store.recogniser(who.key_id, vid)  # not found for another key; refused when untaught
+        self.vocabularies.check(who.key_id, vid)  # not found for another key; refused when untaught
         return vid
 
     async def _resumable(self, req: ResumeRequest, who: Principal) -> StreamSpec:

@@ -34,7 +34,7 @@ from ..serving.ports import ModelPort
 from ..tracing import TraceRef
 from ..types import SR
 from .budget import AudioBudget, PixelBudget, pixel_budget
-from .contracts import Slots
+from .contracts import Slots, Vocabularies
 from .decisions import Decisions
 from .events import Closed, Event, Final, Ready
 from .finals import Finals
@@ -64,7 +64,7 @@ class State(enum.IntEnum):
 class StreamOwner(Protocol):
     """What a session needs from the service that owns it."""
 
-    vision: Any  # vision/service.py VisionService, or None: read only by streams started with a vocabulary_id
+    vocabularies: Vocabularies | None  # taught signs and lips (injected: vision/), read by streams with a vocabulary_id
 
     def degraded(self, slo: str, step: str, key_id: str = "") -> bool:
         """Is the breaker's ``step`` active for this SLO class now, for the streams of ``key_id``?"""
@@ -271,11 +271,10 @@ class StreamSession:
                            self.settings.limits, self.image_slots, owner=self)
 
     async def _attach_vocabulary(self, video: Any) -> None:
-        if self.spec.vocabulary_id:  # signs (or lips, fused with speech) too, against the key's vocabulary
-            from ..vision import stream_signs
-
-            await stream_signs.attach(video, self.owner.vision, self.spec, self.jobs, self._emit, self._spawn,
-                                queue=self._queue, heard=self._heard)
+        vocabularies = self.owner.vocabularies
+        if self.spec.vocabulary_id and vocabularies is not None:  # signs (or lips, with speech) too
+            await vocabularies.attach(video, self.spec, self.jobs, self._emit, self._spawn, queue=self._queue,
+                                      heard=self._heard)
 
     def _heard(self) -> tuple[float, float | None, bool]:
         """For lips (vision/stream_lips.py): audio heard by the VAD until (stream s), the open speech's start."""
@@ -289,10 +288,8 @@ class StreamSession:
         await self.ingest.finish()
         if self.video is not None:  # the last slide shown, and slides still being read, go out before closed
             await self.video.finish(self.settings.server.drain_timeout_s)
-            if self.spec.vocabulary_id:  # and a sign still being made
-                from ..vision import stream_signs
-
-                await stream_signs.finish(self.video, self.settings.server.drain_timeout_s)
+            if self.spec.vocabulary_id and self.owner.vocabularies is not None:  # and a sign still being made
+                await self.owner.vocabularies.finish(self.video, self.settings.server.drain_timeout_s)
         flush = self.policy.flush(self.timeline.end_s)
         self.decisions.apply(flush)
         if flush.kind == "commit":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,7 +25,12 @@ from .lane import LandmarkLane
 from .recogniser import Recogniser
 from .sampler import AdaptiveSampler, SamplingPolicy
 from .segment import sign_spans
-from .service import gloss_text
+from .service import VisionService, gloss_text
+
+if TYPE_CHECKING:
+    from ..stream.contracts import Emit, Heard, Queue, Spawn
+    from ..stream.jobs import StreamJobs
+    from ..stream.protocol import StreamSpec
 
 MAX_SIGN_FRAMES = 600  # one sign's frames at most (a hand never leaving the picture is cut there)
 
@@ -138,3 +143,21 @@ async def finish(video: Any, wait_s: float) -> None:
     consumer = video.fanout.get("signs") or video.fanout.get("lips")
     if consumer is not None:
         await consumer.finish(wait_s)
+
+
+class StreamVocabularies:
+    """``stream.contracts.Vocabularies`` on a VisionService: what the app hands the stream service, so that the
+    session reads a stream's signs and lips without importing vision/."""
+
+    def __init__(self, vision: VisionService) -> None:
+        self.vision = vision
+
+    def check(self, key_id: str, vocabulary_id: str) -> None:
+        self.vision.store.recogniser(key_id, vocabulary_id)  # not found for another key; refused when untaught
+
+    async def attach(self, video: object, spec: StreamSpec, jobs: StreamJobs, emit: Emit, spawn: Spawn, *,
+                     queue: Queue, heard: Heard) -> None:
+        await attach(video, self.vision, spec, jobs, emit, spawn, queue=queue, heard=heard)
+
+    async def finish(self, video: object, wait_s: float) -> None:
+        await finish(video, wait_s)
