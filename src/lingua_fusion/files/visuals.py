@@ -111,9 +111,8 @@ class VideoVisuals:
             return slide_texts(work.video.slides, mt if route is not None else None, braille)
 
     def signs(self, reader: Any, work: Work, st: Stages) -> list[Any]:
-        """The video's known signs, each gloss translated from the vocabulary's language (vision/file_signs.py)."""
-        from ..vision.file_signs import sign_texts
-
+        """The video's known signs, each gloss translated from the vocabulary's language (``reader``: the request's
+        vision/file_signs.py SignReader, which makes the results)."""
         route = None
         if reader.lang != work.target:
             try:
@@ -127,4 +126,4 @@ class VideoVisuals:
                                  work.target_script)
 
         with st.stage("signs_mt"):
-            return sign_texts(work.signs, mt if route is not None else None)
+            return list(reader.texts(work.signs, mt if route is not None else None))

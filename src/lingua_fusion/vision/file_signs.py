@@ -77,6 +77,11 @@ class SignReader:
         return out
 
 
+    def texts(self, spans: list[GlossSpan], translate: Callable[[list[str]], list[str]] | None) -> list[SignText]:
+        """``sign_texts``: how files/ turns what it read into results without importing vision/."""
+        return sign_texts(spans, translate)
+
+
 def reader(vision: Any, owner: str, vocabulary_id: Any, request_id: str) -> SignReader:
     """The request's reader: ``owner``'s sign vocabulary (not_found for another key's, invalid_parameter for an
     untaught one, a lip vocabulary, or a server without vision)."""
