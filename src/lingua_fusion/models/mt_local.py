@@ -53,7 +53,7 @@ def model_type(path: Path) -> str | None:
 def new_token_limit(model: Any) -> int:
     """The most tokens one translation may generate: the directory's ``generation_config.max_new_tokens`` where it
     sets one (as ``generate`` reads it), within ``MAX_NEW_TOKENS``."""
-    configured = getattr(getattr(model, "generation_config", None), "max_new_tokens", None)
+    configured = model.generation_config.max_new_tokens  # a transformers model's (None unless the directory sets it)
     return min(MAX_NEW_TOKENS, int(configured)) if isinstance(configured, int) and configured > 0 else MAX_NEW_TOKENS
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidParameter, MalformedOutput
-from ..models.base import ASRResult
+from ..models.base import ASRResult, OCRLine
 from .keys import ModelKey
 from .ports import AsrOutput, DetectInput, TranscribeInput
 
@@ -131,7 +131,7 @@ def check_outputs(key: ModelKey, args: list[Any], results: Any) -> list[Any]:
         elif key.task == "mt":
             ok = _text_ok(r, 10 * len(arg.text) + 200)
         elif key.task == "ocr":
-            ok = isinstance(r, list) and all(_text_ok(getattr(x, "text", None), 4000) for x in r)
+            ok = isinstance(r, list) and all(isinstance(x, OCRLine) and _text_ok(x.text, 4000) for x in r)
         elif key.task == "tts":
             ok = isinstance(r, (bytes, bytearray)) and r[:4] == b"RIFF"
         else:
