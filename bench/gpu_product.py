@@ -1,7 +1,7 @@
 """``bench/results/gpu_product.json`` (issue 30's figures) from the JSON of a ``bench/gpu_serve.py run`` with
 ``--mt-dir``: the product server, ASR and MT (en -> es) on the GPU, one row per offered load.
 
-    .venv/bin/python bench/gpu_product.py RUN.json --gpu-time-s 682 --json bench/results/gpu_product.json
+    .venv/bin/python bench/gpu_product.py RUN.json --gpu-time-s 914 [--capped CAPPED_RUN.json]
 
 A row's streams within the SLO are the load generator's goodput (each stream's own caption p99 within the class
 target); ``streams_p99_1s`` / ``_3s`` is the most streams admitted in a row whose caption p99 over all its streams
@@ -73,8 +73,13 @@ def main() -> int:
     ap.add_argument("run", type=Path)
     ap.add_argument("--gpu-time-s", type=float, required=True, help="the device time the figures cost")
     ap.add_argument("--json", type=Path, default=Path("bench/results/gpu_product.json"))
+    ap.add_argument("--capped", type=Path, help="a run of the same server with --max-streams: its rows go under "
+                    "'capped_run' (does a stream cap hold overload where admission alone did not?)")
     args = ap.parse_args()
     doc = summarize(json.loads(args.run.read_text()), args.gpu_time_s)
+    if args.capped:
+        capped = json.loads(args.capped.read_text())
+        doc["capped_run"] = {"command": capped["command"], "rows": summarize(capped, 0.0)["rows"]}
     args.json.write_text(json.dumps(doc, indent=1) + "\n")
     for r in doc["rows"]:
         print(f"offered {r['offered']:>5}  admitted {r['admitted']:>4}  good {r['goodput']:>4}  p99 "
