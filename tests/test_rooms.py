@@ -166,8 +166,11 @@ def test_cli_stream_room_and_listen_late_joiner_included(live: Live, tmp_path: P
         heard = finals_of(events)
         assert [f["seq"] for f in heard] == [f["seq"] for f in published]  # 1..N, the late joiner included
         assert [f["translations"].get(lang) for f in heard] == [f["translations"].get(lang) for f in published]
-        # fr joins the room's languages as its listener arrives: a caption already translating may go without it
-        assert all(set(f["translations"]) == {lang} for f in heard[lang == "fr":])
+        # fr joins the room's languages as its listener arrives: captions already translating then (on a loaded
+        # machine, more than one) go without it; from the first that has it on, every caption has it
+        has = [set(f["translations"]) == {lang} for f in heard]
+        first = has.index(True) if True in has else len(has)
+        assert all(has[first:]) and first < len(has) and (lang == "fr" or first == 0), has
         assert events[-1]["type"] == "closed"
         partials = [e for e in events if e["type"] in ("partial", "revision")]
         assert all(set(p.get("translations", {})) <= {lang} for p in partials)

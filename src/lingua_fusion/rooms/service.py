@@ -282,12 +282,11 @@ class RoomService:
         """A resumed publisher (its server died, or its connection broke): finals it logged but whose room event
         never went out (the tap's queue died with the old server) are published from the stream log first, in
         order, so listeners get 1..N with no gap."""
-        journal = session.journal
-        if journal is None:
+        if session.journal is None:
             return
         kept = await self.bus.history(room_id, 0)
         last = max((int(e["seq"]) for e in kept if e.get("type") == "final"), default=0)
-        missed = await journal.log.call(journal.log.store.finals_after, session.spec.stream_id, last)
+        missed = await session.logged_finals_after(last)
         for event in missed:
             if int(event["seq"]) <= session.seq:
                 await self.bus.publish(room_id, {**event, "published_at": round(self.clock(), 6)})

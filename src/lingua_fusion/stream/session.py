@@ -276,6 +276,15 @@ class StreamSession:
             await vocabularies.attach(video, self.spec, self.jobs, self._emit, self._spawn, queue=self._queue,
                                       heard=self._heard)
 
+    async def logged_finals_after(self, seq: int) -> list[dict[str, Any]]:
+        """The finals this stream's log holds after ``seq``, as sent (a resumed room publisher's catch-up,
+        rooms/service.py); [] for a stream without a log."""
+        if self.journal is None:
+            return []
+        log = self.journal.log
+        finals: list[dict[str, Any]] = await log.call(log.store.finals_after, self.spec.stream_id, seq)
+        return finals
+
     def _heard(self) -> tuple[float, float | None, bool]:
         """For lips (vision/stream_lips.py): audio heard by the VAD until (stream s), the open speech's start."""
         return self.ingest.heard()
