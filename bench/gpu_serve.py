@@ -29,6 +29,7 @@ failure) stays in the state directory.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -191,18 +192,6 @@ def stop_server(proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, An
     if proc.poll() is None:
         proc.wait(timeout=10)
     return {"exit": proc.returncode, "how": how, "stop_s": round(time.monotonic() - t0, 1)}
-
-
-def restore_breakers(url: str) -> bool:
-    """``DELETE /v1/admin/breaker`` (the server runs without auth), then a moment for every worker to see it."""
-    import httpx
-
-    try:
-        ok = httpx.delete(url + "/v1/admin/breaker", timeout=10).status_code == 200
-    except httpx.HTTPError:
-        return False
-    time.sleep(1.5)
-    return ok
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -371,7 +360,10 @@ def run(args: argparse.Namespace) -> int:
             if proc.poll() is not None:
                 doc["rows"].append({"streams": n, "skipped": f"the server exited with {proc.returncode}"})
                 break
-            row_restored = restore_breakers(url)  # each row from a server not refusing for the last row's sake
+            # each row from a server not refusing for the last row's sake (the load sweep's own reset)
+            from lingua_fusion.lab.loadgen.sweep import restore_breakers
+
+            row_restored = asyncio.run(restore_breakers(url, None))
             before, cpu0, gpu = metrics(url), group_cpu_s(proc.pid), GpuSampler(args.device)
             row = load_row(args, url, n, args.duration, procs, state,
                            min(args.duration + args.ramp_s + 240, budget.left() - args.stop_timeout_s))

@@ -126,4 +126,4 @@ class VideoVisuals:
                                  work.target_script)
 
         with st.stage("signs_mt"):
-            return list(reader.texts(work.signs, mt if route is not None else None))
+            return reader.texts(work.signs, mt if route is not None else None)

@@ -76,7 +76,6 @@ class SignReader:
                 out.append(GlossSpan(span.start, span.end, self.recogniser.recognise(window)))
         return out
 
-
     def texts(self, spans: list[GlossSpan], translate: Callable[[list[str]], list[str]] | None) -> list[SignText]:
         """``sign_texts``: how files/ turns what it read into results without importing vision/."""
         return sign_texts(spans, translate)

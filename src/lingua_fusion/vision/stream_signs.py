@@ -111,40 +111,6 @@ class StreamSigns(LandmarkLane):
             return
 
 
-async def attach(video: Any, vision: Any, spec: Any, jobs: Any, emit: Callable[[Event], None],
-           spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], *,
-           queue: Callable[[Coroutine[Any, Any, Any]], None] | None = None,
-           heard: Callable[[], tuple[float, float | None, bool]] | None = None) -> Any:
-    """Attach a stream's vocabulary consumer to its video fan-out (``video.stream_slides.StreamVideo``): signs
-    for a sign vocabulary; for a lip vocabulary, lips fused with the stream's speech (``stream_lips.py``, which
-    needs the session's ``queue`` of finals and what audio it has ``heard``). The store is read on a worker
-    thread (disk or network; a recogniser changed since the stream opened is rebuilt)."""
-    from ..video.fanout import Tap
-
-    recogniser = await asyncio.to_thread(vision.store.recogniser, spec.key_id, spec.vocabulary_id)
-    if recogniser.kind == "lip":
-        from . import stream_lips
-
-        assert queue is not None and heard is not None
-        return stream_lips.attach(video, vision, recogniser, jobs, emit, spawn, queue, heard)
-    extractor = vision.extractor()
-    session = f"stream-{spec.stream_id}"
-
-    def extract(t: float, rgb: np.ndarray) -> LandmarkFrame:
-        return extractor.extract([(t, rgb)], parts=frozenset({"hands"}), session=session)[0]
-
-    signs = StreamSigns(recogniser, extract, jobs, emit, spawn, asyncio.get_running_loop(), pool=vision.pool)
-    video.fanout.attach(Tap("signs", signs, fps=30.0))
-    return signs
-
-
-async def finish(video: Any, wait_s: float) -> None:
-    """The stream ends: a sign still being made, or lip movements not yet decided, go out (bounded)."""
-    consumer = video.fanout.get("signs") or video.fanout.get("lips")
-    if consumer is not None:
-        await consumer.finish(wait_s)
-
-
 class StreamVocabularies:
     """``stream.contracts.Vocabularies`` on a VisionService: what the app hands the stream service, so that the
     session reads a stream's signs and lips without importing vision/."""
@@ -155,9 +121,33 @@ class StreamVocabularies:
     def check(self, key_id: str, vocabulary_id: str) -> None:
         self.vision.store.recogniser(key_id, vocabulary_id)  # not found for another key; refused when untaught
 
-    async def attach(self, video: object, spec: StreamSpec, jobs: StreamJobs, emit: Emit, spawn: Spawn, *,
+    async def attach(self, video: Any, spec: StreamSpec, jobs: StreamJobs, emit: Emit, spawn: Spawn, *,
                      queue: Queue, heard: Heard) -> None:
-        await attach(video, self.vision, spec, jobs, emit, spawn, queue=queue, heard=heard)
+        """Attach the stream's vocabulary consumer to its video fan-out (``video``: video/stream_slides.py
+        ``StreamVideo``): signs for a sign vocabulary; for a lip vocabulary, lips fused with the stream's speech
+        (``stream_lips.py``, which needs the session's ``queue`` of finals and what audio it has ``heard``). The
+        store is read on a worker thread (disk or network; a recogniser changed since the stream opened is
+        rebuilt)."""
+        from ..video.fanout import Tap
 
-    async def finish(self, video: object, wait_s: float) -> None:
-        await finish(video, wait_s)
+        vision = self.vision
+        recogniser = await asyncio.to_thread(vision.store.recogniser, spec.key_id, spec.vocabulary_id)
+        if recogniser.kind == "lip":
+            from . import stream_lips
+
+            stream_lips.attach(video, vision, recogniser, jobs, emit, spawn, queue, heard)
+            return
+        extractor = vision.extractor()
+        session = f"stream-{spec.stream_id}"
+
+        def extract(t: float, rgb: np.ndarray) -> LandmarkFrame:
+            return extractor.extract([(t, rgb)], parts=frozenset({"hands"}), session=session)[0]
+
+        signs = StreamSigns(recogniser, extract, jobs, emit, spawn, asyncio.get_running_loop(), pool=vision.pool)
+        video.fanout.attach(Tap("signs", signs, fps=30.0))
+
+    async def finish(self, video: Any, wait_s: float) -> None:
+        """The stream ends: a sign still being made, or lip movements not yet decided, go out (bounded)."""
+        consumer = video.fanout.get("signs") or video.fanout.get("lips")
+        if consumer is not None:
+            await consumer.finish(wait_s)

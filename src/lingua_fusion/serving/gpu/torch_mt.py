@@ -95,12 +95,11 @@ class TorchSeq2SeqRecipe:
 
     def __init__(self, model: Any, decoder: DecoderModel, plan: GreedyPlan) -> None:
         self.model, self.decoder, self.plan = model, decoder, plan
-        max_new_tokens = plan.max_new
         self.stop = plan.stop
         self.pad = int(model.config.pad_token_id)
         self.device = next(model.parameters()).device
         # generate's max_new_tokens; with forced_eos the last of them is end-of-sentence, left out of the output
-        self.max_new_tokens = max_new_tokens - 1 if plan.forced_eos else max_new_tokens
+        self.max_new_tokens = plan.max_new - 1 if plan.forced_eos else plan.max_new
 
     def encode(self, payloads: list[MtTokens]) -> list[torch.Tensor]:
         return encoder_outputs(self.model.get_encoder(), [list(p.ids) for p in payloads], self.pad, self.device)
