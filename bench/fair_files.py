@@ -1,7 +1,7 @@
 """Issue 29's attack 6 as figures: key B's caption lateness (end of speech -> final) alone and beside key A's four
 concurrent ``/v1/translate`` requests of a huge static video, on a live server (auth on, started here), once with
 file threads at the server's priority (``server.file_nice=0``, the old behaviour for decoding) and once with the
-default. The same attack is tests/test_fair_files.py (with a generous bound).
+default. The same attack is tests/service/test_fair_files.py (with a generous bound).
 
     .venv/bin/python bench/fair_files.py --json bench/results/fair_files.json
     .venv/bin/python bench/fair_files.py --make    # writes tests/data/static_6000x6000_20s.mp4 again (slow)

@@ -6,7 +6,7 @@
 
 - **Silero VAD** (serving/gpu/silero.py): ``prepare`` reads the weights from faster-whisper's ONNX file (the GPU
   machine has neither faster-whisper nor protobuf) and computes the probabilities of a set of calls with the torch
-  port on this CPU (tests/test_gpu_silero.py holds those equal to onnxruntime's within 1e-4; 2.1e-6 measured);
+  port on this CPU (tests/service/test_gpu_silero.py holds those equal to onnxruntime's within 1e-4; 2.1e-6 measured);
   ``check`` runs the same calls on CUDA and compares, then times one call over many streams on CUDA against the
   same call on the machine's CPU cores (windows per second).
 - **MT on the engine** (serving/gpu/torch_mt.py): a Marian of OPUS-MT's size with random weights (built there from

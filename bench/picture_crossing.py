@@ -1,7 +1,7 @@
 """One 40 MP picture crossing from a stream worker's port to the model process (serving/shard/pictures.py), sent
 whole (the RGB as decoded, 119 MB) and at the size OCR reads it (1984x1984, 11.8 MB): the OCR round trip, the
 longest stall of the event loop, and the slowest MT call made beside it. The model process's server runs in this
-process (tests/test_sharding.py ``_one_worker``), so one loop stands for both sides' loops.
+process (tests/service/test_sharding.py ``_one_worker``), so one loop stands for both sides' loops.
 
     .venv/bin/python bench/picture_crossing.py --json bench/results/picture_crossing.json
 """

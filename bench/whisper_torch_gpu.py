@@ -5,7 +5,7 @@
 
 The shipped tiny.en ``model.bin`` (75.5 MB of float16) is over what travels to the GPU machine (64 MiB), so
 ``prepare`` re-saves it with CTranslate2's own serializer as int8 with per-row scales (~40 MB): the loader
-dequantises it (tests/test_whisper_torch.py checks that against CTranslate2). ``prepare`` also writes Piper test
+dequantises it (tests/e2e/test_whisper_torch.py checks that against CTranslate2). ``prepare`` also writes Piper test
 clips and the CPU float32 transcripts of the same int8 file; ``check`` loads that file on CUDA in float16 and
 bfloat16 and compares the transcripts, and times ``transcribe_batch``. The GPU machine has neither faster-whisper
 nor pydantic: ``check`` imports only the model modules (no package ``__init__``) and faster-whisper's tokenizer

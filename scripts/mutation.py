@@ -38,17 +38,17 @@ WORK = ROOT / "build/mutation"
 
 # module -> (file under src/lingua_fusion, the tests that guard it)
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "scheduler": ("serving/scheduler.py", ["tests/test_unit_scheduler.py", "tests/test_unit_fairness.py",
-                                           "tests/test_unit_promises.py", "tests/test_edges_scheduler.py"]),
-    "policy": ("stream/policy.py", ["tests/test_unit_policy.py", "tests/test_edges_policy.py"]),
-    "breaker": ("serving/breaker.py", ["tests/test_unit_breaker.py", "tests/test_edges_breaker.py"]),
-    "timeline": ("stream/timeline.py", ["tests/test_unit_timeline.py", "tests/test_edges_timeline.py"]),
-    "journal": ("stream/journal.py", ["tests/test_unit_session.py", "tests/test_unit_promises.py",
-                                      "tests/test_edges_journal.py"]),
-    "glossary": ("glossary.py", ["tests/test_unit_glossary.py", "tests/test_unit_promises.py",
-                                 "tests/test_edges_glossary.py"]),
-    "sniff": ("media/sniff.py", ["tests/test_unit_media.py", "tests/test_edges_errors_sniff.py"]),
-    "errors": ("errors.py", ["tests/test_unit_core.py", "tests/test_edges_errors_sniff.py"]),
+    "scheduler": ("serving/scheduler.py", ["tests/unit/test_unit_scheduler.py", "tests/unit/test_unit_fairness.py",
+                                           "tests/unit/test_unit_promises.py", "tests/unit/test_edges_scheduler.py"]),
+    "policy": ("stream/policy.py", ["tests/unit/test_unit_policy.py", "tests/unit/test_edges_policy.py"]),
+    "breaker": ("serving/breaker.py", ["tests/unit/test_unit_breaker.py", "tests/unit/test_edges_breaker.py"]),
+    "timeline": ("stream/timeline.py", ["tests/unit/test_unit_timeline.py", "tests/unit/test_edges_timeline.py"]),
+    "journal": ("stream/journal.py", ["tests/unit/test_unit_session.py", "tests/unit/test_unit_promises.py",
+                                      "tests/unit/test_edges_journal.py"]),
+    "glossary": ("glossary.py", ["tests/unit/test_unit_glossary.py", "tests/unit/test_unit_promises.py",
+                                 "tests/unit/test_edges_glossary.py"]),
+    "sniff": ("media/sniff.py", ["tests/unit/test_unit_media.py", "tests/unit/test_edges_errors_sniff.py"]),
+    "errors": ("errors.py", ["tests/service/test_unit_core.py", "tests/unit/test_edges_errors_sniff.py"]),
 }
 
 # Survivors that no test can kill, keyed by module and a line of the mutated code (the diff's "+" line, stripped),

@@ -1,6 +1,6 @@
 """Write docs/settings.md from src/lingua_fusion/config.py: every setting, its environment variable, type,
 default and the comment beside it. `python scripts/settings_doc.py` rewrites it; `--check` exits 1 when it is out
-of date (tests/test_docs.py runs that)."""
+of date (tests/unit/test_docs.py runs that)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Fakes of the stream wing's ports (serving/ports.py ModelPort, stream/session.py StreamOwner): what unit tests
-of a session use instead of models. Nothing else of the engine is faked."""
+of a session use instead of models. Nothing else of the engine is faked. `make test` runs mypy on this module, so a
+fake that drifts from its port (a method renamed, an attribute added to the Protocol) fails before any test runs:
+see `_fakes_are_their_ports`."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import numpy as np
 
 from lingua_fusion.config import Settings
 from lingua_fusion.serving.keys import ModelKey
-from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext, MtInput
+from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput
+from lingua_fusion.stream.contracts import Vocabularies
 from lingua_fusion.stream.journal import StreamLog
 from lingua_fusion.stream.protocol import StreamSpec
-from lingua_fusion.stream.session import StreamSession
+from lingua_fusion.stream.session import StreamOwner, StreamSession
 
 
 def loud_is_speech(audio: np.ndarray) -> np.ndarray:
@@ -62,7 +65,7 @@ class FakePort:
 class FakeOwner:
     """A StreamOwner: breaker steps switched on by hand, captions and releases recorded."""
 
-    vocabularies = None  # no taught signs or lips (stream.contracts.Vocabularies)
+    vocabularies: Vocabularies | None = None  # no taught signs or lips
 
     def __init__(self) -> None:
         self.steps: set[str] = set()
@@ -77,6 +80,11 @@ class FakeOwner:
 
     def released(self, session: StreamSession) -> None:
         self.released_ids.append(session.spec.stream_id)
+
+
+def _fakes_are_their_ports(port: FakePort, owner: FakeOwner) -> tuple[ModelPort, StreamOwner]:
+    """Checked by mypy, never called: each fake is assignable to the Protocol it stands in for."""
+    return port, owner
 
 
 def session(port: FakePort | None = None, owner: FakeOwner | None = None, *, store: Any = None,

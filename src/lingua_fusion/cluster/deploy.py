@@ -4,7 +4,9 @@
   autoscaled between ``model_replicas`` and ``max_model_replicas`` by ``autoscale.slo_policy`` (queue depth and
   SLO headroom, reported by each replica).
 - ``lf-gateway`` (route ``/``): the ``Gateway`` ingress deployment, ``gateways`` replicas of 0 CPUs (their work is
-  I/O and sessions; VAD is light), behind Serve's HTTP proxy on ``host:port``.
+  I/O and sessions; VAD is light), behind Serve's HTTP proxy on ``host:port``, spread evenly over the cluster's
+  nodes (at most ceil(gateways / nodes) on one: a host lost takes only its share of the gateways, and each node's
+  gateways keep their files in that node's own state directory).
 
 ``run_cluster`` is what ``linguafusion serve --cluster`` runs: connect to a Ray cluster (``address``; none starts
 a local one owned by this process), deploy both, wait for SIGINT / SIGTERM, have every gateway drain its streams
@@ -59,12 +61,18 @@ def model_app(settings: Settings, spec: ClusterSpec) -> Any:
     return serve.deployment(**options)(ModelReplica).bind(settings.model_dump(mode="json"))
 
 
-def gateway_app(settings: Settings, spec: ClusterSpec) -> Any:
+def gateways_per_node(gateways: int, nodes: int) -> int:
+    """The most gateway replicas one node may hold so that they spread evenly over ``nodes`` live nodes."""
+    return -(-gateways // max(1, nodes))
+
+
+def gateway_app(settings: Settings, spec: ClusterSpec, nodes: int = 1) -> Any:
     from ray import serve
 
     ingress = serve.ingress()(Gateway)
     return serve.deployment(name="Gateway", num_replicas=spec.gateways, max_ongoing_requests=MAX_ONGOING_GATEWAY,
                             ray_actor_options={"num_cpus": 0},
+                            max_replicas_per_node=gateways_per_node(spec.gateways, nodes),
                             graceful_shutdown_timeout_s=settings.server.drain_timeout_s,
                             health_check_period_s=2.0)(ingress).bind(settings.model_dump(mode="json"), MODELS_APP)
 
@@ -81,12 +89,15 @@ def connect(address: str | None, local_cpus: int | None = None) -> None:
 
 
 def deploy(settings: Settings, spec: ClusterSpec, *, host: str, port: int) -> None:
-    """Start Serve's proxy on host:port, deploy the models, then the gateways (connected to Ray already)."""
+    """Start Serve's proxy on host:port, deploy the models, then the gateways (connected to Ray already), spread
+    over the nodes alive now."""
+    import ray
     from ray import serve
 
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     serve.start(http_options={"host": host, "port": port})
     serve.run(model_app(settings, spec), name=MODELS_APP, route_prefix=None, blocking=False)
-    serve.run(gateway_app(settings, spec), name=GATEWAY_APP, route_prefix="/", blocking=False)
+    serve.run(gateway_app(settings, spec, nodes), name=GATEWAY_APP, route_prefix="/", blocking=False)
 
 
 def shutdown() -> None:

@@ -1,5 +1,5 @@
 """Diarization's pure parts, without models: the speaker clusterer, the DER metric, speaker captions, the text
-split at a change of speaker, MT sentences that stop at one, and the request checks (tests/test_diarize.py runs
+split at a change of speaker, MT sentences that stop at one, and the request checks (tests/e2e/test_diarize.py runs
 the real encoder through the CLI, the REST API and the OpenAI route)."""
 
 from __future__ import annotations

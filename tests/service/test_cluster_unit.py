@@ -1,5 +1,5 @@
 """The cluster's pure parts and the gateway's ModelPort against a fake deployment handle (the real cluster is in
-tests/test_cluster.py): what crosses the hop, the autoscaling decision, and the retry contract of the port."""
+tests/e2e/test_cluster.py): what crosses the hop, the autoscaling decision, and the retry contract of the port."""
 
 from __future__ import annotations
 

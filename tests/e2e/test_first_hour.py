@@ -286,7 +286,7 @@ def test_stream_finals_from_the_llm_say_low_confidence() -> None:
 def test_streaming_doc_lists_every_event() -> None:
     from lingua_fusion.stream import events
 
-    doc = (Path(__file__).parents[1] / "docs" / "streaming.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "streaming.md").read_text()
     kinds = {c.TYPE for c in vars(events).values() if isinstance(c, type) and getattr(c, "TYPE", "")}
     assert "metrics" in kinds and "low_confidence" in doc
     assert [k for k in sorted(kinds) if f"`{k}`" not in doc] == []

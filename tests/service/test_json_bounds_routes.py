@@ -2,7 +2,7 @@
 landmark examples (``vision.max_json_elements``), rooms and a stream's messages (``limits.max_json_elements``),
 all of them ``limits.max_json_depth``. One past is 413 ``too_large`` naming the bound where, without it, the body
 would have been parsed (and refused as invalid, or taken). Servers: ``create_app`` under uvicorn in the test's
-event loop (tests/test_promises.py ``serve``)."""
+event loop (tests/service/test_promises.py ``serve``)."""
 
 from __future__ import annotations
 

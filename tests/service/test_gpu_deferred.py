@@ -3,7 +3,7 @@ running while a model's runner loads, the first call waits in the scheduler and 
 that cannot be built fails its calls with a typed error instead of leaving them waiting.
 
 The built runner here is a stand-in (a ContinuousRunner that answers at once): what is under test is the executor
-and the deferral, not decoding (tests/test_gpu_engine_server.py runs the real engine through the same path)."""
+and the deferral, not decoding (tests/service/test_gpu_engine_server.py runs the real engine through the same path)."""
 
 from __future__ import annotations
 

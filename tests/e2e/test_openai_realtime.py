@@ -409,7 +409,7 @@ def documented_example(url: str, key: str) -> Callable[..., Any]:
     """The Realtime example of docs/openai.md (the python block that defines transcribe_live), pointed at ``url``."""
     from pathlib import Path
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "openai.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "openai.md").read_text()
     block = next(b for b in page.split("```python\n")[1:] if "async def transcribe_live" in b).split("```")[0]
     code = block.replace('"http://127.0.0.1:8000/v1"', repr(url + "/v1")).replace('"sk_..."', repr(key))
     namespace: dict[str, Any] = {}

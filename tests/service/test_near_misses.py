@@ -4,7 +4,7 @@ server would have found anyway, a size well inside or far past a limit, a stream
 Each test here sits on the edge: a secret one character off, each class's own target, two of a thing at once, a
 field that differs from the detected / default value, exactly the limit and one past it, the very last piece.
 
-Servers are real (``create_app`` under uvicorn in the test's event loop, tests/test_promises.py ``serve``; real
+Servers are real (``create_app`` under uvicorn in the test's event loop, tests/service/test_promises.py ``serve``; real
 Apertium for text); the breaker test drives the clock, the last-piece test runs a session on fakes (tests/fakes.py)
 to see the samples the recogniser got. Each kind was checked against one planted one-line bug (reverted; the
 committed source is unchanged), with what the suite before this file said:

@@ -87,7 +87,7 @@ WORKER = textwrap.dedent('''
 def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     w = WorkerProcess("test-worker", [sys.executable, str(script), src], magic=MAGIC, start_timeout_s=30,
                       policy=RestartPolicy(loop_crashes=3, loop_window_s=60, cooldown_s=2, backoff_s=(0.0,)))
     yield w

@@ -8,7 +8,7 @@ items/s with n in flight: admission lets streams in up to that and refuses the r
 
 The runner below is a stand-in that serves one item at a time at a known rate (as a CPU decoder does): what is under
 test is the executor's measure and the admission it drives. The real engine runs through the same path in
-tests/test_gpu_engine_server.py, and ``bench/overload.py`` loads a live server with it.
+tests/service/test_gpu_engine_server.py, and ``bench/overload.py`` loads a live server with it.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ def _probe(tmp_path: Path, ci: str, *extra: str) -> subprocess.CompletedProcess[
     (tmp_path / "test_needs_service.py").write_text('import pytest\n\n\n@pytest.mark.skipif(True, reason="needs '
                                                     'redis")\ndef test_y() -> None:\n    pass\n\n\n'
                                                     "def test_z() -> None:\n    pass\n")
-    env = {**os.environ, "CI": ci, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(SRC)])}
+    tests = Path(__file__).resolve().parents[1]  # conftest.py's folder
+    env = {**os.environ, "CI": ci, "PYTHONPATH": os.pathsep.join([str(tests), str(SRC)])}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
                            "-W", "ignore::DeprecationWarning", "--rootdir", str(tmp_path), *extra, str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
@@ -130,7 +131,7 @@ def _two_crash_and_are_replaced(scheduler: type) -> None:
 
 
 def test_the_ci_watchdog_prints_what_is_stuck_and_fails(tmp_path: Path) -> None:
-    script = Path(__file__).resolve().parents[1] / "scripts" / "watchdog.sh"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "watchdog.sh"
     stuck = [sys.executable, "-c", "import time\ndef waiting_for_ever():\n    time.sleep(600)\nwaiting_for_ever()"]
     run = subprocess.run(["bash", str(script), "3", *stuck], capture_output=True, text=True, timeout=90)
     assert run.returncode == 124, run.stderr
@@ -145,7 +146,7 @@ def test_the_ci_watchdog_prints_what_is_stuck_and_fails(tmp_path: Path) -> None:
 def test_two_collections_of_the_suite_are_the_same() -> None:
     """pytest-xdist refuses a run whose workers collect different tests (CI saw it: a test parametrized by a token
     made with secrets at import time). Two collections of the whole suite must give the same ids."""
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
 
     def collect() -> list[str]:
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",

@@ -15,7 +15,7 @@ from lingua_fusion.cluster import deploy
 from lingua_fusion.cluster.gateway import MODELS_APP
 from lingua_fusion.config import Settings
 
-MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kuberay" / "rayservice.yaml"
+MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kuberay" / "rayservice.yaml"
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -75,3 +75,10 @@ def test_the_builders_make_both_applications(monkeypatch: pytest.MonkeyPatch) ->
         deploy.build_gateway(apps[deploy.GATEWAY_APP]["args"])  # refused as `serve --cluster` refuses
     monkeypatch.setenv("LINGUAFUSION_STATE__REDIS_URL", "redis://127.0.0.1:6379/0")
     assert isinstance(deploy.build_gateway(apps[deploy.GATEWAY_APP]["args"]), Application)
+
+
+@pytest.mark.parametrize(("gateways", "nodes", "per_node"), [(2, 2, 1), (4, 2, 2), (3, 2, 2), (2, 1, 2), (2, 5, 1)])
+def test_gateways_spread_evenly_over_the_nodes(gateways: int, nodes: int, per_node: int) -> None:
+    """At most ceil(gateways / nodes) gateways on one node (Serve's max_replicas_per_node): one host lost takes only
+    its share; tests/e2e/test_cluster.py sees the two gateways of its two-node cluster on both nodes."""
+    assert deploy.gateways_per_node(gateways, nodes) == per_node

@@ -48,7 +48,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from lingua_fusion.api.opsview import histogram_quantile
 
 SCREENS = Path(os.environ.get("LINGUAFUSION_SCREENS_DIR")
-               or Path(__file__).resolve().parents[1] / "build" / "screens")
+               or Path(__file__).resolve().parents[2] / "build" / "screens")
 PORT = 18210
 SENTENCES = ["Good morning everyone.",  # a long second sentence: partials while it is spoken
              "Today we talk about the weather in the city and the river bank, which is green in the spring and "

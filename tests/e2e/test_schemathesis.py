@@ -11,7 +11,7 @@ generator sends forms, files and JSON, not only empty requests. The server runs 
 No operation is excluded: ``DELETE /v1/keys/{key_id}`` gets generated ids (never the test's own key id, checked
 at the end), and ``POST /v1/keys`` only adds keys to this test's own state directory.
 
-    bash scripts/with-redis.sh .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_schemathesis.py
+    bash scripts/with-redis.sh .venv/bin/python -m pytest -q -p no:cacheprovider tests/e2e/test_schemathesis.py
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ REQUEST_BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "properties": {"name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]}, "lang": {"enum": LANGS}}}),
     ("POST", "/v1/rooms"): json_body({"type": "object", "properties": {"source_lang": {"enum": LANGS}}}),
     # an import of a vocabulary with no examples (examples with valid landmark sequences are beyond a schema:
-    # t must not decrease, a sign needs hands in two frames); tests/test_vision_api.py imports real ones
+    # t must not decrease, a sign needs hands in two frames); tests/e2e/test_vision_api.py imports real ones
     ("POST", "/v1/vocabularies/import"): json_body({
         "type": "object", "required": ["format", "kind", "examples"], "additionalProperties": False,  # closed
         "properties": {"format": {"const": "linguafusion-vocabulary/1"}, "name": {"type": "string"},

@@ -20,7 +20,7 @@ import pytest
 from test_fair_keys import LATE_S, SENTENCES, honest_stream, speech_16k
 from test_security import Srv, auth_server
 
-VIDEO = Path(__file__).parent / "data" / "static_6000x6000_20s.mp4"
+VIDEO = Path(__file__).resolve().parents[1] / "data" / "static_6000x6000_20s.mp4"
 
 
 @pytest.fixture(scope="module")

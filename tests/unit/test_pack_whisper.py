@@ -13,7 +13,7 @@ import pytest
 
 from lingua_fusion.models.whisper_ct2 import read_ct2, state_dict, whisper_dims
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "pack_whisper.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "pack_whisper.py"
 
 
 def _pack_module() -> ModuleType:

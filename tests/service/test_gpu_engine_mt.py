@@ -3,7 +3,7 @@ the same MT backend face, on the CPU. Greedy output equals the model's own ``gen
 ``LINGUAFUSION_MODELS__ENGINE=continuous`` the server's REST text requests and live streams translate through the
 engine while glossaries, names and the translation memory around it work as they do on the CPU runner.
 
-The models are tiny and random (tests/test_user_model_dir.py builds them): weights drawn wider than the default
+The models are tiny and random (tests/service/test_user_model_dir.py builds them): weights drawn wider than the default
 init so that each input gets its own translation and its own length, and the tokenizer knows the glossary's
 placeholder token (``[900]``) so that a placeholder can come back through the model.
 """

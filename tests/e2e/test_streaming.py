@@ -229,7 +229,7 @@ async def test_concurrent_streams_are_each_transcribed_whole(open_server: str, t
 
     results = await asyncio.gather(*(one() for _ in range(4)))
     for finals in results:  # whether their utterances shared Whisper batches or not (that is timing, measured by
-        # bench/speed_bounds.py; tests/test_promises.py checks a cross-stream batch's results item by item)
+        # bench/speed_bounds.py; tests/service/test_promises.py checks a cross-stream batch's results item by item)
         assert len(SENTENCES) <= len(finals) <= len(SENTENCES) + 2, finals  # a comma's pause may end an utterance
         assert jiwer.wer(_norm(" ".join(SENTENCES)), _norm(" ".join(finals))) <= 0.15
     metrics = httpx.get(open_server + "/metrics", timeout=10).text
