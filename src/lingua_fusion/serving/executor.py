@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -109,7 +110,7 @@ class Executor:
         attempt = 0
         while True:
             try:
-                if key.task == "vad" and not _continuous(self._runner(key)):
+                if key.task == "vad" and not isinstance(self._runner(key), ContinuousRunner):
                     return await self._submit_vad(payload, ctx.key_id, ctx.trace)
                 return await self._submit(key, payload, ctx)
             except BackendError as exc:
@@ -187,14 +188,20 @@ class Executor:
             # a continuous runner batches on its own: hand it everything scheduled, at no modelled batch cost;
             # admission counts it by its items' latency against the items in flight (Scheduler.service), from the
             # key's prior until its items are seen
-            continuous = _continuous(runner)
+            continuous = isinstance(runner, ContinuousRunner)
             self.scheduler.costs.setdefault(str(key), CostModel(0.0, 0.0) if continuous else prior_cost(str(key)))
             if continuous:
                 prior = prior_cost(str(key))
                 self.scheduler.service.setdefault(str(key), ServiceCurve(prior.c0, prior.c1))
-            lanes = 1 if _continuous(runner) else _lanes_of(key, self.settings)
+            lanes = 1 if continuous else _lanes_of(key, self.settings)
             self._lanes[key] = lanes
             self.scheduler.lanes[str(key)] = lanes  # admission: the key's capacity is per lane
+        return runner
+
+    def _batch_runner(self, key: ModelKey) -> Runner:
+        """``key``'s runner, which its worker runs one batch at a time (not a continuous runner)."""
+        runner = self._runners[key]
+        assert not isinstance(runner, ContinuousRunner)  # the declared Protocol (serving/runners.py), at run time
         return runner
 
     def build_now(self, key: ModelKey) -> Runner | ContinuousRunner:
@@ -225,9 +232,10 @@ class Executor:
             return
         self._wake.setdefault(key, asyncio.Event())
         runner = self._runners[key]
-        if key == VAD_KEY and not _continuous(runner):
+        continuous = isinstance(runner, ContinuousRunner)
+        if key == VAD_KEY and not continuous:
             step, lanes = self._vad_step, 1
-        elif _continuous(runner):
+        elif continuous:
             step, lanes = self._hand_over, 1
         else:
             step, lanes = self._step, self.lanes(key)
@@ -235,7 +243,7 @@ class Executor:
         while len(tasks) < lanes:  # one worker per lane: each runs one batch at a time
             tasks.append(asyncio.create_task(self._worker(key, step), name=f"worker:{key}#{len(tasks)}"))
 
-    async def _worker(self, key: ModelKey, step: Callable[[ModelKey], Any]) -> None:
+    async def _worker(self, key: ModelKey, step: Callable[[ModelKey], Awaitable[bool]]) -> None:
         # every lane of a key waits on the same event (set() wakes them all); a lane that finds the queue empty
         # goes back to waiting, so a lone item runs on whichever lane is free first
         wake = self._wake[key]
@@ -263,7 +271,7 @@ class Executor:
             other.overlapped = True
         flights.append(flight)
         try:
-            results = await self.threads.run(key, self._runners[key], [w.payload.payload for w in batch])
+            results = await self.threads.run(key, self._batch_runner(key), [w.payload.payload for w in batch])
         except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
             self._failed(key, [w.payload for w in batch], exc, t0)
             return True
@@ -278,7 +286,7 @@ class Executor:
     async def _hand_over(self, key: ModelKey) -> bool:
         """A continuous runner's step: hand it as much scheduled work as it has room for, without waiting."""
         runner = self._runners[key]
-        assert _continuous(runner)
+        assert isinstance(runner, ContinuousRunner)
         room = runner.room()
         window = self.scheduler.service_window(str(key))
         if window is not None:  # no more in flight than admission counts the runner at
@@ -300,11 +308,10 @@ class Executor:
         # each item's place among the items in flight (those before it, itself): a runner that serves one at a
         # time answers the n-th after n items' time, one that decodes them together answers all alike
         for i, (w, fut) in enumerate(zip(batch, futures, strict=True)):
-            fut.add_done_callback(lambda f, w=w, n=before + i + 1: loop.call_soon_threadsafe(
-                self._settle, key, w, f, handed, n))
+            fut.add_done_callback(_on_loop(loop, functools.partial(self._settle, key, w, handed, before + i + 1)))
         return True
 
-    def _settle(self, key: ModelKey, w: WorkItem, done: Future[Any], handed: float, in_flight: int) -> None:
+    def _settle(self, key: ModelKey, w: WorkItem, handed: float, in_flight: int, done: Future[Any]) -> None:
         """On the loop: one item of a continuous runner finished, handed over at ``handed`` with ``in_flight``
         items in flight; a stream's item that succeeded is admission's measure of the runner (after its first
         SERVICE_WARMUP items, which pay for its first calls: kernels chosen, buffers grown)."""
@@ -315,11 +322,11 @@ class Executor:
         if exc is None:
             try:
                 result = check_outputs(key, [w.payload.payload], [done.result()])[0]
-            except LinguaFusionError as err:
-                exc = err
+            except LinguaFusionError as bad:
+                exc = bad
         if exc is not None:
-            err = exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed: {exc}")
-            self._failed(key, [w.payload], err)
+            failure = exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed: {exc}")
+            self._failed(key, [w.payload], failure)
         else:
             _resolve(w.payload.future, result)
             now = self.clock()
@@ -336,7 +343,7 @@ class Executor:
             return False
         t0 = self.clock()
         try:
-            results = await self.threads.run(key, self._runners[key], [p.payload for p in batch])
+            results = await self.threads.run(key, self._batch_runner(key), [p.payload for p in batch])
         except LinguaFusionError as exc:
             self._failed(key, batch, exc, t0)
             return True
@@ -441,8 +448,10 @@ def _lanes_of(key: ModelKey, settings: Settings) -> int:
     return 1
 
 
-def _continuous(runner: object) -> bool:
-    return isinstance(runner, ContinuousRunner)  # the declared Protocol (serving/runners.py), checked at run time
+def _on_loop(loop: asyncio.AbstractEventLoop, settle: Callable[[Future[Any]], None]
+             ) -> Callable[[Future[Any]], object]:
+    """A done-callback for a runner's future (called on the runner's thread) that runs ``settle`` on ``loop``."""
+    return lambda done: loop.call_soon_threadsafe(settle, done)
 
 
 def _resolve(fut: asyncio.Future[Any], value: Any) -> None:

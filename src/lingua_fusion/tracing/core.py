@@ -225,11 +225,12 @@ def span(ref: TraceRef | None, name: str, **attrs: Any) -> contextlib.AbstractCo
     return ref.child(name, **attrs)
 
 
-def record_batch(model_key: Any, stage: str, items: Sequence[tuple[TraceRef | None, float, bool]],
+def record_batch(model_key: object, stage: str, items: Sequence[tuple[TraceRef | None, float, bool | None]],
                  start: float | None, end: float, error: BaseException | None = None) -> None:
     """A model batch ran from ``start`` to ``end`` (``time.monotonic``; ``start`` None: each item's own enqueue
     time, for a batch that failed): one ``stage`` span per traced item ``(trace, enqueued, tentative)``, parented
-    to that item's stream or request. Untraced items cost one check each."""
+    to that item's stream or request (``tentative`` None where the caller does not know it: a failed batch's
+    items). Untraced items cost one check each."""
     traced = [item for item in items if item[0] is not None]
     if not traced:
         return
