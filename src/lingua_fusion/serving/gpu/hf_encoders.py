@@ -24,6 +24,7 @@ def _marian_layer(self: Any, hidden_states: torch.Tensor, attention_mask: torch.
                   **kwargs: Any) -> torch.Tensor:
     """MarianEncoderLayer.forward at inference (no dropout), its float16 guard on the device."""
     residual = hidden_states
+    h: torch.Tensor  # the layer's modules are transformers': their calls are untyped
     h, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
     h = self.self_attn_layer_norm(residual + h)
     h = self.final_layer_norm(h + self.fc2(self.activation_fn(self.fc1(h))))

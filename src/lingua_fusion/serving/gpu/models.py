@@ -1,6 +1,9 @@
 """Architectures behind the DecodeEngine's ``DecoderModel``: Whisper's decoder (OpenAI whisper's module layout, as
 models/whisper_torch.py builds it from the shipped weights), Hugging Face's Whisper, and the MT decoders of
-Hugging Face's Marian (OPUS-MT) and M2M100 (NLLB-200 has that architecture)."""
+Hugging Face's Marian (OPUS-MT) and M2M100 (NLLB-200 has that architecture).
+
+The models are torch modules of Hugging Face's or whisper's layout, read by attribute: their sub-modules' calls are
+untyped (Any), so each result is named as the Tensor it is before it is returned."""
 
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ class WhisperDecoder:
         return x.view(x.shape[0], self.n_head, self.head_dim)
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.dec.token_embedding(tokens) + self.dec.positional_embedding[positions]
+        embedded: torch.Tensor = self.dec.token_embedding(tokens) + self.dec.positional_embedding[positions]
+        return embedded
 
     def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
         blk = self.dec.blocks[i]
@@ -43,10 +47,11 @@ class WhisperDecoder:
         x = x + blk.attn.out(a.reshape(x.shape[0], -1))
         h = blk.cross_attn_ln(x)
         x = x + blk.cross_attn.out(cross_attn(self._heads(blk.cross_attn.query(h))).reshape(x.shape[0], -1))
-        return x + blk.mlp(blk.mlp_ln(x))
+        out: torch.Tensor = x + blk.mlp(blk.mlp_ln(x))
+        return out
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        out = (self.dec.ln(x) @ self.dec.token_embedding.weight.T).float() + self._mask
+        out: torch.Tensor = (self.dec.ln(x) @ self.dec.token_embedding.weight.T).float() + self._mask
         return out + first[:, None].float() * self._first
 
     def cross_kv(self, i: int, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +75,8 @@ class _HFAttention:
         return self.heads(self.a.k_proj(memory)), self.heads(self.a.v_proj(memory))
 
     def out(self, a: torch.Tensor) -> torch.Tensor:
-        return self.a.out_proj(a.reshape(a.shape[0], -1))
+        projected: torch.Tensor = self.a.out_proj(a.reshape(a.shape[0], -1))
+        return projected
 
 
 class _HFDecoder:
@@ -108,7 +114,8 @@ class _PreNormDecoder(_HFDecoder):
         sa, ca = self._attn[i]
         x = x + sa.out(self_attn(*sa.qkv(lyr.self_attn_layer_norm(x))))
         x = x + ca.out(cross_attn(ca.heads(ca.a.q_proj(lyr.encoder_attn_layer_norm(x)))))
-        return x + lyr.fc2(lyr.activation_fn(lyr.fc1(lyr.final_layer_norm(x))))
+        out: torch.Tensor = x + lyr.fc2(lyr.activation_fn(lyr.fc1(lyr.final_layer_norm(x))))
+        return out
 
 
 class HFWhisperDecoder(_PreNormDecoder):
@@ -120,7 +127,8 @@ class HFWhisperDecoder(_PreNormDecoder):
         self.proj = model.proj_out
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.dec.embed_tokens(tokens) + self.dec.embed_positions.weight[positions]
+        embedded: torch.Tensor = self.dec.embed_tokens(tokens) + self.dec.embed_positions.weight[positions]
+        return embedded
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return self._suppressed(self.proj(self.dec.layer_norm(x)), first)
@@ -138,14 +146,17 @@ class MarianDecoder(_HFDecoder):
         self.scale = float(getattr(self.dec, "embed_scale", 1.0))
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.dec.embed_tokens(tokens) * self.scale + self.dec.embed_positions.weight[positions]
+        positional = self.dec.embed_positions.weight[positions]
+        embedded: torch.Tensor = self.dec.embed_tokens(tokens) * self.scale + positional
+        return embedded
 
     def layer(self, i: int, x: torch.Tensor, self_attn: Attend, cross_attn: Attend) -> torch.Tensor:
         lyr = self.dec.layers[i]
         sa, ca = self._attn[i]
         x = lyr.self_attn_layer_norm(x + sa.out(self_attn(*sa.qkv(x))))
         x = lyr.encoder_attn_layer_norm(x + ca.out(cross_attn(ca.heads(ca.a.q_proj(x)))))
-        return lyr.final_layer_norm(x + lyr.fc2(lyr.activation_fn(lyr.fc1(x))))
+        out: torch.Tensor = lyr.final_layer_norm(x + lyr.fc2(lyr.activation_fn(lyr.fc1(x))))
+        return out
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return self._suppressed(self.head(x) + self.bias, first)
@@ -165,7 +176,8 @@ class M2M100Decoder(_PreNormDecoder):
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         table = self.dec.embed_positions.weights
-        return self.dec.embed_tokens(tokens) + table[positions + self.offset].to(table.dtype)
+        embedded: torch.Tensor = self.dec.embed_tokens(tokens) + table[positions + self.offset].to(table.dtype)
+        return embedded
 
     def logits(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return self._suppressed(self.head(self.dec.layer_norm(x)), first)

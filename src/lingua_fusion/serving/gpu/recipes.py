@@ -40,7 +40,8 @@ def hf_whisper_encoder(model: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         for layer in enc.layers:
             out = layer(x, attention_mask=None)
             x = out[0] if isinstance(out, tuple) else out
-        return enc.layer_norm(x)
+        normed: torch.Tensor = enc.layer_norm(x)  # a transformers module: its call is untyped
+        return normed
 
     return encode
 
@@ -68,13 +69,13 @@ def marian_encoder(model: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.T
 
     def encode(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         n, width = ids.shape
-        x = enc.embed_tokens(ids) * enc.embed_scale + enc.embed_positions.weight[:width]
+        x: torch.Tensor = enc.embed_tokens(ids) * enc.embed_scale + enc.embed_positions.weight[:width]
         attend = mask.bool()[:, None, None, :].expand(n, 1, width, width)
         if not sdpa:  # the eager attention adds its mask to the scores: 0 where it may look, the dtype's minimum not
             attend = torch.zeros(attend.shape, dtype=x.dtype, device=x.device).masked_fill(
                 ~attend, torch.finfo(x.dtype).min)
         for layer in enc.layers:
-            x = layer(x, attend)
+            x = layer(x, attend)  # a transformers module: its call is untyped
         return x
 
     return encode

@@ -10,6 +10,7 @@ read again by a commit after its partials) while the cross-attention pool has ro
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 
@@ -34,8 +35,11 @@ PUBLISH_S = 0.25  # the memory report is refreshed at most this often (and when 
 
 
 class Recipe(Protocol):
-    decoder: DecoderModel
-    stop: frozenset[int]
+    @property
+    def decoder(self) -> DecoderModel: ...  # read-only here: a recipe may hold a narrower DecoderModel
+
+    @property
+    def stop(self) -> frozenset[int]: ...
 
     def encode(self, payloads: list[Any]) -> list[torch.Tensor]:
         """Each payload's encoder output [frames, d_model], computed in as few batched calls as it likes."""
@@ -50,6 +54,13 @@ class Recipe(Protocol):
         ...
 
     def result(self, payload: Any, decoded: Decoded) -> Any: ...
+
+
+class CpuPools(TypedDict):
+    """A runner's fixed pool sizes where it does not size them from the GPU's free memory (the CPU)."""
+
+    blocks: int
+    cross_blocks: int
 
 
 @dataclass
@@ -275,14 +286,14 @@ class GpuRunner:
                 else:
                     full.append((payload, tentative, fut))
                 continue
-            if i not in added:
-                self._memo.move_to_end(key)  # type: ignore[arg-type]
+            if i not in added and key is not None:  # its memory came from the memo (so it has a key)
+                self._memo.move_to_end(key)
                 self.reused += 1
             inner = self.engine.submit(self.recipe.prompt(payload), cid, max_new=self.recipe.max_new(payload),
                                        stop=self.recipe.stop, tentative=tentative)
             if key is None or self._memo.get(key) != cid:
                 self.engine.release(cid)  # the sequence holds its own reference; the memo holds none to this one
-            inner.add_done_callback(lambda d, p=payload, f=fut: self._finished(p, f, d))
+            inner.add_done_callback(functools.partial(self._finished, payload, fut))
         while len(self._memo) > self._memo_size:
             self.engine.release(self._memo.popitem(last=False)[1])
         if self.engine.idle():  # nothing running holds an entry: nothing will make room for these

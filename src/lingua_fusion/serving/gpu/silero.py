@@ -47,6 +47,8 @@ def bundled_model_path() -> Path:
 class SileroV6(nn.Module):
     """The Silero v6 network for 16 kHz audio; ``forward`` takes streams of windows, each with its context."""
 
+    basis: torch.Tensor  # a registered buffer (nn.Module's attribute lookup types it Tensor | Module)
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("basis", torch.zeros(256, 258))  # the STFT's conv kernels as a matrix's columns

@@ -33,12 +33,13 @@ from ...models.mt_local import MAX_NEW_TOKENS, LocalDirMT, new_token_limit
 from .decoder_model import Decoded, DecoderModel
 from .models import M2M100Decoder, MarianDecoder
 from .recipes import encoder_outputs
-from .runner import GpuRunner
+from .runner import CpuPools, GpuRunner
 
 log = logging.getLogger("lingua_fusion.gpu")
 
-DECODERS = {"marian": MarianDecoder, "m2m_100": M2M100Decoder}  # mt_local.ENGINE_TYPES
-CPU_POOLS = {"blocks": 512, "cross_blocks": 256}  # 16-token / 64-token blocks: ~30 sentences at the length limit
+DECODERS: dict[str, type[MarianDecoder | M2M100Decoder]] = {  # mt_local.ENGINE_TYPES
+    "marian": MarianDecoder, "m2m_100": M2M100Decoder}
+CPU_POOLS = CpuPools(blocks=512, cross_blocks=256)  # 16-token / 64-token blocks: ~30 sentences at the length limit
 CPU_MAX_BATCH = 64
 
 

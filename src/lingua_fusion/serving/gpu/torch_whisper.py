@@ -27,11 +27,11 @@ from .encoder_graphs import EncoderGraphs
 from .graphs import buckets_up_to
 from .models import WhisperDecoder
 from .recipes import confidence
-from .runner import GpuRunner
+from .runner import CpuPools, GpuRunner
 
 log = logging.getLogger("lingua_fusion.gpu")
 
-CPU_POOLS = {"blocks": 512, "cross_blocks": 256}  # 16-token / 64-frame blocks: ~40 clips of 10 s on tiny.en
+CPU_POOLS = CpuPools(blocks=512, cross_blocks=256)  # 16-token / 64-frame blocks: ~40 clips of 10 s on tiny.en
 CPU_MAX_BATCH = 32
 ENCODE_BATCH = 128  # windows per encoder batch on CUDA (GpuRunner's default), the largest graph bucket
 ASR_POOL_SHARE = 0.75  # of this process's pool memory; a user MT directory's runner takes the rest (torch_mt.py)

@@ -23,9 +23,11 @@ def available(device: torch.device) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _paged_decode(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, stride_qb, stride_qh, stride_slot,
-                      stride_kh, stride_tb, stride_ob, stride_oh, scale,
-                      BLOCK: tl.constexpr, D: tl.constexpr):  # type: ignore[no-untyped-def]
+    # triton reads a kernel's annotations itself (a tl.constexpr one is a compile-time constant; a pointer's or
+    # scalar's type comes from the argument at launch): its other parameters stay unannotated
+    def _paged_decode(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, stride_qb, stride_qh,  # type: ignore[no-untyped-def]
+                      stride_slot, stride_kh, stride_tb, stride_ob, stride_oh, scale,
+                      BLOCK: tl.constexpr, D: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         length = tl.load(lens_ptr + b)

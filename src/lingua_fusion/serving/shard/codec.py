@@ -71,7 +71,7 @@ def _hook(m: dict[Any, Any]) -> Any:
 
 
 def encode(msg: dict[str, Any]) -> bytes:
-    body = msgpack.packb(msg, default=_default, use_bin_type=True)
+    body: bytes = msgpack.packb(msg, default=_default, use_bin_type=True)  # msgpack is untyped
     if len(body) > MAX_FRAME:
         raise ValueError(f"a model message of {len(body)} bytes is over {MAX_FRAME}")
     return _HEAD.pack(len(body)) + body
