@@ -110,7 +110,11 @@ class LocalDirMT:
     def target_token(self, target: str) -> int | None:
         """The token that starts a translation into ``target`` (NLLB / M2M100 language codes), if any."""
         code = self._codes.get(target)
-        return int(self._tok.convert_tokens_to_ids(code)) if code else None
+        if not code:
+            return None
+        token = self._tok.convert_tokens_to_ids(code)
+        assert isinstance(token, int)  # one token's id (a list of tokens gives a list)
+        return token
 
     def detokenize(self, sequences: Any) -> list[str]:
         """Texts of token sequences (lists, or generate()'s tensor); special tokens dropped."""
@@ -133,10 +137,13 @@ class LocalDirMT:
                     toks = r.hypotheses[0]
                     if tgt_code and toks and toks[0] == tgt_code:
                         toks = toks[1:]
-                    out.append(self._tok.decode(self._tok.convert_tokens_to_ids(toks), skip_special_tokens=True))
+                    text = self._tok.decode(self._tok.convert_tokens_to_ids(toks), skip_special_tokens=True)
+                    assert isinstance(text, str)  # one sequence's text (a batch gives a list)
+                    out.append(text)
                 return [o.strip() for o in out]
             import torch
 
+            assert self._hf is not None  # a transformers directory (no CTranslate2 translator)
             enc = self._tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=MAX_SOURCE_TOKENS)
             kwargs: dict[str, Any] = {"max_new_tokens": new_token_limit(self._hf), "num_beams": 2}
             if tgt_code:

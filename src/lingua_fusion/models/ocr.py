@@ -29,12 +29,15 @@ class RapidOCRBackend:
         self._lock = threading.Lock()
 
     def recognize(self, image: np.ndarray, *, language: str | None = None) -> list[OCRLine]:
+        from rapidocr.utils.output import RapidOCROutput
+
         with self._lock:
             try:
                 res = self._engine(image)
             except Exception as exc:  # onnxruntime errors
                 raise BackendError(f"rapidocr failed: {exc}") from exc
-        if res.txts is None or res.boxes is None or res.scores is None:
+        # detection and recognition on (the engine's params): the whole pipeline's output, RapidOCROutput
+        if not isinstance(res, RapidOCROutput) or res.txts is None or res.boxes is None or res.scores is None:
             return []
         lines = []
         for text, score, box in zip(res.txts, res.scores, res.boxes, strict=False):

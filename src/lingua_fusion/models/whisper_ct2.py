@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 # type id -> (name, how the bytes are read); bfloat16 is read as raw 16-bit words
-_DTYPES = {0: ("float32", np.dtype("<f4")), 1: ("int8", np.dtype("i1")), 2: ("int16", np.dtype("<i2")),
-           3: ("int32", np.dtype("<i4")), 4: ("float16", np.dtype("<f2")), 5: ("bfloat16", np.dtype("<u2"))}
+_DTYPES: dict[int, tuple[str, np.dtype[np.generic]]] = {
+    0: ("float32", np.dtype("<f4")), 1: ("int8", np.dtype("i1")), 2: ("int16", np.dtype("<i2")),
+    3: ("int32", np.dtype("<i4")), 4: ("float16", np.dtype("<f2")), 5: ("bfloat16", np.dtype("<u2"))}
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,8 @@ class ResidualAttentionBlock(nn.Module):
 
 
 class AudioEncoder(nn.Module):
+    positional_embedding: Tensor  # registered buffers: nn.Module's attribute lookup types them Tensor | Module
+
     def __init__(self, n_mels: int, n_ctx: int, n_state: int, n_head: int, n_layer: int) -> None:
         super().__init__()
         self.conv1 = nn.Conv1d(n_mels, n_state, kernel_size=3, padding=1)
@@ -119,7 +121,7 @@ class AudioEncoder(nn.Module):
         anyway and reads nothing back (what a CUDA graph of the encoder needs: serving/gpu/encoder_graphs.py)."""
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x)).permute(0, 2, 1)
-        pos: Tensor = self.positional_embedding  # type: ignore[assignment]
+        pos = self.positional_embedding
         if x.shape[1] > pos.shape[0]:
             raise ValueError(f"{mel.shape[-1]} mel frames is more than the model's {2 * pos.shape[0]}")
         x = (x + pos[: x.shape[1]]).to(x.dtype)
@@ -171,7 +173,7 @@ class TextDecoder(nn.Module):
         """An empty cache for encoder output ``xa`` [B, S, D], with cross-attention K/V computed once."""
         cross = []
         for block in self.blocks:
-            assert block.cross_attn is not None
+            assert isinstance(block, ResidualAttentionBlock) and block.cross_attn is not None  # (a ModuleList's)
             cross.append(block.cross_attn.kv(xa))
         mask = None
         if frames is not None and bool((frames // 2 < xa.shape[1]).any()):
@@ -195,6 +197,7 @@ class TextDecoder(nn.Module):
         x = x.to(self.token_embedding.weight.dtype)
         new_layers = []
         for i, block in enumerate(self.blocks):
+            assert isinstance(block, ResidualAttentionBlock)  # (a ModuleList's items are typed Module)
             x, kv = block.step(x, cache.layers[i] if cache.layers else None, cache.cross[i], mask, cache.cross_mask)
             new_layers.append(kv)
         cache.layers, cache.valid = new_layers, keys
@@ -219,7 +222,8 @@ class WhisperTorch(nn.Module):
         return self.dims.is_multilingual
 
     def embed_audio(self, mel: Tensor, frames: Tensor | None = None) -> Tensor:
-        return self.encoder(mel, frames)  # type: ignore[no-any-return]
+        encoded: Tensor = self.encoder(mel, frames)  # nn.Module's __call__ is typed Any
+        return encoded
 
 
 def load_whisper(model_dir: Path, device: str | torch.device = "cpu",
@@ -255,6 +259,9 @@ class LogMel(nn.Module):
     """Whisper's log-mel spectrogram in torch: faster-whisper's FeatureExtractor (160 zeros appended, centred
     reflect-padded STFT, last frame dropped, log10, floor at max - 8, (x + 4) / 4), on whatever device it lives."""
 
+    window: Tensor  # registered buffers (as AudioEncoder's)
+    filters: Tensor
+
     def __init__(self, n_mels: int) -> None:
         super().__init__()
         self.register_buffer("window", torch.hann_window(N_FFT), persistent=False)
@@ -265,7 +272,7 @@ class LogMel(nn.Module):
         x = F.pad(audio.float(), (0, padding)) if padding else audio.float()
         spec = torch.stft(x, N_FFT, HOP, window=self.window, center=True, pad_mode="reflect", return_complex=True)
         power = spec[..., :-1].abs() ** 2
-        log_spec = torch.log10(torch.clamp(self.filters @ power, min=1e-10))  # type: ignore[operator]
+        log_spec = torch.log10(torch.clamp(self.filters @ power, min=1e-10))
         peak = log_spec.amax(dim=(-2, -1), keepdim=True)
         return (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0
 
@@ -277,11 +284,11 @@ class LogMel(nn.Module):
         frames = [(len(c) + HOP) // HOP for c in clips]  # forward's frame count: (n + HOP) / HOP + 1, less the last
         host = np.zeros((len(clips), max(len(c) for c in clips) + HOP + N_FFT), dtype=np.float32)
         for row, c in zip(host, clips, strict=True):
-            x = np.pad(np.asarray(c, dtype=np.float32), (0, HOP))
-            row[: len(x) + N_FFT] = np.pad(x, half, mode="reflect")
+            clip = np.pad(np.asarray(c, dtype=np.float32), (0, HOP))
+            row[: len(clip) + N_FFT] = np.pad(clip, half, mode="reflect")
         x = torch.from_numpy(host).to(self.window.device, non_blocking=True)
         spec = torch.stft(x, N_FFT, HOP, window=self.window, center=False, return_complex=True)[..., : max(frames)]
-        log_spec = torch.log10(torch.clamp(self.filters @ (spec.abs() ** 2), min=1e-10))  # type: ignore[operator]
+        log_spec = torch.log10(torch.clamp(self.filters @ (spec.abs() ** 2), min=1e-10))
         valid = torch.arange(max(frames), device=x.device) < torch.tensor(frames, device=x.device)[:, None]
         peak = log_spec.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=(-2, -1), keepdim=True)
         return ((torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0).masked_fill(~valid[:, None, :], 0.0), frames
