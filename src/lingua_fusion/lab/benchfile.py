@@ -8,10 +8,15 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ..files import FileRequest, FileTranslator
 from ..sdk.common import read_input
+
+
+class _Run(TypedDict):
+    wall_ms: float
+    stages_ms: dict[str, float]
 
 
 def _commit() -> str:
@@ -26,12 +31,12 @@ def run_file_bench(path: Path, *, to: str, source_lang: str | None, target_modal
                    repeat: int = 3, engine: FileTranslator | None = None) -> dict[str, Any]:
     data, text, modality, name = read_input(str(path), None, None)
     eng = engine or FileTranslator()
-    runs = []
+    runs: list[_Run] = []
     for _ in range(max(1, repeat) + 1):
         t = time.perf_counter()
         r = eng.translate(FileRequest(source_modality=modality, target_lang=to, target_modality=target_modality,
                                       source_lang=source_lang, data=data, text=text, filename=name))
-        runs.append({"wall_ms": round((time.perf_counter() - t) * 1000, 1), "stages_ms": r.latency_ms})
+        runs.append(_Run(wall_ms=round((time.perf_counter() - t) * 1000, 1), stages_ms=r.latency_ms))
     duration = r.duration_s
     warm = runs[1:]
     med = statistics.median(x["wall_ms"] for x in warm)

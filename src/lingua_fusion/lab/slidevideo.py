@@ -118,12 +118,15 @@ def slide_video(slides: list[SlideSpec], duration: float, *, speech: tuple[np.nd
     buf = io.BytesIO()
     out = av.open(buf, mode="w", format=container)
     vs = out.add_stream(vcodec, rate=int(fps))
+    assert isinstance(vs, av.VideoStream)  # the codec is a video one (its name is not a literal the stubs know)
     vs.width, vs.height, vs.pix_fmt = size[0], size[1], "yuv420p"
     if vcodec == "libx264":
         vs.options = {"preset": "ultrafast", "crf": "23"}
-    aus = None
+    aus: av.AudioStream | None = None
     if speech is not None:
-        aus = out.add_stream(acodec, rate=arate)
+        audio = out.add_stream(acodec, rate=arate)
+        assert isinstance(audio, av.AudioStream)  # the codec is an audio one
+        aus = audio
         aus.layout = "mono"
     for _t, img in frames_at(slides, duration, fps, size, nuisance, seed):
         for packet in vs.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
