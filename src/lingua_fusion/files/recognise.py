@@ -58,7 +58,9 @@ class Recogniser:
             return []  # a video without an audio track: its slides are what it says
         with st.stage("decode"):
             audio, info = decode_audio(data, self.settings.limits, what=valid.source_modality.value)
-        work.duration = float(info["duration_s"])  # type: ignore[arg-type]
+        duration = info["duration_s"]
+        assert isinstance(duration, float)  # the decoded samples' length in seconds (media/audio.py)
+        work.duration = duration
         if valid.request.diarize:
             self.speakers.check_length(work.duration)
         if info["has_video"] and work.video is None:

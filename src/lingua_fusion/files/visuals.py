@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -15,11 +15,21 @@ from ..glossary import Term
 from ..models.base import OCRLine
 from ..models.registry import Registry
 from ..serving.ports import OcrInput
-from ..types import Modality, Segment
+from ..types import Modality, Segment, SignText
 from .engine import EngineLink
 from .mt import SegmentMT
 from .validate import check_pair, identify
 from .work import Stages, Work
+
+
+class SignTexts(Protocol):
+    """A file's sign reader (vision/file_signs.py SignReader) as files/ uses it, without importing vision/."""
+
+    lang: str  # the glosses' language
+
+    def texts(self, spans: list[Any], translate: Callable[[list[str]], list[str]] | None) -> list[SignText]:
+        """``spans``: what it read (Work.signs, vision's GlossSpan); each one's text, translated by ``translate``."""
+        ...
 
 
 class VideoVisuals:
@@ -110,7 +120,7 @@ class VideoVisuals:
         with st.stage("slides_mt"):
             return slide_texts(work.video.slides, mt if route is not None else None, braille)
 
-    def signs(self, reader: Any, work: Work, st: Stages) -> list[Any]:
+    def signs(self, reader: SignTexts, work: Work, st: Stages) -> list[SignText]:
         """The video's known signs, each gloss translated from the vocabulary's language (``reader``: the request's
         vision/file_signs.py SignReader, which makes the results)."""
         route = None

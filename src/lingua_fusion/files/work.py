@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +54,7 @@ class Stages:
         self.call = call  # its engine calls: their items are recorded under the stage that makes them
 
     @contextmanager
-    def stage(self, name: str):  # type: ignore[no-untyped-def]
+    def stage(self, name: str) -> Iterator[None]:
         if self.deadline is not None:
             self.deadline.check(name)  # RequestTimeout (504): the thread stops here instead of finishing late
         t = time.perf_counter()

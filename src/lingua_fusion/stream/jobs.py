@@ -90,7 +90,8 @@ class StreamJobs:
             [ModelKey.spk()] if self.speakers is not None else [])
 
     async def vad(self, audio: np.ndarray) -> np.ndarray:
-        return await self.port.run(ModelKey.vad(), np.ascontiguousarray(audio), self._ctx(False))
+        probabilities: np.ndarray = await self.port.run(ModelKey.vad(), np.ascontiguousarray(audio), self._ctx(False))
+        return probabilities
 
     async def partial(self, audio: np.ndarray, current: Callable[[], bool]) -> Tentative | None:
         """Re-decode the utterance so far. None when shed, failed (a partial not shown) or no longer ``current``, and
@@ -313,7 +314,8 @@ class StreamJobs:
         return text
 
     async def speak(self, text: str, lang: str) -> bytes | None:
-        return await self.port.run(ModelKey.tts(lang), text, self._ctx(False))
+        wav: bytes | None = await self.port.run(ModelKey.tts(lang), text, self._ctx(False))
+        return wav
 
     def _slide_terms(self, text: str) -> list[Term]:
         """Names on recent slides (acronyms, capitalised words inside a line) that this utterance says: MT keeps

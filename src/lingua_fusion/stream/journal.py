@@ -24,11 +24,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ClientError, LinguaFusionError, TakenOver
 from .events import Durable, Error, Event, Final, NotDurable
 from .storelink import STORE_WAIT_S, StoreLink
+
+if TYPE_CHECKING:
+    from ..state.streams import StreamStore
+
+T = TypeVar("T")
 
 BACKLOG_AFTER_CLOSE_S = 60.0  # how long unlogged finals are still written after their stream closed
 MAX_UNLOGGED = 1000  # finals a stream may have sent but not logged before it is closed
@@ -37,13 +42,13 @@ MAX_UNLOGGED = 1000  # finals a stream may have sent but not logged before it is
 class StreamLog:
     """Owns its store: ``close`` closes it."""
 
-    def __init__(self, store: Any, metrics: Any = None) -> None:
+    def __init__(self, store: StreamStore, metrics: Any = None) -> None:
         self.store = store
         self.metrics = metrics
         self.link = StoreLink(store, metrics)
         self._orphans: dict[str, asyncio.Task[None]] = {}
 
-    async def call(self, fn: Callable[..., Any], *args: Any, wait_s: float | None = STORE_WAIT_S) -> Any:
+    async def call(self, fn: Callable[..., T], *args: Any, wait_s: float | None = STORE_WAIT_S) -> T:
         return await self.link.call(fn, *args, wait_s=wait_s)
 
     def adopt(self, stream_id: str, writer: asyncio.Task[None]) -> None:
