@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from collections.abc import Mapping
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -85,11 +85,11 @@ def close(app: FastAPI) -> None:
         service.store.close()
 
 
-def _text(body: dict[str, Any], field: str) -> str:
+def _text(body: Mapping[str, object], field: str) -> str:
     value = body.get(field)
     if field in body and not isinstance(value, str):  # an explicit null too: the schema says string
         raise InvalidParameter(f"'{field}' must be a string", details={"field": field})
-    return value or ""
+    return value if isinstance(value, str) else ""
 
 
 def _vision(request: Request) -> VisionService:
@@ -97,14 +97,14 @@ def _vision(request: Request) -> VisionService:
     return service
 
 
-async def _json(request: Request) -> Any:
+async def _json(request: Request) -> object:
     """The JSON body, parsed once and strictly (as ``deps.require_json``), on a worker thread."""
     check_json_type(request)
     bounds = landmark_bounds(_vision(request).settings)
     return await asyncio.to_thread(parse_json, await request.body(), bounds, bigjson.loads)
 
 
-def closed(body: Any, fields: frozenset[str], what: str) -> dict[str, Any]:
+def closed(body: object, fields: frozenset[str], what: str) -> dict[str, object]:
     """``body`` as a JSON object of only ``fields`` (the route's schema is closed: a field it does not know is a
     mistake or junk, refused rather than ignored)."""
     if not isinstance(body, dict):
@@ -116,12 +116,12 @@ def closed(body: Any, fields: frozenset[str], what: str) -> dict[str, Any]:
     return body
 
 
-async def _payload(request: Request, fields: frozenset[str], what: str) -> tuple[dict[str, Any], bytes | None]:
+async def _payload(request: Request, fields: frozenset[str], what: str) -> tuple[dict[str, object], bytes | None]:
     """A JSON object body of only ``fields``, or a multipart form's fields and its ``file``'s bytes."""
     if is_json(request):
         return closed(await _json(request), fields, what), None
     form = await read_form(request)
-    values = {k: v for k, v in form.items() if isinstance(v, str)}
+    values: dict[str, object] = {k: v for k, v in form.items() if isinstance(v, str)}
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raise EmptyInput("send JSON landmarks ({\"frames\": [...]}) or a multipart 'file' (a short video)")
@@ -134,7 +134,7 @@ async def _payload(request: Request, fields: frozenset[str], what: str) -> tuple
     return values, data
 
 
-async def _sequence(request: Request, key_id: str, kind: str, body: dict[str, Any], data: bytes | None,
+async def _sequence(request: Request, key_id: str, kind: str, body: Mapping[str, object], data: bytes | None,
                     deadline: Deadline) -> LandmarkSeq:
     if data is None:
         return await asyncio.to_thread(LandmarkSeq.from_json, body.get("frames"))
@@ -153,20 +153,20 @@ async def create_vocabulary(request: Request, key: TranslateKey) -> JSONResponse
 
 
 @router.get("/v1/vocabularies")
-async def list_vocabularies(request: Request, key: TranslateKey) -> dict[str, Any]:
+async def list_vocabularies(request: Request, key: TranslateKey) -> dict[str, object]:
     vocabs = await asyncio.to_thread(_vision(request).store.list, key.key_id)
     return {"vocabularies": [v.to_dict() for v in vocabs]}
 
 
 @router.get("/v1/vocabularies/{vocab_id}")
-async def get_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def get_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     store = _vision(request).store
     vocab = await asyncio.to_thread(store.get, key.key_id, vocab_id)
     return {**vocab.to_dict(), "examples": await asyncio.to_thread(store.examples, key.key_id, vocab_id)}
 
 
 @router.delete("/v1/vocabularies/{vocab_id}")
-async def delete_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def delete_vocabulary(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     await asyncio.to_thread(_vision(request).store.delete, key.key_id, vocab_id)
     return {"vocabulary_id": vocab_id, "deleted": True}
 
@@ -184,7 +184,7 @@ async def add_example(vocab_id: str, request: Request, key: TranslateKey) -> JSO
 
 
 @router.delete("/v1/vocabularies/{vocab_id}/examples/{example_id}")
-async def delete_example(vocab_id: str, example_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def delete_example(vocab_id: str, example_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     await asyncio.to_thread(_vision(request).store.delete_example, key.key_id, vocab_id, example_id)
     return {"vocabulary_id": vocab_id, "example_id": example_id, "deleted": True}
 
@@ -206,7 +206,7 @@ async def import_vocabulary(request: Request, key: TranslateKey) -> JSONResponse
 
 
 @router.post("/v1/vocabularies/{vocab_id}/recognise", openapi_extra=spec.body(RECOGNISE))
-async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     ctx = context(request)
     service = _vision(request)
     vocab = await asyncio.to_thread(service.store.get, key.key_id, vocab_id)
@@ -228,4 +228,4 @@ async def recognise(vocab_id: str, request: Request, key: TranslateKey) -> dict[
     seq = await _sequence(request, key.key_id, vocab.kind, body, data, deadline)
     spans = await ctx.admission.run(key.key_id, deadline,
                                     functools.partial(service.recognise, key.key_id, vocab_id, seq, translate))
-    return recognition_body(vocab_id, vocab.kind, len(seq), spans, bool(target))
+    return dict(recognition_body(vocab_id, vocab.kind, len(seq), spans, bool(target)))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import NoReturn
 
 import numpy as np
 
@@ -42,11 +42,11 @@ _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 MAX_RUN_BYTES = 64 * 1024  # the most bytes between two JSON objects' starts (the scanner's longest run without a hook)
 
 
-def _not_json(name: str) -> Any:
+def _not_json(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-def _each_object(obj: dict[str, Any]) -> dict[str, Any]:
+def _each_object(obj: dict[str, object]) -> dict[str, object]:
     """Called by the C scanner once per JSON object: a point where the GIL can change hands."""
     for k, v in obj.items():
         if k in PARTS and isinstance(v, list) and v and isinstance(v[0], list):
@@ -68,7 +68,7 @@ def longest_run(raw: bytes) -> int:
     return int(max(starts[0], len(raw) - starts[-1], np.diff(starts).max(initial=0)))
 
 
-def loads(raw: bytes, bounds: JsonBounds | None = None) -> Any:
+def loads(raw: bytes, bounds: JsonBounds | None = None) -> object:
     """The value of a JSON body; ``ValueError`` if it is not strict JSON, ``RecursionError`` if nested too deep,
     ``InvalidParameter`` if it has a run over ``MAX_RUN_BYTES`` without an object (``longest_run``), ``TooLarge``
     if it is past ``bounds``."""
@@ -87,18 +87,18 @@ def loads(raw: bytes, bounds: JsonBounds | None = None) -> Any:
     return obj
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: object) -> bytes:
     """``json.dumps(obj)`` (compact) as UTF-8 bytes, written in pieces."""
     return "".join(_chunks(obj)).encode("utf-8")
 
 
-def _chunks(obj: Any) -> list[str]:
+def _chunks(obj: object) -> list[str]:
     out: list[str] = []
     _write(obj, out)
     return out
 
 
-def _write(obj: Any, out: list[str]) -> None:
+def _write(obj: object, out: list[str]) -> None:
     if isinstance(obj, dict):
         out.append("{")
         for i, (k, v) in enumerate(obj.items()):

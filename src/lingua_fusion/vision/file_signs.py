@@ -11,7 +11,7 @@ and recognises each; ``sign_texts`` translates the known glosses into the result
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from .recogniser import Recogniser
 from .sampler import AdaptiveSampler, SamplingPolicy
 from .segment import sign_spans
 from .service import GlossSpan, gloss_text
+
+if TYPE_CHECKING:
+    from .service import VisionService
 
 BATCH = 8  # frames per request to the worker
 FILE_FPS = 15.0  # the most frames a second the decoder hands over for signs
@@ -81,7 +84,7 @@ class SignReader:
         return sign_texts(spans, translate)
 
 
-def reader(vision: Any, owner: str, vocabulary_id: Any, request_id: str) -> SignReader:
+def reader(vision: VisionService | None, owner: str, vocabulary_id: object, request_id: str) -> SignReader:
     """The request's reader: ``owner``'s sign vocabulary (not_found for another key's, invalid_parameter for an
     untaught one, a lip vocabulary, or a server without vision)."""
     if not isinstance(vocabulary_id, str) or not vocabulary_id:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 import numpy as np
 
@@ -37,6 +37,16 @@ POSE_SHOULDERS = (11, 12)  # mediapipe pose: left and right shoulder
 LEFT, RIGHT = 0, 1
 MAX_FRAMES = 2_000  # one example or one recognised window: about a minute at 30 fps
 PARTS = {"left_hand": HAND_POINTS, "right_hand": HAND_POINTS, "pose": POSE_POINTS, "lips": LIP_POINTS}
+
+
+class FrameJSON(TypedDict):
+    """One frame's JSON form: its time and each part's [x, y] points (None: not in view)."""
+
+    t: float
+    left_hand: list[list[float]] | None
+    right_hand: list[list[float]] | None
+    pose: list[list[float]] | None
+    lips: list[list[float]] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +119,10 @@ class LandmarkSeq:
                            self.pose_mask[keep], self.lips[keep], self.lips_mask[keep])
 
     # ---- JSON --------------------------------------------------------------------------------------------------
-    def to_json(self) -> list[dict[str, Any]]:
+    def to_json(self) -> list[FrameJSON]:
         return list(self.iter_json())
 
-    def iter_json(self) -> Iterator[dict[str, Any]]:
+    def iter_json(self) -> Iterator[FrameJSON]:
         """The JSON form one frame at a time (a writer that encodes each frame as it comes keeps only one frame's
         lists alive, not a sequence's hundreds of thousands, which the cyclic GC would walk)."""
         for i in range(len(self)):
@@ -123,7 +133,7 @@ class LandmarkSeq:
                    "lips": _points(self.lips[i]) if self.lips_mask[i] else None}
 
     @staticmethod
-    def from_json(frames: Any, *, max_frames: int = MAX_FRAMES) -> LandmarkSeq:
+    def from_json(frames: object, *, max_frames: int = MAX_FRAMES) -> LandmarkSeq:
         """Parse the JSON form, checking every shape and number: a bad one is an ``invalid_parameter`` naming the
         frame and the part."""
         if not isinstance(frames, list) or not frames:
@@ -163,7 +173,7 @@ def _points(a: np.ndarray) -> list[list[float]]:
     return [[round(float(x), 5), round(float(y), 5)] for x, y in a]
 
 
-def _parse_part(value: Any, n: int, field: str) -> np.ndarray | None:
+def _parse_part(value: object, n: int, field: str) -> np.ndarray | None:
     if value is None:
         return None
     try:

@@ -14,9 +14,9 @@ import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from ..stream.events import Error, Event
 from ..video.frames import FrameStats, VideoFrame
 from .landmarks import LandmarkFrame
 from .sampler import AdaptiveSampler
+
+if TYPE_CHECKING:
+    from ..stream.contracts import Spawn
 
 MAX_QUEUED = 16  # frames waiting for the extractor per stream
 
@@ -35,7 +38,7 @@ class LandmarkLane(abc.ABC):
     what = "landmarks"  # names the task and the error events ("sign", "lip")
 
     def __init__(self, extract: Callable[[float, np.ndarray], LandmarkFrame], emit: Callable[[Event], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+                 spawn: Spawn,
                  loop: asyncio.AbstractEventLoop, sampler: AdaptiveSampler, pool: Executor | None) -> None:
         self._extract = extract
         self._pool = pool  # where extraction runs (VisionService.pool); None: the loop's default threads
@@ -63,6 +66,10 @@ class LandmarkLane(abc.ABC):
     @abc.abstractmethod
     async def landmarks(self, lm: LandmarkFrame) -> None:
         """One analysed frame's landmarks, in media-time order (what a sign or lip reader does with them)."""
+
+    @abc.abstractmethod
+    async def finish(self, wait_s: float) -> None:
+        """The stream ends: what is still being read or decided goes out, within ``wait_s`` seconds."""
 
     def reading(self) -> bool:
         """Frames queued or being read."""

@@ -29,6 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..errors import LinguaFusionError, NotFound, StoreUnavailable
+from ..json_types import JSONObject
 from ..redact import redact_url
 from ..state import redis_keys as keys
 from . import redis_scripts as lua
@@ -37,6 +38,8 @@ from .recogniser import Example, Recogniser, RecogniserPolicy
 from .recogniser_cache import RecogniserCache
 from .vocab_model import (
     MAX_CACHED,
+    AddedExample,
+    ExampleJSON,
     StoredExample,
     Vocabulary,
     blob,
@@ -153,10 +156,10 @@ class RedisVocabularyStore:
             raise not_found(vocab_id)
         return got[1:]
 
-    def examples(self, owner: str, vocab_id: str) -> builtins.list[dict[str, Any]]:
+    def examples(self, owner: str, vocab_id: str) -> builtins.list[ExampleJSON]:
         ids, meta = self._owned(owner, vocab_id, lambda p: p.zrange(keys.vocab_examples(vocab_id), 0, -1),
                                 lambda p: p.hgetall(keys.vocab_example_meta(vocab_id)))
-        out = []
+        out: builtins.list[ExampleJSON] = []
         for eid in ids:
             m = json.loads(meta[eid])
             out.append({"example_id": _text(eid), "gloss": m["gloss"], "frames": m["frames"],
@@ -184,7 +187,7 @@ class RedisVocabularyStore:
         if done == 0:
             raise not_found(vocab_id)
 
-    def add_example(self, owner: str, vocab_id: str, gloss: str, seq: LandmarkSeq) -> dict[str, Any]:
+    def add_example(self, owner: str, vocab_id: str, gloss: str, seq: LandmarkSeq) -> AddedExample:
         vocab = self.get(owner, vocab_id)
         gloss = check_gloss(gloss)
         text, feats = prepare_example(seq, vocab.kind)
@@ -212,7 +215,7 @@ class RedisVocabularyStore:
             raise NotFound(f"no example {example_id} in vocabulary {vocab_id}")
 
     # ---- export / import ---------------------------------------------------------------------------------------
-    def export(self, owner: str, vocab_id: str) -> dict[str, Any]:
+    def export(self, owner: str, vocab_id: str) -> JSONObject:
         """The export document (the SDK's local mode; the REST route sends ``export_json``'s bytes)."""
         return export_doc(self.export_json(owner, vocab_id))
 
@@ -225,7 +228,7 @@ class RedisVocabularyStore:
                                         lambda p: p.hgetall(keys.vocab_frames(vocab_id)))
         return export_bytes(vocab, ((json.loads(meta[e])["gloss"], _text(frames[e])) for e in ids))
 
-    def import_(self, owner: str, doc: Any, name: str | None = None) -> Vocabulary:
+    def import_(self, owner: str, doc: object, name: str | None = None) -> Vocabulary:
         """A new vocabulary for ``owner`` from an export document; every example is checked before anything is
         written (a bad one refuses the whole import), then the vocabulary and its examples are written in one step
         that checks the owner's room and bytes. A key with no room is refused before any example is checked."""

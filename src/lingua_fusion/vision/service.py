@@ -8,11 +8,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
+
+import numpy as np
 
 from ..config import Settings
 from ..deadline import Deadline
 from ..errors import InvalidParameter, NoContent
+from ..video.frames import VideoFrame
 from .extractor import MediapipeExtractor
 from .landmarks import MAX_FRAMES, LandmarkExtractor, LandmarkSeq
 from .recogniser import Recogniser, Recognition
@@ -20,6 +23,36 @@ from .segment import Span, sign_spans
 from .vocab_port import VocabularyBackend
 
 PARTS = {"sign": frozenset({"hands"}), "lip": frozenset({"lips"})}
+
+
+class CandidateJSON(TypedDict):
+    gloss: str
+    distance: float
+
+
+class GlossSpanJSON(TypedDict):
+    """One recognised span as the API shows it (``GlossSpan.to_dict``)."""
+
+    start: float
+    end: float
+    gloss: str
+    confidence: float
+    distance: float
+    nearest: str
+    candidates: list[CandidateJSON]
+    text: str | None
+
+
+class RecognitionJSON(TypedDict):
+    """The answer of a recognition (``recognition_body``)."""
+
+    vocabulary_id: str
+    kind: str
+    frames: int
+    modalities: list[str]
+    source_text: str
+    text: str | None
+    glosses: list[GlossSpanJSON]
 
 
 @dataclass(frozen=True)
@@ -31,7 +64,7 @@ class GlossSpan:
     recognition: Recognition
     text: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> GlossSpanJSON:
         r = self.recognition
         return {"start": round(self.start, 3), "end": round(self.end, 3), "gloss": r.gloss,
                 "confidence": r.confidence, "distance": r.distance, "nearest": r.nearest,
@@ -70,10 +103,10 @@ class VisionService:
         from ..video.decode import decode_frames
 
         v = self.settings.vision
-        frames: list[tuple[float, Any]] = []
+        frames: list[tuple[float, np.ndarray]] = []
         limit = min(MAX_FRAMES, int(v.max_example_seconds * v.example_fps) + 1)
 
-        def keep(frame: Any) -> None:
+        def keep(frame: VideoFrame) -> None:
             if frame.t > v.max_example_seconds or len(frames) >= limit:
                 raise _Enough
             frames.append((frame.t, frame.rgb))
@@ -127,7 +160,7 @@ class VisionService:
 
 
 def recognition_body(vocab_id: str, kind: str, frames: int, spans: list[GlossSpan], translated: bool
-                     ) -> dict[str, Any]:
+                     ) -> RecognitionJSON:
     """The answer of a recognition (REST and the SDK's local mode): every span, and the known glosses as one
     source text with its translation."""
     known = [s for s in spans if s.recognition.known]

@@ -25,15 +25,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from ..errors import NotFound
+from ..json_types import JSONObject
 from ..state.private import private_dir, private_file
 from ..state.sqlite_tx import add_column
 from .landmarks import LandmarkSeq
 from .recogniser import Example, Recogniser, RecogniserPolicy
 from .vocab_model import (
     MAX_CACHED,
+    AddedExample,
+    ExampleJSON,
     StoredExample,
     Vocabulary,
     blob,
@@ -128,7 +130,7 @@ class VocabularyStore:
         self._changed(vocab_id)
 
     # ---- examples ----------------------------------------------------------------------------------------------
-    def add_example(self, owner: str, vocab_id: str, gloss: str, seq: LandmarkSeq) -> dict[str, Any]:
+    def add_example(self, owner: str, vocab_id: str, gloss: str, seq: LandmarkSeq) -> AddedExample:
         vocab = self.get(owner, vocab_id)
         gloss = check_gloss(gloss)
         text, feats = prepare_example(seq, vocab.kind)
@@ -165,7 +167,7 @@ class VocabularyStore:
         if used + adding > self.max_bytes:
             raise too_many_bytes(used, adding, self.max_bytes)
 
-    def examples(self, owner: str, vocab_id: str) -> builtins.list[dict[str, Any]]:
+    def examples(self, owner: str, vocab_id: str) -> builtins.list[ExampleJSON]:
         self.get(owner, vocab_id)
         with self._lock:
             rows = self._db.execute("SELECT example_id, gloss, n_frames, created FROM vocab_examples "
@@ -202,7 +204,7 @@ class VocabularyStore:
         return data
 
     # ---- export / import ---------------------------------------------------------------------------------------
-    def export(self, owner: str, vocab_id: str) -> dict[str, Any]:
+    def export(self, owner: str, vocab_id: str) -> JSONObject:
         """The export document (the SDK's local mode; the REST route sends ``export_json``'s bytes)."""
         return export_doc(self.export_json(owner, vocab_id))
 
@@ -214,7 +216,7 @@ class VocabularyStore:
                                     (vocab_id,)).fetchall()
         return export_bytes(vocab, rows)
 
-    def import_(self, owner: str, doc: Any, name: str | None = None) -> Vocabulary:
+    def import_(self, owner: str, doc: object, name: str | None = None) -> Vocabulary:
         """A new vocabulary for ``owner`` from an export document; every example is checked before anything is
         written (a bad one refuses the whole import). A key with no room for another vocabulary is refused first,
         before any example is checked (``create`` checks again, under the lock, when it writes)."""

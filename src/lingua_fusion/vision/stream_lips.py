@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +33,12 @@ from .fusion import Evidence, FusedCaption, FusionPolicy, fuse
 from .landmarks import LandmarkFrame
 from .lane import LandmarkLane
 from .lip_spot import SpotPolicy, active_spans, hypothesis, opening, rest_level, smooth, spot
+
+if TYPE_CHECKING:
+    from ..stream.contracts import Queue, Spawn
+    from ..stream.jobs import StreamJobs
+    from ..video.stream_slides import StreamVideo
+    from .service import VisionService
 from .recogniser import Recogniser
 from .sampler import AdaptiveSampler, SamplingPolicy
 from .segment import Span
@@ -57,9 +63,8 @@ Heard = Callable[[], tuple[float, float | None, bool]]
 class StreamLips(LandmarkLane):
     what = "lip"
 
-    def __init__(self, recogniser: Recogniser, extract: Callable[[float, np.ndarray], LandmarkFrame], jobs: Any,
-                 emit: Callable[[Event], None], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
-                 queue: Callable[[Coroutine[Any, Any, Final | None]], None], heard: Heard,
+    def __init__(self, recogniser: Recogniser, extract: Callable[[float, np.ndarray], LandmarkFrame], jobs: StreamJobs,
+                 emit: Callable[[Event], None], spawn: Spawn, queue: Queue, heard: Heard,
                  loop: asyncio.AbstractEventLoop, *, sampling: SamplingPolicy | None = None,
                  spotting: SpotPolicy | None = None, pool: Executor | None = None) -> None:
         super().__init__(extract, emit, spawn, loop, AdaptiveSampler(sampling or LIP_SAMPLING), pool)
@@ -228,9 +233,8 @@ class StreamLips(LandmarkLane):
             return
 
 
-def attach(video: Any, vision: Any, recogniser: Recogniser, jobs: Any, emit: Callable[[Event], None],
-           spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
-           queue: Callable[[Coroutine[Any, Any, Final | None]], None], heard: Heard) -> StreamLips:
+def attach(video: StreamVideo, vision: VisionService, recogniser: Recogniser, jobs: StreamJobs,
+           emit: Callable[[Event], None], spawn: Spawn, queue: Queue, heard: Heard) -> StreamLips:
     """Attach a stream's lips consumer to its video fan-out and its fusion to its commits (``jobs.lips``)."""
     from ..video.fanout import Tap
 

@@ -10,9 +10,9 @@ every target over the ModelPort (MT, like any source text) and sent as a ``sign`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,15 +31,26 @@ if TYPE_CHECKING:
     from ..stream.contracts import Emit, Heard, Queue, Spawn
     from ..stream.jobs import StreamJobs
     from ..stream.protocol import StreamSpec
+    from ..video.stream_slides import StreamVideo
 
 MAX_SIGN_FRAMES = 600  # one sign's frames at most (a hand never leaving the picture is cut there)
+
+
+
+def _video(video: object) -> StreamVideo:
+    """The stream's video (``stream.contracts.Vocabularies`` passes it as ``object``): a ``StreamVideo``."""
+    from ..video.stream_slides import StreamVideo
+
+    if not isinstance(video, StreamVideo):
+        raise TypeError(f"a stream's video is a StreamVideo, not {type(video).__name__}")
+    return video
 
 
 class StreamSigns(LandmarkLane):
     what = "sign"
 
-    def __init__(self, recogniser: Recogniser, extract: Callable[[float, np.ndarray], LandmarkFrame], jobs: Any,
-                 emit: Callable[[Event], None], spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+    def __init__(self, recogniser: Recogniser, extract: Callable[[float, np.ndarray], LandmarkFrame], jobs: StreamJobs,
+                 emit: Callable[[Event], None], spawn: Spawn,
                  loop: asyncio.AbstractEventLoop, policy: SamplingPolicy | None = None, gap_s: float = 0.6,
                  pool: Executor | None = None) -> None:
         super().__init__(extract, emit, spawn, loop, AdaptiveSampler(policy), pool)
@@ -121,7 +132,7 @@ class StreamVocabularies:
     def check(self, key_id: str, vocabulary_id: str) -> None:
         self.vision.store.recogniser(key_id, vocabulary_id)  # not found for another key; refused when untaught
 
-    async def attach(self, video: Any, spec: StreamSpec, jobs: StreamJobs, emit: Emit, spawn: Spawn, *,
+    async def attach(self, video: object, spec: StreamSpec, jobs: StreamJobs, emit: Emit, spawn: Spawn, *,
                      queue: Queue, heard: Heard) -> None:
         """Attach the stream's vocabulary consumer to its video fan-out (``video``: video/stream_slides.py
         ``StreamVideo``): signs for a sign vocabulary; for a lip vocabulary, lips fused with the stream's speech
@@ -135,7 +146,7 @@ class StreamVocabularies:
         if recogniser.kind == "lip":
             from . import stream_lips
 
-            stream_lips.attach(video, vision, recogniser, jobs, emit, spawn, queue, heard)
+            stream_lips.attach(_video(video), vision, recogniser, jobs, emit, spawn, queue, heard)
             return
         extractor = vision.extractor()
         session = f"stream-{spec.stream_id}"
@@ -144,10 +155,11 @@ class StreamVocabularies:
             return extractor.extract([(t, rgb)], parts=frozenset({"hands"}), session=session)[0]
 
         signs = StreamSigns(recogniser, extract, jobs, emit, spawn, asyncio.get_running_loop(), pool=vision.pool)
-        video.fanout.attach(Tap("signs", signs, fps=30.0))
+        _video(video).fanout.attach(Tap("signs", signs, fps=30.0))
 
-    async def finish(self, video: Any, wait_s: float) -> None:
+    async def finish(self, video: object, wait_s: float) -> None:
         """The stream ends: a sign still being made, or lip movements not yet decided, go out (bounded)."""
-        consumer = video.fanout.get("signs") or video.fanout.get("lips")
-        if consumer is not None:
+        fanout = _video(video).fanout
+        consumer = fanout.get("signs") or fanout.get("lips")
+        if isinstance(consumer, LandmarkLane):  # the taps attach() made: StreamSigns, StreamLips
             await consumer.finish(wait_s)

@@ -10,11 +10,12 @@ import json
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
 from ..errors import InvalidParameter, NotFound, QuotaExceeded
+from ..json_types import JSONObject
 from . import bigjson
 from .landmarks import LandmarkSeq
 from .normalise import KINDS, LENGTH, features
@@ -23,6 +24,36 @@ EXPORT_FORMAT = "linguafusion-vocabulary/1"
 MAX_GLOSS = 64
 MAX_NAME = 100
 MAX_CACHED = 64  # recognisers kept built (a large vocabulary's is a few MB)
+
+
+class VocabularyJSON(TypedDict):
+    """A vocabulary as the API shows it (``Vocabulary.to_dict``)."""
+
+    vocabulary_id: str
+    name: str
+    kind: str
+    lang: str
+    created: float
+    examples: int
+    glosses: int
+
+
+class ExampleJSON(TypedDict):
+    """One example in a vocabulary's listing (``examples``)."""
+
+    example_id: str
+    gloss: str
+    frames: int
+    created: float
+
+
+class AddedExample(TypedDict):
+    """The answer of ``add_example``."""
+
+    example_id: str
+    gloss: str
+    frames: int
+    duration_s: float
 
 
 @dataclass(frozen=True)
@@ -35,7 +66,7 @@ class Vocabulary:
     examples: int = 0
     glosses: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VocabularyJSON:
         return {"vocabulary_id": self.vocab_id, "name": self.name, "kind": self.kind, "lang": self.lang,
                 "created": round(self.created, 3), "examples": self.examples, "glosses": self.glosses}
 
@@ -79,7 +110,7 @@ def new_example_id() -> str:
     return "ex_" + secrets.token_hex(6)
 
 
-def check_gloss(gloss: Any) -> str:
+def check_gloss(gloss: object) -> str:
     if not isinstance(gloss, str) or not gloss.strip():
         raise InvalidParameter("'gloss' must be a non-empty string (the sign's or word's label)",
                                details={"field": "gloss"})
@@ -90,13 +121,13 @@ def check_gloss(gloss: Any) -> str:
     return g
 
 
-def check_kind(kind: Any) -> str:
+def check_kind(kind: object) -> str:
     if kind not in KINDS:
         raise InvalidParameter(f"'kind' must be one of {list(KINDS)}", details={"field": "kind"})
     return str(kind)
 
 
-def clean_name(name: Any, kind: str) -> str:
+def clean_name(name: object, kind: str) -> str:
     return " ".join(str(name or kind).split())[:MAX_NAME] or kind
 
 
@@ -127,7 +158,7 @@ def prepare_example(seq: LandmarkSeq, kind: str) -> tuple[str, np.ndarray]:
     return text, text_features(text, kind)
 
 
-def parse_import(doc: Any, max_examples: int) -> ParsedImport:
+def parse_import(doc: object, max_examples: int) -> ParsedImport:
     """An export document checked whole: a bad example refuses the import before anything is written."""
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
         raise InvalidParameter(f"not a vocabulary export: 'format' must be {EXPORT_FORMAT!r}",
@@ -164,9 +195,9 @@ def export_bytes(vocab: Vocabulary, rows: Iterable[tuple[str, str]]) -> bytes:
     return (head[:-1] + ',"examples":[' + examples + "]}").encode("utf-8")
 
 
-def export_doc(data: bytes) -> dict[str, Any]:
+def export_doc(data: bytes) -> JSONObject:
     """The export document (the SDK's local mode; the REST route sends the bytes): plain lists, as JSON."""
-    doc: dict[str, Any] = json.loads(data)
+    doc: JSONObject = json.loads(data)
     return doc
 
 

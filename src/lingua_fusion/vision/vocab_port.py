@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..config import Settings
+from ..json_types import JSONObject
 from .landmarks import LandmarkSeq
 from .recogniser import Recogniser
-from .vocab_model import StoredExample, Vocabulary
+from .vocab_model import AddedExample, ExampleJSON, StoredExample, Vocabulary
 
 
 class VocabularyBackend(Protocol):
@@ -44,23 +45,23 @@ class VocabularyBackend(Protocol):
 
     def delete(self, owner: str, vocab_id: str) -> None: ...
 
-    def add_example(self, owner: str, vocab_id: str, gloss: str, seq: LandmarkSeq) -> dict[str, Any]:
+    def add_example(self, owner: str, vocab_id: str, gloss: str, seq: LandmarkSeq) -> AddedExample:
         """``{example_id, gloss, frames, duration_s}`` of the new example."""
         ...
 
     def delete_example(self, owner: str, vocab_id: str, example_id: str) -> None: ...
 
-    def examples(self, owner: str, vocab_id: str) -> builtins.list[dict[str, Any]]:
+    def examples(self, owner: str, vocab_id: str) -> builtins.list[ExampleJSON]:
         """``{example_id, gloss, frames, created}`` of each example, in the order taught."""
         ...
 
     def stored_bytes(self, owner: str) -> int: ...
 
-    def export(self, owner: str, vocab_id: str) -> dict[str, Any]: ...
+    def export(self, owner: str, vocab_id: str) -> JSONObject: ...
 
     def export_json(self, owner: str, vocab_id: str) -> bytes: ...
 
-    def import_(self, owner: str, doc: Any, name: str | None = None) -> Vocabulary: ...
+    def import_(self, owner: str, doc: object, name: str | None = None) -> Vocabulary: ...
 
     def recogniser(self, owner: str, vocab_id: str) -> Recogniser: ...
 

@@ -30,7 +30,8 @@ import struct
 import sys
 import time
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Mapping
+from typing import IO, Any, TypedDict
 
 import numpy as np
 
@@ -42,6 +43,14 @@ MAX_SESSIONS = 8
 POINTS = 21 + 21 + 33 + 40
 LIP_INDICES = (61, 146, 91, 181, 84, 17, 314, 405, 321, 375, 291, 185, 40, 39, 37, 0, 267, 269, 270, 409, 78, 95,
                88, 178, 87, 14, 317, 402, 318, 324, 308, 191, 80, 81, 82, 13, 312, 311, 310, 415)
+
+
+class FrameFlags(TypedDict):
+    """What was found in one frame: each hand (left, right), the pose, the lips."""
+
+    hands: list[bool]
+    pose: bool
+    lips: bool
 
 
 class Session:
@@ -82,7 +91,7 @@ def _xy(landmarks: Any, w: int, h: int, indices: Any = None) -> np.ndarray:
 
 
 def extract(session: Session, parts: list[str], meta: list[dict[str, Any]], payload: bytes
-            ) -> tuple[dict[str, Any], bytes]:
+            ) -> tuple[dict[str, object], bytes]:
     out = np.zeros((len(meta), POINTS, 2), np.float32)
     flags = []
     ms = {p: 0.0 for p in parts}
@@ -94,7 +103,7 @@ def extract(session: Session, parts: list[str], meta: list[dict[str, Any]], payl
             raise ValueError(f"frame {i}: {w}x{h} does not fit the payload")
         rgb = np.frombuffer(payload, np.uint8, n, offset).reshape(h, w, 3)
         offset += n
-        flag: dict[str, Any] = {"hands": [False, False], "pose": False, "lips": False}
+        flag: FrameFlags = {"hands": [False, False], "pose": False, "lips": False}
         if "hands" in parts:
             t0 = time.perf_counter()
             res = session.get("hands").process(rgb)
@@ -123,7 +132,7 @@ def extract(session: Session, parts: list[str], meta: list[dict[str, Any]], payl
     return {"ok": True, "frames": flags, "ms": {k: round(v, 3) for k, v in ms.items()}}, out.tobytes()
 
 
-def read_exact(stream: Any, n: int) -> bytes:
+def read_exact(stream: IO[bytes], n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = stream.read(n - len(buf))
@@ -133,13 +142,13 @@ def read_exact(stream: Any, n: int) -> bytes:
     return bytes(buf)
 
 
-def send(out: Any, rid: int, body: dict[str, Any], payload: bytes = b"") -> None:
+def send(out: IO[bytes], rid: int, body: Mapping[str, object], payload: bytes = b"") -> None:
     raw = json.dumps(body).encode()
     out.write(HEADER.pack(MAGIC, rid, len(raw), len(payload)) + raw + payload)
     out.flush()
 
 
-def serve(inp: Any, out: Any) -> None:
+def serve(inp: IO[bytes], out: IO[bytes]) -> None:
     sessions: OrderedDict[tuple[str, bool], Session] = OrderedDict()
     while True:
         try:
