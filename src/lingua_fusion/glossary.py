@@ -35,6 +35,7 @@ def parse(data: bytes, *, max_terms: int, filename: str = "", bounds: JsonBounds
     except UnicodeDecodeError as exc:
         raise InvalidParameter("glossary must be UTF-8 CSV or JSON") from exc
     terms: list[Term] = []
+    pairs: list[tuple[object, object]]
     stripped = text.lstrip()
     if stripped.startswith(("{", "[")) or filename.endswith(".json"):
         try:

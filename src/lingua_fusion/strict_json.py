@@ -18,24 +18,25 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import NoReturn
 
 from .json_bounds import JsonBounds, check
+from .json_types import JSONValue
 
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def _not_json(name: str) -> Any:
+def _not_json(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-def loads(raw: str | bytes, bounds: JsonBounds | None = None) -> Any:
+def loads(raw: str | bytes, bounds: JsonBounds | None = None) -> JSONValue:
     """``json.loads`` that refuses NaN / Infinity and lone surrogates (``ValueError``; ``RecursionError`` on
     nesting too deep, as ``json.loads``) and, given ``bounds``, a text past them before parsing (``TooLarge``)."""
     if bounds is not None:
         check(raw, bounds)
-    obj = json.loads(raw, parse_constant=_not_json)
+    obj: JSONValue = json.loads(raw, parse_constant=_not_json)
     escaped = _SURROGATE_BYTES.search(raw) if isinstance(raw, bytes) else _SURROGATE.search(raw)
     if escaped is not None:  # rare: only then is the whole value checked
         try:

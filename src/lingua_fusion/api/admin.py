@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -17,7 +15,7 @@ router = APIRouter()
 
 # ---- faults: on the live streams' model executor (request.app.state.streams) -------------------------------
 @router.get("/v1/admin/faults")
-async def list_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
+async def list_faults(request: Request, _key: AdminKey) -> dict[str, object]:
     streams = request.app.state.streams
     return {"chaos": context(request).settings.server.chaos,
             "faults": {k: f.public() for k, f in streams.executor.faults.items()},
@@ -44,19 +42,19 @@ async def set_fault(request: Request, _key: AdminKey) -> JSONResponse:
 
 
 @router.delete("/v1/admin/faults")
-async def clear_faults(request: Request, _key: AdminKey) -> dict[str, Any]:
+async def clear_faults(request: Request, _key: AdminKey) -> dict[str, object]:
     request.app.state.streams.executor.faults.clear()
     return {"faults": {}}
 
 
 # ---- the SLO breakers ----------------------------------------------------------------------------------------
 @router.get("/v1/admin/breaker")
-async def breaker_levels(request: Request, _key: AdminKey) -> dict[str, Any]:
+async def breaker_levels(request: Request, _key: AdminKey) -> dict[str, object]:
     return {"breaker": request.app.state.streams.supervisor.levels_by_class()}
 
 
 @router.delete("/v1/admin/breaker")
-async def restore_breaker(request: Request, _key: AdminKey) -> dict[str, Any]:
+async def restore_breaker(request: Request, _key: AdminKey) -> dict[str, object]:
     """Every class's and key's SLO breaker back to level 0 at once, instead of after its quiet period: an operator
     who has removed the cause, or a benchmark sweep starting its next row. Degraded streams are told ``restored``;
     the breaker trips again if the cause is still there. Every worker of ``serve --workers N`` restores within a
@@ -90,13 +88,13 @@ async def create_key(request: Request, _key: AdminKey) -> JSONResponse:
 
 
 @router.get("/v1/keys")
-async def list_keys(request: Request, _key: AdminKey) -> dict[str, Any]:
+async def list_keys(request: Request, _key: AdminKey) -> dict[str, object]:
     return {"keys": [{"key_id": k.key_id, "name": k.name, "scopes": list(k.scopes), "created": k.created,
                       "revoked": k.revoked} for k in await context(request).offload(context(request).store.list_keys)]}
 
 
 @router.delete("/v1/keys/{key_id}")
-async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str, Any]:
+async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str, object]:
     ctx = context(request)
     await ctx.offload(ctx.store.revoke_key, key_id)
     closed = await request.app.state.streams.revoke(key_id)  # its live streams end (4401); resumes are refused

@@ -6,7 +6,7 @@ import hmac
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
 from starlette.datastructures import FormData
@@ -131,7 +131,7 @@ def check_json_type(request: Request) -> None:
 
 
 def parse_json(body: bytes, bounds: JsonBounds,
-               loads: Callable[[bytes, JsonBounds], Any] = strict_json.loads) -> Any:
+               loads: Callable[[bytes, JsonBounds], object] = strict_json.loads) -> object:
     """``loads(body, bounds)``, strictly: not JSON, nesting deep enough to exhaust the parser (RecursionError, a 500
     before), NaN / Infinity or lone surrogates are InvalidParameter (400); past ``bounds`` (depth, elements:
     json_bounds.py), measured before parsing, TooLarge (413)."""
@@ -153,5 +153,5 @@ async def require_json(request: Request) -> None:
 JsonBody = Depends(require_json)
 
 
-def flag(value: Any) -> bool:
+def flag(value: object) -> bool:
     return str(value).strip().lower() in {"1", "true", "yes", "on"}

@@ -3,8 +3,6 @@ each at most ``limits.max_glossary_terms`` terms and ``limits.max_glossary_bytes
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -50,20 +48,20 @@ async def upload_glossary(request: Request, key: TranslateKey) -> JSONResponse:
 
 
 @router.get("/v1/glossaries")
-async def list_glossaries(request: Request, key: TranslateKey) -> dict[str, Any]:
+async def list_glossaries(request: Request, key: TranslateKey) -> dict[str, object]:
     ctx = context(request)
     return {"glossaries": await ctx.offload(ctx.store.list_glossaries, key.key_id)}
 
 
 @router.get("/v1/glossaries/{glossary_id}")
-async def get_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def get_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     ctx = context(request)
     meta, terms = await ctx.offload(ctx.store.get_glossary, key.key_id, glossary_id)
     return {**meta, "terms": [{"source": t.source, "target": t.target} for t in terms]}
 
 
 @router.delete("/v1/glossaries/{glossary_id}")
-async def delete_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def delete_glossary(glossary_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     ctx = context(request)
     await ctx.offload(ctx.store.delete_glossary, key.key_id, glossary_id)
     return {"glossary_id": glossary_id, "deleted": True}

@@ -111,6 +111,6 @@ async def cluster_metrics_route(request: Request) -> Response:
 
 
 @router.get("/v1/models")
-async def models(request: Request) -> dict[str, Any]:
+async def models(request: Request) -> dict[str, object]:
     registry = context(request).translator.registry
     return {"models": registry.capabilities(), "pairs": registry.served_pairs(), "routes": registry.pair_routes()}

@@ -261,7 +261,7 @@ def words(result: TranslationResult) -> list[dict[str, Any]]:
     return [{"word": w.word, "start": w.start, "end": w.end} for s in result.segments for w in s.words or ()]
 
 
-def extension(result: TranslationResult) -> dict[str, Any]:
+def extension(result: TranslationResult) -> dict[str, object]:
     """What only this server says about a result (ignored by OpenAI's clients): languages, the route, warnings."""
     out: dict[str, Any] = {"source_lang": result.source_lang, "target_lang": result.target_lang,
                            "source_text": result.source_text, "route": result.route, "quality": result.quality,

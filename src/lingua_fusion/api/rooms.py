@@ -33,6 +33,7 @@ from .. import strict_json
 from ..config import Settings
 from ..errors import InvalidParameter, LinguaFusionError, SlowConsumer, UnsupportedContentType
 from ..json_bounds import bounds_of
+from ..json_types import JSONObject
 from ..models.registry import Registry
 from ..observability import Metrics
 from ..rooms.directory import RoomLimits
@@ -94,17 +95,18 @@ async def create_room(request: Request, key: TranslateKey) -> JSONResponse:
     allowed = body.get("allowed_targets")
     if "allowed_targets" in body and not isinstance(allowed, list):
         raise InvalidParameter("allowed_targets is a list of language codes listeners may ask for")
-    room, token = await _rooms(request).create(key.key_id, source, allowed)
+    room, token = await _rooms(request).create(key.key_id, source if isinstance(source, str) else None,
+                                               allowed if isinstance(allowed, list) else None)
     return JSONResponse({**room.public(), "listener_token": token, "token_id": token_id_of(token)}, status_code=201)
 
 
 @router.get("/v1/rooms")
-async def list_rooms(request: Request, key: TranslateKey) -> dict[str, Any]:
+async def list_rooms(request: Request, key: TranslateKey) -> dict[str, object]:
     return {"rooms": await _rooms(request).list(key.key_id)}
 
 
 @router.get("/v1/rooms/{room_id}")
-async def get_room(room_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def get_room(room_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     rooms = _rooms(request)
     return await rooms.describe(await rooms.owned(room_id, key.key_id))
 
@@ -118,23 +120,23 @@ async def mint_token(room_id: str, request: Request, key: TranslateKey) -> JSONR
 
 
 @router.get("/v1/rooms/{room_id}/tokens")
-async def list_tokens(room_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def list_tokens(room_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     return {"room_id": room_id, "tokens": await _rooms(request).tokens(room_id, key.key_id)}
 
 
 @router.delete("/v1/rooms/{room_id}/tokens/{token_id}")
-async def revoke_token(room_id: str, token_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def revoke_token(room_id: str, token_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     closed = await _rooms(request).revoke_token(room_id, key.key_id, token_id)
     return {"room_id": room_id, "token_id": token_id, "revoked": True, "listeners_closed": closed}
 
 
 @router.delete("/v1/rooms/{room_id}")
-async def end_room(room_id: str, request: Request, key: TranslateKey) -> dict[str, Any]:
+async def end_room(room_id: str, request: Request, key: TranslateKey) -> dict[str, object]:
     room = await _rooms(request).end(room_id, key.key_id)
     return {"room_id": room.room_id, "state": room.state, "finals": room.finals, "deleted": True}
 
 
-async def _optional_json(request: Request) -> dict[str, Any]:
+async def _optional_json(request: Request) -> JSONObject:
     raw = await request.body()
     if not raw.strip():
         return {}

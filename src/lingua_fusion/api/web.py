@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse
@@ -43,7 +43,7 @@ async def ops_page() -> FileResponse:
 
 
 @router.post("/v1/stream-tickets", status_code=201)
-async def stream_ticket(request: Request, key: TranslateKey) -> dict[str, Any]:
+async def stream_ticket(request: Request, key: TranslateKey) -> dict[str, object]:
     """A single-use ticket for one WebSocket stream: ``WS /v1/streams?ticket=<ticket>`` within ``expires_in``
     seconds. Browsers cannot set headers on a WebSocket; the ticket keeps the key itself out of every URL."""
     service = request.app.state.streams
@@ -59,7 +59,7 @@ async def stream_ticket(request: Request, key: TranslateKey) -> dict[str, Any]:
 
 @router.get("/v1/ops/metrics")
 async def ops_metrics(request: Request, _key: AdminKey,
-                      scope: Literal["server", "cluster"] = "server") -> dict[str, Any]:
+                      scope: Literal["server", "cluster"] = "server") -> dict[str, object]:
     """What /metrics holds, as JSON, with a digest for the operations page (admin key). ``scope=cluster``: every
     replica's on the shared Redis (``GET /metrics/cluster``), summed in the digest, by replica in ``samples`` (a
     server without a shared Redis: its own)."""

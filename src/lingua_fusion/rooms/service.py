@@ -20,7 +20,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .. import langs as langs_mod
@@ -108,7 +108,7 @@ class RoomService:
             raise NotConfigured(self.unavailable)
 
     async def create(self, owner: str, source_lang: str | None = None,
-                     allowed_targets: builtins.list[str] | None = None) -> tuple[Room, str]:
+                     allowed_targets: Sequence[object] | None = None) -> tuple[Room, str]:
         self._check_available()
         source = langs_mod.normalize(source_lang, field="source_lang") if source_lang else None
         room = Room(new_room_id(), owner, round(self.clock(), 3), source_lang=source,
@@ -120,7 +120,7 @@ class RoomService:
                                 details={"limit": "max_rooms_per_key", "max": limit})
         return room, token
 
-    def _allowed(self, source: str | None, targets: builtins.list[str] | None) -> builtins.list[str] | None:
+    def _allowed(self, source: str | None, targets: Sequence[object] | None) -> builtins.list[str] | None:
         """``allowed_targets`` as given: each a language the source can be translated into, at most 32."""
         if targets is None:
             return None
@@ -142,7 +142,7 @@ class RoomService:
             raise NotFound(f"no room {room_id[:40]} for this key")
         return room
 
-    async def mint(self, room_id: str, owner: str, label: str | None = None) -> str:
+    async def mint(self, room_id: str, owner: str, label: object = None) -> str:
         room = await self.owned(room_id, owner)
         if room.state == State.ENDED:
             raise InvalidParameter(f"room {room_id} has ended: it takes no new listener tokens")
