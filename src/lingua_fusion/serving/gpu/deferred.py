@@ -21,15 +21,33 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...errors import BackendError
 from ..runners import ContinuousRunner
+
+if TYPE_CHECKING:
+    from .memory import MemoryReport
 
 log = logging.getLogger("lingua_fusion.gpu")
 
 RETRY_S = (30.0, 600.0)  # a failed build is tried again after the first, doubling up to the second
 _BUILDS = threading.Lock()  # one build at a time in the process (each sizes its pools from the free memory)
+
+
+@runtime_checkable
+class ReportsMemory(Protocol):
+    """A runner that publishes its pools (GpuRunner.memory)."""
+
+    memory: MemoryReport | None
+
+
+@runtime_checkable
+class Starting(Protocol):
+    """A runner built in the background (DeferredRunner): "ready", "building" or "failed: why"."""
+
+    @property
+    def state(self) -> str: ...
 
 
 class DeferredRunner:
@@ -115,9 +133,11 @@ class DeferredRunner:
         return futures
 
     @property
-    def memory(self) -> Any:
-        """The built runner's pools (serving/gpu/memory.py MemoryReport), None before."""
-        return getattr(self._runner, "memory", None)
+    def memory(self) -> MemoryReport | None:
+        """The built runner's pools (serving/gpu/memory.py MemoryReport), None before (or for a runner that
+        reports none)."""
+        runner = self._runner
+        return runner.memory if isinstance(runner, ReportsMemory) else None
 
     def close(self) -> None:
         """Close the built runner; a build still running closes what it makes when it ends (nobody waits for it)."""

@@ -23,10 +23,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...config import Settings
 from ..keys import ModelKey
+from ..runners import ContinuousRunner, Runner
+
+if TYPE_CHECKING:
+    from ...models.mt_local import LocalDirMT
+    from ...models.registry import Registry
+    from ...observability import Metrics
+    from ..executor import Executor
+    from .runner import GpuRunner
+    from .torch_mt import EngineMT
 
 log = logging.getLogger("lingua_fusion.gpu")
 
@@ -37,8 +46,8 @@ def enabled(settings: Settings) -> bool:
     return settings.models.engine == ENGINE
 
 
-def engine_backends(registry: Any, settings: Settings, metrics: Any = None
-                    ) -> dict[str, Callable[[ModelKey], Any]]:
+def engine_backends(registry: Registry, settings: Settings, metrics: Metrics | None = None
+                    ) -> dict[str, Callable[[ModelKey], Runner | ContinuousRunner]]:
     """The Executor's ``backends`` for ``models.engine`` ({} when the engine is off); with the engine on, the
     registry's user transformers MT directories are decoded on it too (``mt_on_engine``)."""
     if not enabled(settings):
@@ -46,7 +55,7 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
     device = settings.models.device
     registry.decode_mt_with(mt_on_engine(settings, metrics))
 
-    def asr(key: ModelKey) -> Any:
+    def asr(key: ModelKey) -> Runner | ContinuousRunner:
         from .deferred import DeferredRunner
 
         if key == ModelKey.detect():  # language identification: one encoder pass and one step, on the CPU runner
@@ -62,7 +71,7 @@ def engine_backends(registry: Any, settings: Settings, metrics: Any = None
         log.info("%s on the continuous engine (%s), starting", key, device)
         return runner
 
-    backends: dict[str, Callable[[ModelKey], Any]] = {"asr": asr}
+    backends: dict[str, Callable[[ModelKey], Runner | ContinuousRunner]] = {"asr": asr}
     if device.startswith("cuda"):  # built at its first call, on the VAD lane's thread (``LazyRunner``)
         backends["vad"] = lambda _k: LazyRunner(lambda: gpu_vad(settings.models.gpu_vad, device))
     return backends
@@ -73,9 +82,9 @@ class LazyRunner:
     VAD call) and runs its calls on a worker thread: building there keeps the first import of torch and Silero's
     weights (a second or more) off the loop, as ``build_asr`` does for the ASR runner."""
 
-    def __init__(self, build: Callable[[], Callable[[list[Any]], list[Any]]]) -> None:
+    def __init__(self, build: Callable[[], Runner]) -> None:
         self._build = build
-        self._runner: Callable[[list[Any]], list[Any]] | None = None
+        self._runner: Runner | None = None
         self._lock = threading.Lock()
 
     def __call__(self, batch: list[Any]) -> list[Any]:
@@ -85,7 +94,7 @@ class LazyRunner:
         return self._runner(batch)
 
 
-def build_asr(registry: Any, key: ModelKey, settings: Settings) -> Any:
+def build_asr(registry: Registry, key: ModelKey, settings: Settings) -> GpuRunner:
     """``key``'s GpuRunner, on the DeferredRunner's build thread. torch is imported here, not where the factory
     runs: the first import of torch takes a second or more, and the factory runs on the event loop (a stream's
     admission), where it stalled every stream and /healthz at a language's first stream."""
@@ -94,7 +103,7 @@ def build_asr(registry: Any, key: ModelKey, settings: Settings) -> Any:
     return asr_runner(registry.asr_torch(key.source), key.source, settings, str(key))
 
 
-def gpu_vad(kind: str, device: str) -> Any:
+def gpu_vad(kind: str, device: str) -> Runner:
     """The VAD lane's batch runner on a CUDA ``device`` (``models.gpu_vad``)."""
     if kind == "silero":
         from .silero import silero_vad
@@ -106,11 +115,12 @@ def gpu_vad(kind: str, device: str) -> Any:
     return energy_vad(device)
 
 
-def mt_on_engine(settings: Settings, metrics: Any = None) -> Callable[[str, Any], Any | None]:
+def mt_on_engine(settings: Settings, metrics: Metrics | None = None
+                 ) -> Callable[[str, LocalDirMT], EngineMT | None]:
     """For ``Registry.decode_mt_with``: a user directory's model on a GpuRunner of its own (its pools on /metrics
     as ``mt:<registry key>``), or None where the engine cannot decode it (it stays on its CPU backend)."""
 
-    def serve(key: str, local: Any) -> Any | None:
+    def serve(key: str, local: LocalDirMT) -> EngineMT | None:
         from .torch_mt import engine_mt
 
         name = f"mt:{key}"
@@ -134,10 +144,13 @@ def warm_engine(executor: Any, settings: Settings) -> Callable[[], dict[str, str
         return None
     runners = {str(key): executor.build_now(key) for key in map(ModelKey.asr, langs)}
     log.info("engine warm-up: building %s", ", ".join(runners))
-    return lambda: {name: getattr(runner, "state", "ready") for name, runner in runners.items()}
+    from .deferred import Starting
+
+    return lambda: {name: runner.state if isinstance(runner, Starting) else "ready" for name, runner in runners.items()}
 
 
-def build_executor(registry: Any, settings: Settings, metrics: Any = None, **kwargs: Any) -> Any:
+def build_executor(registry: Registry, settings: Settings, metrics: Metrics | None = None,
+                   **kwargs: Any) -> Executor:
     """The server's batched Executor, with the engine's backends when ``models.engine`` is on."""
     from ..executor import Executor
 
