@@ -28,7 +28,7 @@ import itertools
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from .blocks import BlockPool
 from .decoder_model import Decoded, DecoderModel
 from .device_call import wait
 from .paged import DeviceInputs, Gather, PagedKV, slots_of
+
+if TYPE_CHECKING:
+    from .graphs import StepGraphs
 
 
 @dataclass
@@ -135,7 +138,7 @@ class DecodeEngine:
         self._ids = itertools.count(1)
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
-        self.graphs: Any = None  # serving/gpu/graphs.py StepGraphs, once use_graphs() was called
+        self.graphs: StepGraphs | None = None  # once use_graphs() was called
         self.steps = self.tokens = self.preemptions = 0
         self.prefix_tokens = self.prefix_hits = self.prefix_waits = 0
 

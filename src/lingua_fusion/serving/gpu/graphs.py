@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from .paged import DeviceInputs, Gather
+
+if TYPE_CHECKING:
+    from .decoder import DecodeEngine, StepInputs
 
 T = TypeVar("T")
 _FIELDS = ("tokens", "positions", "slots", "self_lens", "cross_lens", "first")
@@ -56,7 +59,7 @@ def capture(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream, b
 
 
 class _Bucket:
-    def __init__(self, engine: Any, size: int) -> None:
+    def __init__(self, engine: DecodeEngine, size: int) -> None:
         dev = engine.device
         self.size = size
         self.self_blocks = engine._table.shape[1]
@@ -86,12 +89,12 @@ class _Bucket:
         self._np[3 * size: 5 * size] = 1
         self.dev.copy_(self.host)
 
-    def fill(self, x: Any) -> None:
+    def fill(self, x: StepInputs) -> None:
         n, size = len(x.tokens), self.size
         buf = self._np
         buf[:] = 0
-        for i, name in enumerate(_FIELDS):
-            buf[i * size: i * size + n] = getattr(x, name)
+        for i, values in enumerate((x.tokens, x.positions, x.slots, x.self_lens, x.cross_lens, x.first)):  # _FIELDS
+            buf[i * size: i * size + n] = values
         buf[3 * size + n: 4 * size] = 1  # padding rows: length 1 (their scratch slot), never 0
         buf[4 * size + n: 5 * size] = 1
         at = len(_FIELDS) * size
@@ -102,7 +105,7 @@ class _Bucket:
 
 
 class StepGraphs:
-    def __init__(self, engine: Any, buckets: list[int]) -> None:
+    def __init__(self, engine: DecodeEngine, buckets: list[int]) -> None:
         self.engine = engine
         self.buckets = [_Bucket(engine, b) for b in buckets]
         self._pool = torch.cuda.graph_pool_handle()
@@ -120,7 +123,7 @@ class StepGraphs:
     def fits(self, n: int) -> bool:
         return bool(self.buckets) and n <= self.buckets[-1].size
 
-    def run(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         bucket = next(b for b in self.buckets if b.size >= len(x.tokens))
         bucket.fill(x)
         if bucket.out is None:
