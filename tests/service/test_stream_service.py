@@ -149,7 +149,7 @@ async def test_in_process_stream_gets_breaker_notices_shedding_and_drain(tmp_pat
     try:
         low, high = await scenario(service, lambda msg: open_local(translator, msg))
     finally:
-        await service.close()
+        await translator.close_streams()
         translator.close()
     check(low, high)
     assert service.sessions == {}  # both released
@@ -186,7 +186,7 @@ async def test_a_failed_stream_frees_its_quota_and_admission(tmp_path: Path) -> 
         assert service.sessions == {} and service.quota.open["local"] == 0
         assert service.executor.scheduler.admitted == {}
     finally:
-        await service.close()
+        await translator.close_streams()
         translator.close()
 
 
@@ -340,7 +340,8 @@ async def test_two_concurrent_resumes_on_one_server_leave_one_live_session(tmp_p
     settings = settings_for(tmp_path)
     translator = LocalTranslator(settings)
     store = _BothClaimsInFlight(SQLiteStreamStore(tmp_path))
-    service = StreamService(Executor(translator.engine.registry, settings), settings, log=StreamLog(store))
+    log = StreamLog(store)
+    service = StreamService(Executor(translator.engine.registry, settings), settings, log=log)
     who = Principal("key_a")
     try:
         first = await service.open(start(0.5), who)
@@ -359,6 +360,8 @@ async def test_two_concurrent_resumes_on_one_server_leave_one_live_session(tmp_p
         assert service.quota.open["key_a"] == 0
     finally:
         await service.close()
+        await service.executor.close()
+        await log.close()
         translator.close()
 
 
@@ -371,12 +374,14 @@ async def local_service(settings: Settings, store: Any = None) -> AsyncIterator[
 
     translator = LocalTranslator(settings)
     real = SQLiteStreamStore(settings.state_dir)
-    service = StreamService(Executor(translator.engine.registry, settings), settings,
-                            log=StreamLog(real if store is None else store(real)))
+    log = StreamLog(real if store is None else store(real))
+    service = StreamService(Executor(translator.engine.registry, settings), settings, log=log)
     try:
         yield service
     finally:
-        await service.close()
+        await service.close()  # the service closes only what it made: the engine and the log are ours
+        await service.executor.close()
+        await log.close()
         translator.close()
 
 

@@ -193,7 +193,7 @@ async def test_in_process_stream_spans_decode_ocr_mt_and_tts(tmp_path: Path) -> 
             await s.end()
             async for ev in s:
                 got.append(ev.type)
-        await translator.streams().close()
+        await translator.close_streams()
     finally:
         translator.close()
     assert "slide" in got and "final" in got and "speech" in got

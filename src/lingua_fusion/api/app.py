@@ -206,8 +206,9 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
     async def glossary_for(who: Principal, gid: str) -> list[glossary_mod.Term]:
         return (await offload(store.get_glossary, who.key_id, gid))[1]
 
+    service_log = StreamLog(log_store, metrics)
     service = StreamService(executor(translator.registry, settings, metrics), settings,
-                            log=StreamLog(log_store, metrics), metrics=metrics, glossary_for=glossary_for,
+                            log=service_log, metrics=metrics, glossary_for=glossary_for,
                             quota=quota, baseline=baseline)
 
     async def _compact_loop() -> None:
@@ -255,7 +256,14 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            # each closed by its maker, users first: the streams, then the rooms they publish to, then the engines
+            # their model work ran on, then the stream log they wrote
             await service.close()
+            await baseline.close()
+            await rooms.close()
+            await service.executor.close()
+            await baseline.executor.close()
+            await service_log.close()
             await quota.close()
 
     app.state.streams = service

@@ -113,6 +113,14 @@ class LocalTranslator(LocalVocabularyMethods):
             self._streams.tracer = self.tracer
         return self._streams
 
+    async def close_streams(self) -> None:
+        """End this translator's in-process streams and stop the engine it made for them (on the loop they ran on;
+        a new stream afterwards starts a new service)."""
+        if self._streams is not None:
+            service, self._streams = self._streams, None
+            await service.close()  # the service closes only what it made; the engine is this translator's
+            await service.executor.close()
+
     async def _stream_glossary(self, _who: Principal, gid: str) -> list[glossary_mod.Term]:
         return self._glossary(gid)
 

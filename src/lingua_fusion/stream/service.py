@@ -321,13 +321,9 @@ class StreamService:
                                    self.settings.state.max_log_finals, live, wait_s=None)
 
     async def close(self) -> None:
+        """End every live stream here and stop what this service made (its breaker supervisor). The engine, the
+        stream log, the rooms and the baseline service were handed in, and whoever made them closes them, after
+        this (api/app.py's streams lifetime; a test's own fixture)."""
         for s in list(self.sessions.values()):
             s.abort()
         await self.supervisor.close()
-        if self.rooms is not None:
-            await self.rooms.close()
-        await self.executor.close()
-        if self.log is not None:
-            await self.log.close()
-        if self.baseline is not None:
-            await self.baseline.close()
