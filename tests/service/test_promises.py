@@ -249,7 +249,8 @@ async def test_the_per_stream_engine_needs_an_admin_key(tmp_path: Path) -> None:
         await allowed.send(type="text", text="The dog is black.", ts=0.0)
         final = await allowed.first("final")
         assert final["text"] == "El perro es negro."
-        assert app.state.streams.baseline.sessions and not app.state.streams.sessions  # served by the baseline
+        front = app.state.stream_front  # served by the baseline, not the batched service
+        assert front.per_stream.sessions and not front.batched.sessions
         await allowed.hang_up()
         bogus = await Wire.open(host, text_start(engine="fast"), admin)
         assert await bogus.closed() == 4400

@@ -42,6 +42,7 @@ from ..serving.gpu.server import build_executor, warm_engine
 from ..state.offload import Offload
 from ..state.streams import open_store
 from ..state.users import UserStore, open_users
+from ..stream.front import StreamFront
 from ..stream.journal import StreamLog
 from ..stream.quota import open_quota
 from ..stream.service import Principal, StreamService
@@ -195,8 +196,9 @@ def _owner_revoked(store: UserStore, offload: Offload) -> Callable[[str], Awaita
 
 def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslator, metrics: Metrics,
                      store: UserStore, offload: Offload, executor: ExecutorFactory) -> StreamsLifetime:
-    """Build the StreamService (and the per-stream baseline it hands admin benchmark streams to), set
-    ``app.state.streams`` and ``app.state.drain``, install /v1/streams; return the streams' lifetime (the
+    """Build the StreamService and, beside it, the per-stream baseline admin keys may open benchmark streams on
+    (stream/front.py), set ``app.state.streams`` (the batched service), ``app.state.stream_front`` and
+    ``app.state.drain``, install /v1/streams; return the streams' lifetime (the
     compaction loop and the revoked-key watch while serving; the services and the stream log closed after)."""
     log_store = open_store(settings.resolved_state_dir(), settings.state.redis_url,
                            max_log=settings.state.max_log_finals, retention_s=settings.state.retention_s)
@@ -209,7 +211,8 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
     service_log = StreamLog(log_store, metrics)
     service = StreamService(executor(translator.registry, settings, metrics), settings,
                             log=service_log, metrics=metrics, glossary_for=glossary_for,
-                            quota=quota, baseline=baseline)
+                            quota=quota)
+    front = StreamFront(service, baseline)
 
     async def _compact_loop() -> None:
         while True:
@@ -222,11 +225,10 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                 log.warning("stream log compaction failed: %s", exc.message)
 
     def live_keys() -> set[str]:
-        streams = {s.spec.key_id for svc in (service, baseline) for s in svc.sessions.values()}
-        return streams | rooms.listened_owners()
+        return front.key_ids() | rooms.listened_owners()
 
     async def close_key(key_id: str) -> int:
-        return await service.revoke(key_id) + await rooms.revoke_key(key_id)
+        return await front.revoke(key_id) + await rooms.revoke_key(key_id)
 
     # streams of a key revoked on another worker (or server, or by the CLI) end here too (api/revocation.py), and
     # so do the listeners of its rooms
@@ -258,8 +260,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
                     await task
             # each closed by its maker, users first: the streams, then the rooms they publish to, then the engines
             # their model work ran on, then the stream log they wrote
-            await service.close()
-            await baseline.close()
+            await front.close()
             await rooms.close()
             await service.executor.close()
             await baseline.executor.close()
@@ -277,12 +278,13 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
         from ..tm.metrics import TmCollector
 
         metrics.registry.register(TmCollector(tm))
-    app.state.drain = service.drain
+    app.state.stream_front = front
+    app.state.drain = front.drain
 
     async def authenticate(secret: str | None) -> Principal:
         key = ANONYMOUS if not settings.server.auth else await offload(store.authenticate, secret)
         return Principal(key.key_id, "admin" in key.scopes)
 
-    ws_routes.install(app, service, web.ticketed(app, authenticate))  # ?ticket= once (api/tickets.py)
+    ws_routes.install(app, front, web.ticketed(app, authenticate))  # ?ticket= once (api/tickets.py)
     openai_realtime.install(app, service, authenticate)  # WS /v1/realtime: OpenAI's clients send the header
     return lifetime

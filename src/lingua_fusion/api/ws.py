@@ -31,8 +31,9 @@ from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge
 from ..json_bounds import JsonBounds, bounds_of
 from ..stream.events import Event, error_event
+from ..stream.front import StreamFront
 from ..stream.protocol import MAX_START_BYTES, close_code
-from ..stream.service import Principal, StreamService
+from ..stream.service import Principal
 from ..stream.session import StreamSession
 from .handshake import offered_secret
 from .tickets import is_ticket
@@ -44,8 +45,8 @@ OFF_LOOP_CHARS = 64 * 1024  # a longer text message is measured and parsed on a 
 REFUSE_WAIT_S = 2.0  # a refused client's first message is awaited this long (and dropped) before the close
 
 
-def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | None], Awaitable[Principal]]) -> None:
-    settings = service.settings
+def install(app: FastAPI, front: StreamFront, authenticate: Callable[[str | None], Awaitable[Principal]]) -> None:
+    settings = front.batched.settings
 
     @app.websocket("/v1/streams")
     async def streams(ws: WebSocket) -> None:
@@ -59,7 +60,7 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
                 await _refuse_unread(ws, exc)
                 return
             msg = await _start(ws, settings)
-            opened = await service.open(msg, who)
+            opened = await front.open(msg, who)
             session = opened.session
             for event in opened.greeting:
                 await _send(ws, event)

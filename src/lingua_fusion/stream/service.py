@@ -78,7 +78,7 @@ class Opened:
 class StreamService:
     def __init__(self, executor: Engine, settings: Settings, *, log: StreamLog | None = None,
                  metrics: Any = None, glossary_for: Callable[[Principal, str], Awaitable[list[Term]]] | None = None,
-                 quota: Quota | None = None, baseline: StreamService | None = None) -> None:
+                 quota: Quota | None = None) -> None:
         self.executor = executor
         self.settings = settings
         self.log = log
@@ -86,7 +86,6 @@ class StreamService:
         self.glossary_for = glossary_for
         self.capacity = StreamCapacity(executor, settings, quota or KeyQuota(settings.server.max_streams_per_key),
                                        metrics)
-        self.baseline = baseline  # serves start messages with "engine": "per-stream" (admin keys, benchmarks)
         self.sessions: dict[str, StreamSession] = {}
         self._pixels: dict[str, PixelBudget] = {}  # key id -> the pixels its live streams may decode (budget.py)
         self.image_slots = Slots(settings.server.max_images_in_flight)  # decoded frames, all streams together
@@ -100,14 +99,8 @@ class StreamService:
 
     # ---- opening -----------------------------------------------------------------------------------------------
     async def open(self, msg: dict[str, Any], who: Principal) -> Opened:
-        engine = str(msg.get("engine", "batched"))
-        if engine not in ("batched", "per-stream") or (engine == "per-stream" and self.baseline is None):
-            raise InvalidParameter("engine must be one of ['batched', 'per-stream']")
-        if engine == "per-stream":
-            if not who.admin:
-                raise PermissionDenied("the per-stream baseline engine is for benchmarks: it needs an admin key")
-            assert self.baseline is not None
-            return await self.baseline.open({**msg, "engine": "batched"}, who)
+        if str(msg.get("engine", "batched")) != "batched":  # the per-stream baseline is another service's
+            raise InvalidParameter("engine must be one of ['batched', 'per-stream']")  # (stream/front.py)
         self._refuse_if_draining()  # before a resume's claim: a server that will not serve it does not take it over
         snapshot: dict[str, Any] | None = None
         req: ResumeRequest | None = None
@@ -289,7 +282,7 @@ class StreamService:
         doomed = [s for s in self.sessions.values() if s.spec.key_id == key_id]
         for s in doomed:
             s.fail(AuthenticationError("the API key of this stream was revoked"))
-        return len(doomed) + (await self.baseline.revoke(key_id) if self.baseline is not None else 0)
+        return len(doomed)
 
     # ---- ending --------------------------------------------------------------------------------------------------
     async def drain(self, deadline_s: float) -> None:
@@ -307,8 +300,6 @@ class StreamService:
             await asyncio.sleep(DRAIN_POLL_S)
         for s in list(self.sessions.values()):
             s.fail(Draining("the server is shutting down; reconnect to resume this stream"))
-        if self.baseline is not None:
-            await self.baseline.drain(max(0.0, end - loop.time()))
 
     async def compact(self) -> dict[str, int]:
         """Log compaction: drop streams past their retention, trim long logs (state/streams.py). The streams live
@@ -322,7 +313,7 @@ class StreamService:
 
     async def close(self) -> None:
         """End every live stream here and stop what this service made (its breaker supervisor). The engine, the
-        stream log, the rooms and the baseline service were handed in, and whoever made them closes them, after
+        stream log and the rooms were handed in, and whoever made them closes them, after
         this (api/app.py's streams lifetime; a test's own fixture)."""
         for s in list(self.sessions.values()):
             s.abort()

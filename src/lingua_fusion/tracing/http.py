@@ -61,16 +61,13 @@ def request_trace(request: Request, **attrs: Any) -> TraceRef | None:
 
 def install(app: Any, tracer: Tracer | None) -> None:
     """Wire ``tracer`` (None: tracing off, nothing installed) into a built app: the request span around every
-    request (outermost, so refusals are traced too), a span per live stream (the StreamService and its per-stream
-    baseline), ``app.state.tracer`` for the lifespan to flush and shut down."""
+    request (outermost, so refusals are traced too), a span per live stream (the StreamService and the per-stream
+    baseline beside it), ``app.state.tracer`` for the lifespan to flush and shut down."""
     app.state.tracer = tracer
     if tracer is None:
         return
     app.add_middleware(TraceRequests, tracer=tracer)
-    service = app.state.streams
-    while service is not None:
-        service.tracer = tracer
-        service = service.baseline
+    app.state.stream_front.trace(tracer)
 
 
 async def shutdown(app: Any) -> None:
