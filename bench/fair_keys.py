@@ -6,7 +6,8 @@ streamed at real time, and how late B's captions come (end of speech -> final) a
 - ``images``: four streams of A sending a blank 6300x6300 PNG (40 MP) every 0.25 s;
 - ``json``: the slowest /healthz beside four 16 MiB JSON bodies of plain lists to the vocabulary routes.
 
-The same attacks are the tests of tests/service/test_fair_keys.py (with generous bounds); this prints and writes the figures.
+The same attacks are the tests of tests/service/test_fair_keys.py (with generous bounds); this prints and writes
+the figures.
 
     .venv/bin/python bench/fair_keys.py --json bench/results/fair_keys.json
 """
