@@ -1,7 +1,7 @@
 """Request bodies and error responses for the OpenAPI document (/openapi.json).
 
 The routes read their forms and JSON by hand (limits, clear errors), so FastAPI cannot infer these: they are
-declared here and attached with ``openapi_extra``. tests/test_schemathesis.py generates requests from them.
+declared here and attached with ``openapi_extra``. tests/e2e/test_schemathesis.py generates requests from them.
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ class RequestValidator:
         the bytes against the declared modality (container sniffing; a text file must be UTF-8, in limits).
         A text's language, when not given, is identified here: an unsure guess is refused before any work.
 
-        The order is the one the HTTP API answered in before validation moved here (tests/test_bad_input.py).
+        The order is the one the HTTP API answered in before validation moved here (tests/e2e/test_bad_input.py).
         """
         limits = self.settings.limits
         if req.data is not None and len(req.data) > limits.max_upload_bytes:

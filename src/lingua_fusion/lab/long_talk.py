@@ -1,4 +1,4 @@
-"""A long talk for the long-session proofs (``bench/long_session.py``, ``tests/test_long_session.py``): a few
+"""A long talk for the long-session proofs (``bench/long_session.py``, ``tests/service/test_long_session.py``): a few
 synthesised sentences, spoken in a seeded order with pauses between them (and a long pause every few minutes, a
 break), for as long as asked; and ``feed``, which sends it to a stream as fast as the stream's audio budget lets
 it (stream/budget.py: 4x real time by default).

@@ -113,7 +113,7 @@ class _Pool:
 
 
 # systematic renderings Apertium's dictionaries get wrong, fixed after the fact, per mode (pattern, replacement),
-# only where the source had the word (lab/eval measures the pairs; tests/test_quality.py pins these)
+# only where the source had the word (lab/eval measures the pairs; tests/service/test_quality.py pins these)
 POST_EDITS: dict[str, tuple[tuple[str, re.Pattern[str], str], ...]] = {
     "eng-spa": (("please", re.compile(r"\b(?:te |le |me )?complacer\b"), "por favor"),
                 ("please", re.compile(r"\bComplacer\b"), "Por favor,"),
