@@ -7,8 +7,9 @@ import ipaddress
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperOption
@@ -16,6 +17,13 @@ from typer.core import TyperOption
 from ..errors import LinguaFusionError
 from .output import fail, usage
 from .vocab import vocab_app
+
+if TYPE_CHECKING:
+    from typer._click import Context  # the click that typer bundles (TyperOption's methods take its Context)
+
+    from ..config import Settings
+
+T = TypeVar("T")
 
 app = typer.Typer(help="LinguaFusion: real-time multimodal translation server, SDK and CLI.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -31,7 +39,7 @@ app.add_typer(vocab_app, name="vocab")  # cli/vocab.py: taught signs and lip wor
 _type_label = TyperOption.display_type_rich
 
 
-def _no_bool_label(self: TyperOption, ctx: Any) -> str | None:
+def _no_bool_label(self: TyperOption, ctx: Context) -> str | None:
     """--help shows no "<bool>" after a flag: a flag takes no value."""
     return None if self.is_flag else _type_label(self, ctx)
 
@@ -59,7 +67,7 @@ def is_loopback(host: str) -> bool:
             return False
 
 
-def _settings(state_dir: Path | None) -> Any:
+def _settings(state_dir: Path | None) -> Settings:
     from ..config import Settings
 
     s = Settings()
@@ -84,7 +92,7 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _exit_code(report: Any, what: Any) -> int:
+def _exit_code(report: Callable[[T], NoReturn], what: T) -> int:
     try:
         report(what)
     except typer.Exit as done:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def listen_room(room_id: str, *, token: str, targets: list[str], after_seq: int, as_json: bool, url: str,
-                console: Any) -> int:
+                console: Console) -> int:
     from .. import langs
     from ..sdk import MultimodalTranslator
     from .stream import print_event

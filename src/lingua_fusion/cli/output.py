@@ -11,13 +11,17 @@ import base64
 import json
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 
 from ..errors import InvalidParameter, LinguaFusionError
+
+if TYPE_CHECKING:
+    from ..types import TranslationResult
 
 # soft_wrap: no hard line breaks at 80 columns when stderr is a file or a pipe
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -71,7 +75,7 @@ def write_out(out: Path, payload: str | bytes) -> None:
     err.print(f"wrote {out} ({size} bytes)", markup=False, style="dim")
 
 
-def render(result: Any, kind: str, *, karaoke: bool = False) -> str:
+def render(result: TranslationResult, kind: str, *, karaoke: bool = False) -> str:
     """The result as the chosen output: json (with audio_base64 for speech), srt, vtt (``karaoke``: a line of the
     spoken words timed word by word), or plain text/braille."""
     from ..files.captions import to_srt, to_vtt
@@ -88,7 +92,7 @@ def render(result: Any, kind: str, *, karaoke: bool = False) -> str:
     return (result.braille if result.braille is not None else result.text) + "\n"
 
 
-def emit_report(report: dict[str, Any], json_out: Path | None) -> None:
+def emit_report(report: Mapping[str, object], json_out: Path | None) -> None:
     """A tool's JSON report: into ``--json FILE`` when given (stdout stays quiet), else on stdout."""
     text = json.dumps(report, indent=2, ensure_ascii=False)
     if json_out is None:

@@ -6,16 +6,23 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..config import Settings
 from ..media import decode_audio
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def detect_language(audio: np.ndarray, console: Any) -> str:
+    from ..sdk import LocalTranslator, MultimodalTranslator
+    from ..sdk.stream import ReadyJSON
+
+
+def detect_language(audio: np.ndarray, console: Console) -> str:
     """The CLI holds the whole file, so it can tell the stream its language before the first chunk."""
     from .. import langs
     from ..models.registry import Registry
@@ -50,7 +57,8 @@ def read_media(path: Path) -> bytes:
     return data
 
 
-def check_request(client: Any, targets: list[str], slo: str, source_lang: str | None) -> tuple[list[str], str | None]:
+def check_request(client: MultimodalTranslator | LocalTranslator, targets: list[str], slo: str,
+                  source_lang: str | None) -> tuple[list[str], str | None]:
     """Refuse a bad --slo, an unknown or unserved --to and a wrong key, before language detection or any
     decoding."""
     from .. import langs
@@ -77,7 +85,7 @@ def check_request(client: Any, targets: list[str], slo: str, source_lang: str | 
 
 
 async def play_file(path: Path, *, targets: list[str], source_lang: str | None, slo: str, realtime: bool, chunk_ms: int,
-                    partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Any,
+                    partials: bool, as_json: bool, url: str | None, api_key: str | None, console: Console,
                     room: bool = False, allow: list[str] | None = None, diarize: bool = False,
                     words: bool = False) -> int:
     from ..errors import InvalidParameter
@@ -90,7 +98,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
         raise InvalidParameter("--allow names languages a room's listeners may ask for: give --room too")
 
     data = await asyncio.to_thread(read_media, path)
-    client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
+    client = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
     # the tags go to the server as given (zh-TW asks for Traditional characters); the codes are for printing
     tags, source_tag = list(targets), source_lang
     targets, source_lang = await asyncio.to_thread(check_request, client, targets, slo, source_lang)
@@ -104,9 +112,13 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     if not realtime:
         chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
-    publish = {"room": True, "room_targets": [*targets, *(allow or [])]} if room else {}
-    stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials, diarize=diarize,
-                           word_timestamps=words, **publish)
+    if room and isinstance(client, MultimodalTranslator):  # --room needs --url: checked above
+        stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials,
+                               diarize=diarize, word_timestamps=words, room=True,
+                               room_targets=[*targets, *(allow or [])])
+    else:
+        stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials,
+                               diarize=diarize, word_timestamps=words)
     if isinstance(stream, RemoteStream):  # over the network: it may break and resume (in-process it cannot)
         stream.on_break = lambda st: console.print(
             f"connection lost; reconnecting (for up to {st.reconnect_timeout:g} s)", markup=False, style="yellow")
@@ -141,17 +153,17 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
             await s.end()
 
         sender = asyncio.create_task(send())
-        finals: list[dict[str, Any]] = []
+        finals: list[dict[str, object]] = []
         shown = _Shown()
         try:
             async for ev in s:
-                data = ev.model_dump(exclude_none=True)
+                event = ev.model_dump(exclude_none=True)
                 if ev.type == "final":
                     if realtime and ev.end is not None:
-                        data["latency_s"] = round(time.monotonic() - t0 - ev.end, 3)
-                    finals.append(data)
-                print_event(ev.type, data, targets, as_json=as_json, console=console)
-                _tell(ev.type, data, console, shown)
+                        event["latency_s"] = round(time.monotonic() - t0 - ev.end, 3)
+                    finals.append(event)
+                print_event(ev.type, event, targets, as_json=as_json, console=console)
+                _tell(ev.type, event, console, shown)
         finally:
             if not sender.done():
                 sender.cancel()
@@ -167,7 +179,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     return 0
 
 
-def _show_room(ready: dict[str, Any], as_json: bool, console: Any) -> None:
+def _show_room(ready: ReadyJSON, as_json: bool, console: Console) -> None:
     if as_json:
         sys.stdout.write(json.dumps(ready, ensure_ascii=False) + "\n")
         sys.stdout.flush()
@@ -183,7 +195,8 @@ class _Shown:
         self.low: set[str] = set()
 
 
-def print_event(kind: str, data: dict[str, Any], targets: list[str], *, as_json: bool, console: Any) -> None:
+def print_event(kind: str, data: Mapping[str, object], targets: list[str], *, as_json: bool,
+                console: Console) -> None:
     """One event on stdout, as a stream or a room listener shows it: a JSON line each with --json, else finals as
     captions and partials / revisions dimmed."""
     if as_json:
@@ -195,13 +208,23 @@ def print_event(kind: str, data: dict[str, Any], targets: list[str], *, as_json:
         console.print(f"  ... {data.get('source_text', '')}", style="dim", markup=False)
 
 
-def _print_final(data: dict[str, Any], targets: list[str]) -> None:
+def _items(value: object) -> list[object]:
+    """An event's list field (``low_confidence``, ``words``); none when absent."""
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _fields(value: object) -> Mapping[str, object]:
+    """An event's object field (``translations``, ``untranslated``); empty when absent."""
+    return value if isinstance(value, dict) else {}
+
+
+def _print_final(data: Mapping[str, object], targets: list[str]) -> None:
     """One caption: every target's translation (a stream with two targets prints both)."""
     head = f"[{data.get('start', 0):7.2f}-{data.get('end', 0):7.2f}] #{data.get('seq')}"
     who = data.get("speaker_name") or data.get("speaker")
     head = f"{head} {who}:" if who else head
-    translations = data.get("translations") or {}
-    low = set(data.get("low_confidence") or ())
+    translations = _fields(data.get("translations"))
+    low = set(_items(data.get("low_confidence")))
     if len(targets) == 1:
         mark = " (low confidence)" if targets[0] in low else ""
         sys.stdout.write(f"{head} {data.get('text', '')}{mark}\n")
@@ -211,11 +234,12 @@ def _print_final(data: dict[str, Any], targets: list[str]) -> None:
             mark = " (low confidence)" if t in low else ""
             sys.stdout.write(f"    {t}: {translations.get(t, '')}{mark}\n")
     if data.get("words"):  # a --words stream's: the spoken words with their times
-        sys.stdout.write("    " + " ".join(f"{w['word']}@{w['start']:.2f}" for w in data["words"]) + "\n")
+        sys.stdout.write("    " + " ".join(f"{w['word']}@{w['start']:.2f}" for w in _items(data["words"])
+                                          if isinstance(w, dict)) + "\n")
     sys.stdout.flush()
 
 
-def _tell(kind: str, data: dict[str, Any], console: Any, shown: _Shown) -> None:
+def _tell(kind: str, data: Mapping[str, object], console: Console, shown: _Shown) -> None:
     """Notes on stderr, in every output mode (--json included): errors, degraded service, low-confidence routes."""
     if kind == "error":
         console.print(f"error [{data.get('code')}]: {data.get('message')}", markup=False, style="red")
@@ -225,14 +249,14 @@ def _tell(kind: str, data: dict[str, Any], console: Any, shown: _Shown) -> None:
         console.print(f"{kind}: {data}", markup=False, style="green")
     if kind != "final":
         return
-    for t in data.get("low_confidence") or ():
-        if t not in shown.low:
+    for t in _items(data.get("low_confidence")):
+        if isinstance(t, str) and t not in shown.low:
             shown.low.add(t)
             console.print(f"warning: low-confidence translation into {t}: the tiny LLM translates this pair, or "
                           "its route measured weak (often wrong; `linguafusion models` says which)", markup=False,
                           style="yellow")
     if data.get("failed"):
         console.print(f"warning: caption {data.get('seq')}: {data.get('note')}", markup=False, style="red")
-    for t, words in (data.get("untranslated") or {}).items():
+    for t, words in _fields(data.get("untranslated")).items():
         console.print(f"warning: caption {data.get('seq')}: untranslated words left as written in {t}: "
-                      f"{', '.join(words)}", markup=False, style="yellow")
+                      f"{', '.join(str(w) for w in _items(words))}", markup=False, style="yellow")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
@@ -47,7 +46,7 @@ def translate(
     if words and kind not in ("json", "vtt"):
         usage("--words adds word times to --json (segments[].words) or karaoke cues to --format vtt: give one")
     try:
-        client: Any = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
+        client = MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
         gid = client.upload_glossary(glossary) if glossary else None
         label = f"translating {file.name if file else 'text'} -> {to}"
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
@@ -170,17 +169,24 @@ def models(url: str | None = URL_OPT, api_key: str | None = KEY_OPT,
     its route and quality tier: "low-confidence" pairs go through the tiny LLM (slow, often wrong)."""
     from rich.table import Table
 
+    from ..sdk.answers import ModelsJSON, is_models
+
     try:
+        caps: ModelsJSON
         if url:
             from ..sdk import MultimodalTranslator
 
             caps = MultimodalTranslator(api_key=api_key, base_url=url).models()
         else:
             from ..config import Settings
+            from ..errors import BackendError
             from ..models.registry import Registry
 
             reg = Registry(Settings())
-            caps = {"models": reg.capabilities(), "pairs": reg.served_pairs(), "routes": reg.pair_routes()}
+            local = {"models": reg.capabilities(), "pairs": reg.served_pairs(), "routes": reg.pair_routes()}
+            if not is_models(local):  # the registry's own lists: always of that shape
+                raise BackendError("the model registry listed its models in another shape")
+            caps = local
     except LinguaFusionError as exc:
         fail(exc)
     if as_json:

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from ..errors import InvalidParameter, LinguaFusionError
+from ..json_types import JSONValue
+
+if TYPE_CHECKING:
+    from ..sdk import LocalTranslator, MultimodalTranslator
+
+    Client = MultimodalTranslator | LocalTranslator
 
 vocab_app = typer.Typer(help="Vocabularies of signs and lip words a key teaches (isolated-sign recognition).",
                         no_args_is_help=True)
@@ -32,13 +39,13 @@ def _fail(exc: LinguaFusionError) -> None:
     fail(exc)
 
 
-def _client(url: str | None, api_key: str | None) -> Any:
+def _client(url: str | None, api_key: str | None) -> Client:
     from ..sdk import LocalTranslator, MultimodalTranslator
 
     return MultimodalTranslator(api_key=api_key, base_url=url) if url else LocalTranslator()
 
 
-def _run(url: str | None, api_key: str | None, call: Any) -> None:
+def _run(url: str | None, api_key: str | None, call: Callable[[Client], object]) -> None:
     client = None
     try:
         client = _client(url, api_key)
@@ -52,16 +59,21 @@ def _run(url: str | None, api_key: str | None, call: Any) -> None:
         sys.stdout.write(json.dumps(result, ensure_ascii=False, indent=2) + "\n")
 
 
-def _frames(path: Path | None) -> Any:
+def _frames(path: Path | None) -> Sequence[Mapping[str, object]] | None:
     if path is None:
         return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc: JSONValue = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise InvalidParameter(f"cannot read --frames {path}: {exc.strerror or exc}") from exc
     except ValueError as exc:
         raise InvalidParameter(f"--frames {path} is not JSON") from exc
-    return doc.get("frames") if isinstance(doc, dict) else doc
+    frames = doc.get("frames") if isinstance(doc, dict) else doc
+    if frames is None:
+        return None
+    if not isinstance(frames, list) or not all(isinstance(f, dict) for f in frames):
+        raise InvalidParameter(f"--frames {path} holds no list of landmark frames (objects)")
+    return [f for f in frames if isinstance(f, dict)]
 
 
 @vocab_app.command("create")

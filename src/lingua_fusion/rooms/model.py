@@ -15,7 +15,7 @@ import json
 import re
 import secrets
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 ROOM_ID = re.compile(r"^rm_[0-9a-f]{16}$")
 TOKEN_PREFIX = "lt_"
@@ -26,6 +26,30 @@ MAX_ALLOWED_TARGETS = 32  # languages a room may let its listeners add to what i
 TOKEN_ID = re.compile(r"^tk_[0-9a-f]{16}$")
 MAX_LABEL = 80
 ACCESS = "access"  # the type of an AccessChange on the bus
+
+
+class RoomJSON(TypedDict):
+    """A room as its owner sees it (``Room.public``; ``RoomService.describe`` adds who listens)."""
+
+    room_id: str
+    state: str
+    source_lang: str | None
+    targets: list[str]
+    allowed_targets: list[str] | None
+    stream_id: str | None
+    created: float
+    finals: int
+    languages: NotRequired[dict[str, int]]  # listeners per language
+    listeners: NotRequired[int]
+    speech: NotRequired[dict[str, int]]  # listeners of the speech per language
+
+
+class TokenJSON(TypedDict):
+    """A listener token as its owner sees it: never the token, nor its digest."""
+
+    token_id: str
+    created: float
+    label: str | None
 
 
 class State:
@@ -59,10 +83,10 @@ class Room:
                    finals=int(d.get("finals", 0)), epoch=int(d.get("epoch", 0)),
                    allowed_targets=list(d["allowed_targets"]) if d.get("allowed_targets") is not None else None)
 
-    def public(self, listeners: dict[str, int] | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"room_id": self.room_id, "state": self.state, "source_lang": self.source_lang,
-               "targets": self.targets, "allowed_targets": self.allowed_targets, "stream_id": self.stream_id,
-               "created": self.created, "finals": self.finals}
+    def public(self, listeners: dict[str, int] | None = None) -> RoomJSON:
+        out: RoomJSON = {"room_id": self.room_id, "state": self.state, "source_lang": self.source_lang,
+                         "targets": self.targets, "allowed_targets": self.allowed_targets, "stream_id": self.stream_id,
+                         "created": self.created, "finals": self.finals}
         if listeners is not None:
             out["languages"] = listeners
             out["listeners"] = sum(listeners.values())
@@ -100,7 +124,7 @@ class TokenInfo:
         d = json.loads(raw)
         return cls(token_id, str(d["digest"]), float(d["created"]), d.get("label"))
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> TokenJSON:
         """What the owner sees: never the token, nor its digest."""
         return {"token_id": self.token_id, "created": self.created, "label": self.label}
 

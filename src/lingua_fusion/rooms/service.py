@@ -51,6 +51,7 @@ from .model import (
     Room,
     State,
     TokenInfo,
+    TokenJSON,
     digest,
     listenable,
     new_room_id,
@@ -159,7 +160,7 @@ class RoomService:
                                 details={"limit": "max_listener_tokens_per_room", "max": limit})
         return token
 
-    async def tokens(self, room_id: str, owner: str) -> builtins.list[dict[str, Any]]:
+    async def tokens(self, room_id: str, owner: str) -> builtins.list[TokenJSON]:
         room = await self.owned(room_id, owner)
         return [t.public() for t in await self.directory.tokens(room.room_id)]
 
@@ -178,16 +179,17 @@ class RoomService:
         self.metrics.listeners.set(sum(len(f.listeners) for f in self.feeds.values()))
         return closed
 
-    async def describe(self, room: Room) -> dict[str, Any]:
+    async def describe(self, room: Room) -> dict[str, object]:
+        """``Room.public`` with who listens, as the owner's routes answer it."""
         counts = await self.directory.languages(room.room_id, self.clock())
-        out = room.public({k: n for k, n in counts.items() if not k.startswith(SPEECH)})
+        out: dict[str, object] = {**room.public({k: n for k, n in counts.items() if not k.startswith(SPEECH)})}
         out["speech"] = {k.removeprefix(SPEECH): n for k, n in counts.items() if k.startswith(SPEECH)}
         pub = self.publishers.get(room.room_id)
         if pub is not None:  # live here: the record's count is written when the room ends, the publisher's is now
             out["finals"] = max(room.finals, pub.finals)
         return out
 
-    async def list(self, owner: str) -> list[dict[str, Any]]:
+    async def list(self, owner: str) -> builtins.list[dict[str, object]]:
         return [await self.describe(r) for r in sorted(await self.directory.rooms_of(owner), key=lambda r: r.created)]
 
     async def end(self, room_id: str, owner: str) -> Room:

@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import httpx
 
 from ..errors import BackendError, InvalidParameter, LinguaFusionError, RequestTimeout
+from ..json_types import JSONObject, JSONValue
+from ..rooms.model import RoomJSON, TokenJSON
 from ..types import TranslationResult
-from ..vision.client import AsyncVocabularyMethods, VocabularyMethods
+from ..vision.client import AsyncVocabularyMethods, RequestArgs, VocabularyMethods
+from .answers import (
+    ModelsJSON,
+    RoomCreated,
+    RoomEnded,
+    TokenRevoked,
+    answer,
+    answers,
+    is_models,
+    is_room,
+    is_room_created,
+    is_room_ended,
+    is_token,
+    is_token_revoked,
+)
 from .common import MediaInput, parse_result, raise_for_error, read_file, read_input
-from .stream import RemoteStream, speakers, start_message
+from .stream import RemoteStream, StreamEvent, speakers, start_message
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from ..config import Settings
+    from ..files import FileTranslator
+    from ..tracing import Tracer
+    from .local import LocalTranslator
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CONNECT_TIMEOUT_S = 10.0  # a server that is down or unreachable is told in seconds
@@ -46,7 +72,8 @@ def ws_url(base_url: str) -> str:
 def _form(input_media: MediaInput | None, text: str | None, source_modality: str | None, target_lang: str,
           target_modality: str, source_lang: str | None, enable_glossary: bool, glossary_id: str | None,
           vocabulary_id: str | None = None, diarize: bool = False, max_speakers: int | None = None,
-          word_timestamps: bool = False) -> tuple[dict[str, str], dict[str, Any] | None]:
+          word_timestamps: bool = False) -> RequestArgs:
+    """httpx keyword arguments: the form's fields, and the file (none for a text)."""
     data, text, modality, filename = read_input(input_media, text, source_modality)
     fields = {"target_lang": target_lang, "target_modality": target_modality,
               "enable_glossary": "true" if enable_glossary else "false", "output_format": "json"}
@@ -64,16 +91,14 @@ def _form(input_media: MediaInput | None, text: str | None, source_modality: str
         fields["max_speakers"] = str(max_speakers)
     if word_timestamps:  # speech: each segment's words with their times (``segments[i].words``)
         fields["word_timestamps"] = "true"
-    if text is not None:
-        fields["text"] = text
-        return fields, None
-    return fields, {"file": (filename or "upload", data, "application/octet-stream")}
+    if text is not None or data is None:  # read_input gives the bytes of anything but a text
+        fields["text"] = text or ""
+        return {"data": fields}
+    return {"data": fields, "files": {"file": (filename or "upload", data, "application/octet-stream")}}
 
 
-def _glossary_form(terms: dict[str, str] | str | os.PathLike[str], name: str | None) -> dict[str, Any]:
+def _glossary_form(terms: dict[str, str] | str | os.PathLike[str], name: str | None) -> RequestArgs:
     if isinstance(terms, dict):
-        import json
-
         raw = json.dumps(terms, ensure_ascii=False).encode("utf-8")
         return {"files": {"file": ("glossary.json", raw, "application/json")}, "data": {"name": name or "glossary"}}
     raw = read_file(terms, "glossary file")
@@ -101,8 +126,8 @@ class _Base:
                                    "(e.g. http://127.0.0.1:8000)", details={"field": "base_url"})
         self._headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def _check(self, r: httpx.Response) -> Any:
-        body: Any = None
+    def _check(self, r: httpx.Response) -> JSONObject:
+        body: JSONValue = None
         if r.headers.get("content-type", "").startswith("application/json"):
             try:
                 body = r.json()
@@ -149,16 +174,6 @@ class _Base:
             start["word_timestamps"] = True
         return RemoteStream(ws_url(self.base_url), self.api_key, start)
 
-    def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,
-               speech: bool = False, on_break: Any = None) -> Any:
-        """A room's events with a listener token: an iterator on ``MultimodalTranslator``, an async iterator on
-        ``AsyncMultimodalTranslator``; every final once, in order, across reconnections (sdk/rooms.py).
-        ``on_break(seconds)``: called when the connection breaks and reconnecting starts (for at most that long)."""
-        from . import rooms
-
-        fn = rooms.alisten if isinstance(self, AsyncMultimodalTranslator) else rooms.listen
-        return fn(self.base_url, room_id, token, targets, after_seq=after_seq, speech=speech, on_break=on_break)
-
 
 class MultimodalTranslator(VocabularyMethods, _Base):
     """Client of a LinguaFusion server. ``MultimodalTranslator.local()`` runs the engine in-process instead.
@@ -170,12 +185,13 @@ class MultimodalTranslator(VocabularyMethods, _Base):
         self._http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=http_timeout(timeout))
 
     @staticmethod
-    def local(**kwargs: Any) -> Any:
+    def local(*, settings: Settings | None = None, engine: FileTranslator | None = None,
+              tracer: Tracer | None = None) -> LocalTranslator:
         from .local import LocalTranslator
 
-        return LocalTranslator(**kwargs)
+        return LocalTranslator(settings=settings, engine=engine, tracer=tracer)
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
+    def _call(self, method: str, path: str, **kw: Unpack[RequestArgs]) -> JSONObject:
         try:
             r = self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
@@ -190,41 +206,55 @@ class MultimodalTranslator(VocabularyMethods, _Base):
         """``diarize``: each speech segment's speaker (``segments[i].speaker``, ``speaker_confidence``);
         ``max_speakers`` bounds how many (docs/diarization.md); ``word_timestamps``: each speech segment's words
         with their times (``segments[i].words``)."""
-        fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
-                              enable_glossary, glossary_id, vocabulary_id, diarize, max_speakers, word_timestamps)
-        return parse_result(self._call("POST", "/v1/translate", data=fields, files=files))
+        form = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
+                     enable_glossary, glossary_id, vocabulary_id, diarize, max_speakers, word_timestamps)
+        return parse_result(self._call("POST", "/v1/translate", **form))
 
     def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         return str(self._call("POST", "/v1/glossaries", **_glossary_form(terms, name))["glossary_id"])
 
-    def models(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/v1/models"))
+    def models(self) -> ModelsJSON:
+        return answer(self._call("GET", "/v1/models"), is_models, self.base_url, "GET /v1/models")
 
     def check_key(self) -> None:
         """Raise ``AuthenticationError`` (401) or ``PermissionDenied`` (403) unless this key may translate: the
         CLI asks before it spends time on a file (language detection, decoding)."""
         self._call("GET", "/v1/glossaries")
 
-    def create_room(self, source_lang: str | None = None, allowed_targets: list[str] | None = None) -> dict[str, Any]:
+    def create_room(self, source_lang: str | None = None, allowed_targets: list[str] | None = None) -> RoomCreated:
         """A room to publish a stream into later (``stream(..., room=room_id)``): room_id, listener_token, token_id.
         ``allowed_targets``: the languages its listeners may ask for beyond the publisher's own targets."""
-        return dict(self._call("POST", "/v1/rooms", json=_room_body(source_lang, allowed_targets)))
+        return answer(self._call("POST", "/v1/rooms", json=_room_body(source_lang, allowed_targets)),
+                      is_room_created, self.base_url, "POST /v1/rooms")
 
     def room_token(self, room_id: str) -> str:
         return str(self._call("POST", f"/v1/rooms/{room_id}/tokens")["listener_token"])
 
-    def room_tokens(self, room_id: str) -> list[dict[str, Any]]:
+    def room_tokens(self, room_id: str) -> list[TokenJSON]:
         """The room's listener tokens: token_id, created, label (never the tokens themselves)."""
-        return list(self._call("GET", f"/v1/rooms/{room_id}/tokens")["tokens"])
+        return answers(self._call("GET", f"/v1/rooms/{room_id}/tokens")["tokens"], is_token, self.base_url,
+                       "GET /v1/rooms/{id}/tokens")
 
-    def revoke_room_token(self, room_id: str, token_id: str) -> dict[str, Any]:
-        return dict(self._call("DELETE", f"/v1/rooms/{room_id}/tokens/{token_id}"))
+    def revoke_room_token(self, room_id: str, token_id: str) -> TokenRevoked:
+        return answer(self._call("DELETE", f"/v1/rooms/{room_id}/tokens/{token_id}"), is_token_revoked,
+                      self.base_url, "DELETE /v1/rooms/{id}/tokens/{token_id}")
 
-    def rooms(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/v1/rooms")["rooms"])
+    def rooms(self) -> list[RoomJSON]:
+        return answers(self._call("GET", "/v1/rooms")["rooms"], is_room, self.base_url, "GET /v1/rooms")
 
-    def end_room(self, room_id: str) -> dict[str, Any]:
-        return dict(self._call("DELETE", f"/v1/rooms/{room_id}"))
+    def end_room(self, room_id: str) -> RoomEnded:
+        return answer(self._call("DELETE", f"/v1/rooms/{room_id}"), is_room_ended, self.base_url,
+                      "DELETE /v1/rooms/{id}")
+
+    def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,
+               speech: bool = False, on_break: Callable[[float], None] | None = None) -> Iterator[StreamEvent]:
+        """A room's events with a listener token, every final once, in order, across reconnections
+        (sdk/rooms.py). ``on_break(seconds)``: called when the connection breaks and reconnecting starts (for at
+        most that long)."""
+        from . import rooms
+
+        return rooms.listen(self.base_url, room_id, token, targets, after_seq=after_seq, speech=speech,
+                            on_break=on_break)
 
     def close(self) -> None:
         self._http.close()
@@ -242,7 +272,7 @@ class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
         super().__init__(api_key, base_url)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=http_timeout(timeout))
 
-    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+    async def _call(self, method: str, path: str, **kw: Unpack[RequestArgs]) -> JSONObject:
         try:
             r = await self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
@@ -254,34 +284,46 @@ class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
                         source_lang: str | None = None, text: str | None = None, enable_glossary: bool = False,
                         glossary_id: str | None = None, vocabulary_id: str | None = None, diarize: bool = False,
                         max_speakers: int | None = None, word_timestamps: bool = False) -> TranslationResult:
-        fields, files = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
-                              enable_glossary, glossary_id, vocabulary_id, diarize, max_speakers, word_timestamps)
-        return parse_result(await self._call("POST", "/v1/translate", data=fields, files=files))
+        form = _form(input_media, text, source_modality, target_lang, target_modality, source_lang,
+                     enable_glossary, glossary_id, vocabulary_id, diarize, max_speakers, word_timestamps)
+        return parse_result(await self._call("POST", "/v1/translate", **form))
 
     async def upload_glossary(self, terms: dict[str, str] | str | os.PathLike[str], name: str | None = None) -> str:
         return str((await self._call("POST", "/v1/glossaries", **_glossary_form(terms, name)))["glossary_id"])
 
-    async def models(self) -> dict[str, Any]:
-        return dict(await self._call("GET", "/v1/models"))
+    async def models(self) -> ModelsJSON:
+        return answer(await self._call("GET", "/v1/models"), is_models, self.base_url, "GET /v1/models")
 
     async def create_room(self, source_lang: str | None = None,
-                          allowed_targets: list[str] | None = None) -> dict[str, Any]:
-        return dict(await self._call("POST", "/v1/rooms", json=_room_body(source_lang, allowed_targets)))
+                          allowed_targets: list[str] | None = None) -> RoomCreated:
+        return answer(await self._call("POST", "/v1/rooms", json=_room_body(source_lang, allowed_targets)),
+                      is_room_created, self.base_url, "POST /v1/rooms")
 
     async def room_token(self, room_id: str) -> str:
         return str((await self._call("POST", f"/v1/rooms/{room_id}/tokens"))["listener_token"])
 
-    async def room_tokens(self, room_id: str) -> list[dict[str, Any]]:
-        return list((await self._call("GET", f"/v1/rooms/{room_id}/tokens"))["tokens"])
+    async def room_tokens(self, room_id: str) -> list[TokenJSON]:
+        return answers((await self._call("GET", f"/v1/rooms/{room_id}/tokens"))["tokens"], is_token, self.base_url,
+                       "GET /v1/rooms/{id}/tokens")
 
-    async def revoke_room_token(self, room_id: str, token_id: str) -> dict[str, Any]:
-        return dict(await self._call("DELETE", f"/v1/rooms/{room_id}/tokens/{token_id}"))
+    async def revoke_room_token(self, room_id: str, token_id: str) -> TokenRevoked:
+        return answer(await self._call("DELETE", f"/v1/rooms/{room_id}/tokens/{token_id}"), is_token_revoked,
+                      self.base_url, "DELETE /v1/rooms/{id}/tokens/{token_id}")
 
-    async def rooms(self) -> list[dict[str, Any]]:
-        return list((await self._call("GET", "/v1/rooms"))["rooms"])
+    async def rooms(self) -> list[RoomJSON]:
+        return answers((await self._call("GET", "/v1/rooms"))["rooms"], is_room, self.base_url, "GET /v1/rooms")
 
-    async def end_room(self, room_id: str) -> dict[str, Any]:
-        return dict(await self._call("DELETE", f"/v1/rooms/{room_id}"))
+    async def end_room(self, room_id: str) -> RoomEnded:
+        return answer(await self._call("DELETE", f"/v1/rooms/{room_id}"), is_room_ended, self.base_url,
+                      "DELETE /v1/rooms/{id}")
+
+    def listen(self, room_id: str, *, token: str, targets: list[str], after_seq: int = 0,
+               speech: bool = False, on_break: Callable[[float], None] | None = None) -> AsyncIterator[StreamEvent]:
+        """``MultimodalTranslator.listen`` as an async iterator."""
+        from . import rooms
+
+        return rooms.alisten(self.base_url, room_id, token, targets, after_seq=after_seq, speech=speech,
+                             on_break=on_break)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -293,8 +335,8 @@ class AsyncMultimodalTranslator(AsyncVocabularyMethods, _Base):
         await self.aclose()
 
 
-def _room_body(source_lang: str | None, allowed_targets: list[str] | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"source_lang": source_lang} if source_lang else {}
+def _room_body(source_lang: str | None, allowed_targets: list[str] | None) -> dict[str, object]:
+    body: dict[str, object] = {"source_lang": source_lang} if source_lang else {}
     if allowed_targets is not None:
         body["allowed_targets"] = allowed_targets
     return body

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import BackendError, EmptyInput, InvalidParameter, from_code
+from ..errors import BackendError, EmptyInput, InvalidParameter, LinguaFusionError, from_code
+from ..json_types import JSONObject
 from ..types import TranslationResult
 
 MediaInput = str | os.PathLike[str] | bytes
@@ -45,7 +46,7 @@ def read_input(input_media: MediaInput | None, text: str | None, source_modality
     return read_file(path), None, source_modality, path.name
 
 
-def parse_result(body: dict[str, Any]) -> TranslationResult:
+def parse_result(body: JSONObject) -> TranslationResult:
     audio_b64 = body.pop("audio_base64", None)
     try:
         result = TranslationResult.model_validate(body)
@@ -53,14 +54,23 @@ def parse_result(body: dict[str, Any]) -> TranslationResult:
         raise BackendError(f"the server's answer is not a translation result ({exc.error_count()} fields wrong); "
                            "is the URL a LinguaFusion server?", details={"fields": sorted(body)[:20]}) from exc
     if audio_b64:
-        result.audio = base64.b64decode(audio_b64)
+        result.audio = base64.b64decode(str(audio_b64))
     return result
 
 
-def raise_for_error(status: int, body: Any, headers: Any = None) -> None:
+def error_of(err: Mapping[str, object], message: str, *, status: int | None = None,
+             retry_after: float | None = None) -> LinguaFusionError:
+    """The typed error a server's error object names (``code``, ``message``, ``details``); ``message`` when it
+    gives none."""
+    details = err.get("details")
+    return from_code(str(err.get("code", "internal")), str(err.get("message", message)), status=status,
+                     details=dict(details) if isinstance(details, dict) else None, retry_after=retry_after)
+
+
+def raise_for_error(status: int, body: object, headers: Mapping[str, str] | None = None) -> None:
     if status < 400:
         return
-    err = body.get("error", {}) if isinstance(body, dict) else {}
+    err: object = body.get("error", {}) if isinstance(body, dict) else {}
     if not isinstance(err, dict):  # an error body of another program: {"error": "text"}
         err = {"message": f"HTTP {status}: {str(err)[:200]}"}
     retry = None
@@ -69,5 +79,4 @@ def raise_for_error(status: int, body: Any, headers: Any = None) -> None:
             retry = float(headers["retry-after"])
         except ValueError:
             retry = None
-    raise from_code(err.get("code", "internal"), err.get("message", f"HTTP {status}"), status=status,
-                    details=err.get("details"), retry_after=retry)
+    raise error_of(err, f"HTTP {status}", status=status, retry_after=retry)

@@ -12,10 +12,10 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
 from urllib.parse import urlencode
 
-from ..errors import BackendError, from_code
+from ..errors import BackendError
+from .common import error_of
 from .stream import StreamEvent
 
 log = logging.getLogger("lingua_fusion.sdk")
@@ -37,7 +37,7 @@ class _State:
         self.deadline = 0.0  # while reconnecting: when to give up; 0 while the connection works
         self.reconnect_timeout = reconnect_timeout
         self.on_break = on_break
-        self.error: dict[str, Any] | None = None
+        self.error: dict[str, object] | None = None  # the error event before a refusal's close
 
     def event(self, raw: str | bytes) -> StreamEvent | None:
         """The event to give, or None (a final already given before a reconnection)."""
@@ -53,10 +53,8 @@ class _State:
 
     def broken(self, code: int | None) -> float:
         """Seconds to wait before reconnecting; raises when the break is final (a refusal, or past the deadline)."""
-        err = self.error or {}
         if code is not None and code not in RETRY_CODES:
-            raise from_code(err.get("code", "internal"), err.get("message", f"the room closed the connection "
-                                                                            f"({code})"), details=err.get("details"))
+            raise error_of(self.error or {}, f"the room closed the connection ({code})")
         now = time.monotonic()
         if not self.deadline:  # the first retry since the connection last worked: a new break
             self.deadline = now + self.reconnect_timeout

@@ -12,15 +12,26 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, TypedDict, TypeGuard
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import BackendError, LinguaFusionError, from_code
+from ..errors import BackendError, LinguaFusionError
+from ..json_types import JSONValue
 from ..stream.budget import Bucket
+from .common import error_of
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
+    from ..stream.events import Event
+    from ..stream.service import StreamService
+    from ..stream.session import StreamSession
 
 log = logging.getLogger("lingua_fusion.sdk")
+# a stream's start message as the SDK writes it (json.dumps; the server checks every field): the caller adds fields
+StartMessage = dict[str, object]
 
 
 class StreamEvent(BaseModel):
@@ -36,10 +47,10 @@ class StreamEvent(BaseModel):
 
 def start_message(target_langs: list[str], source_lang: str, slo: str, partials: bool, importance: float,
                   glossary_id: str | None, speech: bool, min_confidence: float,
-                  audio_format: str = "pcm16", inputs: list[str] | None = None) -> dict[str, Any]:
-    msg: dict[str, Any] = {"type": "start", "source_lang": source_lang, "target_langs": target_langs, "slo": slo,
-                           "partials": partials, "importance": importance, "speech": speech,
-                           "min_confidence": min_confidence, "audio_format": audio_format}
+                  audio_format: str = "pcm16", inputs: list[str] | None = None) -> StartMessage:
+    msg: StartMessage = {"type": "start", "source_lang": source_lang, "target_langs": target_langs, "slo": slo,
+                         "partials": partials, "importance": importance, "speech": speech,
+                         "min_confidence": min_confidence, "audio_format": audio_format}
     if inputs is not None:
         msg["inputs"] = inputs
     if glossary_id:
@@ -47,13 +58,56 @@ def start_message(target_langs: list[str], source_lang: str, slo: str, partials:
     return msg
 
 
-def speakers(start: dict[str, Any], diarize: bool, max_speakers: int | None) -> None:
+def speakers(start: StartMessage, diarize: bool, max_speakers: int | None) -> None:
     """A start message's ``diarize`` and ``max_speakers`` (the server checks them: a bad value is
     ``invalid_parameter``)."""
     if diarize:
         start["diarize"] = diarize
     if max_speakers is not None:
         start["max_speakers"] = max_speakers
+
+
+class ReadyJSON(TypedDict, total=False):
+    """The stream's ``ready`` event (``stream.events.Ready`` on the wire): its id and resume token, and what the
+    server says of the stream; a resumed stream's adds ``resumed`` and where it resumes from."""
+
+    type: str
+    stream_id: str
+    resume_token: str
+    slo: str
+    source_lang: str
+    targets: list[str]
+    partials: bool
+    room_id: str
+    listener_token: str
+    listener_token_id: str
+    max_audio_speed: float
+    max_audio_burst_s: float
+    scripts: dict[str, str]
+    source_langs: list[str]
+    max_speakers: int
+    speaker_names: dict[str, str]
+    resumed: bool
+    last_seq: int
+    resume_from: float
+    resume_from_ts: float
+
+
+_NUMBER = (int, float)
+_READY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "type": str, "stream_id": str, "resume_token": str, "slo": str, "source_lang": str, "targets": list,
+    "partials": bool, "room_id": str, "listener_token": str, "listener_token_id": str, "max_audio_speed": _NUMBER,
+    "max_audio_burst_s": _NUMBER, "scripts": dict, "source_langs": list, "max_speakers": int,
+    "speaker_names": dict, "resumed": bool, "last_seq": int, "resume_from": _NUMBER, "resume_from_ts": _NUMBER}
+
+
+def is_ready(event: Mapping[str, object]) -> TypeGuard[ReadyJSON]:
+    """A ``ready`` event: a stream id and resume token, and each other field it has of its type."""
+    return (isinstance(event.get("stream_id"), str) and isinstance(event.get("resume_token"), str)
+            and all(isinstance(event[k], t) for k, t in _READY_FIELDS.items() if event.get(k) is not None))
+
+
+Notice = Callable[["RemoteStream"], object]  # on_break / on_reconnect: called with the stream
 
 
 class RemoteStream:
@@ -66,9 +120,9 @@ class RemoteStream:
     iteration goes on: every committed final arrives exactly once, in order.
     """
 
-    def __init__(self, url: str, api_key: str | None, start: dict[str, Any], open_timeout: float = 30.0, *,
+    def __init__(self, url: str, api_key: str | None, start: StartMessage, open_timeout: float = 30.0, *,
                  reconnect: bool = True, reconnect_timeout: float = 120.0, buffer_s: float = 120.0,
-                 on_reconnect: Any = None, on_break: Any = None) -> None:
+                 on_reconnect: Notice | None = None, on_break: Notice | None = None) -> None:
         self._url = url
         self._key = api_key
         self._start = start
@@ -77,7 +131,7 @@ class RemoteStream:
         self._reconnect_timeout = reconnect_timeout
         self._buffer: deque[tuple[float, float, str]] = deque()  # (ts, seconds of audio, message)
         self._buffer_s = buffer_s
-        self._ws: Any = None
+        self._ws: ClientConnection | None = None
         self._lock = asyncio.Lock()
         self._connected = asyncio.Event()
         self._repair: asyncio.Task[None] | None = None
@@ -89,7 +143,7 @@ class RemoteStream:
         self.duplicates_dropped = 0  # finals the server sent again after a resume (dropped here, counted)
         self.on_reconnect = on_reconnect
         self.on_break = on_break  # called with this stream when a connection breaks, before reconnecting
-        self.ready: dict[str, Any] = {}
+        self.ready: ReadyJSON = {}
         self._budget: Bucket | None = None  # the server's audio budget, kept on this side (``_pace``)
 
     @property
@@ -110,19 +164,28 @@ class RemoteStream:
             ws = await connect(self._url, additional_headers=headers, open_timeout=self._open_timeout,
                                max_size=16 * 1024 * 1024)
             await ws.send(json.dumps(start))
-            first = json.loads(await asyncio.wait_for(ws.recv(), timeout=self._open_timeout))
+            first: JSONValue = json.loads(await asyncio.wait_for(ws.recv(), timeout=self._open_timeout))
         except (OSError, WebSocketException, TimeoutError) as exc:
             raise BackendError(f"cannot open a stream at {self._url}: {exc}") from exc
+        if not isinstance(first, dict):  # a greeting that is no JSON object: not a LinguaFusion stream
+            await ws.close()
+            raise BackendError(f"{self._url} answered the stream's start with no JSON object")
         if first.get("type") == "error":
             await ws.close()
-            raise from_code(first.get("code", "internal"), first.get("message", "stream refused"),
-                            details=first.get("details"))
-        self._ws = ws
+            raise error_of(first, "stream refused")
         if not resume:
+            if not is_ready(first):  # a greeting without its stream id: not a LinguaFusion stream
+                await ws.close()
+                raise BackendError(f"{self._url} greeted the stream with no ready event",
+                                   details={"fields": sorted(first)[:20]})
+            self._ws = ws
             self.ready = first
             return
+        self._ws = ws
         # re-send what the server had not committed when it went away
         since = first.get("resume_from_ts")
+        if not isinstance(since, (int, float)):
+            since = None
         try:
             for ts, dur, message in list(self._buffer):
                 # audio after what the server committed; every kept text and image (the server drops text it
@@ -163,7 +226,7 @@ class RemoteStream:
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
 
-    def _notify(self, fn: Any) -> None:
+    def _notify(self, fn: Notice | None) -> None:
         """Call a caller's notice (on_break, on_reconnect) with this stream; its failure is logged, not raised."""
         if fn is None:
             return
@@ -191,7 +254,7 @@ class RemoteStream:
                 # kept under the lock: a reconnection re-sends exactly what was kept before it, and what is kept
                 # after it goes out once, here
                 self._keep(ts, dur, message)
-                await self._ws.send(message)
+                await self._socket().send(message)
         except ConnectionClosed:
             await self._broken()  # the buffer holds the audio: the reconnection re-sends it
 
@@ -208,7 +271,7 @@ class RemoteStream:
         under: a client ahead of the server's budget waits on TCP, and its keepalive pings wait behind its own
         audio until the connection times out. An older server that says nothing is not paced."""
         speed, burst = self.ready.get("max_audio_speed"), self.ready.get("max_audio_burst_s")
-        if not speed or not burst:
+        if not isinstance(speed, (int, float)) or not isinstance(burst, (int, float)) or not speed or not burst:
             return
         if self._budget is None:
             self._budget = Bucket(0.9 * float(speed), 0.9 * float(burst), time.monotonic)
@@ -244,6 +307,12 @@ class RemoteStream:
         self._ended = True
         await self._send(json.dumps({"type": "end"}))
 
+    def _socket(self) -> ClientConnection:
+        """The open connection (set by ``__aenter__`` and each reconnection, before ``_connected`` is)."""
+        if self._ws is None:
+            raise BackendError("the stream is not open: use it as ``async with translator.stream(...) as s``")
+        return self._ws
+
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._events()
 
@@ -252,7 +321,7 @@ class RemoteStream:
 
         while True:
             await self._connected.wait()
-            ws = self._ws
+            ws = self._socket()
             try:
                 raw = await ws.recv()
             except ConnectionClosed as exc:
@@ -280,12 +349,12 @@ class LocalStream:
     """The same interface over an in-process StreamService (``MultimodalTranslator.local().stream(...)``): the same
     opening, admission, breaker notices, shedding and drain as a WebSocket stream."""
 
-    def __init__(self, service: Any, start: dict[str, Any]) -> None:
+    def __init__(self, service: StreamService, start: StartMessage) -> None:
         self._service = service
         self._start = start
-        self._session: Any = None
-        self._greeting: list[Any] = []
-        self.ready: dict[str, Any] = {}
+        self._session: StreamSession | None = None
+        self._greeting: list[Event] = []
+        self.ready: ReadyJSON = {}
 
     async def __aenter__(self) -> LocalStream:
         from ..stream.service import Principal
@@ -293,29 +362,38 @@ class LocalStream:
         opened = await self._service.open(self._start, Principal("local", admin=True))
         self._session = opened.session
         self._greeting = opened.greeting[1:]
-        self.ready = opened.greeting[0].to_wire()
+        ready = opened.greeting[0].to_wire()
+        if not is_ready(ready):  # the service opens a stream with its Ready event
+            raise BackendError("the stream service greeted the stream with no ready event")
+        self.ready = ready
         return self
 
+    def _live(self) -> StreamSession:
+        """The opened session (``__aenter__``)."""
+        if self._session is None:
+            raise BackendError("the stream is not open: use it as ``async with translator.stream(...) as s``")
+        return self._session
+
     async def __aexit__(self, *exc: object) -> None:
-        self._session.abort()
+        self._live().abort()
 
     async def send_audio(self, pcm16: bytes, ts: float | None = None) -> None:
-        await self._session.feed_audio(pcm16, ts)
+        await self._live().feed_audio(pcm16, ts)
 
     async def send_image(self, data: bytes, ts: float | None = None) -> None:
-        await self._session.feed_image(data, ts)
+        await self._live().feed_image(data, ts)
 
     async def send_frame(self, data: bytes, ts: float | None = None) -> None:
-        await self._session.feed_frame(data, ts)
+        await self._live().feed_frame(data, ts)
 
     async def send_text(self, text: str, ts: float | None = None) -> None:
-        await self._session.feed_text(text, ts)
+        await self._live().feed_text(text, ts)
 
     async def rename_speaker(self, speaker: str, name: str | None) -> None:
-        self._session.rename_speaker(speaker, name)
+        self._live().rename_speaker(speaker, name)
 
     async def end(self) -> None:
-        await self._session.end()
+        await self._live().end()
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._events()
@@ -323,5 +401,5 @@ class LocalStream:
     async def _events(self) -> AsyncIterator[StreamEvent]:
         for ev in self._greeting:
             yield StreamEvent.model_validate(ev.to_wire())
-        async for ev in self._session.outgoing():  # what a WebSocket client is sent, the error of a shed or
+        async for ev in self._live().outgoing():  # what a WebSocket client is sent, the error of a shed or
             yield StreamEvent.model_validate(ev.to_wire())  # drained stream included
