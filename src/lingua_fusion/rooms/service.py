@@ -21,7 +21,6 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 from .. import langs as langs_mod
 from ..errors import (
@@ -34,7 +33,7 @@ from ..errors import (
     QuotaExceeded,
     TargetNotAllowed,
 )
-from ..stream.events import Event
+from ..stream.events import Event, Ready
 from ..stream.session import StreamSession
 from .bus import LocalRoomBus, RoomBus
 from .directory import LocalRoomDirectory, RoomDirectory, RoomLimits
@@ -85,7 +84,7 @@ DRAIN_POLL_S = 0.02
 
 
 class RoomService:
-    def __init__(self, bus: RoomBus, directory: RoomDirectory, *, check_pair: Callable[[str, str], Any],
+    def __init__(self, bus: RoomBus, directory: RoomDirectory, *, check_pair: Callable[[str, str], object],
                  low_confidence: Callable[[str, str], bool], metrics: RoomMetrics | None = None,
                  clock: Callable[[], float] = time.time,
                  owner_revoked: Callable[[str], Awaitable[bool]] = _never_revoked) -> None:
@@ -234,11 +233,11 @@ class RoomService:
         return {f.owner for f in self.feeds.values() if f.listeners}
 
     # ---- publishing (RoomHost) ---------------------------------------------------------------------------------
-    async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event,
-                     room_targets: Any = None) -> None:
+    async def attach(self, session: StreamSession, room: object, key_id: str, ready: Event,
+                     room_targets: object = None) -> None:
         self._check_available()
         spec = session.spec
-        resumed = getattr(ready, "resumed", None) is not None
+        resumed = isinstance(ready, Ready) and ready.resumed is not None
         room_id = await self.directory.room_of_stream(spec.stream_id) if resumed else None
         if room_id is not None and await self.directory.get(room_id) is None:
             room_id = None  # the room it published into was deleted, or forgotten
