@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..models.registry import Registry
@@ -21,12 +22,17 @@ from .heartbeat import Beat, Heartbeat, cluster_name
 from .node import place_on_node
 from .port import ClusterExecutor
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from ..rooms.service import RoomService
+
 MODELS_APP = "lf-models"  # the Serve application of the model replicas
 MODEL_DEPLOYMENT = "ModelReplica"
 
 
 class Gateway:
-    def __init__(self, settings: dict[str, Any], models_app: str = MODELS_APP) -> None:
+    def __init__(self, settings: Mapping[str, object], models_app: str = MODELS_APP) -> None:
         self.settings = Settings.model_validate(settings)
         if not self.settings.state.redis_url:
             raise ValueError("a cluster gateway needs state.redis_url: the stream log must be shared")
@@ -35,11 +41,11 @@ class Gateway:
         self.gateway_id = f"{socket.gethostname()}-{os.getpid()}"
         # its /metrics and its page in the cluster view are labelled with who it is (metrics_view.py)
         self.settings.server.replica, self.settings.server.role = self.gateway_id, "gateway"
-        self._fastapi: Any = None  # (``app`` is the Serve wrapper's property)
+        self._fastapi: FastAPI | None = None  # (``app`` is the Serve wrapper's property)
         self.executor: ClusterExecutor | None = None
         self.heartbeat: Heartbeat | None = None
 
-    async def __serve_build_asgi_app__(self) -> Any:
+    async def __serve_build_asgi_app__(self) -> FastAPI:
         from ray import serve
 
         from ..api import create_app
@@ -50,22 +56,22 @@ class Gateway:
             self.executor = ClusterExecutor(registry, settings, metrics, handle=handle)
             return self.executor
 
-        self._fastapi = create_app(self.settings, warm=False, executor=executor)
+        app = self._fastapi = create_app(self.settings, warm=False, executor=executor)
         assert self.executor is not None
         server = self.settings.server
         self.heartbeat = Heartbeat(self.settings.state.redis_url or "", cluster_name(server.host, server.port),
-                                   self._beat, on_drain=lambda: self._fastapi.state.drain(server.drain_timeout_s))
+                                   self._beat, on_drain=lambda: app.state.drain(server.drain_timeout_s))
         self.executor.others = lambda: self.heartbeat.others_admitted if self.heartbeat is not None else 0
         self.heartbeat.start()
-        return self._fastapi
+        return app
 
     def _beat(self) -> Beat:
-        state = self._fastapi.state
+        app, executor = self._fastapi, self.executor
+        assert app is not None and executor is not None  # built with the app
+        state = app.state
         service = state.streams
-        rooms = getattr(state, "rooms", None)  # the rooms' service, where this app has rooms (api/rooms.py)
-        listeners = sum(len(f.listeners) for f in rooms.feeds.values()) if rooms is not None else 0
-        executor = self.executor
-        assert executor is not None  # built with the app
+        rooms: RoomService = state.rooms  # the rooms' service: api/rooms.py installs it on every app
+        listeners = sum(len(f.listeners) for f in rooms.feeds.values())
         draining = self.heartbeat is not None and self.heartbeat.draining
         return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), len(executor.scheduler.admitted),
                     listeners, executor.hop_retries, draining, self.node, str(self.settings.resolved_state_dir()))

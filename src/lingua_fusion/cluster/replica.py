@@ -16,18 +16,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..errors import LinguaFusionError
 from ..models.registry import Registry
 from ..serving.executor import Executor
 from ..serving.keys import ModelKey
-from ..serving.scheduler import SLO_CLASSES, stage_deadline
+from ..serving.ports import SLO_CLASSES, stage_deadline
 from ..tracing import from_settings
 from .autoscale import PressureWindow
 from .node import place_on_node
 from .wire import Call, Reply
+
+if TYPE_CHECKING:
+    from ..tracing import Tracer
 
 log = logging.getLogger("lingua_fusion.cluster")
 
@@ -44,7 +48,9 @@ class _Pressure:
 
 
 class ModelReplica:
-    def __init__(self, settings: dict[str, Any], warm: tuple[str, ...] = ("asr:tiny.en", "mt:en-es")) -> None:
+    tracer: Tracer | None = None  # None: tracing off (and until __init__ sets it: __del__ runs after a failed one)
+
+    def __init__(self, settings: Mapping[str, object], warm: tuple[str, ...] = ("asr:tiny.en", "mt:en-es")) -> None:
         self.settings = Settings.model_validate(settings)
         self.node = place_on_node(self.settings)  # its own files in <state-dir>/nodes/<node> (node.py)
         self.registry = Registry(self.settings)
@@ -91,6 +97,6 @@ class ModelReplica:
         # Serve calls this when it stops the replica, and the process ends right after; the model threads are let
         # go here (an ``async def __del__`` would also be called, never awaited, by the garbage collector)
         self.executor.threads.close()
-        tracer = getattr(self, "tracer", None)
+        tracer = self.tracer
         if tracer is not None:  # the spans still queued, sent (bounded by otel.timeout_s)
             tracer.shutdown()
