@@ -18,11 +18,19 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, SpanKind
+
     from ..config import OtelSettings, Settings
+
+# a span attribute as OpenTelemetry takes it (``_attrs``: anything else is recorded as its str)
+Attribute = str | bool | int | float
 
 log = logging.getLogger("lingua_fusion.tracing")
 PREFIX = "linguafusion."  # our attributes' namespace: seq=3 is recorded as linguafusion.seq
@@ -30,9 +38,9 @@ _NULL: contextlib.nullcontext[None] = contextlib.nullcontext()  # stateless: one
 _batches = itertools.count(1)
 
 
-def _attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+def _attrs(attrs: Mapping[str, object]) -> dict[str, Attribute]:
     """Our keyword attributes, namespaced; None dropped (OpenTelemetry takes str, bool, int, float and lists)."""
-    out: dict[str, Any] = {}
+    out: dict[str, Attribute] = {}
     for k, v in attrs.items():
         if v is None:
             continue
@@ -50,21 +58,21 @@ class TraceRef:
 
     __slots__ = ("_context", "_ended", "span", "tracer")
 
-    def __init__(self, tracer: Tracer, otel_span: Any) -> None:
+    def __init__(self, tracer: Tracer, otel_span: Span) -> None:
         self.tracer = tracer
         self.span = otel_span
-        self._context: Any = None
+        self._context: Context | None = None
         self._ended = False
 
     @property
-    def context(self) -> Any:
+    def context(self) -> Context:
         """The OpenTelemetry context with this span as the parent (made when a child first needs it)."""
         if self._context is None:
             self._context = self.tracer.api.set_span_in_context(self.span)
         return self._context
 
     @contextlib.contextmanager
-    def child(self, name: str, *, kind: Any = None, **attrs: Any) -> Iterator[TraceRef]:
+    def child(self, name: str, *, kind: SpanKind | None = None, **attrs: object) -> Iterator[TraceRef]:
         """A span timed by the ``with`` block (any thread); an exception leaving the block marks it failed."""
         ref = TraceRef(self.tracer, self.tracer.otel.start_span(name, context=self.context, attributes=_attrs(attrs),
                                                                 kind=kind or self.tracer.api.SpanKind.INTERNAL))
@@ -76,7 +84,7 @@ class TraceRef:
         finally:
             ref.end()
 
-    def client(self, name: str, **attrs: Any) -> contextlib.AbstractContextManager[TraceRef]:
+    def client(self, name: str, **attrs: object) -> contextlib.AbstractContextManager[TraceRef]:
         """A ``child`` of kind CLIENT with ``remote = true``: a call whose work another process records under it
         (send it ``traceparent()``)."""
         return self.child(name, kind=self.tracer.api.SpanKind.CLIENT, remote=True, **attrs)
@@ -87,7 +95,7 @@ class TraceRef:
         self.tracer.propagator.inject(carrier, context=self.context)
         return carrier.get("traceparent", "")
 
-    def record(self, name: str, start: float, end: float, attrs: Mapping[str, Any],
+    def record(self, name: str, start: float, end: float, attrs: Mapping[str, object],
                error: BaseException | None = None) -> None:
         """A child span that already happened: ``start`` and ``end`` on ``time.monotonic``'s clock."""
         begin = _wall_ns(start)
@@ -96,7 +104,7 @@ class TraceRef:
             TraceRef(self.tracer, otel_span).fail(error)
         otel_span.end(end_time=max(_wall_ns(end), begin))
 
-    def set(self, **attrs: Any) -> None:
+    def set(self, **attrs: object) -> None:
         self.span.set_attributes(_attrs(attrs))
 
     def fail(self, exc: BaseException) -> None:
@@ -114,7 +122,7 @@ class TraceRef:
         self.span.set_attributes({"error.type": code})
         self.span.set_status(self.tracer.status_error, message)
 
-    def end(self, **attrs: Any) -> None:
+    def end(self, **attrs: object) -> None:
         """End the span (once; later calls do nothing)."""
         if self._ended:
             return
@@ -127,7 +135,7 @@ class TraceRef:
 class Tracer:
     """A TracerProvider of our own (the process-global one is left alone) around one span processor."""
 
-    def __init__(self, processor: Any, service_name: str = "linguafusion", sample_ratio: float = 1.0) -> None:
+    def __init__(self, processor: SpanProcessor, service_name: str = "linguafusion", sample_ratio: float = 1.0) -> None:
         from opentelemetry import trace as api
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -161,13 +169,13 @@ class Tracer:
         return cls(processor, cfg.service_name, cfg.sample_ratio)
 
     @classmethod
-    def to_exporter(cls, exporter: Any, service_name: str = "linguafusion") -> Tracer:
+    def to_exporter(cls, exporter: SpanExporter, service_name: str = "linguafusion") -> Tracer:
         """Every span handed to ``exporter`` as it ends (tests: the SDK's InMemorySpanExporter)."""
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
         return cls(SimpleSpanProcessor(exporter), service_name)
 
-    def root(self, name: str, headers: Mapping[str, str] | None = None, **attrs: Any) -> TraceRef:
+    def root(self, name: str, headers: Mapping[str, str] | None = None, **attrs: object) -> TraceRef:
         """A span that starts a trace, or continues the caller's when ``headers`` hold a W3C ``traceparent``."""
         parent = self.propagator.extract(headers) if headers else None
         return TraceRef(self, self.otel.start_span(name, context=parent, attributes=_attrs(attrs),
@@ -218,11 +226,12 @@ def from_settings(settings: Settings) -> Tracer | None:
     return tracer
 
 
-def span(ref: TraceRef | None, name: str, **attrs: Any) -> contextlib.AbstractContextManager[TraceRef | None]:
+def span(ref: TraceRef | None, name: str, *, kind: SpanKind | None = None,
+         **attrs: object) -> contextlib.AbstractContextManager[TraceRef | None]:
     """A child span of ``ref`` for the ``with`` block; with tracing off (``ref`` None) a shared null context."""
     if ref is None:
         return _NULL
-    return ref.child(name, **attrs)
+    return ref.child(name, kind=kind, **attrs)
 
 
 def record_batch(model_key: object, stage: str, items: Sequence[tuple[TraceRef | None, float, bool | None]],

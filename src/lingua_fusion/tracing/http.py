@@ -9,13 +9,17 @@ status; the route adds ``key_id``. Health checks and metric scrapes are not trac
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..asgi import StatusOf
 from .core import Tracer, TraceRef
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 STATE_KEY = "lingua_fusion.trace"
 UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -43,7 +47,8 @@ class TraceRequests:
             ref.fail(exc)
             raise
         finally:
-            route = getattr(scope.get("route"), "path", None)
+            matched = scope.get("route")  # the route that took the request (no route: None)
+            route = matched.path if isinstance(matched, (Route, WebSocketRoute, Mount)) else None
             if route is not None:
                 ref.span.update_name(f"{method} {route}")
             if sent.status >= 500:
@@ -51,7 +56,7 @@ class TraceRequests:
             ref.end(**{"http.route": route, "http.response.status_code": sent.status})
 
 
-def request_trace(request: Request, **attrs: Any) -> TraceRef | None:
+def request_trace(request: Request, **attrs: object) -> TraceRef | None:
     """This request's span (None with tracing off), with ``attrs`` added (``key_id``: never the key itself)."""
     ref: TraceRef | None = request.scope.get("state", {}).get(STATE_KEY)
     if ref is not None and attrs:
@@ -59,7 +64,7 @@ def request_trace(request: Request, **attrs: Any) -> TraceRef | None:
     return ref
 
 
-def install(app: Any, tracer: Tracer | None) -> None:
+def install(app: FastAPI, tracer: Tracer | None) -> None:
     """Wire ``tracer`` (None: tracing off, nothing installed) into a built app: the request span around every
     request (outermost, so refusals are traced too), a span per live stream (the StreamService and the per-stream
     baseline beside it), ``app.state.tracer`` for the lifespan to flush and shut down."""
@@ -70,8 +75,8 @@ def install(app: Any, tracer: Tracer | None) -> None:
     app.state.stream_front.trace(tracer)
 
 
-async def shutdown(app: Any) -> None:
+async def shutdown(app: FastAPI) -> None:
     """Flush the spans still queued (bounded by the exporter's timeout), off the event loop."""
-    tracer: Tracer | None = getattr(app.state, "tracer", None)
+    tracer: Tracer | None = app.state.tracer  # set by install, on every app it was given (None: tracing off)
     if tracer is not None:
         await asyncio.to_thread(tracer.shutdown)
