@@ -8,8 +8,9 @@ at import time but still tie the modules together) and under ``if TYPE_CHECKING`
 points at the module ``pkg.name`` when there is one, else at ``pkg`` (its ``__init__``). Implicit edges to
 parent packages are not drawn.
 
-Exit status 1 when a cycle involves ``lingua_fusion.lab`` or when the product imports lab/ other than lazily
-from ``cli/lab.py`` or ``cli/stream.py``; other cycles are reported and do not fail.
+Exit status 1 on any cycle (function-level and TYPE_CHECKING imports count), when the product imports lab/ other
+than lazily from ``cli/lab.py`` or ``cli/stream.py``, or when stream/, files/ or rooms/ import anything of
+serving/ beyond its declared face (``FACE``: the ports, the model keys and the Engine Protocol).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = "lingua_fusion"
 LAB = f"{PACKAGE}.lab"
 LAB_ALLOWED = {f"{PACKAGE}.cli.lab", f"{PACKAGE}.cli.stream"}  # may import lab/, inside functions only
+# serving's declared face (serving/engine.py): all that streams, file requests and rooms may import of serving/
+FACE = {f"{PACKAGE}.serving.{m}" for m in ("ports", "keys", "engine")}
+FACE_USERS = tuple(f"{PACKAGE}.{p}" for p in ("stream", "files", "rooms"))
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,13 @@ def lab_imports_from_product(es: list[Edge]) -> list[Edge]:
     return [e for e in es if in_lab(e.dst) and not in_lab(e.src) and not (e.src in LAB_ALLOWED and e.lazy)]
 
 
+def past_the_face(es: list[Edge]) -> list[Edge]:
+    """Imports by stream/, files/ or rooms/ of a serving/ module that is not part of its face."""
+    serving = f"{PACKAGE}.serving"
+    return [e for e in es if e.src.startswith(FACE_USERS) and (e.dst == serving or e.dst.startswith(serving + "."))
+            and e.dst not in FACE]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--edges", action="store_true", help="print every edge")
@@ -203,7 +214,7 @@ def main() -> int:
         for comp in comps:
             loop = a_cycle(comp, subset)
             involves_lab = any(m == LAB or m.startswith(LAB + ".") for m in comp)
-            failed |= involves_lab
+            failed = True
             print(f"  {'[lab] ' if involves_lab else ''}{len(comp)} modules: {', '.join(comp)}")
             if loop:
                 steps = " -> ".join(f"{e.src} (line {e.line}{', lazy' if e.lazy else ''})" for e in loop)
@@ -223,7 +234,13 @@ def main() -> int:
     for e in bad:
         print(f"  {e.src} (line {e.line}{', lazy' if e.lazy else ''}) -> {e.dst}")
     failed |= bool(bad)
-    print("FAIL" if failed else "OK: no cycle involves lab/, and the product does not import it")
+    past = past_the_face(es)
+    print(f"stream/, files/, rooms/ -> serving/ beyond its face ({', '.join(sorted(FACE))}): {len(past)}")
+    for e in past:
+        print(f"  {e.src} (line {e.line}{', lazy' if e.lazy else ''}) -> {e.dst}")
+    failed |= bool(past)
+    print("FAIL" if failed else "OK: no import cycle, the product does not import lab/, and streams, files and rooms "
+          "use serving through its face only")
     return 1 if failed else 0
 
 

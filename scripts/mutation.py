@@ -41,7 +41,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "scheduler": ("serving/scheduler.py", ["tests/unit/test_unit_scheduler.py", "tests/unit/test_unit_fairness.py",
                                            "tests/unit/test_unit_promises.py", "tests/unit/test_edges_scheduler.py"]),
     "policy": ("stream/policy.py", ["tests/unit/test_unit_policy.py", "tests/unit/test_edges_policy.py"]),
-    "breaker": ("serving/breaker.py", ["tests/unit/test_unit_breaker.py", "tests/unit/test_edges_breaker.py"]),
+    "breaker": ("stream/breaker.py", ["tests/unit/test_unit_breaker.py", "tests/unit/test_edges_breaker.py"]),
     "timeline": ("stream/timeline.py", ["tests/unit/test_unit_timeline.py", "tests/unit/test_edges_timeline.py"]),
     "journal": ("stream/journal.py", ["tests/unit/test_unit_session.py", "tests/unit/test_unit_promises.py",
                                       "tests/unit/test_edges_journal.py"]),

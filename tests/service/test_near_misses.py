@@ -47,8 +47,7 @@ from lingua_fusion.rooms.bus import LocalRoomBus
 from lingua_fusion.rooms.directory import LocalRoomDirectory
 from lingua_fusion.rooms.service import RoomService
 from lingua_fusion.serving.keys import ModelKey
-from lingua_fusion.serving.ports import AsrInput
-from lingua_fusion.serving.scheduler import SLO_CLASSES
+from lingua_fusion.serving.ports import SLO_CLASSES, AsrInput
 from lingua_fusion.stream.protocol import StreamSpec
 from lingua_fusion.stream.service import StreamService
 

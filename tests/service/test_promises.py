@@ -21,10 +21,10 @@ from conftest import piper_wav, serve_in_loop
 
 from lingua_fusion.config import Settings
 from lingua_fusion.glossary import Term
-from lingua_fusion.serving.breaker import STEPS
 from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import CallContext, MtInput
+from lingua_fusion.stream.breaker import STEPS
 from lingua_fusion.stream.service import StreamService
 
 WAIT_S = 30.0  # generous: a wait for something that must happen, never a speed bound

@@ -23,7 +23,7 @@ from lingua_fusion.api import create_app
 from lingua_fusion.config import Settings
 from lingua_fusion.errors import Overloaded
 from lingua_fusion.sdk.local import LocalTranslator
-from lingua_fusion.serving.breaker import STEPS
+from lingua_fusion.stream.breaker import STEPS
 from lingua_fusion.stream.service import StreamService
 
 

@@ -1,4 +1,4 @@
-"""Edges of the SLO breaker: exact boundaries, documented defaults, which runs a move resets (serving/breaker.py).
+"""Edges of the SLO breaker: exact boundaries, documented defaults, which runs a move resets (stream/breaker.py).
 
 Found unguarded by mutation testing (``make mutation``, scripts/mutation.py): each test pins a behaviour a
 mutant changed while every other test still passed.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from lingua_fusion.serving.breaker import STEPS, SLOBreaker, Transition
+from lingua_fusion.stream.breaker import STEPS, SLOBreaker, Transition
 
 
 def windows(b: SLOBreaker, slo: str, latencies: list[float], t0: float = 0.0, stage: str = "caption"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lingua_fusion.serving.breaker import STEPS, SLOBreaker
+from lingua_fusion.stream.breaker import STEPS, SLOBreaker
 
 
 def feed(b: SLOBreaker, slo: str, latency: float, t0: float, windows: int, per_window: int = 4) -> list:

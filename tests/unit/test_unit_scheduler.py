@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lingua_fusion.serving.scheduler import (
-    SLO_CLASSES,
-    CostModel,
-    Demand,
-    Scheduler,
-    WorkItem,
-    stage_deadline,
-)
+from lingua_fusion.serving.ports import SLO_CLASSES, stage_deadline
+from lingua_fusion.serving.scheduler import CostModel, Demand, Scheduler, WorkItem
 
 
 def item(stream: str = "s1", *, deadline: float, enqueued: float = 0.0, importance: float = 0.5,

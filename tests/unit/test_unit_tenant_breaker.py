@@ -1,10 +1,10 @@
-"""The breaker per class and per key (serving/tenant_breaker.py): one key missing its target is degraded and
+"""The breaker per class and per key (stream/tenant_breaker.py): one key missing its target is degraded and
 refused on its own, another key meeting it keeps being admitted and undegraded; a class-wide miss still refuses all."""
 
 from __future__ import annotations
 
-from lingua_fusion.serving.breaker import SLOBreaker
-from lingua_fusion.serving.tenant_breaker import TenantBreaker
+from lingua_fusion.stream.breaker import SLOBreaker
+from lingua_fusion.stream.tenant_breaker import TenantBreaker
 
 TARGETS = {"interactive": 1.0, "standard": 3.0, "batch": 30.0}
 

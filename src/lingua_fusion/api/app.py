@@ -40,11 +40,12 @@ from ..serving.engine import Engine
 from ..serving.executor import Executor
 from ..serving.gpu.server import build_executor, warm_engine
 from ..state.offload import Offload
+from ..state.stores import open_users
 from ..state.streams import open_store
-from ..state.users import UserStore, open_users
+from ..state.users import UserStore
+from ..stream.capacity import open_quota
 from ..stream.front import StreamFront
 from ..stream.journal import StreamLog
-from ..stream.quota import open_quota
 from ..stream.service import Principal, StreamService
 from ..tracing import Tracer, from_settings
 from ..tracing import http as tracing_http

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InvalidParameter
-from ..serving.scheduler import SLO_CLASSES
+from ..serving.ports import SLO_CLASSES
 from ..stream.protocol import MAX_TARGETS, POLICIES
 from .openai_compat import SpeechModel, language_code, live_model
 from .openai_realtime_audio import BETA_FORMATS, FORMATS

@@ -100,7 +100,7 @@ def _banner(store: UserStore | None, settings: Settings, host: str, port: int) -
     ``store``: the server's key store, or None to open the one the settings name (and close it)."""
     from ..errors import LinguaFusionError
     from ..redact import redact_url
-    from ..state.users import open_users
+    from ..state.stores import open_users
 
     state = settings.resolved_state_dir()
     auth = settings.server.auth

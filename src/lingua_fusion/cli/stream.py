@@ -63,7 +63,7 @@ def check_request(client: MultimodalTranslator | LocalTranslator, targets: list[
     decoding."""
     from .. import langs
     from ..errors import InvalidParameter, UnsupportedPair
-    from ..serving.scheduler import SLO_CLASSES
+    from ..serving.ports import SLO_CLASSES
 
     if slo not in SLO_CLASSES:
         raise InvalidParameter(f"--slo must be one of {', '.join(sorted(SLO_CLASSES))}, not {slo!r}")

@@ -9,8 +9,8 @@ behind a stream's captions of the same key, and they feed no stream's SLO breake
 
 ``EngineLink`` is the blocking face the file stages call from their thread (never from the loop it submits to).
 The API server links the translator to its streams' port (``FileTranslator.use_engine``); a translator with no
-server (the SDK's ``MultimodalTranslator.local()``, the lab) starts ``OwnEngine``: an ``Executor`` on an event
-loop of its own thread.
+server (the SDK's ``MultimodalTranslator.local()``, the lab) starts ``OwnEngine``: the engine's in-process
+implementation (``serving.engine.in_process``) on an event loop of its own thread.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from ..errors import BackendError, ModelTimeout
 from ..models.base import ASRResult, OCRLine
 from ..models.registry import Registry
 from ..models.tts import join_wavs
+from ..serving.engine import in_process
 from ..serving.keys import ModelKey
 from ..serving.ports import FILE_CLASS, CallContext, ModelPort, MtInput, OcrInput, SpeakerInput, TranscribeInput
 from ..tracing import TraceRef
@@ -139,12 +140,10 @@ class OwnEngine:
     thread, closed with the translator."""
 
     def __init__(self, registry: Registry, settings: Settings) -> None:
-        from ..serving.executor import Executor
-
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="file-engine", daemon=True)
         self._thread.start()
-        self.executor = Executor(registry, settings)
+        self.executor = in_process(registry, settings)
         self.link = EngineLink(self.executor, self.loop, settings.server.request_timeout_s)
 
     def close(self) -> None:

@@ -104,11 +104,11 @@ class LocalTranslator(LocalVocabularyMethods):
 
     def streams(self) -> Any:
         """This translator's StreamService (made on first use): every in-process stream goes through it."""
-        from ..serving.executor import Executor
+        from ..serving.engine import in_process
         from ..stream.service import StreamService
 
         if self._streams is None:
-            self._streams = StreamService(Executor(self.engine.registry, self.settings), self.settings,
+            self._streams = StreamService(in_process(self.engine.registry, self.settings), self.settings,
                                           glossary_for=self._stream_glossary)
             self._streams.tracer = self.tracer
         return self._streams

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from ..config import Settings
 from ..models.registry import Registry
 from .faults import Fault
 from .ports import ModelPort, StageObserver
@@ -49,3 +50,11 @@ class Engine(ModelPort, Protocol):
     def stuck(self) -> dict[str, int]: ...
 
     async def close(self) -> None: ...
+
+
+def in_process(registry: Registry, settings: Settings) -> Engine:
+    """The face's in-process implementation (serving/executor.py ``Executor``), for a caller with no server: the
+    SDK's local translator and the lab's file engine (files/engine.py ``OwnEngine``)."""
+    from .executor import Executor
+
+    return Executor(registry, settings)

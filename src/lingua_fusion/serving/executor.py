@@ -29,9 +29,9 @@ from ..tracing import TraceRef, record_batch
 from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
 from .faults import Fault, check_outputs
 from .keys import ModelKey
-from .ports import FILE_CLASS, CallContext, MtInput, StageObserver, TranscribeInput
+from .ports import FILE_CLASS, SLO_CLASSES, CallContext, MtInput, StageObserver, TranscribeInput, stage_deadline
 from .runners import ContinuousRunner, Runner, build_runner
-from .scheduler import SLO_CLASSES, CostModel, Demand, Scheduler, WorkItem, round_robin, stage_deadline
+from .scheduler import CostModel, Demand, Scheduler, WorkItem, round_robin
 from .service_curve import ServiceCurve
 from .threads import COLD_TIMEOUT_S, ModelThreads
 

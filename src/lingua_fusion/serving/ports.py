@@ -103,7 +103,19 @@ class SpeakerInput:
     most: int = 16
 
 
-FILE_CLASS = "file"  # the work class of file requests (serving/scheduler.py WORK_CLASSES)
+FILE_CLASS = "file"  # the work class of file requests (WORK_CLASSES)
+# The service classes every caller names its work by, part of the contract: a stream's SLO class (its caption p99
+# target, seconds) and, for file requests, FILE_CLASS, whose looser deadline puts a file's pieces behind a stream's
+# captions of the same key.
+SLO_CLASSES: dict[str, float] = {"interactive": 1.0, "standard": 3.0, "batch": 30.0}
+WORK_CLASSES: dict[str, float] = {**SLO_CLASSES, FILE_CLASS: 60.0}
+# share of the caption budget each stage may use (the rest is network / emit slack)
+STAGE_BUDGET = {"asr": 0.6, "mt": 0.3, "tts": 0.5, "ocr": 0.5}
+
+
+def stage_deadline(slo: str, stage: str, start: float) -> float:
+    """When a stage's item of class ``slo`` submitted at ``start`` is due."""
+    return start + WORK_CLASSES[slo] * STAGE_BUDGET.get(stage, 0.5)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .cost_model import CostModel
+from .ports import SLO_CLASSES, STAGE_BUDGET  # the classes are the contract's
 from .service_curve import ServiceCurve
 
 T = TypeVar("T")
@@ -35,17 +36,6 @@ OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admiss
 SERVICE_GROWTH = 2.0
 SERVICE_MIN_IN_FLIGHT = 4
 SERVICE_MAX_IN_FLIGHT = 1024  # the GPU engine's largest decode batch (serving/gpu/runner.py max_batch)
-SLO_CLASSES: dict[str, float] = {"interactive": 1.0, "standard": 3.0, "batch": 30.0}  # caption p99 target (s)
-# every class work may carry: the streams' SLO classes and file requests' (serving/ports.py FILE_CLASS), whose
-# looser deadline puts a file's pieces behind a stream's captions of the same key
-WORK_CLASSES: dict[str, float] = {**SLO_CLASSES, "file": 60.0}
-# share of the caption budget each stage may use (the rest is network / emit slack)
-STAGE_BUDGET = {"asr": 0.6, "mt": 0.3, "tts": 0.5, "ocr": 0.5}
-
-
-def stage_deadline(slo: str, stage: str, start: float) -> float:
-    return start + WORK_CLASSES[slo] * STAGE_BUDGET.get(stage, 0.5)
-
 
 def round_robin(items: list[T], key: Callable[[T], str], units: Callable[[T], float], *, max_items: int,
                 max_units: float) -> tuple[list[T], list[T]]:

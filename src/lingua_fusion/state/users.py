@@ -17,7 +17,6 @@ import secrets
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from ..errors import AuthenticationError, PermissionDenied
@@ -113,15 +112,6 @@ class UserStore(Protocol):
     def close(self) -> None: ...
 
 
-def open_users(state_dir: Path, redis_url: str | None) -> UserStore:
-    """The store ``state.redis_url`` selects: Redis when set, else SQLite in ``state_dir``."""
-    if redis_url:
-        from .redis_users import RedisUserStore
-
-        return RedisUserStore(redis_url)
-    from .sqlite import SQLiteStore
-
-    return SQLiteStore(state_dir)
 
 
 def glossary_quota_message(limit: int) -> str:

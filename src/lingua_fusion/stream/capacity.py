@@ -116,3 +116,14 @@ class StreamCapacity:
         counted apart from the refusals for room, so a rolling restart does not read as a full server."""
         if self.metrics is not None:
             self.metrics.streams_unavailable.inc()
+
+
+def open_quota(redis_url: str | None, limit: int) -> Quota:
+    """``RedisKeyQuota`` (stream/redis_quota.py) with a Redis URL, else ``KeyQuota``. The Redis one is imported only
+    then: redis-py imports the OpenTelemetry SDK, which a server with tracing off must not load
+    (tests/service/test_tracing.py)."""
+    if redis_url:
+        from .redis_quota import RedisKeyQuota
+
+        return RedisKeyQuota(redis_url, limit)
+    return KeyQuota(limit)

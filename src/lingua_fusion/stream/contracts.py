@@ -25,7 +25,7 @@ Heard = Callable[[], tuple[float, float | None, bool]]  # audio heard so far: un
 
 class Vocabularies(Protocol):
     """A key's taught vocabularies, as a live stream reads them (vision/stream_signs.py ``StreamVocabularies``).
-    ``video`` is the session's video fan-out (video/stream_slides.py ``StreamVideo``), opaque here: video/ imports
+    ``video`` is the session's video fan-out (stream/video.py ``StreamVideo``), opaque here: video/ imports
     stream/, not the other way."""
 
     def check(self, key_id: str, vocabulary_id: str) -> None:

@@ -1,5 +1,5 @@
 """A stream's pictures: ``image`` messages (each decoded off the loop and read by OCR into a ``slide`` event) and
-``frame`` messages (a video, through the slide change detector: video/stream_slides.py). While the stream's SLO
+``frame`` messages (a video, through the slide change detector: stream/video.py). While the stream's SLO
 class is degraded frames are thinned (``lower_frame_rate``) or not read (``skip_vision``); decoded images in flight
 are bounded per stream and, through ``Slots``, across the service's streams."""
 
@@ -40,7 +40,7 @@ class Images:
         self.pixels = pixels  # the key's, shared by its streams (stream/budget.py)
         self.trace = trace
         self.frames_dropped = 0  # image frames not read because the class was degraded
-        self.video: Any = None  # video/stream_slides.py StreamVideo, made by the first ``frame`` message
+        self.video: Any = None  # stream/video.py StreamVideo, made by the first ``frame`` message
         self._last_frame_t = -1e9
         self._last_video_t = -1e9
         self._in_flight = 0  # frames decoding or waiting for OCR
@@ -97,7 +97,7 @@ class Images:
 
     async def feed_frame(self, data: bytes, ts: float | None) -> None:
         """One video frame (png / jpeg / webp) at media time ``ts``: every frame goes through the slide change
-        detector, OCR and MT run only when the picture changed (video/stream_slides.py)."""
+        detector, OCR and MT run only when the picture changed (stream/video.py)."""
         if ts is None:
             raise InvalidParameter("a frame message needs its media timestamp ts: change detection runs on time")
         if self._skipped():

@@ -20,7 +20,7 @@ from ..errors import InvalidParameter, LinguaFusionError, UnsupportedPair
 from ..glossary import Term
 from ..models.routes import MTRoute
 from ..models.transcript_guard import SCRIPT_NAMES, script_for
-from ..serving.scheduler import SLO_CLASSES
+from ..serving.ports import SLO_CLASSES
 from ..speakers.cluster import MAX_SPEAKERS
 from .languages import DETECTABLE, MAX_SOURCE_LANGS
 from .policy import PolicyConfig

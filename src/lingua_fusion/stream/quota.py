@@ -74,13 +74,3 @@ class KeyQuota:
 
     async def close(self) -> None:
         return None
-
-
-def open_quota(redis_url: str | None, limit: int) -> Quota:
-    """``RedisKeyQuota`` (stream/redis_quota.py) with a Redis URL, else ``KeyQuota``. The Redis one is imported only
-    then: redis-py imports the OpenTelemetry SDK, which a server with tracing off must not load (tests/test_tracing)."""
-    if redis_url:
-        from .redis_quota import RedisKeyQuota
-
-        return RedisKeyQuota(redis_url, limit)
-    return KeyQuota(limit)

@@ -35,7 +35,6 @@ from ..errors import (
 )
 from ..glossary import Term
 from ..serving.engine import Engine
-from ..serving.tenant_breaker import TenantBreaker
 from ..tracing import Tracer
 from .budget import PixelBudget, pixel_budget
 from .capacity import KeyQuota, Principal, StreamCapacity
@@ -46,6 +45,7 @@ from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
 from .quota import Quota
 from .session import StreamSession
 from .supervisor import BreakerSupervisor
+from .tenant_breaker import TenantBreaker
 
 log = logging.getLogger("lingua_fusion.streams")
 DRAIN_POLL_S = 0.05

@@ -137,7 +137,7 @@ class StreamSession:
 
     @property
     def video(self) -> Any:
-        """video/stream_slides.py StreamVideo, made by the first ``frame`` message."""
+        """stream/video.py StreamVideo, made by the first ``frame`` message."""
         return self.images.video
 
     @property
@@ -260,12 +260,12 @@ class StreamSession:
 
     async def feed_frame(self, data: bytes, ts: float | None = None) -> None:
         """One video frame (png / jpeg / webp) at media time ``ts``: every frame goes through the slide change
-        detector, OCR and MT run only when the picture changed (video/stream_slides.py)."""
+        detector, OCR and MT run only when the picture changed (stream/video.py)."""
         self._live("video")
         await self.images.feed_frame(data, check_ts(ts))
 
     def _new_video(self) -> Any:
-        from ..video.stream_slides import StreamVideo
+        from .video import StreamVideo
 
         return StreamVideo(self.jobs, self._emit, self._spawn, lambda: self.state != State.CLOSED,
                            self.settings.limits, self.image_slots, owner=self)

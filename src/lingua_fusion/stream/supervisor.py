@@ -1,5 +1,5 @@
 """The SLO breakers' reactions to live streams: every caption's latency and every committed model stage's are
-recorded (per class and per key, serving/tenant_breaker.py), windows that ended are closed once a second, and each
+recorded (per class and per key, stream/tenant_breaker.py), windows that ended are closed once a second, and each
 move is applied: logged and counted, each stream whose working level changed told once (``degraded`` /
 ``restored``), the least important stream shed at the shedding step, and a new stream of a class (or key) that is
 missing its target refused."""
@@ -16,11 +16,11 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import Overloaded
-from ..serving.breaker import STEPS, SLOBreaker, Transition
-from ..serving.scheduler import SLO_CLASSES, STAGE_BUDGET
-from ..serving.tenant_breaker import KeyedTransition, TenantBreaker
+from ..serving.ports import SLO_CLASSES, STAGE_BUDGET
+from .breaker import STEPS, SLOBreaker, Transition
 from .events import Degraded, Restored
 from .session import StreamSession
+from .tenant_breaker import KeyedTransition, TenantBreaker
 
 log = logging.getLogger("lingua_fusion.streams")
 

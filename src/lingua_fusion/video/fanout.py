@@ -48,7 +48,7 @@ class FrameContext:
 
 
 FILE_CONSUMERS: dict[str, Callable[[FrameContext], Tap | None]] = {}
-# the same for live streams' ``frame`` messages: factory(session) -> Tap or None (video/stream_slides.py StreamVideo)
+# the same for live streams' ``frame`` messages: factory(session) -> Tap or None (stream/video.py StreamVideo)
 STREAM_CONSUMERS: dict[str, Callable[[Any], Tap | None]] = {}
 
 

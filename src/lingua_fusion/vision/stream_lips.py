@@ -37,7 +37,7 @@ from .lip_spot import SpotPolicy, active_spans, hypothesis, opening, rest_level,
 if TYPE_CHECKING:
     from ..stream.contracts import Queue, Spawn
     from ..stream.jobs import StreamJobs
-    from ..video.stream_slides import StreamVideo
+    from ..stream.video import StreamVideo
     from .service import VisionService
 from .recogniser import Recogniser
 from .sampler import AdaptiveSampler, SamplingPolicy

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..stream.contracts import Emit, Heard, Queue, Spawn
     from ..stream.jobs import StreamJobs
     from ..stream.protocol import StreamSpec
-    from ..video.stream_slides import StreamVideo
+    from ..stream.video import StreamVideo
 
 MAX_SIGN_FRAMES = 600  # one sign's frames at most (a hand never leaving the picture is cut there)
 
@@ -39,7 +39,7 @@ MAX_SIGN_FRAMES = 600  # one sign's frames at most (a hand never leaving the pic
 
 def _video(video: object) -> StreamVideo:
     """The stream's video (``stream.contracts.Vocabularies`` passes it as ``object``): a ``StreamVideo``."""
-    from ..video.stream_slides import StreamVideo
+    from ..stream.video import StreamVideo
 
     if not isinstance(video, StreamVideo):
         raise TypeError(f"a stream's video is a StreamVideo, not {type(video).__name__}")
@@ -134,7 +134,7 @@ class StreamVocabularies:
 
     async def attach(self, video: object, spec: StreamSpec, jobs: StreamJobs, emit: Emit, spawn: Spawn, *,
                      queue: Queue, heard: Heard) -> None:
-        """Attach the stream's vocabulary consumer to its video fan-out (``video``: video/stream_slides.py
+        """Attach the stream's vocabulary consumer to its video fan-out (``video``: stream/video.py
         ``StreamVideo``): signs for a sign vocabulary; for a lip vocabulary, lips fused with the stream's speech
         (``stream_lips.py``, which needs the session's ``queue`` of finals and what audio it has ``heard``). The
         store is read on a worker thread (disk or network; a recogniser changed since the stream opened is

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from ...serving.scheduler import SLO_CLASSES
+from ...serving.ports import SLO_CLASSES
 from ..eval.latency import summarize
 from ..fixtures import slide_png
 from .mix import Material, Mix, StreamKind, material

@@ -37,7 +37,7 @@ from ...errors import CapacityExhausted
 from .blocks import BlockPool
 from .decoder_model import Decoded, DecoderModel
 from .device_call import wait
-from .paged import DeviceInputs, Gather, PagedKV, slots_of
+from .paged import DeviceInputs, PagedKV, StepInputs, slots_of
 
 if TYPE_CHECKING:
     from .graphs import StepGraphs
@@ -67,29 +67,6 @@ class _Seq:
 
     def next_input(self) -> int:
         return self.prompt[self.pos] if self.pos < len(self.prompt) else self.out[-1]
-
-
-@dataclass
-class StepInputs:
-    """One step's inputs on the host, a row per running sequence."""
-
-    tokens: np.ndarray
-    positions: np.ndarray
-    slots: np.ndarray  # where each row's new key/value goes
-    self_tables: np.ndarray  # [rows, blocks]
-    self_lens: np.ndarray
-    cross_tables: np.ndarray
-    cross_lens: np.ndarray
-    first: np.ndarray  # 1 where this step gives the row's first output token
-
-    def to_device(self, device: torch.device, block: int, cross_block: int) -> DeviceInputs:
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)
-
-        return DeviceInputs(t(self.tokens), t(self.positions), t(self.slots),
-                            Gather.from_tables(self.self_tables, self.self_lens, block, device),
-                            Gather.from_tables(self.cross_tables, self.cross_lens, cross_block, device),
-                            t(self.first))
 
 
 @dataclass(frozen=True)
@@ -383,11 +360,13 @@ class DecodeEngine:
     def use_graphs(self, buckets: list[int]) -> None:
         """Replay the decode step from CUDA graphs captured per batch size in ``buckets`` (padded up to the next
         one): the step's hundreds of kernel launches cost one launch. Needs the Triton attention (static shapes)."""
-        from .graphs import StepGraphs
+        from .graphs import StepGraphs, StepShape
 
         if self.kv.kernel != "triton":
             raise ValueError("CUDA graphs need the Triton paged attention")
-        self.graphs = StepGraphs(self, sorted(b for b in buckets if b <= self.max_batch))
+        shape = StepShape(self.device, self._table.shape[1], self._cross_table.shape[1], self.pool.block_size,
+                          self.cross_pool.block_size)
+        self.graphs = StepGraphs(self.forward, shape, sorted(b for b in buckets if b <= self.max_batch))
         self.graphs.capture_all()
 
     def _vacate(self, seq: _Seq) -> None:

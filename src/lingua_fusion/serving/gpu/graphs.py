@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
-from .paged import DeviceInputs, Gather
-
-if TYPE_CHECKING:
-    from .decoder import DecodeEngine, StepInputs
+from .paged import DeviceInputs, Gather, StepInputs
 
 T = TypeVar("T")
 _FIELDS = ("tokens", "positions", "slots", "self_lens", "cross_lens", "first")
@@ -58,12 +56,24 @@ def capture(graph: torch.cuda.CUDAGraph, pool: Any, stream: torch.cuda.Stream, b
     return out
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """What a decode step's static buffers are sized by: the engine's device, the widths of its self- and
+    cross-attention block tables, and the two pools' block sizes (serving/gpu/decoder.py DecodeEngine)."""
+
+    device: torch.device
+    self_blocks: int
+    cross_blocks: int
+    block_size: int
+    cross_block_size: int
+
+
 class _Bucket:
-    def __init__(self, engine: DecodeEngine, size: int) -> None:
-        dev = engine.device
+    def __init__(self, shape: StepShape, size: int) -> None:
+        dev = shape.device
         self.size = size
-        self.self_blocks = engine._table.shape[1]
-        self.cross_blocks = engine._cross_table.shape[1]
+        self.self_blocks = shape.self_blocks
+        self.cross_blocks = shape.cross_blocks
         width = len(_FIELDS) * size + size * (self.self_blocks + self.cross_blocks)
         self.host = torch.zeros(width, dtype=torch.int64).pin_memory()
         self.dev = torch.zeros(width, dtype=torch.int64, device=dev)
@@ -75,9 +85,8 @@ class _Bucket:
         cross_tables = self.dev[at:].view(size, self.cross_blocks)
         self.inputs = DeviceInputs(
             views[0], views[1], views[2],
-            Gather(self_tables, views[3], engine.pool.block_size, self.self_blocks * engine.pool.block_size),
-            Gather(cross_tables, views[4], engine.cross_pool.block_size,
-                   self.cross_blocks * engine.cross_pool.block_size),
+            Gather(self_tables, views[3], shape.block_size, self.self_blocks * shape.block_size),
+            Gather(cross_tables, views[4], shape.cross_block_size, self.cross_blocks * shape.cross_block_size),
             views[5])
         self.graph = torch.cuda.CUDAGraph()
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -105,11 +114,14 @@ class _Bucket:
 
 
 class StepGraphs:
-    def __init__(self, engine: DecodeEngine, buckets: list[int]) -> None:
-        self.engine = engine
-        self.buckets = [_Bucket(engine, b) for b in buckets]
+    """CUDA graphs of one decode engine's step (``forward``), one per batch bucket."""
+
+    def __init__(self, forward: Callable[[DeviceInputs], tuple[torch.Tensor, torch.Tensor]], shape: StepShape,
+                 buckets: list[int]) -> None:
+        self.forward = forward
+        self.buckets = [_Bucket(shape, b) for b in buckets]
         self._pool = torch.cuda.graph_pool_handle()
-        self._stream = own_stream(engine.device)  # warm-ups and captures of this set (see own_stream)
+        self._stream = own_stream(shape.device)  # warm-ups and captures of this set (see own_stream)
         self.captured = 0
 
     def capture_all(self) -> None:
@@ -133,7 +145,7 @@ class StepGraphs:
         return bucket.out
 
     def _capture(self, bucket: _Bucket) -> None:
-        bucket.out = capture(bucket.graph, self._pool, self._stream, lambda: self.engine.forward(bucket.inputs))
+        bucket.out = capture(bucket.graph, self._pool, self._stream, lambda: self.forward(bucket.inputs))
         self.captured += 1
 
 

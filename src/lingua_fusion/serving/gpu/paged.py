@@ -127,3 +127,26 @@ class DeviceInputs:
     self_gather: Gather
     cross_gather: Gather
     first: torch.Tensor
+
+
+@dataclass
+class StepInputs:
+    """One step's inputs on the host, a row per running sequence."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray  # where each row's new key/value goes
+    self_tables: np.ndarray  # [rows, blocks]
+    self_lens: np.ndarray
+    cross_tables: np.ndarray
+    cross_lens: np.ndarray
+    first: np.ndarray  # 1 where this step gives the row's first output token
+
+    def to_device(self, device: torch.device, block: int, cross_block: int) -> DeviceInputs:
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)
+
+        return DeviceInputs(t(self.tokens), t(self.positions), t(self.slots),
+                            Gather.from_tables(self.self_tables, self.self_lens, block, device),
+                            Gather.from_tables(self.cross_tables, self.cross_lens, cross_block, device),
+                            t(self.first))

@@ -25,10 +25,10 @@ import numpy as np
 from ..errors import BackendError, LinguaFusionError
 from ..serving.keys import ModelKey
 from ..serving.ports import CallContext, MtInput
-from ..stream.events import Error, Event, Slide
-from ..stream.jobs import MAX_SLIDES, StreamJobs
-from .frames import FrameStats, VideoFrame
-from .slides import Change, DetectorConfig, Row, SlideDetector, reading_order, same_text, signature
+from ..video.frames import FrameStats, VideoFrame
+from ..video.slides import Change, DetectorConfig, Row, SlideDetector, reading_order, same_text, signature
+from .events import Error, Event, Slide
+from .jobs import MAX_SLIDES, StreamJobs
 
 MAX_WAITING = 4  # settled changes waiting for OCR per stream (frames sent faster than real time)
 FINISH_WAIT_S = 60.0  # at the end of a stream, slides still being read get this long (a cold OCR model loads first)
@@ -154,7 +154,7 @@ class StreamVideo:
     def __init__(self, jobs: StreamJobs, emit: Callable[[Event], None],
                  spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], alive: Callable[[], bool],
                  limits: Any, slots: Any, owner: Any = None) -> None:
-        from .fanout import STREAM_CONSUMERS, FrameFanout, Tap
+        from ..video.fanout import STREAM_CONSUMERS, FrameFanout, Tap
 
         def spawn_live(coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
             if not alive():  # the stream closed while this change settled: nothing more is read
