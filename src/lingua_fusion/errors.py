@@ -48,6 +48,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .json_types import JSONObject
+
 
 class LinguaFusionError(Exception):
     status = 500
@@ -68,8 +70,8 @@ class LinguaFusionError(Exception):
 
         return redact(self.message if self.public is None else self.public)
 
-    def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.public_message}
+    def to_dict(self) -> JSONObject:
+        body: JSONObject = {"code": self.code, "message": self.public_message}
         if self.details:
             body["details"] = self.details
         return body

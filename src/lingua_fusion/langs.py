@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import UnknownLanguage
+
+if TYPE_CHECKING:
+    from py3langid.langid import LanguageIdentifier
 
 # Whisper's language set (ISO 639-1 plus 'haw', 'yue') is the widest any installed model knows.
 KNOWN = set(
@@ -57,11 +60,11 @@ class LanguageGuess:
         return self.lang is not None and self.confidence >= CONFIDENT
 
 
-_identifier: Any = None
+_identifier: LanguageIdentifier | None = None
 _identifier_lock = threading.Lock()
 
 
-def _model() -> Any:
+def _model() -> LanguageIdentifier:
     """py3langid's Naive Bayes model (inside its wheel, nothing downloaded), loaded once per process."""
     global _identifier
     with _identifier_lock:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
 
 from pydantic import BaseModel, Field
+
+from .json_types import JSONObject
 
 SR = 16000  # every audio path runs at 16 kHz mono float32 (Whisper's and Silero's rate)
 
@@ -101,5 +102,5 @@ class TranslationResult(BaseModel):
     audio: bytes | None = Field(default=None, exclude=True)
     audio_format: str | None = None
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self) -> JSONObject:
         return self.model_dump(mode="json", exclude={"audio"})
