@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -36,6 +37,13 @@ DEFAULT_THRESHOLD = 0.80  # bench/diarize.py: same voice 0.86-0.92 across texts,
 MAX_SPEAKERS = 8
 FULL_S = 1.6  # one encoder window: a stretch this long is judged at the full threshold
 SHORT_SLACK = 0.25
+
+
+class ClustererState(TypedDict):
+    """``OnlineClusterer.state()``: the speakers' weighted sums (float16, base64), their dimension and weights."""
+    dim: int
+    weights: list[float]
+    sums: str
 
 
 @dataclass(frozen=True)
@@ -133,20 +141,24 @@ class SpeakerClusterer:
             self._sums[keep] = self._sums[keep] + self._sums.pop(drop)
             self._weights[keep] += self._weights.pop(drop)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> ClustererState:
         """What a stream's snapshot keeps of it (stream/speakers.py): each speaker's weighted sum as float16 (512
         bytes a speaker, base64) and its weight; ``restore`` reads it back."""
         sums = np.stack(self._sums).astype(np.float16) if self._sums else np.zeros((0, 0), np.float16)
         return {"dim": int(sums.shape[1]) if len(sums) else 0, "weights": [round(w, 3) for w in self._weights],
                 "sums": base64.b64encode(sums.tobytes()).decode("ascii")}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: Mapping[str, object]) -> None:
         """The speakers of ``state`` (``state()``'s form), at most ``max_speakers`` of them; a malformed state
         leaves the clusterer as it was (the labels then start again: the snapshot is only a convenience)."""
         try:
-            weights = [float(w) for w in state["weights"]][:self.max_speakers]
-            dim = int(state["dim"])
-            raw = np.frombuffer(base64.b64decode(state["sums"]), np.float16).astype(np.float32)
+            stored_weights, stored_dim, stored_sums = state["weights"], state["dim"], state["sums"]
+            if not isinstance(stored_weights, list) or not isinstance(stored_dim, (int, float, str)) \
+                    or not isinstance(stored_sums, (str, bytes)):
+                return
+            weights = [float(w) for w in stored_weights][:self.max_speakers]
+            dim = int(stored_dim)
+            raw = np.frombuffer(base64.b64decode(stored_sums), np.float16).astype(np.float32)
             sums = raw.reshape(-1, dim)[:len(weights)] if dim else raw.reshape(0, 0)
         except (KeyError, TypeError, ValueError):
             return

@@ -27,9 +27,9 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn, NotRequired, TypedDict
 
 from ..errors import BackendError, BackendFailed, ModelTimeout
 from . import wire
@@ -38,6 +38,15 @@ from .policy import RestartPolicy, WorkerState
 log = logging.getLogger("lingua_fusion.supervise")
 HEADER = struct.Struct(wire.HEADER_FORMAT)
 STOP_WAIT_S = 5.0
+
+
+class WorkerHealthJSON(TypedDict):
+    """``WorkerHealth.to_dict()``: a worker in /readyz and `linguafusion models`."""
+    state: str
+    running: bool
+    restarts: int
+    crashes: int
+    reason: NotRequired[str]
 
 
 @dataclass(frozen=True)
@@ -51,8 +60,8 @@ class WorkerHealth:
     crashes: int
     reason: str = ""  # why it is not ready
 
-    def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"state": self.state, "running": self.running, "restarts": self.restarts,
+    def to_dict(self) -> WorkerHealthJSON:
+        body: WorkerHealthJSON = {"state": self.state, "running": self.running, "restarts": self.restarts,
                                 "crashes": self.crashes}
         if self.reason:
             body["reason"] = self.reason
@@ -89,7 +98,8 @@ class WorkerProcess:
         self._rid = 0
 
     # ---- the face ------------------------------------------------------------------------------------------------
-    def call(self, req: dict[str, Any], payload: bytes = b"", *, timeout_s: float) -> tuple[dict[str, Any], bytes]:
+    def call(self, req: Mapping[str, object], payload: bytes = b"", *,
+             timeout_s: float) -> tuple[dict[str, object], bytes]:
         """Send one request, return the worker's answer (json, payload). ``timeout_s`` bounds the answer (a worker
         started for this call gets ``start_timeout_s`` more) and the wait for a call already running."""
         if not self._lock.acquire(timeout=timeout_s):
@@ -113,7 +123,8 @@ class WorkerProcess:
             self._stop()
 
     # ---- one request ---------------------------------------------------------------------------------------------
-    def _call_locked(self, req: dict[str, Any], payload: bytes, timeout_s: float) -> tuple[dict[str, Any], bytes]:
+    def _call_locked(self, req: Mapping[str, object], payload: bytes,
+                     timeout_s: float) -> tuple[dict[str, object], bytes]:
         fresh = self._proc is None or self._proc.poll() is not None
         if fresh:
             if self._proc is not None:  # it died between calls (a kill from outside): a crash all the same

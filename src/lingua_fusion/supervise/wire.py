@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
-from typing import IO, Any
+from collections.abc import Mapping
+from typing import IO
 
 HEADER_FORMAT = "<4sIII"
 MAX_JSON = 16 << 20
@@ -30,7 +32,8 @@ def read_exact(stream: IO[bytes], n: int) -> bytes:
     return bytes(buf)
 
 
-def send(out: IO[bytes], header: Any, magic: bytes, rid: int, body: dict[str, Any], payload: bytes = b"") -> None:
+def send(out: IO[bytes], header: struct.Struct, magic: bytes, rid: int, body: Mapping[str, object],
+         payload: bytes = b"") -> None:
     raw = json.dumps(body, ensure_ascii=False).encode()
     out.write(header.pack(magic, rid, len(raw), len(payload)) + raw + payload)
     out.flush()

@@ -13,13 +13,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..deadline import Deadline
 from ..glossary import Term, apply_mt_batch
 from .key import entry_key, glossary_version, normalise
 from .lru import LRU
-from .shared import SharedTier
+from .shared import SharedEntry, SharedTier
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 
 @dataclass
@@ -108,7 +111,7 @@ class TranslationMemory:
         first = [idx[0] for idx in todo.values()]
         made, used = apply_mt_batch([batch.texts[i] for i in first], [batch.terms[i] for i in first], translate,
                                     names=[batch.names[i] for i in first], deadline=deadline)
-        fresh: dict[str, dict[str, Any]] = {}
+        fresh: dict[str, SharedEntry] = {}
         for (k, idx), out, terms_used in zip(todo.items(), made, used, strict=True):
             for i in idx:
                 batch.outs[i], batch.applied[i] = out, list(terms_used)
@@ -129,7 +132,7 @@ def _terms(sources: tuple[str, ...], terms: Sequence[Term], names: Sequence[Term
     return [by_source[s] for s in sources if s in by_source]
 
 
-def open_tm(settings: Any) -> TranslationMemory | None:
+def open_tm(settings: Settings) -> TranslationMemory | None:
     """The memory ``settings.tm`` describes (None when off), with the shared tier on ``state.redis_url``."""
     cfg = settings.tm
     if not cfg.enabled:

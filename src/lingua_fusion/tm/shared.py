@@ -11,12 +11,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from ..redact import redact_url
 from ..state import redis_keys
 
 log = logging.getLogger("lingua_fusion.tm")
+
+
+class SharedEntry(TypedDict):
+    """One entry as JSON in Redis: the translation and the glossary sources it applied."""
+    t: str
+    a: list[str]
 
 
 class SharedTier:
@@ -44,7 +50,7 @@ class SharedTier:
         if self.failures == 1:
             log.warning("translation memory: Redis at %s failed (%s); using the local tier", self._url, exc)
 
-    def get_many(self, keys: list[str]) -> list[dict[str, Any] | None]:
+    def get_many(self, keys: list[str]) -> list[SharedEntry | None]:
         if not keys or not self.available():
             return [None] * len(keys)
         try:
@@ -55,7 +61,7 @@ class SharedTier:
         self.failures = 0
         return [json.loads(r) if r else None for r in raws]
 
-    def put_many(self, entries: dict[str, dict[str, Any]]) -> None:
+    def put_many(self, entries: dict[str, SharedEntry]) -> None:
         if not entries or not self.available():
             return
         try:
