@@ -12,9 +12,8 @@ speaker's name or style), SRT, which has no such tag, with the label before the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from ..types import Segment
+from ..types import Segment, SlideText
 
 SLIDE_LABEL = "[slide]"
 VTT_SLIDE_SETTINGS = "line:0 position:50% align:center"
@@ -29,7 +28,7 @@ def _ts(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
-def _cues(segments: list[Segment], slides: Sequence[Any]) -> list[tuple[float, float, str, bool, str | None]]:
+def _cues(segments: list[Segment], slides: Sequence[SlideText]) -> list[tuple[float, float, str, bool, str | None]]:
     """(start, end, text, is_slide, speaker) in start order; a slide's text without blank lines (a blank line ends
     a cue)."""
     cues = [(s.start, s.end, s.text, False, s.speaker) for s in segments]
@@ -40,7 +39,7 @@ def _cues(segments: list[Segment], slides: Sequence[Any]) -> list[tuple[float, f
     return sorted(cues, key=lambda c: (c[0], c[3]))
 
 
-def to_srt(segments: list[Segment], slides: Sequence[Any] = ()) -> str:
+def to_srt(segments: list[Segment], slides: Sequence[SlideText] = ()) -> str:
     blocks = []
     for i, (start, end, text, slide, speaker) in enumerate(_cues(segments, slides), 1):
         body = f"{SRT_SLIDE_TAG}{SLIDE_LABEL} {text}" if slide else (f"{speaker}: {text}" if speaker else text)
@@ -48,7 +47,7 @@ def to_srt(segments: list[Segment], slides: Sequence[Any] = ()) -> str:
     return "\n".join(blocks)
 
 
-def to_vtt(segments: list[Segment], slides: Sequence[Any] = (), *, karaoke: bool = False) -> str:
+def to_vtt(segments: list[Segment], slides: Sequence[SlideText] = (), *, karaoke: bool = False) -> str:
     """WebVTT cues; ``karaoke``: a segment with words (``Segment.words``) shows them as a line of its own with a
     timestamp tag before each word (WebVTT's karaoke style: players paint each word from its time), above the
     translation when there is one."""

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..glossary import Term
 from ..models.routes import MTRoute
 from ..types import Modality
+
+if TYPE_CHECKING:
+    from ..vision.file_signs import SignReader
 
 
 @dataclass
@@ -22,7 +25,7 @@ class FileRequest:
     filename: str = ""
     prompt: str | None = None  # ASR context (Whisper's initial prompt): names, spellings, the style wanted
     transcribe_only: bool = False  # speech -> text in the spoken language: no MT; target_lang is not used
-    signs: Any = None  # vision/file_signs.py SignReader: a video's signs read with the key's vocabulary_id
+    signs: SignReader | None = None  # a video's signs read with the key's vocabulary_id
     scope: str = ""  # the requesting API key's id: whose translation memory the request may use (tm/key.py)
     diarize: bool = False  # speech only: each segment's speaker (files/diarize.py)
     max_speakers: int | None = None  # with diarize: at most this many (None: diarize.max_speakers)

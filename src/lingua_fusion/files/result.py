@@ -3,13 +3,11 @@ translation, low-confidence routes), the route described, then the output modali
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import langs
 from ..glossary import Term
 from ..models.registry import Registry
 from ..models.routes import LOW_CHRF
-from ..types import Modality, Segment, TranslationResult
+from ..types import Modality, Segment, SignText, SlideText, TranslationResult
 from ..untranslated import warning as untranslated_warning
 from .engine import EngineLink, FileCall
 from .recognise import SENTENCE
@@ -64,7 +62,7 @@ def say_what_happened(work: Work) -> None:
                              "better): expect mistranslated words")
 
 
-def assemble(valid: ValidRequest, work: Work, segs: list[Segment], slides: list[Any], signs: list[Any],
+def assemble(valid: ValidRequest, work: Work, segs: list[Segment], slides: list[SlideText], signs: list[SignText],
              applied: list[Term]) -> TranslationResult:
     """The result's text (the speech's, else the slides' or the signs'), route, quality and warnings."""
     assert work.source is not None

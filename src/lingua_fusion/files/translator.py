@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Protocol
 
 from ..config import Settings
 from ..deadline import Deadline
@@ -50,11 +50,17 @@ SPEECH = {Modality.AUDIO, Modality.VIDEO}  # sources whose segments are cut by p
 __all__ = ["SENTENCE", "SPEECH_CONFIDENT", "FileRequest", "FileTranslator", "ValidRequest"]
 
 
+class StageObserver(Protocol):
+    """Who hears each stage's time (the server's Metrics)."""
+
+    def stage(self, name: str, seconds: float) -> None: ...
+
+
 class FileTranslator:
     def __init__(self, settings: Settings | None = None, registry: Registry | None = None) -> None:
         self.settings = settings or Settings()
         self.registry = registry or Registry(self.settings)
-        self.observer: Any = None  # set by the API: observer.stage(name, seconds)
+        self.observer: StageObserver | None = None  # set by the API (the server's Metrics)
         self.slide_context = True  # a video's slide words feed ASR (hot words) and MT (names kept as written)
         self._validator = RequestValidator(self.settings, self.registry)
         self._link: EngineLink | None = None  # the server's engine (use_engine)
@@ -128,7 +134,8 @@ class FileTranslator:
                                              unknown=work.untranslated, script=work.target_script)
         slides = self._visuals.slides(work, glossary, tgt_mod, st) \
             if work.video is not None and work.video.slides else []
-        signs = self._visuals.signs(valid.request.signs, work, st) if work.signs else []
+        reader = valid.request.signs  # work.signs is what it read: never any without it
+        signs = self._visuals.signs(reader, work, st) if work.signs and reader is not None else []
         result = assemble(valid, work, segs, slides, signs, applied)
         render(self.registry, self.engine(), call, result, tgt_mod, st)
         result.latency_ms = st.total()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,21 +15,14 @@ from ..glossary import Term
 from ..models.base import OCRLine
 from ..models.registry import Registry
 from ..serving.ports import OcrInput
-from ..types import Modality, Segment, SignText
+from ..types import Modality, Segment, SignText, SlideText
 from .engine import EngineLink
 from .mt import SegmentMT
 from .validate import check_pair, identify
 from .work import Stages, Work
 
-
-class SignTexts(Protocol):
-    """A file's sign reader (vision/file_signs.py SignReader) as files/ uses it, without importing vision/."""
-
-    lang: str  # the glosses' language
-
-    def texts(self, spans: list[Any], translate: Callable[[list[str]], list[str]] | None) -> list[SignText]:
-        """``spans``: what it read (Work.signs, vision's GlossSpan); each one's text, translated by ``translate``."""
-        ...
+if TYPE_CHECKING:
+    from ..vision.file_signs import SignReader
 
 
 class VideoVisuals:
@@ -40,7 +33,7 @@ class VideoVisuals:
         self.mt = mt
         self.engine = engine
 
-    def read(self, data: bytes, work: Work, st: Stages, signs: Any = None) -> bool:
+    def read(self, data: bytes, work: Work, st: Stages, signs: SignReader | None = None) -> bool:
         """A video's frames -> its slides (``work.video``; their words become ASR prompts and MT names). Returns
         whether the file has an audio track to transcribe."""
         from ..video.fanout import FrameContext
@@ -94,11 +87,11 @@ class VideoVisuals:
         return [Term(n, n) for n, p in zip(names, probe, strict=True)
                 if p.text.strip() != n and SequenceMatcher(None, n.lower(), p.text.strip().lower()).ratio() >= 0.6]
 
-    def slides(self, work: Work, glossary: list[Term], tgt_mod: Modality, st: Stages) -> list[Any]:
+    def slides(self, work: Work, glossary: list[Term], tgt_mod: Modality, st: Stages) -> list[SlideText]:
         """The video's slides, each row translated (the same route and glossary as the speech), as results."""
         from ..video.file_video import slide_texts
 
-        assert work.source is not None
+        assert work.source is not None and work.video is not None
         route = work.route
         if work.speech_translation:  # Whisper translated the speech; the slides need a text pair of their own
             try:
@@ -120,7 +113,7 @@ class VideoVisuals:
         with st.stage("slides_mt"):
             return slide_texts(work.video.slides, mt if route is not None else None, braille)
 
-    def signs(self, reader: SignTexts, work: Work, st: Stages) -> list[SignText]:
+    def signs(self, reader: SignReader, work: Work, st: Stages) -> list[SignText]:
         """The video's known signs, each gloss translated from the vocabulary's language (``reader``: the request's
         vision/file_signs.py SignReader, which makes the results)."""
         route = None

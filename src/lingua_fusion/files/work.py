@@ -7,12 +7,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..deadline import Deadline
 from ..models.routes import MTRoute
 from ..tracing import TraceRef, span
 from .engine import FileCall
+
+if TYPE_CHECKING:
+    from ..video.file_video import VideoRead
+    from ..vision.service import GlossSpan
 
 
 @dataclass
@@ -29,8 +33,8 @@ class Work:
     duration: float | None = None
     models: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    video: Any = None  # video/file_video.py VideoRead: the slides read from a video's frames (ASR and MT context)
-    signs: list[Any] = field(default_factory=list)  # vision/service.py GlossSpan: signs read (vocabulary_id)
+    video: VideoRead | None = None  # the slides read from a video's frames (ASR and MT context)
+    signs: list[GlossSpan] = field(default_factory=list)  # signs read (vocabulary_id)
     # Chinese scripts asked for by the request's language tags (zh-TW, zh-Hant: "Hant"; zh: "Hans"), or None
     source_script: str | None = None
     target_script: str | None = None

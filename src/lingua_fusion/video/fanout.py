@@ -17,9 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .frames import FrameConsumer, FrameStats, VideoFrame
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..models.registry import Registry
 
 
 @dataclass
@@ -42,14 +46,15 @@ class FrameContext:
 
     source_lang: str | None
     target_lang: str
-    settings: Any
-    registry: Any
-    signs: Any = None  # vision/file_signs.py SignReader: the request named a sign vocabulary (vocabulary_id)
+    settings: Settings
+    registry: Registry
+    # vision/file_signs.py SignReader (vision/ imports this module): the request named a sign vocabulary
+    signs: FrameConsumer | None = None
 
 
 FILE_CONSUMERS: dict[str, Callable[[FrameContext], Tap | None]] = {}
 # the same for live streams' ``frame`` messages: factory(session) -> Tap or None (stream/video.py StreamVideo)
-STREAM_CONSUMERS: dict[str, Callable[[Any], Tap | None]] = {}
+STREAM_CONSUMERS: dict[str, Callable[[object], Tap | None]] = {}  # the session: stream/ is not imported here
 
 
 class FrameFanout:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from .fanout import FrameContext, FrameFanout, Tap, file_fanout
 from .frames import FrameStats
 from .slide_reader import SlideReader, SlideSpan
 from .slides import names_in
+
+if TYPE_CHECKING:
+    from ..types import SlideText
 
 SLIDE_FPS = 2.0  # slides are sampled twice a second: a change is found within about 0.5 s (+ the settle time)
 
@@ -54,16 +57,18 @@ def read_video(data: bytes, settings: Settings, ocr: Callable[[np.ndarray], list
                      ocr_model=ocr_model)
 
 
-def slide_texts(slides: list[SlideSpan], translate: Any | None, braille: Any | None = None) -> list[Any]:
+def slide_texts(slides: list[SlideSpan], translate: Callable[[list[str]], list[str]] | None,
+                braille: Callable[[str], str] | None = None) -> list[SlideText]:
     """Slides -> ``SlideText`` results. ``translate(rows) -> rows`` translates every row of every slide in one
     call (None: nothing to translate, the text is the source); ``braille(text)`` adds each slide's braille."""
     from ..types import Segment, SlideText
 
     rows = [r.text for s in slides for r in s.rows]
     outs = translate(rows) if translate is not None and rows else rows
-    out, i = [], 0
+    out: list[SlideText] = []
+    i = 0
     for s in slides:
-        lines = []
+        lines: list[Segment] = []
         for r in s.rows:
             lines.append(Segment(start=s.start, end=s.end, source_text=r.text, text=outs[i],
                                  confidence=round(r.confidence, 4)))
