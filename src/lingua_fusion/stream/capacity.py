@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..errors import Overloaded
 from ..serving.engine import Engine
 from .protocol import StreamSpec
 from .quota import KeyQuota, Quota
+
+if TYPE_CHECKING:
+    from ..observability import Metrics
 
 __all__ = ["Hold", "KeyQuota", "Principal", "StreamCapacity"]
 
@@ -38,7 +41,7 @@ class Hold:
 
 
 class StreamCapacity:
-    def __init__(self, engine: Engine, settings: Settings, quota: Quota, metrics: Any = None) -> None:
+    def __init__(self, engine: Engine, settings: Settings, quota: Quota, metrics: Metrics | None = None) -> None:
         self.engine = engine
         self.settings = settings
         self.quota = quota

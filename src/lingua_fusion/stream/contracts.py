@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .events import Event, Final
 
@@ -15,12 +15,18 @@ if TYPE_CHECKING:
     from .jobs import StreamJobs
     from .protocol import StreamSpec
 
+T = TypeVar("T")
 Emit = Callable[[Event], None]  # an event for the client (the session's outbox; never blocks)
-Spawn = Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]  # a task the session owns and cancels
 Degraded = Callable[[str], bool]  # is the breaker's step active for this stream's SLO class now?
 Alive = Callable[[], bool]  # the session's state allows this work (live, or not yet closed: the caller says which)
-Queue = Callable[[Coroutine[Any, Any, "Final | None"]], None]  # a caption job into the session's ordered finals
+Queue = Callable[[Coroutine[object, object, "Final | None"]], None]  # a caption job into the session's ordered finals
 Heard = Callable[[], tuple[float, float | None, bool]]  # audio heard so far: until (s), open speech's start, in speech
+
+
+class Spawn(Protocol):
+    """A task the session owns and cancels: ``coro`` run as a task named ``name``."""
+
+    def __call__(self, coro: Coroutine[object, object, T], name: str, /) -> asyncio.Task[T]: ...
 
 
 class Vocabularies(Protocol):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from .timeline import AudioTimeline
 
 class Decisions:
     def __init__(self, spec: StreamSpec, timeline: AudioTimeline, policy: CommitPolicy, jobs: StreamJobs,
-                 arrivals: Arrivals, queue: Callable[[Coroutine[Any, Any, Final | None]], None],
+                 arrivals: Arrivals, queue: Callable[[Coroutine[object, object, Final | None]], None],
                  degraded: Degraded, live: Alive, emit: Emit, spawn: Spawn) -> None:
         self.spec = spec
         self.timeline = timeline

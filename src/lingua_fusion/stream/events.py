@@ -8,24 +8,218 @@ The wire format is documented in docs/streaming.md and docs/asyncapi.yaml.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import ClassVar, Literal, NotRequired, TypedDict, cast
 
 from ..errors import LinguaFusionError
+from ..json_types import JSONObject
 
 INTERNAL = {"internal": True}
-OPTIONAL = {"optional": True}
+OPTIONAL = {"optional": True}  # field(default=None, metadata=OPTIONAL): left out of the wire while None
 
 
-def _opt() -> Any:
-    return field(default=None, metadata=OPTIONAL)
+# ---- the wire: what ``to_wire()`` gives, one TypedDict per event (keys in the order they are sent) -------------
+class ResumedJSON(TypedDict):
+    """A resumed stream's ``ready`` adds these (stream/resume.py): the last final logged, where to re-send from."""
+
+    last_seq: int
+    resume_from: float
+    resume_from_ts: float | None
+
+
+class ReadyJSON(TypedDict):
+    type: Literal["ready"]
+    stream_id: str
+    resume_token: str
+    slo: str
+    source_lang: str
+    targets: list[str]
+    partials: bool
+    room_id: NotRequired[str]
+    listener_token: NotRequired[str]
+    listener_token_id: NotRequired[str]
+    max_audio_speed: NotRequired[float]
+    max_audio_burst_s: NotRequired[float]
+    scripts: NotRequired[dict[str, str]]
+    source_langs: NotRequired[list[str]]
+    max_speakers: NotRequired[int]
+    speaker_names: NotRequired[dict[str, str]]
+    resumed: NotRequired[bool]  # then ResumedJSON's keys too
+    last_seq: NotRequired[int]
+    resume_from: NotRequired[float]
+    resume_from_ts: NotRequired[float | None]
+
+
+class PartialJSON(TypedDict):
+    type: Literal["partial", "revision"]
+    start: float
+    end: float
+    source_text: str
+    stable_text: str
+    text: str
+    confidence: float
+    revision: int
+
+
+class WordJSON(TypedDict):
+    """A ``word_timestamps`` final's spoken word, in stream seconds."""
+
+    word: str
+    start: float
+    end: float
+
+
+class FinalJSON(TypedDict):
+    type: Literal["final"]
+    start: float
+    end: float
+    source_text: str
+    text: str
+    translations: dict[str, str]
+    confidence: float
+    seq: int
+    slides: list[str]
+    slide_terms: list[str]
+    latency_ms: dict[str, float]
+    failed: NotRequired[list[str]]
+    gated: NotRequired[list[str]]
+    note: NotRequired[str]
+    durable: NotRequired[bool]
+    low_confidence: NotRequired[list[str]]
+    untranslated: NotRequired[dict[str, list[str]]]
+    replaced: NotRequired[list[list[str]]]
+    sentence: NotRequired[list[int]]
+    scripts: NotRequired[dict[str, str]]
+    source_lang: NotRequired[str]
+    source_lang_confidence: NotRequired[float]
+    source_lang_unsure: NotRequired[bool]
+    speaker: NotRequired[str]
+    speaker_confidence: NotRequired[float]
+    speaker_name: NotRequired[str]
+    words: NotRequired[list[WordJSON]]
+    modalities: list[str]
+
+
+class SpeakerRenamedJSON(TypedDict):
+    type: Literal["speaker_renamed"]
+    speaker: str
+    name: str | None
+    names: dict[str, str]
+
+
+class MetricsJSON(TypedDict):
+    type: Literal["metrics"]
+    seq: int
+    latency_ms: dict[str, float]
+    queue_depth: dict[str, int]
+
+
+class SlideLineJSON(TypedDict):
+    """A video slide's row: its text, whether it is the title, and its translation into each target."""
+
+    source_text: str
+    title: bool
+    translations: dict[str, str]
+
+
+class SlideJSON(TypedDict):
+    type: Literal["slide"]
+    t: float
+    source_text: str
+    text: NotRequired[str]
+    translations: NotRequired[dict[str, str]]
+    lines: NotRequired[list[SlideLineJSON]]
+    settled_t: NotRequired[float]
+
+
+class SignJSON(TypedDict):
+    type: Literal["sign"]
+    t: float
+    end: float
+    gloss: str
+    confidence: float
+    text: str
+    translations: dict[str, str]
+    modalities: list[str]
+    frames: NotRequired[dict[str, int]]
+
+
+class SpeechJSON(TypedDict):
+    type: Literal["speech"]
+    seq: int
+    lang: str
+    audio_base64: str
+    format: str
+
+
+class ErrorJSON(TypedDict):
+    type: Literal["error"]
+    code: str
+    message: str
+    details: NotRequired[JSONObject]
+
+
+class NotDurableJSON(TypedDict):
+    type: Literal["not_durable"]
+    from_seq: int
+    message: str
+    code: str
+
+
+class DurableJSON(TypedDict):
+    type: Literal["durable"]
+    through_seq: int
+
+
+class DegradedJSON(TypedDict):
+    type: Literal["degraded", "restored"]
+    slo: str
+    level: int
+    step: str
+    stage: str
+    window_p99_s: float | None
+
+
+class VideoStatsJSON(TypedDict):
+    """A closed stream's frame messages: frames looked at, OCR calls, settled changes superseded unread."""
+
+    frames: int
+    ocr_calls: int
+    superseded: int
+
+
+class TimelineStatsJSON(TypedDict):
+    late_dropped: int
+    reordered: int
+    overlapped: int
+    gap_seconds: float
+
+
+class ClosedJSON(TypedDict):
+    type: Literal["closed"]
+    finals: int
+    reason: str
+    unlogged: NotRequired[int]
+    frames_dropped: NotRequired[int]
+    video: NotRequired[VideoStatsJSON]
+    timeline: NotRequired[TimelineStatsJSON]
+
+
+WireEvent = (ReadyJSON | PartialJSON | FinalJSON | SpeakerRenamedJSON | MetricsJSON | SlideJSON | SignJSON
+             | SpeechJSON | ErrorJSON | NotDurableJSON | DurableJSON | DegradedJSON | ClosedJSON)
 
 
 @dataclass
 class Event:
     TYPE: ClassVar[str] = ""
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.TYPE}
+    def to_wire(self) -> WireEvent:
+        """The event on the wire: each event's own TypedDict (each subclass names it)."""
+        raise NotImplementedError(type(self).__name__)
+
+    def _wire(self) -> dict[str, object]:
+        """The event's fields as they go on the wire, in the shape its TypedDict declares: the type first, then
+        each field in order, internal ones never, optional ones only when set."""
+        out: dict[str, object] = {"type": self.TYPE}
         for f in fields(self):
             if f.metadata.get("internal"):
                 continue
@@ -45,21 +239,33 @@ class Ready(Event):
     source_lang: str
     targets: list[str]
     partials: bool
-    resumed: dict[str, Any] | None = field(default=None, metadata=INTERNAL)  # last_seq, resume_from(_ts)
-    room_id: str | None = _opt()  # the stream is published as this room (start message "room")
-    listener_token: str | None = _opt()  # read-only: listeners join the room with it (never the publisher's key)
-    listener_token_id: str | None = _opt()  # that token's id: what the owner revokes it by
-    max_audio_speed: float | None = _opt()  # the stream's audio budget (stream/budget.py): x real time, averaged
-    max_audio_burst_s: float | None = _opt()  # ... in bursts of this many seconds (also the most per message)
-    scripts: dict[str, str] | None = _opt()  # Chinese: the transcript's ("source") and each target's script
-    source_langs: list[str] | None = _opt()  # source_lang "auto": the languages each utterance may be detected in
-    max_speakers: int | None = _opt()  # diarize: finals carry speaker, at most this many speakers
-    speaker_names: dict[str, str] | None = _opt()  # diarize: the names given so far (a resumed stream's too)
+    resumed: ResumedJSON | None = field(default=None, metadata=INTERNAL)  # last_seq, resume_from(_ts)
+    # the stream is published as this room (start message "room")
+    room_id: str | None = field(default=None, metadata=OPTIONAL)
+    # read-only: listeners join the room with it (never the publisher's key)
+    listener_token: str | None = field(default=None, metadata=OPTIONAL)
+    # that token's id: what the owner revokes it by
+    listener_token_id: str | None = field(default=None, metadata=OPTIONAL)
+    # the stream's audio budget (stream/budget.py): x real time, averaged
+    max_audio_speed: float | None = field(default=None, metadata=OPTIONAL)
+    # ... in bursts of this many seconds (also the most per message)
+    max_audio_burst_s: float | None = field(default=None, metadata=OPTIONAL)
+    # Chinese: the transcript's ("source") and each target's script
+    scripts: dict[str, str] | None = field(default=None, metadata=OPTIONAL)
+    # source_lang "auto": the languages each utterance may be detected in
+    source_langs: list[str] | None = field(default=None, metadata=OPTIONAL)
+    # diarize: finals carry speaker, at most this many speakers
+    max_speakers: int | None = field(default=None, metadata=OPTIONAL)
+    # diarize: the names given so far (a resumed stream's too)
+    speaker_names: dict[str, str] | None = field(default=None, metadata=OPTIONAL)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = super().to_wire()
+    def to_wire(self) -> ReadyJSON:
+        out = cast(ReadyJSON, self._wire())
         if self.resumed is not None:
-            out.update(resumed=True, **self.resumed)
+            out["resumed"] = True
+            out["last_seq"] = self.resumed["last_seq"]
+            out["resume_from"] = self.resumed["resume_from"]
+            out["resume_from_ts"] = self.resumed["resume_from_ts"]
         return out
 
 
@@ -75,6 +281,9 @@ class Partial(Event):
     text: str
     confidence: float
     revision: int
+
+    def to_wire(self) -> PartialJSON:
+        return cast(PartialJSON, self._wire())
 
 
 @dataclass
@@ -99,38 +308,46 @@ class Final(Event):
     slides: list[str] = field(default_factory=list)
     slide_terms: list[str] = field(default_factory=list)
     latency_ms: dict[str, float] = field(default_factory=dict)
-    failed: list[str] | None = _opt()  # stages that failed after retries ("asr", "mt:es")
-    gated: list[str] | None = _opt()  # stages whose output was withheld (confidence below the stream's minimum)
-    note: str | None = _opt()
-    durable: bool | None = _opt()  # False: sent before it was logged (the stream log was down)
-    low_confidence: list[str] | None = _opt()  # targets the tiny LLM translated (check them: often wrong)
-    untranslated: dict[str, list[str]] | None = _opt()  # per target, words MT left as written (no dictionary)
-    replaced: list[list[str]] | None = _opt()  # [heard, lip-read] words the lips replaced (vision/stream_lips.py)
+    # stages that failed after retries ("asr", "mt:es")
+    failed: list[str] | None = field(default=None, metadata=OPTIONAL)
+    # stages whose output was withheld (confidence below the stream's minimum)
+    gated: list[str] | None = field(default=None, metadata=OPTIONAL)
+    note: str | None = field(default=None, metadata=OPTIONAL)
+    # False: sent before it was logged (the stream log was down)
+    durable: bool | None = field(default=None, metadata=OPTIONAL)
+    # targets the tiny LLM translated (check them: often wrong)
+    low_confidence: list[str] | None = field(default=None, metadata=OPTIONAL)
+    # per target, words MT left as written (no dictionary)
+    untranslated: dict[str, list[str]] | None = field(default=None, metadata=OPTIONAL)
+    # [heard, lip-read] words the lips replaced (vision/stream_lips.py)
+    replaced: list[list[str]] | None = field(default=None, metadata=OPTIONAL)
     # the finals (this one among them, by seq) whose translation was made as one sentence and cut back onto each:
     # an utterance cut at the maximum length mid-sentence and the one that finished it (stream/sentences.py)
-    sentence: list[int] | None = _opt()
-    scripts: dict[str, str] | None = _opt()  # Chinese: the script of source_text ("source") and of each target
-    source_lang: str | None = _opt()  # the language of source_text (given, or detected on a "auto" stream)
+    sentence: list[int] | None = field(default=None, metadata=OPTIONAL)
+    # Chinese: the script of source_text ("source") and of each target
+    scripts: dict[str, str] | None = field(default=None, metadata=OPTIONAL)
+    # the language of source_text (given, or detected on a "auto" stream)
+    source_lang: str | None = field(default=None, metadata=OPTIONAL)
     # a "auto" stream's: the detector's probability for source_lang among the stream's languages, and True when its
     # best guess scored under stream/languages.py SURE (source_lang is then the stream's previous language)
-    source_lang_confidence: float | None = _opt()
-    source_lang_unsure: bool | None = _opt()
+    source_lang_confidence: float | None = field(default=None, metadata=OPTIONAL)
+    source_lang_unsure: bool | None = field(default=None, metadata=OPTIONAL)
     # a ``diarize`` stream's (stream/speakers.py): who spoke it, "S1", "S2", ... in order of appearance, stable within
     # the stream; how sure (0..1); and the name the publisher gave that speaker (``rename_speaker``), when named
-    speaker: str | None = _opt()
-    speaker_confidence: float | None = _opt()
-    speaker_name: str | None = _opt()
+    speaker: str | None = field(default=None, metadata=OPTIONAL)
+    speaker_confidence: float | None = field(default=None, metadata=OPTIONAL)
+    speaker_name: str | None = field(default=None, metadata=OPTIONAL)
     # a ``word_timestamps`` stream's: each spoken word of source_text, {word, start, end} in stream seconds, in order
-    words: list[dict[str, Any]] | None = _opt()
-    voice: Any = field(default=None, metadata=INTERNAL)  # stream/speakers.py Voice: its embedding, until labelled
+    words: list[WordJSON] | None = field(default=None, metadata=OPTIONAL)
+    voice: object = field(default=None, metadata=INTERNAL)  # stream/speakers.py Voice: its embedding, until labelled
     wall_ref: float = field(default=0.0, metadata=INTERNAL)  # when the words it captions arrived
     modality: str = field(default="audio", metadata=INTERNAL)  # audio | text | lips: which cursor it moves in the log
     cut: str = field(default="", metadata=INTERNAL)  # why its utterance ended: pause | length | end (stream/policy.py)
     # what contributed when more than its input did (speech confirmed or changed by lips: ["audio", "lips"])
     modalities: list[str] | None = field(default=None, metadata=INTERNAL)
 
-    def to_wire(self) -> dict[str, Any]:
-        out = super().to_wire()
+    def to_wire(self) -> FinalJSON:
+        out = cast(FinalJSON, self._wire())
         # what the caption was made from (``sign`` events: ["sign"])
         out["modalities"] = list(self.modalities or [self.modality])
         return out
@@ -146,15 +363,18 @@ class SpeakerRenamed(Event):
     name: str | None
     names: dict[str, str]
 
+    def to_wire(self) -> SpeakerRenamedJSON:
+        return cast(SpeakerRenamedJSON, self._wire())
+
 
 @dataclass
 class Logged(Event):
     """A final read back from the stream log (a resume's replay): sent as it was logged."""
 
-    body: dict[str, Any]
+    body: FinalJSON
 
-    def to_wire(self) -> dict[str, Any]:
-        return dict(self.body)
+    def to_wire(self) -> FinalJSON:
+        return self.body.copy()
 
 
 @dataclass
@@ -163,6 +383,9 @@ class Metrics(Event):
     seq: int
     latency_ms: dict[str, float]
     queue_depth: dict[str, int]
+
+    def to_wire(self) -> MetricsJSON:
+        return cast(MetricsJSON, self._wire())
 
 
 @dataclass
@@ -173,10 +396,14 @@ class Slide(Event):
     TYPE: ClassVar[str] = "slide"
     t: float  # stream time the slide appeared (it lasts until the next slide event)
     source_text: str
-    text: str | None = _opt()  # translation into the first target (video frames)
-    translations: dict[str, str] | None = _opt()  # every target
-    lines: list[dict[str, Any]] | None = _opt()  # rows: source_text, title, translations
-    settled_t: float | None = _opt()  # stream time it was judged settled and read (t + about 0.5 s)
+    text: str | None = field(default=None, metadata=OPTIONAL)  # translation into the first target (video frames)
+    translations: dict[str, str] | None = field(default=None, metadata=OPTIONAL)  # every target
+    lines: list[SlideLineJSON] | None = field(default=None, metadata=OPTIONAL)  # rows: source_text, title, translations
+    # stream time it was judged settled and read (t + about 0.5 s)
+    settled_t: float | None = field(default=None, metadata=OPTIONAL)
+
+    def to_wire(self) -> SlideJSON:
+        return cast(SlideJSON, self._wire())
 
 
 @dataclass
@@ -192,7 +419,11 @@ class Sign(Event):
     text: str  # translation into the first target
     translations: dict[str, str]
     modalities: list[str] = field(default_factory=lambda: ["sign"])
-    frames: dict[str, int] | None = _opt()  # the stream's video frames so far: decoded, analysed for landmarks
+    # the stream's video frames so far: decoded, analysed for landmarks
+    frames: dict[str, int] | None = field(default=None, metadata=OPTIONAL)
+
+    def to_wire(self) -> SignJSON:
+        return cast(SignJSON, self._wire())
 
 
 @dataclass
@@ -203,6 +434,9 @@ class Speech(Event):
     audio_base64: str
     format: str = "wav"
 
+    def to_wire(self) -> SpeechJSON:
+        return cast(SpeechJSON, self._wire())
+
 
 @dataclass
 class Error(Event):
@@ -211,7 +445,10 @@ class Error(Event):
     TYPE: ClassVar[str] = "error"
     code: str
     message: str
-    details: dict[str, Any] | None = _opt()
+    details: JSONObject | None = field(default=None, metadata=OPTIONAL)
+
+    def to_wire(self) -> ErrorJSON:
+        return cast(ErrorJSON, self._wire())
 
 
 @dataclass
@@ -221,11 +458,17 @@ class NotDurable(Event):
     message: str
     code: str = "state_store_unavailable"
 
+    def to_wire(self) -> NotDurableJSON:
+        return cast(NotDurableJSON, self._wire())
+
 
 @dataclass
 class Durable(Event):
     TYPE: ClassVar[str] = "durable"
     through_seq: int
+
+    def to_wire(self) -> DurableJSON:
+        return cast(DurableJSON, self._wire())
 
 
 @dataclass
@@ -239,6 +482,9 @@ class Degraded(Event):
     stage: str
     window_p99_s: float | None
 
+    def to_wire(self) -> DegradedJSON:
+        return cast(DegradedJSON, self._wire())
+
 
 @dataclass
 class Restored(Degraded):
@@ -250,10 +496,14 @@ class Closed(Event):
     TYPE: ClassVar[str] = "closed"
     finals: int
     reason: str = "end of stream"
-    unlogged: int | None = _opt()  # finals sent but never logged (the log stayed down)
-    frames_dropped: int | None = _opt()
-    video: dict[str, Any] | None = _opt()  # frame messages: frames looked at, ocr_calls, superseded
-    timeline: dict[str, Any] | None = _opt()
+    unlogged: int | None = field(default=None, metadata=OPTIONAL)  # finals sent but never logged (the log stayed down)
+    frames_dropped: int | None = field(default=None, metadata=OPTIONAL)
+    # frame messages: frames looked at, ocr_calls, superseded
+    video: VideoStatsJSON | None = field(default=None, metadata=OPTIONAL)
+    timeline: TimelineStatsJSON | None = field(default=None, metadata=OPTIONAL)
+
+    def to_wire(self) -> ClosedJSON:
+        return cast(ClosedJSON, self._wire())
 
 
 def error_event(exc: LinguaFusionError) -> Error:

@@ -16,7 +16,7 @@ import base64
 import enum
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Literal, TypeVar
 
 from ..errors import LinguaFusionError, Overloaded, StoreUnavailable
 from ..sentences import join
@@ -35,6 +35,7 @@ class Mark(enum.Enum):
     LATE = "late"  # the next job was not done in time (or a hold was released): it stays first in line
 
 
+T = TypeVar("T")
 Result = Final | Error | None  # what a job comes to: its final, its error, or nothing said
 Job = asyncio.Task[Final | None]
 
@@ -60,7 +61,7 @@ class Finals:
         self._ended = False  # the end was taken from ``pending``
         self._released = asyncio.Event()
 
-    def queue(self, job: Coroutine[Any, Any, Final | None]) -> None:
+    def queue(self, job: Coroutine[object, object, Final | None]) -> None:
         task = self._spawn(job, "commit")
         try:
             self.pending.put_nowait(task)
@@ -128,11 +129,12 @@ class Finals:
             self.jobs.speakers.label(result)  # here, in input order: speakers are named as they appear
         return result
 
-    async def _within(self, fut: asyncio.Future[Any], until: float) -> bool:
+    async def _within(self, fut: asyncio.Future[T], until: float) -> bool:
         """Is ``fut`` done by loop time ``until``, and before a ``release``?"""
         released = asyncio.ensure_future(self._released.wait())
+        either: set[asyncio.Future[T] | asyncio.Future[Literal[True]]] = {fut, released}
         try:
-            await asyncio.wait({fut, released}, timeout=max(0.0, until - asyncio.get_running_loop().time()),
+            await asyncio.wait(either, timeout=max(0.0, until - asyncio.get_running_loop().time()),
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             released.cancel()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from .contracts import Degraded, Emit, Slots, Spawn
 from .events import Error, Slide
 from .jobs import StreamJobs
 
+if TYPE_CHECKING:
+    from .video import StreamVideo
+
 LOW_FRAME_INTERVAL_S = 5.0  # breaker step "lower_frame_rate": image frames read at most this often per stream
 MAX_IMAGES_IN_FLIGHT = 2  # frames a stream may have decoding or waiting for OCR at once; more are refused
 ATTACH_RETRY_S = 5.0  # a vocabulary whose store did not answer is tried again this much later (stream time)
@@ -26,7 +29,8 @@ ATTACH_RETRY_S = 5.0  # a vocabulary whose store did not answer is tried again t
 
 class Images:
     def __init__(self, jobs: StreamJobs, settings: Settings, slots: Slots, place: Callable[[str, float | None], float],
-                 degraded: Degraded, new_video: Callable[[], Any], attach: Callable[[Any], Awaitable[None]], emit: Emit,
+                 degraded: Degraded, new_video: Callable[[], StreamVideo],
+                 attach: Callable[[StreamVideo], Awaitable[None]], emit: Emit,
                  spawn: Spawn, pixels: PixelBudget, trace: TraceRef | None = None) -> None:
         self.jobs = jobs
         self.settings = settings
@@ -40,7 +44,7 @@ class Images:
         self.pixels = pixels  # the key's, shared by its streams (stream/budget.py)
         self.trace = trace
         self.frames_dropped = 0  # image frames not read because the class was degraded
-        self.video: Any = None  # stream/video.py StreamVideo, made by the first ``frame`` message
+        self.video: StreamVideo | None = None  # made by the first ``frame`` message
         self._last_frame_t = -1e9
         self._last_video_t = -1e9
         self._in_flight = 0  # frames decoding or waiting for OCR
@@ -110,16 +114,16 @@ class Images:
             self.video = self._new_video()
             self._attach_at = t
         if self._attach_at is not None and t >= self._attach_at:
-            await self._attach_vocabulary(t)
+            await self._attach_vocabulary(self.video, t)
         self._last_video_t = t
         await self.video.feed(data, t)
 
-    async def _attach_vocabulary(self, t: float) -> None:
+    async def _attach_vocabulary(self, video: StreamVideo, t: float) -> None:
         """The stream's vocabulary consumers on its video. Its store unavailable (Redis down): slides go on, signs
         wait and are tried again ATTACH_RETRY_S of stream time later (one notice); the vocabulary gone since the
         stream opened (another key's now, deleted): no signs for this stream, said once. Never the stream's end."""
         try:
-            await self._attach(self.video)
+            await self._attach(video)
             self._attach_at = None
         except BackendError as exc:
             self._attach_at = t + ATTACH_RETRY_S

@@ -9,11 +9,10 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidParameter, LinguaFusionError
+from ..errors import CorruptMedia, InvalidParameter, LinguaFusionError
 from ..media.stream_decoder import StreamDecoder
 from ..tracing import TraceRef, span
 from ..types import SR
@@ -24,6 +23,8 @@ from .jobs import StreamJobs
 from .policy import WINDOW, CommitPolicy, Decision
 from .protocol import StreamSpec
 from .timeline import AudioTimeline
+
+Decoded = np.ndarray | CorruptMedia | None  # what the decoder thread hands on: audio, its error, then its end
 
 
 class Arrivals:
@@ -92,9 +93,9 @@ class AudioIngest:
         if self.spec.audio_format == "pcm16":
             return
         loop = asyncio.get_running_loop()
-        decoded: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+        decoded: asyncio.Queue[Decoded] = asyncio.Queue(maxsize=64)
 
-        def sink(item: Any) -> None:  # on the decoder thread: blocks while the stream is behind
+        def sink(item: Decoded) -> None:  # on the decoder thread: blocks while the stream is behind
             asyncio.run_coroutine_threadsafe(decoded.put(item), loop).result(timeout=120)
 
         self._decoder = StreamDecoder(self.spec.audio_format, sink)
@@ -111,7 +112,7 @@ class AudioIngest:
         await pay(self.budget, len(data) / 2 / SR, self._emit)  # too long: refused here; ahead: the reader waits
         await self._ingest(np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0, ts)
 
-    async def _pump_decoded(self, decoded: asyncio.Queue[Any]) -> None:
+    async def _pump_decoded(self, decoded: asyncio.Queue[Decoded]) -> None:
         while True:
             item = await decoded.get()
             if item is None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from ..serving.ports import AsrInput, AsrOutput, CallContext, DetectInput, Model
 from ..tracing import TraceRef
 from ..untranslated import strip_marks
 from ..untranslated import warning as untranslated_warning
-from .events import Final
+from .events import Final, WordJSON
 from .languages import Detection, decide
 from .protocol import StreamSpec
 from .speakers import StreamSpeakers
@@ -43,6 +43,29 @@ class Tentative:
     translation: str
 
 
+class Fused(Protocol):
+    """An utterance's caption fused from speech and lips (vision/fusion.py ``FusedCaption``)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def confidence(self) -> float: ...
+    @property
+    def modalities(self) -> Sequence[str]: ...  # what made it: "audio", "lips"
+    @property
+    def replaced(self) -> Sequence[Sequence[str]]: ...  # (heard word, lip-read word) pairs
+
+
+class Lips(Protocol):
+    """A lip vocabulary's evidence on a stream (vision/stream_lips.py ``StreamLips``), fused into its finals."""
+
+    def claim(self, start: float, end: float) -> None:
+        """This utterance's lip movements are fused into its final, not captioned on their own."""
+        ...
+
+    async def fuse(self, text: str, confidence: float, start: float, end: float) -> Fused | None: ...
+
+
 class StreamJobs:
     def __init__(self, spec: StreamSpec, port: ModelPort, trace: TraceRef | None = None) -> None:
         self.spec = spec
@@ -50,7 +73,7 @@ class StreamJobs:
         self.trace = trace  # the stream's span (tracing on): every model call's span is its child
         self.slides: list[tuple[float, str]] = []  # (stream time, OCR text), oldest first
         self.glossary = tuple(spec.glossary)  # one tuple for the stream's life: the MT thread compiles it once
-        self.lips: Any = None  # vision/stream_lips.py StreamLips: a lip vocabulary's evidence, fused into finals
+        self.lips: Lips | None = None  # set by vision/ when the stream's vocabulary reads lips
         self.heard_lang: str | None = None  # a "auto" stream's last surely detected language
         self.speakers: StreamSpeakers | None = None  # a ``diarize`` stream's (stream/speakers.py), set by the session
         self._words_off = False  # a ``word_timestamps`` stream on a recogniser that cannot time words
@@ -166,13 +189,15 @@ class StreamJobs:
     async def _commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float, cut: str,
                       lang: str) -> Final | None:
         """``commit`` in a known language ``lang``."""
-        def empty(**kw: Any) -> Final:  # a final over this span with nothing in it but what ``kw`` says
+        def empty(confidence: float, note: str, *, failed: list[str] | None = None,
+                  gated: list[str] | None = None) -> Final:  # a final over this span with nothing in it but a note
             return Final(start=round(start, 3), end=round(end, 3), source_text="", text="",
-                         translations={t: "" for t in self.spec.targets}, wall_ref=wall_ref, source_lang=lang, **kw)
+                         translations={t: "" for t in self.spec.targets}, wall_ref=wall_ref, source_lang=lang,
+                         confidence=confidence, failed=failed, gated=gated, note=note)
         lips = self.lips
         if lips is not None:
             lips.claim(start, end)  # this utterance's lip movements are fused here, not captioned on their own
-        words: list[dict[str, Any]] = []
+        words: list[WordJSON] = []
         try:
             if self.spec.word_timestamps and not self._words_off:
                 res, words = await self._timed(audio, lang, start, wall_ref)
@@ -212,7 +237,7 @@ class StreamJobs:
         return final
 
     async def _timed(self, audio: np.ndarray, lang: str, start: float,
-                     wall_ref: float) -> tuple[AsrOutput | None, list[dict[str, Any]]]:
+                     wall_ref: float) -> tuple[AsrOutput | None, list[WordJSON]]:
         """A ``word_timestamps`` stream's utterance: Whisper's segments with their words (the files' request on the
         same model key, so it batches with them), as the utterance's text and its words in stream seconds (at most
         MAX_WORDS). A recogniser that cannot time words (the torch port: NotConfigured) turns them off for the
@@ -230,11 +255,11 @@ class StreamJobs:
         segments = out.segments
         text = " ".join(s.text.strip() for s in segments).strip()
         confidence = min((s.confidence for s in segments), default=0.0)
-        words = [{"word": w.word.strip(), "start": round(start + w.start, 3), "end": round(start + w.end, 3)}
+        words = [WordJSON(word=w.word.strip(), start=round(start + w.start, 3), end=round(start + w.end, 3))
                  for s in segments for w in s.words if w.word.strip()][:MAX_WORDS]
         return AsrOutput(text, confidence), words
 
-    async def _fused(self, fused: Any, start: float, end: float, wall_ref: float, asr_ms: float,
+    async def _fused(self, fused: Fused, start: float, end: float, wall_ref: float, asr_ms: float,
                      lang: str) -> Final | None:
         """A final from ``vision.fusion.fuse``'s caption, saying which modalities made it (an utterance's span:
         it moves the audio cursor of the log whatever made its text)."""

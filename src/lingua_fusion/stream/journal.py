@@ -22,18 +22,22 @@ import contextlib
 import functools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeGuard, TypeVar, TypeVarTuple
 
 from ..errors import ClientError, LinguaFusionError, TakenOver
-from .events import Durable, Error, Event, Final, NotDurable
+from .events import Durable, Error, Event, Final, FinalJSON, NotDurable
 from .storelink import STORE_WAIT_S, StoreLink
 
 if TYPE_CHECKING:
+    from ..observability import Metrics
     from ..state.streams import StreamStore
+    from .protocol import SpecJSON
+    from .speakers import SpeakersJSON
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 BACKLOG_AFTER_CLOSE_S = 60.0  # how long unlogged finals are still written after their stream closed
 MAX_UNLOGGED = 1000  # finals a stream may have sent but not logged before it is closed
@@ -42,14 +46,18 @@ MAX_UNLOGGED = 1000  # finals a stream may have sent but not logged before it is
 class StreamLog:
     """Owns its store: ``close`` closes it."""
 
-    def __init__(self, store: StreamStore, metrics: Any = None) -> None:
+    def __init__(self, store: StreamStore, metrics: Metrics | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.link = StoreLink(store, metrics)
         self._orphans: dict[str, asyncio.Task[None]] = {}
 
-    async def call(self, fn: Callable[..., T], *args: Any, wait_s: float | None = STORE_WAIT_S) -> T:
+    async def call(self, fn: Callable[[*Ts], T], *args: *Ts, wait_s: float | None = STORE_WAIT_S) -> T:
         return await self.link.call(fn, *args, wait_s=wait_s)
+
+    async def finals_after(self, stream_id: str, seq: int) -> list[FinalJSON]:
+        """The finals logged for ``stream_id`` after ``seq``, in order, as they were sent."""
+        return [e for e in await self.call(self.store.finals_after, stream_id, seq) if logged_final(e)]
 
     def adopt(self, stream_id: str, writer: asyncio.Task[None]) -> None:
         self._orphans[stream_id] = writer
@@ -74,12 +82,18 @@ class StreamLog:
         self.store.close()
 
 
+def logged_final(event: Mapping[str, object]) -> TypeGuard[FinalJSON]:
+    """A final read back from the log: the store wrote ``Final.to_wire()``, numbered."""
+    seq = event.get("seq")
+    return event.get("type") == "final" and isinstance(seq, int) and not isinstance(seq, bool)
+
+
 @dataclass
 class _Entry:
-    final: dict[str, Any]  # the wire form, as logged
+    final: FinalJSON  # the wire form, as logged
     origin: float | None  # the stream clock's origin (media time of t=0) when it was logged
     audio: bool  # moves committed_until (audio) or text_until (text)
-    speakers: dict[str, Any] | None = None  # a diarize stream's speakers after this final (stream/speakers.py)
+    speakers: SpeakersJSON | None = None  # a diarize stream's speakers after this final (stream/speakers.py)
 
 
 class Journal:
@@ -107,11 +121,11 @@ class Journal:
     def full(self) -> bool:
         return len(self._unlogged) >= self.max_unlogged
 
-    async def open(self, resume_token: str, spec: dict[str, Any]) -> None:
+    async def open(self, resume_token: str, spec: SpecJSON) -> None:
         """Record a new stream (a resumed one is in the log already)."""
         await self.log.call(self.log.store.open_stream, self.stream_id, resume_token, {"spec": spec})
 
-    async def append(self, final: Final, origin: float | None, speakers: dict[str, Any] | None = None) -> None:
+    async def append(self, final: Final, origin: float | None, speakers: SpeakersJSON | None = None) -> None:
         """Log ``final`` (numbered) before it is sent; marks it ``durable = False`` when it cannot wait.
         ``speakers``: a diarize stream's speakers, kept in the snapshot with it."""
         seq = final.seq
@@ -149,10 +163,13 @@ class Journal:
             entry = self._unlogged[0]
             end = float(entry.final["end"])
             try:
-                write = self.log.store.append_final if entry.speakers is None else functools.partial(
-                    self.log.store.append_final, speakers=entry.speakers)
-                await link.call(write, self.stream_id, entry.final, end if entry.audio else None, entry.origin,
-                                None if entry.audio else end, self.epoch)
+                args = (self.stream_id, dict(entry.final), end if entry.audio else None, entry.origin,
+                        None if entry.audio else end, self.epoch)
+                if entry.speakers is None:
+                    await link.call(self.log.store.append_final, *args)
+                else:
+                    await link.call(functools.partial(self.log.store.append_final, speakers=dict(entry.speakers)),
+                                    *args)
             except TakenOver as exc:  # resumed by another connection: that session numbers and logs from here
                 self._drop_unlogged()
                 if self._closed_at is None and self._fail is not None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from .. import langs
 from ..errors import InvalidParameter, LinguaFusionError, UnsupportedPair
@@ -25,6 +25,7 @@ from ..speakers.cluster import MAX_SPEAKERS
 from .languages import DETECTABLE, MAX_SOURCE_LANGS
 from .policy import PolicyConfig
 from .speakers import parse_diarize
+from .stored import items, number, number_map, text, text_map, text_or_none, texts, texts_map
 
 POLICIES = {
     "interactive": PolicyConfig(step_s=0.5, eou_silence_s=0.3, max_utterance_s=6.0, sentence_hold_s=4.0),
@@ -38,6 +39,32 @@ MAX_START_BYTES = 64 * 1024
 MAX_TARGETS = 8
 AUTO = "auto"  # source_lang: each utterance's language is detected (stream/languages.py)
 MAX_TS = 1e10  # seconds: a media timestamp beyond (about year 2286 as a Unix time) is refused, not overflowed
+
+
+class SpecJSON(TypedDict):
+    """A stream's spec as the stream log keeps it (``StreamSpec.to_dict``)."""
+
+    source_lang: str
+    targets: list[str]
+    slo: str
+    importance: float
+    partials: bool
+    glossary: list[list[str]]  # [source, target] per term
+    min_confidence: float
+    speech: bool
+    audio_format: str
+    clock_offsets: dict[str, float]
+    inputs: list[str]
+    low_confidence: list[str]
+    key_id: str
+    vocabulary_id: str
+    source_script: str | None
+    target_scripts: dict[str, str]
+    source_langs: list[str]
+    low_confidence_from: dict[str, list[str]]
+    diarize: bool
+    max_speakers: int
+    word_timestamps: bool
 
 
 @dataclass
@@ -93,7 +120,7 @@ class StreamSpec:
         named = {**({"source": self.source_script} if self.source_script else {}), **self.target_scripts}
         return {k: SCRIPT_NAMES[v] for k, v in named.items()} or None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SpecJSON:
         """What the stream log keeps, so a resume after a restart rebuilds the same stream."""
         return {"source_lang": self.source_lang, "targets": self.targets, "slo": self.slo,
                 "importance": self.importance, "partials": self.partials,
@@ -106,22 +133,26 @@ class StreamSpec:
                 "max_speakers": self.max_speakers, "word_timestamps": self.word_timestamps}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], stream_id: str, resume_token: str) -> StreamSpec:
-        return cls(source_lang=d["source_lang"], targets=list(d["targets"]), slo=d["slo"],
-                   importance=float(d["importance"]), partials=bool(d["partials"]),
-                   glossary=[Term(s, t) for s, t in d.get("glossary", [])],
-                   min_confidence=float(d["min_confidence"]), speech=bool(d["speech"]),
-                   audio_format=d.get("audio_format", "pcm16"), clock_offsets=dict(d.get("clock_offsets", {})),
-                   inputs=list(d.get("inputs", INPUTS)), low_confidence=list(d.get("low_confidence", [])),
+    def from_dict(cls, d: Mapping[str, object], stream_id: str, resume_token: str) -> StreamSpec:
+        """The spec ``to_dict`` kept (the stream log's: read back as written, with what older snapshots lack)."""
+        source, targets = text(d["source_lang"]), texts(d["targets"])
+        glossary = [texts(pair) for pair in items(d.get("glossary", []))]
+        return cls(source_lang=source, targets=targets, slo=text(d["slo"]),
+                   importance=float(number(d["importance"])), partials=bool(d["partials"]),
+                   glossary=[Term(s, t) for s, t in glossary],
+                   min_confidence=float(number(d["min_confidence"])), speech=bool(d["speech"]),
+                   audio_format=text(d.get("audio_format", "pcm16")),
+                   clock_offsets=number_map(d.get("clock_offsets", {})),
+                   inputs=texts(d.get("inputs", INPUTS)), low_confidence=texts(d.get("low_confidence", [])),
                    stream_id=stream_id, resume_token=resume_token,
                    key_id=str(d.get("key_id", "")),  # a snapshot from before keys were stored: admin only
                    vocabulary_id=str(d.get("vocabulary_id", "")),
                    # a snapshot from before scripts were stored: zh was Simplified
-                   source_script=d.get("source_script", "Hans" if d["source_lang"] == "zh" else None),
-                   target_scripts=dict(d.get("target_scripts", {t: "Hans" for t in d["targets"] if t == "zh"})),
-                   source_langs=list(d.get("source_langs", [])),
-                   low_confidence_from={k: list(v) for k, v in d.get("low_confidence_from", {}).items()},
-                   diarize=bool(d.get("diarize", False)), max_speakers=int(d.get("max_speakers", 0)),
+                   source_script=text_or_none(d.get("source_script", "Hans" if source == "zh" else None)),
+                   target_scripts=text_map(d.get("target_scripts", {t: "Hans" for t in targets if t == "zh"})),
+                   source_langs=texts(d.get("source_langs", [])),
+                   low_confidence_from=texts_map(d.get("low_confidence_from", {})),
+                   diarize=bool(d.get("diarize", False)), max_speakers=int(number(d.get("max_speakers", 0))),
                    word_timestamps=bool(d.get("word_timestamps", False)))
 
 
@@ -134,7 +165,19 @@ class ResumeRequest:
     last_seq: int
 
 
-def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | None], glossary: list[Term],
+def _lang(raw: object, field: str) -> str:
+    """A client's language tag, normalised (``langs.normalize`` reads anything but None as its ``str``)."""
+    return langs.normalize(raw if raw is None or isinstance(raw, str) else str(raw), field=field)
+
+
+def _number(raw: object) -> float:
+    """A client's number, as ``float()`` reads it (a string of one too); anything else is a ``TypeError``."""
+    if not isinstance(raw, int | float | str):
+        raise TypeError(f"{type(raw).__name__} is not a number")
+    return float(raw)
+
+
+def parse_start(msg: Mapping[str, object], check_pair: Callable[[str, str], MTRoute | None], glossary: list[Term],
                 most_speakers: int = MAX_SPEAKERS) -> StreamSpec:
     """A new stream's start message -> its spec. ``check_pair(source, target)`` raises ``unsupported_pair``; the
     route it returns tells whether that target's finals come from the low-confidence LLM. ``most_speakers``: the
@@ -143,11 +186,11 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
         raise InvalidParameter("the first message must be {\"type\": \"start\", ...}")
     raw_source = msg.get("source_lang") or ("auto" if msg.get("source_langs") is not None else "en")
     auto = isinstance(raw_source, str) and raw_source.strip().lower() == AUTO
-    source = "" if auto else langs.normalize(raw_source, field="source_lang")
+    source = "" if auto else _lang(raw_source, "source_lang")
     raw_targets = msg.get("target_langs") or ([msg["target_lang"]] if msg.get("target_lang") else [])
     if not raw_targets or not isinstance(raw_targets, list) or len(raw_targets) > MAX_TARGETS:
         raise InvalidParameter(f"target_langs must list 1 to {MAX_TARGETS} languages")
-    targets = [langs.normalize(t, field="target_langs") for t in raw_targets]
+    targets = [_lang(t, "target_langs") for t in raw_targets]
     target_scripts: dict[str, str] = {}
     for raw, t in zip(raw_targets, targets, strict=True):
         script = _script(raw, t)
@@ -164,8 +207,8 @@ def parse_start(msg: dict[str, Any], check_pair: Callable[[str, str], MTRoute | 
     if slo not in SLO_CLASSES:
         raise InvalidParameter(f"slo must be one of {sorted(SLO_CLASSES)}")
     try:
-        importance = float(msg.get("importance", msg.get("priority", 0.5)))
-        min_conf = float(msg.get("min_confidence", 0.4))
+        importance = _number(msg.get("importance", msg.get("priority", 0.5)))
+        min_conf = _number(msg.get("min_confidence", 0.4))
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidParameter("importance and min_confidence must be numbers in [0, 1]") from exc
     if not (0.0 <= importance <= 1.0 and 0.0 <= min_conf <= 1.0):
@@ -209,7 +252,7 @@ def _low_targets(source: str, targets: list[str], check_pair: Callable[[str, str
     return low
 
 
-def _candidates(msg: dict[str, Any], targets: list[str], check_pair: Callable[[str, str], MTRoute | None]
+def _candidates(msg: Mapping[str, object], targets: list[str], check_pair: Callable[[str, str], MTRoute | None]
                 ) -> tuple[list[str], dict[str, list[str]]]:
     """A ``source_lang: "auto"`` stream's candidate languages, and each one's tiny-LLM targets. Listed in the start
     message (``source_langs``, 1 to MAX_SOURCE_LANGS): each must have a route to every target (else
@@ -222,7 +265,8 @@ def _candidates(msg: dict[str, Any], targets: list[str], check_pair: Callable[[s
     if asked is not None and (not isinstance(asked, list) or not 1 <= len(asked) <= MAX_SOURCE_LANGS):
         raise InvalidParameter(f"source_langs must list 1 to {MAX_SOURCE_LANGS} languages",
                                details={"field": "source_langs"})
-    pool = list(dict.fromkeys(langs.normalize(c, field="source_langs") for c in asked)) if asked else list(DETECTABLE)
+    pool = (list(dict.fromkeys(_lang(c, "source_langs") for c in asked)) if isinstance(asked, list) and asked
+            else list(DETECTABLE))
     chosen: dict[str, list[str]] = {}
     for lang in pool:
         try:
@@ -237,7 +281,7 @@ def _candidates(msg: dict[str, Any], targets: list[str], check_pair: Callable[[s
     return list(chosen), chosen
 
 
-def _script(raw: Any, lang: str) -> str | None:
+def _script(raw: object, lang: str) -> str | None:
     """The script a (valid) language tag asks for: zh-TW / zh-Hant / zh-HK "Hant", any other Chinese "Hans",
     None for a language that is not Chinese."""
     if lang != "zh":
@@ -245,7 +289,7 @@ def _script(raw: Any, lang: str) -> str | None:
     return script_for(str(raw).strip().lower().replace("_", "-")) or "Hans"
 
 
-def parse_resume(resume: Any) -> ResumeRequest:
+def parse_resume(resume: object) -> ResumeRequest:
     if not isinstance(resume, dict) or not resume.get("stream_id") or not resume.get("resume_token"):
         raise InvalidParameter("resume needs stream_id, resume_token and last_seq")
     last_seq = resume.get("last_seq", 0)
@@ -256,7 +300,7 @@ def parse_resume(resume: Any) -> ResumeRequest:
     return ResumeRequest(str(resume["stream_id"]), str(resume["resume_token"]), last_seq)
 
 
-def check_ts(ts: Any) -> float | None:
+def check_ts(ts: object) -> float | None:
     """A message's media timestamp: None, or a finite number of seconds from 0 to MAX_TS. A negative one is a
     client's clock bug (a media clock starts at 0, a Unix time is positive): refused, so the client hears of it."""
     if ts is None:

@@ -3,8 +3,11 @@ into a typed ``ResumePoint``, and the ``resumed`` part of its ``ready`` event (w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from .events import ResumedJSON
+from .stored import number as _number
 
 
 @dataclass(frozen=True)
@@ -16,13 +19,15 @@ class ResumePoint:
     epoch: int = 0  # the owner epoch this resume claimed (state/streams.py): the session's writes carry it
 
     @classmethod
-    def of(cls, snap: dict[str, Any]) -> ResumePoint:
+    def of(cls, snap: Mapping[str, object]) -> ResumePoint:
         origin = snap.get("origin")
-        return cls(last_seq=int(snap.get("last_seq", 0)), text_until=float(snap.get("text_until", -1.0)),
-                   committed_until=float(snap.get("committed_until", 0.0)),
-                   origin=float(origin) if origin is not None else None, epoch=int(snap.get("epoch", 0)))
+        return cls(last_seq=int(_number(snap.get("last_seq", 0))),
+                   text_until=float(_number(snap.get("text_until", -1.0))),
+                   committed_until=float(_number(snap.get("committed_until", 0.0))),
+                   origin=float(_number(origin)) if origin is not None else None,
+                   epoch=int(_number(snap.get("epoch", 0))))
 
-    def resumed(self) -> dict[str, Any]:
+    def resumed(self) -> ResumedJSON:
         """The ``ready`` event's ``resumed``: the last seq, where to re-send from (stream and media time)."""
         until = self.committed_until
         return {"last_seq": self.last_seq, "resume_from": round(until, 3),

@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import Settings
 from ..errors import (
@@ -39,13 +39,17 @@ from ..tracing import Tracer
 from .budget import PixelBudget, pixel_budget
 from .capacity import KeyQuota, Principal, StreamCapacity
 from .contracts import Slots, Vocabularies
-from .events import Closed, Error, Event, Logged
+from .events import Closed, Error, Event, Logged, Ready
 from .journal import StreamLog
 from .protocol import ResumeRequest, StreamSpec, parse_resume, parse_start
 from .quota import Quota
 from .session import StreamSession
+from .stored import number
 from .supervisor import BreakerSupervisor
 from .tenant_breaker import TenantBreaker
+
+if TYPE_CHECKING:
+    from ..observability import Metrics
 
 log = logging.getLogger("lingua_fusion.streams")
 DRAIN_POLL_S = 0.05
@@ -54,12 +58,13 @@ DRAIN_POLL_S = 0.05
 class RoomHost(Protocol):
     """Where a stream started with ``"room": true`` (or a room id made by REST) is published (rooms/service.py)."""
 
-    async def attach(self, session: StreamSession, room: Any, key_id: str, ready: Event,
-                     room_targets: Any = None) -> None:
+    async def attach(self, session: StreamSession, room: object, key_id: str, ready: Ready,
+                     room_targets: object = None) -> None:
         """Publish ``session`` as a room (a resumed stream re-attaches to its room); fills the ready event's
-        ``room_id``, ``listener_token`` and ``listener_token_id``. ``room_targets`` (the start message's): the
-        languages the room's listeners may add to the stream's own targets. Raises a client error for a room that is
-        not this key's."""
+        ``room_id``, ``listener_token`` and ``listener_token_id``. ``room`` and ``room_targets`` are the start
+        message's, unchecked: ``room`` is true or a room id, ``room_targets`` the languages the room's listeners may
+        add to the stream's own targets. Raises a client error for a value that is neither, or a room that is not
+        this key's."""
         ...
 
     async def close(self) -> None: ...
@@ -77,7 +82,8 @@ class Opened:
 
 class StreamService:
     def __init__(self, executor: Engine, settings: Settings, *, log: StreamLog | None = None,
-                 metrics: Any = None, glossary_for: Callable[[Principal, str], Awaitable[list[Term]]] | None = None,
+                 metrics: Metrics | None = None,
+                 glossary_for: Callable[[Principal, str], Awaitable[list[Term]]] | None = None,
                  quota: Quota | None = None) -> None:
         self.executor = executor
         self.settings = settings
@@ -98,11 +104,11 @@ class StreamService:
         executor.observer = self
 
     # ---- opening -----------------------------------------------------------------------------------------------
-    async def open(self, msg: dict[str, Any], who: Principal) -> Opened:
+    async def open(self, msg: Mapping[str, object], who: Principal) -> Opened:
         if str(msg.get("engine", "batched")) != "batched":  # the per-stream baseline is another service's
             raise InvalidParameter("engine must be one of ['batched', 'per-stream']")  # (stream/front.py)
         self._refuse_if_draining()  # before a resume's claim: a server that will not serve it does not take it over
-        snapshot: dict[str, Any] | None = None
+        snapshot: Mapping[str, object] | None = None
         req: ResumeRequest | None = None
         if msg.get("resume") is not None:
             req = parse_resume(msg["resume"])
@@ -135,13 +141,14 @@ class StreamService:
                                 image_slots=self.image_slots, trace=trace, pixels=pixels)
         self.sessions[spec.stream_id] = session  # the session holds the reservation now; released() lets it go
         try:
-            greeting: list[Event] = [await session.open()]
+            ready = await session.open()
+            greeting: list[Event] = [ready]
             finished = False
             if msg.get("room") not in (None, False) and self.rooms is not None:  # publish it as a room
-                await self.rooms.attach(session, msg["room"], who.key_id, greeting[0], msg.get("room_targets"))
+                await self.rooms.attach(session, msg["room"], who.key_id, ready, msg.get("room_targets"))
             if snapshot is not None:
                 assert req is not None
-                greeting += await self._replay(spec.stream_id, req.last_seq, int(snapshot.get("log_from", 1)))
+                greeting += await self._replay(spec.stream_id, req.last_seq, int(number(snapshot.get("log_from", 1))))
                 if snapshot.get("closed"):
                     greeting.append(Closed(finals=session.seq))
                     finished = True
@@ -167,7 +174,7 @@ class StreamService:
             self.capacity.unavailable()
             raise Overloaded("the server is shutting down; connect again shortly", retry_after=2.0, not_serving=True)
 
-    def _vocabulary(self, vid: Any, who: Principal) -> str:
+    def _vocabulary(self, vid: object, who: Principal) -> str:
         """A start message's ``vocabulary_id``: the opening key's, taught (404 / 400 otherwise), or ""."""
         if vid in (None, ""):
             return ""
@@ -188,7 +195,7 @@ class StreamService:
             raise PermissionDenied("this stream was opened with another API key; only that key can resume it")
         return spec
 
-    async def _take_over(self, req: ResumeRequest) -> dict[str, Any]:
+    async def _take_over(self, req: ResumeRequest) -> Mapping[str, object]:
         """Claim the stream (its capacity is held already); the snapshot to go on from."""
         assert self.log is not None
         old = self.sessions.get(req.stream_id)
@@ -201,9 +208,9 @@ class StreamService:
         # take the stream over in the store (its owner epoch goes up): a session of it on another worker process
         # or server is refused its next write and ends taken_over; the snapshot is read in the same transaction,
         # so nothing logged before is numbered twice
-        snapshot = await self.log.call(self.log.store.claim, req.stream_id, req.resume_token)
-        self._displace(req.stream_id, int(snapshot.get("epoch", 0)))
-        if req.last_seq > int(snapshot.get("last_seq", 0)):
+        snapshot: Mapping[str, object] = await self.log.call(self.log.store.claim, req.stream_id, req.resume_token)
+        self._displace(req.stream_id, int(number(snapshot.get("epoch", 0))))
+        if req.last_seq > int(number(snapshot.get("last_seq", 0))):
             # the server died holding finals it had sent but not logged (the log was down): number on from what
             # the client has, so no seq is reused; their audio, re-sent from committed_until, is transcribed again
             snapshot = {**snapshot, "last_seq": req.last_seq}
@@ -225,8 +232,11 @@ class StreamService:
     async def _snapshot(self, req: ResumeRequest) -> StreamSpec:
         assert self.log is not None
         await self.log.settled(req.stream_id)  # a closed session's last finals first
-        snapshot = await self.log.call(self.log.store.resume, req.stream_id, req.resume_token)
-        return StreamSpec.from_dict(snapshot["spec"], req.stream_id, req.resume_token)
+        snapshot: Mapping[str, object] = await self.log.call(self.log.store.resume, req.stream_id, req.resume_token)
+        spec = snapshot["spec"]
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"the stream log holds {type(spec).__name__} where a stream's spec belongs")
+        return StreamSpec.from_dict(spec, req.stream_id, req.resume_token)
 
     async def _replay(self, stream_id: str, last_seq: int, log_from: int) -> list[Event]:
         assert self.log is not None
@@ -234,7 +244,7 @@ class StreamService:
         if last_seq + 1 < log_from:  # compaction dropped finals this client never saw: say so
             out.append(Error("log_compacted", f"finals {last_seq + 1}..{log_from - 1} are past the log's retention "
                                               "and cannot be replayed"))
-        logged = await self.log.call(self.log.store.finals_after, stream_id, last_seq)
+        logged = await self.log.finals_after(stream_id, last_seq)
         out += [Logged(e) for e in logged if int(e["seq"]) > last_seq]  # exactly once, in order
         return out
 

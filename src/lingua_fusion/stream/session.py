@@ -25,8 +25,8 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..config import Settings
 from ..errors import BackendError, InvalidParameter, LinguaFusionError, SlowConsumer, TakenOver, TooLarge
@@ -36,7 +36,7 @@ from ..types import SR
 from .budget import AudioBudget, PixelBudget, pixel_budget
 from .contracts import Slots, Vocabularies
 from .decisions import Decisions
-from .events import Closed, Event, Final, Ready
+from .events import Closed, Event, Final, FinalJSON, Ready, ResumedJSON
 from .finals import Finals
 from .images import LOW_FRAME_INTERVAL_S, MAX_IMAGES_IN_FLIGHT, Images
 from .ingest import Arrivals, AudioIngest
@@ -49,6 +49,10 @@ from .resume import ResumePoint
 from .speakers import StreamSpeakers
 from .timeline import AudioTimeline
 
+if TYPE_CHECKING:
+    from .video import StreamVideo
+
+T = TypeVar("T")
 log = logging.getLogger("lingua_fusion.streams")
 
 __all__ = ["LOW_FRAME_INTERVAL_S", "MAX_IMAGES_IN_FLIGHT", "Slots", "State", "StreamOwner", "StreamSession"]
@@ -81,7 +85,7 @@ class StreamOwner(Protocol):
 
 class StreamSession:
     def __init__(self, spec: StreamSpec, port: ModelPort, owner: StreamOwner, settings: Settings, *,
-                 log: StreamLog | None = None, max_events: int = 256, resume: dict[str, Any] | None = None,
+                 log: StreamLog | None = None, max_events: int = 256, resume: Mapping[str, object] | None = None,
                  image_slots: Slots | None = None, trace: TraceRef | None = None,
                  pixels: PixelBudget | None = None) -> None:
         self.spec = spec
@@ -101,7 +105,7 @@ class StreamSession:
         self._emit = self.outbox.emit
         self.journal = Journal(log, spec.stream_id, self._emit, wait_s=settings.state.log_wait_s,
                                fail=self.fail) if log is not None else None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._emitter: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.error: LinguaFusionError | None = None
@@ -136,7 +140,7 @@ class StreamSession:
         self.outbox.tap = tap
 
     @property
-    def video(self) -> Any:
+    def video(self) -> StreamVideo | None:
         """stream/video.py StreamVideo, made by the first ``frame`` message."""
         return self.images.video
 
@@ -162,7 +166,7 @@ class StreamSession:
         it opened (a drain, its key revoked, shedding: while ``open`` waited on the stream log) raises why."""
         if self.state == State.CLOSED:
             raise self.error or BackendError("the stream was closed while it opened; open it again")
-        resumed: dict[str, Any] | None = None
+        resumed: ResumedJSON | None = None
         if self._resume is not None:
             point = ResumePoint.of(self._resume)
             self.finals.seq = point.last_seq
@@ -188,7 +192,7 @@ class StreamSession:
                      scripts=self.spec.scripts(), max_speakers=self.spec.max_speakers or None,
                      speaker_names=dict(self.jobs.speakers.names) if self.jobs.speakers is not None else None)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[object, object, T], name: str) -> asyncio.Task[T]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -220,7 +224,7 @@ class StreamSession:
         self._live("audio")
         await self.ingest.feed(pcm16, check_ts(ts))
 
-    def rename_speaker(self, speaker: Any, name: Any) -> None:
+    def rename_speaker(self, speaker: object, name: object) -> None:
         """Give a ``diarize`` stream's speaker ("S1") a display name: ``speaker_renamed``, and later finals carry it
         as ``speaker_name`` (a room's listeners see both)."""
         if self.state not in (State.LIVE, State.DRAINING):
@@ -230,7 +234,7 @@ class StreamSession:
                                    details={"field": "diarize"})
         self._emit(self.jobs.speakers.rename(speaker, name))
 
-    def _queue(self, job: Coroutine[Any, Any, Final | None]) -> None:
+    def _queue(self, job: Coroutine[object, object, Final | None]) -> None:
         self.finals.queue(job)
 
     def _place(self, modality: str, ts: float | None) -> float:
@@ -264,26 +268,24 @@ class StreamSession:
         self._live("video")
         await self.images.feed_frame(data, check_ts(ts))
 
-    def _new_video(self) -> Any:
+    def _new_video(self) -> StreamVideo:
         from .video import StreamVideo
 
         return StreamVideo(self.jobs, self._emit, self._spawn, lambda: self.state != State.CLOSED,
                            self.settings.limits, self.image_slots, owner=self)
 
-    async def _attach_vocabulary(self, video: Any) -> None:
+    async def _attach_vocabulary(self, video: StreamVideo) -> None:
         vocabularies = self.owner.vocabularies
         if self.spec.vocabulary_id and vocabularies is not None:  # signs (or lips, with speech) too
             await vocabularies.attach(video, self.spec, self.jobs, self._emit, self._spawn, queue=self._queue,
                                       heard=self._heard)
 
-    async def logged_finals_after(self, seq: int) -> list[dict[str, Any]]:
+    async def logged_finals_after(self, seq: int) -> list[FinalJSON]:
         """The finals this stream's log holds after ``seq``, as sent (a resumed room publisher's catch-up,
         rooms/service.py); [] for a stream without a log."""
         if self.journal is None:
             return []
-        log = self.journal.log
-        finals: list[dict[str, Any]] = await log.call(log.store.finals_after, self.spec.stream_id, seq)
-        return finals
+        return await self.journal.log.finals_after(self.spec.stream_id, seq)
 
     def _heard(self) -> tuple[float, float | None, bool]:
         """For lips (vision/stream_lips.py): audio heard by the VAD until (stream s), the open speech's start."""

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from ..config import DiarizeSettings
 from ..errors import InvalidParameter, LinguaFusionError
 from ..serving.keys import ModelKey
 from ..serving.ports import CallContext, ModelPort, SpeakerInput
-from ..speakers.cluster import SHORT_SLACK, SpeakerClusterer
+from ..speakers.cluster import SHORT_SLACK, ClustererState, SpeakerClusterer
 from ..speakers.voiced import voiced
 from .events import Final, SpeakerRenamed
 
@@ -45,7 +45,7 @@ MAX_NAME = 64  # characters of a display name
 MIN_VOICE_S = 0.1  # an utterance with less voice than this (a click, a cough) gets no speaker
 
 
-def parse_diarize(msg: dict[str, Any], most: int) -> tuple[bool, int]:
+def parse_diarize(msg: Mapping[str, object], most: int) -> tuple[bool, int]:
     """A start message's ``diarize`` and ``max_speakers`` -> (diarize, the stream's speaker cap; 0 without)."""
     on = msg.get("diarize", False)
     if type(on) is not bool:  # "yes", 1 and null are not switches a client meant
@@ -60,6 +60,13 @@ def parse_diarize(msg: dict[str, Any], most: int) -> tuple[bool, int]:
         raise InvalidParameter(f"max_speakers must be an integer from 1 to {most} (diarize.max_speakers)",
                                details={"field": "max_speakers", "max": most})
     return True, cap
+
+
+class SpeakersJSON(TypedDict):
+    """A diarize stream's speakers as its snapshot keeps them (``StreamSpeakers.state``, read by ``restore``)."""
+
+    clusterer: ClustererState
+    names: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -118,10 +125,10 @@ class StreamSpeakers:
         """``final``'s display name, as its speaker is named now (just before it is logged and sent)."""
         final.speaker_name = self.names.get(final.speaker) if final.speaker else None
 
-    def rename(self, speaker: Any, name: Any) -> SpeakerRenamed:
+    def rename(self, speaker: object, name: object) -> SpeakerRenamed:
         """Name ``speaker`` ("S1" .. up to the stream's cap; one not heard yet may be named ahead)."""
         m = LABEL.match(speaker) if isinstance(speaker, str) else None
-        if m is None or int(m.group(1)) > self.clusterer.max_speakers:
+        if not isinstance(speaker, str) or m is None or int(m.group(1)) > self.clusterer.max_speakers:
             raise InvalidParameter(f"speaker must be a label of this stream, S1 to S{self.clusterer.max_speakers}",
                                    details={"field": "speaker"})
         if name is not None and not isinstance(name, str):
@@ -137,11 +144,11 @@ class StreamSpeakers:
             self.names.pop(speaker, None)
         return SpeakerRenamed(speaker=speaker, name=name or None, names=dict(self.names))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> SpeakersJSON:
         """What the stream's snapshot keeps (``restore`` reads it)."""
         return {"clusterer": self.clusterer.state(), "names": dict(self.names)}
 
-    def restore(self, state: Any) -> None:
+    def restore(self, state: object) -> None:
         if not isinstance(state, dict):
             return  # a snapshot from before diarization, or none: labels start again
         if isinstance(state.get("clusterer"), dict):

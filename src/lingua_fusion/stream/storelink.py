@@ -16,18 +16,23 @@ import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, TypeVarTuple
 
 from ..errors import ClientError, LinguaFusionError, StoreUnavailable
 
+if TYPE_CHECKING:
+    from ..observability import Metrics
+    from ..state.streams import StreamStore
+
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 log = logging.getLogger("lingua_fusion.streams")
 STORE_WAIT_S = 10.0  # opening or resuming a stream waits this long for the stream log (queue included), then 503
 
 
 class StoreLink:
-    def __init__(self, store: Any, metrics: Any = None, *, clock: Callable[[], float] = time.monotonic,
-                 max_backoff_s: float = 5.0) -> None:
+    def __init__(self, store: StreamStore, metrics: Metrics | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, max_backoff_s: float = 5.0) -> None:
         self.store = store
         self.metrics = metrics
         self.clock = clock
@@ -45,7 +50,7 @@ class StoreLink:
         """Worth a try now: healthy, or down with its backoff over."""
         return self.clock() >= self.down_until
 
-    async def call(self, fn: Callable[..., T], *args: Any, wait_s: float | None = None) -> T:
+    async def call(self, fn: Callable[[*Ts], T], *args: *Ts, wait_s: float | None = None) -> T:
         """``fn(*args)`` (a method of the store) on the store's threads; StoreUnavailable while it is down, when it
         fails, or when the answer (queueing behind other streams' writes included) takes over ``wait_s``."""
         if wait_s is None:
@@ -55,7 +60,7 @@ class StoreLink:
         except TimeoutError as exc:
             raise StoreUnavailable(f"the stream log did not answer in {wait_s:.0f} s; retry") from exc
 
-    async def _call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    async def _call(self, fn: Callable[[*Ts], T], args: tuple[*Ts]) -> T:
         if not self.ready():
             raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
         if self.failures:
@@ -65,7 +70,7 @@ class StoreLink:
                 return await self._do(fn, args)
         return await self._do(fn, args)
 
-    async def _do(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    async def _do(self, fn: Callable[[*Ts], T], args: tuple[*Ts]) -> T:
         try:
             out = await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         except ClientError:

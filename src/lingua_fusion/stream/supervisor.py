@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..errors import Overloaded
@@ -21,6 +21,9 @@ from .breaker import STEPS, SLOBreaker, Transition
 from .events import Degraded, Restored
 from .session import StreamSession
 from .tenant_breaker import KeyedTransition, TenantBreaker
+
+if TYPE_CHECKING:
+    from ..observability import Metrics
 
 log = logging.getLogger("lingua_fusion.streams")
 
@@ -37,7 +40,7 @@ def _mtime(path: Path) -> float:
 
 class BreakerSupervisor:
     def __init__(self, settings: Settings, clock: Callable[[], float],
-                 sessions: Callable[[], Iterable[StreamSession]], metrics: Any = None) -> None:
+                 sessions: Callable[[], Iterable[StreamSession]], metrics: Metrics | None = None) -> None:
         server = settings.server
         self.breaker = TenantBreaker(lambda: SLOBreaker(dict(SLO_CLASSES), window_s=server.breaker_window_s,
                                                         k=server.breaker_k, stage_share=STAGE_BUDGET))

@@ -18,16 +18,17 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
 
 import numpy as np
 
+from ..config import LimitSettings
 from ..errors import BackendError, LinguaFusionError
 from ..serving.keys import ModelKey
 from ..serving.ports import CallContext, MtInput
 from ..video.frames import FrameStats, VideoFrame
 from ..video.slides import Change, DetectorConfig, Row, SlideDetector, reading_order, same_text, signature
-from .events import Error, Event, Slide
+from .contracts import Slots, Spawn
+from .events import Error, Event, Slide, VideoStatsJSON
 from .jobs import MAX_SLIDES, StreamJobs
 
 MAX_WAITING = 4  # settled changes waiting for OCR per stream (frames sent faster than real time)
@@ -36,7 +37,7 @@ FINISH_WAIT_S = 60.0  # at the end of a stream, slides still being read get this
 
 class StreamSlides:
     def __init__(self, jobs: StreamJobs, emit: Callable[[Event], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+                 spawn: Callable[[Coroutine[object, object, None], str], asyncio.Task[None]],
                  loop: asyncio.AbstractEventLoop, cfg: DetectorConfig | None = None) -> None:
         self.jobs = jobs
         self._emit = emit
@@ -152,14 +153,14 @@ class StreamVideo:
     attached consumer: ``fanout.attach``)."""
 
     def __init__(self, jobs: StreamJobs, emit: Callable[[Event], None],
-                 spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]], alive: Callable[[], bool],
-                 limits: Any, slots: Any, owner: Any = None) -> None:
+                 spawn: Spawn, alive: Callable[[], bool], limits: LimitSettings, slots: Slots,
+                 owner: object = None) -> None:
         from ..video.fanout import STREAM_CONSUMERS, FrameFanout, Tap
 
-        def spawn_live(coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        def spawn_live(coro: Coroutine[object, object, None], name: str) -> asyncio.Task[None]:
             if not alive():  # the stream closed while this change settled: nothing more is read
                 coro.close()
-                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 done.set_result(None)
                 return done  # type: ignore[return-value]
             return spawn(coro, name)
@@ -193,6 +194,6 @@ class StreamVideo:
     async def finish(self, wait_s: float) -> None:
         await self.slides.finish(wait_s)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> VideoStatsJSON:
         s = self.slides.stats()
         return {"frames": s.decoded, "ocr_calls": s.analysed, "superseded": self.slides.superseded}
