@@ -18,15 +18,16 @@ loses nothing that was logged (the OS has it); a power loss can lose the last tr
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar
 
 from ..errors import AuthenticationError, BackendError, ClientError, NotFound, TakenOver
 from ..redact import redact_url
@@ -34,8 +35,25 @@ from . import redis_keys
 from .private import private_dir, private_file
 from .sqlite_tx import add_column, write_transaction
 
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+
+    from ..json_types import JSONObject
+
 log = logging.getLogger("lingua_fusion.state")
 T = TypeVar("T")
+
+# A stream's snapshot: what the caller opened it with ({"spec": ...}) and the store's own fields (token_digest,
+# last_seq, committed_until, text_until, origin, closed, epoch, log_from, speakers), as JSON. Read back from the
+# store it is whatever was stored: each field is narrowed where it is read.
+Snapshot: TypeAlias = dict[str, object]
+
+
+def _num(value: object) -> int | float | str:
+    """A stored number for ``int()``/``float()`` (anything else is the TypeError ``int()`` would raise)."""
+    if isinstance(value, (int, float, str)):
+        return value
+    raise TypeError(f"not a number: {value!r}")
 
 
 def token_digest(token: str) -> str:
@@ -47,26 +65,26 @@ REPLAY_PAGE = 256  # finals read per Redis call of a resume's replay, from the l
 
 
 class StreamStore(Protocol):
-    def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None: ...
+    def open_stream(self, stream_id: str, token: str, snapshot: Mapping[str, object]) -> None: ...
 
-    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
+    def append_final(self, stream_id: str, event: Mapping[str, object], committed_until: float | None,
                      origin: float | None = None, text_until: float | None = None,
-                     epoch: int | None = None, speakers: dict[str, Any] | None = None) -> None:
+                     epoch: int | None = None, speakers: Mapping[str, object] | None = None) -> None:
         """Log ``event`` (a seq already logged is a retry: nothing happens). ``epoch``: the writing session's; a
         stream claimed since is not written (``TakenOver``). None: no owner check (tools, tests). ``speakers``: a
         diarize stream's speakers after it, kept in the snapshot (None: left as they were)."""
         ...
 
-    def resume(self, stream_id: str, token: str) -> dict[str, Any]:
+    def resume(self, stream_id: str, token: str) -> Snapshot:
         """The snapshot (token checked), read only."""
         ...
 
-    def claim(self, stream_id: str, token: str) -> dict[str, Any]:
+    def claim(self, stream_id: str, token: str) -> Snapshot:
         """A resume takes the stream over: the token checked, the epoch raised by one in the same transaction; the
         snapshot returned carries the new ``epoch``, which the resumed session writes with."""
         ...
 
-    def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]: ...
+    def finals_after(self, stream_id: str, seq: int) -> list[JSONObject]: ...
 
     def epochs(self, stream_ids: Collection[str]) -> dict[str, int]:
         """Each stream's owner epoch now (one small read for all, not the snapshots; a stream not in the store, or
@@ -87,25 +105,25 @@ class StreamStore(Protocol):
     def close(self) -> None: ...
 
 
-def _advance(snap: dict[str, Any], event: dict[str, Any], committed_until: float | None, origin: float | None,
-             text_until: float | None, speakers: dict[str, Any] | None = None) -> None:
+def _advance(snap: Snapshot, event: Mapping[str, object], committed_until: float | None, origin: float | None,
+             text_until: float | None, speakers: Mapping[str, object] | None = None) -> None:
     """The snapshot after logging ``event``: ``committed_until`` (stream time covered by audio finals: the client
     re-sends audio after it), ``text_until`` (the latest logged text: re-sent text up to it is dropped) and a
     diarize stream's ``speakers`` (its clusterer's centroids and names, stream/speakers.py: a few KB at most)."""
-    snap["last_seq"] = int(event["seq"])
+    snap["last_seq"] = int(_num(event["seq"]))
     if speakers is not None:
         snap["speakers"] = speakers
     if committed_until is not None:
-        snap["committed_until"] = max(float(snap.get("committed_until", 0.0)), committed_until)
+        snap["committed_until"] = max(float(_num(snap.get("committed_until", 0.0))), committed_until)
     if text_until is not None:
-        snap["text_until"] = max(float(snap.get("text_until", -1.0)), text_until)
+        snap["text_until"] = max(float(_num(snap.get("text_until", -1.0))), text_until)
     if origin is not None:
         snap["origin"] = origin
 
 
-def _owned(snap: dict[str, Any], epoch: int | None) -> None:
+def _owned(snap: Snapshot, epoch: int | None) -> None:
     """A session writes only while it holds the stream's current epoch (nobody resumed the stream since)."""
-    if epoch is not None and int(snap.get("epoch", 0)) != epoch:
+    if epoch is not None and int(_num(snap.get("epoch", 0))) != epoch:
         raise TakenOver("this stream was resumed by another connection; this one is closed")
 
 
@@ -117,7 +135,7 @@ def _compaction_failed(exc: Exception) -> BackendError:
     return BackendError(f"stream log compaction failed: {exc}")
 
 
-def _check(snapshot: dict[str, Any] | None, stream_id: str, token: str) -> dict[str, Any]:
+def _check(snapshot: Snapshot | None, stream_id: str, token: str) -> Snapshot:
     if snapshot is None:
         raise NotFound(f"no stream {stream_id} to resume")
     if snapshot.get("token_digest") != token_digest(token):
@@ -142,7 +160,7 @@ class SQLiteStreamStore:
             # (a glossary of 5,000 terms is in the body); a file from before it gets the column (0: never resumed)
             add_column(self._db, "stream_snapshot", "epoch", "INTEGER NOT NULL DEFAULT 0")
 
-    def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None:
+    def open_stream(self, stream_id: str, token: str, snapshot: Mapping[str, object]) -> None:
         body = {**snapshot, "token_digest": token_digest(token), "last_seq": 0, "committed_until": 0.0,
                 "closed": False, "epoch": 0}
         with self._lock:
@@ -163,46 +181,46 @@ class SQLiteStreamStore:
                 raise _write_failed(exc) from exc
 
     @staticmethod
-    def _read(db: sqlite3.Connection, stream_id: str) -> dict[str, Any] | None:
+    def _read(db: sqlite3.Connection, stream_id: str) -> Snapshot | None:
         row = db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (stream_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
     @staticmethod
-    def _put(db: sqlite3.Connection, stream_id: str, snap: dict[str, Any]) -> None:
+    def _put(db: sqlite3.Connection, stream_id: str, snap: Snapshot) -> None:
         db.execute("UPDATE stream_snapshot SET body=?, updated=?, epoch=? WHERE stream_id=?",
-                   (json.dumps(snap), time.time(), int(snap.get("epoch", 0)), stream_id))
+                   (json.dumps(snap), time.time(), int(_num(snap.get("epoch", 0))), stream_id))
 
-    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
+    def append_final(self, stream_id: str, event: Mapping[str, object], committed_until: float | None,
                      origin: float | None = None, text_until: float | None = None,
-                     epoch: int | None = None, speakers: dict[str, Any] | None = None) -> None:
+                     epoch: int | None = None, speakers: Mapping[str, object] | None = None) -> None:
         with self._write() as db:
             snap = self._read(db, stream_id)
             if snap is None:
                 raise NotFound(f"no stream {stream_id}")
             _owned(snap, epoch)
-            if int(snap.get("last_seq", 0)) >= int(event["seq"]):
+            if int(_num(snap.get("last_seq", 0))) >= int(_num(event["seq"])):
                 return  # already logged (a retried write whose first try got through)
             _advance(snap, event, committed_until, origin, text_until, speakers)
             db.execute("INSERT INTO stream_log VALUES (?,?,?)",
-                       (stream_id, int(event["seq"]), json.dumps(event, ensure_ascii=False)))
+                       (stream_id, int(_num(event["seq"])), json.dumps(event, ensure_ascii=False)))
             self._put(db, stream_id, snap)
 
-    def claim(self, stream_id: str, token: str) -> dict[str, Any]:
+    def claim(self, stream_id: str, token: str) -> Snapshot:
         with self._write() as db:
             snap = _check(self._read(db, stream_id), stream_id, token)
-            snap["epoch"] = int(snap.get("epoch", 0)) + 1
+            snap["epoch"] = int(_num(snap.get("epoch", 0))) + 1
             self._put(db, stream_id, snap)
         return snap
 
-    def _snapshot(self, stream_id: str) -> dict[str, Any] | None:
+    def _snapshot(self, stream_id: str) -> Snapshot | None:
         with self._lock:
             row = self._db.execute("SELECT body FROM stream_snapshot WHERE stream_id=?", (stream_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def resume(self, stream_id: str, token: str) -> dict[str, Any]:
+    def resume(self, stream_id: str, token: str) -> Snapshot:
         return _check(self._snapshot(stream_id), stream_id, token)
 
-    def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]:
+    def finals_after(self, stream_id: str, seq: int) -> list[JSONObject]:
         with self._lock:
             rows = self._db.execute("SELECT body FROM stream_log WHERE stream_id=? AND seq>? ORDER BY seq",
                                     (stream_id, seq)).fetchall()
@@ -296,13 +314,13 @@ class RedisStreamStore:
         except redis.RedisError as exc:  # not fatal: streams are refused (503) until it answers
             log.warning("Redis at %s does not answer yet: %s", redact_url(url), exc)
 
-    def _run(self, fn: Any) -> Any:
+    def _run(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except self._errors as exc:
             raise BackendError(f"Redis failed: {exc}") from exc
 
-    def open_stream(self, stream_id: str, token: str, snapshot: dict[str, Any]) -> None:
+    def open_stream(self, stream_id: str, token: str, snapshot: Mapping[str, object]) -> None:
         body = {**snapshot, "token_digest": token_digest(token), "last_seq": 0, "committed_until": 0.0,
                 "closed": False, "epoch": 0}
         key = redis_keys.stream_snapshot(stream_id)
@@ -315,7 +333,7 @@ class RedisStreamStore:
 
         self._run(run)
 
-    def _watched(self, stream_id: str, change: Callable[[Any, dict[str, Any] | None], T]) -> T:
+    def _watched(self, stream_id: str, change: Callable[[Pipeline, Snapshot | None], T]) -> T:
         """``change(pipe, snapshot)`` with the snapshot WATCHed: it checks what it read and queues its writes
         after ``pipe.multi()`` (or none); when anyone changed the snapshot in between (a retried write racing its
         first try, a resume on another process), nothing is written and it runs again on the new snapshot."""
@@ -337,20 +355,20 @@ class RedisStreamStore:
 
         return self._run(run)
 
-    def append_final(self, stream_id: str, event: dict[str, Any], committed_until: float | None,
+    def append_final(self, stream_id: str, event: Mapping[str, object], committed_until: float | None,
                      origin: float | None = None, text_until: float | None = None,
-                     epoch: int | None = None, speakers: dict[str, Any] | None = None) -> None:
+                     epoch: int | None = None, speakers: Mapping[str, object] | None = None) -> None:
         key, log_key = redis_keys.stream_snapshot(stream_id), redis_keys.stream_log(stream_id)
 
-        def change(pipe: Any, snap: dict[str, Any] | None) -> None:
+        def change(pipe: Pipeline, snap: Snapshot | None) -> None:
             if snap is None:
                 raise NotFound(f"no stream {stream_id}")
             _owned(snap, epoch)
-            if int(snap.get("last_seq", 0)) >= int(event["seq"]):
+            if int(_num(snap.get("last_seq", 0))) >= int(_num(event["seq"])):
                 return  # already logged
             _advance(snap, event, committed_until, origin, text_until, speakers)
             # compaction: the log keeps the last max_log finals; the snapshot says where it starts
-            snap["log_from"] = max(1, int(event["seq"]) - self._max_log + 1)
+            snap["log_from"] = max(1, int(_num(event["seq"])) - self._max_log + 1)
             pipe.multi()
             pipe.rpush(log_key, json.dumps(event, ensure_ascii=False))
             pipe.ltrim(log_key, -self._max_log, -1)
@@ -360,18 +378,18 @@ class RedisStreamStore:
 
         self._watched(stream_id, change)
 
-    def claim(self, stream_id: str, token: str) -> dict[str, Any]:
-        def change(pipe: Any, snap: dict[str, Any] | None) -> dict[str, Any]:
+    def claim(self, stream_id: str, token: str) -> Snapshot:
+        def change(pipe: Pipeline, snap: Snapshot | None) -> Snapshot:
             snap = _check(snap, stream_id, token)
-            snap["epoch"] = int(snap.get("epoch", 0)) + 1
+            snap["epoch"] = epoch = int(_num(snap.get("epoch", 0))) + 1
             pipe.multi()
             pipe.set(redis_keys.stream_snapshot(stream_id), json.dumps(snap), keepttl=True)
-            pipe.set(redis_keys.stream_epoch(stream_id), snap["epoch"], ex=self._ttl)
+            pipe.set(redis_keys.stream_epoch(stream_id), epoch, ex=self._ttl)
             return snap
 
         return self._watched(stream_id, change)
 
-    def resume(self, stream_id: str, token: str) -> dict[str, Any]:
+    def resume(self, stream_id: str, token: str) -> Snapshot:
         raw = self._run(lambda: self._r.get(redis_keys.stream_snapshot(stream_id)))
         return _check(json.loads(raw) if raw else None, stream_id, token)
 
@@ -384,12 +402,13 @@ class RedisStreamStore:
         raws = self._run(lambda: self._r.mget([redis_keys.stream_epoch(sid) for sid in ids]))
         return {sid: int(raw) for sid, raw in zip(ids, raws, strict=True) if raw is not None}
 
-    def finals_after(self, stream_id: str, seq: int) -> list[dict[str, Any]]:
+    def finals_after(self, stream_id: str, seq: int) -> list[JSONObject]:
         """Read from the log's end back, a page at a time, until a final at or before ``seq``: a resume late in a
         long stream reads what it asks for, not the whole log (10,000 finals of JSON, on every reconnect)."""
-        key, found = redis_keys.stream_log(stream_id), {}
+        key = redis_keys.stream_log(stream_id)
+        found: dict[int, JSONObject] = {}
         for end in range(-1, -self._max_log - REPLAY_PAGE, -REPLAY_PAGE):
-            page = self._run(lambda end=end: self._r.lrange(key, end - REPLAY_PAGE + 1, end))
+            page = self._run(functools.partial(self._r.lrange, key, end - REPLAY_PAGE + 1, end))
             entries = [json.loads(r) for r in page]  # oldest first
             # by seq: a final appended between two reads shifts the pages by one (read twice, never skipped)
             found.update({int(e["seq"]): e for e in entries if int(e["seq"]) > seq})
@@ -398,7 +417,7 @@ class RedisStreamStore:
         return [found[k] for k in sorted(found)]
 
     def close_stream(self, stream_id: str, epoch: int | None = None) -> None:
-        def change(pipe: Any, snap: dict[str, Any] | None) -> None:
+        def change(pipe: Pipeline, snap: Snapshot | None) -> None:
             if snap is None:
                 return
             _owned(snap, epoch)
