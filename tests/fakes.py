@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from lingua_fusion.config import Settings
+from lingua_fusion.models.base import OCRLine
 from lingua_fusion.serving.keys import ModelKey
-from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput
+from lingua_fusion.serving.ports import AsrInput, AsrOutput, Audio, CallContext, Image, ModelPort, MtInput, R, Request
 from lingua_fusion.stream.contracts import Vocabularies
 from lingua_fusion.stream.journal import StreamLog
 from lingua_fusion.stream.protocol import StreamSpec
@@ -36,6 +37,16 @@ class FakePort:
         self.on_call = on_call
         self.calls: list[tuple[ModelKey, Any, CallContext]] = []
 
+    @overload
+    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
     async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
         self.calls.append((key, payload, ctx))
         if self.on_call is not None:

@@ -20,14 +20,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from ..config import Settings
 from ..errors import BackendError, ModelTimeout, Overloaded
+from ..models.base import OCRLine
 from ..models.registry import Registry
 from ..serving.executor import Executor
 from ..serving.keys import ModelKey
-from ..serving.ports import FILE_CLASS, CallContext
+from ..serving.ports import FILE_CLASS, Audio, CallContext, Image, R, Request
 from ..serving.scheduler import Demand
 from .wire import Call, Reply
 
@@ -67,7 +68,17 @@ class ClusterExecutor(Executor):
                              details={"cluster_streams": self.others() + len(self.scheduler.admitted)})
         super().admit(demand)
 
-    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+    @overload
+    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         if key.task not in self.remote:
             return await super().run(key, payload, ctx)
         if ctx.trace is None:  # tracing off: nothing added to the call

@@ -5,7 +5,6 @@ computes a stream's demand here without importing the executor (serving/shard/re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from .cost_model import CostModel
 from .keys import ModelKey
@@ -48,7 +47,7 @@ def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], par
     return Demand(stream_id, slo, rate)
 
 
-def work_units(payload: Any) -> float:
+def work_units(payload: object) -> float:
     """An item's work units for fairness and batch bounds: an MT item's characters; a file's piece of speech its
     seconds / 3 (a stream's utterance is about 3 s), at least a batch's worth; 1 for anything else."""
     if isinstance(payload, MtInput):

@@ -17,23 +17,39 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, overload
 
 from ..config import Settings
 from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeout, Overloaded
+from ..models.base import OCRLine
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
 from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
 from .faults import Fault, check_outputs
 from .keys import ModelKey
-from .ports import FILE_CLASS, SLO_CLASSES, CallContext, MtInput, StageObserver, TranscribeInput, stage_deadline
+from .ports import (
+    FILE_CLASS,
+    SLO_CLASSES,
+    Audio,
+    CallContext,
+    Image,
+    MtInput,
+    R,
+    Request,
+    StageObserver,
+    TranscribeInput,
+    stage_deadline,
+)
 from .runners import ContinuousRunner, Runner, build_runner
 from .scheduler import CostModel, Demand, Scheduler, WorkItem, round_robin
 from .service_curve import ServiceCurve
 from .threads import COLD_TIMEOUT_S, ModelThreads
+
+if TYPE_CHECKING:
+    from ..observability import Metrics
 
 log = logging.getLogger("lingua_fusion.serving")
 
@@ -54,8 +70,8 @@ class _Flight:
 
 @dataclass
 class _Pending:
-    payload: Any
-    future: asyncio.Future[Any]
+    payload: object
+    future: asyncio.Future[object]
     enqueued: float = field(default_factory=time.monotonic)
     key_id: str = ""  # the VAD lane's unit of fairness
     trace: TraceRef | None = None  # the caller's span (tracing on): this item's stage span is recorded under it
@@ -66,7 +82,7 @@ class Executor:
     "unbatched" = one item per call, trimmed windows; "per-stream" = one item per call through faster-whisper's own
     30 s-window decode and no admission control (the baseline the benchmarks compare against)."""
 
-    def __init__(self, registry: Registry, settings: Settings, metrics: Any = None, *,
+    def __init__(self, registry: Registry, settings: Settings, metrics: Metrics | None = None, *,
                  clock: Callable[[], float] = time.monotonic, alpha: float = 0.65, max_batch: int = 8,
                  max_queue: int = 256, mode: str = "batched", observer: StageObserver | None = None,
                  backends: Mapping[str, Callable[[ModelKey], Runner | ContinuousRunner]] | None = None) -> None:
@@ -104,7 +120,17 @@ class Executor:
         return self.threads.faults
 
     # ---- ModelPort --------------------------------------------------------------------------------------------
-    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+    @overload
+    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         if isinstance(payload, MtInput) and not payload.scope and ctx.key_id:
             payload = replace(payload, scope=ctx.key_id)  # the translation memory is per key (tm/key.py)
         attempt = 0
@@ -127,10 +153,10 @@ class Executor:
     def depth(self, key: ModelKey) -> int:
         return self.scheduler.depth(str(key))
 
-    async def _submit(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+    async def _submit(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         self._runner(key)
         now = self.clock()
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         item = WorkItem(stream_id=ctx.stream_id, model=str(key), stage=key.stage, enqueued=now,
                         deadline=stage_deadline(ctx.slo, key.stage, now if ctx.start is None else ctx.start),
                         importance=ctx.importance, tentative=ctx.tentative,
@@ -138,7 +164,7 @@ class Executor:
                         units=work_units(payload))
         queued, shed = self.scheduler.submit_or_shed(item)
         if shed is not None:  # a partial dropped to make room: its caller hears so now, not at its timeout
-            _resolve(shed.payload.future, None)
+            _resolve(_pending(shed).future, None)
         if not queued:
             if ctx.tentative:
                 return None
@@ -149,7 +175,7 @@ class Executor:
             self.metrics.depth(str(key), self.scheduler.depth(str(key)))
         return await self._result(key, fut, item)
 
-    async def _result(self, key: ModelKey, fut: asyncio.Future[Any], item: WorkItem | None = None) -> Any:
+    async def _result(self, key: ModelKey, fut: asyncio.Future[object], item: WorkItem | None = None) -> object:
         # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
         wait_s = self.settings.server.request_timeout_s
         try:
@@ -165,10 +191,10 @@ class Executor:
                     self.metrics.depth(str(key), self.scheduler.depth(str(key)))
             raise
 
-    async def _submit_vad(self, audio: Any, key_id: str = "", trace: TraceRef | None = None) -> Any:
+    async def _submit_vad(self, audio: object, key_id: str = "", trace: TraceRef | None = None) -> object:
         if len(self._vad) >= self.scheduler.max_queue * 4:
             raise Overloaded("the VAD queue is full", retry_after=1.0)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._vad.append(_Pending(audio, fut, key_id=key_id, trace=trace))
         self._runner(VAD_KEY)
         self._ensure_worker(VAD_KEY)
@@ -217,7 +243,7 @@ class Executor:
         """Batches of ``key`` that run at once (its workers and model threads)."""
         return self._lanes.get(key, 1)
 
-    def _timeout(self, key: ModelKey, payloads: list[Any], warm: bool) -> float:
+    def _timeout(self, key: ModelKey, payloads: list[object], warm: bool) -> float:
         base = self.settings.server.model_timeout_s
         # a file's piece of speech may take up to its own length on a loaded CPU (it has no cost model)
         speech = sum(len(p.audio) / 16000 for p in payloads if isinstance(p, TranscribeInput))
@@ -258,7 +284,7 @@ class Executor:
         """One batch of ``key``. False when its queue is empty."""
         batch, shed = self.scheduler.next_batch(str(key), self.clock())
         for w in shed:
-            _resolve(w.payload.future, None)
+            _resolve(_pending(w).future, None)
         if self.metrics is not None and shed:
             self.metrics.shed.labels(model=str(key)).inc(len(shed))
         if not batch:
@@ -271,15 +297,15 @@ class Executor:
             other.overlapped = True
         flights.append(flight)
         try:
-            results = await self.threads.run(key, self._batch_runner(key), [w.payload.payload for w in batch])
+            results = await self.threads.run(key, self._batch_runner(key), [_pending(w).payload for w in batch])
         except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
-            self._failed(key, [w.payload for w in batch], exc, t0)
+            self._failed(key, [_pending(w) for w in batch], exc, t0)
             return True
         finally:
             flights.remove(flight)
         done = self.clock()
         for w, r in zip(batch, results, strict=True):
-            _resolve(w.payload.future, r)
+            _resolve(_pending(w).future, r)
         self._observe(key, batch, t0, done, cold, flight.overlapped)
         return True
 
@@ -293,15 +319,15 @@ class Executor:
             room = min(room, window - self._in_flight.get(key, 0))
         if room <= 0:  # woken again when one of its items settles (or, for a runner still starting, within 0.5 s)
             for w in self.scheduler.shed(str(key), self.clock()):  # meanwhile partials past their deadline go
-                _resolve(w.payload.future, None)
+                _resolve(_pending(w).future, None)
             return False
         batch, shed = self.scheduler.next_batch(str(key), self.clock(), limit=room, committed_first=True)
         for w in shed:
-            _resolve(w.payload.future, None)
+            _resolve(_pending(w).future, None)
         if not batch:
             return False
         loop = asyncio.get_running_loop()
-        futures = runner.submit([w.payload.payload for w in batch], [w.tentative for w in batch])
+        futures = runner.submit([_pending(w).payload for w in batch], [w.tentative for w in batch])
         handed = self.clock()
         before = self._in_flight.get(key, 0)
         self._in_flight[key] = before + len(batch)
@@ -311,7 +337,7 @@ class Executor:
             fut.add_done_callback(_on_loop(loop, functools.partial(self._settle, key, w, handed, before + i + 1)))
         return True
 
-    def _settle(self, key: ModelKey, w: WorkItem, handed: float, in_flight: int, done: Future[Any]) -> None:
+    def _settle(self, key: ModelKey, w: WorkItem, handed: float, in_flight: int, done: Future[object]) -> None:
         """On the loop: one item of a continuous runner finished, handed over at ``handed`` with ``in_flight``
         items in flight; a stream's item that succeeded is admission's measure of the runner (after its first
         SERVICE_WARMUP items, which pay for its first calls: kernels chosen, buffers grown)."""
@@ -321,14 +347,14 @@ class Executor:
         exc = done.exception()
         if exc is None:
             try:
-                result = check_outputs(key, [w.payload.payload], [done.result()])[0]
+                result = check_outputs(key, [_pending(w).payload], [done.result()])[0]
             except LinguaFusionError as bad:
                 exc = bad
         if exc is not None:
             failure = exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed: {exc}")
-            self._failed(key, [w.payload], failure)
+            self._failed(key, [_pending(w)], failure)
         else:
-            _resolve(w.payload.future, result)
+            _resolve(_pending(w).future, result)
             now = self.clock()
             if served > SERVICE_WARMUP and w.slo != FILE_CLASS:
                 self.scheduler.observe_service(str(key), in_flight, now - handed)
@@ -337,7 +363,7 @@ class Executor:
 
     async def _vad_step(self, key: ModelKey) -> bool:
         # keys in turn, at most VAD_BATCH_S of audio a call: another key's windows wait for one bounded call
-        batch, self._vad = round_robin(self._vad, lambda p: p.key_id, lambda p: len(p.payload) / 16000,
+        batch, self._vad = round_robin(self._vad, lambda p: p.key_id, lambda p: _seconds(p.payload),
                                        max_items=VAD_BATCH, max_units=VAD_BATCH_S)
         if not batch:
             return False
@@ -366,7 +392,7 @@ class Executor:
         files = any(w.slo == FILE_CLASS for w in batch)
         if not cold and not files:  # a file's piece is not a stream's item: admission's cost model learns neither
             self.scheduler.observe(str(key), len(batch), done - t0, overlapped)
-        record_batch(key, key.stage, [(w.payload.trace, w.enqueued, w.tentative) for w in batch], t0, done)
+        record_batch(key, key.stage, [(_pending(w).trace, w.enqueued, w.tentative) for w in batch], t0, done)
         if self.metrics is not None:
             self.metrics.batch_size.labels(model=str(key)).observe(len(batch))
             self.metrics.stage("model:" + key.task, done - t0)
@@ -416,7 +442,7 @@ class Executor:
     def release(self, stream_id: str) -> None:
         """A stream ended: its queued work resolves to None and its reservation is freed."""
         for w in self.scheduler.drop_stream(stream_id):
-            _resolve(w.payload.future, None)
+            _resolve(_pending(w).future, None)
         if self.metrics is not None:
             self.metrics.active_streams.set(len(self.scheduler.admitted))
 
@@ -448,12 +474,23 @@ def _lanes_of(key: ModelKey, settings: Settings) -> int:
     return 1
 
 
-def _on_loop(loop: asyncio.AbstractEventLoop, settle: Callable[[Future[Any]], None]
-             ) -> Callable[[Future[Any]], object]:
+def _on_loop(loop: asyncio.AbstractEventLoop, settle: Callable[[Future[object]], None]
+             ) -> Callable[[Future[object]], object]:
     """A done-callback for a runner's future (called on the runner's thread) that runs ``settle`` on ``loop``."""
     return lambda done: loop.call_soon_threadsafe(settle, done)
 
 
-def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+def _seconds(audio: object) -> float:
+    """A VAD item's seconds of 16 kHz audio (its share of a VAD call)."""
+    return len(audio) / 16000 if isinstance(audio, Sized) else 0.0
+
+
+def _pending(w: WorkItem) -> _Pending:
+    """The executor's own part of a scheduled item (every item it submits carries one as its payload)."""
+    assert isinstance(w.payload, _Pending)
+    return w.payload
+
+
+def _resolve(fut: asyncio.Future[object], value: object) -> None:
     if not fut.done():
         fut.set_result(value)

@@ -19,15 +19,15 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidParameter, MalformedOutput
 from ..models.base import ASRResult, OCRLine
 from .keys import ModelKey
-from .ports import AsrOutput, DetectInput, TranscribeInput
+from .ports import AsrOutput, DetectInput, MtInput, TranscribeInput
 
 KINDS = ("delay", "error", "hang", "garbage")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
@@ -47,11 +47,11 @@ class Fault:
     def matches(self, key: str) -> bool:
         return self.model == "*" or key.startswith(self.model)
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> dict[str, object]:
         return asdict(self)
 
 
-def parse_fault(body: Any) -> Fault:
+def parse_fault(body: object) -> Fault:
     """A fault from the admin API's JSON; raises InvalidParameter with what is wrong."""
     if not isinstance(body, dict):
         raise InvalidParameter("send a JSON object {model, kind, delay_s, fraction, after}")
@@ -97,11 +97,11 @@ def delay_of(f: Fault, rng: random.Random) -> float:
     return f.delay_s + (rng.expovariate(1.0 / f.jitter_s) if f.jitter_s > 0 else 0.0)
 
 
-def garble(key: str, results: list[Any], rng: random.Random) -> list[Any]:
+def garble(key: str, results: Sequence[object], rng: random.Random) -> list[object]:
     """What a broken backend might hand back instead of ``results``."""
     choice = rng.randrange(4)
     if choice == 0 or not results:
-        return results[:-1] if results else [None]  # one output short
+        return list(results[:-1]) if results else [None]  # one output short
     if choice == 1:
         return [None] * len(results)
     if key.startswith("asr"):
@@ -109,11 +109,11 @@ def garble(key: str, results: list[Any], rng: random.Random) -> list[Any]:
     return ["\x00\x01\ufffd" * 20] * len(results)
 
 
-def _text_ok(text: Any, limit: int) -> bool:
+def _text_ok(text: object, limit: int) -> bool:
     return isinstance(text, str) and len(text) <= limit and not _CONTROL.search(text)
 
 
-def check_outputs(key: ModelKey, args: list[Any], results: Any) -> list[Any]:
+def check_outputs(key: ModelKey, args: list[object], results: object) -> list[object]:
     """Reject a batch whose outputs cannot be captions: raises MalformedOutput, returns the list otherwise."""
     if not isinstance(results, list) or len(results) != len(args):
         raise MalformedOutput(f"{key} returned {len(results) if isinstance(results, list) else type(results).__name__}"
@@ -129,7 +129,7 @@ def check_outputs(key: ModelKey, args: list[Any], results: Any) -> list[Any]:
         elif key.task == "asr":
             ok = isinstance(r, AsrOutput) and _text_ok(r.text, 4000) and _confidence_ok(r.confidence)
         elif key.task == "mt":
-            ok = _text_ok(r, 10 * len(arg.text) + 200)
+            ok = isinstance(arg, MtInput) and _text_ok(r, 10 * len(arg.text) + 200)
         elif key.task == "ocr":
             ok = isinstance(r, list) and all(isinstance(x, OCRLine) and _text_ok(x.text, 4000) for x in r)
         elif key.task == "tts":

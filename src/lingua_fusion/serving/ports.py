@@ -5,8 +5,10 @@ A stream never sees threads, batches or the scheduler; serving never sees a sess
 Protocols (tests/fakes.py), nothing else.
 
 Contract of ``ModelPort.run(key, payload, ctx)``:
-- ``payload`` and the result have the type of the key's task (table below); the executor may batch ``payload``
-  with other streams' payloads for the same key and runs the batch on that model's own thread.
+- ``payload`` and the result have the type of the key's task (table below, declared by ``run``'s overloads: a
+  ``Request[R]`` payload gets an ``R``, a ``str`` a ``bytes``, a float32 window array (``Audio``) an ``Audio``, a
+  uint8 image (``Image``) a ``list[OCRLine]``; anything else an ``object`` the caller narrows); the executor may
+  batch ``payload`` with other streams' payloads for the same key and runs the batch on that model's own thread.
 - Tentative work (``ctx.tentative``) may be shed by the scheduler under load: ``run`` then returns ``None``. It is
   never retried: a backend failure raises ``BackendError`` at once.
 - Committed work is never shed. A backend failure (error, timeout, malformed output) is retried with backoff and
@@ -22,7 +24,7 @@ Contract of ``ModelPort.run(key, payload, ctx)``:
 | asr | ``TranscribeInput`` (a piece of a file, at most ~30 s) | ``ASRResult`` (Whisper's segments, piece times) |
 | asr (``ModelKey.detect()``) | ``DetectInput`` (an utterance, its candidates) | ``dict[str, float]`` (sums to 1) |
 | mt | ``MtInput`` | ``str`` |
-| ocr | ``np.ndarray`` RGB image, or ``OcrInput`` (an image and its language) | ``list[OcrLine]`` in reading order |
+| ocr | ``np.ndarray`` uint8 RGB image, or ``OcrInput`` (an image, its language) | ``list[OCRLine]``, reading order |
 | tts | ``str`` | ``bytes`` (a WAV file) |
 | spk | ``SpeakerInput`` (a stretch of one voice: a file's part, a stream's utterance) | ``np.ndarray`` (windows, 256) |
 
@@ -35,21 +37,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from ..glossary import Term
+from ..models.base import ASRResult, OCRLine
 from .keys import ModelKey
 
 if TYPE_CHECKING:
     from ..tracing import TraceRef
 
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+Audio = npt.NDArray[np.float32]  # 16 kHz mono samples (VAD's windows), or VAD's speech probability per window
+Image = npt.NDArray[np.uint8]  # an RGB picture (height, width, 3)
 
-@dataclass(frozen=True)
-class AsrInput:
-    audio: np.ndarray
-    prompt: str | None = None  # context for the decoder (words on the current slide)
+
+class Request(Generic[R_co]):
+    """A payload whose result type is ``R_co``: ``ModelPort.run`` on a ``Request[R]`` returns an ``R`` (or None)."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,13 @@ class AsrOutput:
 
 
 @dataclass(frozen=True)
-class DetectInput:
+class AsrInput(Request[AsrOutput]):
+    audio: np.ndarray
+    prompt: str | None = None  # context for the decoder (words on the current slide)
+
+
+@dataclass(frozen=True)
+class DetectInput(Request[dict[str, float]]):
     """A stream's committed utterance whose language the server is to tell (start message ``source_lang: "auto"``),
     among ``candidates``: the languages the stream may be in. Whisper scores every language it knows; only the
     candidates count, renormalised, so that a short utterance is not called Galician or Portuguese when the stream
@@ -70,7 +85,7 @@ class DetectInput:
 
 
 @dataclass(frozen=True)
-class TranscribeInput:
+class TranscribeInput(Request[ASRResult]):
     """A piece of a file's speech, transcribed with Whisper's own segments (times from the piece's start)."""
 
     audio: np.ndarray
@@ -85,7 +100,7 @@ class TranscribeInput:
 
 
 @dataclass(frozen=True)
-class OcrInput:
+class OcrInput(Request[list[OCRLine]]):
     """An image to read, with the language of its text when known (Tesseract picks its model by it)."""
 
     image: np.ndarray
@@ -93,7 +108,7 @@ class OcrInput:
 
 
 @dataclass(frozen=True)
-class SpeakerInput:
+class SpeakerInput(Request[Audio]):
     """A stretch of one voice (a file's part of a segment, a stream's utterance; 16 kHz, its quiet frames left out):
     embedded as windows ``hop`` samples apart,
     at most ``most`` of them (models/speaker.py ``windows_of``); the result is their (n, 256) embeddings."""
@@ -119,7 +134,7 @@ def stage_deadline(slo: str, stage: str, start: float) -> float:
 
 
 @dataclass(frozen=True)
-class MtInput:
+class MtInput(Request[str]):
     text: str
     glossary: Sequence[Term] = ()  # this item's own terms: a batch mixes streams with different glossaries
     # names on the stream's slides that this text says, kept as written; matched after the glossary, apart from
@@ -145,7 +160,19 @@ class CallContext:
 
 
 class ModelPort(Protocol):
-    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+    """Every implementation declares ``run`` with these same overloads (the typed contract) over one
+    ``run(key, payload: object, ctx) -> object`` that dispatches on ``key``."""
+
+    @overload
+    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         """Run ``payload`` on model ``key`` within ``ctx``'s SLO (contract in the module docstring)."""
         ...
 

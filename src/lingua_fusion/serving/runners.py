@@ -7,9 +7,9 @@ WhisperLive do.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -20,7 +20,10 @@ from ..models.transcript_guard import guard_text
 from .keys import ModelKey
 from .ports import AsrInput, AsrOutput, DetectInput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 
-Runner = Callable[[list[Any]], list[Any]]
+T = TypeVar("T")
+U = TypeVar("U")
+# a batch of a key's payloads (the ports' types: serving/ports.py) -> their results, in order
+Runner = Callable[[list[object]], Sequence[object]]
 
 
 @runtime_checkable
@@ -32,7 +35,7 @@ class ContinuousRunner(Protocol):
         """How many more items it takes now (its own waiting queue is bounded)."""
         ...
 
-    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
+    def submit(self, payloads: list[object], tentative: list[bool]) -> list[Future[object]]:
         """Queue ``payloads`` (tentative ones are preempted first under memory pressure); each future resolves (on
         the runner's thread) to its result or exception."""
         ...
@@ -44,18 +47,18 @@ class ContinuousRunner(Protocol):
 
 def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False) -> Runner:
     if key == ModelKey.detect():
-        return lambda items: _detect(registry, items)
+        return lambda items: _detect(registry, payloads_of(items, DetectInput))
     if key.task == "asr":
         return _asr(registry, key.source, per_stream)
     if key.task == "mt":
         return _mt(registry, key.source, key.target)
     if key.task == "ocr":
-        return lambda images: [_read(registry, img) for img in images]
+        return lambda images: [_read(registry, img) for img in _either(images, np.ndarray, OcrInput)]
     if key.task == "tts":
-        return lambda texts: [registry.speak_wav(text, key.source) for text in texts]
+        return lambda texts: [registry.speak_wav(text, key.source) for text in payloads_of(texts, str)]
     if key.task == "spk":
-        return lambda stretches: _embed(registry, stretches)
-    return lambda windows: [registry.vad().probabilities(audio) for audio in windows]
+        return lambda stretches: _embed(registry, payloads_of(stretches, SpeakerInput))
+    return lambda windows: [registry.vad().probabilities(audio) for audio in payloads_of(windows, np.ndarray)]
 
 
 def _detect(registry: Registry, items: list[DetectInput]) -> list[dict[str, float]]:
@@ -103,7 +106,8 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
                                            hotwords=it.hotwords, word_timestamps=it.word_timestamps)
         return result
 
-    def run(items: list[AsrInput | TranscribeInput]) -> list[AsrOutput | ASRResult]:
+    def run(batch: list[object]) -> list[AsrOutput | ASRResult]:
+        items = _either(batch, AsrInput, TranscribeInput)
         # the scheduler gives a file's piece a batch of its own (serving/executor.py ASR_MAX_UNITS); a mixed batch
         # (a test's) still answers every item in order
         out: list[AsrOutput | ASRResult | None] = [None] * len(items)
@@ -119,7 +123,8 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
 
 
 def _mt(registry: Registry, src: str, tgt: str) -> Runner:
-    def run(items: list[MtInput]) -> list[str]:
+    def run(batch: list[object]) -> list[str]:
+        items = payloads_of(batch, MtInput)
         route = registry.mt_route(src, tgt)
         translate = registry.route_translator(route)
         texts, terms, names = [it.text for it in items], [it.glossary for it in items], [it.names for it in items]
@@ -131,3 +136,25 @@ def _mt(registry: Registry, src: str, tgt: str) -> Runner:
         return outs
 
     return run
+
+
+
+def payloads_of(items: list[object], kind: type[T]) -> list[T]:
+    """``items`` as the payloads of their key's task (the ports' table): a payload of another type is the caller's
+    bug, a TypeError (the batch fails as a BackendError) rather than an AttributeError deeper in the backend."""
+    out: list[T] = []
+    for it in items:
+        if not isinstance(it, kind):
+            raise TypeError(f"a {type(it).__name__} payload where a {kind.__name__} was due")
+        out.append(it)
+    return out
+
+
+def _either(items: list[object], one: type[T], other: type[U]) -> list[T | U]:
+    """``items`` as payloads of one of two types (``payloads_of``)."""
+    out: list[T | U] = []
+    for it in items:
+        if not isinstance(it, (one, other)):
+            raise TypeError(f"a {type(it).__name__} payload where a {one.__name__} or {other.__name__} was due")
+        out.append(it)
+    return out

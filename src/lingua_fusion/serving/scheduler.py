@@ -22,7 +22,7 @@ import itertools
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .cost_model import CostModel
 from .ports import SLO_CLASSES, STAGE_BUDGET  # the classes are the contract's
@@ -72,7 +72,7 @@ class WorkItem:
     deadline: float
     importance: float = 0.5  # 0..1
     tentative: bool = False  # tentative re-decodes may be shed; committed work never
-    payload: Any = None
+    payload: object = None  # the submitter's own (serving/executor.py: its _Pending); the scheduler never reads it
     slo: str = "standard"
     key_id: str = ""  # the API key whose stream asked: the unit of fairness
     units: float = 1.0  # work size (an MT item: its characters), what fairness and max_units count

@@ -13,21 +13,24 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import BackendError, InjectedFault, LinguaFusionError, ModelTimeout
 from .faults import Fault, check_outputs, delay_of, garble, pick
 from .keys import ModelKey
 from .runners import Runner
 
+if TYPE_CHECKING:
+    from ..observability import Metrics
+
 MAX_HUNG = 2  # threads of one model stuck past their timeout before its calls fail fast
 COLD_TIMEOUT_S = 120.0  # a model's first batch may include loading it
 
 
 class ModelThreads:
-    def __init__(self, timeout_for: Callable[[ModelKey, list[Any], bool], float], metrics: Any = None,
+    def __init__(self, timeout_for: Callable[[ModelKey, list[object], bool], float], metrics: Metrics | None = None,
                  lanes_for: Callable[[ModelKey], int] | None = None) -> None:
         self._timeout_for = timeout_for  # (key, the batch's payloads, warm) -> seconds
         self._lanes_for = lanes_for or (lambda key: 1)  # key -> batches of it that run at once (its threads)
@@ -38,7 +41,7 @@ class ModelThreads:
         self._hung: dict[ModelKey, int] = {}
         self.warm: set[ModelKey] = set()
 
-    async def run(self, key: ModelKey, runner: Runner, payloads: list[Any]) -> list[Any]:
+    async def run(self, key: ModelKey, runner: Runner, payloads: list[object]) -> list[object]:
         """One batch on ``key``'s thread. Raises BackendError (or a subclass) when the backend fails, hangs past
         its timeout or returns output that cannot be a caption."""
         fault = pick(self.faults, str(key), self._rng) if self.faults else None
@@ -50,7 +53,7 @@ class ModelThreads:
         if hung >= MAX_HUNG:
             raise BackendError(f"{key} is not answering ({hung} calls stuck past their timeout); failing fast")
 
-        def work() -> list[Any]:
+        def work() -> Sequence[object]:
             if fault is not None and fault.kind == "hang":
                 time.sleep(fault.delay_s)  # chaos: a wedged backend (the thread is abandoned, then ends)
             return runner(payloads)
@@ -80,7 +83,7 @@ class ModelThreads:
         """Abandoned calls still running, per model key (they fail that model fast at ``MAX_HUNG``)."""
         return {str(k): n for k, n in self._hung.items() if n}
 
-    def _abandon(self, key: ModelKey, pool: ThreadPoolExecutor, running: asyncio.Future[Any]) -> None:
+    def _abandon(self, key: ModelKey, pool: ThreadPoolExecutor, running: asyncio.Future[Sequence[object]]) -> None:
         self._hung[key] = self._hung.get(key, 0) + 1  # read again: one may have returned meanwhile
         # the stuck thread's pool takes no more work (its other lanes' calls finish on it); the next call gets a
         # fresh pool. Another lane may have replaced it already: that newer pool stays.
@@ -88,7 +91,7 @@ class ModelThreads:
             del self._pools[key]
         pool.shutdown(wait=False)
 
-        def unstuck(f: asyncio.Future[Any]) -> None:
+        def unstuck(f: asyncio.Future[Sequence[object]]) -> None:
             self._hung[key] = max(0, self._hung.get(key, 1) - 1)
             if not f.cancelled():
                 f.exception()  # retrieved: a late failure of an abandoned call is not an unhandled error

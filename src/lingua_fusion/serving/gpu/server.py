@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ...config import Settings
 from ..keys import ModelKey
-from ..runners import ContinuousRunner, Runner
+from ..runners import ContinuousRunner, Runner, payloads_of
 
 if TYPE_CHECKING:
     from ...models.mt_local import LocalDirMT
     from ...models.registry import Registry
     from ...observability import Metrics
     from ..executor import Executor
+    from ..ports import StageObserver
     from .runner import GpuRunner
     from .torch_mt import EngineMT
 
@@ -87,7 +90,7 @@ class LazyRunner:
         self._runner: Runner | None = None
         self._lock = threading.Lock()
 
-    def __call__(self, batch: list[Any]) -> list[Any]:
+    def __call__(self, batch: list[object]) -> Sequence[object]:
         with self._lock:  # one build, however many lanes call at once
             if self._runner is None:
                 self._runner = self._build()
@@ -109,10 +112,12 @@ def gpu_vad(kind: str, device: str) -> Runner:
         from .silero import silero_vad
 
         log.info("vad: Silero v6 in torch, batched across streams (%s)", device)
-        return silero_vad(device)
+        silero = silero_vad(device)
+        return lambda windows: silero(payloads_of(windows, np.ndarray))
     from .vad import energy_vad
 
-    return energy_vad(device)
+    energy = energy_vad(device)
+    return lambda windows: energy(payloads_of(windows, np.ndarray))
 
 
 def mt_on_engine(settings: Settings, metrics: Metrics | None = None
@@ -132,7 +137,7 @@ def mt_on_engine(settings: Settings, metrics: Metrics | None = None
     return serve
 
 
-def warm_engine(executor: Any, settings: Settings) -> Callable[[], dict[str, str]] | None:
+def warm_engine(executor: object, settings: Settings) -> Callable[[], dict[str, str]] | None:
     """Start building ``models.engine_warm``'s ASR runners now, each on its own thread (DeferredRunner), so a
     language's first streams do not wait for it. Returns a probe of their states by model ("ready", "building",
     "failed: why") for /readyz; None when the engine is off or ``executor`` is another process's (a worker's
@@ -149,10 +154,11 @@ def warm_engine(executor: Any, settings: Settings) -> Callable[[], dict[str, str
     return lambda: {name: runner.state if isinstance(runner, Starting) else "ready" for name, runner in runners.items()}
 
 
-def build_executor(registry: Registry, settings: Settings, metrics: Metrics | None = None,
-                   **kwargs: Any) -> Executor:
+def build_executor(registry: Registry, settings: Settings, metrics: Metrics | None = None, *,
+                   observer: StageObserver | None = None) -> Executor:
     """The server's batched Executor, with the engine's backends when ``models.engine`` is on."""
     from ..executor import Executor
 
-    return Executor(registry, settings, metrics, backends=engine_backends(registry, settings, metrics), **kwargs)
+    return Executor(registry, settings, metrics, backends=engine_backends(registry, settings, metrics),
+                    observer=observer)
 

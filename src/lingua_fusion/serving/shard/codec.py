@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import struct
-from typing import Any
 
 import msgpack
 import numpy as np
@@ -39,11 +38,13 @@ _HEAD = struct.Struct(">I")
 _TYPES: dict[str, type] = {t.__name__: t for t in (AsrInput, AsrOutput, MtInput, Term, OCRLine, Demand,
                                                    TranscribeInput, OcrInput, ASRResult, ASRSegment, ASRWord,
                                                    SpeakerInput, DetectInput)}
+# one message: string keys, values of the closed set of types above (msgpack decodes into plain dicts)
+Message = dict[str, object]
 # fields rebuilt as tuples (hashable: MT compiles a glossary once per tuple; a DetectInput's candidates)
 _TUPLES = {"glossary", "names", "box", "candidates"}
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> object:
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
         return {"__nd": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}
@@ -57,43 +58,47 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} cannot cross to the model process")
 
 
-def _hook(m: dict[Any, Any]) -> Any:
+def _hook(m: dict[str, object]) -> object:
     if "__nd" in m:
         # a copy: backends may write into their input (the wire buffer is read-only)
-        return np.frombuffer(m["data"], dtype=np.dtype(m["__nd"])).reshape(m["shape"]).copy()
+        data, dtype, shape = m["data"], m["__nd"], m["shape"]
+        if not (isinstance(data, bytes) and isinstance(dtype, str) and isinstance(shape, list)):
+            raise ValueError("a malformed array on the model wire")
+        return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
     name = m.pop("__t", None)
     if name is None:
         return m
-    cls = _TYPES.get(name)
+    cls = _TYPES.get(str(name))
     if cls is None:
         raise ValueError(f"unknown type {name!r} on the model wire")
     return cls(**{k: tuple(v) if k in _TUPLES and isinstance(v, list) else v for k, v in m.items()})
 
 
-def encode(msg: dict[str, Any]) -> bytes:
+def encode(msg: Message) -> bytes:
     body: bytes = msgpack.packb(msg, default=_default, use_bin_type=True)  # msgpack is untyped
     if len(body) > MAX_FRAME:
         raise ValueError(f"a model message of {len(body)} bytes is over {MAX_FRAME}")
     return _HEAD.pack(len(body)) + body
 
 
-def decode(body: bytes) -> dict[str, Any]:
+def decode(body: bytes) -> Message:
     msgs = decode_many(body)
     if len(msgs) != 1:
         raise ValueError("expected one model message, got a batch")
     return msgs[0]
 
 
-def decode_many(body: bytes) -> list[dict[str, Any]]:
+def decode_many(body: bytes) -> list[Message]:
     """The messages of one frame: a map, or an array of maps."""
-    msg = msgpack.unpackb(body, object_hook=_hook, raw=False, strict_map_key=False)
+    msg: object = msgpack.unpackb(body, object_hook=_hook, raw=False, strict_map_key=False)  # msgpack is untyped
     msgs = msg if isinstance(msg, list) else [msg]
-    if not msgs or not all(isinstance(m, dict) for m in msgs):
+    maps = [m for m in msgs if isinstance(m, dict)]
+    if not msgs or len(maps) != len(msgs):
         raise ValueError("a model message must be a map")
-    return msgs
+    return maps
 
 
-async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+async def read_frame(reader: asyncio.StreamReader) -> Message:
     """The next message (a frame of exactly one). Raises ``asyncio.IncompleteReadError`` at the end of the stream,
     ``ValueError`` on a frame that is too large or not ours."""
     msgs = await read_frames(reader)
@@ -102,7 +107,7 @@ async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
     return msgs[0]
 
 
-async def read_frames(reader: asyncio.StreamReader) -> list[dict[str, Any]]:
+async def read_frames(reader: asyncio.StreamReader) -> list[Message]:
     """The messages of the next frame (one, or the batch an ``Outbox`` sent)."""
     (n,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
     if n > MAX_FRAME:
@@ -123,7 +128,7 @@ class Outbox:
         self._size = 0
         self._scheduled = False
 
-    def put(self, msg: dict[str, Any]) -> None:
+    def put(self, msg: Message) -> None:
         body = msgpack.packb(msg, default=_default, use_bin_type=True)
         if len(body) > MAX_FRAME - 16:
             raise ValueError(f"a model message of {len(body)} bytes is over {MAX_FRAME}")
@@ -158,19 +163,30 @@ def _array_head(n: int) -> bytes:
     return b"\xdd" + struct.pack(">I", n)
 
 
-def error_to_wire(exc: BaseException) -> dict[str, Any]:
+def error_to_wire(exc: BaseException) -> Message:
     if isinstance(exc, errors.LinguaFusionError):
         return {"cls": type(exc).__name__, "message": exc.message, "details": exc.details,
                 "retry_after": exc.retry_after}
     return {"cls": "BackendError", "message": f"{type(exc).__name__}: {exc}", "details": {}, "retry_after": None}
 
 
-def error_of(wire: dict[str, Any]) -> errors.LinguaFusionError:
+def error_of(wire: object) -> errors.LinguaFusionError:
     """The typed error a reply carries (an unknown class name becomes a BackendError)."""
+    if not isinstance(wire, dict):
+        wire = {}
     cls = getattr(errors, str(wire.get("cls")), None)
     if not (isinstance(cls, type) and issubclass(cls, errors.LinguaFusionError)):
         cls = errors.BackendError
     message, details = str(wire.get("message", "")), wire.get("details") or {}
+    if not isinstance(details, dict):
+        details = {}
     if issubclass(cls, errors.Overloaded):
-        return cls(message, retry_after=float(wire.get("retry_after") or 1.0), details=details)
+        retry_after = wire.get("retry_after") or 1.0
+        return cls(message, retry_after=float(retry_after) if isinstance(retry_after, int | float | str) else 1.0,
+                   details=details)
     return cls(message, details=details)
+
+
+def integer(value: object) -> int:
+    """A count a message carries (a reply's ``depth``, a ping's pid): 0 when absent."""
+    return int(value) if isinstance(value, int | float | str) and value else 0

@@ -27,7 +27,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from ...config import Settings
 from ...errors import BackendError, LinguaFusionError, Overloaded
@@ -42,6 +42,9 @@ from . import codec
 from .ledger import KeyCounts, Ledger
 from .remote import link_in_flight
 
+if TYPE_CHECKING:
+    from ...observability import Metrics
+
 log = logging.getLogger("lingua_fusion.serving.shard")
 MAX_IN_FLIGHT = 4096  # requests one worker connection may have running here, at least (or the link's bound)
 MODES = ("batched", "per-stream")
@@ -49,10 +52,16 @@ CLOSE_S = 5.0  # for the connections' handlers to return once their sockets are 
 DRAIN_GRACE_S = 15.0  # past the workers' drain deadline (api/workers.py kills a worker then)
 
 
+
+class Settable(Protocol):
+    """What ``serve`` is told it is ready with (a threading or multiprocessing Event)."""
+
+    def set(self) -> None: ...
+
 class ModelServer:
     """The executors ("batched", and "per-stream" for admin benchmark streams) behind one socket."""
 
-    def __init__(self, settings: Settings, registry: Registry, metrics: Any = None,
+    def __init__(self, settings: Settings, registry: Registry, metrics: Metrics | None = None,
                  tracer: Tracer | None = None, ledger: Ledger | None = None) -> None:
         self.settings = settings
         self.registry = registry
@@ -140,13 +149,16 @@ class ModelServer:
             await asyncio.wait_for(self._none_live.wait(), CLOSE_S)
         return left
 
-    async def _serve(self, conn: int, out: codec.Outbox, msg: dict[str, Any]) -> None:
+    async def _serve(self, conn: int, out: codec.Outbox, msg: codec.Message) -> None:
         op = msg.get("op")
         try:
             if op != "run":
                 raise ValueError(f"unknown op {op!r}")
             key = ModelKey.parse(str(msg["key"]))
-            ctx = CallContext(**msg["ctx"], trace=self._parent(msg))
+            fields = msg["ctx"]
+            if not isinstance(fields, dict):
+                raise TypeError(f"a call context must be a map, not a {type(fields).__name__}")
+            ctx = CallContext(**fields, trace=self._parent(msg))
             engine = self.engine(str(msg["mode"]))
             value = await engine.run(key, msg["payload"], ctx)
             self._reply(out, msg, value=value, depth=engine.depth(key))
@@ -155,11 +167,14 @@ class ModelServer:
         except (ValueError, TypeError, KeyError) as exc:
             self._reply(out, msg, error=LinguaFusionError(f"bad model request: {exc}"))
 
-    def _answer(self, conn: int, out: codec.Outbox, msg: dict[str, Any]) -> None:
+    def _answer(self, conn: int, out: codec.Outbox, msg: codec.Message) -> None:
         """``admit``, ``ping`` and ``engine``: answered at once, in the connection's order (no awaiting in them)."""
         try:
             if msg.get("op") == "admit":
-                self._admit(conn, str(msg["mode"]), msg["demand"], str(msg["key_id"]), bool(msg.get("force")))
+                demand = msg["demand"]
+                if not isinstance(demand, Demand):
+                    raise TypeError(f"admit needs a Demand, not a {type(demand).__name__}")
+                self._admit(conn, str(msg["mode"]), demand, str(msg["key_id"]), bool(msg.get("force")))
                 self._reply(out, msg)
             elif msg.get("op") == "engine":  # the warm runners' states (a worker's /readyz)
                 self._reply(out, msg, value=self.engine_state())
@@ -173,7 +188,7 @@ class ModelServer:
             log.exception("admission failed")
             self._reply(out, msg, error=BackendError(f"admission failed: {type(exc).__name__}: {exc}"))
 
-    def _parent(self, msg: dict[str, Any]) -> TraceRef | None:
+    def _parent(self, msg: codec.Message) -> TraceRef | None:
         """The worker's client span of this call (tracing on, and a traceparent sent), parent of its batch span."""
         if self.tracer is None:
             return None
@@ -213,12 +228,12 @@ class ModelServer:
         self.engine(mode).release(stream_id)
 
     @staticmethod
-    def _reply(out: codec.Outbox, msg: dict[str, Any], *, value: Any = None, depth: int = 0,
+    def _reply(out: codec.Outbox, msg: codec.Message, *, value: object = None, depth: int = 0,
                error: LinguaFusionError | None = None) -> None:
         if out.writer.is_closing():
             return
         if error is not None:
-            reply = {"op": "err", "id": msg.get("id"), "error": codec.error_to_wire(error)}
+            reply: codec.Message = {"op": "err", "id": msg.get("id"), "error": codec.error_to_wire(error)}
         else:
             reply = {"op": "ok", "id": msg.get("id"), "value": value, "depth": depth}
         try:
@@ -231,7 +246,7 @@ class ModelServer:
             await engine.close()
 
 
-async def serve(path: str, settings: Settings, metrics: Any = None, *, ready: Any = None,
+async def serve(path: str, settings: Settings, metrics: Metrics | None = None, *, ready: Settable | None = None,
                 ledger: Ledger | None = None) -> None:
     """Serve on the Unix socket ``path`` until SIGTERM / SIGINT. ``ready`` (an Event) is set once it listens.
     ``ledger``: the admitted streams shared with the other model processes (several: ledger.py)."""

@@ -17,7 +17,6 @@ Tesseract reads every pixel: with ``models.ocr_engine = "tesseract"`` pictures c
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import numpy as np
 
@@ -26,7 +25,7 @@ from ...models.base import OCRLine
 from ...models.ocr import as_read, read_size
 
 
-def shrinks(settings: Settings, payload: Any) -> bool:
+def shrinks(settings: Settings, payload: object) -> bool:
     """This OCR payload is a picture the model process's OCR would resize before reading."""
     return (settings.models.ocr_engine == "rapidocr" and isinstance(payload, np.ndarray) and payload.ndim >= 2
             and read_size(payload.shape[1], payload.shape[0]) is not None)
@@ -39,10 +38,11 @@ async def as_read_off_loop(image: np.ndarray) -> tuple[np.ndarray, tuple[float, 
     return small, (image.shape[1] / small.shape[1], image.shape[0] / small.shape[0])
 
 
-def scaled(lines: list[OCRLine] | None, scale: tuple[float, float]) -> list[OCRLine] | None:
-    """``lines`` with their boxes in the client's picture's pixels (None, shed work, stays None)."""
-    if lines is None:
-        return None
+def scaled(lines: object, scale: tuple[float, float]) -> object:
+    """``lines`` (OCR's ``list[OCRLine]``) with their boxes in the client's picture's pixels (None, shed work, stays
+    None)."""
+    if not isinstance(lines, list):
+        return lines
     sx, sy = scale
     return [OCRLine(ln.text, ln.confidence, (ln.box[0] * sx, ln.box[1] * sy, ln.box[2] * sx, ln.box[3] * sy))
             for ln in lines]

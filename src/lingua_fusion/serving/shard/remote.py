@@ -28,15 +28,18 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import overload
+
+import numpy as np
 
 from ...config import Settings
 from ...errors import BackendError, ModelTimeout, Overloaded
+from ...models.base import OCRLine
 from ...models.registry import Registry
 from ..demand import stream_demand
 from ..faults import Fault
 from ..keys import ModelKey
-from ..ports import FILE_CLASS, CallContext, StageObserver
+from ..ports import FILE_CLASS, Audio, CallContext, Image, R, Request, StageObserver
 from ..scheduler import Demand
 from . import codec, pictures
 
@@ -65,14 +68,14 @@ class ModelLink:
         self.losses = 0  # connections lost (a test and the logs read it)
         self.model_pid = 0  # the model process's, from the handshake
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[int, asyncio.Future[codec.Message]] = {}
         self._outbox: codec.Outbox | None = None  # this connection's: a turn of the loop's requests in one frame
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
     # ---- requests ----------------------------------------------------------------------------------------------
-    async def call(self, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def call(self, msg: codec.Message, timeout_s: float) -> codec.Message:
         """Send ``msg`` and wait for its reply (a dict with ``value`` and ``depth``); raises the typed error the
         model process answered, ``ModelProcessLost``, ``ModelTimeout``, ``Overloaded``, or ``BackendError`` for a
         payload the wire cannot carry."""
@@ -80,7 +83,7 @@ class ModelLink:
         if len(self._pending) >= self.max_in_flight:
             raise Overloaded("too many model requests in flight from this worker", retry_after=1.0)
         ident = next(self._ids)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[codec.Message] = asyncio.get_running_loop().create_future()
         self._pending[ident] = fut
         try:
             try:
@@ -100,9 +103,9 @@ class ModelLink:
     async def ping(self, timeout_s: float) -> int:
         """The model process's pid once it answers (admission's path: its event loop, no model work), or the
         error of ``call``: ``ModelProcessLost`` while it is down, ``ModelTimeout`` when it is wedged."""
-        return int((await self.call({"op": "ping"}, timeout_s))["value"] or 0)
+        return codec.integer((await self.call({"op": "ping"}, timeout_s))["value"])
 
-    def tell(self, msg: dict[str, Any]) -> None:
+    def tell(self, msg: codec.Message) -> None:
         """A message with no reply (``release``); dropped while the link is down (the successor does not know the
         stream either: it is re-registered from ``admitted`` only if still there)."""
         if self._up.is_set():
@@ -115,7 +118,7 @@ class ModelLink:
         except TimeoutError:
             raise ModelProcessLost("the model process is not reachable (restarting?)") from None
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: codec.Message) -> None:
         if self._outbox is None or self._outbox.writer.is_closing():
             raise ModelProcessLost("the model process connection is down")
         self._outbox.put(msg)  # TypeError / ValueError at the caller: a payload that cannot cross
@@ -145,7 +148,7 @@ class ModelLink:
                 hello = await asyncio.wait_for(codec.read_frame(reader), timeout=self.connect_wait_s)
                 if hello.get("op") != "ok":
                     raise ModelProcessLost("the model process did not answer its handshake")
-                self.model_pid, served, tries = int(hello.get("value") or 0), True, 0
+                self.model_pid, served, tries = codec.integer(hello.get("value")), True, 0
                 for (mode, _sid), (demand, key_id) in list(self.admitted.items()):  # a successor: tell it ours
                     self._send({"op": "admit", "id": 0, "mode": mode, "demand": demand, "key_id": key_id,
                                 "force": True})
@@ -173,7 +176,7 @@ class ModelLink:
             except (asyncio.IncompleteReadError, ConnectionError, ValueError):
                 return
             for msg in msgs:
-                fut = self._pending.get(int(msg.get("id") or 0))
+                fut = self._pending.get(codec.integer(msg.get("id")))
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
 
@@ -209,14 +212,26 @@ class RemotePort:
         self.faults: dict[str, Fault] = {}  # chaos runs on a single-process server (serve refuses --chaos here)
         self._depth: dict[ModelKey, int] = {}
 
-    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
-        if key.task == "ocr" and pictures.shrinks(self.settings, payload):  # at the size OCR reads (pictures.py)
+    @overload
+    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
+        # a picture at the size OCR reads it (pictures.py)
+        if key.task == "ocr" and isinstance(payload, np.ndarray) and pictures.shrinks(self.settings, payload):
             small, scale = await pictures.as_read_off_loop(payload)
             return pictures.scaled(await self._run(key, small, ctx), scale)
         return await self._run(key, payload, ctx)
 
-    async def _run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
-        msg = {"op": "run", "key": str(key), "mode": self.mode, "payload": payload, "ctx": _ctx_wire(ctx)}
+    async def _run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
+        msg: codec.Message = {"op": "run", "key": str(key), "mode": self.mode, "payload": payload,
+                              "ctx": _ctx_wire(ctx)}
         if ctx.trace is None:  # tracing off: nothing added to the message
             return await self._call(key, msg, ctx)
         # tracing on: a client span for the round trip (retries included); the model process records the batch's
@@ -228,7 +243,7 @@ class RemotePort:
                 span.set(shed=True)
             return value
 
-    async def _call(self, key: ModelKey, msg: dict[str, Any], ctx: CallContext) -> Any:
+    async def _call(self, key: ModelKey, msg: codec.Message, ctx: CallContext) -> object:
         wait_s = self.settings.server.request_timeout_s
         end = self.clock() + wait_s
         attempt = 0
@@ -243,7 +258,7 @@ class RemotePort:
                 with contextlib.suppress(ModelProcessLost):
                     await self.link.wait_up(min(RESTART_WAIT_S, end - self.clock()))
                 continue
-            self._depth[key] = int(reply.get("depth") or 0)
+            self._depth[key] = codec.integer(reply.get("depth"))
             if self.observer is not None and not ctx.tentative and self.mode == "batched" \
                     and ctx.slo != FILE_CLASS and reply.get("value") is not None:
                 self.observer.stage_done(ctx.slo, key.stage, self.clock() - t0, ctx.key_id)
@@ -288,6 +303,6 @@ class RemotePort:
         await self.link.close()
 
 
-def _ctx_wire(ctx: CallContext) -> dict[str, Any]:
+def _ctx_wire(ctx: CallContext) -> codec.Message:
     """The call context's plain fields (a tracing span stays in this process; its ``traceparent`` is sent)."""
     return {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name != "trace"}
