@@ -20,7 +20,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.serve.config import AutoscalingContext
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class PressureWindow:
         return ratios[min(len(ratios) - 1, int(0.9 * len(ratios)))]
 
 
-def slo_policy(ctx: Any) -> tuple[int, dict[str, Any]]:
+def slo_policy(ctx: AutoscalingContext) -> tuple[int, dict[str, object]]:
     """Serve's custom autoscaling policy (``AutoscalingPolicy(policy_function=...)``): ``ctx`` is Serve's
     ``AutoscalingContext``; its ``aggregated_metrics`` hold each replica's recorded stats."""
     metrics = ctx.aggregated_metrics or {}

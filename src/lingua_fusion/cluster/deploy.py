@@ -16,16 +16,21 @@ a local one owned by this process), deploy both, wait for SIGINT / SIGTERM, have
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ..config import Settings
 from .gateway import MODEL_DEPLOYMENT, MODELS_APP, Gateway
 from .heartbeat import cluster_name, request_drain, wait_drained
 from .replica import ModelReplica
+
+if TYPE_CHECKING:
+    from ray.serve import Application
 
 log = logging.getLogger("lingua_fusion.cluster")
 GATEWAY_APP = "lf-gateway"
@@ -43,22 +48,23 @@ class ClusterSpec:
     model_cpus: float = 1.0
 
 
-def model_app(settings: Settings, spec: ClusterSpec) -> Any:
+def model_app(settings: Settings, spec: ClusterSpec) -> Application:
     from ray import serve
     from ray.serve.config import AutoscalingConfig, AutoscalingPolicy
 
-    options: dict[str, Any] = {"name": MODEL_DEPLOYMENT, "max_ongoing_requests": MAX_ONGOING_MODEL_CALLS,
-                               "ray_actor_options": {"num_cpus": spec.model_cpus},
-                               "health_check_period_s": 2.0, "health_check_timeout_s": 10.0}
+    deployment = functools.partial(serve.deployment, name=MODEL_DEPLOYMENT,
+                                   max_ongoing_requests=MAX_ONGOING_MODEL_CALLS,
+                                   ray_actor_options={"num_cpus": spec.model_cpus},
+                                   health_check_period_s=2.0, health_check_timeout_s=10.0)
     if spec.max_model_replicas and spec.max_model_replicas > spec.model_replicas:
-        options["autoscaling_config"] = AutoscalingConfig(
+        make = deployment(autoscaling_config=AutoscalingConfig(
             min_replicas=spec.model_replicas, max_replicas=spec.max_model_replicas,
             initial_replicas=spec.model_replicas, upscale_delay_s=10.0, downscale_delay_s=120.0,
             look_back_period_s=10.0, metrics_interval_s=2.0,  # Ray 2.60 warns (later refuses) unless look-back > it
-            policy=AutoscalingPolicy(policy_function="lingua_fusion.cluster.autoscale:slo_policy"))
+            policy=AutoscalingPolicy(policy_function="lingua_fusion.cluster.autoscale:slo_policy")))
     else:
-        options["num_replicas"] = spec.model_replicas
-    return serve.deployment(**options)(ModelReplica).bind(settings.model_dump(mode="json"))
+        make = deployment(num_replicas=spec.model_replicas)
+    return make(ModelReplica).bind(settings.model_dump(mode="json"))
 
 
 def gateways_per_node(gateways: int, nodes: int) -> int:
@@ -66,7 +72,7 @@ def gateways_per_node(gateways: int, nodes: int) -> int:
     return -(-gateways // max(1, nodes))
 
 
-def gateway_app(settings: Settings, spec: ClusterSpec, nodes: int = 1) -> Any:
+def gateway_app(settings: Settings, spec: ClusterSpec, nodes: int = 1) -> Application:
     from ray import serve
 
     ingress = serve.ingress()(Gateway)
@@ -111,7 +117,7 @@ def shutdown() -> None:
 
 
 def run_cluster(settings: Settings, spec: ClusterSpec, *, address: str | None, host: str, port: int,
-                ready: Any = None) -> None:
+                ready: Callable[[], object] | None = None) -> None:
     """Deploy, call ``ready()``, then block until SIGINT / SIGTERM; then drain every gateway's streams (as a
     single server does on SIGTERM) and shut Serve down."""
     redis_url, cluster = settings.state.redis_url or "", cluster_name(host, port)
@@ -135,19 +141,31 @@ def run_cluster(settings: Settings, spec: ClusterSpec, *, address: str | None, h
             request_drain(redis_url, cluster, on=False)
 
 
-def _spec(args: dict[str, Any]) -> ClusterSpec:
-    fields = {k: args[k] for k in ("gateways", "model_replicas", "max_model_replicas", "model_cpus") if k in args}
-    return ClusterSpec(**fields)
+class ClusterArgs(TypedDict, total=False):
+    """A Serve config file's ``args`` for ``build_models``/``build_gateway``: ``ClusterSpec``'s fields (others are
+    ignored)."""
+    gateways: int
+    model_replicas: int
+    max_model_replicas: int | None
+    model_cpus: float
 
 
-def build_models(args: dict[str, Any]) -> Any:
+def _spec(args: ClusterArgs) -> ClusterSpec:
+    d = ClusterSpec()
+    return ClusterSpec(gateways=args.get("gateways", d.gateways),
+                       model_replicas=args.get("model_replicas", d.model_replicas),
+                       max_model_replicas=args.get("max_model_replicas", d.max_model_replicas),
+                       model_cpus=args.get("model_cpus", d.model_cpus))
+
+
+def build_models(args: ClusterArgs) -> Application:
     """The ``lf-models`` application for a Serve config file (KubeRay's ``serveConfigV2``, ``serve deploy``):
     ``import_path: lingua_fusion.cluster.deploy:build_models``; ``args`` as ``ClusterSpec``'s fields; settings from
     the environment (``LINGUAFUSION_*``), as ``linguafusion serve`` reads them."""
     return model_app(Settings(), _spec(args))
 
 
-def build_gateway(args: dict[str, Any]) -> Any:
+def build_gateway(args: ClusterArgs) -> Application:
     """The ``lf-gateway`` application for a Serve config file (route ``/``); needs ``state.redis_url``."""
     settings = Settings()
     if not settings.state.redis_url:

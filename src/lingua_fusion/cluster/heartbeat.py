@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from ..state import redis_keys
 
@@ -51,7 +50,7 @@ class Beat:
 
 class Heartbeat:
     def __init__(self, redis_url: str, cluster: str, beat: Callable[[], Beat], *,
-                 on_drain: Callable[[], Coroutine[Any, Any, None]] | None = None, interval_s: float = 1.0,
+                 on_drain: Callable[[], Coroutine[object, None, None]] | None = None, interval_s: float = 1.0,
                  ttl_s: float = 5.0) -> None:
         import redis.asyncio as aioredis
 
