@@ -12,7 +12,6 @@ EndOffset: d_last - |X|, how long after the source ended the last word came.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 
 def _al(delays: list[float], source_ms: float, target_len: int) -> float:
@@ -45,22 +44,31 @@ def end_offset(delays: list[float], source_ms: float) -> float:
     return delays[-1] - source_ms if delays else float("nan")
 
 
-def delays_from_finals(finals: Iterable[Mapping[str, Any]], *, computation_aware: bool = True) -> list[float]:
+def _number(value: object) -> int | float | str:
+    """An event's number for ``float()`` (anything else is the TypeError ``float()`` would raise)."""
+    if isinstance(value, (int, float, str)):
+        return value
+    raise TypeError(f"not a number: {value!r}")
+
+
+def delays_from_finals(finals: Iterable[Mapping[str, object]], *, computation_aware: bool = True) -> list[float]:
     """One delay per target word, from final caption events (``end`` s, ``latency_s`` or latency_ms.caption)."""
     delays: list[float] = []
     for f in finals:
         words = str(f.get("text") or "").split()
         lag = 0.0
         if computation_aware:
-            if f.get("latency_s") is not None:
-                lag = float(f["latency_s"])
-            elif isinstance(f.get("latency_ms"), Mapping) and "caption" in f["latency_ms"]:
-                lag = float(f["latency_ms"]["caption"]) / 1000
-        delays += [(float(f["end"]) + lag) * 1000] * len(words)
+            latency_s, latency_ms = f.get("latency_s"), f.get("latency_ms")
+            if latency_s is not None:
+                lag = float(_number(latency_s))
+            elif isinstance(latency_ms, Mapping) and "caption" in latency_ms:
+                lag = float(_number(latency_ms["caption"])) / 1000
+        delays += [(float(_number(f["end"])) + lag) * 1000] * len(words)
     return delays
 
 
-def summarize(finals: Sequence[Mapping[str, Any]], source_s: float, reference: str | None = None) -> dict[str, float]:
+def summarize(finals: Sequence[Mapping[str, object]], source_s: float,
+              reference: str | None = None) -> dict[str, float]:
     ref_len = len(reference.split()) if reference else 0
     out: dict[str, float] = {}
     for name, ca in (("", False), ("_ca", True)):

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jiwer
 from sacrebleu.metrics import BLEU, CHRF
+
+from .results import Score
 
 _NORM = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.RemoveMultipleSpaces(), jiwer.Strip()])
 
 
-def bleu(hyps: list[str], refs: list[str]) -> dict[str, Any]:
+def bleu(hyps: list[str], refs: list[str]) -> Score:
     m = BLEU()
     s = m.corpus_score(hyps, [refs])
     return {"score": round(s.score, 2), "signature": str(m.get_signature())}
 
 
-def chrf(hyps: list[str], refs: list[str]) -> dict[str, Any]:
+def chrf(hyps: list[str], refs: list[str]) -> Score:
     m = CHRF()
     s = m.corpus_score(hyps, [refs])
     return {"score": round(s.score, 2), "signature": str(m.get_signature())}

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .results import StudyResult
 
-def _plt() -> Any:
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def _plt() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +27,7 @@ def _plt() -> Any:
     return plt
 
 
-def _finish(plt: Any, fig: Any, ax: Any, out: Path) -> Path:
+def _finish(plt: ModuleType, fig: Figure, ax: Axes, out: Path) -> Path:
     """Grid, legend, tight layout, write the PNG, free the figure."""
     ax.grid(alpha=0.3)
     ax.legend()
@@ -29,7 +37,7 @@ def _finish(plt: Any, fig: Any, ax: Any, out: Path) -> Path:
     return out
 
 
-def plot_study(study: dict[str, Any], out: Path) -> Path:
+def plot_study(study: StudyResult, out: Path) -> Path:
     plt = _plt()
     rows = study["rows"]
     x = list(range(len(rows)))
@@ -57,7 +65,7 @@ def plot_cdf(latencies: dict[str, list[float]], out: Path, title: str) -> Path:
     return _finish(plt, fig, ax, out)
 
 
-def plot_goodput(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
+def plot_goodput(runs: Mapping[str, Sequence[Mapping[str, float]]], out: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for label, rows in runs.items():
@@ -67,7 +75,7 @@ def plot_goodput(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
     return _finish(plt, fig, ax, out)
 
 
-def write_html(path: Path, title: str, report: dict[str, Any], images: list[Path]) -> Path:
+def write_html(path: Path, title: str, report: Mapping[str, object], images: list[Path]) -> Path:
     summary = {k: v for k, v in report.items() if k not in ("paths", "studies", "runs", "streams_detail")}
     parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto}pre{background:#f4f4f4;"
@@ -75,10 +83,11 @@ def write_html(path: Path, title: str, report: dict[str, Any], images: list[Path
     for img in images:
         parts.append(f"<p><img src='{html.escape(img.name)}' alt='{html.escape(img.stem)}'></p>")
     parts.append("<h2>Report</h2><pre>" + html.escape(json.dumps(summary, indent=2, ensure_ascii=False)) + "</pre>")
-    if "paths" in report:
+    paths = report.get("paths")  # an eval report's PathResults
+    if isinstance(paths, dict):
         parts.append("<h2>Quality per path</h2><table border=1 cellpadding=4><tr><th>path</th><th>items</th>"
                      "<th>BLEU</th><th>chrF</th><th>WER</th><th>latency p50 ms</th></tr>")
-        for name, p in report["paths"].items():
+        for name, p in paths.items():
             parts.append(f"<tr><td>{name}</td><td>{p['items']}</td><td>{p['bleu']['score']}</td>"
                          f"<td>{p['chrf']['score']}</td><td>{p['wer']}</td><td>{p['latency_ms']['p50']}</td></tr>")
         parts.append("</table>")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -13,7 +12,8 @@ from ...media import decode_audio, decode_image
 from ...models.tts import to_wav
 from ..chaos import degrade
 from . import quality
-from .runner import evaluate
+from .results import StudyResult, StudyRow, StudySkipped
+from .runner import Translate, evaluate
 from .testset import Item
 
 
@@ -42,21 +42,22 @@ def knee(levels: list[float], joint: list[float]) -> int:
     return int(np.argmax(drops)) if drops else 0
 
 
-def run_study(study: str, items: list[Item], source: str, target: str, translate: Callable[..., Any], *,
-              a: float = 0.6, seed: int = 0, bootstrap: int = 200) -> dict[str, Any]:
+def run_study(study: str, items: list[Item], source: str, target: str, translate: Translate, *,
+              a: float = 0.6, seed: int = 0, bootstrap: int = 200) -> StudyResult | StudySkipped:
     path, levels, label = degrade.STUDIES[study]
     modality = {"speech": "audio", "slides": "image"}[path]
     chosen = [it for it in items if it.modality == modality]
     if not chosen:
         return {"study": study, "skipped": f"the set has no {path} items"}
-    rows = []
+    rows: list[StudyRow] = []
     per_item: list[list[tuple[str, str, str, str]]] = []
     for level in levels:
         res = evaluate(chosen, source, target, translate, transform=_transform(study, level, seed))["paths"][path]
-        rows.append({"level": level, "bleu": res["bleu"]["score"], "chrf": res["chrf"]["score"], "wer": res["wer"],
-                     "joint": quality.joint_score(res["bleu"]["score"], res["wer"], a)})
+        wer, outputs = res.get("wer", 0.0), res.get("outputs", [])  # evaluate sets both on every path
+        rows.append({"level": level, "bleu": res["bleu"]["score"], "chrf": res["chrf"]["score"], "wer": wer,
+                     "joint": quality.joint_score(res["bleu"]["score"], wer, a)})
         per_item.append([(o["translation"], it.target_ref, o["source"], it.source_ref)
-                         for o, it in zip(res["outputs"], chosen, strict=True)])
+                         for o, it in zip(outputs, chosen, strict=True)])
     joint = [r["joint"] for r in rows]
     k = knee(levels, joint)
     # confidence: how often the same step is the knee when the items are resampled with replacement

@@ -5,7 +5,7 @@
       slides/ID.png (or .jpg .webp)                    ID.src.txt (text on it)   ID.<tgt>.txt
       text/ID.src.txt                                                            ID.<tgt>.txt
 
-Any of the three folders may be missing. ``make_builtin(dir)`` writes the project's own small set: sentences we
+Each of the three folders may be missing. ``make_builtin(dir)`` writes the project's own small set: sentences we
 wrote (data/en_es.tsv, read by ``lab.fixtures.builtin_sentences``) spoken by Piper and rendered as slides,
 with our own Spanish references.
 """
