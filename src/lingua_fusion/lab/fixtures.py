@@ -11,7 +11,7 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 DATA = Path(__file__).parent / "eval" / "data"  # the built-in set's sentences (shipped as package data)
 
@@ -31,8 +31,8 @@ def slide_png(text: str, font_size: int = 40) -> bytes:
     from PIL import Image, ImageDraw, ImageFont
 
     font_path = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
-    font: Any = (ImageFont.truetype(font_path, font_size) if Path(font_path).exists()
-                 else ImageFont.load_default())
+    font: ImageFont.FreeTypeFont | ImageFont.ImageFont = \
+        ImageFont.truetype(font_path, font_size) if Path(font_path).exists() else ImageFont.load_default()
     img = Image.new("RGB", (1280, 720), "white")
     ImageDraw.Draw(img).text((60, 320), text, fill="black", font=font)
     buf = io.BytesIO()
@@ -49,6 +49,14 @@ def git_commit() -> str:
         return "unknown"
 
 
-def machine() -> dict[str, Any]:
+class Machine(TypedDict):
+    """Where a report was measured (its ``machine`` key)."""
+
+    platform: str
+    python: str
+    cpus: int | None
+
+
+def machine() -> Machine:
     """The machine a report was measured on."""
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}

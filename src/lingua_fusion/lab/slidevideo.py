@@ -10,9 +10,12 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from PIL import ImageFont
 
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
 FONT_BOLD = "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"
@@ -35,7 +38,7 @@ class Nuisance:
     webcam: bool = False  # a picture-in-picture speaker inset (bottom right) that moves all the time
 
 
-def _font(path: str, size: int) -> Any:
+def _font(path: str, size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     from PIL import ImageFont
 
     return ImageFont.truetype(path, size) if Path(path).exists() else ImageFont.load_default()

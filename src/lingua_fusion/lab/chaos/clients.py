@@ -180,7 +180,7 @@ async def slow_reader(ws_url: str, api_key: str | None, start: dict[str, Any], p
     return p.out
 
 
-def _tcp_closed(sock: Any) -> bool:
+def _tcp_closed(sock: socket.socket) -> bool:
     """Whether the peer closed this TCP connection (FIN or RST), without reading from it (Linux TCP_INFO)."""
     try:
         return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] in TCP_CLOSED)

@@ -41,7 +41,7 @@ def _reset(writer: asyncio.StreamWriter | None) -> None:
     writer.transport.abort()
 
 
-def _reset_backlog(listener: Any) -> None:
+def _reset_backlog(listener: socket.socket) -> None:
     """Reset every connection the kernel completed that asyncio has not accepted yet: closing the listener alone
     leaves such a client connected to nothing, waiting forever."""
     sock = socket.fromfd(listener.fileno(), listener.family, listener.type)  # a dup: closing it keeps the listener
