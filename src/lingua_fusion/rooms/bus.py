@@ -16,9 +16,9 @@ import asyncio
 import functools
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 MAX_FINALS = 1000  # finals a room keeps for late joiners and reconnecting listeners
 MAX_LIVE = 2000  # live events a room's bus keeps for followers that fell behind
@@ -29,16 +29,19 @@ NAMES_SEQ = CLOSED_SEQ - 1
 KEPT = {"final", "speaker_renamed", "closed"}  # the events a room's history keeps
 ENDED_TTL_S = 3600.0  # an ended room's history is kept this long (rooms.ended_ttl_s)
 TTL_S = 24 * 3600.0  # a room's keys expire this long after the room's last write (rooms.ttl_s)
+# an event on a room's bus: a stream's wire event (stream/events.py) stamped with published_at, or the room's own
+# (model.AccessChange). Read back from Redis too: its values are checked where they are read
+RoomEvent: TypeAlias = Mapping[str, object]
 
 
 class RoomBus(Protocol):
-    async def publish(self, room_id: str, event: dict[str, Any]) -> None:
+    async def publish(self, room_id: str, event: RoomEvent) -> None:
         """Send ``event`` (a wire event) to every follower; a final (with ``seq``) is kept in the history too,
         before or atomically with the live send, so a follower that reads history after it started following
         misses nothing; so are the latest ``speaker_renamed`` and ``closed``."""
         ...
 
-    async def history(self, room_id: str, after_seq: int) -> list[dict[str, Any]]:
+    async def history(self, room_id: str, after_seq: int) -> list[RoomEvent]:
         """The latest ``speaker_renamed`` (the current names, whatever ``after_seq``), then the kept finals with
         ``seq > after_seq``, in seq order, each once; then ``closed`` if the room ended."""
         ...
@@ -47,7 +50,7 @@ class RoomBus(Protocol):
         """Where the live feed is now: ``follow`` from here yields only what is published later."""
         ...
 
-    def follow(self, room_id: str, position: str) -> AsyncIterator[dict[str, Any]]:
+    def follow(self, room_id: str, position: str) -> AsyncIterator[RoomEvent]:
         """Every event published after ``position``, in order, until cancelled."""
         ...
 
@@ -58,13 +61,21 @@ class RoomBus(Protocol):
     async def close(self) -> None: ...
 
 
-def kept_seq(event: dict[str, Any]) -> int:
+def seq_of(event: RoomEvent) -> int:
+    """A final's ``seq`` (as ``int()`` reads it: a bus event is JSON that this server wrote)."""
+    seq = event["seq"]
+    if not isinstance(seq, int | float | str):
+        raise TypeError(f"a room event's seq is {type(seq).__name__}")
+    return int(seq)
+
+
+def kept_seq(event: RoomEvent) -> int:
     """Where a kept event sits in a room's history: a final at its seq, the names and ``closed`` past them all."""
     kind = event.get("type")
-    return int(event["seq"]) if kind == "final" else NAMES_SEQ if kind == "speaker_renamed" else CLOSED_SEQ
+    return seq_of(event) if kind == "final" else NAMES_SEQ if kind == "speaker_renamed" else CLOSED_SEQ
 
 
-def names_first(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def names_first(history: Sequence[RoomEvent]) -> list[RoomEvent]:
     """A history (in seq order) with its ``speaker_renamed`` moved to the front: a late listener knows the names
     before the finals that use the labels."""
     return [e for e in history if e.get("type") == "speaker_renamed"] + [
@@ -73,8 +84,8 @@ def names_first(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @dataclass
 class _Channel:
-    finals: dict[int, dict[str, Any]] = field(default_factory=dict)
-    live: deque[tuple[int, dict[str, Any]]] = field(default_factory=lambda: deque(maxlen=MAX_LIVE))
+    finals: dict[int, RoomEvent] = field(default_factory=dict)
+    live: deque[tuple[int, RoomEvent]] = field(default_factory=lambda: deque(maxlen=MAX_LIVE))
     counter: int = 0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
@@ -100,11 +111,11 @@ class LocalRoomBus:
             ch = self._rooms[room_id] = _Channel()
         return ch
 
-    async def publish(self, room_id: str, event: dict[str, Any]) -> None:
+    async def publish(self, room_id: str, event: RoomEvent) -> None:
         ch = self._ch(room_id)
         kind = event.get("type")
         if kind == "final":
-            seq = int(event["seq"])
+            seq = seq_of(event)
             ch.finals[seq] = event
             for old in [s for s in ch.finals if s <= seq - self.max_finals]:  # the last max_finals kept
                 del ch.finals[old]
@@ -118,7 +129,7 @@ class LocalRoomBus:
         async with ch.changed:
             ch.changed.notify_all()
 
-    async def history(self, room_id: str, after_seq: int) -> list[dict[str, Any]]:
+    async def history(self, room_id: str, after_seq: int) -> list[RoomEvent]:
         ch = self._rooms.get(room_id)  # not made here: a history read keeps nothing
         if ch is None:
             return []
@@ -127,7 +138,7 @@ class LocalRoomBus:
     async def position(self, room_id: str) -> str:
         return str(self._ch(room_id).counter)
 
-    async def follow(self, room_id: str, position: str) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self, room_id: str, position: str) -> AsyncIterator[RoomEvent]:
         ch = self._ch(room_id)
         seen = int(position)
         while True:

@@ -16,12 +16,11 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import AuthenticationError, LinguaFusionError, SlowConsumer, TargetNotAllowed
-from .bus import RoomBus
+from .bus import RoomBus, RoomEvent, seq_of
 from .model import ACCESS, AccessChange, project
 
 log = logging.getLogger("lingua_fusion.rooms")
@@ -34,7 +33,7 @@ _ids = itertools.count(1)
 class Outgoing:
     """One event for a listener: the dict (seq, type) and its JSON, encoded once for every listener alike."""
 
-    event: dict[str, Any]
+    event: RoomEvent
     text: str
 
     @property
@@ -44,7 +43,7 @@ class Outgoing:
     @property
     def seq(self) -> int | None:
         s = self.event.get("seq")
-        return int(s) if self.type == "final" and s is not None else None
+        return seq_of(self.event) if self.type == "final" and s is not None else None
 
 
 @dataclass(eq=False)
@@ -121,7 +120,7 @@ class Listener:
 class Encoder:
     """Projection + JSON per (event, language set, speech), cached for the event being fanned out."""
 
-    def __init__(self, event: dict[str, Any]) -> None:
+    def __init__(self, event: RoomEvent) -> None:
         self.event = event
         self._done: dict[tuple[tuple[str, ...], bool], Outgoing | None] = {}
 
@@ -168,7 +167,7 @@ class Feed:
         self.listeners.clear()
         self._on_empty(self)
 
-    def fan_out(self, event: dict[str, Any]) -> None:
+    def fan_out(self, event: RoomEvent) -> None:
         enc = Encoder(event)
         for listener in list(self.listeners):
             out = enc.for_listener(listener.langs, listener.speech)
@@ -220,7 +219,7 @@ def refusal(why: str, change: AccessChange) -> LinguaFusionError:
     return AuthenticationError("this listener token was revoked by the room's owner")
 
 
-def encode_history(events: list[dict[str, Any]], langs: tuple[str, ...]) -> list[Outgoing]:
+def encode_history(events: Sequence[RoomEvent], langs: tuple[str, ...]) -> list[Outgoing]:
     out = []
     for e in events:
         p = project(e, langs)
@@ -229,5 +228,5 @@ def encode_history(events: list[dict[str, Any]], langs: tuple[str, ...]) -> list
     return out
 
 
-def _json(event: dict[str, Any]) -> str:
+def _json(event: RoomEvent) -> str:
     return json.dumps(event, ensure_ascii=False, separators=(",", ":"))

@@ -4,16 +4,17 @@ final it asked for, and the room's end when it has ended (pure)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
 
+from .bus import RoomEvent, seq_of
 from .feed import Outgoing
 from .model import Room
 
 
-def gap_notice(after_seq: int, history: list[dict[str, Any]]) -> list[Outgoing]:
+def gap_notice(after_seq: int, history: Sequence[RoomEvent]) -> list[Outgoing]:
     """An ``error`` first when the history no longer holds every final after ``after_seq`` (a listener
     reconnecting from further back than the last MAX_FINALS), as a resumed stream is told ``log_compacted``."""
-    first = next((int(e["seq"]) for e in history if e.get("type") == "final"), None)
+    first = next((seq_of(e) for e in history if e.get("type") == "final"), None)
     if after_seq <= 0 or first is None or first <= after_seq + 1:
         return []
     notice = {"type": "error", "code": "log_compacted",

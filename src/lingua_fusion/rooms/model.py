@@ -14,8 +14,9 @@ import hashlib
 import json
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 ROOM_ID = re.compile(r"^rm_[0-9a-f]{16}$")
 TOKEN_PREFIX = "lt_"
@@ -52,6 +53,32 @@ class TokenJSON(TypedDict):
     label: str | None
 
 
+class AccessJSON(TypedDict):
+    """An ``AccessChange`` on the bus."""
+
+    type: Literal["access"]
+    reason: str
+    revoked: list[str]
+    everyone: bool
+    allowed: list[str] | None
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _strs(value: object) -> list[str]:
+    """A list of strings from JSON (each item as its ``str``); not a list (None, missing): empty."""
+    return [str(v) for v in value] if isinstance(value, list | tuple) else []
+
+
+def _int(value: object) -> int:
+    """A number from JSON, as ``int()`` reads it."""
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"{type(value).__name__} is not a number")
+    return int(value)
+
+
 class State:
     WAITING = "waiting"  # created by REST, no publisher yet
     LIVE = "live"
@@ -72,16 +99,20 @@ class Room:
     # languages listeners may ask for beyond the publisher's own targets (and the source); None: none beyond them
     allowed_targets: list[str] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Room:
-        return cls(room_id=str(d["room_id"]), owner=str(d["owner"]), created=float(d["created"]),
-                   state=str(d.get("state", State.WAITING)), source_lang=d.get("source_lang"),
-                   targets=list(d.get("targets") or []), stream_id=d.get("stream_id"),
-                   finals=int(d.get("finals", 0)), epoch=int(d.get("epoch", 0)),
-                   allowed_targets=list(d["allowed_targets"]) if d.get("allowed_targets") is not None else None)
+    def from_dict(cls, d: Mapping[str, object]) -> Room:
+        """A room record as ``to_dict`` wrote it (read back from the directory's store)."""
+        created = d["created"]
+        if not isinstance(created, int | float | str):
+            raise TypeError(f"a room's created is {type(created).__name__}")
+        return cls(room_id=str(d["room_id"]), owner=str(d["owner"]), created=float(created),
+                   state=str(d.get("state", State.WAITING)), source_lang=_str(d.get("source_lang")),
+                   targets=_strs(d.get("targets")), stream_id=_str(d.get("stream_id")),
+                   finals=_int(d.get("finals", 0)), epoch=_int(d.get("epoch", 0)),
+                   allowed_targets=_strs(d["allowed_targets"]) if d.get("allowed_targets") is not None else None)
 
     def public(self, listeners: dict[str, int] | None = None) -> RoomJSON:
         out: RoomJSON = {"room_id": self.room_id, "state": self.state, "source_lang": self.source_lang,
@@ -139,15 +170,16 @@ class AccessChange:
     everyone: bool = False
     allowed: tuple[str, ...] | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": ACCESS, "reason": self.reason, "revoked": list(self.revoked), "everyone": self.everyone,
+    def to_wire(self) -> AccessJSON:
+        return {"type": "access", "reason": self.reason, "revoked": list(self.revoked), "everyone": self.everyone,
                 "allowed": list(self.allowed) if self.allowed is not None else None}
 
     @classmethod
-    def from_wire(cls, e: dict[str, Any]) -> AccessChange:
+    def from_wire(cls, e: Mapping[str, object]) -> AccessChange:
+        """An ``access`` event read from the bus (``to_wire``'s)."""
         allowed = e.get("allowed")
-        return cls(str(e.get("reason", "")), tuple(e.get("revoked") or ()), bool(e.get("everyone")),
-                   tuple(allowed) if allowed is not None else None)
+        return cls(str(e.get("reason", "")), tuple(_strs(e.get("revoked"))), bool(e.get("everyone")),
+                   tuple(_strs(allowed)) if allowed is not None else None)
 
     def refuses(self, token_id: str, langs: tuple[str, ...]) -> str | None:
         """Why a listener with this token and these languages must go (``token`` or ``language``), or None."""
@@ -179,26 +211,34 @@ def token_id_of(token: str) -> str:
     return token_id_of_digest(digest(token))
 
 
-def project(event: dict[str, Any], langs: tuple[str, ...], speech: bool = False) -> dict[str, Any] | None:
+def _mapping(value: object) -> Mapping[object, object]:
+    """An event's per-language dict (``translations``); anything else (missing, null): empty."""
+    return value if isinstance(value, dict) else {}
+
+
+def project(event: Mapping[str, object], langs: tuple[str, ...], speech: bool = False) -> dict[str, object] | None:
     """What a listener of ``langs`` is sent for a room ``event`` (None: nothing). A final carries the publisher's
     ``seq`` and, for each of ``langs``, the publisher's own ``translations[lang]``; a language added after the
     final was made is listed in ``untranslated``."""
     kind = event.get("type")
     if kind == "final":
-        have = event.get("translations") or {}
+        have = _mapping(event.get("translations"))
         out = {k: v for k, v in event.items() if k not in ("translations", "text", "low_confidence", "latency_ms")}
-        out["translations"] = {lang: have[lang] for lang in langs if lang in have}
-        out["text"] = out["translations"].get(langs[0], "")
+        mine = {lang: have[lang] for lang in langs if lang in have}
+        out["translations"] = mine
+        out["text"] = mine.get(langs[0], "")
         missing = [lang for lang in langs if lang not in have]
         if missing:
             out["untranslated"] = missing
-        low = [lang for lang in event.get("low_confidence") or () if lang in langs]
+        low_confidence = event.get("low_confidence")
+        low = [lang for lang in low_confidence if lang in langs] if isinstance(low_confidence, list | tuple) else []
         if low:
             out["low_confidence"] = low
         return out
     if kind in ("partial", "revision"):
         # tentative translations: the stream's first target, and the room's other languages when they were made
-        have = event.get("translations") or ({event["lang"]: event.get("text", "")} if event.get("lang") else {})
+        lang = event.get("lang")
+        have = _mapping(event.get("translations")) or ({lang: event.get("text", "")} if lang else {})
         out = {k: v for k, v in event.items() if k not in ("text", "lang", "translations")}
         mine = {lang: have[lang] for lang in langs if lang in have}
         if mine:
@@ -209,7 +249,7 @@ def project(event: dict[str, Any], langs: tuple[str, ...], speech: bool = False)
         return dict(event) if speech and event.get("lang") in langs else None
     if kind == "slide":
         out = {k: v for k, v in event.items() if k != "translations"}
-        have = event.get("translations") or {}
+        have = _mapping(event.get("translations"))
         out["translations"] = {lang: have[lang] for lang in langs if lang in have}
         return out
     if kind in ("closed", "speaker_renamed"):  # a rename carries every name: a late listener's first event

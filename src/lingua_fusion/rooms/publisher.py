@@ -20,13 +20,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..errors import LinguaFusionError
-from ..stream.events import Event
+from ..stream.events import Event, Final, Partial, Slide
 from ..stream.session import StreamSession
-from .bus import RoomBus
+from .bus import RoomBus, seq_of
 from .directory import RoomDirectory
+from .metrics import RoomMetrics
 from .model import PUBLISHED, Room, State
 
 log = logging.getLogger("lingua_fusion.rooms")
@@ -44,7 +44,7 @@ PARTIAL_MT_S = 5.0  # a partial's translation into the room's other languages is
 class RoomPublisher:
     def __init__(self, room_id: str, session: StreamSession, bus: RoomBus, directory: RoomDirectory, *,
                  low_confidence: Callable[[str], bool], clock: Callable[[], float] = time.time,
-                 metrics: Any = None, epoch: int = 0, orphan_s: float = ORPHAN_S,
+                 metrics: RoomMetrics | None = None, epoch: int = 0, orphan_s: float = ORPHAN_S,
                  allowed: frozenset[str] | None = None) -> None:
         self.room_id = room_id
         self.epoch = epoch
@@ -57,18 +57,20 @@ class RoomPublisher:
         self.own = list(session.spec.targets)  # the publisher's own targets: always translated
         self.allowed = allowed if allowed is not None else frozenset(self.own)  # what listeners may add
         self._low_confidence = low_confidence
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=PUBLISH_QUEUE)
+        self._queue: asyncio.Queue[dict[str, object]] = asyncio.Queue(maxsize=PUBLISH_QUEUE)
         self.dropped = 0
         self.finals = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.ended = False
         self._busy = False
         self.finals_tapped = 0
-        self._partial: tuple[dict[str, Any], int] | None = None
+        # the newest partial waiting for its other languages: its room event, that event's translations, and the
+        # finals tapped when it came
+        self._partial: tuple[dict[str, object], dict[str, str], int] | None = None
         self._partial_ready = asyncio.Event()
         self._slides: set[asyncio.Task[None]] = set()
         self.speech_langs: set[str] = set()  # languages some listener wants spoken
-        self._to_speak: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=16)
+        self._to_speak: asyncio.Queue[tuple[int, dict[str, str]]] = asyncio.Queue(maxsize=16)  # seq, translations
 
     def start(self) -> None:
         self.session.tap = self.tap
@@ -86,35 +88,34 @@ class RoomPublisher:
             self._partial_ready.clear()
             if self._partial is None:
                 continue
-            wire, finals_then = self._partial
+            wire, translations, finals_then = self._partial
             self._partial = None
             outs = await self._translate(str(wire["source_text"]), self.session.spec.targets[1:])
-            wire["translations"].update(outs)
+            translations.update(outs)
             if self.finals_tapped == finals_then and not self.ended:
                 self._put(wire)
 
     def tap(self, event: Event) -> None:
         if event.TYPE not in PUBLISHED or self.ended:
             return
-        wire = event.to_wire()
-        wire["published_at"] = round(self.clock(), 6)
-        if event.TYPE in ("partial", "revision"):
+        wire: dict[str, object] = {**event.to_wire(), "published_at": round(self.clock(), 6)}
+        if isinstance(event, Partial):  # and its Revision
             targets = self.session.spec.targets
-            wire["translations"] = {targets[0]: wire.get("text", "")}
-            if len(targets) > 1 and wire.get("source_text"):
-                self._partial = (wire, self.finals_tapped)  # the newest waits; older ones are superseded
+            translations = wire["translations"] = {targets[0]: event.text}
+            if len(targets) > 1 and event.source_text:
+                self._partial = (wire, translations, self.finals_tapped)  # the newest waits; older ones are superseded
                 self._partial_ready.set()
                 return
-        if event.TYPE == "slide" and wire.get("source_text") and len(self._slides) < MAX_SLIDES_IN_FLIGHT:
-            task = asyncio.create_task(self._slide(wire), name=f"room-slide:{self.room_id}")
+        if isinstance(event, Slide) and event.source_text and len(self._slides) < MAX_SLIDES_IN_FLIGHT:
+            task = asyncio.create_task(self._slide(wire, event.source_text), name=f"room-slide:{self.room_id}")
             self._slides.add(task)
             task.add_done_callback(self._slides.discard)
             return
-        if event.TYPE == "final":
+        if isinstance(event, Final):
             self.finals_tapped += 1
             if self.speech_langs:
                 with contextlib.suppress(asyncio.QueueFull):  # far behind: this caption is not spoken
-                    self._to_speak.put_nowait(wire)
+                    self._to_speak.put_nowait((event.seq, event.translations))
         self._put(wire)
 
     async def _speak(self) -> None:
@@ -125,35 +126,35 @@ class RoomPublisher:
         from ..serving.ports import CallContext
 
         while True:
-            wire = await self._to_speak.get()
+            seq, translations = await self._to_speak.get()
             spec = self.session.spec
             ctx = CallContext(spec.stream_id, spec.slo, spec.importance, False, key_id=spec.key_id)
             for lang in sorted(self.speech_langs):
-                text = (wire.get("translations") or {}).get(lang)
+                text = translations.get(lang)
                 if not text or (spec.speech and lang == spec.targets[0]):
                     continue
                 try:
                     wav = await asyncio.wait_for(self.session.jobs.port.run(ModelKey.tts(lang), text, ctx), SPEECH_S)
                 except (LinguaFusionError, TimeoutError) as exc:
-                    log.info("room %s: speech for caption %s in %s failed: %s", self.room_id, wire.get("seq"), lang,
+                    log.info("room %s: speech for caption %s in %s failed: %s", self.room_id, seq, lang,
                              exc)
                     continue
                 if wav and not self.ended:
-                    self._put({"type": "speech", "seq": wire["seq"], "lang": lang, "format": "wav",
+                    self._put({"type": "speech", "seq": seq, "lang": lang, "format": "wav",
                                "audio_base64": base64.b64encode(wav).decode("ascii"),
                                "published_at": round(self.clock(), 6)})
 
-    async def _slide(self, wire: dict[str, Any]) -> None:
+    async def _slide(self, wire: dict[str, object], source_text: str) -> None:
         """A slide's text in every language of the room (the translation memory makes a deck shown in several
         rooms, or again, cost its MT once), then published; untranslated languages are simply absent."""
         spec = self.session.spec
         # committed work, not tentative: a slide read is content listeners keep, not a preview
-        wire["translations"] = await self._translate(str(wire["source_text"]), list(spec.targets), tentative=False,
+        wire["translations"] = await self._translate(source_text, list(spec.targets), tentative=False,
                                                      within_s=SLIDE_MT_S)
         if not self.ended:
             self._put(wire)
 
-    def _put(self, wire: dict[str, Any]) -> None:
+    def _put(self, wire: dict[str, object]) -> None:
         try:
             self._queue.put_nowait(wire)
         except asyncio.QueueFull:
@@ -195,7 +196,7 @@ class RoomPublisher:
             if self.metrics is not None:
                 self.metrics.room_events.labels(type=event["type"]).inc()
             if event["type"] == "final":
-                self.finals = int(event["seq"])
+                self.finals = seq_of(event)
             if event["type"] == "closed":
                 await self._finish()
                 return

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from ..errors import StoreUnavailable
 from ..state import redis_keys as keys
-from .bus import ENDED_TTL_S, KEPT, MAX_FINALS, MAX_LIVE, TTL_S, kept_seq, names_first
+from .bus import ENDED_TTL_S, KEPT, MAX_FINALS, MAX_LIVE, TTL_S, RoomEvent, kept_seq, names_first
 from .directory import RoomLimits
 from .model import ACCESS, Room, State, TokenInfo, token_id_of_digest
 
@@ -64,7 +64,7 @@ def _secs(s: float) -> int:
     return max(1, math.ceil(s))
 
 
-def _client(url: str) -> Any:
+def _client(url: str) -> Any:  # redis-py types every reply bytes | str: decode_responses=True makes them str
     """A client whose pool makes a call wait (up to TIMEOUT_S) for a free connection when all MAX_CONNECTIONS are
     in use. redis-py's default pool raised 'Too many connections' instead: 300 listeners joining one room at once
     made 200 of them, and every other key's room routes meanwhile, fail with 503."""
@@ -85,6 +85,14 @@ async def _call(fn: Callable[[], Awaitable[T]]) -> T:
         raise StoreUnavailable(f"rooms: Redis failed: {exc}", store="the rooms' state store (Redis)") from exc
 
 
+def _event(raw: str | bytes) -> RoomEvent:
+    """A room event read back from Redis (``publish`` wrote it as a JSON object)."""
+    event: object = json.loads(raw)
+    if not isinstance(event, dict):
+        raise TypeError(f"a room event on Redis is {type(event).__name__}, not an object")
+    return event
+
+
 class RedisRoomBus:
     def __init__(self, url: str, *, max_finals: int = MAX_FINALS, ttl_s: float = TTL_S,
                  ended_ttl_s: float = ENDED_TTL_S) -> None:
@@ -94,7 +102,7 @@ class RedisRoomBus:
         self.ttl_s = ttl_s
         self.ended_ttl_s = ended_ttl_s
 
-    async def publish(self, room_id: str, event: dict[str, Any]) -> None:
+    async def publish(self, room_id: str, event: RoomEvent) -> None:
         body = json.dumps(event, ensure_ascii=False)
 
         ttl = _secs(self.ended_ttl_s if event.get("type") in ("closed", ACCESS) else self.ttl_s)
@@ -115,11 +123,11 @@ class RedisRoomBus:
 
         await _call(run)
 
-    async def history(self, room_id: str, after_seq: int) -> list[dict[str, Any]]:
+    async def history(self, room_id: str, after_seq: int) -> list[RoomEvent]:
         rows = await _call(lambda: self._r.zrangebyscore(keys.room_finals(room_id), f"({after_seq}", "+inf"))
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, RoomEvent] = {}
         for raw in rows:
-            e = json.loads(raw)
+            e = _event(raw)
             out[kept_seq(e)] = e
         return names_first([out[s] for s in sorted(out)])
 
@@ -127,7 +135,7 @@ class RedisRoomBus:
         last = await _call(lambda: self._r.xrevrange(keys.room_live(room_id), "+", "-", count=1))
         return str(last[0][0]) if last else "0-0"
 
-    async def follow(self, room_id: str, position: str) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self, room_id: str, position: str) -> AsyncIterator[RoomEvent]:
         """One connection of its own (an XREAD BLOCK holds it); a lost Redis is retried with backoff from the
         last id read, so the follower misses nothing still within MAXLEN."""
         import redis
@@ -148,7 +156,7 @@ class RedisRoomBus:
                 for _stream, entries in got or ():
                     for entry_id, fields in entries:
                         last = entry_id
-                        yield json.loads(fields["e"])
+                        yield _event(fields["e"])
         finally:
             await r.aclose()
 

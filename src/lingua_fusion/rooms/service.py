@@ -33,9 +33,9 @@ from ..errors import (
     QuotaExceeded,
     TargetNotAllowed,
 )
-from ..stream.events import Event, Ready
+from ..stream.events import Ready
 from ..stream.session import StreamSession
-from .bus import LocalRoomBus, RoomBus
+from .bus import LocalRoomBus, RoomBus, seq_of
 from .directory import LocalRoomDirectory, RoomDirectory, RoomLimits
 from .feed import Feed, Listener, encode_history
 from .history import gap_notice, with_closed
@@ -233,11 +233,11 @@ class RoomService:
         return {f.owner for f in self.feeds.values() if f.listeners}
 
     # ---- publishing (RoomHost) ---------------------------------------------------------------------------------
-    async def attach(self, session: StreamSession, room: object, key_id: str, ready: Event,
+    async def attach(self, session: StreamSession, room: object, key_id: str, ready: Ready,
                      room_targets: object = None) -> None:
         self._check_available()
         spec = session.spec
-        resumed = isinstance(ready, Ready) and ready.resumed is not None
+        resumed = ready.resumed is not None
         room_id = await self.directory.room_of_stream(spec.stream_id) if resumed else None
         if room_id is not None and await self.directory.get(room_id) is None:
             room_id = None  # the room it published into was deleted, or forgotten
@@ -276,8 +276,8 @@ class RoomService:
         pub.done.add_done_callback(lambda _t: self._publisher_done(pub))
         self.publishers[record.room_id] = pub
         self.metrics.rooms.set(len(self.publishers))
-        ready.room_id, ready.listener_token = record.room_id, token  # type: ignore[attr-defined]
-        ready.listener_token_id = token_id_of_digest(digest(token))  # type: ignore[attr-defined]
+        ready.room_id, ready.listener_token = record.room_id, token
+        ready.listener_token_id = token_id_of_digest(digest(token))
 
     async def _catch_up(self, room_id: str, session: StreamSession) -> None:
         """A resumed publisher (its server died, or its connection broke): finals it logged but whose room event
@@ -286,7 +286,7 @@ class RoomService:
         if session.journal is None:
             return
         kept = await self.bus.history(room_id, 0)
-        last = max((int(e["seq"]) for e in kept if e.get("type") == "final"), default=0)
+        last = max((seq_of(e) for e in kept if e.get("type") == "final"), default=0)
         missed = await session.logged_finals_after(last)
         for event in missed:
             if int(event["seq"]) <= session.seq:
