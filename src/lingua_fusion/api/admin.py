@@ -8,15 +8,15 @@ from fastapi.responses import JSONResponse
 
 from ..errors import InvalidParameter, PermissionDenied
 from . import spec
-from .deps import AdminKey, JsonBody, context
+from .deps import AdminKey, JsonBody, app_state, context
 
 router = APIRouter()
 
 
-# ---- faults: on the live streams' model executor (request.app.state.streams) -------------------------------
+# ---- faults: on the live streams' model executor (app_state(request.app).streams) -------------------------------
 @router.get("/v1/admin/faults")
 async def list_faults(request: Request, _key: AdminKey) -> dict[str, object]:
-    streams = request.app.state.streams
+    streams = app_state(request.app).streams
     return {"chaos": context(request).settings.server.chaos,
             "faults": {k: f.public() for k, f in streams.executor.faults.items()},
             "stuck_calls": streams.executor.stuck(),
@@ -36,21 +36,21 @@ async def set_fault(request: Request, _key: AdminKey) -> JSONResponse:
     except ValueError as exc:
         raise InvalidParameter("send a JSON object {model, kind, delay_s, fraction, after}") from exc
     fault = parse_fault(body)
-    faults = request.app.state.streams.executor.faults
+    faults = app_state(request.app).streams.executor.faults
     faults[f"{fault.model}/{fault.kind}"] = fault
     return JSONResponse({"faults": {k: f.public() for k, f in faults.items()}}, status_code=201)
 
 
 @router.delete("/v1/admin/faults")
 async def clear_faults(request: Request, _key: AdminKey) -> dict[str, object]:
-    request.app.state.streams.executor.faults.clear()
+    app_state(request.app).streams.executor.faults.clear()
     return {"faults": {}}
 
 
 # ---- the SLO breakers ----------------------------------------------------------------------------------------
 @router.get("/v1/admin/breaker")
 async def breaker_levels(request: Request, _key: AdminKey) -> dict[str, object]:
-    return {"breaker": request.app.state.streams.supervisor.levels_by_class()}
+    return {"breaker": app_state(request.app).streams.supervisor.levels_by_class()}
 
 
 @router.delete("/v1/admin/breaker")
@@ -59,7 +59,7 @@ async def restore_breaker(request: Request, _key: AdminKey) -> dict[str, object]
     who has removed the cause, or a benchmark sweep starting its next row. Degraded streams are told ``restored``;
     the breaker trips again if the cause is still there. Every worker of ``serve --workers N`` restores within a
     second (stream/supervisor.py ``announce_restore``)."""
-    supervisor = request.app.state.streams.supervisor
+    supervisor = app_state(request.app).streams.supervisor
     await context(request).offload(supervisor.announce_restore)
     return {"breaker": supervisor.restore()}
 
@@ -97,8 +97,8 @@ async def list_keys(request: Request, _key: AdminKey) -> dict[str, object]:
 async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str, object]:
     ctx = context(request)
     await ctx.offload(ctx.store.revoke_key, key_id)
-    closed = await request.app.state.streams.revoke(key_id)  # its live streams end (4401); resumes are refused
-    await ctx.offload(request.app.state.tickets.revoke, key_id)  # its unused stream tickets too (api/tickets.py)
+    closed = await app_state(request.app).streams.revoke(key_id)  # its live streams end (4401); resumes are refused
+    await ctx.offload(app_state(request.app).tickets.revoke, key_id)  # its unused stream tickets too (api/tickets.py)
     # its rooms' listeners are closed (4401) on every gateway and the rooms forgotten (rooms/service.py)
-    listeners = await request.app.state.rooms.revoke_key(key_id)
+    listeners = await app_state(request.app).rooms.revoke_key(key_id)
     return {"key_id": key_id, "revoked": True, "streams_closed": closed, "room_listeners_closed": listeners}

@@ -13,7 +13,8 @@ the metrics and the StreamService, and installs the lifespan, the error map and 
   (WS /v1/realtime) over the same FileTranslator and StreamService (docs/openai.md)
 
 Routes reach the translator, store, settings and metrics through ``request.app.state.ctx``
-(``deps.AppContext``).
+(``deps.AppContext``), and the rest of what ``create_app`` builds (the streams, rooms, tickets...) through
+``deps.app_state(app)``, the app's typed ``state``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from . import rooms as rooms_api
 from . import vocab as vocab_api
 from . import ws as ws_routes
 from .admission import Admission
-from .deps import ANONYMOUS, AppContext
+from .deps import ANONYMOUS, AppContext, AppState, app_state, route_path
 from .guard import Guard
 from .revocation import RevocationWatch
 from .takeover import TakeoverWatch
@@ -118,14 +119,10 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
                               "braille.")
     admission = Admission(settings.server.max_concurrent_requests, settings.server.max_waiting_requests,
                           metrics, nice=settings.server.file_nice)
-    app.state.ctx = AppContext(settings=settings, translator=translator, store=store, metrics=metrics,
-                               admission=admission, ready=ready, offload=offload)
-    app.state.metrics = metrics
-    publisher = app.state.metrics_publisher = _publisher(app.state.ctx)
-    app.state.drain_files = admission.begin_drain  # at shutdown (api/server.py DrainingServer)
-    app.state.engine = translator
-    app.state.store = store
-    app.state.settings = settings
+    ctx = AppContext(settings=settings, translator=translator, store=store, metrics=metrics,
+                     admission=admission, ready=ready, offload=offload)
+    publisher = _publisher(ctx)
+    state = app.state = AppState(ctx, publisher)  # what the routes read (deps.app_state); the rest set below
     error_map.install(app)
     app.add_middleware(CountRequests)
     app.add_middleware(Guard, settings=settings)  # outermost: Host, Origin, body bytes (api/guard.py)
@@ -137,7 +134,7 @@ def create_app(settings: Settings | None = None, engine: FileTranslator | None =
     web.install(app)  # /, /ops, /static, stream tickets, /v1/ops/metrics (api/web.py)
     streams = _install_streams(app, settings, translator, metrics, store, offload, executor or build_executor)
     tracing_http.install(app, tracer if tracer is not None else from_settings(settings))
-    app.state.started = time.time()
+    state.started = time.time()
     return app
 
 
@@ -167,9 +164,9 @@ class CountRequests:
         try:
             await self.app(scope, receive, sent)
         finally:
-            route = scope.get("route")
-            scope["app"].state.metrics.requests.labels(route=getattr(route, "path", "unmatched"),
-                                                       status=str(sent.status)).inc()
+            path = route_path(scope.get("route"))
+            app_state(scope["app"]).metrics.requests.labels(route="unmatched" if path is None else path,
+                                                            status=str(sent.status)).inc()
 
 
 def _publisher(ctx: AppContext) -> Publisher | None:
@@ -243,7 +240,7 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
         # the engine's warm languages start building now (threads of their own); /readyz waits for them
         probe = warm_engine(service.executor, settings)
         if probe is not None:  # (a worker's is its model process's, set by api/workers.py)
-            app.state.engine_state = probe
+            app_state(app).engine_state = probe
         tasks = [asyncio.create_task(_compact_loop(), name="compact"),
                  asyncio.create_task(takeover.run(), name="takeover-watch")]
         if settings.server.auth:
@@ -268,9 +265,10 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
             await service_log.close()
             await quota.close()
 
-    app.state.streams = service
+    state = app_state(app)
+    state.streams = service
     # streams with a vocabulary_id read signs and lips (api/vocab.py, vision/)
-    service.vocabularies = StreamVocabularies(app.state.vision) if app.state.vision is not None else None
+    service.vocabularies = StreamVocabularies(state.vision)
     # rooms: api/rooms.py, rooms/; a room's listener tokens are dead once its owner's key is revoked
     revoked = _owner_revoked(store, offload) if settings.server.auth else None
     rooms = service.rooms = rooms_api.install(app, settings, metrics, translator.registry, owner_revoked=revoked)
@@ -279,8 +277,8 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
         from ..tm.metrics import TmCollector
 
         metrics.registry.register(TmCollector(tm))
-    app.state.stream_front = front
-    app.state.drain = front.drain
+    state.stream_front = front
+    state.drain = front.drain
 
     async def authenticate(secret: str | None) -> Principal:
         key = ANONYMOUS if not settings.server.auth else await offload(store.authenticate, secret)

@@ -6,13 +6,15 @@ import hmac
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
-from starlette.datastructures import FormData
+from starlette.applications import Starlette
+from starlette.datastructures import FormData, State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Mount, Route, WebSocketRoute
 
 from .. import strict_json
 from ..config import Settings
@@ -23,6 +25,15 @@ from ..observability import Metrics
 from ..state.offload import Offload
 from ..state.users import ApiKey, UserStore
 from .admission import Admission
+
+if TYPE_CHECKING:
+    from ..metrics_publish import Publisher
+    from ..rooms.service import RoomService
+    from ..stream.front import StreamFront
+    from ..stream.service import StreamService
+    from ..tracing import Tracer
+    from ..vision.service import VisionService
+    from .tickets import Tickets
 
 ANONYMOUS = ApiKey("anonymous", "no-auth", ("translate", "admin"), 0.0, False)
 
@@ -40,9 +51,67 @@ class AppContext:
     offload: Offload  # runs the store's blocking calls off the event loop (state/offload.py)
 
 
+# /readyz's checks of a ``serve --workers`` worker (api/workers.py): its model process answers (None) or why not
+ModelCheck = Callable[[], Awaitable[str | None]]
+# the warm engine runners' states by model ("ready", "building", "failed: why"): this process's probe
+# (serving/gpu/server.py warm_engine) or a worker's call to its model process
+EngineStates = dict[str, str]
+EngineProbe = Callable[[], EngineStates | Awaitable[EngineStates]]
+
+
+class AppState(State):
+    """Everything the app and its routes read off ``app.state``, typed; read it through ``app_state(app)``.
+    ``create_app`` makes it the app's ``state`` (a starlette State still: ``app.state.streams`` is the same
+    attribute, as cluster/gateway.py, tracing/http.py, the CLI and the tests read it). The first group is set here;
+    the second by the step of ``create_app`` that builds it, before the app serves; the last is None unless set."""
+
+    ctx: AppContext
+    metrics: Metrics
+    engine: FileTranslator  # ctx.translator
+    store: UserStore  # ctx.store
+    settings: Settings  # ctx.settings
+    metrics_publisher: Publisher | None  # the cluster view's source (metrics_publish.py); None without Redis
+    drain_files: Callable[[float], None]  # at shutdown: file requests still running are answered 503 draining
+
+    vision: VisionService  # api/vocab.py
+    tickets: Tickets  # stream tickets: api/web.py (api/workers.py: a book shared by the workers)
+    streams: StreamService  # the batched streams (api/app.py _install_streams)
+    stream_front: StreamFront  # the streams and the per-stream baseline beside them
+    drain: Callable[[float], Awaitable[None]]  # the streams' drain (api/server.py, cluster/gateway.py)
+    rooms: RoomService  # api/rooms.py
+    started: float  # time.time() once built
+
+    tracer: Tracer | None  # tracing/http.py install: None with tracing off
+    model_check: ModelCheck | None  # a worker's (api/workers.py)
+    engine_state: EngineProbe | None  # with models.engine_warm (api/app.py), or a worker's (api/workers.py)
+
+    def __init__(self, ctx: AppContext, publisher: Publisher | None) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.metrics, self.engine, self.store, self.settings = ctx.metrics, ctx.translator, ctx.store, ctx.settings
+        self.metrics_publisher = publisher
+        self.drain_files = ctx.admission.begin_drain
+        self.tracer = None
+        self.model_check = None
+        self.engine_state = None
+
+
+def app_state(app: Starlette) -> AppState:
+    """The app's typed state (``create_app`` installs it)."""
+    state = app.state
+    if not isinstance(state, AppState):
+        raise TypeError("the app's state is not an AppState: build the app with api.create_app")
+    return state
+
+
 def context(request: Request) -> AppContext:
-    ctx: AppContext = request.app.state.ctx
-    return ctx
+    return app_state(request.app).ctx
+
+
+def route_path(route: object) -> str | None:
+    """A route's path template: a starlette Route, WebSocketRoute or Mount (FastAPI's routes among them); None for
+    anything else (no route matched, a Host)."""
+    return route.path if isinstance(route, Route | WebSocketRoute | Mount) else None
 
 
 # ---- auth --------------------------------------------------------------------------------------------------

@@ -10,20 +10,21 @@ no other inline script runs there. ``validatorUrl: null``: no badge fetched from
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from ..json_types import JSONObject
+from .deps import route_path
 from .headers import CSP, page_policy, script_hashes
 
 ASSETS = "/docs/assets"
 # routes anyone may call; every other operation needs "Authorization: Bearer sk_..." (/metrics: an admin key or
 # the server's metrics token, api/deps.py check_scrape)
 OPEN = {"/healthz", "/readyz", "/v1/models"}
-SCHEME = {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "sk_...",
+SCHEME: JSONObject = {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "sk_...",
                          "description": "An API key from `linguafusion keys create` (Authorization: Bearer sk_...)"}}
 
 
@@ -31,7 +32,7 @@ def install(app: FastAPI) -> None:
     from swagger_ui_bundle import swagger_ui_path
 
     app.router.routes[:] = [r for r in app.router.routes
-                            if getattr(r, "path", None) not in {app.docs_url, app.redoc_url,
+                            if route_path(r) not in {app.docs_url, app.redoc_url,
                                                                 app.swagger_ui_oauth2_redirect_url}]
     app.mount(ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
     page = get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title="LinguaFusion API",
@@ -49,16 +50,24 @@ def install(app: FastAPI) -> None:
     app.openapi = _with_bearer(app, app.openapi)  # type: ignore[method-assign]
 
 
-def _with_bearer(app: FastAPI, build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-    def openapi() -> dict[str, Any]:
+def _with_bearer(app: FastAPI, build: Callable[[], JSONObject]) -> Callable[[], JSONObject]:
+    def openapi() -> JSONObject:
         if app.openapi_schema is not None:
             return app.openapi_schema
-        schema = build()
-        schema.setdefault("components", {}).setdefault("securitySchemes", {}).update(SCHEME)
+        schema = build()  # FastAPI's document: each level below is an object
+        components = schema.setdefault("components", {})
+        assert isinstance(components, dict)
+        schemes = components.setdefault("securitySchemes", {})
+        assert isinstance(schemes, dict)
+        schemes.update(SCHEME)
         schema["security"] = [{"bearerAuth": []}]
-        for path, operations in schema.get("paths", {}).items():
+        paths = schema.get("paths", {})
+        assert isinstance(paths, dict)
+        for path, operations in paths.items():
             if path in OPEN:
+                assert isinstance(operations, dict)
                 for op in operations.values():
+                    assert isinstance(op, dict)
                     op["security"] = []
         app.openapi_schema = schema
         return schema

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import BackendError, Draining, LinguaFusionError, Overloaded
+from .deps import app_state
 
 log = logging.getLogger("lingua_fusion.api")
 DRAINING_RETRY_AFTER = "2"  # seconds: a restarted server is back, or another one takes it
@@ -32,16 +33,14 @@ def retry_headers(err: LinguaFusionError) -> dict[str, str]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(LinguaFusionError)
     async def _lf(request: Request, exc: LinguaFusionError) -> JSONResponse:
-        metrics = getattr(request.app.state, "metrics", None)
-        if metrics:
-            metrics.errors.labels(code=exc.code).inc()
+        app_state(request.app).metrics.errors.labels(code=exc.code).inc()
         if exc.status >= 500:
             log.error("request failed: %s", exc.message)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        request.app.state.metrics.errors.labels(code="invalid_parameter").inc()
+        app_state(request.app).metrics.errors.labels(code="invalid_parameter").inc()
         details = [{"loc": list(e.get("loc", [])), "msg": e.get("msg", "")} for e in exc.errors()][:10]
         return JSONResponse({"error": {"code": "invalid_parameter", "message": "request parameters are invalid",
                                        "details": {"errors": details}}}, status_code=400)
@@ -49,12 +48,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status_code, "bad_request")
-        request.app.state.metrics.errors.labels(code=code).inc()
+        app_state(request.app).metrics.errors.labels(code=code).inc()
         return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        request.app.state.metrics.errors.labels(code="internal").inc()
+        app_state(request.app).metrics.errors.labels(code="internal").inc()
         return JSONResponse({"error": {"code": "internal", "message": "internal error; see the server log"}},
                             status_code=500)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
@@ -26,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import Settings
 from ..errors import HostNotAllowed, LinguaFusionError, OriginNotAllowed, TooLarge
+from .deps import app_state
 from .errors import error_response
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
@@ -210,8 +210,5 @@ async def _refuse_handshake(scope: Scope, send: Send, exc: LinguaFusionError) ->
 
 
 def _count(scope: Scope, exc: LinguaFusionError) -> None:
-    app: Any = scope.get("app")
-    metrics = getattr(getattr(app, "state", None), "metrics", None)
-    if metrics is not None:
-        metrics.errors.labels(code=exc.code).inc()
+    app_state(scope["app"]).metrics.errors.labels(code=exc.code).inc()
 

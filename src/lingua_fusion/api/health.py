@@ -5,16 +5,15 @@ errors, which are an operator's business."""
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import BackendError
 from ..metrics_view import labelled, replica_labels
-from .deps import AppContext, bearer, check_scrape, context
+from .deps import AppContext, app_state, bearer, check_scrape, context
 
 if TYPE_CHECKING:
     from ..metrics_publish import Publisher
@@ -39,22 +38,22 @@ async def readyz(request: Request) -> JSONResponse:
     ready = ctx.ready.is_set()
     registry = ctx.translator.registry
     # auth: whether requests need a key (the web page asks for one before its first request, not after a 401)
-    body: dict[str, Any] = {"ready": ready, "loaded": registry.loaded(), "auth": ctx.settings.server.auth}
+    body: dict[str, object] = {"ready": ready, "loaded": registry.loaded(), "auth": ctx.settings.server.auth}
     workers = registry.workers()  # supervised worker processes: a crash loop makes its routes unavailable, not
     if workers:  # the server (the others still serve): named here, not a 503
         body["workers"] = {key: health.to_dict() for key, health in workers.items()}
         if down := registry.unavailable():
             body["unavailable"] = down
-    check: Callable[[], Awaitable[str | None]] | None = getattr(request.app.state, "model_check", None)
+    app = app_state(request.app)
+    check = app.model_check
     if check is not None:
         problem = await check()
         body["model_process"] = problem or "ok"
         body["ready"] = ready = ready and problem is None
-    engine: Callable[[], Any] | None = getattr(request.app.state, "engine_state", None)
+    engine = app.engine_state
     if engine is not None and body.get("model_process", "ok") == "ok":  # models.engine_warm's runners, here or
-        states = engine()  # (a worker) in its model process, once that answers
-        if inspect.isawaitable(states):
-            states = await states
+        probed = engine()  # (a worker) in its model process, once that answers
+        states = probed if isinstance(probed, dict) else await probed
         if states:
             body["engine"] = states
             body["ready"] = ready = ready and all(state == "ready" for state in states.values())
@@ -80,8 +79,7 @@ async def metrics_route(request: Request) -> Response:
 
 def publisher_of(request: Request) -> Publisher | None:
     """The cluster view's source; None without a shared Redis: this server is then a cluster of one."""
-    publisher: Publisher | None = getattr(request.app.state, "metrics_publisher", None)
-    return publisher
+    return app_state(request.app).metrics_publisher
 
 
 def alone(ctx: AppContext) -> bytes:

@@ -23,7 +23,6 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -37,14 +36,14 @@ from ..json_types import JSONObject
 from ..models.registry import Registry
 from ..observability import Metrics
 from ..rooms.directory import RoomLimits
-from ..rooms.feed import Listener
+from ..rooms.feed import Listener, Outgoing
 from ..rooms.metrics import RoomMetrics
 from ..rooms.model import token_id_of
 from ..rooms.service import RoomService, open_rooms
 from ..stream.events import error_event
 from ..stream.protocol import close_code
 from . import spec
-from .deps import TranslateKey, context, flag
+from .deps import TranslateKey, app_state, context, flag
 from .handshake import offered_secret
 
 log = logging.getLogger("lingua_fusion.api")
@@ -70,13 +69,13 @@ def install(app: FastAPI, settings: Settings, metrics: Metrics, registry: Regist
                         metrics=RoomMetrics(metrics.registry))
     if owner_revoked is not None:
         rooms.owner_revoked = owner_revoked
-    app.state.rooms = rooms
+    app_state(app).rooms = rooms
     app.include_router(router)
     return rooms
 
 
 def _rooms(request: Request | WebSocket) -> RoomService:
-    rooms: RoomService = request.app.state.rooms
+    rooms = app_state(request.app).rooms
     return rooms
 
 
@@ -241,7 +240,7 @@ async def listen_sse(room_id: str, request: Request) -> StreamingResponse:
 async def _sse(rooms: RoomService, listener: Listener) -> AsyncIterator[str]:
     reason = "disconnected"
     events = listener.outgoing().__aiter__()
-    nxt: asyncio.Future[Any] = asyncio.ensure_future(events.__anext__())
+    nxt: asyncio.Future[Outgoing] = asyncio.ensure_future(events.__anext__())
     try:
         while True:
             done, _ = await asyncio.wait({nxt}, timeout=KEEPALIVE_S)  # not wait_for: it would end the generator

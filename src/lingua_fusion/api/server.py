@@ -28,13 +28,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import uvicorn
+from starlette.applications import Starlette
 
 from .. import redact
 from ..config import Settings
+from .deps import app_state
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGISendEvent
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 log = logging.getLogger("lingua_fusion.api")
 # an idle kept-alive connection is closed after this; longer than HTTP clients keep idle connections for reuse
@@ -141,7 +148,7 @@ def guarded_http(settings: Settings) -> type[asyncio.Protocol] | str:
     return GuardedHttpTools
 
 
-def _close_unread(cycle: Any, linger: Callable[[], None]) -> None:
+def _close_unread(cycle: RequestResponseCycle, linger: Callable[[], None]) -> None:
     """An answer that starts before its request's body has ended says ``Connection: close`` (uvicorn would keep
     the connection with the rest of the body unread, and the old linger closed it under a client's next request),
     and the close after it lingers instead of resetting the connection. ``cycle`` is uvicorn's
@@ -149,12 +156,12 @@ def _close_unread(cycle: Any, linger: Callable[[], None]) -> None:
     that says close) are wrapped for this request only."""
     send, transport = cycle.send, cycle.transport
 
-    async def sending(message: Any) -> None:
+    async def sending(message: ASGISendEvent) -> None:
         if message["type"] == "http.response.start" and cycle.more_body:
             cycle.keep_alive = False  # uvicorn adds Connection: close and closes after the answer
         await send(message)
 
-    cycle.send = sending
+    cycle.send = sending  # type: ignore[method-assign]  # this request's cycle only
     cycle.transport = _LingerOnClose(transport, lambda: bool(cycle.more_body), linger)
 
 
@@ -171,7 +178,7 @@ class _LingerOnClose(asyncio.Transport):
     def is_closing(self) -> bool:
         return self._transport.is_closing()
 
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
+    def get_extra_info(self, name: str, default: object = None) -> object:
         return self._transport.get_extra_info(name, default)
 
     def close(self) -> None:
@@ -181,7 +188,7 @@ class _LingerOnClose(asyncio.Transport):
             self._transport.close()
 
 
-def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uvicorn.Server:
+def build_server(app: Starlette, settings: Settings, *, log_level: str = "info") -> uvicorn.Server:
     """The configured server for ``app`` (run it with ``.run()``)."""
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level=log_level,
                             http=guarded_http(settings), ws_max_size=settings.server.max_ws_message_bytes,
@@ -194,14 +201,12 @@ def build_server(app: Any, settings: Settings, *, log_level: str = "info") -> uv
         """On SIGTERM / SIGINT: drain live streams (queued captions logged and sent, clients told to reconnect)
         before uvicorn closes the connections."""
 
-        async def shutdown(self, sockets: Any = None) -> None:
-            await app.state.drain(settings.server.drain_timeout_s)
-            rooms = getattr(app.state, "rooms", None)
-            if rooms is not None:  # room listeners: told to listen again elsewhere (SSE would hold the shutdown)
-                await rooms.drain()
-            begin = getattr(app.state, "drain_files", None)
-            if begin is not None:  # file requests still running are answered 503 draining before uvicorn cuts them
-                begin(GRACEFUL_S - FILE_ANSWER_MARGIN_S)
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            state = app_state(app)
+            await state.drain(settings.server.drain_timeout_s)
+            await state.rooms.drain()  # room listeners: told to listen again elsewhere (SSE would hold the shutdown)
+            # file requests still running are answered 503 draining before uvicorn cuts them
+            state.drain_files(GRACEFUL_S - FILE_ANSWER_MARGIN_S)
             await super().shutdown(sockets)
 
     return DrainingServer(config)

@@ -20,7 +20,7 @@ from ..files.output import check_output_format
 from ..tracing.http import request_trace
 from ..types import TranslationResult
 from . import spec
-from .deps import TranslateKey, context, flag, read_form
+from .deps import TranslateKey, app_state, context, flag, read_form
 
 router = APIRouter()
 
@@ -51,7 +51,7 @@ async def translate(request: Request, key: TranslateKey) -> Response:
         from ..vision import file_signs
 
         # on a worker thread: the vocabulary store is disk or network, and the recogniser may be built
-        signs = await asyncio.to_thread(file_signs.reader, request.app.state.vision, key.key_id,
+        signs = await asyncio.to_thread(file_signs.reader, app_state(request.app).vision, key.key_id,
                                         form.get("vocabulary_id"), secrets.token_hex(6))
     words = flag(_flag(form.get("word_timestamps", "false"), "word_timestamps"))
     source_modality = form.get("source_modality")  # None: FileTranslator.validate tells it from the bytes

@@ -31,28 +31,30 @@ from ..deadline import Deadline
 from ..errors import EmptyInput, InvalidParameter, TooLarge
 from ..files import FileRequest
 from ..json_bounds import landmark_bounds
+from ..json_types import JSONObject
 from ..vision import bigjson
 from ..vision.landmarks import LandmarkSeq
 from ..vision.service import VisionService, recognition_body
 from ..vision.vocab_model import check_gloss, check_kind
 from ..vision.vocab_port import open_vocabularies
 from . import spec
-from .deps import TranslateKey, check_json_type, context, is_json, parse_json, read_form
+from .deps import TranslateKey, app_state, check_json_type, context, is_json, parse_json, read_form
 
 router = APIRouter()
-POINTS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}}
-FRAMES = {"type": "array", "description": "landmark frames, t non-decreasing (docs/video.md)", "items": {
+POINTS: JSONObject = {"type": "array",
+                      "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}}
+FRAMES: JSONObject = {"type": "array", "description": "landmark frames, t non-decreasing (docs/video.md)", "items": {
     "type": "object", "properties": {"t": {"type": "number"}, "left_hand": POINTS, "right_hand": POINTS,
                                      "pose": POINTS, "lips": POINTS}}}
 CREATE = spec.json_body({"type": "object", "required": ["kind"], "additionalProperties": False, "properties": {
     "name": {"type": "string"}, "kind": {"enum": ["sign", "lip"]},
     "lang": {"type": "string", "description": "the language the glosses are written in (default en)"}}})
-EXAMPLE = {"required": True, "content": {
+EXAMPLE: JSONObject = {"required": True, "content": {
     "application/json": {"schema": {"type": "object", "required": ["gloss", "frames"], "additionalProperties": False,
                                     "properties": {"gloss": {"type": "string"}, "frames": FRAMES}}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["gloss", "file"], "properties": {
         "gloss": {"type": "string"}, "file": {"type": "string", "format": "binary", "description": "a video"}}}}}}
-RECOGNISE = {"required": True, "content": {
+RECOGNISE: JSONObject = {"required": True, "content": {
     "application/json": {"schema": {"type": "object", "required": ["frames"], "additionalProperties": False,
                                     "properties": {"frames": FRAMES, "target_lang": {"type": "string"}}}},
     "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
@@ -73,16 +75,15 @@ IMPORT_FIELDS = frozenset({"format", "name", "kind", "lang", "examples"})
 def install(app: FastAPI, settings: Settings) -> VisionService:
     """The vocabulary store and the vision service on ``app.state.vision``, and the routes."""
     service = VisionService(settings, open_vocabularies(settings))  # SQLite, or Redis with state.redis_url
-    app.state.vision = service
+    app_state(app).vision = service
     app.include_router(router)
     return service
 
 
 def close(app: FastAPI) -> None:
-    service: VisionService | None = getattr(app.state, "vision", None)
-    if service is not None:
-        service.close()
-        service.store.close()
+    service = app_state(app).vision
+    service.close()
+    service.store.close()
 
 
 def _text(body: Mapping[str, object], field: str) -> str:
@@ -93,8 +94,7 @@ def _text(body: Mapping[str, object], field: str) -> str:
 
 
 def _vision(request: Request) -> VisionService:
-    service: VisionService = request.app.state.vision
-    return service
+    return app_state(request.app).vision
 
 
 async def _json(request: Request) -> object:

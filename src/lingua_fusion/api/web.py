@@ -24,8 +24,8 @@ from fastapi.staticfiles import StaticFiles
 from ..errors import AuthenticationError, Overloaded
 from ..stream.service import Principal
 from . import opsview
-from .deps import AdminKey, AppContext, TranslateKey, context
-from .tickets import TicketBook, Tickets, is_ticket
+from .deps import AdminKey, TranslateKey, app_state, context
+from .tickets import TicketBook, is_ticket
 
 STATIC = Path(__file__).parent / "static"
 router = APIRouter()
@@ -46,10 +46,10 @@ async def ops_page() -> FileResponse:
 async def stream_ticket(request: Request, key: TranslateKey) -> dict[str, object]:
     """A single-use ticket for one WebSocket stream: ``WS /v1/streams?ticket=<ticket>`` within ``expires_in``
     seconds. Browsers cannot set headers on a WebSocket; the ticket keeps the key itself out of every URL."""
-    service = request.app.state.streams
+    service = app_state(request.app).streams
     if service.quota.held_here(key.key_id) >= service.quota.limit:  # the cap itself: at the stream's open
         raise Overloaded("this key has too many open streams", retry_after=5.0)
-    book: Tickets = request.app.state.tickets
+    book = app_state(request.app).tickets
     ticket = await context(request).offload(book.issue, key.key_id, "admin" in key.scopes, time.monotonic())
     if ticket is None:
         raise Overloaded(f"too many unused stream tickets (at most {book.per_key} a key, {book.max_tickets} "
@@ -72,13 +72,13 @@ async def ops_metrics(request: Request, _key: AdminKey,
 
 
 def install(app: FastAPI) -> None:
-    url = app.state.ctx.settings.state.redis_url  # with Redis, one book for every server (api/redis_tickets.py)
+    url = app_state(app).settings.state.redis_url  # with Redis, one book for every server (api/redis_tickets.py)
     if url:
         from .redis_tickets import RedisTicketBook  # redis-py imports the OpenTelemetry SDK: only when Redis is set
 
-        app.state.tickets = RedisTicketBook(url)
+        app_state(app).tickets = RedisTicketBook(url)
     else:
-        app.state.tickets = TicketBook()
+        app_state(app).tickets = TicketBook()
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="web-static")
 
@@ -92,8 +92,9 @@ def ticketed(app: FastAPI, authenticate: Callable[[str | None], Awaitable[Princi
         if not is_ticket(secret):
             return await authenticate(secret)
         assert secret is not None
-        ctx: AppContext = app.state.ctx
-        ticket = await ctx.offload(app.state.tickets.redeem, secret, time.monotonic())
+        state = app_state(app)
+        ctx = state.ctx
+        ticket = await ctx.offload(state.tickets.redeem, secret, time.monotonic())
         if ctx.settings.server.auth:
             key = await ctx.offload(ctx.store.get_key, ticket.key_id)
             if key is None or key.revoked:

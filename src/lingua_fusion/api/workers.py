@@ -40,7 +40,7 @@ import tempfile
 import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 from ..config import Settings
 from ..errors import LinguaFusionError
@@ -95,6 +95,7 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     from ..serving.engine import Engine
     from ..serving.shard.remote import ModelLink, RemotePort, link_in_flight
     from .app import create_app
+    from .deps import app_state
     from .server import build_server, install_logging
     from .shared_tickets import SharedTicketBook
 
@@ -107,9 +108,10 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
 
     # nothing to warm here: streams' and files' model work alike runs in the model process, which warms its own
     app = create_app(settings, executor=port, warm=False)
+    state = app_state(app)
     # a ticket issued by one worker opens a stream on any (api/shared_tickets.py); the file lives in the run dir
     if not settings.state.redis_url:  # with Redis, the book there is every server's already (api/redis_tickets.py)
-        app.state.tickets = SharedTicketBook(Path(path).parent / "tickets.db")
+        state.tickets = SharedTicketBook(Path(path).parent / "tickets.db")
 
     async def model_check() -> str | None:  # /readyz: this worker's model process answers (api/health.py)
         try:
@@ -120,15 +122,16 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
 
     async def engine_state() -> dict[str, str]:  # /readyz: the model process's warm engine runners (engine_warm)
         try:
-            return dict((await link.call({"op": "engine"}, READY_PING_S))["value"] or {})
+            states = (await link.call({"op": "engine"}, READY_PING_S))["value"]  # by model: "ready", "building"...
+            return dict(states) if isinstance(states, dict) else {}
         except LinguaFusionError:
             return {}  # model_check says why
 
-    app.state.model_check = model_check
+    state.model_check = model_check
     if settings.models.engine_warm_langs():  # its model process builds them at start
-        app.state.engine_state = engine_state
+        state.engine_state = engine_state
     if not settings.state.redis_url:  # in-process rooms would be one worker's: a listener on another finds none
-        app.state.rooms.unavailable = ("rooms need a shared Redis when the server runs several worker processes: "
+        state.rooms.unavailable = ("rooms need a shared Redis when the server runs several worker processes: "
                                        "set LINGUAFUSION_STATE__REDIS_URL, or serve without --workers")
     build_server(app, settings, log_level=log_level).run(sockets=[sock])
 
@@ -286,7 +289,7 @@ class Supervisor:
                 self.restarts += 1
                 self.workers[i] = self._start_worker(sock, i)
 
-    def _stop(self, signum: int, _frame: Any) -> None:
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
 
     def _shutdown(self) -> None:
