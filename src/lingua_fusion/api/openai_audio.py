@@ -19,7 +19,7 @@ import logging
 import math
 import zlib
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import TypedDict
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -33,7 +33,7 @@ from ..files import FileRequest
 from ..files.captions import to_srt, to_vtt
 from ..tracing.http import request_trace
 from ..types import TranslationResult
-from .deps import AppContext, TranslateKey, context, flag, read_form
+from .deps import AppContext, TranslateKey, app_state, context, flag, read_form
 from .errors import retry_headers
 from .openai_compat import language_code, language_name, openai_error, speech_model
 
@@ -46,7 +46,7 @@ GRANULARITIES = ("segment", "word")
 class OpenAIRoute(APIRoute):
     """A route whose errors (its auth dependency's included) are answered in OpenAI's error shape."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[object, None, Response]]:
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
@@ -59,7 +59,7 @@ class OpenAIRoute(APIRoute):
 
 
 def error_response(request: Request, exc: LinguaFusionError) -> JSONResponse:
-    request.app.state.metrics.errors.labels(code=exc.code).inc()
+    app_state(request.app).metrics.errors.labels(code=exc.code).inc()
     if exc.status >= 500:
         log.error("request failed: %s", exc.message)
     return JSONResponse({"error": openai_error(exc)}, status_code=exc.status, headers=retry_headers(exc))
@@ -206,7 +206,7 @@ def render(result: TranslationResult, fmt: str, *, task: str, granularities: tup
         return PlainTextResponse(to_srt(result.segments))
     if fmt == "vtt":
         return PlainTextResponse(to_vtt(result.segments), media_type="text/vtt")
-    body: dict[str, Any] = {"text": text}
+    body: dict[str, object] = {"text": text}
     if fmt == "diarized_json":
         body = {"task": "transcribe", "duration": result.duration_s or 0.0, "text": text,
                 "segments": diarized_segments(result, task)}
@@ -222,10 +222,44 @@ def render(result: TranslationResult, fmt: str, *, task: str, granularities: tup
     return JSONResponse(body)
 
 
-def segments(result: TranslationResult) -> list[dict[str, Any]]:
+class Segment(TypedDict):
+    """OpenAI's ``TranscriptionSegment`` (verbose_json)."""
+
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+class DiarizedSegment(TypedDict):
+    """OpenAI's ``TranscriptionDiarizedSegment`` (diarized_json)."""
+
+    type: str
+    id: str
+    start: float
+    end: float
+    text: str
+    speaker: str
+
+
+class Word(TypedDict):
+    """OpenAI's ``TranscriptionWord`` (verbose_json with word granularity)."""
+
+    word: str
+    start: float
+    end: float
+
+
+def segments(result: TranslationResult) -> list[Segment]:
     """OpenAI's segment objects. What Whisper reports here is one confidence per segment (exp(avg_logprob) times
     1 - no_speech_prob): ``avg_logprob`` is its log, ``no_speech_prob`` 0, ``tokens`` empty (docs/openai.md)."""
-    out = []
+    out: list[Segment] = []
     for i, s in enumerate(result.segments):
         raw = s.text.encode("utf-8")
         out.append({"id": i, "seek": int(round(s.start * 100)), "start": s.start, "end": s.end, "text": s.text,
@@ -236,7 +270,7 @@ def segments(result: TranslationResult) -> list[dict[str, Any]]:
     return out
 
 
-def diarized_segments(result: TranslationResult, task: str) -> list[dict[str, Any]]:
+def diarized_segments(result: TranslationResult, task: str) -> list[DiarizedSegment]:
     """OpenAI's diarized segments (``TranscriptionDiarizedSegment``): speakers named as OpenAI names them, "A",
     "B", ... in order of appearance (ours are S1, S2, ...; ``linguafusion.speakers`` maps one to the other)."""
     return [{"type": "transcript.text.segment", "id": f"seg_{i}", "start": s.start, "end": s.end,
@@ -255,7 +289,7 @@ def openai_speaker(label: str | None) -> str:
     return out
 
 
-def words(result: TranslationResult) -> list[dict[str, Any]]:
+def words(result: TranslationResult) -> list[Word]:
     """OpenAI's word objects, ``{word, start, end}``, every segment's in order (the probability stays on
     /v1/translate's ``segments[].words``: OpenAI's shape has none)."""
     return [{"word": w.word, "start": w.start, "end": w.end} for s in result.segments for w in s.words or ()]
@@ -263,10 +297,10 @@ def words(result: TranslationResult) -> list[dict[str, Any]]:
 
 def extension(result: TranslationResult) -> dict[str, object]:
     """What only this server says about a result (ignored by OpenAI's clients): languages, the route, warnings."""
-    out: dict[str, Any] = {"source_lang": result.source_lang, "target_lang": result.target_lang,
-                           "source_text": result.source_text, "route": result.route, "quality": result.quality,
-                           "low_confidence": result.low_confidence, "models": result.models,
-                           "warnings": result.warnings}
+    out: dict[str, object] = {"source_lang": result.source_lang, "target_lang": result.target_lang,
+                              "source_text": result.source_text, "route": result.route,
+                              "quality": result.quality, "low_confidence": result.low_confidence,
+                              "models": result.models, "warnings": result.warnings}
     if result.glossary_terms_applied:
         out["glossary_terms_applied"] = result.glossary_terms_applied
     speakers = sorted({s.speaker for s in result.segments if s.speaker}, key=lambda x: int(x[1:]))
@@ -286,5 +320,5 @@ async def _events(result: TranslationResult) -> AsyncIterator[str]:
     yield _sse({"type": "transcript.text.done", "text": text})
 
 
-def _sse(event: dict[str, Any]) -> str:
+def _sse(event: dict[str, str]) -> str:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"

@@ -15,10 +15,11 @@ another one (``invalid_api_key``, ``model_not_found``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from .. import langs
 from ..errors import InvalidParameter, LinguaFusionError, NotFound
+from ..json_types import JSONObject
 
 # names of the auto route: OpenAI's transcription models and ours
 AUTO = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-mini-transcribe-2025-12-15",
@@ -100,16 +101,27 @@ def error_type(status: int) -> str:
     return "invalid_request_error" if status < 500 else "server_error"
 
 
-def openai_error(err: LinguaFusionError) -> dict[str, Any]:
+class OpenAIError(TypedDict):
+    """OpenAI's error object (``error`` of an error body or of a realtime ``error`` event)."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str
+    details: NotRequired[JSONObject]  # ours (errors.py), kept as an extra field
+
+
+def openai_error(err: LinguaFusionError) -> OpenAIError:
     """The ``error`` object of OpenAI's error shape for ``err`` (our details kept as an extra field)."""
-    field = err.details.get("field") if isinstance(err.details.get("field"), str) else None
+    named = err.details.get("field")
+    field = named if isinstance(named, str) else None
     param = PARAMS.get(field, field) if field else None
     code = err.code
     if err.code == "unauthenticated":
         code = "invalid_api_key"
     elif isinstance(err, NotFound) and param == "model":
         code = "model_not_found"
-    body: dict[str, Any] = {"message": err.public_message, "type": error_type(err.status), "param": param,
+    body: OpenAIError = {"message": err.public_message, "type": error_type(err.status), "param": param,
                             "code": code}
     if err.details:
         body["details"] = err.details
@@ -138,8 +150,9 @@ def language_name(code: str) -> str:
     return WHISPER_NAMES.get(code, code).replace("_", " ")
 
 
-def language_code(value: str | None, *, field: str) -> str | None:
-    """An ISO 639-1 code or a Whisper language name (``spanish``) -> our code; None when not given."""
+def language_code(value: object, *, field: str) -> str | None:
+    """An ISO 639-1 code or a Whisper language name (``spanish``) -> our code (any other value: its ``str``); None
+    when not given."""
     if value is None or not str(value).strip():
         return None
     v = str(value).strip().lower().replace(" ", "_")

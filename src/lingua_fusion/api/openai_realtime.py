@@ -31,7 +31,6 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
@@ -47,7 +46,7 @@ from . import openai_realtime_events as ev
 from .handshake import offered_secret
 from .openai_compat import error_type, openai_error, realtime_model
 from .openai_realtime_audio import Converter
-from .openai_realtime_events import BETA, GA, SessionConfig
+from .openai_realtime_events import BETA, GA, Dialect, SessionConfig
 from .ws import _Rate, parse_message
 
 log = logging.getLogger("lingua_fusion.api")
@@ -87,7 +86,7 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
     async def realtime(ws: WebSocket) -> None:
         secret, subprotocol = _credentials(ws)
         await ws.accept(subprotocol=subprotocol)
-        dialect = BETA if ws.headers.get("openai-beta", "").lower().startswith("realtime=v1") else GA
+        dialect: Dialect = BETA if ws.headers.get("openai-beta", "").lower().startswith("realtime=v1") else GA
         conn: Transcription | None = None
         try:
             who = await authenticate(secret)
@@ -99,7 +98,7 @@ def install(app: FastAPI, service: StreamService, authenticate: Callable[[str | 
             await conn.run()
         except LinguaFusionError as exc:
             with contextlib.suppress(Exception):
-                await ws.send_text(json.dumps(ev.event("error", error=openai_error(exc))))
+                await ws.send_text(json.dumps(ev.openai_error_event(openai_error(exc))))
                 await ws.close(code=close_code(exc), reason=exc.code)
         except TimeoutError:
             with contextlib.suppress(Exception):
@@ -128,7 +127,7 @@ class Transcription:
     """One realtime transcription session (one socket): client events in, streams of the service, server events
     out."""
 
-    def __init__(self, ws: WebSocket, service: StreamService, who: Principal, dialect: str,
+    def __init__(self, ws: WebSocket, service: StreamService, who: Principal, dialect: Dialect,
                  config: SessionConfig) -> None:
         self.ws, self.service, self.who, self.dialect = ws, service, who, dialect
         self.settings: Settings = service.settings
@@ -141,7 +140,7 @@ class Transcription:
         self._send_lock = asyncio.Lock()
 
     # ---- the socket ----------------------------------------------------------------------------------------
-    async def send(self, *events: dict[str, Any]) -> None:
+    async def send(self, *events: ev.ServerEvent) -> None:
         """Send ``events`` together: nothing another task sends comes between them."""
         async with self._send_lock:
             for event in events:
@@ -174,7 +173,8 @@ class Transcription:
                                       "UTF-16 surrogate (\\ud800-\\udfff) in a string", bounds_of(self.settings))
             if not isinstance(msg, dict):
                 raise InvalidParameter("client events are JSON objects")
-            event_id = msg.get("event_id") if isinstance(msg.get("event_id"), str) else None
+            named = msg.get("event_id")
+            event_id = named if isinstance(named, str) else None
             kind = msg.get("type")
             if kind == "input_audio_buffer.append":
                 await self.append(msg.get("audio"))
@@ -194,7 +194,7 @@ class Transcription:
                                            client_event_id=event_id, details=exc.details or None))
 
     # ---- client events -------------------------------------------------------------------------------------
-    async def update(self, session: Any, dialect: str) -> None:
+    async def update(self, session: object, dialect: Dialect) -> None:
         config = self.config.updated(session)
         parse_start(config.start_message(), self.service.executor.registry.mt_route, [])  # languages, pairs, slo
         if config.glossary_id and self.service.glossary_for is not None:
@@ -207,7 +207,7 @@ class Transcription:
         self.config = config
         await self.send(ev.session_event(config, dialect, created=False))
 
-    async def append(self, audio: Any) -> None:
+    async def append(self, audio: object) -> None:
         try:
             raw = base64.b64decode(str(audio or ""), validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -235,7 +235,7 @@ class Transcription:
             # the commit, then what its finals said so far, as one send (the pump's next delta comes after)
             item, live.committed = live.whole, True
             item.sent = " ".join(item.parts)
-            events = [ev.committed(item.id, self.last_item)]
+            events: list[ev.ServerEvent] = [ev.committed(item.id, self.last_item)]
             if item.sent:
                 events.append(ev.transcription_delta(item.id, item.sent))
             self.last_item = item.id
@@ -359,12 +359,17 @@ class Transcription:
             await self.send(ev.translation_completed(item.id, target, text))
 
     @staticmethod
-    def _extension(live: Live, finals: list[Final]) -> dict[str, Any]:
+    def _extension(live: Live, finals: list[Final]) -> ev.ItemExtension:
         f = finals[-1]
-        out: dict[str, Any] = {"stream_id": live.session.spec.stream_id, "finals": [x.seq for x in finals],
+        out: ev.ItemExtension = {"stream_id": live.session.spec.stream_id, "finals": [x.seq for x in finals],
                                "start_s": round(live.offset_ms / 1000 + f.start, 3),
                                "end_s": round(live.offset_ms / 1000 + f.end, 3), "confidence": f.confidence}
-        for name in ("gated", "note", "low_confidence", "durable"):
-            if getattr(f, name) is not None:
-                out[name] = getattr(f, name)
+        if f.gated is not None:
+            out["gated"] = f.gated
+        if f.note is not None:
+            out["note"] = f.note
+        if f.low_confidence is not None:
+            out["low_confidence"] = f.low_confidence
+        if f.durable is not None:
+            out["durable"] = f.durable
         return out

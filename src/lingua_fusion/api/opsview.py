@@ -13,11 +13,62 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol, TypedDict
 
 from prometheus_client.core import Metric
 
 Labels = dict[str, str]
+
+
+class Sample(TypedDict):
+    name: str
+    labels: Labels
+    value: float
+
+
+class Histogram(TypedDict):
+    """One histogram of the digest; ``buckets``: ``[upper bound, cumulative count]``, the last bound "+Inf"."""
+
+    count: float
+    sum: float
+    mean: float | None
+    p50: float | None
+    p99: float | None
+    buckets: list[list[str | float]]
+
+
+class Summary(TypedDict):
+    """The page's digest (``summarize``); by-label figures map each label value to its sum."""
+
+    active_streams: float
+    streams_admitted: float
+    streams_refused: float
+    streams_unavailable: float
+    requests_refused: float
+    shed: dict[str, float]
+    memory_rss_bytes: float
+    breaker: dict[str, float]
+    breaker_transitions: dict[str, float]
+    queue_depth: dict[str, float]
+    queue_depth_max: dict[str, float]
+    stages: dict[str, Histogram]
+    batch_size: dict[str, Histogram]
+    queue_wait: dict[str, Histogram]
+    caption_latency: dict[str, Histogram]
+    caption_quantiles: dict[str, dict[str, float]]
+    errors: dict[str, float]
+    model_failures: dict[str, float]
+    unlogged_finals: float
+
+
+@dataclass
+class _Family:
+    """One histogram's samples, gathered: its ``(bound, cumulative count)`` buckets, count and sum."""
+
+    buckets: list[tuple[float, float]] = field(default_factory=list)
+    count: float = 0.0
+    sum: float = 0.0
 
 
 class Collecting(Protocol):
@@ -48,9 +99,9 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
     return lower_bound
 
 
-def samples(registry: Collecting) -> list[dict[str, Any]]:
+def samples(registry: Collecting) -> list[Sample]:
     """Every sample of the registry: ``{"name", "labels", "value"}`` (``_created`` timestamps left out)."""
-    out = []
+    out: list[Sample] = []
     for family in registry.collect():
         for s in family.samples:
             if s.name.endswith("_created"):
@@ -59,7 +110,7 @@ def samples(registry: Collecting) -> list[dict[str, Any]]:
     return out
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[Sample]) -> Summary:
     """The page's digest of ``samples`` (pure)."""
 
     def one(name: str) -> float:
@@ -100,24 +151,24 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def histograms(rows: list[dict[str, Any]], name: str, label: str) -> dict[str, dict[str, Any]]:
+def histograms(rows: list[Sample], name: str, label: str) -> dict[str, Histogram]:
     """One histogram family by ``label``: its cumulative buckets, count, sum, mean, p50 and p99."""
-    grouped: dict[str, dict[str, Any]] = defaultdict(lambda: {"buckets": [], "count": 0.0, "sum": 0.0})
+    grouped: dict[str, _Family] = defaultdict(_Family)
     for r in rows:
         if not r["name"].startswith(name):
             continue
         h = grouped[r["labels"].get(label, "")]
         suffix = r["name"][len(name):]
         if suffix == "_bucket":
-            h["buckets"].append((float(r["labels"]["le"]), r["value"]))
+            h.buckets.append((float(r["labels"]["le"]), r["value"]))
         elif suffix == "_count":
-            h["count"] = r["value"]
+            h.count = r["value"]
         elif suffix == "_sum":
-            h["sum"] = r["value"]
-    out = {}
+            h.sum = r["value"]
+    out: dict[str, Histogram] = {}
     for key, h in sorted(grouped.items()):
-        buckets = sorted(h["buckets"])
-        out[key] = {"count": h["count"], "sum": h["sum"], "mean": h["sum"] / h["count"] if h["count"] else None,
+        buckets = sorted(h.buckets)
+        out[key] = {"count": h.count, "sum": h.sum, "mean": h.sum / h.count if h.count else None,
                     "p50": histogram_quantile(0.5, buckets), "p99": histogram_quantile(0.99, buckets),
                     "buckets": [[_le(b), c] for b, c in buckets]}
     return out
@@ -127,6 +178,6 @@ def _le(bound: float) -> str | float:
     return "+Inf" if math.isinf(bound) else bound  # JSON has no infinity
 
 
-def snapshot(registry: Collecting, now: float) -> dict[str, Any]:
+def snapshot(registry: Collecting, now: float) -> dict[str, object]:
     rows = samples(registry)
     return {"time": now, "summary": summarize(rows), "samples": rows}

@@ -6,20 +6,20 @@ declared here and attached with ``openapi_extra``. tests/e2e/test_schemathesis.p
 
 from __future__ import annotations
 
-from typing import Any
+from ..json_types import JSONObject
 
-ERROR = {"type": "object", "required": ["error"],
+ERROR: JSONObject = {"type": "object", "required": ["error"],
          "properties": {"error": {"type": "object", "required": ["code", "message"],
                                   "properties": {"code": {"type": "string"}, "message": {"type": "string"},
                                                  "details": {"type": "object"}}}}}
 
 
-def form_body(schema: dict[str, Any]) -> dict[str, Any]:
+def form_body(schema: JSONObject) -> JSONObject:
     return {"required": True, "content": {"multipart/form-data": {"schema": schema},
                                           "application/x-www-form-urlencoded": {"schema": schema}}}
 
 
-def json_body(schema: dict[str, Any]) -> dict[str, Any]:
+def json_body(schema: JSONObject) -> JSONObject:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
@@ -62,7 +62,7 @@ KEY = json_body({
     "properties": {"name": {"type": "string"}, "scopes": {"type": "array", "items": {"enum": ["translate", "admin"]}}}})
 
 
-def body(request_body: dict[str, Any]) -> dict[str, Any]:
+def body(request_body: JSONObject) -> JSONObject:
     """``openapi_extra`` for a route: its request body and the error envelope every 4xx uses."""
     return {"requestBody": request_body,
             "responses": {"4XX": {"description": "a client error: a stable code and a message",

@@ -30,6 +30,7 @@ from .. import strict_json
 from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, Overloaded, TooLarge
 from ..json_bounds import JsonBounds, bounds_of
+from ..json_types import JSONObject, JSONValue
 from ..stream.events import Event, error_event
 from ..stream.front import StreamFront
 from ..stream.protocol import MAX_START_BYTES, close_code
@@ -122,7 +123,7 @@ def _credentials(ws: WebSocket) -> tuple[str | None, str | None]:
     return ws.query_params.get("api_key"), chosen
 
 
-async def _start(ws: WebSocket, settings: Settings) -> dict[str, Any]:
+async def _start(ws: WebSocket, settings: Settings) -> JSONObject:
     first = await asyncio.wait_for(ws.receive(), timeout=settings.server.stream_idle_timeout_s)
     if first["type"] == "websocket.disconnect":
         raise WebSocketDisconnect(first.get("code", 1000))
@@ -137,14 +138,14 @@ async def _start(ws: WebSocket, settings: Settings) -> dict[str, Any]:
     return msg
 
 
-def _json(raw: str, message: str, bounds: JsonBounds) -> Any:
+def _json(raw: str, message: str, bounds: JsonBounds) -> JSONValue:
     try:  # NaN / Infinity and lone surrogates: refused like any other malformed text (strict_json.py)
         return strict_json.loads(raw, bounds)  # too deep, too many elements: TooLarge before parsing
     except (ValueError, RecursionError) as exc:
         raise InvalidParameter(message) from exc
 
 
-async def parse_message(raw: str, message: str, bounds: JsonBounds) -> Any:
+async def parse_message(raw: str, message: str, bounds: JsonBounds) -> JSONValue:
     """``_json``, on a worker thread for a long message: the measuring is numpy (it lets the loop run) and what
     is then parsed is bounded in elements."""
     if len(raw) <= OFF_LOOP_CHARS:
@@ -218,15 +219,17 @@ async def _read(ws: WebSocket, session: StreamSession, settings: Settings) -> No
             session.notify(error_event(exc))
 
 
-async def _message(text: str, bounds: JsonBounds) -> dict[str, Any]:
+async def _message(text: str, bounds: JsonBounds) -> JSONObject:
     m = await parse_message(text, "messages must be JSON objects or binary PCM16 audio", bounds)
     if not isinstance(m, dict):
         m = {"type": None}  # an unknown message: an error event, the stream goes on
     return m  # its ts is checked by the session (stream/protocol.py check_ts), for in-process streams too
 
 
-async def _feed(session: StreamSession, m: dict[str, Any]) -> None:
-    kind, ts = m.get("type"), m.get("ts")
+async def _feed(session: StreamSession, m: JSONObject) -> None:
+    # the session checks ts (stream/protocol.py check_ts: a JSON value that is not a number is an invalid_parameter
+    # error event there, after the stream's own checks), though its feed_* declare a float | None
+    kind, ts = m.get("type"), _unchecked(m.get("ts"))
     if kind == "audio":
         await session.feed_audio(_b64(m.get("data")), ts)
     elif kind == "image":
@@ -241,7 +244,11 @@ async def _feed(session: StreamSession, m: dict[str, Any]) -> None:
         raise InvalidParameter(f"unknown message type {kind!r} (audio, image, frame, text, rename_speaker, end)")
 
 
-def _b64(value: Any) -> bytes:
+def _unchecked(ts: JSONValue) -> Any:  # noqa: ANN401 - see _feed: the session's check_ts takes any JSON value
+    return ts
+
+
+def _b64(value: object) -> bytes:
     try:
         return base64.b64decode(str(value or ""), validate=True)
     except (binascii.Error, ValueError) as exc:
