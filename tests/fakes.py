@@ -16,6 +16,7 @@ from lingua_fusion.models.base import OCRLine
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, Audio, CallContext, Image, ModelPort, MtInput, R, Request
 from lingua_fusion.stream.contracts import Vocabularies
+from lingua_fusion.stream.events import WireEvent
 from lingua_fusion.stream.journal import StreamLog
 from lingua_fusion.stream.protocol import StreamSpec
 from lingua_fusion.stream.session import StreamOwner, StreamSession
@@ -106,9 +107,9 @@ def session(port: FakePort | None = None, owner: FakeOwner | None = None, *, sto
                          log=StreamLog(store) if store is not None else None, **kw)
 
 
-async def drain(s: StreamSession, wait_s: float = 5.0) -> list[dict[str, Any]]:
+async def drain(s: StreamSession, wait_s: float = 5.0) -> list[WireEvent]:
     """Every event on the wire until ``closed`` (each within ``wait_s``)."""
-    out = []
+    out: list[WireEvent] = []
     while True:
         ev = (await asyncio.wait_for(s.events.get(), timeout=wait_s)).to_wire()
         out.append(ev)
