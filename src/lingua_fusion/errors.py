@@ -46,9 +46,7 @@ or a library's error text; it goes to the server log). Secrets are redacted from
 
 from __future__ import annotations
 
-from typing import Any
-
-from .json_types import JSONObject
+from collections.abc import Mapping
 
 
 class LinguaFusionError(Exception):
@@ -58,10 +56,10 @@ class LinguaFusionError(Exception):
     public: str | None = "internal error; see the server log"  # None: the message itself is for the client
     retry_after: float | None = None  # seconds a client should wait before a retry (Retry-After), where one helps
 
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, *, details: Mapping[str, object] | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.details = details or {}
+        self.details: dict[str, object] = dict(details or {})  # JSON values: sent to the client as they are
 
     @property
     def public_message(self) -> str:
@@ -70,8 +68,9 @@ class LinguaFusionError(Exception):
 
         return redact(self.message if self.public is None else self.public)
 
-    def to_dict(self) -> JSONObject:
-        body: JSONObject = {"code": self.code, "message": self.public_message}
+    def to_dict(self) -> dict[str, object]:
+        """The error's JSON body: ``code``, ``message`` and, when it has them, ``details`` (JSON values)."""
+        body: dict[str, object] = {"code": self.code, "message": self.public_message}
         if self.details:
             body["details"] = self.details
         return body
@@ -172,7 +171,7 @@ class Overloaded(LinguaFusionError):
     retryable = True
     public = None
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, details: dict[str, Any] | None = None,
+    def __init__(self, message: str, *, retry_after: float = 1.0, details: Mapping[str, object] | None = None,
                  not_serving: bool = False):
         super().__init__(message, details=details)
         self.retry_after = retry_after
@@ -218,7 +217,7 @@ class BackendFailed(BackendError):
     code = "backend_failed"
     public = "a model worker failed while serving this request; retry later"
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float = 1.0, details: Mapping[str, object] | None = None) -> None:
         super().__init__(message, details=details)
         self.retry_after = retry_after
 
@@ -250,7 +249,7 @@ class StoreUnavailable(BackendError):
     code = "state_store_unavailable"
     public = "the stream log is unavailable; retry later"
 
-    def __init__(self, message: str, *, store: str = "the stream log", details: dict[str, Any] | None = None):
+    def __init__(self, message: str, *, store: str = "the stream log", details: Mapping[str, object] | None = None):
         """``store``: which one, as the client reads it (the rooms' Redis, the stream log, ...)."""
         super().__init__(message, details=details)
         self.public = f"{store} is unavailable; retry later"
@@ -275,7 +274,7 @@ def _index(cls: type[LinguaFusionError]) -> None:
 _index(LinguaFusionError)
 
 
-def from_code(code: str, message: str, *, status: int | None = None, details: dict[str, Any] | None = None,
+def from_code(code: str, message: str, *, status: int | None = None, details: Mapping[str, object] | None = None,
               retry_after: float | None = None) -> LinguaFusionError:
     """Rebuild a typed error from a server's JSON body (used by the SDK)."""
     cls = _BY_CODE.get(code)

@@ -275,6 +275,52 @@ async def test_a_stream_with_a_vocabulary_sends_sign_captions_on_its_timeline(li
     assert [f.modalities for f in finals] == [["text"]]  # each caption says what it was made from
 
 
+async def test_an_in_process_stream_reads_signs_with_the_translators_own_vocabulary(tmp_path: Path) -> None:
+    """``MultimodalTranslator.local()``: a vocabulary taught in-process is read by an in-process stream (before, the
+    local translator handed its vocabularies to an attribute the stream service never read, and such a stream was
+    refused: 'this server reads no signs')."""
+    from PIL import Image
+
+    from lingua_fusion import MultimodalTranslator
+    from lingua_fusion.config import Settings
+
+    settings = Settings()
+    settings.state_dir = tmp_path
+    translator = MultimodalTranslator.local(settings=settings)
+    try:
+        vid = str(translator.create_vocabulary("local", kind="sign")["vocabulary_id"])
+        for gloss, path in (("across", _line(16)), ("across", _line(24)), ("round", _circle(16)),
+                            ("round", _circle(24))):
+            translator.add_example(vid, gloss, video=_video(path))
+
+        def png(rgb: np.ndarray) -> bytes:
+            buf = io.BytesIO()
+            Image.fromarray(rgb).save(buf, format="PNG")
+            return buf.getvalue()
+
+        empty = png(np.full((480, 640, 3), (60, 90, 120), np.uint8))
+        frames = [(0.5 + i / 15, png(render_hand(p))) for i, p in enumerate(_line(20, y=0.8))]
+        events = []
+        async with translator.stream(["es"], inputs=["video"], vocabulary_id=vid, partials=False) as s:
+            for k in range(5):
+                await s.send_frame(empty, ts=k / 10)
+            for t, data in frames:
+                await s.send_frame(data, ts=t)
+                await asyncio.sleep(1 / 15)
+            for k in range(10):
+                await s.send_frame(empty, ts=frames[-1][0] + (k + 1) / 10)
+                await asyncio.sleep(0.1)
+            await s.end()
+            async for event in s:
+                events.append(event)
+        signs = [e for e in events if e.type == "sign"]
+        assert [e.gloss for e in signs] == ["across"], [e.type for e in events]
+        assert signs[0].translations["es"]
+    finally:
+        await translator.close_streams()
+        translator.close()
+
+
 async def test_a_stream_cannot_use_another_keys_vocabulary(live: Live) -> None:
     from lingua_fusion import MultimodalTranslator
     from lingua_fusion.errors import NotFound as NotFoundError

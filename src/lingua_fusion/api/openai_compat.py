@@ -19,7 +19,7 @@ from typing import NotRequired, TypedDict
 
 from .. import langs
 from ..errors import InvalidParameter, LinguaFusionError, NotFound
-from ..json_types import JSONObject
+from ..json_types import JSONObject, json_object
 
 # names of the auto route: OpenAI's transcription models and ours
 AUTO = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-mini-transcribe-2025-12-15",
@@ -124,7 +124,7 @@ def openai_error(err: LinguaFusionError) -> OpenAIError:
     body: OpenAIError = {"message": err.public_message, "type": error_type(err.status), "param": param,
                             "code": code}
     if err.details:
-        body["details"] = err.details
+        body["details"] = json_object(err.details)
     return body
 
 

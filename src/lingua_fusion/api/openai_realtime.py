@@ -37,6 +37,7 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from ..config import Settings
 from ..errors import ClientError, InvalidParameter, LinguaFusionError, NotFound, TooLarge, from_code
 from ..json_bounds import bounds_of
+from ..json_types import json_object
 from ..stream.budget import check_message
 from ..stream.events import Closed, Error, Final, Partial
 from ..stream.protocol import close_code, parse_start
@@ -191,7 +192,8 @@ class Transcription:
         except ClientError as exc:
             error = openai_error(exc)
             await self.send(ev.error_event(error["message"], code=error["code"], param=error["param"],
-                                           client_event_id=event_id, details=exc.details or None))
+                                           client_event_id=event_id,
+                                           details=json_object(exc.details) if exc.details else None))
 
     # ---- client events -------------------------------------------------------------------------------------
     async def update(self, session: object, dialect: Dialect) -> None:

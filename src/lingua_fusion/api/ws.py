@@ -22,7 +22,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
@@ -228,8 +227,8 @@ async def _message(text: str, bounds: JsonBounds) -> JSONObject:
 
 async def _feed(session: StreamSession, m: JSONObject) -> None:
     # the session checks ts (stream/protocol.py check_ts: a JSON value that is not a number is an invalid_parameter
-    # error event there, after the stream's own checks), though its feed_* declare a float | None
-    kind, ts = m.get("type"), _unchecked(m.get("ts"))
+    # error event there, after the stream's own checks)
+    kind, ts = m.get("type"), m.get("ts")
     if kind == "audio":
         await session.feed_audio(_b64(m.get("data")), ts)
     elif kind == "image":
@@ -242,10 +241,6 @@ async def _feed(session: StreamSession, m: JSONObject) -> None:
         session.rename_speaker(m.get("speaker"), m.get("name"))
     else:
         raise InvalidParameter(f"unknown message type {kind!r} (audio, image, frame, text, rename_speaker, end)")
-
-
-def _unchecked(ts: JSONValue) -> Any:  # noqa: ANN401 - see _feed: the session's check_ts takes any JSON value
-    return ts
 
 
 def _b64(value: object) -> bytes:

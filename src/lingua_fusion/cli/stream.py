@@ -90,7 +90,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
                     words: bool = False) -> int:
     from ..errors import InvalidParameter
     from ..sdk import LocalTranslator, MultimodalTranslator
-    from ..sdk.stream import RemoteStream
+    from ..sdk.stream import LocalStream, RemoteStream
 
     if room and not url:
         raise InvalidParameter("--room publishes the stream on a server for listeners: give --url")
@@ -112,6 +112,7 @@ async def play_file(path: Path, *, targets: list[str], source_lang: str | None, 
     if not realtime:
         chunk_ms = max(chunk_ms, 2000)  # as fast as possible, in bigger pieces (the server limits messages per second)
     step = int(16000 * chunk_ms / 1000) * 2
+    stream: RemoteStream | LocalStream
     if room and isinstance(client, MultimodalTranslator):  # --room needs --url: checked above
         stream = client.stream(tags, source_lang=source_tag or source_lang, slo=slo, partials=partials,
                                diarize=diarize, word_timestamps=words, room=True,

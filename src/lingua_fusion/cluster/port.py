@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any, overload
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol, overload
 
 from ..config import Settings
 from ..errors import BackendError, ModelTimeout, Overloaded
@@ -31,6 +31,9 @@ from ..serving.keys import ModelKey
 from ..serving.ports import FILE_CLASS, Audio, CallContext, Image, R, Request
 from ..serving.scheduler import Demand
 from .wire import Call, Reply
+
+if TYPE_CHECKING:
+    from ..observability import Metrics
 
 log = logging.getLogger("lingua_fusion.cluster")
 REMOTE_TASKS = frozenset({"asr", "mt", "ocr", "tts"})
@@ -45,8 +48,20 @@ def _hop_errors() -> tuple[type[BaseException], ...]:
     return (RayError, RayServeException)
 
 
+class _RunMethod(Protocol):
+    def remote(self, call: Call) -> Awaitable[Reply]: ...
+
+
+class ModelHandle(Protocol):
+    """What the gateway calls of the model replicas' Serve deployment handle: ``handle.run.remote(call)``."""
+
+    @property
+    def run(self) -> _RunMethod: ...
+
+
 class ClusterExecutor(Executor):
-    def __init__(self, registry: Registry, settings: Settings, metrics: Any = None, *, handle: Any,
+    def __init__(self, registry: Registry, settings: Settings, metrics: Metrics | None = None, *,
+                 handle: ModelHandle,
                  remote: frozenset[str] = REMOTE_TASKS) -> None:
         super().__init__(registry, settings, metrics)
         self.handle = handle  # DeploymentHandle of ModelReplica
@@ -89,7 +104,7 @@ class ClusterExecutor(Executor):
                 span.set(shed=True)
             return value
 
-    async def _hop(self, key: ModelKey, payload: Any, ctx: CallContext, traceparent: str | None) -> Any:
+    async def _hop(self, key: ModelKey, payload: object, ctx: CallContext, traceparent: str | None) -> object:
         loop = asyncio.get_running_loop()
         t0 = self.clock()
         deadline = loop.time() + self.settings.server.request_timeout_s

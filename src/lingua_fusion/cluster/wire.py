@@ -11,7 +11,7 @@ not have.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import LinguaFusionError, Overloaded, from_code
 from ..serving.keys import ModelKey
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Call:
     key: str  # ModelKey's string form
-    payload: Any
+    payload: object  # the port's payload (serving/ports.py), pickled by Ray across the hop
     stream_id: str
     slo: str
     importance: float
@@ -34,7 +34,7 @@ class Call:
     traceparent: str | None = None  # the gateway's client span of this call (tracing on)
 
     @classmethod
-    def make(cls, key: ModelKey, payload: Any, ctx: CallContext, now: float,
+    def make(cls, key: ModelKey, payload: object, ctx: CallContext, now: float,
              traceparent: str | None = None) -> Call:
         age = None if ctx.start is None else max(0.0, now - ctx.start)
         return cls(str(key), payload, ctx.stream_id, ctx.slo, ctx.importance, ctx.tentative, age, ctx.key_id,
@@ -51,14 +51,14 @@ class Call:
 
 @dataclass(frozen=True)
 class Reply:
-    value: Any = None
+    value: object = None  # the port's result for the call's payload
     code: str | None = None  # set: the call failed with this error code
     message: str = ""
     retry_after: float | None = None
     depth: int = 0  # the key's queue on the replica after this call (a stream's ``metrics`` event shows it)
 
     @classmethod
-    def ok(cls, value: Any, depth: int) -> Reply:
+    def ok(cls, value: object, depth: int) -> Reply:
         return cls(value=value, depth=depth)
 
     @classmethod
@@ -66,7 +66,7 @@ class Reply:
         retry_after = exc.retry_after if isinstance(exc, Overloaded) else None
         return cls(code=exc.code, message=exc.message, retry_after=retry_after, depth=depth)
 
-    def result(self) -> Any:
+    def result(self) -> object:
         """The value, or the typed error raised again on the gateway."""
         if self.code is not None:
             raise from_code(self.code, self.message, retry_after=self.retry_after)

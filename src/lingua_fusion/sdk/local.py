@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import glossary as glossary_mod
 from ..config import Settings
@@ -14,10 +14,13 @@ from ..json_bounds import bounds_of
 from ..tracing import Tracer, from_settings
 from ..types import TranslationResult
 from ..vision.client import LocalVocabularyMethods
+from .answers import ModelsJSON, is_models
 from .common import MediaInput, read_file, read_input
 
 if TYPE_CHECKING:
     from ..stream.capacity import Principal
+    from ..stream.service import StreamService
+    from .stream import LocalStream
 
 
 class LocalTranslator(LocalVocabularyMethods):
@@ -28,7 +31,7 @@ class LocalTranslator(LocalVocabularyMethods):
         # OpenTelemetry spans of in-process streams and translations (None, the default: off; lingua_fusion/tracing)
         self.tracer = tracer if tracer is not None else from_settings(self.settings)
         self._glossaries: dict[str, list[glossary_mod.Term]] = {}
-        self._streams: Any = None
+        self._streams: StreamService | None = None
 
     def translate(self, input_media: MediaInput | None = None, *, target_lang: str,
                   source_modality: str | None = None, target_modality: str = "text",
@@ -86,8 +89,9 @@ class LocalTranslator(LocalVocabularyMethods):
                speech: bool = False, min_confidence: float = 0.4, audio_format: str = "pcm16",
                inputs: list[str] | None = None, vocabulary_id: str | None = None,
                source_langs: list[str] | None = None, diarize: bool = False,
-               max_speakers: int | None = None, word_timestamps: bool = False) -> Any:
+               max_speakers: int | None = None, word_timestamps: bool = False) -> LocalStream:
         """A live stream on an in-process StreamService (same interface and behaviour as the remote one)."""
+        from ..vision.stream_signs import StreamVocabularies
         from .stream import LocalStream, speakers, start_message
 
         start = start_message(target_langs, source_lang, slo, partials, importance, glossary_id, speech,
@@ -99,10 +103,12 @@ class LocalTranslator(LocalVocabularyMethods):
             start["source_langs"] = source_langs
         if vocabulary_id:
             start["vocabulary_id"] = vocabulary_id
-            self.streams().vision = self._vision()  # vision/client.py: this translator's vocabularies
+            service = self.streams()  # the stream reads this translator's vocabularies (vision/client.py)
+            if service.vocabularies is None:
+                service.vocabularies = StreamVocabularies(self._vision())
         return LocalStream(self.streams(), start)
 
-    def streams(self) -> Any:
+    def streams(self) -> StreamService:
         """This translator's StreamService (made on first use): every in-process stream goes through it."""
         from ..serving.engine import in_process
         from ..stream.service import StreamService
@@ -132,9 +138,14 @@ class LocalTranslator(LocalVocabularyMethods):
     def check_key(self) -> None:
         """In-process there is no key to check (the same face as ``MultimodalTranslator.check_key``)."""
 
-    def models(self) -> dict[str, Any]:
+    def models(self) -> ModelsJSON:
+        """What ``GET /v1/models`` answers, from this process's registry (the same shape, checked the same way)."""
         registry = self.engine.registry
-        return {"models": registry.capabilities(), "pairs": registry.served_pairs(), "routes": registry.pair_routes()}
+        body: dict[str, object] = {"models": registry.capabilities(), "pairs": registry.served_pairs(),
+                                   "routes": registry.pair_routes()}
+        if not is_models(body):
+            raise TypeError(f"the registry's models answer is malformed: {sorted(body)}")
+        return body
 
     def close(self) -> None:
         self.close_vision()

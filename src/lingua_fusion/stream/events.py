@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal, NotRequired, TypedDict, cast
 
 from ..errors import LinguaFusionError
-from ..json_types import JSONObject
+from ..json_types import JSONObject, json_object
 
 INTERNAL = {"internal": True}
 OPTIONAL = {"optional": True}  # field(default=None, metadata=OPTIONAL): left out of the wire while None
@@ -508,4 +508,4 @@ class Closed(Event):
 
 def error_event(exc: LinguaFusionError) -> Error:
     """What a client is told of an error: its code and the public message (never a path, address or secret)."""
-    return Error(exc.code, exc.public_message, exc.details or None)
+    return Error(exc.code, exc.public_message, json_object(exc.details) if exc.details else None)

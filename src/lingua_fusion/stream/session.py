@@ -219,7 +219,7 @@ class StreamSession:
     def _degraded(self, step: str) -> bool:
         return self.owner.degraded(self.spec.slo, step, self.spec.key_id)
 
-    async def feed_audio(self, pcm16: bytes, ts: float | None = None) -> None:
+    async def feed_audio(self, pcm16: bytes, ts: object = None) -> None:
         """PCM16 LE mono 16 kHz bytes, or a piece of the WebM/Ogg stream when the stream declared one."""
         self._live("audio")
         await self.ingest.feed(pcm16, check_ts(ts))
@@ -246,7 +246,7 @@ class StreamSession:
             self.timeline.origin = ts + self.spec.clock_offsets.get(modality, 0.0) - self.timeline.end_s
         return max(0.0, ts + self.spec.clock_offsets.get(modality, 0.0) - self.timeline.origin)
 
-    async def feed_text(self, text: str, ts: float | None = None) -> None:
+    async def feed_text(self, text: str, ts: object = None) -> None:
         self._live("text")
         ts = check_ts(ts)
         limit = self.settings.limits.max_text_chars
@@ -258,11 +258,11 @@ class StreamSession:
             return  # re-sent after a resume, and its caption was logged before the break: not again
         self._queue(self.jobs.translate_text(text.strip(), t, time.monotonic()))
 
-    async def feed_image(self, data: bytes, ts: float | None = None) -> None:
+    async def feed_image(self, data: bytes, ts: object = None) -> None:
         self._live("image")
         await self.images.feed_image(data, check_ts(ts))
 
-    async def feed_frame(self, data: bytes, ts: float | None = None) -> None:
+    async def feed_frame(self, data: bytes, ts: object = None) -> None:
         """One video frame (png / jpeg / webp) at media time ``ts``: every frame goes through the slide change
         detector, OCR and MT run only when the picture changed (stream/video.py)."""
         self._live("video")
