@@ -433,7 +433,8 @@ async def streams(folder: Path, device: str, counts: list[int], encoder_graphs: 
     _clips, talk = load_clips(folder)
     settings, _registry, executor = server_stack(device, encoder_graphs, vad)
     state_dir = Path(tempfile.mkdtemp(prefix="gpu-server-path-"))
-    service = StreamService(executor, settings, log=StreamLog(SQLiteStreamStore(state_dir)))
+    stream_log = StreamLog(SQLiteStreamStore(state_dir))
+    service = StreamService(executor, settings, log=stream_log)
     try:
         for i, n in enumerate(counts):
             need = len(talk) / SR + 45 + (60 if i == 0 else 0)
@@ -461,6 +462,7 @@ async def streams(folder: Path, device: str, counts: list[int], encoder_graphs: 
                 break
     finally:
         await asyncio.wait_for(service.close(), timeout=60)
+        await stream_log.close()
         await close_stack(executor)
         shutil.rmtree(state_dir, ignore_errors=True)
 

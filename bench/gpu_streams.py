@@ -222,6 +222,7 @@ async def drive_streams(port: Any, first: int, n: int, seconds: float, chunk_ms:
     finally:
         watcher.cancel()
         await service.close()  # its breaker ticker would keep the executor (and the GPU pools) alive
+        await log.close()
     return {"latencies": latencies, "lags": lags, "cpu_s": time.process_time() - cpu0,
             "wall_s": time.monotonic() - wall0}
 

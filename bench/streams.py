@@ -93,7 +93,8 @@ async def capacity(mode: str, pcm: bytes, counts: list[int], seconds: float, slo
     for n in counts:
         service = StreamService(Executor(registry, settings, mode=mode), settings)
         row = await run_streams(service, pcm, n, seconds, slo, partials)
-        await service.close()
+        await service.close()  # the service closes only what it made: the engine is this row's
+        await service.executor.close()
         row["meets_slo"] = bool(row["finals"]) and row["caption_p99_s"] <= TARGET[slo]
         rows.append(row)
         print(f"  {mode:10s} n={n:3d} p50={row['caption_p50_s']:.2f}s p99={row['caption_p99_s']:.2f}s "

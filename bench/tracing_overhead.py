@@ -202,8 +202,8 @@ def main() -> None:
                         wall, cpu, n = await stream_round(local, pcm)
                         out.append((wall, cpu))
                         finals.add(n)
-                await plain.streams().close()
-                await traced.streams().close()
+                await plain.close_streams()
+                await traced.close_streams()
 
             for _ in range(args.rounds):
                 file_off.append(file_round(plain.engine, wav, None))

@@ -256,6 +256,22 @@ async def test_the_per_stream_engine_needs_an_admin_key(tmp_path: Path) -> None:
         assert await bogus.closed() == 4400
 
 
+async def test_revoking_a_key_over_rest_ends_its_per_stream_baseline_streams_at_once(tmp_path: Path) -> None:
+    """``DELETE /v1/keys/{id}`` ends the key's live streams at once (4401), those on the per-stream baseline beside
+    the batched service too (stream/front.py), and counts them in ``streams_closed``."""
+    s = settings_for(tmp_path, auth=True)
+    s.server.key_check_interval_s = 600.0  # the revocation watch would end it too, later: this is the route's doing
+    async with serve(s) as (host, app), httpx.AsyncClient(base_url=f"http://{host}", timeout=WAIT_S) as client:
+        store = app.state.ctx.store
+        bench, bench_key = store.create_key("bench", ("translate", "admin"))
+        admin, _ = store.create_key("admin", ("translate", "admin"))
+        wire = await Wire.open(host, text_start(engine="per-stream"), bench)
+        await wire.first("ready")
+        r = await client.delete(f"/v1/keys/{bench_key.key_id}", headers={"Authorization": f"Bearer {admin}"})
+        assert r.status_code == 200 and r.json()["streams_closed"] == 1, r.text
+        assert await wire.closed() == 4401
+
+
 async def test_a_new_stream_of_a_breached_class_is_refused_until_the_class_recovers(tmp_path: Path) -> None:
     """While a class's streams miss its latency target (its SLO breaker has moved down), a new stream of that class
     is refused (4429 ``overloaded``, saying which class and level) instead of making it worse; another class opens,

@@ -97,7 +97,8 @@ async def list_keys(request: Request, _key: AdminKey) -> dict[str, object]:
 async def revoke_key(key_id: str, request: Request, _key: AdminKey) -> dict[str, object]:
     ctx = context(request)
     await ctx.offload(ctx.store.revoke_key, key_id)
-    closed = await app_state(request.app).streams.revoke(key_id)  # its live streams end (4401); resumes are refused
+    # its live streams end (4401), the per-stream baseline's too; resumes are refused
+    closed = await app_state(request.app).stream_front.revoke(key_id)
     await ctx.offload(app_state(request.app).tickets.revoke, key_id)  # its unused stream tickets too (api/tickets.py)
     # its rooms' listeners are closed (4401) on every gateway and the rooms forgotten (rooms/service.py)
     listeners = await app_state(request.app).rooms.revoke_key(key_id)

@@ -10,6 +10,7 @@ resume), 1011 server error.
 from __future__ import annotations
 
 import math
+import numbers
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -172,7 +173,7 @@ def _lang(raw: object, field: str) -> str:
 
 def _number(raw: object) -> float:
     """A client's number, as ``float()`` reads it (a string of one too); anything else is a ``TypeError``."""
-    if not isinstance(raw, int | float | str):
+    if not isinstance(raw, numbers.Real | str):  # numpy's and the SDK caller's numbers too
         raise TypeError(f"{type(raw).__name__} is not a number")
     return float(raw)
 
