@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
 from lingua_fusion.config import Settings
-from lingua_fusion.models.base import OCRLine
 from lingua_fusion.serving.keys import ModelKey
-from lingua_fusion.serving.ports import AsrInput, AsrOutput, Audio, CallContext, Image, ModelPort, MtInput, R, Request
+from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput, TypedPort
 from lingua_fusion.stream.contracts import Vocabularies
 from lingua_fusion.stream.events import WireEvent
 from lingua_fusion.stream.journal import StreamLog
@@ -28,7 +27,7 @@ def loud_is_speech(audio: np.ndarray) -> np.ndarray:
     return (np.abs(audio[: n * 512]).reshape(n, 512).mean(axis=1) > 0.05).astype(np.float32)
 
 
-class FakePort:
+class FakePort(TypedPort):
     """A ModelPort: MT upper-cases (text containing 'slow' takes 0.2 s, to test ordering), ASR says ``asr_text``,
     VAD is ``loud_is_speech``, OCR returns no lines. Every call is recorded as (key, payload, ctx)."""
 
@@ -38,23 +37,14 @@ class FakePort:
         self.on_call = on_call
         self.calls: list[tuple[ModelKey, Any, CallContext]] = []
 
-    @overload
-    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
-    async def run(self, key: ModelKey, payload: Any, ctx: CallContext) -> Any:
+    async def run_untyped(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         self.calls.append((key, payload, ctx))
         if self.on_call is not None:
             out = self.on_call(key, payload)
             if out is not None:
                 return out
         if key.task == "vad":
+            assert isinstance(payload, np.ndarray)
             return loud_is_speech(payload)
         if key.task == "asr":
             assert isinstance(payload, AsrInput)

@@ -22,6 +22,7 @@ import pytest
 from conftest import BIN, start_server, stop_server
 
 from lingua_fusion.errors import InvalidParameter, NotFound
+from lingua_fusion.sdk.stream import LocalStream, RemoteStream
 from lingua_fusion.vision import synthetic as syn
 from lingua_fusion.vision.synthetic import render_hand
 
@@ -228,6 +229,19 @@ def test_the_cli_teaches_and_recognises_in_process(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "error [invalid_parameter]" in bad.stderr
 
 
+async def _camera(s: RemoteStream | LocalStream, empty: bytes, frames: list[tuple[float, bytes]]) -> None:
+    """A camera, in real time: an empty picture, the sign (at 15 frames a second), the empty picture again."""
+    for k in range(5):
+        await s.send_frame(empty, ts=k / 10)
+        await asyncio.sleep(0.1)
+    for t, data in frames:
+        await s.send_frame(data, ts=t)
+        await asyncio.sleep(1 / 15)
+    for k in range(10):
+        await s.send_frame(empty, ts=frames[-1][0] + (k + 1) / 10)
+        await asyncio.sleep(0.1)
+
+
 async def test_a_stream_with_a_vocabulary_sends_sign_captions_on_its_timeline(live: Live) -> None:
     """Frames of a rendered hand over a real WebSocket: the sign is found, recognised and translated."""
     from PIL import Image
@@ -252,16 +266,7 @@ async def test_a_stream_with_a_vocabulary_sends_sign_captions_on_its_timeline(li
     events = []
     async with translator.stream(["es"], inputs=["video", "text"], vocabulary_id=vid, partials=False) as s:
         await s.send_text("Good morning.", ts=0.1)  # a typed caption beside the signs
-        # a camera: an empty picture, the sign (at 15 frames a second), the empty picture again; in real time
-        for k in range(5):
-            await s.send_frame(empty, ts=k / 10)
-            await asyncio.sleep(0.1)
-        for t, data in frames:
-            await s.send_frame(data, ts=t)
-            await asyncio.sleep(1 / 15)
-        for k in range(10):
-            await s.send_frame(empty, ts=frames[-1][0] + (k + 1) / 10)
-            await asyncio.sleep(0.1)
+        await _camera(s, empty, frames)
         await s.end()
         async for event in s:
             events.append(event)
@@ -302,14 +307,7 @@ async def test_an_in_process_stream_reads_signs_with_the_translators_own_vocabul
         frames = [(0.5 + i / 15, png(render_hand(p))) for i, p in enumerate(_line(20, y=0.8))]
         events = []
         async with translator.stream(["es"], inputs=["video"], vocabulary_id=vid, partials=False) as s:
-            for k in range(5):
-                await s.send_frame(empty, ts=k / 10)
-            for t, data in frames:
-                await s.send_frame(data, ts=t)
-                await asyncio.sleep(1 / 15)
-            for k in range(10):
-                await s.send_frame(empty, ts=frames[-1][0] + (k + 1) / 10)
-                await asyncio.sleep(0.1)
+            await _camera(s, empty, frames)
             await s.end()
             async for event in s:
                 events.append(event)

@@ -20,15 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, overload
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import Settings
 from ..errors import BackendError, ModelTimeout, Overloaded
-from ..models.base import OCRLine
 from ..models.registry import Registry
 from ..serving.executor import Executor
 from ..serving.keys import ModelKey
-from ..serving.ports import FILE_CLASS, Audio, CallContext, Image, R, Request
+from ..serving.ports import FILE_CLASS, CallContext
 from ..serving.scheduler import Demand
 from .wire import Call, Reply
 
@@ -83,19 +82,9 @@ class ClusterExecutor(Executor):
                              details={"cluster_streams": self.others() + len(self.scheduler.admitted)})
         super().admit(demand)
 
-    @overload
-    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
-    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
+    async def run_untyped(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         if key.task not in self.remote:
-            return await super().run(key, payload, ctx)
+            return await super().run_untyped(key, payload, ctx)
         if ctx.trace is None:  # tracing off: nothing added to the call
             return await self._hop(key, payload, ctx, None)
         with ctx.trace.client(key.stage, model_key=str(key), tentative=ctx.tentative) as span:

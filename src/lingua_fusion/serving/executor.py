@@ -20,11 +20,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeout, Overloaded
-from ..models.base import OCRLine
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
 from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
@@ -33,14 +32,11 @@ from .keys import ModelKey
 from .ports import (
     FILE_CLASS,
     SLO_CLASSES,
-    Audio,
     CallContext,
-    Image,
     MtInput,
-    R,
-    Request,
     StageObserver,
     TranscribeInput,
+    TypedPort,
     stage_deadline,
 )
 from .runners import ContinuousRunner, Runner, build_runner
@@ -77,7 +73,7 @@ class _Pending:
     trace: TraceRef | None = None  # the caller's span (tracing on): this item's stage span is recorded under it
 
 
-class Executor:
+class Executor(TypedPort):
     """Implements ``ModelPort``. ``mode``: "batched" = cross-stream batches on trimmed windows (the default);
     "unbatched" = one item per call, trimmed windows; "per-stream" = one item per call through faster-whisper's own
     30 s-window decode and no admission control (the baseline the benchmarks compare against)."""
@@ -120,17 +116,7 @@ class Executor:
         return self.threads.faults
 
     # ---- ModelPort --------------------------------------------------------------------------------------------
-    @overload
-    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
-    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
+    async def run_untyped(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         if isinstance(payload, MtInput) and not payload.scope and ctx.key_id:
             payload = replace(payload, scope=ctx.key_id)  # the translation memory is per key (tm/key.py)
         attempt = 0

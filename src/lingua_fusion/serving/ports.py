@@ -160,8 +160,8 @@ class CallContext:
 
 
 class ModelPort(Protocol):
-    """Every implementation declares ``run`` with these same overloads (the typed contract) over one
-    ``run(key, payload: object, ctx) -> object`` that dispatches on ``key``."""
+    """The typed contract; implementations subclass ``TypedPort``, which declares these overloads once over one
+    ``run_untyped(key, payload: object, ctx) -> object`` that dispatches on ``key``."""
 
     @overload
     async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
@@ -179,6 +179,29 @@ class ModelPort(Protocol):
     def depth(self, key: ModelKey) -> int:
         """Items queued for ``key`` now (for a stream's ``metrics`` events)."""
         ...
+
+
+class TypedPort:
+    """``ModelPort.run``'s typed face, declared once: an implementation subclasses this and writes
+    ``run_untyped`` (dispatching on the key), and its callers get the overloads' result types."""
+
+    @overload
+    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
+    @overload
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
+    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
+        return await self.run_untyped(key, payload, ctx)
+
+    async def run_untyped(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
+        """Run ``payload`` on model ``key`` (the contract in the module docstring); the result's type is the one
+        the overloads of ``run`` name for the payload."""
+        raise NotImplementedError
 
 
 class StageObserver(Protocol):

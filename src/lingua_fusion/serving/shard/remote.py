@@ -28,18 +28,16 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import overload
 
 import numpy as np
 
 from ...config import Settings
 from ...errors import BackendError, ModelTimeout, Overloaded
-from ...models.base import OCRLine
 from ...models.registry import Registry
 from ..demand import stream_demand
 from ..faults import Fault
 from ..keys import ModelKey
-from ..ports import FILE_CLASS, Audio, CallContext, Image, R, Request, StageObserver
+from ..ports import FILE_CLASS, CallContext, StageObserver, TypedPort
 from ..scheduler import Demand
 from . import codec, pictures
 
@@ -197,7 +195,7 @@ class ModelLink:
         self._fail_pending()
 
 
-class RemotePort:
+class RemotePort(TypedPort):
     """One engine of the model process ("batched" or "per-stream") as this worker's ModelPort and admission."""
 
     def __init__(self, link: ModelLink, registry: Registry, settings: Settings, *, mode: str = "batched",
@@ -212,17 +210,7 @@ class RemotePort:
         self.faults: dict[str, Fault] = {}  # chaos runs on a single-process server (serve refuses --chaos here)
         self._depth: dict[ModelKey, int] = {}
 
-    @overload
-    async def run(self, key: ModelKey, payload: Request[R], ctx: CallContext) -> R | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: str, ctx: CallContext) -> bytes | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: Audio, ctx: CallContext) -> Audio | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: Image, ctx: CallContext) -> list[OCRLine] | None: ...
-    @overload
-    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object: ...
-    async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
+    async def run_untyped(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         # a picture at the size OCR reads it (pictures.py)
         if key.task == "ocr" and isinstance(payload, np.ndarray) and pictures.shrinks(self.settings, payload):
             small, scale = await pictures.as_read_off_loop(payload)
