@@ -15,10 +15,10 @@ from lingua_fusion.config import Settings
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput, TypedPort
 from lingua_fusion.stream.contracts import Vocabularies
-from lingua_fusion.stream.events import WireEvent
 from lingua_fusion.stream.journal import StreamLog
 from lingua_fusion.stream.protocol import StreamSpec
 from lingua_fusion.stream.session import StreamOwner, StreamSession
+from lingua_fusion.stream.wire import WireEvent
 
 
 def loud_is_speech(audio: np.ndarray) -> np.ndarray:

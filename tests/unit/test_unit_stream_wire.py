@@ -9,27 +9,28 @@ import pytest
 
 from lingua_fusion.json_types import JSONValue
 from lingua_fusion.stream import events as ev
+from lingua_fusion.stream import wire
 
 CASES = [
     (ev.Ready("st_1", "tok", "standard", "en", ["es"], True, resumed={"last_seq": 3, "resume_from": 1.5,
                                                                        "resume_from_ts": None}, room_id="rm_1"),
-     ev.ReadyJSON),
-    (ev.Partial(0.0, 1.0, "hi", "h", "hola", 0.9, 1), ev.PartialJSON),
-    (ev.Revision(0.0, 1.0, "hi", "h", "hola", 0.9, 2), ev.PartialJSON),
-    (ev.Final(0.0, 1.0, "hi", "hola", {"es": "hola"}, 0.9, seq=1, words=[ev.WordJSON(word="hi", start=0.0, end=1.0)],
-              speaker="S1", voice=object()), ev.FinalJSON),
-    (ev.SpeakerRenamed("S1", "Ana", {"S1": "Ana"}), ev.SpeakerRenamedJSON),
-    (ev.Metrics(1, {"asr": 1.0}, {"mt": 0}), ev.MetricsJSON),
+     wire.ReadyJSON),
+    (ev.Partial(0.0, 1.0, "hi", "h", "hola", 0.9, 1), wire.PartialJSON),
+    (ev.Revision(0.0, 1.0, "hi", "h", "hola", 0.9, 2), wire.PartialJSON),
+    (ev.Final(0.0, 1.0, "hi", "hola", {"es": "hola"}, 0.9, seq=1, words=[wire.WordJSON(word="hi", start=0.0, end=1.0)],
+              speaker="S1", voice=object()), wire.FinalJSON),
+    (ev.SpeakerRenamed("S1", "Ana", {"S1": "Ana"}), wire.SpeakerRenamedJSON),
+    (ev.Metrics(1, {"asr": 1.0}, {"mt": 0}), wire.MetricsJSON),
     (ev.Slide(1.0, "Title", text="Titulo", translations={"es": "Titulo"},
-              lines=[{"source_text": "Title", "title": True, "translations": {"es": "Titulo"}}]), ev.SlideJSON),
-    (ev.Sign(0.0, 1.0, "HELLO", 0.8, "hola", {"es": "hola"}), ev.SignJSON),
-    (ev.Speech(1, "es", "UklGRg=="), ev.SpeechJSON),
-    (ev.Error("bad", "no", {"field": "x"}), ev.ErrorJSON),
-    (ev.NotDurable(3, "down"), ev.NotDurableJSON),
-    (ev.Durable(3), ev.DurableJSON),
-    (ev.Degraded("standard", 1, "no_partials", "asr", None), ev.DegradedJSON),
-    (ev.Restored("standard", 0, "no_partials", "asr", 0.2), ev.DegradedJSON),
-    (ev.Closed(3, unlogged=1, video={"frames": 1, "ocr_calls": 0, "superseded": 0}), ev.ClosedJSON),
+              lines=[{"source_text": "Title", "title": True, "translations": {"es": "Titulo"}}]), wire.SlideJSON),
+    (ev.Sign(0.0, 1.0, "HELLO", 0.8, "hola", {"es": "hola"}), wire.SignJSON),
+    (ev.Speech(1, "es", "UklGRg=="), wire.SpeechJSON),
+    (ev.Error("bad", "no", {"field": "x"}), wire.ErrorJSON),
+    (ev.NotDurable(3, "down"), wire.NotDurableJSON),
+    (ev.Durable(3), wire.DurableJSON),
+    (ev.Degraded("standard", 1, "no_partials", "asr", None), wire.DegradedJSON),
+    (ev.Restored("standard", 0, "no_partials", "asr", 0.2), wire.DegradedJSON),
+    (ev.Closed(3, unlogged=1, video={"frames": 1, "ocr_calls": 0, "superseded": 0}), wire.ClosedJSON),
 ]
 
 

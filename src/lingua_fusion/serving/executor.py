@@ -17,9 +17,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence, Sized
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..config import Settings
@@ -29,6 +29,7 @@ from ..tracing import TraceRef, record_batch
 from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
 from .faults import Fault, check_outputs
 from .keys import ModelKey
+from .pending import Flight, Pending, on_loop, pending_of, resolve, vad_seconds
 from .ports import (
     FILE_CLASS,
     SLO_CLASSES,
@@ -55,22 +56,6 @@ VAD_BATCH_S = 120.0  # seconds of audio per VAD call (a 4 MiB PCM message is 131
 MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 cores); one longer item runs alone
 VAD_KEY = ModelKey.vad()
 SERVICE_WARMUP = 3  # a continuous runner's first items settled: not admission's measure of it (warm-up)
-
-
-@dataclass(eq=False)
-class _Flight:
-    """One batch in flight on a lane; ``overlapped`` once another batch of its model ran during it."""
-
-    overlapped: bool = False
-
-
-@dataclass
-class _Pending:
-    payload: object
-    future: asyncio.Future[object]
-    enqueued: float = field(default_factory=time.monotonic)
-    key_id: str = ""  # the VAD lane's unit of fairness
-    trace: TraceRef | None = None  # the caller's span (tracing on): this item's stage span is recorded under it
 
 
 class Executor(TypedPort):
@@ -104,10 +89,10 @@ class Executor(TypedPort):
         self._wake: dict[ModelKey, asyncio.Event] = {}
         self._workers: dict[ModelKey, list[asyncio.Task[None]]] = {}  # one per lane
         self._lanes: dict[ModelKey, int] = {}
-        self._flights: dict[ModelKey, list[_Flight]] = {}  # batches in flight per key (one per busy lane)
+        self._flights: dict[ModelKey, list[Flight]] = {}  # batches in flight per key (one per busy lane)
         self._in_flight: dict[ModelKey, int] = {}  # a continuous runner's items handed over and not yet settled
         self._served: dict[ModelKey, int] = {}  # ... and settled
-        self._vad: list[_Pending] = []
+        self._vad: list[Pending] = []
         self._closing = False
 
     @property
@@ -146,11 +131,11 @@ class Executor(TypedPort):
         item = WorkItem(stream_id=ctx.stream_id, model=str(key), stage=key.stage, enqueued=now,
                         deadline=stage_deadline(ctx.slo, key.stage, now if ctx.start is None else ctx.start),
                         importance=ctx.importance, tentative=ctx.tentative,
-                        payload=_Pending(payload, fut, now, trace=ctx.trace), slo=ctx.slo, key_id=ctx.key_id,
+                        payload=Pending(payload, fut, now, trace=ctx.trace), slo=ctx.slo, key_id=ctx.key_id,
                         units=work_units(payload))
         queued, shed = self.scheduler.submit_or_shed(item)
         if shed is not None:  # a partial dropped to make room: its caller hears so now, not at its timeout
-            _resolve(_pending(shed).future, None)
+            resolve(pending_of(shed).future, None)
         if not queued:
             if ctx.tentative:
                 return None
@@ -181,7 +166,7 @@ class Executor(TypedPort):
         if len(self._vad) >= self.scheduler.max_queue * 4:
             raise Overloaded("the VAD queue is full", retry_after=1.0)
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._vad.append(_Pending(audio, fut, key_id=key_id, trace=trace))
+        self._vad.append(Pending(audio, fut, key_id=key_id, trace=trace))
         self._runner(VAD_KEY)
         self._ensure_worker(VAD_KEY)
         self._wake[VAD_KEY].set()
@@ -270,7 +255,7 @@ class Executor(TypedPort):
         """One batch of ``key``. False when its queue is empty."""
         batch, shed = self.scheduler.next_batch(str(key), self.clock())
         for w in shed:
-            _resolve(_pending(w).future, None)
+            resolve(pending_of(w).future, None)
         if self.metrics is not None and shed:
             self.metrics.shed.labels(model=str(key)).inc(len(shed))
         if not batch:
@@ -278,20 +263,20 @@ class Executor(TypedPort):
         t0 = self.clock()
         cold = key not in self.threads.warm  # a first batch includes loading the model: not a cost sample
         flights = self._flights.setdefault(key, [])
-        flight = _Flight(overlapped=bool(flights))
+        flight = Flight(overlapped=bool(flights))
         for other in flights:  # they ran alongside this one too
             other.overlapped = True
         flights.append(flight)
         try:
-            results = await self.threads.run(key, self._batch_runner(key), [_pending(w).payload for w in batch])
+            results = await self.threads.run(key, self._batch_runner(key), [pending_of(w).payload for w in batch])
         except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
-            self._failed(key, [_pending(w) for w in batch], exc, t0)
+            self._failed(key, [pending_of(w) for w in batch], exc, t0)
             return True
         finally:
             flights.remove(flight)
         done = self.clock()
         for w, r in zip(batch, results, strict=True):
-            _resolve(_pending(w).future, r)
+            resolve(pending_of(w).future, r)
         self._observe(key, batch, t0, done, cold, flight.overlapped)
         return True
 
@@ -305,22 +290,22 @@ class Executor(TypedPort):
             room = min(room, window - self._in_flight.get(key, 0))
         if room <= 0:  # woken again when one of its items settles (or, for a runner still starting, within 0.5 s)
             for w in self.scheduler.shed(str(key), self.clock()):  # meanwhile partials past their deadline go
-                _resolve(_pending(w).future, None)
+                resolve(pending_of(w).future, None)
             return False
         batch, shed = self.scheduler.next_batch(str(key), self.clock(), limit=room, committed_first=True)
         for w in shed:
-            _resolve(_pending(w).future, None)
+            resolve(pending_of(w).future, None)
         if not batch:
             return False
         loop = asyncio.get_running_loop()
-        futures = runner.submit([_pending(w).payload for w in batch], [w.tentative for w in batch])
+        futures = runner.submit([pending_of(w).payload for w in batch], [w.tentative for w in batch])
         handed = self.clock()
         before = self._in_flight.get(key, 0)
         self._in_flight[key] = before + len(batch)
         # each item's place among the items in flight (those before it, itself): a runner that serves one at a
         # time answers the n-th after n items' time, one that decodes them together answers all alike
         for i, (w, fut) in enumerate(zip(batch, futures, strict=True)):
-            fut.add_done_callback(_on_loop(loop, functools.partial(self._settle, key, w, handed, before + i + 1)))
+            fut.add_done_callback(on_loop(loop, functools.partial(self._settle, key, w, handed, before + i + 1)))
         return True
 
     def _settle(self, key: ModelKey, w: WorkItem, handed: float, in_flight: int, done: Future[object]) -> None:
@@ -333,14 +318,14 @@ class Executor(TypedPort):
         exc = done.exception()
         if exc is None:
             try:
-                result = check_outputs(key, [_pending(w).payload], [done.result()])[0]
+                result = check_outputs(key, [pending_of(w).payload], [done.result()])[0]
             except LinguaFusionError as bad:
                 exc = bad
         if exc is not None:
             failure = exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed: {exc}")
-            self._failed(key, [_pending(w)], failure)
+            self._failed(key, [pending_of(w)], failure)
         else:
-            _resolve(_pending(w).future, result)
+            resolve(pending_of(w).future, result)
             now = self.clock()
             if served > SERVICE_WARMUP and w.slo != FILE_CLASS:
                 self.scheduler.observe_service(str(key), in_flight, now - handed)
@@ -349,7 +334,7 @@ class Executor(TypedPort):
 
     async def _vad_step(self, key: ModelKey) -> bool:
         # keys in turn, at most VAD_BATCH_S of audio a call: another key's windows wait for one bounded call
-        batch, self._vad = round_robin(self._vad, lambda p: p.key_id, lambda p: _seconds(p.payload),
+        batch, self._vad = round_robin(self._vad, lambda p: p.key_id, lambda p: vad_seconds(p.payload),
                                        max_items=VAD_BATCH, max_units=VAD_BATCH_S)
         if not batch:
             return False
@@ -360,11 +345,11 @@ class Executor(TypedPort):
             self._failed(key, batch, exc, t0)
             return True
         for p, r in zip(batch, results, strict=True):
-            _resolve(p.future, r)
+            resolve(p.future, r)
         record_batch(key, key.stage, [(p.trace, p.enqueued, False) for p in batch], t0, self.clock())
         return True
 
-    def _failed(self, key: ModelKey, items: list[_Pending], exc: LinguaFusionError, t0: float | None = None) -> None:
+    def _failed(self, key: ModelKey, items: list[Pending], exc: LinguaFusionError, t0: float | None = None) -> None:
         log.warning("model %s failed on a batch of %d: %s", key, len(items), exc.message)
         record_batch(key, key.stage, [(p.trace, p.enqueued, None) for p in items], t0, self.clock(), exc)
         if self.metrics is not None:
@@ -378,7 +363,7 @@ class Executor(TypedPort):
         files = any(w.slo == FILE_CLASS for w in batch)
         if not cold and not files:  # a file's piece is not a stream's item: admission's cost model learns neither
             self.scheduler.observe(str(key), len(batch), done - t0, overlapped)
-        record_batch(key, key.stage, [(_pending(w).trace, w.enqueued, w.tentative) for w in batch], t0, done)
+        record_batch(key, key.stage, [(pending_of(w).trace, w.enqueued, w.tentative) for w in batch], t0, done)
         if self.metrics is not None:
             self.metrics.batch_size.labels(model=str(key)).observe(len(batch))
             self.metrics.stage("model:" + key.task, done - t0)
@@ -428,7 +413,7 @@ class Executor(TypedPort):
     def release(self, stream_id: str) -> None:
         """A stream ended: its queued work resolves to None and its reservation is freed."""
         for w in self.scheduler.drop_stream(stream_id):
-            _resolve(_pending(w).future, None)
+            resolve(pending_of(w).future, None)
         if self.metrics is not None:
             self.metrics.active_streams.set(len(self.scheduler.admitted))
 
@@ -458,25 +443,3 @@ def _lanes_of(key: ModelKey, settings: Settings) -> int:
     if key.task == "asr" and m.backend == "ctranslate2" and m.engine == "":
         return m.asr_lanes()
     return 1
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop, settle: Callable[[Future[object]], None]
-             ) -> Callable[[Future[object]], object]:
-    """A done-callback for a runner's future (called on the runner's thread) that runs ``settle`` on ``loop``."""
-    return lambda done: loop.call_soon_threadsafe(settle, done)
-
-
-def _seconds(audio: object) -> float:
-    """A VAD item's seconds of 16 kHz audio (its share of a VAD call)."""
-    return len(audio) / 16000 if isinstance(audio, Sized) else 0.0
-
-
-def _pending(w: WorkItem) -> _Pending:
-    """The executor's own part of a scheduled item (every item it submits carries one as its payload)."""
-    assert isinstance(w.payload, _Pending)
-    return w.payload
-
-
-def _resolve(fut: asyncio.Future[object], value: object) -> None:
-    if not fut.done():
-        fut.set_result(value)

@@ -23,10 +23,11 @@ from ..serving.ports import AsrInput, AsrOutput, CallContext, DetectInput, Model
 from ..tracing import TraceRef
 from ..untranslated import strip_marks
 from ..untranslated import warning as untranslated_warning
-from .events import Final, WordJSON
+from .events import Final
 from .languages import Detection, decide
 from .protocol import StreamSpec
 from .speakers import StreamSpeakers
+from .wire import WordJSON
 
 MAX_SLIDES = 32  # slides a stream remembers (their words are ASR context and MT names)
 MAX_WORDS = 512  # words a final lists (an utterance is at most its class's maximum length: far fewer)

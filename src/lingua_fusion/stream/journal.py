@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeGuard, TypeVar, TypeVarTuple
 
 from ..errors import ClientError, LinguaFusionError, TakenOver
-from .events import Durable, Error, Event, Final, FinalJSON, NotDurable
+from .events import Durable, Error, Event, Final, NotDurable
 from .storelink import STORE_WAIT_S, StoreLink
+from .wire import FinalJSON
 
 if TYPE_CHECKING:
     from ..observability import Metrics

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .events import ResumedJSON
 from .stored import number as _number
+from .wire import ResumedJSON
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from ..types import SR
 from .budget import AudioBudget, PixelBudget, pixel_budget
 from .contracts import Slots, Vocabularies
 from .decisions import Decisions
-from .events import Closed, Event, Final, FinalJSON, Ready, ResumedJSON
+from .events import Closed, Event, Final, Ready
 from .finals import Finals
 from .images import LOW_FRAME_INTERVAL_S, MAX_IMAGES_IN_FLIGHT, Images
 from .ingest import Arrivals, AudioIngest
@@ -48,6 +48,7 @@ from .protocol import AUTO, StreamSpec, check_ts
 from .resume import ResumePoint
 from .speakers import StreamSpeakers
 from .timeline import AudioTimeline
+from .wire import FinalJSON, ResumedJSON
 
 if TYPE_CHECKING:
     from .video import StreamVideo

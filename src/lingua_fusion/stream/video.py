@@ -28,8 +28,9 @@ from ..serving.ports import CallContext, MtInput
 from ..video.frames import FrameStats, VideoFrame
 from ..video.slides import Change, DetectorConfig, Row, SlideDetector, reading_order, same_text, signature
 from .contracts import Slots, Spawn
-from .events import Error, Event, Slide, VideoStatsJSON
+from .events import Error, Event, Slide
 from .jobs import MAX_SLIDES, StreamJobs
+from .wire import VideoStatsJSON
 
 MAX_WAITING = 4  # settled changes waiting for OCR per stream (frames sent faster than real time)
 FINISH_WAIT_S = 60.0  # at the end of a stream, slides still being read get this long (a cold OCR model loads first)

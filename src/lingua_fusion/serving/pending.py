@@ -1,0 +1,51 @@
+"""What the executor holds for each item it was handed, and the small steps of settling one: pure data and
+functions, no scheduling (serving/executor.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sized
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from ..tracing import TraceRef
+from .scheduler import WorkItem
+
+
+@dataclass(eq=False)
+class Flight:
+    """One batch in flight on a lane; ``overlapped`` once another batch of its model ran during it."""
+
+    overlapped: bool = False
+
+
+@dataclass
+class Pending:
+    payload: object
+    future: asyncio.Future[object]
+    enqueued: float = field(default_factory=time.monotonic)
+    key_id: str = ""  # the VAD lane's unit of fairness
+    trace: TraceRef | None = None  # the caller's span (tracing on): this item's stage span is recorded under it
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, settle: Callable[[Future[object]], None]
+             ) -> Callable[[Future[object]], object]:
+    """A done-callback for a runner's future (called on the runner's thread) that runs ``settle`` on ``loop``."""
+    return lambda done: loop.call_soon_threadsafe(settle, done)
+
+
+def vad_seconds(audio: object) -> float:
+    """A VAD item's seconds of 16 kHz audio (its share of a VAD call)."""
+    return len(audio) / 16000 if isinstance(audio, Sized) else 0.0
+
+
+def pending_of(w: WorkItem) -> Pending:
+    """The executor's own part of a scheduled item (every item it submits carries one as its payload)."""
+    assert isinstance(w.payload, Pending)
+    return w.payload
+
+
+def resolve(fut: asyncio.Future[object], value: object) -> None:
+    if not fut.done():
+        fut.set_result(value)
