@@ -35,6 +35,7 @@ breaker.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, overload
@@ -181,7 +182,7 @@ class ModelPort(Protocol):
         ...
 
 
-class TypedPort:
+class TypedPort(ABC):
     """``ModelPort.run``'s typed face, declared once: an implementation subclasses this and writes
     ``run_untyped`` (dispatching on the key), and its callers get the overloads' result types."""
 
@@ -198,10 +199,10 @@ class TypedPort:
     async def run(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         return await self.run_untyped(key, payload, ctx)
 
+    @abstractmethod
     async def run_untyped(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         """Run ``payload`` on model ``key`` (the contract in the module docstring); the result's type is the one
         the overloads of ``run`` name for the payload."""
-        raise NotImplementedError
 
 
 class StageObserver(Protocol):

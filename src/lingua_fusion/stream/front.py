@@ -35,7 +35,7 @@ class StreamFront:
         if engine not in ENGINES or (engine == "per-stream" and self.per_stream is None):
             raise InvalidParameter(f"engine must be one of {list(ENGINES)}")
         if engine == "batched":
-            return await self.batched.open(dict(msg), who)
+            return await self.batched.open(msg, who)
         if not who.admin:
             raise PermissionDenied("the per-stream baseline engine is for benchmarks: it needs an admin key")
         assert self.per_stream is not None
