@@ -128,20 +128,38 @@ class Journal:
 
     async def append(self, final: Final, origin: float | None, speakers: SpeakersJSON | None = None) -> None:
         """Log ``final`` (numbered) before it is sent; marks it ``durable = False`` when it cannot wait.
-        ``speakers``: a diarize stream's speakers, kept in the snapshot with it."""
+        ``speakers``: a diarize stream's speakers, kept in the snapshot with it.
+
+        With nothing unlogged before it and the log healthy (the common case), the final is written from here: one
+        hop to a store thread and back. Otherwise (an outage, a slow log) the stream's backlog writer writes it in
+        order, and this waits at most ``wait_s`` for it."""
         seq = final.seq
         if speakers is not None:  # only the newest state is worth keeping (it rides with the last final written):
             for entry in self._unlogged:  # a long outage keeps one copy, not one per waiting final
                 entry.speakers = None
-        self._unlogged.append(_Entry(final.to_wire(), origin, final.modality == "audio", speakers))
+        entry = _Entry(final.to_wire(), origin, final.modality == "audio", speakers)
+        self._unlogged.append(entry)
         if self.log.metrics is not None:
             self.log.metrics.unlogged_finals.inc()
+        link = self.log.link
+        loop = asyncio.get_running_loop()
+        until = loop.time() + (self.wait_s if link.ready() else 0.0)
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_backlog(), name=f"journal:{self.stream_id}")
-        wait = self.wait_s if self.log.link.ready() else 0.0
+            write = None
+            if len(self._unlogged) == 1 and link.ok():
+                write = self._write(entry)
+                try:
+                    await asyncio.wait_for(asyncio.shield(write), self.wait_s)
+                except Exception:  # noqa: BLE001 - handled where it is awaited again
+                    pass  # still running, or failed: the backlog writer takes it from here (retries, outages)
+                else:
+                    await self._landed(entry)
+                    return
+            self._writer = asyncio.create_task(self._write_backlog(write), name=f"journal:{self.stream_id}")
         try:
             async with self._progress:
-                await asyncio.wait_for(self._progress.wait_for(lambda: self.logged_seq >= seq), wait)
+                await asyncio.wait_for(self._progress.wait_for(lambda: self.logged_seq >= seq),
+                                       max(0.0, until - loop.time()))
             return
         except TimeoutError:
             if self.logged_seq >= seq:
@@ -149,28 +167,52 @@ class Journal:
         final.durable = False
         if not self._outage:
             self._outage = True
-            why = "the stream log is down" if self.log.link.last_error else "the stream log is slow"
+            why = "the stream log is down" if link.last_error else "the stream log is slow"
             self._emit(NotDurable(from_seq=seq, message=f"captions from {seq} on are sent before they are "
                                                          f"crash-safe ({why}); a durable event follows when they are"))
 
-    async def _write_backlog(self) -> None:
+    def _write(self, entry: _Entry) -> asyncio.Future[None]:
+        """``entry`` written to the store, started now on a store thread (the link must be ``ok()``)."""
+        return self.log.link.submit(self._writing(entry))
+
+    def _writing(self, entry: _Entry) -> Callable[[], None]:
+        """The store call that writes ``entry`` (run on a store thread)."""
+        end = float(entry.final["end"])
+        args = (self.stream_id, dict(entry.final), end if entry.audio else None, entry.origin,
+                None if entry.audio else end, self.epoch)
+        if entry.speakers is None:
+            return functools.partial(self.log.store.append_final, *args)
+        return functools.partial(self.log.store.append_final, *args, speakers=dict(entry.speakers))
+
+    async def _landed(self, entry: _Entry) -> None:
+        """``entry``, first in line, is in the log."""
+        self._unlogged.popleft()
+        if self.log.metrics is not None:
+            self.log.metrics.unlogged_finals.dec()
+        async with self._progress:
+            self.logged_seq = int(entry.final["seq"])
+            self._progress.notify_all()
+        if not self._unlogged and self._outage and self._closed_at is None:
+            self._outage = False
+            self._emit(Durable(through_seq=self.logged_seq))
+
+    async def _write_backlog(self, inflight: asyncio.Future[None] | None = None) -> None:
+        """The backlog, in order, until it is empty; ``inflight``: the first entry's write, already started."""
         link = self.log.link
         while self._unlogged:
             if self._closed_at is not None and time.monotonic() - self._closed_at > BACKLOG_AFTER_CLOSE_S:
                 return  # the stream is gone and the log still does not answer: give up (counted as unlogged)
-            if not link.ready():
+            if inflight is None and not link.ready():
                 await asyncio.sleep(min(1.0, max(0.05, link.down_until - link.clock())))
                 continue
             entry = self._unlogged[0]
-            end = float(entry.final["end"])
             try:
-                args = (self.stream_id, dict(entry.final), end if entry.audio else None, entry.origin,
-                        None if entry.audio else end, self.epoch)
-                if entry.speakers is None:
-                    await link.call(self.log.store.append_final, *args)
-                else:
-                    await link.call(functools.partial(self.log.store.append_final, speakers=dict(entry.speakers)),
-                                    *args)
+                if inflight is not None:
+                    await inflight
+                elif link.ok():
+                    await self._write(entry)
+                else:  # recovering: through the link's one probe at a time
+                    await link.call(self._writing(entry))
             except TakenOver as exc:  # resumed by another connection: that session numbers and logs from here
                 self._drop_unlogged()
                 if self._closed_at is None and self._fail is not None:
@@ -184,15 +226,9 @@ class Journal:
             except LinguaFusionError:
                 await asyncio.sleep(0.05)
                 continue
-            self._unlogged.popleft()
-            if self.log.metrics is not None:
-                self.log.metrics.unlogged_finals.dec()
-            async with self._progress:
-                self.logged_seq = int(entry.final["seq"])
-                self._progress.notify_all()
-            if not self._unlogged and self._outage and self._closed_at is None:
-                self._outage = False
-                self._emit(Durable(through_seq=self.logged_seq))
+            finally:
+                inflight = None
+            await self._landed(entry)
 
     def _drop_unlogged(self) -> None:
         """The store refused this stream's backlog for good: nobody will write it, so it leaves the unlogged-finals

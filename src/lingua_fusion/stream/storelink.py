@@ -71,12 +71,32 @@ class StoreLink:
         return await self._do(fn, args)
 
     async def _do(self, fn: Callable[[*Ts], T], args: tuple[*Ts]) -> T:
-        try:
-            out = await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        except ClientError:
-            raise  # not found / wrong token: the store answered
-        except (LinguaFusionError, OSError, sqlite3.Error, json.JSONDecodeError) as exc:  # a read of SQLite that
-            # stayed locked or hit a bad file, a snapshot that does not parse: the store failed, typed like an outage
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[[*Ts], T], *args: *Ts) -> asyncio.Future[T]:
+        """``fn(*args)`` started on a store thread now: a future (no task in between) with its answer, or the typed
+        error of a failed store (counted, and the store left alone for its backoff). Only for a healthy store
+        (``ok()``): ``call`` is the way in while it recovers (one probe at a time)."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[T] = loop.create_future()
+        loop.run_in_executor(self._pool, fn, *args).add_done_callback(lambda done: self._settle(done, out))
+        return out
+
+    def _settle(self, done: asyncio.Future[T], out: asyncio.Future[T]) -> None:
+        """On the loop: a store call's answer into ``out``, its failure counted and typed."""
+        if done.cancelled():
+            out.cancel()
+            return
+        exc = done.exception()
+        if exc is None:
+            self.failures = 0
+            self.down_until = 0.0
+            if not out.done():
+                out.set_result(done.result())
+            return
+        if isinstance(exc, (LinguaFusionError, OSError, sqlite3.Error, json.JSONDecodeError)) and not isinstance(
+                exc, ClientError):  # a read of SQLite that stayed locked or hit a bad file, a snapshot that does
+            # not parse: the store failed, typed like an outage (a ClientError is the store's answer: not found)
             self.failures += 1
             self.last_error = (exc.message if isinstance(exc, LinguaFusionError) else str(exc))[:200]
             if self.failures == 1:  # the details go to the log; clients are told the log is unavailable
@@ -84,10 +104,11 @@ class StoreLink:
             self.down_until = self.clock() + min(self.max_backoff_s, 0.5 * 2 ** (self.failures - 1))
             if self.metrics is not None:
                 self.metrics.store_failures.inc()
-            raise StoreUnavailable(f"the stream log is unavailable ({self.last_error})") from exc
-        self.failures = 0
-        self.down_until = 0.0
-        return out
+            failed = StoreUnavailable(f"the stream log is unavailable ({self.last_error})")
+            failed.__cause__ = exc
+            exc = failed
+        if not out.done():
+            out.set_exception(exc)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
