@@ -1,23 +1,24 @@
-"""The executor: every stream's model work through one scheduler and workers per model key (the ModelPort).
+"""The executor: every stream's and file's model work through one scheduler and the model threads (the ModelPort).
 
-A worker's step reads: next batch from the scheduler -> run it on the model's thread -> resolve each item's
-future -> observe (cost model, metrics, stage latency to the StageObserver). Shed items resolve to ``None``.
-A model key has one worker (one batch at a time) unless it has more lanes: Whisper through CTranslate2 runs
-``models.asr_parallel`` batches at once (one worker per lane, each taking its own batch from the scheduler, on the
-event loop; CTranslate2 decodes them in parallel); a batch that ran while another lane's did is an "overlapped"
-cost sample, and admission counts the lanes at that cost once it has seen some (scheduler.capacity).
-VAD needs no scheduling (it is cheap and every caption waits on it): every stream's pending windows run in one call
-on the VAD thread. Admission refuses a stream whose load would break admitted streams' SLOs.
-"""
+There is no worker task. A step runs where work arrives and where work ends: a submit asks for one at the end of
+its turn of the loop (so the items submitted in one turn batch together), and a batch's or an item's settling
+starts the next. A step reads: next batch from the scheduler -> started on the model's thread (serving/threads.py:
+a future, settled on the loop) -> when it is done, each item's future resolved -> observed (cost model, metrics,
+stage latency to the StageObserver). Shed items resolve to ``None``. A model key runs one batch at a time unless
+it has more lanes: Whisper through CTranslate2 runs ``models.asr_parallel`` batches at once (CTranslate2 decodes
+them in parallel); a batch that ran while another lane's did is an "overlapped" cost sample, and admission counts
+the lanes at that cost once it has seen some (scheduler.capacity). A continuous runner (serving/gpu) is handed
+what it has room for and settles item by item. VAD needs no scheduling (it is cheap and every caption waits on
+it): every stream's pending windows run in one call on the VAD thread. Admission refuses a stream whose load would
+break admitted streams' SLOs."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -86,8 +87,9 @@ class Executor(TypedPort):
         self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: runners.py
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
         self._runners: dict[ModelKey, Runner | ContinuousRunner] = {}
-        self._wake: dict[ModelKey, asyncio.Event] = {}
-        self._workers: dict[ModelKey, list[asyncio.Task[None]]] = {}  # one per lane
+        self._busy: dict[ModelKey, int] = {}  # batches running per key (at most its lanes)
+        self._ticks: dict[ModelKey, asyncio.TimerHandle] = {}  # a key's next look while its work waits
+        self._kicking: set[ModelKey] = set()  # keys whose step runs at the end of this turn of the loop
         self._lanes: dict[ModelKey, int] = {}
         self._flights: dict[ModelKey, list[Flight]] = {}  # batches in flight per key (one per busy lane)
         self._in_flight: dict[ModelKey, int] = {}  # a continuous runner's items handed over and not yet settled
@@ -140,8 +142,7 @@ class Executor(TypedPort):
             if ctx.tentative:
                 return None
             raise Overloaded(f"the {key} queue is full", retry_after=1.0)
-        self._ensure_worker(key)
-        self._wake[key].set()
+        self._soon(key)
         if self.metrics is not None:
             self.metrics.depth(str(key), self.scheduler.depth(str(key)))
         return await self._result(key, fut, item)
@@ -168,11 +169,10 @@ class Executor(TypedPort):
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._vad.append(Pending(audio, fut, key_id=key_id, trace=trace))
         self._runner(VAD_KEY)
-        self._ensure_worker(VAD_KEY)
-        self._wake[VAD_KEY].set()
+        self._soon(VAD_KEY)
         return await self._result(VAD_KEY, fut)
 
-    # ---- workers ----------------------------------------------------------------------------------------------
+    # ---- steps ----------------------------------------------------------------------------------------------
     def _runner(self, key: ModelKey) -> Runner | ContinuousRunner:
         runner = self._runners.get(key)
         if runner is None:
@@ -223,36 +223,41 @@ class Executor(TypedPort):
         predicted = self.settings.server.model_timeout_factor * self.scheduler.cost(str(key)).predict(len(payloads))
         return max(base, predicted, speech)
 
-    def _ensure_worker(self, key: ModelKey) -> None:
-        tasks = self._workers.setdefault(key, [])
-        if len(tasks) >= self.lanes(key) and not any(t.done() for t in tasks):
+    def _soon(self, key: ModelKey) -> None:
+        """``_kick`` at the end of this turn of the loop (a callback, once per key): the items submitted in the
+        same turn (a gather over a caption's targets, every stream woken by one VAD call) go in one batch."""
+        if key not in self._kicking:
+            self._kicking.add(key)
+            asyncio.get_running_loop().call_soon(self._kicked, key)
+
+    def _kicked(self, key: ModelKey) -> None:
+        self._kicking.discard(key)
+        self._kick(key)
+
+    def _kick(self, key: ModelKey) -> None:
+        """Start what ``key`` can run now, in the caller's own turn of the loop: there is no worker task, a step
+        runs where work arrives (a submit) and where work ends (a batch's or an item's settling). A batch runner
+        starts batches while it has a free lane; a continuous runner is handed what it has room for."""
+        if self._closing:
             return
-        self._wake.setdefault(key, asyncio.Event())
-        runner = self._runners[key]
-        continuous = isinstance(runner, ContinuousRunner)
-        if key == VAD_KEY and not continuous:
-            step, lanes = self._vad_step, 1
-        elif continuous:
-            step, lanes = self._hand_over, 1
-        else:
-            step, lanes = self._step, self.lanes(key)
-        tasks[:] = [t for t in tasks if not t.done()]
-        while len(tasks) < lanes:  # one worker per lane: each runs one batch at a time
-            tasks.append(asyncio.create_task(self._worker(key, step), name=f"worker:{key}#{len(tasks)}"))
-
-    async def _worker(self, key: ModelKey, step: Callable[[ModelKey], Awaitable[bool]]) -> None:
-        # every lane of a key waits on the same event (set() wakes them all); a lane that finds the queue empty
-        # goes back to waiting, so a lone item runs on whichever lane is free first
-        wake = self._wake[key]
-        while not self._closing:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=0.5)
-            wake.clear()
-            while not self._closing and await step(key):
+        if isinstance(self._runners[key], ContinuousRunner):
+            while self._hand_over(key):
                 pass
+        else:
+            lanes, step = (1, self._vad_step) if key == VAD_KEY else (self.lanes(key), self._step)
+            while self._busy.get(key, 0) < lanes and step(key):
+                pass
+        waiting = bool(self._vad) if key == VAD_KEY else self.scheduler.depth(str(key)) > 0
+        if waiting and key not in self._ticks:  # work left waiting (a continuous runner still starting, or full):
+            # looked at again within 0.5 s, when nothing else wakes it first (partials past their deadline shed)
+            self._ticks[key] = asyncio.get_running_loop().call_later(0.5, self._tick, key)
 
-    async def _step(self, key: ModelKey) -> bool:
-        """One batch of ``key``. False when its queue is empty."""
+    def _tick(self, key: ModelKey) -> None:
+        self._ticks.pop(key, None)
+        self._kick(key)
+
+    def _step(self, key: ModelKey) -> bool:
+        """Start one batch of ``key`` on its thread. False when its queue is empty."""
         batch, shed = self.scheduler.next_batch(str(key), self.clock())
         for w in shed:
             resolve(pending_of(w).future, None)
@@ -267,20 +272,29 @@ class Executor(TypedPort):
         for other in flights:  # they ran alongside this one too
             other.overlapped = True
         flights.append(flight)
-        try:
-            results = await self.threads.run(key, self._batch_runner(key), [pending_of(w).payload for w in batch])
-        except LinguaFusionError as exc:  # a backend failure fails this batch's items, not the worker
-            self._failed(key, [pending_of(w) for w in batch], exc, t0)
-            return True
-        finally:
-            flights.remove(flight)
-        done = self.clock()
-        for w, r in zip(batch, results, strict=True):
-            resolve(pending_of(w).future, r)
-        self._observe(key, batch, t0, done, cold, flight.overlapped)
+        self._busy[key] = self._busy.get(key, 0) + 1
+        running = self.threads.start(key, self._batch_runner(key), [pending_of(w).payload for w in batch])
+        running.add_done_callback(functools.partial(self._stepped, key, batch, t0, cold, flight))
         return True
 
-    async def _hand_over(self, key: ModelKey) -> bool:
+    def _stepped(self, key: ModelKey, batch: list[WorkItem], t0: float, cold: bool, flight: Flight,
+                 running: asyncio.Future[list[object]]) -> None:
+        """On the loop: a batch of ``key`` is done: its items' futures resolved (a failure fails its items, not the
+        model), observed; then the key's next step."""
+        self._busy[key] -= 1
+        self._flights[key].remove(flight)
+        exc = None if running.cancelled() else running.exception()
+        if running.cancelled() or exc is not None:
+            failure = exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed: {exc}")
+            self._failed(key, [pending_of(w) for w in batch], failure, t0)
+        else:
+            done = self.clock()
+            for w, r in zip(batch, running.result(), strict=True):
+                resolve(pending_of(w).future, r)
+            self._observe(key, batch, t0, done, cold, flight.overlapped)
+        self._kick(key)
+
+    def _hand_over(self, key: ModelKey) -> bool:
         """A continuous runner's step: hand it as much scheduled work as it has room for, without waiting."""
         runner = self._runners[key]
         assert isinstance(runner, ContinuousRunner)
@@ -288,7 +302,7 @@ class Executor(TypedPort):
         window = self.scheduler.service_window(str(key))
         if window is not None:  # no more in flight than admission counts the runner at
             room = min(room, window - self._in_flight.get(key, 0))
-        if room <= 0:  # woken again when one of its items settles (or, for a runner still starting, within 0.5 s)
+        if room <= 0:  # looked at again when one of its items settles (or, for a runner still starting, in 0.5 s)
             for w in self.scheduler.shed(str(key), self.clock()):  # meanwhile partials past their deadline go
                 resolve(pending_of(w).future, None)
             return False
@@ -330,24 +344,32 @@ class Executor(TypedPort):
             if served > SERVICE_WARMUP and w.slo != FILE_CLASS:
                 self.scheduler.observe_service(str(key), in_flight, now - handed)
             self._observe(key, [w], w.enqueued, now, cold=True)
-        self._wake[key].set()
+        self._kick(key)
 
-    async def _vad_step(self, key: ModelKey) -> bool:
-        # keys in turn, at most VAD_BATCH_S of audio a call: another key's windows wait for one bounded call
+    def _vad_step(self, key: ModelKey) -> bool:
+        """Start one VAD call: keys in turn, at most VAD_BATCH_S of audio (another key's windows wait for one
+        bounded call). False when no windows wait."""
         batch, self._vad = round_robin(self._vad, lambda p: p.key_id, lambda p: vad_seconds(p.payload),
                                        max_items=VAD_BATCH, max_units=VAD_BATCH_S)
         if not batch:
             return False
-        t0 = self.clock()
-        try:
-            results = await self.threads.run(key, self._batch_runner(key), [p.payload for p in batch])
-        except LinguaFusionError as exc:
-            self._failed(key, batch, exc, t0)
-            return True
-        for p, r in zip(batch, results, strict=True):
-            resolve(p.future, r)
-        record_batch(key, key.stage, [(p.trace, p.enqueued, False) for p in batch], t0, self.clock())
+        self._busy[key] = self._busy.get(key, 0) + 1
+        running = self.threads.start(key, self._batch_runner(key), [p.payload for p in batch])
+        running.add_done_callback(functools.partial(self._vad_done, key, batch, self.clock()))
         return True
+
+    def _vad_done(self, key: ModelKey, batch: list[Pending], t0: float, running: asyncio.Future[list[object]]
+                  ) -> None:
+        self._busy[key] -= 1
+        exc = None if running.cancelled() else running.exception()
+        if running.cancelled() or exc is not None:
+            self._failed(key, batch, exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed"),
+                         t0)
+        else:
+            for p, r in zip(batch, running.result(), strict=True):
+                resolve(p.future, r)
+            record_batch(key, key.stage, [(p.trace, p.enqueued, False) for p in batch], t0, self.clock())
+        self._kick(key)
 
     def _failed(self, key: ModelKey, items: list[Pending], exc: LinguaFusionError, t0: float | None = None) -> None:
         log.warning("model %s failed on a batch of %d: %s", key, len(items), exc.message)
@@ -419,15 +441,9 @@ class Executor(TypedPort):
 
     async def close(self) -> None:
         self._closing = True
-        for ev in self._wake.values():
-            ev.set()
-        tasks = [t for lane in self._workers.values() for t in lane]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._workers.clear()
+        for tick in self._ticks.values():
+            tick.cancel()
+        self._ticks.clear()
         for p in self._vad:
             p.future.cancel()
         for runner in self._runners.values():  # a continuous runner's own thread (serving/gpu)

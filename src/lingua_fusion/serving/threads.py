@@ -11,6 +11,7 @@ with ``--chaos``) are applied here, so everything above sees them exactly as it 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -41,17 +42,30 @@ class ModelThreads:
         self._hung: dict[ModelKey, int] = {}
         self.warm: set[ModelKey] = set()
 
-    async def run(self, key: ModelKey, runner: Runner, payloads: list[object]) -> list[object]:
-        """One batch on ``key``'s thread. Raises BackendError (or a subclass) when the backend fails, hangs past
-        its timeout or returns output that cannot be a caption."""
+    def start(self, key: ModelKey, runner: Runner, payloads: list[object]) -> asyncio.Future[list[object]]:
+        """One batch started on ``key``'s thread now. Its future (settled on the loop, no task between) holds the
+        results, or the BackendError (or a subclass) of a backend that failed, hung past its timeout or returned
+        output that cannot be a caption."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[list[object]] = loop.create_future()
         fault = pick(self.faults, str(key), self._rng) if self.faults else None
-        if fault is not None and fault.kind == "delay":
-            await asyncio.sleep(delay_of(fault, self._rng))
         if fault is not None and fault.kind == "error":
-            raise InjectedFault(f"chaos: injected failure of {key}")
+            out.set_exception(InjectedFault(f"chaos: injected failure of {key}"))
+        elif fault is not None and fault.kind == "delay":  # a slow answer: the thread is not held meanwhile
+            loop.call_later(delay_of(fault, self._rng), self._launch, key, runner, payloads, fault, out)
+        else:
+            self._launch(key, runner, payloads, fault, out)
+        return out
+
+    def _launch(self, key: ModelKey, runner: Runner, payloads: list[object], fault: Fault | None,
+                out: asyncio.Future[list[object]]) -> None:
+        if out.done():
+            return
         hung = self._hung.get(key, 0)
         if hung >= MAX_HUNG:
-            raise BackendError(f"{key} is not answering ({hung} calls stuck past their timeout); failing fast")
+            out.set_exception(BackendError(f"{key} is not answering ({hung} calls stuck past their timeout); "
+                                           "failing fast"))
+            return
 
         def work() -> Sequence[object]:
             if fault is not None and fault.kind == "hang":
@@ -62,22 +76,47 @@ class ModelThreads:
         if pool is None:
             pool = self._pools[key] = ThreadPoolExecutor(max_workers=max(1, self._lanes_for(key)),
                                                          thread_name_prefix=f"model-{key}")
-        running = asyncio.get_running_loop().run_in_executor(pool, work)
+        loop = asyncio.get_running_loop()
+        running = loop.run_in_executor(pool, work)
         timeout = self._timeout_for(key, payloads, key in self.warm)
-        try:
-            results = await asyncio.wait_for(asyncio.shield(running), timeout)
-        except TimeoutError:
-            self._abandon(key, pool, running)
-            raise ModelTimeout(f"{key} did not answer a batch of {len(payloads)} in {timeout:.0f} s") from None
-        except LinguaFusionError:
-            raise
-        except Exception as exc:  # a library failure inside the backend
-            raise BackendError(f"{key} failed: {type(exc).__name__}: {exc}") from exc
+        timer = loop.call_later(timeout, self._expired, key, pool, running, out, timeout, len(payloads))
+        running.add_done_callback(functools.partial(self._ran, key, payloads, fault, timer, out))
+
+    def _expired(self, key: ModelKey, pool: ThreadPoolExecutor, running: asyncio.Future[Sequence[object]],
+                 out: asyncio.Future[list[object]], timeout: float, n: int) -> None:
+        """On the loop: a batch still running at its timeout is abandoned with its thread."""
+        if running.done() or out.done():
+            return
+        self._abandon(key, pool, running)
+        out.set_exception(ModelTimeout(f"{key} did not answer a batch of {n} in {timeout:.0f} s"))
+
+    def _ran(self, key: ModelKey, payloads: list[object], fault: Fault | None, timer: asyncio.TimerHandle,
+             out: asyncio.Future[list[object]], running: asyncio.Future[Sequence[object]]) -> None:
+        """On the loop: a batch's thread returned; its results checked into ``out``."""
+        timer.cancel()
+        if out.done():  # abandoned at its timeout (or the caller is gone): its late answer is dropped
+            return
+        if running.cancelled():
+            out.cancel()
+            return
+        exc = running.exception()
+        if exc is not None:
+            if not isinstance(exc, LinguaFusionError):  # a library failure inside the backend
+                failed = BackendError(f"{key} failed: {type(exc).__name__}: {exc}")
+                failed.__cause__ = exc
+                exc = failed
+            out.set_exception(exc)
+            return
+        results = running.result()
         if fault is not None and fault.kind == "garbage":
             results = garble(str(key), results, self._rng)
-        results = check_outputs(key, payloads, results)
+        try:
+            checked = check_outputs(key, payloads, results)
+        except LinguaFusionError as bad:
+            out.set_exception(bad)
+            return
         self.warm.add(key)
-        return results
+        out.set_result(list(checked))
 
     def stuck(self) -> dict[str, int]:
         """Abandoned calls still running, per model key (they fail that model fast at ``MAX_HUNG``)."""
