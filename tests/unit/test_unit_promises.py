@@ -22,8 +22,8 @@ from lingua_fusion.glossary import Term, apply_mt_batch
 from lingua_fusion.serving.ports import AsrOutput
 from lingua_fusion.serving.scheduler import CostModel, Scheduler, WorkItem
 from lingua_fusion.stream import journal
+from lingua_fusion.stream.journal import StoreLink
 from lingua_fusion.stream.protocol import StreamSpec
-from lingua_fusion.stream.storelink import StoreLink
 
 PLACEHOLDER = re.compile(r"\[\d+\]")
 

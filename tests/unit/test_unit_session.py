@@ -184,7 +184,7 @@ async def test_a_cancelled_reader_of_the_outbox_leaves_no_task_behind() -> None:
     get, the closed event's wait) used to stay pending and be garbage-collected later ("Task was destroyed but it
     is pending!" in the server log, once per abandoned stream). Events still queued are not lost to it."""
     from lingua_fusion.stream.events import error_event
-    from lingua_fusion.stream.outbox import Outbox
+    from lingua_fusion.stream.session import Outbox
 
     outbox = Outbox(8, full=lambda: None)
     closed = asyncio.Event()

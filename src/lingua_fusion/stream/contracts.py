@@ -1,4 +1,4 @@
-"""What a StreamSession hands its parts (stream/ingest.py, decisions.py, images.py, finals.py, outbox.py): the
+"""What a StreamSession hands its parts (stream/ingest.py, images.py, finals.py, its Outbox): the
 event sink, the task owner, the breaker's question, and ``Slots``, a bound shared by the streams of a service; and
 ``Vocabularies``, the face of a stream's taught signs and lips (vision/), which the app injects so that stream/
 never imports vision/."""

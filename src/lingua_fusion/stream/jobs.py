@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from .wire import WordJSON
 MAX_SLIDES = 32  # slides a stream remembers (their words are ASR context and MT names)
 MAX_WORDS = 512  # words a final lists (an utterance is at most its class's maximum length: far fewer)
 MT_PIECE_CHARS = 1000  # a caption's text goes to MT in pieces of at most this many characters (at sentence ends)
+T = TypeVar("T")
 SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 
 
@@ -299,8 +300,8 @@ class StreamJobs:
                 return self.written(text, target)
             key, names, ctx = ModelKey.mt(src, target), tuple(slide_terms), self._ctx(False, wall_ref)
             try:  # a long text in pieces: each is a work item, so another key's caption waits for one piece at most
-                outs = await asyncio.gather(*(self.port.run(key, MtInput(piece, self.glossary, names), ctx)
-                                              for piece in pieces(text, MT_PIECE_CHARS)))
+                outs = await each([self.port.run(key, MtInput(piece, self.glossary, names), ctx)
+                                    for piece in pieces(text, MT_PIECE_CHARS)])
             except BackendError as exc:  # retried and still failing: the source text stays, the target is empty
                 failed.append(f"mt:{target}")
                 notes.append(f"translation to {target} failed: {exc.public_message}")
@@ -313,7 +314,7 @@ class StreamJobs:
 
         unknown: dict[str, list[str]] = {}
         targets = list(self.spec.targets)  # read once: a room may add a language while this caption translates
-        outs = await asyncio.gather(*(one(t) for t in targets))
+        outs = await each([one(t) for t in targets])
         translations = dict(zip(targets, outs, strict=True))
         slides = [s for t, s in self.slides if start - 0.5 <= t <= end] or ([self.slides[-1][1]] if self.slides
                                                                               else [])
@@ -359,6 +360,14 @@ class StreamJobs:
     def _prompt(self) -> str | None:
         """Words on the current slide, as ASR context (hot words)."""
         return self.slides[-1][1][:200] if self.slides else None
+
+
+async def each(calls: list[Coroutine[object, object, T]]) -> list[T]:
+    """The calls' results in order. One (a caption into one target, in one piece: the common case) is awaited
+    right here, in the caller's task; several run at once, a task each (``asyncio.gather``)."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    return list(await asyncio.gather(*calls))
 
 
 def pieces(text: str, limit: int) -> list[str]:

@@ -1,7 +1,7 @@
 """The write-ahead log client of a stream: every final is logged before it is sent, and none is lost when the log
 fails.
 
-``StreamLog`` is shared by a service's streams: the store (state/streams.py), its link (stream/storelink.py:
+``StreamLog`` is shared by a service's streams: the store (state/streams.py), its link (``StoreLink``, below:
 threads, backoff, one probe at a time) and the writers of finals still unlogged when their stream closed.
 ``Journal`` is one stream's: writes go through one ordered backlog (the log stays in seq order); a final waits for
 its write at most ``state.log_wait_s``. While the log is down or slow (Redis killed, slow, cut off) captions keep
@@ -13,6 +13,11 @@ until they are written or ``BACKLOG_AFTER_CLOSE_S`` pass.
 Every write carries the journal's ``epoch`` (the stream's owner epoch, state/streams.py): when the stream was resumed
 by another connection, on any worker process or server sharing the store, the store refuses it (``TakenOver``); the
 finals not yet logged are dropped and the session is failed with it (the client gets ``taken_over``, close 4409).
+
+The link (``StoreLink``): store calls run on two threads of their own, so a stalled Redis blocks neither the event
+loop nor the executor the decoders use. Every call ends: the Redis client has socket timeouts, SQLite a busy
+timeout. After a failure the store is left alone for a backoff (0.5 s doubling to 5 s) and then tested by one call
+at a time, so a hundred streams do not pile a hundred timed-out writes onto a dead Redis.
 """
 
 from __future__ import annotations
@@ -20,15 +25,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
+import logging
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeGuard, TypeVar, TypeVarTuple
 
-from ..errors import ClientError, LinguaFusionError, TakenOver
+from ..errors import ClientError, LinguaFusionError, StoreUnavailable, TakenOver
 from .events import Durable, Error, Event, Final, NotDurable
-from .storelink import STORE_WAIT_S, StoreLink
 from .wire import FinalJSON
 
 if TYPE_CHECKING:
@@ -40,8 +48,94 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
+log = logging.getLogger("lingua_fusion.streams")
+STORE_WAIT_S = 10.0  # opening or resuming a stream waits this long for the stream log (queue included), then 503
 BACKLOG_AFTER_CLOSE_S = 60.0  # how long unlogged finals are still written after their stream closed
 MAX_UNLOGGED = 1000  # finals a stream may have sent but not logged before it is closed
+
+
+class StoreLink:
+    def __init__(self, store: StreamStore, metrics: Metrics | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, max_backoff_s: float = 5.0) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.max_backoff_s = max_backoff_s
+        self.failures = 0  # consecutive
+        self.down_until = 0.0
+        self.last_error = ""
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="stream-store")
+        self._probe = asyncio.Lock()
+
+    def ok(self) -> bool:
+        return self.failures == 0
+
+    def ready(self) -> bool:
+        """Worth a try now: healthy, or down with its backoff over."""
+        return self.clock() >= self.down_until
+
+    async def call(self, fn: Callable[[*Ts], T], *args: *Ts, wait_s: float | None = None) -> T:
+        """``fn(*args)`` (a method of the store) on the store's threads; StoreUnavailable while it is down, when it
+        fails, or when the answer (queueing behind other streams' writes included) takes over ``wait_s``."""
+        if wait_s is None:
+            return await self._call(fn, args)
+        try:
+            return await asyncio.wait_for(self._call(fn, args), wait_s)
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"the stream log did not answer in {wait_s:.0f} s; retry") from exc
+
+    async def _call(self, fn: Callable[[*Ts], T], args: tuple[*Ts]) -> T:
+        if not self.ready():
+            raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
+        if self.failures:
+            async with self._probe:  # recovering: one probe at a time
+                if not self.ready():
+                    raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
+                return await self._do(fn, args)
+        return await self._do(fn, args)
+
+    async def _do(self, fn: Callable[[*Ts], T], args: tuple[*Ts]) -> T:
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[[*Ts], T], *args: *Ts) -> asyncio.Future[T]:
+        """``fn(*args)`` started on a store thread now: a future (no task in between) with its answer, or the typed
+        error of a failed store (counted, and the store left alone for its backoff). Only for a healthy store
+        (``ok()``): ``call`` is the way in while it recovers (one probe at a time)."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[T] = loop.create_future()
+        loop.run_in_executor(self._pool, fn, *args).add_done_callback(lambda done: self._settle(done, out))
+        return out
+
+    def _settle(self, done: asyncio.Future[T], out: asyncio.Future[T]) -> None:
+        """On the loop: a store call's answer into ``out``, its failure counted and typed."""
+        if done.cancelled():
+            out.cancel()
+            return
+        exc = done.exception()
+        if exc is None:
+            self.failures = 0
+            self.down_until = 0.0
+            if not out.done():
+                out.set_result(done.result())
+            return
+        if isinstance(exc, (LinguaFusionError, OSError, sqlite3.Error, json.JSONDecodeError)) and not isinstance(
+                exc, ClientError):  # a read of SQLite that stayed locked or hit a bad file, a snapshot that does
+            # not parse: the store failed, typed like an outage (a ClientError is the store's answer: not found)
+            self.failures += 1
+            self.last_error = (exc.message if isinstance(exc, LinguaFusionError) else str(exc))[:200]
+            if self.failures == 1:  # the details go to the log; clients are told the log is unavailable
+                log.warning("stream log call failed: %s", self.last_error)
+            self.down_until = self.clock() + min(self.max_backoff_s, 0.5 * 2 ** (self.failures - 1))
+            if self.metrics is not None:
+                self.metrics.store_failures.inc()
+            failed = StoreUnavailable(f"the stream log is unavailable ({self.last_error})")
+            failed.__cause__ = exc
+            exc = failed
+        if not out.done():
+            out.set_exception(exc)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
 
 
 class StreamLog:

@@ -9,13 +9,14 @@ streams) -> policy decisions. A partial decode is tentative (at most one in flig
 commit becomes a job (stream/jobs.py) queued in order; the emitter awaits jobs in that order, numbers finals 1, 2,
 3, ... with no gaps, logs each (stream/journal.py) and then sends it. Events go to a bounded queue: a client that
 stops reading gets a clear close instead of unbounded buffering. The parts, each handed what it needs
-(stream/contracts.py):
+(stream/contracts.py); its way out is the ``Outbox`` here: one bounded event queue, a tap that sees every
+event first, and ``outgoing``, what the client is sent (a client that stops reading fills the queue: the session
+is told and closes the stream with a clear error instead of buffering without bound):
 
-    stream/ingest.py     audio in (PCM16, or WebM/Ogg through a decoder thread) -> timeline -> VAD -> decisions
-    stream/decisions.py  the policy's decisions applied: partials and revisions; commits queued as jobs
+    stream/ingest.py     audio in (PCM16, or WebM/Ogg through a decoder thread) -> timeline -> VAD -> the
+                         policy's decisions applied: partials and revisions; commits queued as jobs
     stream/images.py     ``image`` and ``frame`` messages: OCR into slides, degraded classes thinned
     stream/finals.py     commit jobs awaited in order, numbered, logged, sent (metrics, speech)
-    stream/outbox.py     the bounded event queue, the tap, what the client is sent
     stream/resume.py     the snapshot a resumed stream continues from
 """
 
@@ -35,14 +36,12 @@ from ..tracing import TraceRef
 from ..types import SR
 from .budget import AudioBudget, PixelBudget, pixel_budget
 from .contracts import Slots, Vocabularies
-from .decisions import Decisions
-from .events import Closed, Event, Final, Ready
+from .events import Closed, Event, Final, Ready, error_event
 from .finals import Finals
 from .images import LOW_FRAME_INTERVAL_S, MAX_IMAGES_IN_FLIGHT, Images
-from .ingest import Arrivals, AudioIngest
+from .ingest import Arrivals, AudioIngest, Decisions
 from .jobs import StreamJobs
 from .journal import Journal, StreamLog
-from .outbox import Outbox
 from .policy import CommitPolicy
 from .protocol import AUTO, StreamSpec, check_ts
 from .resume import ResumePoint
@@ -56,7 +55,49 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("lingua_fusion.streams")
 
-__all__ = ["LOW_FRAME_INTERVAL_S", "MAX_IMAGES_IN_FLIGHT", "Slots", "State", "StreamOwner", "StreamSession"]
+__all__ = ["LOW_FRAME_INTERVAL_S", "MAX_IMAGES_IN_FLIGHT", "Outbox", "Slots", "State", "StreamOwner", "StreamSession"]
+
+
+class Outbox:
+    def __init__(self, max_events: int, full: Callable[[], None]) -> None:
+        self.events: asyncio.Queue[Event] = asyncio.Queue(maxsize=max_events)
+        self._full = full
+        # sees every event the session emits, first (a room's publisher: rooms/publisher.py); must never block
+        self.tap: Callable[[Event], None] | None = None
+
+    def emit(self, event: Event) -> None:
+        if self.tap is not None:
+            self.tap(event)
+        try:
+            self.events.put_nowait(event)
+        except asyncio.QueueFull:
+            self._full()
+
+    async def outgoing(self, closed: asyncio.Event,
+                       error: Callable[[], LinguaFusionError | None]) -> AsyncIterator[Event]:
+        """Every queued event through ``closed``; a stream that ended without one (``closed`` set: slow consumer,
+        shed, drain) gives what was queued, then the ``error()`` saying why."""
+        while True:
+            get = asyncio.ensure_future(self.events.get())
+            was_closed = asyncio.ensure_future(closed.wait())
+            try:
+                done, _ = await asyncio.wait({get, was_closed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:  # also when the reader is cancelled (its client left): neither waiter is left pending
+                for waiter in (get, was_closed):
+                    if not waiter.done():
+                        waiter.cancel()
+            if get in done:
+                event = get.result()
+                yield event
+                if event.TYPE == "closed":
+                    return
+                continue
+            while not self.events.empty():
+                yield self.events.get_nowait()
+            why = error()
+            if why is not None:
+                yield error_event(why)
+            return
 
 
 class State(enum.IntEnum):
