@@ -188,11 +188,15 @@ def wer(refs: list[str], hyps: list[str]) -> float:
 
 
 # ---- the server's stack -------------------------------------------------------------------------------------------
-def server_stack(device: str, encoder_graphs: bool, vad: str = "energy") -> tuple[Any, Any, Any]:
-    """(settings, registry, executor) as ``linguafusion serve`` makes them with the engine on ``device``."""
+def server_stack(device: str, encoder_graphs: bool, vad: str = "energy", *,
+                 streams: bool = False) -> tuple[Any, Any, Any, Any]:
+    """(settings, registry, executor, breakers) as ``linguafusion serve`` makes them with the engine on ``device``.
+    ``streams``: ``breakers`` is the SLO breaker supervisor the executor reports its stage latencies to, for the
+    StreamService on it; None otherwise (the executor reports nothing)."""
     from lingua_fusion.config import Settings
     from lingua_fusion.models.registry import Registry
     from lingua_fusion.serving.gpu.server import LazyRunner, build_executor, gpu_vad
+    from lingua_fusion.stream.supervisor import BreakerSupervisor
 
     try:
         from lingua_fusion.observability import Metrics  # needs hdrhistogram: carry its wheel in .whl
@@ -205,10 +209,11 @@ def server_stack(device: str, encoder_graphs: bool, vad: str = "energy") -> tupl
                                 "encoder_graphs": encoder_graphs, "gpu_vad": vad})
     settings.server.max_streams = settings.server.max_streams_per_key = 1 << 20  # sessions are made directly
     registry = Registry(settings)
-    executor = build_executor(registry, settings, metrics)
+    breakers = BreakerSupervisor(settings, metrics) if streams else None
+    executor = build_executor(registry, settings, metrics, observer=breakers)
     if device == "cpu":  # the VAD the engine runs on CUDA (on the CPU it would be Silero on onnxruntime)
         executor.backends["vad"] = lambda _k: LazyRunner(lambda: gpu_vad(vad, "cpu"))
-    return settings, registry, executor
+    return settings, registry, executor, breakers
 
 
 def asr_built(executor: Any) -> Any:
@@ -287,7 +292,7 @@ async def transcripts_once(items: list[tuple[np.ndarray, str | None]], device: s
 
     key = ModelKey.asr("en")
     t0 = time.monotonic()
-    _settings, registry, executor = server_stack(device, graphs)
+    _settings, registry, executor, _ = server_stack(device, graphs)
 
     async def run(batch: list[tuple[np.ndarray, str | None]], tag: str) -> list[Any]:
         return await asyncio.wait_for(asyncio.gather(*(
@@ -431,10 +436,10 @@ async def streams(folder: Path, device: str, counts: list[int], encoder_graphs: 
     from lingua_fusion.stream.service import StreamService
 
     _clips, talk = load_clips(folder)
-    settings, _registry, executor = server_stack(device, encoder_graphs, vad)
+    settings, _registry, executor, breakers = server_stack(device, encoder_graphs, vad, streams=True)
     state_dir = Path(tempfile.mkdtemp(prefix="gpu-server-path-"))
     stream_log = StreamLog(SQLiteStreamStore(state_dir))
-    service = StreamService(executor, settings, log=stream_log)
+    service = StreamService(executor, settings, supervisor=breakers, log=stream_log)
     try:
         for i, n in enumerate(counts):
             need = len(talk) / SR + 45 + (60 if i == 0 else 0)

@@ -51,6 +51,7 @@ from lingua_fusion.serving.gpu.recipes import (  # noqa: E402
 )
 from lingua_fusion.serving.gpu.runner import GpuRunner  # noqa: E402
 from lingua_fusion.serving.gpu.vad import energy_vad  # noqa: E402
+from lingua_fusion.stream.supervisor import BreakerSupervisor  # noqa: E402
 
 SR = 16000
 IDS = {"pad_token_id": 50256, "bos_token_id": 50257, "eos_token_id": 50256, "decoder_start_token_id": 50257}
@@ -172,10 +173,11 @@ def watch_loop_lag(lags: list[float], every_s: float = 0.1) -> asyncio.Task[None
     return asyncio.create_task(watch(), name="loop-lag")
 
 
-async def drive_streams(port: Any, first: int, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
-                        state_dir: Path) -> dict[str, Any]:
+async def drive_streams(port: Any, breakers: Any, first: int, n: int, seconds: float, chunk_ms: int, slo: str,
+                        audio: np.ndarray, state_dir: Path) -> dict[str, Any]:
     """Streams ``first .. first + n - 1`` of a run, paced at real time through sessions on ``port`` (the in-process
-    Executor, or a worker's RemotePort to the model process). Returns the raw figures of this process."""
+    Executor, or a worker's RemotePort to the model process), built with ``breakers`` (a BreakerSupervisor, the
+    service's SLO breakers) as its observer. Returns the raw figures of this process."""
     from lingua_fusion.state.streams import SQLiteStreamStore
     from lingua_fusion.stream.journal import StreamLog
     from lingua_fusion.stream.protocol import StreamSpec
@@ -184,7 +186,7 @@ async def drive_streams(port: Any, first: int, n: int, seconds: float, chunk_ms:
 
     settings = port.settings
     log = StreamLog(SQLiteStreamStore(state_dir))
-    service = StreamService(port, settings, log=log)
+    service = StreamService(port, settings, supervisor=breakers, log=log)
     chunk = int(SR * chunk_ms / 1000)
     pcm = (audio * 32767).astype("<i2")
     latencies: list[float] = []
@@ -236,14 +238,14 @@ def summarise(n: int, parts: list[dict[str, Any]], wall: float) -> dict[str, Any
             "loop_lag_p99_ms": round(float(np.percentile(lags, 99)) * 1000, 1) if lags else None}
 
 
-async def run_streams(executor: Executor, n: int, seconds: float, chunk_ms: int, slo: str, audio: np.ndarray,
-                      state_dir: Path) -> dict[str, Any]:
-    """All streams in this process, beside the GPU engine (the one-process server)."""
+async def run_streams(executor: Executor, breakers: Any, n: int, seconds: float, chunk_ms: int, slo: str,
+                      audio: np.ndarray, state_dir: Path) -> dict[str, Any]:
+    """All streams in this process, beside the GPU engine (the one-process server): ``breakers`` is its observer."""
     cpu0, wall0 = time.process_time(), time.monotonic()
     gpu = _gpu_sampler()
     stacks = _stack_sampler() if SAMPLE_STACKS is not None else None
     try:
-        part = await drive_streams(executor, 0, n, seconds, chunk_ms, slo, audio, state_dir)
+        part = await drive_streams(executor, breakers, 0, n, seconds, chunk_ms, slo, audio, state_dir)
     finally:
         if stacks is not None and SAMPLE_STACKS is not None:
             await asyncio.to_thread(SAMPLE_STACKS.write_text, stacks())
@@ -265,12 +267,13 @@ def _worker_main(path: str, first: int, n: int, seconds: float, chunk_ms: int, s
         link = ModelLink(path, max_in_flight=1 << 15, connect_wait_s=30.0)
         link.start()
         await link.wait_up(30.0)
-        port = RemotePort(link, None, settings)  # type: ignore[arg-type]
+        breakers = BreakerSupervisor(settings)  # this worker's SLO breakers, as serve --workers builds them
+        port = RemotePort(link, None, settings, observer=breakers)  # type: ignore[arg-type]
         out.put({"ready": first})
         await asyncio.to_thread(go.wait, 300)
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                return await drive_streams(port, first, n, seconds, chunk_ms, slo, audio, Path(tmp))
+                return await drive_streams(port, breakers, first, n, seconds, chunk_ms, slo, audio, Path(tmp))
         finally:
             await link.close()
 
@@ -560,14 +563,17 @@ async def sweep(args: argparse.Namespace, asr_model: Any, mt_model: Any, *, base
     for n in counts:
         asr, mt = build_runners(args, asr_model, mt_model, baseline=baseline)
         settings = bench_settings()
+        # in one process the streams' SLO breakers hear the engine's stage latencies; sharded, each worker's own do
+        breakers = None if workers else BreakerSupervisor(settings)
         executor = Executor(None, settings, max_batch=args.max_batch, max_queue=1 << 16,  # type: ignore[arg-type]
                             backends={"asr": lambda _k, r=asr: r, "mt": lambda _k, r=mt: r,
-                                      "vad": lambda _k: energy_vad(args.device)})
+                                      "vad": lambda _k: energy_vad(args.device)}, observer=breakers)
         if workers:
             row = await run_sharded(executor, n, workers, args.seconds, args.chunk_ms, args.slo, audio)
         else:
             with tempfile.TemporaryDirectory() as tmp:
-                row = await run_streams(executor, n, args.seconds, args.chunk_ms, args.slo, audio, Path(tmp))
+                row = await run_streams(executor, breakers, n, args.seconds, args.chunk_ms, args.slo, audio,
+                                        Path(tmp))
         row["asr_encoded"], row["asr_reused_encodings"] = asr.encoded, asr.reused
         row["asr_preemptions"] = asr.engine.preemptions
         await executor.close()

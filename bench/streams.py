@@ -87,11 +87,14 @@ async def capacity(mode: str, pcm: bytes, counts: list[int], seconds: float, slo
                    registry: Any, settings: Any) -> dict[str, Any]:
     from lingua_fusion.serving.executor import Executor
     from lingua_fusion.stream.service import StreamService
+    from lingua_fusion.stream.supervisor import BreakerSupervisor
 
     rows = []
     best = 0
     for n in counts:
-        service = StreamService(Executor(registry, settings, mode=mode), settings)
+        breakers = BreakerSupervisor(settings)  # the engine's StageObserver and the service's SLO breakers
+        service = StreamService(Executor(registry, settings, mode=mode, observer=breakers), settings,
+                                supervisor=breakers)
         row = await run_streams(service, pcm, n, seconds, slo, partials)
         await service.close()  # the service closes only what it made: the engine is this row's
         await service.executor.close()

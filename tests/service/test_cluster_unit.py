@@ -99,9 +99,7 @@ class Stages:
 def _port(handle: FakeHandle, timeout_s: float = 30.0) -> ClusterExecutor:
     settings = Settings()
     settings.server.request_timeout_s = timeout_s
-    port = ClusterExecutor(Registry(settings), settings, handle=handle)
-    port.observer = Stages()
-    return port
+    return ClusterExecutor(Registry(settings), settings, handle=handle, observer=Stages())
 
 
 def _died() -> BaseException:

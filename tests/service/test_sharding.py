@@ -181,12 +181,15 @@ async def test_a_stream_refused_while_the_model_process_is_down_is_counted_as_un
     at all, so a restart's refusals were invisible to an operator)."""
     from lingua_fusion.observability import Metrics
     from lingua_fusion.stream.service import Principal, StreamService
+    from lingua_fusion.stream.supervisor import BreakerSupervisor
 
     settings = Settings()
     settings.state_dir = tmp_path
     metrics = Metrics()
     link = ModelLink(str(tmp_path / "nobody.sock"), connect_wait_s=0.2)  # no model process listens there
-    service = StreamService(RemotePort(link, Registry(settings), settings), settings, metrics=metrics)
+    breakers = BreakerSupervisor(settings, metrics)
+    service = StreamService(RemotePort(link, Registry(settings), settings, observer=breakers), settings,
+                            supervisor=breakers, metrics=metrics)
     start = {"type": "start", "source_lang": "en", "target_langs": ["es"], "inputs": ["text"]}
     try:
         with pytest.raises(Overloaded, match="restarting"):

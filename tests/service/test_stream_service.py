@@ -25,6 +25,7 @@ from lingua_fusion.errors import Overloaded
 from lingua_fusion.sdk.local import LocalTranslator
 from lingua_fusion.stream.breaker import STEPS
 from lingua_fusion.stream.service import StreamService
+from lingua_fusion.stream.supervisor import BreakerSupervisor
 
 
 class Clock:
@@ -341,7 +342,9 @@ async def test_two_concurrent_resumes_on_one_server_leave_one_live_session(tmp_p
     translator = LocalTranslator(settings)
     store = _BothClaimsInFlight(SQLiteStreamStore(tmp_path))
     log = StreamLog(store)
-    service = StreamService(Executor(translator.engine.registry, settings), settings, log=log)
+    breakers = BreakerSupervisor(settings)
+    service = StreamService(Executor(translator.engine.registry, settings, observer=breakers), settings,
+                            supervisor=breakers, log=log)
     who = Principal("key_a")
     try:
         first = await service.open(start(0.5), who)
@@ -375,7 +378,9 @@ async def local_service(settings: Settings, store: Any = None) -> AsyncIterator[
     translator = LocalTranslator(settings)
     real = SQLiteStreamStore(settings.state_dir)
     log = StreamLog(real if store is None else store(real))
-    service = StreamService(Executor(translator.engine.registry, settings), settings, log=log)
+    breakers = BreakerSupervisor(settings)
+    service = StreamService(Executor(translator.engine.registry, settings, observer=breakers), settings,
+                            supervisor=breakers, log=log)
     try:
         yield service
     finally:

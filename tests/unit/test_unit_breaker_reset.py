@@ -16,7 +16,9 @@ from lingua_fusion.stream.supervisor import BreakerSupervisor
 def _supervisor(state: Path, clock: list[float]) -> BreakerSupervisor:
     settings = Settings()
     settings.state_dir = state
-    return BreakerSupervisor(settings, lambda: clock[0], lambda: [])
+    supervisor = BreakerSupervisor(settings)
+    supervisor.watch(lambda: clock[0], lambda: [])
+    return supervisor
 
 
 async def test_a_reset_through_one_worker_restores_another_workers_breakers(tmp_path: Path) -> None:

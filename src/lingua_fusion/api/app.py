@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -40,6 +40,7 @@ from ..observability import Metrics
 from ..serving.engine import Engine
 from ..serving.executor import Executor
 from ..serving.gpu.server import build_executor, warm_engine
+from ..serving.ports import StageObserver
 from ..state.offload import Offload
 from ..state.stores import open_users
 from ..state.streams import open_store
@@ -48,6 +49,7 @@ from ..stream.capacity import open_quota
 from ..stream.front import StreamFront
 from ..stream.journal import StreamLog
 from ..stream.service import Principal, StreamService
+from ..stream.supervisor import BreakerSupervisor
 from ..tracing import Tracer, from_settings
 from ..tracing import http as tracing_http
 from ..vision.stream_signs import StreamVocabularies
@@ -69,8 +71,14 @@ log = logging.getLogger("lingua_fusion.api")
 
 # what runs while the server serves and is closed after it: entered by the lifespan around its ``yield``
 StreamsLifetime = Callable[[], contextlib.AbstractAsyncContextManager[None]]
-# builds the live streams' executor (the ModelPort) from the registry, settings and metrics
-ExecutorFactory = Callable[[Registry, Settings, Metrics], Engine]
+
+
+class ExecutorFactory(Protocol):
+    """Builds the live streams' engine (the ModelPort) from the registry, settings and metrics, with ``observer``
+    (the streams' SLO breaker supervisor, made first: stream/supervisor.py) given to its constructor."""
+
+    def __call__(self, registry: Registry, settings: Settings, metrics: Metrics, /, *,
+                 observer: StageObserver) -> Engine: ...
 
 
 def create_app(settings: Settings | None = None, engine: FileTranslator | None = None, *,
@@ -201,14 +209,19 @@ def _install_streams(app: FastAPI, settings: Settings, translator: FileTranslato
     log_store = open_store(settings.resolved_state_dir(), settings.state.redis_url,
                            max_log=settings.state.max_log_finals, retention_s=settings.state.retention_s)
     quota = open_quota(settings.state.redis_url, settings.server.max_streams_per_key)  # stream/quota.py
-    baseline = StreamService(Executor(translator.registry, settings, mode="per-stream"), settings, quota=quota)
+    # each service's SLO breakers are made first and given to its engine (the StageObserver) and to the service;
+    # the per-stream baseline's engine reports nothing to its own (serving/engine.py)
+    baseline_breakers = BreakerSupervisor(settings)
+    baseline = StreamService(Executor(translator.registry, settings, mode="per-stream", observer=baseline_breakers),
+                             settings, supervisor=baseline_breakers, quota=quota)
 
     async def glossary_for(who: Principal, gid: str) -> list[glossary_mod.Term]:
         return (await offload(store.get_glossary, who.key_id, gid))[1]
 
     service_log = StreamLog(log_store, metrics)
-    service = StreamService(executor(translator.registry, settings, metrics), settings,
-                            log=service_log, metrics=metrics, glossary_for=glossary_for,
+    breakers = BreakerSupervisor(settings, metrics)
+    service = StreamService(executor(translator.registry, settings, metrics, observer=breakers), settings,
+                            supervisor=breakers, log=service_log, metrics=metrics, glossary_for=glossary_for,
                             quota=quota)
     front = StreamFront(service, baseline)
 

@@ -93,6 +93,7 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     from ..models.registry import Registry
     from ..observability import Metrics
     from ..serving.engine import Engine
+    from ..serving.ports import StageObserver
     from ..serving.shard.remote import ModelLink, RemotePort, link_in_flight
     from .app import create_app
     from .deps import app_state
@@ -103,8 +104,8 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     install_logging(log_level)
     link = ModelLink(path, max_in_flight=link_in_flight(settings))
 
-    def port(registry: Registry, s: Settings, _metrics: Metrics) -> Engine:
-        return RemotePort(link, registry, s)
+    def port(registry: Registry, s: Settings, _metrics: Metrics, /, *, observer: StageObserver) -> Engine:
+        return RemotePort(link, registry, s, observer=observer)  # this worker's SLO breakers hear its streams
 
     # nothing to warm here: streams' and files' model work alike runs in the model process, which warms its own
     app = create_app(settings, executor=port, warm=False)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..config import Settings
 from ..models.registry import Registry
 from ..observability import Metrics
+from ..serving.ports import StageObserver
 from .heartbeat import Beat, Heartbeat, cluster_name
 from .node import place_on_node
 from .port import ClusterExecutor
@@ -52,8 +53,9 @@ class Gateway:
 
         handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=self.models_app)
 
-        def executor(registry: Registry, settings: Settings, metrics: Metrics) -> ClusterExecutor:
-            self.executor = ClusterExecutor(registry, settings, metrics, handle=handle)
+        def executor(registry: Registry, settings: Settings, metrics: Metrics, /, *,
+                     observer: StageObserver) -> ClusterExecutor:
+            self.executor = ClusterExecutor(registry, settings, metrics, handle=handle, observer=observer)
             return self.executor
 
         app = self._fastapi = create_app(self.settings, warm=False, executor=executor)

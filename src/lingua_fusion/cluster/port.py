@@ -27,7 +27,7 @@ from ..errors import BackendError, ModelTimeout, Overloaded
 from ..models.registry import Registry
 from ..serving.executor import Executor
 from ..serving.keys import ModelKey
-from ..serving.ports import FILE_CLASS, CallContext
+from ..serving.ports import FILE_CLASS, CallContext, StageObserver
 from ..serving.scheduler import Demand
 from .wire import Call, Reply
 
@@ -60,9 +60,9 @@ class ModelHandle(Protocol):
 
 class ClusterExecutor(Executor):
     def __init__(self, registry: Registry, settings: Settings, metrics: Metrics | None = None, *,
-                 handle: ModelHandle,
-                 remote: frozenset[str] = REMOTE_TASKS) -> None:
-        super().__init__(registry, settings, metrics)
+                 handle: ModelHandle, remote: frozenset[str] = REMOTE_TASKS,
+                 observer: StageObserver | None = None) -> None:
+        super().__init__(registry, settings, metrics, observer=observer)  # the gateway's SLO breakers
         self.handle = handle  # DeploymentHandle of ModelReplica
         self.remote = remote
         self.hops = 0  # calls sent to a replica, retries included

@@ -112,10 +112,12 @@ class LocalTranslator(LocalVocabularyMethods):
         """This translator's StreamService (made on first use): every in-process stream goes through it."""
         from ..serving.engine import in_process
         from ..stream.service import StreamService
+        from ..stream.supervisor import BreakerSupervisor
 
         if self._streams is None:
-            self._streams = StreamService(in_process(self.engine.registry, self.settings), self.settings,
-                                          glossary_for=self._stream_glossary)
+            breakers = BreakerSupervisor(self.settings)  # the engine's StageObserver and the service's breakers
+            self._streams = StreamService(in_process(self.engine.registry, self.settings, observer=breakers),
+                                          self.settings, supervisor=breakers, glossary_for=self._stream_glossary)
             self._streams.tracer = self.tracer
         return self._streams
 

@@ -12,8 +12,10 @@ Contract, beside ``ModelPort.run`` and ``depth`` (serving/ports.py):
 - ``demand`` is pure: a stream's load per model key, from its languages and inputs; ``reserve`` admits it or
   raises ``Overloaded`` (429) when it would break the admitted streams' SLOs; ``release`` frees it and resolves the
   stream's queued work to ``None``. Every reserve is released once.
-- ``observer`` hears each committed item's stage latency (the StreamService's SLO breaker); file work is not
-  reported (``FILE_CLASS``).
+- the ``StageObserver`` (serving/ports.py) is given at construction (``observer=``: the SLO breakers' supervisor,
+  stream/supervisor.py, made first by whoever builds the engine and handed to the StreamService too) and never set
+  afterwards: it is no part of this face. It hears each committed item's stage latency in ``batched`` mode; file
+  work (``FILE_CLASS``) and the ``per-stream`` baseline report nothing.
 - ``faults`` are the chaos faults in force (``--chaos``; empty where chaos cannot run), ``stuck`` the model calls
   still running past their timeout, by model key (the admin's status page).
 - ``registry`` answers routes and model names; under ``--workers`` it loads no model.
@@ -34,7 +36,6 @@ from .scheduler import Demand
 
 class Engine(ModelPort, Protocol):
     registry: Registry
-    observer: StageObserver | None
     clock: Callable[[], float]
 
     @property
@@ -52,9 +53,10 @@ class Engine(ModelPort, Protocol):
     async def close(self) -> None: ...
 
 
-def in_process(registry: Registry, settings: Settings) -> Engine:
+def in_process(registry: Registry, settings: Settings, *, observer: StageObserver | None = None) -> Engine:
     """The face's in-process implementation (serving/executor.py ``Executor``), for a caller with no server: the
-    SDK's local translator and the lab's file engine (files/engine.py ``OwnEngine``)."""
+    SDK's local translator (``observer``: its streams' breaker supervisor) and the lab's file engine
+    (files/engine.py ``OwnEngine``: none, file work reports nothing)."""
     from .executor import Executor
 
-    return Executor(registry, settings)
+    return Executor(registry, settings, observer=observer)

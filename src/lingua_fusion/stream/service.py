@@ -11,8 +11,10 @@ many connections take it over in turn (``_Hold``), so a takeover of a stream liv
 ``drain`` ends every stream for a shutdown. Two parts do the rest, each a module of its own: ``StreamCapacity``
 (stream/capacity.py: the key's quota and the engine's admission, one reservation per stream, refusals counted) and
 ``BreakerSupervisor`` (stream/supervisor.py: the SLO breakers, which hear every caption's latency through the
-service as StreamOwner and every committed model stage's as StageObserver, and their notices, thinning and
-shedding).
+service as StreamOwner and every committed model stage's from the engine directly, and their notices, thinning and
+shedding). The supervisor is made by whoever builds the engine and given to both: to the engine's constructor as
+its StageObserver (``observer=``), and here (``supervisor=``), where it is bound to this service's live streams and
+its engine's clock; the service never touches the engine's wiring.
 """
 
 from __future__ import annotations
@@ -81,8 +83,8 @@ class Opened:
 
 
 class StreamService:
-    def __init__(self, executor: Engine, settings: Settings, *, log: StreamLog | None = None,
-                 metrics: Metrics | None = None,
+    def __init__(self, executor: Engine, settings: Settings, *, supervisor: BreakerSupervisor,
+                 log: StreamLog | None = None, metrics: Metrics | None = None,
                  glossary_for: Callable[[Principal, str], Awaitable[list[Term]]] | None = None,
                  quota: Quota | None = None) -> None:
         self.executor = executor
@@ -96,12 +98,12 @@ class StreamService:
         self._pixels: dict[str, PixelBudget] = {}  # key id -> the pixels its live streams may decode (budget.py)
         self.image_slots = Slots(settings.server.max_images_in_flight)  # decoded frames, all streams together
         self.draining = False
-        self.supervisor = BreakerSupervisor(settings, lambda: self.executor.clock(), lambda: self.sessions.values(),
-                                            metrics)
+        # the engine was built with this supervisor as its StageObserver (``observer=``): it reports there itself
+        self.supervisor = supervisor
+        supervisor.watch(lambda: self.executor.clock(), lambda: self.sessions.values())
         self.tracer: Tracer | None = None  # set when tracing is on: each stream gets a span (lingua_fusion/tracing)
         self.rooms: RoomHost | None = None  # set by the app: streams started with "room" publish there (rooms/)
         self.vocabularies: Vocabularies | None = None  # set by the app (vision/): "vocabulary_id" streams read signs
-        executor.observer = self
 
     # ---- opening -----------------------------------------------------------------------------------------------
     async def open(self, msg: Mapping[str, object], who: Principal) -> Opened:
@@ -283,10 +285,6 @@ class StreamService:
             self.metrics.caption(slo, seconds)
         self.supervisor.record(slo, seconds, "caption", key_id)
 
-    # ---- StageObserver -----------------------------------------------------------------------------------------
-    def stage_done(self, slo: str, stage: str, seconds: float, key_id: str = "") -> None:
-        self.supervisor.record(slo, seconds, stage, key_id)  # file work is not recorded (FILE_CLASS)
-
     async def revoke(self, key_id: str) -> int:
         """A key was revoked: its live streams end now (``unauthenticated``, 4401). Returns how many."""
         doomed = [s for s in self.sessions.values() if s.spec.key_id == key_id]
@@ -322,9 +320,9 @@ class StreamService:
                                    self.settings.state.max_log_finals, live, wait_s=None)
 
     async def close(self) -> None:
-        """End every live stream here and stop what this service made (its breaker supervisor). The engine, the
-        stream log and the rooms were handed in, and whoever made them closes them, after
-        this (api/app.py's streams lifetime; a test's own fixture)."""
+        """End every live stream here and stop its breaker supervisor's ticker (the supervisor serves this service
+        alone: ``BreakerSupervisor.watch``). The engine, the stream log and the rooms were handed in, and whoever
+        made them closes them, after this (api/app.py's streams lifetime; a test's own fixture)."""
         for s in list(self.sessions.values()):
             s.abort()
         await self.supervisor.close()

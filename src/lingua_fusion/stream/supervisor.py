@@ -2,7 +2,12 @@
 recorded (per class and per key, stream/tenant_breaker.py), windows that ended are closed once a second, and each
 move is applied: logged and counted, each stream whose working level changed told once (``degraded`` /
 ``restored``), the least important stream shed at the shedding step, and a new stream of a class (or key) that is
-missing its target refused."""
+missing its target refused.
+
+Wiring: whoever builds the engine makes the ``BreakerSupervisor`` first, gives it to the engine's constructor as its
+``StageObserver`` (``observer=``: the engine reports each committed item's stage latency to ``stage_done``) and to
+the ``StreamService`` (``supervisor=``), which binds it to its live streams and its engine's clock once
+(``watch``). Captions reach it through the service (``record``)."""
 
 from __future__ import annotations
 
@@ -38,14 +43,20 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
+def _no_streams() -> Iterable[StreamSession]:
+    return ()
+
+
 class BreakerSupervisor:
-    def __init__(self, settings: Settings, clock: Callable[[], float],
-                 sessions: Callable[[], Iterable[StreamSession]], metrics: Metrics | None = None) -> None:
+    """Implements ``StageObserver`` (serving/ports.py): made before the engine, which is given it at construction."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         server = settings.server
         self.breaker = TenantBreaker(lambda: SLOBreaker(dict(SLO_CLASSES), window_s=server.breaker_window_s,
                                                         k=server.breaker_k, stage_share=STAGE_BUDGET))
-        self.clock = clock  # the engine's
-        self.sessions = sessions  # the service's live streams, read when a move is applied
+        self.clock: Callable[[], float] = time.monotonic  # the engine's, once watched
+        self.sessions: Callable[[], Iterable[StreamSession]] = _no_streams  # the service's live streams, once watched
+        self._watched = False
         self.metrics = metrics
         self.levels: dict[str, int] = {}  # stream id -> the level it was last told
         self._ticker: asyncio.Task[None] | None = None
@@ -53,6 +64,19 @@ class BreakerSupervisor:
         # touches this file in the state directory, and each worker's tick restores its breakers when it changes
         self.reset_marker = settings.resolved_state_dir() / RESET_MARKER
         self._reset_seen = _mtime(self.reset_marker)
+
+    def watch(self, clock: Callable[[], float], sessions: Callable[[], Iterable[StreamSession]]) -> None:
+        """Serve one StreamService (its constructor calls this, once): ``sessions`` are its live streams, read when a
+        move is applied (told, shed); ``clock`` is its engine's, which times the breakers' windows."""
+        if self._watched:
+            raise RuntimeError("this BreakerSupervisor serves a StreamService already: make one per service")
+        self._watched = True
+        self.clock, self.sessions = clock, sessions
+
+    # ---- StageObserver -----------------------------------------------------------------------------------------
+    def stage_done(self, slo: str, stage: str, seconds: float, key_id: str = "") -> None:
+        """A committed model item's stage latency, from the engine this supervisor was given to."""
+        self.record(slo, seconds, stage, key_id)  # file work is not recorded (FILE_CLASS)
 
     def record(self, slo: str, seconds: float, stage: str, key_id: str) -> None:
         if slo not in SLO_CLASSES:  # file work (serving/ports.py FILE_CLASS) trips no stream breaker

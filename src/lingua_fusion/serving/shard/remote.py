@@ -199,13 +199,13 @@ class RemotePort(TypedPort):
     """One engine of the model process ("batched" or "per-stream") as this worker's ModelPort and admission."""
 
     def __init__(self, link: ModelLink, registry: Registry, settings: Settings, *, mode: str = "batched",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, observer: StageObserver | None = None) -> None:
         self.link = link
         self.registry = registry  # routes only (StreamService.open parses a start message): no model loads here
         self.settings = settings
         self.mode = mode
         self.clock = clock
-        self.observer: StageObserver | None = None
+        self.observer = observer  # this worker's SLO breakers (stream/supervisor.py), given by its builder
         self.retries = 2
         self.faults: dict[str, Fault] = {}  # chaos runs on a single-process server (serve refuses --chaos here)
         self._depth: dict[ModelKey, int] = {}
