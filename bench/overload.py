@@ -104,7 +104,8 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
     return {"offered": run["streams"], "admitted": sum(c["admitted"] for c in classes),
             "within_slo": run["goodput_streams"],
             "p99_s": max((c["caption_latency_s"]["p99"] or 0.0) for c in classes),
-            "errors": sum(c["errors"] for c in classes), "cores_busy": run["server"]["cpu_cores_used"]}
+            "errors": sum(c["errors"] for c in classes), "cores_busy": run["server"]["cpu_cores_used"],
+            "rejected_codes": sorted({code for c in classes for code in c.get("rejected_codes", [])})}
 
 
 def main() -> None:

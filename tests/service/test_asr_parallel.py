@@ -75,7 +75,7 @@ async def test_a_keys_batches_overlap_up_to_its_lanes_and_never_more(lanes: int)
     assert sum(runner.batches) == 12 and max(runner.batches) <= 2
     # batches that ran alongside another lane are the overlapped cost samples admission reads (the first, cold
     # batch is no sample)
-    overlapped = ex.scheduler.overlap_costs.get(str(KEY))
+    overlapped = ex.scheduler.overlap_costs.get(KEY)
     assert (overlapped.observations if overlapped else 0) > 0 if lanes > 1 else overlapped is None
 
 

@@ -140,14 +140,15 @@ async def test_model_process_killed_mid_stream_then_the_server_recovers(sharded:
 def test_codec_round_trips_the_payloads_and_typed_errors() -> None:
     audio = np.linspace(-1, 1, 16000, dtype=np.float32)
     msg = {"op": "run", "payload": [AsrInput(audio, "slide words"), MtInput("bank", (Term("bank", "orilla"),)),
-                                    AsrOutput("hi", 0.9)], "demand": Demand("s1", "standard", {"mt:en-es": 0.3})}
+                                    AsrOutput("hi", 0.9)],
+           "demand": Demand("s1", "standard", {ModelKey.mt("en", "es"): 0.3})}
     frame = codec.encode(msg)
     back = codec.decode(frame[4:])
     asr, mt, out = back["payload"]
     assert np.array_equal(asr.audio, audio) and asr.audio.dtype == np.float32 and asr.prompt == "slide words"
     assert len(frame) < audio.nbytes + 400  # raw float32 bytes, a small header
     assert mt == MtInput("bank", (Term("bank", "orilla"),)) and isinstance(mt.glossary, tuple)
-    assert out == AsrOutput("hi", 0.9) and back["demand"] == Demand("s1", "standard", {"mt:en-es": 0.3})
+    assert out == AsrOutput("hi", 0.9) and back["demand"] == Demand("s1", "standard", {ModelKey.mt("en", "es"): 0.3})
     err = codec.error_of(codec.error_to_wire(Overloaded("full", retry_after=3.0)))
     assert isinstance(err, Overloaded) and err.retry_after == 3.0
     assert isinstance(codec.error_of(codec.error_to_wire(ModelTimeout("slow"))), ModelTimeout)

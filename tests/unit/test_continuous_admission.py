@@ -170,12 +170,12 @@ async def test_the_executor_measures_a_continuous_runner_and_refuses_streams_bey
             outs = await asyncio.wait_for(asyncio.gather(*(
                 executor.run(KEY, clip, CallContext(stream_id=f"b{burst}-{i}")) for i in range(burst))), 30)
             assert all(o.text == "1600 samples" for o in outs)
-        capacity = executor.scheduler.capacity(MODEL, "standard")
+        capacity = executor.scheduler.capacity(KEY, "standard")
         assert 10 < capacity <= 55, capacity  # about 50 items/s, less on a loaded machine, never more
         streams = 0
         with pytest.raises(Overloaded):
             while True:  # streams of 2.5 items/s: about 16 fit in 0.8 x 50
-                executor.admit(Demand(f"stream-{streams}", "standard", {MODEL: 2.5}))
+                executor.admit(Demand(f"stream-{streams}", "standard", {KEY: 2.5}))
                 streams += 1
                 assert streams < 100, "admission never refused"
         assert 3 <= streams <= 17, streams
@@ -193,7 +193,7 @@ async def test_a_continuous_runner_holds_no_more_than_admission_counts_it_at() -
         clip = AsrInput(np.zeros(1600, np.float32))
         calls = [executor.run(KEY, clip, CallContext(stream_id=f"s{i}", tentative=i % 2 == 0)) for i in range(60)]
         outs = await asyncio.wait_for(asyncio.gather(*calls), 60)
-        window = executor.scheduler.service_window(MODEL)
+        window = executor.scheduler.service_window(KEY)
         # the window moves as the curve learns: about the items whose latency fits, never the whole queue
         assert window is not None and runner.most_held <= 2 * max(window, SERVICE_MIN_IN_FLIGHT)
         assert runner.most_held < 40  # before: all 60 handed over at once

@@ -182,11 +182,11 @@ def test_a_files_piece_runs_alone_and_feeds_no_breaker_nor_cost_model() -> None:
         piece = TranscribeInput(np.zeros(30 * RATE, np.float32), "en")
         utterances = [ex.run(key, AsrInput(np.zeros(RATE, np.float32)), CallContext(f"s{i}", key_id="b"))
                       for i in range(3)]
-        before = ex.scheduler.costs[str(key)].observations
+        before = ex.scheduler.costs[key].observations
         results = await asyncio.gather(ex.run(key, piece, file_ctx), ex.run(key, piece, file_ctx), *utterances)
         assert isinstance(results[0], ASRResult) and results[0].text == "piece"
         assert all(isinstance(r, AsrOutput) for r in results[2:])
-        assert ex.scheduler.costs[str(key)].observations - before == len(
+        assert ex.scheduler.costs[key].observations - before == len(
             [b for b in batches if "TranscribeInput" not in b])
         await ex.close()
         return ex, observer

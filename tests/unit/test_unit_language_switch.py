@@ -76,8 +76,9 @@ def test_bad_auto_start_messages_are_refused_typed(msg: dict[str, Any], error: t
 
 
 def test_admission_reserves_the_detection_and_each_candidate_s_whole_rate() -> None:
-    given = stream_demand("s", "standard", "en", ["es"], False, 1.0, ["audio"]).rate
-    auto = stream_demand("s", "standard", "en", ["es"], False, 1.0, ["audio"], ["en", "es", "de"]).rate
+    given = {str(k): v for k, v in stream_demand("s", "standard", "en", ["es"], False, 1.0, ["audio"]).rate.items()}
+    auto = {str(k): v for k, v in stream_demand("s", "standard", "en", ["es"], False, 1.0, ["audio"],
+                                                ["en", "es", "de"]).rate.items()}
     assert given == {"asr:tiny.en": 0.3, "mt:en-es": 0.3}
     assert auto == {"asr:tiny.en": 0.3, "asr:base:es": 0.3, "asr:base:de": 0.3, "asr:base:auto": 0.3,
                     "mt:en-es": 0.3, "mt:de-es": 0.3}  # es -> es is the transcript itself

@@ -21,7 +21,7 @@ ASR_MAX_UNITS = 8.0
 
 
 def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-                  inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand:
+                  inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand[ModelKey]:
     """What a stream asks of each model (items/s), for admission. Pure: a worker process computes it too.
 
     ``detect``: the languages a stream started with ``source_lang: "auto"`` may speak. Each committed utterance is
@@ -29,21 +29,21 @@ def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], par
     speaker may keep to it, so each candidate's ASR and MT keys are reserved the whole rate (a worst case per
     key; at most 8 candidates, protocol.py). ``diarize``: each committed utterance's voice is embedded too
     (``ModelKey.spk()``, stream/speakers.py)."""
-    rate: dict[str, float] = {}
+    rate: dict[ModelKey, float] = {}
     spoken = list(detect) or [source]
     if "audio" in inputs:
         # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
         # what is left and are shed first, so they count at a quarter of their rate
         for lang in spoken:
-            rate[str(ModelKey.asr(lang))] = 0.3 + (0.25 / step_s if partials else 0.0)
+            rate[ModelKey.asr(lang)] = 0.3 + (0.25 / step_s if partials else 0.0)
         if detect:
-            rate[str(ModelKey.detect())] = 0.3
+            rate[ModelKey.detect()] = 0.3
         if diarize:
-            rate[str(ModelKey.spk())] = 0.3
+            rate[ModelKey.spk()] = 0.3
     for lang in spoken:
         for t in targets:
             if t != lang:
-                rate[str(ModelKey.mt(lang, t))] = 0.3
+                rate[ModelKey.mt(lang, t)] = 0.3
     return Demand(stream_id, slo, rate)
 
 

@@ -30,6 +30,7 @@ from typing import Protocol
 from ..config import Settings
 from ..models.registry import Registry
 from .faults import Fault
+from .keys import ModelKey
 from .ports import ModelPort, StageObserver
 from .scheduler import Demand
 
@@ -42,9 +43,9 @@ class Engine(ModelPort, Protocol):
     def faults(self) -> dict[str, Fault]: ...
 
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-               inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand: ...
+               inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand[ModelKey]: ...
 
-    async def reserve(self, demand: Demand, key_id: str = "") -> None: ...
+    async def reserve(self, demand: Demand[ModelKey], key_id: str = "") -> None: ...
 
     def release(self, stream_id: str) -> None: ...
 

@@ -76,7 +76,7 @@ class Executor(TypedPort):
         self.clock = clock
         self.mode = mode
         self.observer = observer
-        self.scheduler = Scheduler(alpha=alpha, max_batch=max_batch if mode == "batched" else 1,
+        self.scheduler: Scheduler[ModelKey] = Scheduler(alpha=alpha, max_batch=max_batch if mode == "batched" else 1,
                                    max_queue=max_queue)
         self.scheduler.batch_scale = {"mt": 4}  # Apertium translates a batch in one pipeline run: up to 32 items
         # ... of at most MT_BATCH_CHARS characters in all (one longer item runs alone): a key's 20,000-character
@@ -124,13 +124,13 @@ class Executor(TypedPort):
                 await asyncio.sleep(0.25 * attempt)
 
     def depth(self, key: ModelKey) -> int:
-        return self.scheduler.depth(str(key))
+        return self.scheduler.depth(key)
 
     async def _submit(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         self._runner(key)
         now = self.clock()
         fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        item = WorkItem(stream_id=ctx.stream_id, model=str(key), stage=key.stage, enqueued=now,
+        item = WorkItem(stream_id=ctx.stream_id, model=key, stage=key.stage, enqueued=now,
                         deadline=stage_deadline(ctx.slo, key.stage, now if ctx.start is None else ctx.start),
                         importance=ctx.importance, tentative=ctx.tentative,
                         payload=Pending(payload, fut, now, trace=ctx.trace), slo=ctx.slo, key_id=ctx.key_id,
@@ -144,10 +144,11 @@ class Executor(TypedPort):
             raise Overloaded(f"the {key} queue is full", retry_after=1.0)
         self._soon(key)
         if self.metrics is not None:
-            self.metrics.depth(str(key), self.scheduler.depth(str(key)))
+            self.metrics.depth(str(key), self.scheduler.depth(key))
         return await self._result(key, fut, item)
 
-    async def _result(self, key: ModelKey, fut: asyncio.Future[object], item: WorkItem | None = None) -> object:
+    async def _result(self, key: ModelKey, fut: asyncio.Future[object],
+                      item: WorkItem[ModelKey] | None = None) -> object:
         # committed work has no deadline to give up on, but a wedged backend must not hang the stream forever
         wait_s = self.settings.server.request_timeout_s
         try:
@@ -160,7 +161,7 @@ class Executor(TypedPort):
             if item is not None:  # reads this result, so it leaves the queue instead of taking a batch's room
                 self.scheduler.withdraw(item)
                 if self.metrics is not None:
-                    self.metrics.depth(str(key), self.scheduler.depth(str(key)))
+                    self.metrics.depth(str(key), self.scheduler.depth(key))
             raise
 
     async def _submit_vad(self, audio: object, key_id: str = "", trace: TraceRef | None = None) -> object:
@@ -186,13 +187,13 @@ class Executor(TypedPort):
             # admission counts it by its items' latency against the items in flight (Scheduler.service), from the
             # key's prior until its items are seen
             continuous = isinstance(runner, ContinuousRunner)
-            self.scheduler.costs.setdefault(str(key), CostModel(0.0, 0.0) if continuous else prior_cost(str(key)))
+            self.scheduler.costs.setdefault(key, CostModel(0.0, 0.0) if continuous else prior_cost(str(key)))
             if continuous:
                 prior = prior_cost(str(key))
-                self.scheduler.service.setdefault(str(key), ServiceCurve(prior.c0, prior.c1))
+                self.scheduler.service.setdefault(key, ServiceCurve(prior.c0, prior.c1))
             lanes = 1 if continuous else _lanes_of(key, self.settings)
             self._lanes[key] = lanes
-            self.scheduler.lanes[str(key)] = lanes  # admission: the key's capacity is per lane
+            self.scheduler.lanes[key] = lanes  # admission: the key's capacity is per lane
         return runner
 
     def _batch_runner(self, key: ModelKey) -> Runner:
@@ -220,7 +221,7 @@ class Executor(TypedPort):
         speech = sum(len(p.audio) / 16000 for p in payloads if isinstance(p, TranscribeInput))
         if not warm:
             return max(base, COLD_TIMEOUT_S, speech)
-        predicted = self.settings.server.model_timeout_factor * self.scheduler.cost(str(key)).predict(len(payloads))
+        predicted = self.settings.server.model_timeout_factor * self.scheduler.cost(key).predict(len(payloads))
         return max(base, predicted, speech)
 
     def _soon(self, key: ModelKey) -> None:
@@ -247,7 +248,7 @@ class Executor(TypedPort):
             lanes, step = (1, self._vad_step) if key == VAD_KEY else (self.lanes(key), self._step)
             while self._busy.get(key, 0) < lanes and step(key):
                 pass
-        waiting = bool(self._vad) if key == VAD_KEY else self.scheduler.depth(str(key)) > 0
+        waiting = bool(self._vad) if key == VAD_KEY else self.scheduler.depth(key) > 0
         if waiting and key not in self._ticks:  # work left waiting (a continuous runner still starting, or full):
             # looked at again within 0.5 s, when nothing else wakes it first (partials past their deadline shed)
             self._ticks[key] = asyncio.get_running_loop().call_later(0.5, self._tick, key)
@@ -258,7 +259,7 @@ class Executor(TypedPort):
 
     def _step(self, key: ModelKey) -> bool:
         """Start one batch of ``key`` on its thread. False when its queue is empty."""
-        batch, shed = self.scheduler.next_batch(str(key), self.clock())
+        batch, shed = self.scheduler.next_batch(key, self.clock())
         for w in shed:
             resolve(pending_of(w).future, None)
         if self.metrics is not None and shed:
@@ -277,7 +278,7 @@ class Executor(TypedPort):
         running.add_done_callback(functools.partial(self._stepped, key, batch, t0, cold, flight))
         return True
 
-    def _stepped(self, key: ModelKey, batch: list[WorkItem], t0: float, cold: bool, flight: Flight,
+    def _stepped(self, key: ModelKey, batch: list[WorkItem[ModelKey]], t0: float, cold: bool, flight: Flight,
                  running: asyncio.Future[list[object]]) -> None:
         """On the loop: a batch of ``key`` is done: its items' futures resolved (a failure fails its items, not the
         model), observed; then the key's next step."""
@@ -299,14 +300,14 @@ class Executor(TypedPort):
         runner = self._runners[key]
         assert isinstance(runner, ContinuousRunner)
         room = runner.room()
-        window = self.scheduler.service_window(str(key))
+        window = self.scheduler.service_window(key)
         if window is not None:  # no more in flight than admission counts the runner at
             room = min(room, window - self._in_flight.get(key, 0))
         if room <= 0:  # looked at again when one of its items settles (or, for a runner still starting, in 0.5 s)
-            for w in self.scheduler.shed(str(key), self.clock()):  # meanwhile partials past their deadline go
+            for w in self.scheduler.shed(key, self.clock()):  # meanwhile partials past their deadline go
                 resolve(pending_of(w).future, None)
             return False
-        batch, shed = self.scheduler.next_batch(str(key), self.clock(), limit=room, committed_first=True)
+        batch, shed = self.scheduler.next_batch(key, self.clock(), limit=room, committed_first=True)
         for w in shed:
             resolve(pending_of(w).future, None)
         if not batch:
@@ -322,7 +323,8 @@ class Executor(TypedPort):
             fut.add_done_callback(on_loop(loop, functools.partial(self._settle, key, w, handed, before + i + 1)))
         return True
 
-    def _settle(self, key: ModelKey, w: WorkItem, handed: float, in_flight: int, done: Future[object]) -> None:
+    def _settle(self, key: ModelKey, w: WorkItem[ModelKey], handed: float, in_flight: int,
+                done: Future[object]) -> None:
         """On the loop: one item of a continuous runner finished, handed over at ``handed`` with ``in_flight``
         items in flight; a stream's item that succeeded is admission's measure of the runner (after its first
         SERVICE_WARMUP items, which pay for its first calls: kernels chosen, buffers grown)."""
@@ -342,7 +344,7 @@ class Executor(TypedPort):
             resolve(pending_of(w).future, result)
             now = self.clock()
             if served > SERVICE_WARMUP and w.slo != FILE_CLASS:
-                self.scheduler.observe_service(str(key), in_flight, now - handed)
+                self.scheduler.observe_service(key, in_flight, now - handed)
             self._observe(key, [w], w.enqueued, now, cold=True)
         self._kick(key)
 
@@ -380,18 +382,18 @@ class Executor(TypedPort):
             if not p.future.done():
                 p.future.set_exception(exc)
 
-    def _observe(self, key: ModelKey, batch: list[WorkItem], t0: float, done: float, cold: bool,
+    def _observe(self, key: ModelKey, batch: list[WorkItem[ModelKey]], t0: float, done: float, cold: bool,
                  overlapped: bool = False) -> None:
         files = any(w.slo == FILE_CLASS for w in batch)
         if not cold and not files:  # a file's piece is not a stream's item: admission's cost model learns neither
-            self.scheduler.observe(str(key), len(batch), done - t0, overlapped)
+            self.scheduler.observe(key, len(batch), done - t0, overlapped)
         record_batch(key, key.stage, [(pending_of(w).trace, w.enqueued, w.tentative) for w in batch], t0, done)
         if self.metrics is not None:
             self.metrics.batch_size.labels(model=str(key)).observe(len(batch))
             self.metrics.stage("model:" + key.task, done - t0)
             for w in batch:
                 self.metrics.queue_wait.labels(model=str(key)).observe(max(0.0, t0 - w.enqueued))
-            self.metrics.depth(str(key), self.scheduler.depth(str(key)))
+            self.metrics.depth(str(key), self.scheduler.depth(key))
         if self.observer is not None and self.mode == "batched":
             for w in batch:
                 if not w.tentative and w.slo != FILE_CLASS:  # files feed no stream's SLO breaker
@@ -399,22 +401,22 @@ class Executor(TypedPort):
 
     # ---- admission -------------------------------------------------------------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-               inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand:
+               inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand[ModelKey]:
         demand = stream_demand(stream_id, slo, source, targets, partials, step_s, inputs, detect, diarize)
         self.prepare(demand)
         return demand
 
-    def prepare(self, demand: Demand) -> None:
+    def prepare(self, demand: Demand[ModelKey]) -> None:
         """The runners of the models ``demand`` names (no model is loaded): admission reads their cost models."""
         for model in demand.rate:
-            self._runner(ModelKey.parse(model))
+            self._runner(model)
 
-    async def reserve(self, demand: Demand, key_id: str = "") -> None:
+    async def reserve(self, demand: Demand[ModelKey], key_id: str = "") -> None:
         """``admit`` as the StreamService awaits it: a ModelPort in another process (serving/shard) answers it over
         IPC, and counts ``key_id``'s streams across every worker there; here the service's own quota does."""
         self.admit(demand)
 
-    def admit(self, demand: Demand) -> None:
+    def admit(self, demand: Demand[ModelKey]) -> None:
         """Reserve capacity for a stream, or raise Overloaded (429) when admitting it would break the SLOs of the
         streams already admitted."""
         if demand.slo not in SLO_CLASSES:

@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ..tracing import TraceRef
+from .keys import ModelKey
 from .scheduler import WorkItem
 
 
@@ -40,7 +41,7 @@ def vad_seconds(audio: object) -> float:
     return len(audio) / 16000 if isinstance(audio, Sized) else 0.0
 
 
-def pending_of(w: WorkItem) -> Pending:
+def pending_of(w: WorkItem[ModelKey]) -> Pending:
     """The executor's own part of a scheduled item (every item it submits carries one as its payload)."""
     assert isinstance(w.payload, Pending)
     return w.payload

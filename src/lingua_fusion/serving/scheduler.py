@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from .cost_model import CostModel
 from .ports import SLO_CLASSES, STAGE_BUDGET  # the classes are the contract's
 from .service_curve import ServiceCurve
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)  # a model's key: the executor's ModelKey (its tests' plain names)
 OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admission counts a model's lanes
 # a continuous runner's capacity is counted at most this many times the items it has been seen to hold in flight at
 # once (at least SERVICE_MIN_IN_FLIGHT): what it does with more is extrapolated no further than that, so admission
@@ -36,6 +37,11 @@ OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admiss
 SERVICE_GROWTH = 2.0
 SERVICE_MIN_IN_FLIGHT = 4
 SERVICE_MAX_IN_FLIGHT = 1024  # the GPU engine's largest decode batch (serving/gpu/runner.py max_batch)
+
+
+def family(model: Hashable) -> str:
+    """A model's family ("asr", "mt", ...): its task, the first part of its name (serving/keys.py)."""
+    return str(model).split(":")[0]
 
 def round_robin(items: list[T], key: Callable[[T], str], units: Callable[[T], float], *, max_items: int,
                 max_units: float) -> tuple[list[T], list[T]]:
@@ -64,9 +70,9 @@ def round_robin(items: list[T], key: Callable[[T], str], units: Callable[[T], fl
 
 
 @dataclass
-class WorkItem:
+class WorkItem(Generic[K]):
     stream_id: str
-    model: str
+    model: K
     stage: str
     enqueued: float
     deadline: float
@@ -79,7 +85,7 @@ class WorkItem:
     seq: int = field(default_factory=itertools.count().__next__)
 
 
-class ModelQueue:
+class ModelQueue(Generic[K]):
     """One model's queued items, in FIFO lanes keyed by (key id, importance, budget, tentative).
 
     Within a lane, items share key, importance and budget, so their score order is their arrival order: the best
@@ -87,31 +93,31 @@ class ModelQueue:
     """
 
     def __init__(self) -> None:
-        self.lanes: dict[tuple[str, float, float, bool], deque[WorkItem]] = {}
+        self.lanes: dict[tuple[str, float, float, bool], deque[WorkItem[K]]] = {}
         self.per_key: dict[str, int] = defaultdict(int)
         self._n = 0
 
     def __len__(self) -> int:
         return self._n
 
-    def __iter__(self) -> Iterator[WorkItem]:
+    def __iter__(self) -> Iterator[WorkItem[K]]:
         for lane in self.lanes.values():
             yield from lane
 
     @staticmethod
-    def _lane(item: WorkItem) -> tuple[str, float, float, bool]:
+    def _lane(item: WorkItem[K]) -> tuple[str, float, float, bool]:
         return item.key_id, item.importance, round(item.deadline - item.enqueued, 3), item.tentative
 
-    def append(self, item: WorkItem) -> None:
+    def append(self, item: WorkItem[K]) -> None:
         self.lanes.setdefault(self._lane(item), deque()).append(item)
         self.per_key[item.key_id] += 1
         self._n += 1
 
-    def remove(self, item: WorkItem) -> None:
+    def remove(self, item: WorkItem[K]) -> None:
         self.lanes[self._lane(item)].remove(item)
         self._gone([item])
 
-    def discard(self, item: WorkItem) -> bool:
+    def discard(self, item: WorkItem[K]) -> bool:
         """Remove this very item (not an equal one) if it is queued."""
         lane = self.lanes.get(self._lane(item), deque())
         for i, w in enumerate(lane):
@@ -121,15 +127,15 @@ class ModelQueue:
                 return True
         return False
 
-    def _gone(self, items: list[WorkItem]) -> None:
+    def _gone(self, items: list[WorkItem[K]]) -> None:
         for w in items:
             self.per_key[w.key_id] -= 1
             if not self.per_key[w.key_id]:
                 del self.per_key[w.key_id]
         self._n -= len(items)
 
-    def remove_where(self, pred: Callable[[WorkItem], bool]) -> list[WorkItem]:
-        out: list[WorkItem] = []
+    def remove_where(self, pred: Callable[[WorkItem[K]], bool]) -> list[WorkItem[K]]:
+        out: list[WorkItem[K]] = []
         for key, lane in list(self.lanes.items()):
             keep = deque(w for w in lane if not pred(w))
             if len(keep) != len(lane):
@@ -138,9 +144,9 @@ class ModelQueue:
         self._gone(out)
         return out
 
-    def shed_expired(self, ready: float) -> list[WorkItem]:
+    def shed_expired(self, ready: float) -> list[WorkItem[K]]:
         """Tentative items that cannot meet their deadline (lane heads: deadlines are FIFO within a lane)."""
-        out: list[WorkItem] = []
+        out: list[WorkItem[K]] = []
         for (_key, _imp, _budget, tentative), lane in self.lanes.items():
             if not tentative:
                 continue
@@ -149,21 +155,21 @@ class ModelQueue:
         self._gone(out)
         return out
 
-    def candidates(self, k: int) -> list[WorkItem]:
+    def candidates(self, k: int) -> list[WorkItem[K]]:
         return [w for lane in self.lanes.values() for w in itertools.islice(lane, k)]
 
-    def take(self, items: list[WorkItem]) -> None:
+    def take(self, items: list[WorkItem[K]]) -> None:
         for w in items:
             self.remove(w)
 
 
 @dataclass
-class Demand:
+class Demand(Generic[K]):
     """What one stream asks of each model: items per second, and the tightest stage budget it needs."""
 
     stream_id: str
     slo: str
-    rate: dict[str, float]  # model -> items/s
+    rate: dict[K, float]  # model -> items/s
 
 
 @dataclass
@@ -175,9 +181,9 @@ class SchedulerStats:
     batch_sizes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
 
-class Scheduler:
+class Scheduler(Generic[K]):
     def __init__(self, *, alpha: float = 0.65, max_batch: int = 8, max_queue: int = 256,
-                 target_utilisation: float = 0.8, costs: dict[str, CostModel] | None = None) -> None:
+                 target_utilisation: float = 0.8, costs: dict[K, CostModel] | None = None) -> None:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError("alpha must be in [0, 1]")
         self.alpha = alpha
@@ -189,35 +195,35 @@ class Scheduler:
         self.max_units: dict[str, float] = {}
         self.max_queue = max_queue
         self.max_queue_per_key = max_queue  # the executor gives one key half of it (the rest stays for others)
-        self.vtime: dict[str, float] = defaultdict(float)  # per model: V, the largest start tag dispatched
-        self.finish: dict[str, dict[str, float]] = defaultdict(dict)  # per model: key -> finish tag
+        self.vtime: dict[K, float] = defaultdict(float)  # per model: V, the largest start tag dispatched
+        self.finish: dict[K, dict[str, float]] = defaultdict(dict)  # per model: key -> finish tag
         self.target_utilisation = target_utilisation
-        self.costs: dict[str, CostModel] = costs or {}
+        self.costs: dict[K, CostModel] = costs or {}
         # batches of a model that run at once (the executor's lanes: Whisper with models.asr_parallel), and the
         # cost of a lane's batch while another lane of the model ran too: admission counts the lanes only at that
         # cost, once it has been seen (two lanes on cores other jobs hold are no faster than one)
-        self.lanes: dict[str, int] = {}
-        self.overlap_costs: dict[str, CostModel] = {}
+        self.lanes: dict[K, int] = {}
+        self.overlap_costs: dict[K, CostModel] = {}
         # a continuous runner's (serving/gpu: it batches on its own, so it has no batch latency to fit): an item's
         # latency against the items in flight (serving/service_curve.py); by Little's law it serves n / latency(n)
         # items/s with n in flight
-        self.service: dict[str, ServiceCurve] = {}
-        self.queues: dict[str, ModelQueue] = defaultdict(ModelQueue)
-        self.admitted: dict[str, Demand] = {}
+        self.service: dict[K, ServiceCurve] = {}
+        self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
+        self.admitted: dict[str, Demand[K]] = {}
         self.stats = SchedulerStats()
 
     # ---- queueing -------------------------------------------------------------------------------------------
-    def cost(self, model: str) -> CostModel:
+    def cost(self, model: K) -> CostModel:
         if model not in self.costs:
             self.costs[model] = CostModel()
         return self.costs[model]
 
-    def submit(self, item: WorkItem) -> bool:
+    def submit(self, item: WorkItem[K]) -> bool:
         """Queue an item. False when the model's queue, or this key's half of it, is at its bound (the caller
         sheds or refuses)."""
         return self.submit_or_shed(item)[0]
 
-    def submit_or_shed(self, item: WorkItem) -> tuple[bool, WorkItem | None]:
+    def submit_or_shed(self, item: WorkItem[K]) -> tuple[bool, WorkItem[K] | None]:
         """``submit``, and the tentative item dropped to make room for it, if one was (whoever waits for that one
         must hear it was shed, as for the items ``next_batch`` sheds)."""
         q = self.queues[item.model]
@@ -237,12 +243,12 @@ class Scheduler:
         self.stats.submitted += 1
         return True, victim
 
-    def withdraw(self, item: WorkItem) -> bool:
+    def withdraw(self, item: WorkItem[K]) -> bool:
         """Take ``item`` out of its queue if it is still waiting there (its caller gave up on it)."""
         q = self.queues.get(item.model)
         return q is not None and q.discard(item)
 
-    def shed(self, model: str, now: float) -> list[WorkItem]:
+    def shed(self, model: K, now: float) -> list[WorkItem[K]]:
         """Drop ``model``'s tentative items that can no longer meet their deadlines (``next_batch`` does this first;
         a runner with no room for a batch calls it alone)."""
         q = self.queues.get(model)
@@ -252,10 +258,10 @@ class Scheduler:
         self.stats.shed += len(shed)
         return shed
 
-    def depth(self, model: str) -> int:
+    def depth(self, model: K) -> int:
         return len(self.queues.get(model, ()))
 
-    def drop_stream(self, stream_id: str) -> list[WorkItem]:
+    def drop_stream(self, stream_id: str) -> list[WorkItem[K]]:
         dropped = []
         for q in self.queues.values():
             dropped += q.remove_where(lambda w: w.stream_id == stream_id)
@@ -267,18 +273,18 @@ class Scheduler:
         return dropped
 
     # ---- batching -------------------------------------------------------------------------------------------
-    def score(self, item: WorkItem, now: float) -> float:
+    def score(self, item: WorkItem[K], now: float) -> float:
         return self._score(item, now + self.cost(item.model).predict(1))
 
-    def _score(self, item: WorkItem, ready: float) -> float:
+    def _score(self, item: WorkItem[K], ready: float) -> float:
         """``ready`` = now + predicted single-item latency. risk = 1 - slack / budget, clamped to [0, 1]."""
         budget = item.deadline - item.enqueued
         risk = (ready - item.enqueued) / budget if budget > 1e-3 else 1.0
         risk = 0.0 if risk < 0.0 else 1.0 if risk > 1.0 else risk
         return self.alpha * item.importance + (1 - self.alpha) * risk
 
-    def next_batch(self, model: str, now: float, limit: int | None = None,
-                   committed_first: bool = False) -> tuple[list[WorkItem], list[WorkItem]]:
+    def next_batch(self, model: K, now: float, limit: int | None = None,
+                   committed_first: bool = False) -> tuple[list[WorkItem[K]], list[WorkItem[K]]]:
         """Return (batch to run now, at most ``limit`` items, and tentative items shed because they can no longer
         meet their deadline). ``committed_first``: within a key, committed items before any tentative one (a
         continuous runner's window: a partial handed over holds a place a caption then waits for)."""
@@ -313,11 +319,11 @@ class Scheduler:
         self.stats.batch_sizes[take] += 1
         return batch, shed
 
-    def _fair_order(self, model: str, candidates: list[WorkItem], cap: int, ready: float, committed_first: bool
-                    ) -> tuple[list[WorkItem], list[tuple[float, str, float]]]:
+    def _fair_order(self, model: K, candidates: list[WorkItem[K]], cap: int, ready: float, committed_first: bool
+                    ) -> tuple[list[WorkItem[K]], list[tuple[float, str, float]]]:
         """Up to ``cap`` candidates in dispatch order: keys by start tag (fair queueing on units), each key's own
         items by score; within the model's ``max_units``. Returns them and (start, key, finish) per item."""
-        by_key: dict[str, list[WorkItem]] = defaultdict(list)
+        by_key: dict[str, list[WorkItem[K]]] = defaultdict(list)
         for w in candidates:
             by_key[w.key_id].append(w)
         for items in by_key.values():
@@ -325,8 +331,8 @@ class Scheduler:
             items.reverse()  # pop() from the end: best first
         finish = {k: self.finish[model].get(k, 0.0) for k in by_key}
         v = self.vtime[model]
-        max_units = self.max_units.get(model.split(":")[0], float("inf"))
-        order: list[WorkItem] = []
+        max_units = self.max_units.get(family(model), float("inf"))
+        order: list[WorkItem[K]] = []
         tags: list[tuple[float, str, float]] = []
         units = 0.0
         while by_key and len(order) < cap:
@@ -344,10 +350,10 @@ class Scheduler:
             tags.append((start, key, finish[key]))
         return order, tags
 
-    def batch_cap(self, model: str) -> int:
-        return self.max_batch * self.batch_scale.get(model.split(":")[0], 1) if self.max_batch > 1 else 1
+    def batch_cap(self, model: K) -> int:
+        return self.max_batch * self.batch_scale.get(family(model), 1) if self.max_batch > 1 else 1
 
-    def observe(self, model: str, batch: int, seconds: float, overlapped: bool = False) -> None:
+    def observe(self, model: K, batch: int, seconds: float, overlapped: bool = False) -> None:
         """A batch's latency; ``overlapped``: another batch of the model ran during it (another lane)."""
         cm = self.cost(model)
         cm.observe(batch, seconds)
@@ -356,19 +362,19 @@ class Scheduler:
                 self.overlap_costs[model] = CostModel(cm.c0, cm.c1)
             self.overlap_costs[model].observe(batch, seconds)
 
-    def observe_service(self, model: str, in_flight: int, seconds: float) -> None:
+    def observe_service(self, model: K, in_flight: int, seconds: float) -> None:
         """A continuous runner's item: handed over with ``in_flight`` items in flight (itself included), its result
         ``seconds`` later. Admission counts the model by this (``capacity``) from then on."""
         self.service.setdefault(model, ServiceCurve()).observe(in_flight, seconds)
 
     # ---- admission ------------------------------------------------------------------------------------------
-    def capacity(self, model: str, slo: str) -> float:
+    def capacity(self, model: K, slo: str) -> float:
         """Items/s the model sustains with batches small enough for the SLO's stage budget. A model with several
         lanes: each lane's at the latency its batches have while other lanes run, once OVERLAP_MIN_OBSERVATIONS
         such batches were seen; until then one lane's (capacity is proven, not assumed). A continuous runner's (its
         model in ``service``, from its prior until its items are seen): the items in flight whose latency fits half
         the stage budget, by Little's law, at most SERVICE_GROWTH times as many as it has held."""
-        budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(model.split(":")[0], 0.5)
+        budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(family(model), 0.5)
         svc = self.service.get(model)
         if svc is not None:
             n = self._in_flight_within(model, svc, budget)
@@ -380,11 +386,11 @@ class Scheduler:
         b = cm.max_batch_within(budget / 2, self.batch_cap(model))  # half the budget to serve, half to wait
         return lanes * b / max(1e-6, cm.predict(b))
 
-    def _in_flight_within(self, model: str, svc: ServiceCurve, budget: float) -> int:
+    def _in_flight_within(self, model: K, svc: ServiceCurve, budget: float) -> int:
         held = max(SERVICE_MIN_IN_FLIGHT, int(SERVICE_GROWTH * svc.most_in_flight))
         return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
 
-    def service_window(self, model: str) -> int | None:
+    def service_window(self, model: K) -> int | None:
         """How many items a continuous runner may hold in flight (None: ``model`` is not one): as many as admission
         counts it at, for the tightest class admitted on it. The rest wait here, where committed work goes first
         and tentative work past its deadline is shed; handed over, they would queue inside the runner, in
@@ -394,9 +400,9 @@ class Scheduler:
             return None
         slos = [d.slo for d in self.admitted.values() if model in d.rate] or ["standard"]
         tightest = min(slos, key=lambda s: SLO_CLASSES[s])
-        return self._in_flight_within(model, svc, SLO_CLASSES[tightest] * STAGE_BUDGET.get(model.split(":")[0], 0.5))
+        return self._in_flight_within(model, svc, SLO_CLASSES[tightest] * STAGE_BUDGET.get(family(model), 0.5))
 
-    def admit(self, demand: Demand) -> bool:
+    def admit(self, demand: Demand[K]) -> bool:
         """Reserve ``demand`` if every model it uses can carry it beside the streams admitted. A model with no
         stream admitted on it takes one whatever its measure says: the measure learns only from work it serves,
         so refusing would keep a pessimistic one for ever (a continuous runner's curve taken while the cores were

@@ -28,6 +28,7 @@ import numpy as np
 from ... import errors
 from ...glossary import Term
 from ...models.base import ASRResult, ASRSegment, ASRWord, OCRLine
+from ..keys import ModelKey
 from ..ports import AsrInput, AsrOutput, DetectInput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 from ..scheduler import Demand
 
@@ -50,6 +51,9 @@ def _default(obj: object) -> object:
         return {"__nd": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}
     if isinstance(obj, np.generic):
         return obj.item()
+    if isinstance(obj, Demand):  # its models by name: a ModelKey is no map key on the wire
+        return {"__t": "Demand", "stream_id": obj.stream_id, "slo": obj.slo,
+                "rate": {str(k): v for k, v in obj.rate.items()}}
     if dataclasses.is_dataclass(obj) and type(obj).__name__ in _TYPES:
         fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         return {"__t": type(obj).__name__, **fields}
@@ -71,6 +75,12 @@ def _hook(m: dict[str, object]) -> object:
     cls = _TYPES.get(str(name))
     if cls is None:
         raise ValueError(f"unknown type {name!r} on the model wire")
+    if cls is Demand:
+        rate = m.get("rate")
+        if not isinstance(rate, dict):
+            raise ValueError("a malformed demand on the model wire")
+        return Demand(str(m.get("stream_id")), str(m.get("slo")),
+                      {ModelKey.parse(str(k)): float(v) for k, v in rate.items()})
     return cls(**{k: tuple(v) if k in _TUPLES and isinstance(v, list) else v for k, v in m.items()})
 
 

@@ -195,7 +195,7 @@ class ModelServer:
         traceparent = msg.get("traceparent")
         return self.tracer.remote(traceparent) if isinstance(traceparent, str) else None
 
-    def _admit(self, conn: int, mode: str, demand: Demand, key_id: str, force: bool) -> None:
+    def _admit(self, conn: int, mode: str, demand: Demand[ModelKey], key_id: str, force: bool) -> None:
         engine = self.engine(mode)
         ident = (mode, demand.stream_id)
         if ident in self.owners:  # admitted twice (a resume racing its old session): one reservation

@@ -62,7 +62,7 @@ class ModelLink:
         self.path = path
         self.connect_wait_s = connect_wait_s
         self.max_in_flight = max_in_flight
-        self.admitted: dict[tuple[str, str], tuple[Demand, str]] = {}  # (mode, stream) -> (demand, key id)
+        self.admitted: dict[tuple[str, str], tuple[Demand[ModelKey], str]] = {}  # (mode, stream) -> (demand, key id)
         self.losses = 0  # connections lost (a test and the logs read it)
         self.model_pid = 0  # the model process's, from the handshake
         self._ids = itertools.count(1)
@@ -261,10 +261,10 @@ class RemotePort(TypedPort):
 
     # ---- admission (decided in the model process, across every worker) -------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
-               inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand:
+               inputs: list[str], detect: Sequence[str] = (), diarize: bool = False) -> Demand[ModelKey]:
         return stream_demand(stream_id, slo, source, targets, partials, step_s, inputs, detect, diarize)
 
-    async def reserve(self, demand: Demand, key_id: str = "") -> None:
+    async def reserve(self, demand: Demand[ModelKey], key_id: str = "") -> None:
         ident = (self.mode, demand.stream_id)
         msg = {"op": "admit", "mode": self.mode, "demand": demand, "key_id": key_id}
         try:
