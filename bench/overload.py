@@ -110,7 +110,8 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True, help="the git revision whose server is 'before'")
+    ap.add_argument("--before", required=True, help="the git revision whose server is 'before' ('none': this "
+                    "checkout's only, e.g. at its own measured capacity)")
     ap.add_argument("--streams", default="6,18", help="C,3C")
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--warm", type=int, default=2, help="streams run first to warm each server (not reported)")
@@ -122,8 +123,11 @@ def main() -> None:
     serve_args = shlex.split(args.serve_args)
     report: dict[str, Any] = {"bench": "overload", "serve": ["serve", *serve_args], "engine": args.engine,
                               "duration_s": args.duration, "streams": counts, "before_rev": args.before}
-    with checkout(args.before) as before_src:
-        for name, src in (("before", before_src), ("after", ROOT)):
+    with contextlib.ExitStack() as stack:
+        servers = [("after", ROOT)]
+        if args.before != "none":
+            servers.insert(0, ("before", stack.enter_context(checkout(args.before))))
+        for name, src in servers:
             with server(src, serve_args, args.engine) as url:
                 report[name] = load(url, counts, args.duration, args.warm)
             for row in report[name]:

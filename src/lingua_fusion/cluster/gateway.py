@@ -75,7 +75,7 @@ class Gateway:
         rooms: RoomService = state.rooms  # the rooms' service: api/rooms.py installs it on every app
         listeners = sum(len(f.listeners) for f in rooms.feeds.values())
         draining = self.heartbeat is not None and self.heartbeat.draining
-        return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), len(executor.scheduler.admitted),
+        return Beat(self.gateway_id, os.getpid(), tuple(service.sessions), executor.admitted,
                     listeners, executor.hop_retries, draining, self.node, str(self.settings.resolved_state_dir()))
 
     async def __del__(self) -> None:

@@ -3,10 +3,11 @@ its ``ModelPort`` part), rooms and the API may use of model serving, and nothing
 
 Three implementations, by composition, each checked against this Protocol by mypy where it is built (api/app.py,
 api/workers.py, cluster/):
-- ``serving/executor.py`` ``Executor``: the scheduler, a worker per model key, the model threads, in process;
+- ``serving/executor.py`` ``Executor``: the scheduler, its steps per model key, the model threads, in process;
 - ``serving/shard/remote.py`` ``RemotePort``: the link to a model process (``serve --workers``), where an Executor
   runs every worker's work and decides admission across them;
-- ``cluster/port.py`` ``ClusterExecutor``: an Executor whose work goes to Ray Serve model replicas.
+- ``cluster/port.py`` ``ClusterExecutor``: a local Executor (admission, VAD) and a Serve handle that the rest of
+  the work goes through, to the model replicas.
 
 Contract, beside ``ModelPort.run`` and ``depth`` (serving/ports.py):
 - ``demand`` is pure: a stream's load per model key, from its languages and inputs; ``reserve`` admits it or
