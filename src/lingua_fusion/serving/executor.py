@@ -30,7 +30,7 @@ from ..tracing import TraceRef, record_batch
 from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
 from .faults import Fault, check_outputs
 from .keys import ModelKey
-from .pending import Flight, Pending, on_loop, pending_of, resolve, vad_seconds
+from .pending import Flight, Pending, fail, on_loop, pending_of, resolve, vad_seconds
 from .ports import (
     FILE_CLASS,
     SLO_CLASSES,
@@ -44,7 +44,7 @@ from .ports import (
 from .runners import ContinuousRunner, Runner, build_runner
 from .scheduler import CostModel, Demand, Scheduler, WorkItem, round_robin
 from .service_curve import ServiceCurve
-from .threads import COLD_TIMEOUT_S, ModelThreads
+from .threads import COLD_TIMEOUT_S, ModelThreads, lanes_of
 
 if TYPE_CHECKING:
     from ..observability import Metrics
@@ -191,7 +191,7 @@ class Executor(TypedPort):
             if continuous:
                 prior = prior_cost(str(key))
                 self.scheduler.service.setdefault(key, ServiceCurve(prior.c0, prior.c1))
-            lanes = 1 if continuous else _lanes_of(key, self.settings)
+            lanes = 1 if continuous else lanes_of(key, self.settings)
             self._lanes[key] = lanes
             self.scheduler.lanes[key] = lanes  # admission: the key's capacity is per lane
         return runner
@@ -374,13 +374,7 @@ class Executor(TypedPort):
         self._kick(key)
 
     def _failed(self, key: ModelKey, items: list[Pending], exc: LinguaFusionError, t0: float | None = None) -> None:
-        log.warning("model %s failed on a batch of %d: %s", key, len(items), exc.message)
-        record_batch(key, key.stage, [(p.trace, p.enqueued, None) for p in items], t0, self.clock(), exc)
-        if self.metrics is not None:
-            self.metrics.model_failures.labels(model=str(key), code=exc.code).inc()
-        for p in items:
-            if not p.future.done():
-                p.future.set_exception(exc)
+        fail(key, items, exc, t0, self.clock(), self.metrics)
 
     def _observe(self, key: ModelKey, batch: list[WorkItem[ModelKey]], t0: float, done: float, cold: bool,
                  overlapped: bool = False) -> None:
@@ -452,12 +446,3 @@ class Executor(TypedPort):
             if isinstance(runner, ContinuousRunner):
                 await asyncio.to_thread(runner.close)
         self.threads.close()
-
-
-def _lanes_of(key: ModelKey, settings: Settings) -> int:
-    """Whisper through CTranslate2 runs ``models.asr_parallel`` batches at once (its WhisperASR has that many
-    CTranslate2 workers); every other model (and the torch backend, whose threads are process-wide) one."""
-    m = settings.models
-    if key.task == "asr" and m.backend == "ctranslate2" and m.engine == "":
-        return m.asr_lanes()
-    return 1

@@ -4,14 +4,22 @@ functions, no scheduling (serving/executor.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sized
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..tracing import TraceRef
+from ..errors import LinguaFusionError
+from ..tracing import TraceRef, record_batch
 from .keys import ModelKey
 from .scheduler import WorkItem
+
+if TYPE_CHECKING:
+    from ..observability import Metrics
+
+log = logging.getLogger("lingua_fusion.serving")
 
 
 @dataclass(eq=False)
@@ -50,3 +58,15 @@ def pending_of(w: WorkItem[ModelKey]) -> Pending:
 def resolve(fut: asyncio.Future[object], value: object) -> None:
     if not fut.done():
         fut.set_result(value)
+
+
+def fail(key: ModelKey, items: list[Pending], exc: LinguaFusionError, t0: float | None, now: float,
+         metrics: Metrics | None) -> None:
+    """A batch failed (or one continuous item): each item's caller gets ``exc``; logged, traced, counted."""
+    log.warning("model %s failed on a batch of %d: %s", key, len(items), exc.message)
+    record_batch(key, key.stage, [(p.trace, p.enqueued, None) for p in items], t0, now, exc)
+    if metrics is not None:
+        metrics.model_failures.labels(model=str(key), code=exc.code).inc()
+    for p in items:
+        if not p.future.done():
+            p.future.set_exception(exc)

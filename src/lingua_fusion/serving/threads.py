@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from ..config import Settings
 from ..errors import BackendError, InjectedFault, LinguaFusionError, ModelTimeout
 from .faults import Fault, check_outputs, delay_of, garble, pick
 from .keys import ModelKey
@@ -143,3 +144,12 @@ class ModelThreads:
         for pool in self._pools.values():
             pool.shutdown(wait=False)
         self._pools.clear()
+
+
+def lanes_of(key: ModelKey, settings: Settings) -> int:
+    """Whisper through CTranslate2 runs ``models.asr_parallel`` batches at once (its WhisperASR has that many
+    CTranslate2 workers); every other model (and the torch backend, whose threads are process-wide) one."""
+    m = settings.models
+    if key.task == "asr" and m.backend == "ctranslate2" and m.engine == "":
+        return m.asr_lanes()
+    return 1
