@@ -346,7 +346,7 @@ class Executor(TypedPort):
             if served > SERVICE_WARMUP and w.slo != FILE_CLASS:
                 self.scheduler.observe_service(key, in_flight, now - handed)
             self._observe(key, [w], w.enqueued, now, cold=True)
-        self._kick(key)
+        self._soon(key)  # once per turn of the loop, however many of its items settled in it
 
     def _vad_step(self, key: ModelKey) -> bool:
         """Start one VAD call: keys in turn, at most VAD_BATCH_S of audio (another key's windows wait for one
