@@ -1,4 +1,4 @@
-"""A model replica: our ``Executor`` (the SLO scheduler, one worker per model key, the model threads) serving
+"""A model replica: our ``Executor`` (the SLO scheduler, its steps per model key, the model threads) serving
 every gateway's streams. Serve routes each gateway's ``run`` calls here; the replica's own event loop takes many
 at once (``max_ongoing_requests`` is high), so the executor's scheduler batches across all gateways' streams exactly
 as it does across one server's streams. Serve's ``@serve.batch`` is not used: it batches calls of one method by

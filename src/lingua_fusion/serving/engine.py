@@ -20,7 +20,7 @@ Contract, beside ``ModelPort.run`` and ``depth`` (serving/ports.py):
 - ``faults`` are the chaos faults in force (``--chaos``; empty where chaos cannot run), ``stuck`` the model calls
   still running past their timeout, by model key (the admin's status page).
 - ``registry`` answers routes and model names; under ``--workers`` it loads no model.
-- ``close`` ends every worker task and model thread the engine started; nothing else.
+- ``close`` ends the timers, model threads and runners the engine started; nothing else.
 """
 
 from __future__ import annotations
