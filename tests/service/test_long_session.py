@@ -30,7 +30,8 @@ from conftest import REDIS, needs_redis, serve_in_loop
 from lingua_fusion.config import Settings
 from lingua_fusion.errors import NotFound
 from lingua_fusion.lab.long_talk import FeedStats, Piece, SpeechClock, feed, plan_talk, sentence_pcm
-from lingua_fusion.state.streams import RedisStreamStore, SQLiteStreamStore
+from lingua_fusion.state.redis_streams import RedisStreamStore
+from lingua_fusion.state.streams import SQLiteStreamStore
 from lingua_fusion.stream.ingest import VAD_PIECE_WINDOWS
 from lingua_fusion.stream.policy import WINDOW
 from lingua_fusion.stream.protocol import POLICIES

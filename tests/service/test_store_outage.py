@@ -13,7 +13,7 @@ from conftest import start_server, stop_server
 
 from lingua_fusion import MultimodalTranslator
 from lingua_fusion.lab.chaos.redis_server import ManagedRedis
-from lingua_fusion.state.streams import RedisStreamStore
+from lingua_fusion.state.redis_streams import RedisStreamStore
 
 SENTENCES = ["The house is very big.", "The dog is black.", "The weather is good today.", "I like the red car.",
              "We eat bread every day.", "The book is on the table."]

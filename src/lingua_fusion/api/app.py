@@ -42,8 +42,7 @@ from ..serving.executor import Executor
 from ..serving.gpu.server import build_executor, warm_engine
 from ..serving.ports import StageObserver
 from ..state.offload import Offload
-from ..state.stores import open_users
-from ..state.streams import open_store
+from ..state.stores import open_store, open_users
 from ..state.users import UserStore
 from ..stream.capacity import open_quota
 from ..stream.front import StreamFront

@@ -1,10 +1,12 @@
-"""Which key and glossary store a server's settings select (the implementations import state/users.py's
-contract; this module picks one, so the contract imports neither)."""
+"""Which stores a server's settings select: the keys and glossaries (state/users.py's contract) and the stream log
+(state/streams.py's); the implementations import their contract, and this module picks one, so the contracts
+import neither."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from .streams import SQLiteStreamStore, StreamStore
 from .users import UserStore
 
 
@@ -18,3 +20,13 @@ def open_users(state_dir: Path, redis_url: str | None) -> UserStore:
     from .sqlite import SQLiteStore
 
     return SQLiteStore(state_dir)
+
+
+def open_store(state_dir: Path, redis_url: str | None, *, max_log: int = 10_000,
+               retention_s: float = 3600.0) -> StreamStore:
+    """The stream log ``state.redis_url`` selects: Redis when set, else SQLite in ``state_dir``."""
+    if redis_url:
+        from .redis_streams import RedisStreamStore
+
+        return RedisStreamStore(redis_url, max_log=max_log, retention_s=int(retention_s))
+    return SQLiteStreamStore(state_dir)

@@ -99,7 +99,8 @@ class ManagedStore:
 
     def logged(self, stream_id: str) -> list[int]:
         """The seq numbers in a stream's log (read around the proxy, after the run)."""
-        from ...state.streams import RedisStreamStore, SQLiteStreamStore
+        from ...state.redis_streams import RedisStreamStore
+        from ...state.streams import SQLiteStreamStore
 
         store: Any = RedisStreamStore(self.redis.url) if self.kind == "redis" else SQLiteStreamStore(self.state)
         try:
