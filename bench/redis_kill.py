@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from lingua_fusion.errors import LinguaFusionError  # noqa: E402
 from lingua_fusion.lab.chaos.redis_server import ManagedRedis  # noqa: E402
-from lingua_fusion.state.streams import RedisStreamStore  # noqa: E402
+from lingua_fusion.state.redis_streams import RedisStreamStore  # noqa: E402
 
 
 def one_kill(appendfsync: str, streams: int, rng: random.Random) -> dict[str, Any]:

@@ -17,7 +17,8 @@ import pytest
 from conftest import BIN, REDIS, free_port, needs_redis, start_server, stop_server, talk_wav
 
 from lingua_fusion.errors import AuthenticationError, NotFound, TakenOver
-from lingua_fusion.state.streams import RedisStreamStore, SQLiteStreamStore, StreamStore
+from lingua_fusion.state.redis_streams import RedisStreamStore
+from lingua_fusion.state.streams import SQLiteStreamStore, StreamStore
 
 SENTENCES = ["Good morning everyone and welcome to the quarterly review.", "The new office will open in the spring.",
              "Please send me the report before Friday.", "We need more time to finish the project.",
