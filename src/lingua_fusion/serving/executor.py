@@ -30,7 +30,7 @@ from ..tracing import TraceRef, record_batch
 from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
 from .faults import Fault, check_outputs
 from .keys import ModelKey
-from .pending import Flight, Pending, fail, on_loop, pending_of, resolve, vad_seconds
+from .pending import Flight, Pending, fail, failure_of, on_loop, pending_of, resolve, vad_seconds
 from .ports import (
     FILE_CLASS,
     SLO_CLASSES,
@@ -284,9 +284,8 @@ class Executor(TypedPort):
         model), observed; then the key's next step."""
         self._busy[key] -= 1
         self._flights[key].remove(flight)
-        exc = None if running.cancelled() else running.exception()
-        if running.cancelled() or exc is not None:
-            failure = exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed: {exc}")
+        failure = failure_of(key, running)
+        if failure is not None:
             self._failed(key, [pending_of(w) for w in batch], failure, t0)
         else:
             done = self.clock()
@@ -331,14 +330,13 @@ class Executor(TypedPort):
         self._in_flight[key] -= 1
         served = self._served.get(key, 0) + 1
         self._served[key] = served
-        exc = done.exception()
-        if exc is None:
+        failure = failure_of(key, done)
+        if failure is None:
             try:
                 result = check_outputs(key, [pending_of(w).payload], [done.result()])[0]
             except LinguaFusionError as bad:
-                exc = bad
-        if exc is not None:
-            failure = exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed: {exc}")
+                failure = bad
+        if failure is not None:
             self._failed(key, [pending_of(w)], failure)
         else:
             resolve(pending_of(w).future, result)
@@ -363,10 +361,9 @@ class Executor(TypedPort):
     def _vad_done(self, key: ModelKey, batch: list[Pending], t0: float, running: asyncio.Future[list[object]]
                   ) -> None:
         self._busy[key] -= 1
-        exc = None if running.cancelled() else running.exception()
-        if running.cancelled() or exc is not None:
-            self._failed(key, batch, exc if isinstance(exc, LinguaFusionError) else BackendError(f"{key} failed"),
-                         t0)
+        failure = failure_of(key, running)
+        if failure is not None:
+            self._failed(key, batch, failure, t0)
         else:
             for p, r in zip(batch, running.result(), strict=True):
                 resolve(p.future, r)

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable, Sized
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from ..errors import LinguaFusionError
+from ..errors import BackendError, LinguaFusionError
 from ..tracing import TraceRef, record_batch
 from .keys import ModelKey
 from .scheduler import WorkItem
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..observability import Metrics
 
 log = logging.getLogger("lingua_fusion.serving")
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -58,6 +59,17 @@ def pending_of(w: WorkItem[ModelKey]) -> Pending:
 def resolve(fut: asyncio.Future[object], value: object) -> None:
     if not fut.done():
         fut.set_result(value)
+
+
+def failure_of(key: ModelKey, done: asyncio.Future[T] | Future[T]) -> LinguaFusionError | None:
+    """What a finished model call (a batch's, or a continuous runner's item) failed with, typed; None when it
+    succeeded. The model threads type a backend's own errors already; a runner's item may raise anything."""
+    if done.cancelled():
+        return BackendError(f"{key} was cancelled")
+    exc = done.exception()
+    if exc is None or isinstance(exc, LinguaFusionError):
+        return exc
+    return BackendError(f"{key} failed: {exc}")
 
 
 def fail(key: ModelKey, items: list[Pending], exc: LinguaFusionError, t0: float | None, now: float,

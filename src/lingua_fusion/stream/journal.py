@@ -91,10 +91,7 @@ class StoreLink:
             async with self._probe:  # recovering: one probe at a time
                 if not self.ready():
                     raise StoreUnavailable(f"the stream log is unavailable ({self.last_error}); retrying")
-                return await self._do(fn, args)
-        return await self._do(fn, args)
-
-    async def _do(self, fn: Callable[[*Ts], T], args: tuple[*Ts]) -> T:
+                return await self.submit(fn, *args)
         return await self.submit(fn, *args)
 
     def submit(self, fn: Callable[[*Ts], T], *args: *Ts) -> asyncio.Future[T]:
@@ -303,9 +300,7 @@ class Journal:
             try:
                 if inflight is not None:
                     await inflight
-                elif link.ok():
-                    await self._write(entry)
-                else:  # recovering: through the link's one probe at a time
+                else:  # through the link: one probe at a time while it recovers
                     await link.call(self._writing(entry))
             except TakenOver as exc:  # resumed by another connection: that session numbers and logs from here
                 self._drop_unlogged()
