@@ -1,6 +1,6 @@
 """Where sentences end in a transcript, and one translation cut back onto the pieces it was made from (pure).
 
-Shared by the file path (files/sentences.py: Whisper's segments) and live streams (stream/sentences.py: utterances
+Shared by the file path (files/sentences.py: Whisper's segments) and live streams (stream/finals.py: utterances
 cut at the maximum length): MT is given whole sentences, and each piece of speech gets its share of the result.
 """
 

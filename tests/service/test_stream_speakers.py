@@ -25,7 +25,7 @@ from lingua_fusion.rooms.bus import LocalRoomBus
 from lingua_fusion.speakers.cluster import SpeakerClusterer
 from lingua_fusion.state.streams import SQLiteStreamStore
 from lingua_fusion.stream.events import Final
-from lingua_fusion.stream.sentences import Heard, joins
+from lingua_fusion.stream.finals import Heard, joins
 from lingua_fusion.stream.speakers import StreamSpeakers, Voice, parse_diarize
 
 WAIT_S = 90.0  # a wait for something that must happen, never a speed bound

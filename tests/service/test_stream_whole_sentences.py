@@ -1,7 +1,7 @@
 """A live sentence longer than the longest utterance: a real server, real Piper speech, real Whisper and Apertium.
 
 The commit policy cuts an utterance at ``max_utterance_s`` (10 s for ``standard``) while the speaker goes on;
-the caption cut there waits for the next one, and MT translates the two as one sentence (stream/sentences.py).
+the caption cut there waits for the next one, and MT translates the two as one sentence (stream/finals.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A stream's caption cut at the maximum utterance length waits for the next one to finish its sentence
-(stream/sentences.py, pure; stream/finals.py on fakes of the ports: no models)."""
+(stream/finals.py: the decision, pure; the emitter on fakes of the ports: no models)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrOutput, MtInput
 from lingua_fusion.stream import protocol
 from lingua_fusion.stream.events import Final
+from lingua_fusion.stream.finals import Heard, joins, open_note, share, waits
 from lingua_fusion.stream.policy import SR, WINDOW, CommitPolicy, PolicyConfig
 from lingua_fusion.stream.protocol import StreamSpec
-from lingua_fusion.stream.sentences import Heard, joins, open_note, share, waits
 
 CUT = "When you see your sister please ask her to bring these"
 REST = "things with her from the store."

@@ -152,7 +152,7 @@ class Final(Event):
     # [heard, lip-read] words the lips replaced (vision/stream_lips.py)
     replaced: list[list[str]] | None = field(default=None, metadata=OPTIONAL)
     # the finals (this one among them, by seq) whose translation was made as one sentence and cut back onto each:
-    # an utterance cut at the maximum length mid-sentence and the one that finished it (stream/sentences.py)
+    # an utterance cut at the maximum length mid-sentence and the one that finished it (stream/finals.py)
     sentence: list[int] | None = field(default=None, metadata=OPTIONAL)
     # Chinese: the script of source_text ("source") and of each target
     scripts: dict[str, str] | None = field(default=None, metadata=OPTIONAL)

@@ -3,11 +3,18 @@ awaited one by one; each final is numbered 1, 2, 3, ... with no gaps, logged (st
 its metrics, then spoken when the stream asked for speech. On a ``diarize`` stream each final is labelled with its
 speaker as it is taken, in input order (stream/speakers.py), and named as it is sent.
 
-A final cut at the maximum utterance length is held for the next one, which may finish its sentence: the two are
-translated as one text and go out together (stream/sentences.py decides). A hold lasts until the next job is done,
-at most the class's ``sentence_hold_s``; the end of the stream or ``release`` (a drain) ends it at once. Nothing is
-logged before it is sent, so a held final lost with the process is captioned again on resume (its audio is after
-``committed_until``)."""
+Whole sentences for MT. The commit policy (stream/policy.py) ends an utterance at a pause or, when the speaker goes
+on, at ``max_utterance_s``. A length cut usually falls inside a sentence ("... ask her to bring these" | "things
+with her from the store."), and MT given either piece alone translates neither right. So a final cut by length is
+held: its words are known, its translation waits for the next final (``waits``: at most one more, and at most the
+class's ``sentence_hold_s``). When that one goes on with the sentence (``joins``: the held words have no final
+punctuation, or the next ones start in lower case: Whisper's full stop at the cut), the two are translated as one
+text and the translation is cut back onto both (``share``: each piece sized like its share of the source,
+lingua_fusion/sentences.py ``spread``), and they go out together, in order. Otherwise, or when nothing comes in
+time (the speaker stopped, the stream ended, a drain: ``release``), the held one is translated alone, and says so
+(``open_note``) when its sentence was left open. Those decisions (``Heard`` to ``add_note``) are pure functions.
+Nothing is logged before it is sent, so a held final lost with the process is captioned again on resume (its audio
+is after ``committed_until``)."""
 
 from __future__ import annotations
 
@@ -15,13 +22,13 @@ import asyncio
 import base64
 import enum
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from ..errors import LinguaFusionError, Overloaded, StoreUnavailable
-from ..sentences import join
+from ..sentences import continues, ends_sentence, join, spread
 from ..tracing import TraceRef, span
-from . import sentences
 from .contracts import Emit, Spawn
 from .events import Error, Final, Metrics, Speech
 from .jobs import StreamJobs
@@ -29,7 +36,78 @@ from .journal import Journal
 from .protocol import StreamSpec
 from .timeline import AudioTimeline
 
+# ---- whole sentences (pure) ---------------------------------------------------------------------------------
+MAX_GROUP = 2  # a held caption waits for one more at most: its latency stays bounded
 
+
+@dataclass(frozen=True)
+class Heard:
+    """What the decision reads of a final: its words, why its utterance ended, whether it is speech, its language
+    (a "auto" stream's speaker may switch at a cut: two languages are not one sentence)."""
+
+    text: str
+    cut: str = "pause"
+    speech: bool = True
+    lang: str = ""
+    speaker: str = ""  # a ``diarize`` stream's label: two speakers' words are not one sentence
+
+    @classmethod
+    def of(cls, final: Final) -> Heard:
+        return cls(final.source_text, final.cut, final.modality == "audio", final.source_lang or "",
+                   final.speaker or "")
+
+
+def waits(group: Sequence[Heard], max_group: int = MAX_GROUP) -> bool:
+    """Does the group's translation wait for the next final? Its last utterance had words and was cut at the
+    length limit while the speaker went on, and the group may still grow."""
+    last = group[-1]
+    return last.speech and last.cut == "length" and bool(last.text.strip()) and len(group) < max_group
+
+
+def joins(group: Sequence[Heard], nxt: Heard) -> bool:
+    """Does ``nxt`` go on with the sentence the group left open? Speech in the same language (and by the same
+    speaker, on a ``diarize`` stream) with words after a piece without final punctuation, or speech that starts in
+    lower case (the full stop before it was put there at the cut)."""
+    last = group[-1]
+    return nxt.speech and bool(nxt.text.strip()) and nxt.lang == last.lang and nxt.speaker == last.speaker and (
+        not ends_sentence(last.text) or continues(nxt.text))
+
+
+def open_note(group: Sequence[Heard], why: str) -> str | None:
+    """What a group translated with its sentence still open says (``why`` it was not completed); None when its
+    last words end a sentence."""
+    if ends_sentence(group[-1].text):
+        return None
+    return f"cut at the maximum utterance length mid-sentence, and translated before the sentence ended: {why}"
+
+
+def share(group: Sequence[Final], whole: Final) -> None:
+    """Cut ``whole`` (the group's words translated as one text) back onto the group's finals: each target's
+    translation spread by each final's share of the source; the failures, notes, slides and route marks of that
+    one translation go with every piece, and each untranslated word with the piece that holds it (else the last)."""
+    weights = [len(f.source_text.strip()) for f in group]
+    pieces = {t: spread(text, weights, t) for t, text in whole.translations.items()}
+    first = next(iter(whole.translations), None)  # the stream's first target (whole.text)
+    for i, f in enumerate(group):
+        f.translations = {t: p[i] for t, p in pieces.items()}
+        f.text = f.translations[first] if first is not None else ""
+        f.failed, f.note, f.low_confidence = whole.failed, whole.note, whole.low_confidence
+        f.slides, f.slide_terms = list(whole.slides), list(whole.slide_terms)
+        f.latency_ms = {**f.latency_ms, "mt": whole.latency_ms.get("mt", 0.0)}
+        f.untranslated = None
+    for target, words in (whole.untranslated or {}).items():
+        for word in words:
+            owner = next((f for f in group if word in f.translations.get(target, "")), group[-1])
+            owner.untranslated = owner.untranslated or {}
+            owner.untranslated.setdefault(target, []).append(word)
+
+
+def add_note(final: Final, note: str | None) -> None:
+    if note:
+        final.note = f"{final.note}; {note}" if final.note else note
+
+
+# ---- the emitter -----------------------------------------------------------------------------------------------
 class Mark(enum.Enum):
     END = "end"  # no more jobs
     LATE = "late"  # the next job was not done in time (or a hold was released): it stays first in line
@@ -142,18 +220,18 @@ class Finals:
 
     async def _whole(self, first: Final) -> list[Final]:
         """``first``, and when it was cut at the length limit, the next final if that one goes on with its
-        sentence, translated together (stream/sentences.py); a result that does not join stays first in line."""
-        group, heard = [first], [sentences.Heard.of(first)]
-        if not sentences.waits(heard):
+        sentence, translated together (stream/py); a result that does not join stays first in line."""
+        group, heard = [first], [Heard.of(first)]
+        if not waits(heard):
             return group
         hold, t0 = self.spec.policy.sentence_hold_s, time.monotonic()
         self.holding = True
         try:
-            while sentences.waits(heard):
+            while waits(heard):
                 nxt = await self._take(hold - (time.monotonic() - t0))
-                if isinstance(nxt, Final) and sentences.joins(heard, sentences.Heard.of(nxt)):
+                if isinstance(nxt, Final) and joins(heard, Heard.of(nxt)):
                     group.append(nxt)
-                    heard.append(sentences.Heard.of(nxt))
+                    heard.append(Heard.of(nxt))
                     continue
                 why = _why(nxt, hold, self._released.is_set())
                 if not isinstance(nxt, Mark):
@@ -175,8 +253,8 @@ class Finals:
                           failed=[f"mt:{t}" for t in targets if t != lang] or None,
                           note=f"translation failed: {exc.public_message}")
         if whole is not None:
-            sentences.share(group, whole)
-        sentences.add_note(group[-1], sentences.open_note(heard, why))
+            share(group, whole)
+        add_note(group[-1], open_note(heard, why))
         first.latency_ms["held"] = round((time.monotonic() - t0) * 1000, 1)
         return group
 

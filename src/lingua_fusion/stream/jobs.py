@@ -145,7 +145,7 @@ class StreamJobs:
                      cut: str = "pause") -> Final | None:
         """A committed utterance -> its final (unnumbered), or None when it held no words. ``cut``: why the policy
         ended it; one cut at the maximum length (``"length"``) comes back untranslated: its sentence may go on in the
-        next utterance, and the emitter translates them together (stream/sentences.py). On a "auto" stream its
+        next utterance, and the emitter translates them together (stream/finals.py). On a "auto" stream its
         language is detected first, and it is transcribed and translated in that language. On a ``diarize`` stream
         its voice is embedded beside all that (the final's ``voice``: the emitter labels it, in order)."""
         if self.speakers is None:

@@ -6,7 +6,7 @@ stable part of a ``partial``. The utterance is committed when the VAD hears ``eo
 speech, or when it reaches ``max_utterance_s`` (cut at the quietest point of its last second). The committed decode
 is never shed and committed text is never retracted: later audio only ever adds new finals. A commit says why it
 was cut (``cut``): at a ``pause``, at the ``length`` limit (the speaker had not stopped: its sentence may go on in
-the next utterance, stream/sentences.py), or at the ``end`` of the stream.
+the next utterance, stream/finals.py), or at the ``end`` of the stream.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class PolicyConfig:
     eou_silence_s: float = 0.6
     max_utterance_s: float = 10.0
     # a caption cut at max_utterance_s waits at most this long for the next utterance to finish its sentence
-    # before it is translated alone (stream/sentences.py)
+    # before it is translated alone (stream/finals.py)
     sentence_hold_s: float = 8.0
     speech_threshold: float = 0.5
     min_speech_s: float = 0.25
