@@ -32,11 +32,10 @@ from lingua_fusion.errors import NotFound
 from lingua_fusion.lab.long_talk import FeedStats, Piece, SpeechClock, feed, plan_talk, sentence_pcm
 from lingua_fusion.state.redis_streams import RedisStreamStore
 from lingua_fusion.state.streams import SQLiteStreamStore
-from lingua_fusion.stream.ingest import VAD_PIECE_WINDOWS
+from lingua_fusion.stream.ingest import VAD_PIECE_WINDOWS, AudioTimeline
 from lingua_fusion.stream.policy import WINDOW
 from lingua_fusion.stream.protocol import POLICIES
 from lingua_fusion.stream.service import StreamService
-from lingua_fusion.stream.timeline import AudioTimeline
 from lingua_fusion.types import SR
 
 WAIT_S = 60.0  # a wait for something that must happen, never a speed bound

@@ -17,9 +17,8 @@ from test_security import ending
 from websockets.asyncio.client import connect
 
 from lingua_fusion.errors import InvalidParameter
-from lingua_fusion.stream.ingest import BACKWARD_NOTICE_EVERY, backward_notice
+from lingua_fusion.stream.ingest import BACKWARD_NOTICE_EVERY, AudioTimeline, backward_notice
 from lingua_fusion.stream.protocol import check_ts
-from lingua_fusion.stream.timeline import AudioTimeline
 
 GUARD_S = 60.0
 CHUNK_S = 0.25

@@ -1,5 +1,5 @@
 """Edges of the audio timeline: defaults and dtypes, counters that add up, a full buffer, a resumed clock
-(stream/timeline.py).
+(stream/ingest.py ``AudioTimeline``).
 
 Found unguarded by mutation testing (``make mutation``, scripts/mutation.py): each test pins a behaviour a
 mutant changed while every other test still passed.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lingua_fusion.stream.timeline import AudioTimeline
+from lingua_fusion.stream.ingest import AudioTimeline
 from lingua_fusion.types import SR
 
 

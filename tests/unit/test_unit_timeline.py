@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lingua_fusion.stream.timeline import SR, AudioTimeline
+from lingua_fusion.stream.ingest import SR, AudioTimeline
 
 
 def tone(seconds: float, value: float) -> np.ndarray:

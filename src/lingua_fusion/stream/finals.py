@@ -31,12 +31,12 @@ from ..sentences import continues, ends_sentence, join, spread
 from ..tracing import TraceRef, span
 from .contracts import Emit, Spawn
 from .events import Error, Final, Metrics, Speech
+from .ingest import AudioTimeline
 from .jobs import StreamJobs
 from .journal import Journal
 from .protocol import StreamSpec
-from .timeline import AudioTimeline
 
-# ---- whole sentences (pure) ---------------------------------------------------------------------------------
+# ---- whole sentences (pure) --------------------------------------------------------------------------------------
 MAX_GROUP = 2  # a held caption waits for one more at most: its latency stays bounded
 
 
@@ -107,7 +107,7 @@ def add_note(final: Final, note: str | None) -> None:
         final.note = f"{final.note}; {note}" if final.note else note
 
 
-# ---- the emitter -----------------------------------------------------------------------------------------------
+# ---- the emitter -------------------------------------------------------------------------------------------------
 class Mark(enum.Enum):
     END = "end"  # no more jobs
     LATE = "late"  # the next job was not done in time (or a hold was released): it stays first in line

@@ -39,14 +39,13 @@ from .contracts import Slots, Vocabularies
 from .events import Closed, Event, Final, Ready, error_event
 from .finals import Finals
 from .images import LOW_FRAME_INTERVAL_S, MAX_IMAGES_IN_FLIGHT, Images
-from .ingest import Arrivals, AudioIngest, Decisions
+from .ingest import Arrivals, AudioIngest, AudioTimeline, Decisions
 from .jobs import StreamJobs
 from .journal import Journal, StreamLog
 from .policy import CommitPolicy
 from .protocol import AUTO, StreamSpec, check_ts
 from .resume import ResumePoint
 from .speakers import StreamSpeakers
-from .timeline import AudioTimeline
 from .wire import FinalJSON, ResumedJSON
 
 if TYPE_CHECKING:
