@@ -289,6 +289,14 @@ def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None
 
 
+def tally(counts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for why, k in c.items():
+            out[why] = out.get(why, 0) + int(k)
+    return out
+
+
 def merge(n: int, procs: int, runs: list[dict[str, Any]], problems: list[str], wall: float) -> dict[str, Any]:
     lat = [x for r in runs for xs in r["latencies"].values() for x in xs]
     classes = [c for r in runs for c in r["classes"].values()]
@@ -300,7 +308,9 @@ def merge(n: int, procs: int, runs: list[dict[str, Any]], problems: list[str], w
         "streams": n, "load_procs": procs, "wall_s": round(wall, 1),
         "admitted": total("admitted"), "rejected": total("rejected"),
         "rejected_codes": sorted({code for c in classes for code in c["rejected_codes"]}),
-        "errors": total("errors"), "goodput_streams": total("goodput_streams"), "finals": len(lat),
+        "rejected_reasons": tally(c.get("rejected_reasons", {}) for c in classes),
+        "errors": total("errors"), "error_reasons": tally(c.get("error_reasons", {}) for c in classes),
+        "goodput_streams": total("goodput_streams"), "finals": len(lat),
         "caption_latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "p999": pct(lat, 99.9),
                               "max": round(max(lat), 3) if lat else None},
         "meets_slo": bool(runs) and not problems and all(r["meets_slo"] for r in runs),
@@ -377,7 +387,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"n={n}: caption p50 {c['p50']} s p99 {c['p99']} s max {c['max']} s, finals {row['finals']}, "
                   f"admitted {row['admitted']}/{n}, rejected {row['rejected']} {row['rejected_codes']}, errors "
                   f"{row['errors']}, goodput {row['goodput_streams']}, meets {args.slo}: {row['meets_slo']}, "
-                  f"wall {row['wall_s']} s {row.get('problems', '')}", flush=True)
+                  f"wall {row['wall_s']} s {row.get('problems', '')}; refused {row['rejected_reasons']}; errors "
+                  f"{row['error_reasons']}", flush=True)
             if c["p99"] is not None and c["p99"] > args.stop_p99_s:
                 print(f"caption p99 over {args.stop_p99_s} s: no larger count", flush=True)
                 break

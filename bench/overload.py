@@ -54,6 +54,7 @@ def server(src: Path, serve_args: list[str], engine: str) -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     state = Path(tempfile.mkdtemp(prefix="lf-overload-"))
+    print(f"server state and log: {state}", flush=True)
     env = {**os.environ, "PYTHONPATH": str(src / "src"), "LINGUAFUSION_MODELS__ENGINE": engine}
     log = open(state / "server.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([str(BIN), "serve", "--host", "127.0.0.1", "--port", str(port), "--no-auth",
@@ -105,7 +106,8 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
             "within_slo": run["goodput_streams"],
             "p99_s": max((c["caption_latency_s"]["p99"] or 0.0) for c in classes),
             "errors": sum(c["errors"] for c in classes), "cores_busy": run["server"]["cpu_cores_used"],
-            "rejected_codes": sorted({code for c in classes for code in c.get("rejected_codes", [])})}
+            "rejected_codes": sorted({code for c in classes for code in c.get("rejected_codes", [])}),
+            "rejected_reasons": {why: n for c in classes for why, n in c.get("rejected_reasons", {}).items()}}
 
 
 def main() -> None:
@@ -132,7 +134,8 @@ def main() -> None:
                 report[name] = load(url, counts, args.duration, args.warm)
             for row in report[name]:
                 print(f"{name:6s} offered {row['offered']:3d}: admitted {row['admitted']:3d}, within SLO "
-                      f"{row['within_slo']:3d}, p99 {row['p99_s']} s, cores {row['cores_busy']}", flush=True)
+                      f"{row['within_slo']:3d}, p99 {row['p99_s']} s, cores {row['cores_busy']}, refused "
+                      f"{row['rejected_reasons']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -217,3 +217,23 @@ def test_a_full_window_is_given_captions_before_partials() -> None:
     assert [w.stream_id for w in batch] == ["s4", "s5"]
     batch, _shed = s.next_batch(MODEL, 0.0, limit=8)
     assert [w.tentative for w in batch] == [True] * 4
+
+
+def test_a_burst_that_slows_the_first_streams_does_not_refuse_the_rest_of_it() -> None:
+    # a runner serving 9.4 items/s within the standard budget; a burst of arrivals: the first streams admitted, then
+    # their items come back slow for a moment (the burst's handshakes share the cores), and the rest of the burst
+    # is still admitted at what the runner served just before; a slowdown that lasts HOLD_S counts from then on
+    from lingua_fusion.serving.scheduler import HOLD_S
+
+    s = fitted(0.05, 0.1, up_to=12)
+    assert all(s.admit(Demand(f"first{n}", "standard", {MODEL: 1.0}), now=0.0) for n in range(4))
+    for _ in range(20):  # slow for a moment, whatever is in flight
+        for n in range(1, 13):
+            s.observe_service(MODEL, n, 3.0)
+    assert s.capacity(MODEL, "standard") < 1.0  # the measure this moment: not one stream more would fit
+    assert all(s.admit(Demand(f"rest{n}", "standard", {MODEL: 1.0}), now=2.0) for n in range(3))
+    assert not s.admit(Demand("over", "standard", {MODEL: 1.0}), now=2.0)  # 7 of 1 item/s fill 0.8 x 9.4
+    for n in range(7):
+        s.release(f"first{n}" if n < 4 else f"rest{n - 4}")
+    assert s.admit(Demand("alone", "standard", {MODEL: 1.0}), now=HOLD_S + 5)  # a model with none takes one
+    assert not s.admit(Demand("second", "standard", {MODEL: 1.0}), now=HOLD_S + 5)  # the slowness lasted: counted

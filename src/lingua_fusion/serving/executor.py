@@ -415,7 +415,8 @@ class Executor(TypedPort):
         if self.mode == "per-stream":  # the baseline has no admission control (as WhisperLive / whisper_streaming)
             self.scheduler.admitted[demand.stream_id] = demand
             return
-        if len(self.scheduler.admitted) >= self.settings.server.max_streams or not self.scheduler.admit(demand):
+        if (len(self.scheduler.admitted) >= self.settings.server.max_streams
+                or not self.scheduler.admit(demand, now=self.clock())):
             if self.metrics is not None:
                 self.metrics.streams_rejected.inc()
             raise Overloaded("no capacity for another stream at this SLO; retry later or use a looser SLO class",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ class StreamResult:
     kind: StreamKind
     admitted: bool = False
     rejected_code: str | None = None
+    rejected_message: str | None = None  # the server's reason (admission, the SLO breaker, the key's quota, ...)
     error: str | None = None
     finals: list[dict[str, Any]] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
@@ -76,7 +78,7 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
     try:
         await stream.__aenter__()
     except LinguaFusionError as exc:
-        res.rejected_code = exc.code
+        res.rejected_code, res.rejected_message = exc.code, str(exc)
         return res
     res.admitted = True
     res.stream_id = stream.ready.get("stream_id")
@@ -225,7 +227,9 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
             "target_p99_s": target, "streams": len(rs), "admitted": sum(r.admitted for r in rs),
             "rejected": sum(r.rejected_code is not None for r in rs),
             "rejected_codes": sorted({r.rejected_code for r in rs if r.rejected_code}),
+            "rejected_reasons": dict(Counter(r.rejected_message for r in rs if r.rejected_message).most_common()),
             "errors": sum(r.error is not None for r in rs), "goodput_streams": len(good),
+            "error_reasons": dict(Counter(r.error for r in rs if r.error).most_common(8)),
             "finals": len(lat), "caption_latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
                                                       "p999": pct(lat, 99.9)},
             "AL_ms": _mean([s["AL_ca"] for s in simul]), "LAAL_ms": _mean([s["LAAL_ca"] for s in simul]),
