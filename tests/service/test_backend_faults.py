@@ -17,9 +17,10 @@ from conftest import start_server, stop_server
 
 from lingua_fusion import MultimodalTranslator
 from lingua_fusion.errors import InvalidParameter, MalformedOutput
-from lingua_fusion.serving.faults import check_outputs, garble, parse_fault, pick
+from lingua_fusion.serving.faults import garble, parse_fault, pick
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, MtInput
+from lingua_fusion.serving.threads import check_outputs
 
 
 @pytest.fixture(scope="module")

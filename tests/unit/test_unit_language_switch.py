@@ -158,8 +158,8 @@ async def test_text_in_an_auto_stream_is_read_in_its_own_language() -> None:
 
 def test_a_detection_crosses_to_the_model_process_and_its_output_is_checked() -> None:
     from lingua_fusion.errors import MalformedOutput
-    from lingua_fusion.serving.faults import check_outputs
     from lingua_fusion.serving.shard import codec
+    from lingua_fusion.serving.threads import check_outputs
 
     item = DetectInput(np.arange(8, dtype=np.float32), ("en", "es"))
     back = codec.decode(codec.encode({"op": "run", "payload": item, "value": {"en": 0.25, "es": 0.75}})[4:])

@@ -56,7 +56,7 @@ def _drop_repeated_sentences(text: str) -> str:
 def caption_text(decoded: str) -> str:
     """Whisper's decoded tokens as a caption: a character cut off by the length budget (its UTF-8 bytes split over
     tokens, decoded as U+FFFD; a Mandarin clip's last character, say) is dropped rather than failing the whole
-    utterance's output check (serving/faults.py), and a decoder loop is collapsed (``collapse_repeats``)."""
+    utterance's output check (serving/threads.py), and a decoder loop is collapsed (``collapse_repeats``)."""
     return collapse_repeats(decoded.replace("\ufffd", "").strip())
 
 

@@ -28,7 +28,7 @@ from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeou
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
 from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
-from .faults import Fault, check_outputs
+from .faults import Fault
 from .keys import ModelKey
 from .pending import Flight, Pending, fail, failure_of, on_loop, pending_of, resolve, vad_seconds
 from .ports import (
@@ -44,7 +44,7 @@ from .ports import (
 from .runners import ContinuousRunner, Runner, build_runner
 from .scheduler import CostModel, Demand, Scheduler, WorkItem, round_robin
 from .service_curve import ServiceCurve
-from .threads import COLD_TIMEOUT_S, ModelThreads, lanes_of
+from .threads import COLD_TIMEOUT_S, ModelThreads, check_outputs, lanes_of
 
 if TYPE_CHECKING:
     from ..observability import Metrics

@@ -1,36 +1,38 @@
-"""Model backend faults: chaos injection (server started with ``--chaos``) and the output checks that catch them.
+"""Chaos: model backend faults injected into model batches (server started with ``--chaos``, set at
+/v1/admin/faults), so that everything above sees them exactly as it would see a real broken backend.
 
 A fault applies to the model keys starting with its ``model`` prefix (``asr``, ``mt``, ``ocr``, ``tts``, ``*``) and
 to a ``fraction`` of the batches run after the first ``after`` ones:
 
   delay    the batch waits ``delay_s`` (plus ``jitter_s``: an exponential extra with that mean) before it runs; a
-           tail delay is a large ``delay_s`` on a small ``fraction``
+           tail delay is a large ``delay_s`` on a small ``fraction``. The thread is not held meanwhile
   error    the backend raises (the batch's items fail; committed work is retried, then reported)
-  hang     the backend blocks its thread for ``delay_s`` (default 60 s); the worker gives up after the model timeout
+  hang     the backend blocks its thread for ``delay_s`` (default 60 s); the model timeout gives up on it
   garbage  the backend returns malformed output (wrong length, wrong types, NaN confidence, control characters);
-           :func:`check_outputs` rejects it like an error
+           the model threads' output check (serving/threads.py ``check_outputs``) rejects it like an error
 
-:func:`check_outputs` runs on every batch, with or without chaos: a real backend that returns nonsense of this kind
-(a broken model directory, a library bug) fails its batch instead of reaching a caption.
+``with_faults`` wraps the model threads' ``launch`` of a batch; the threads apply it only while a fault is set, so
+a call with chaos off does not cross this module.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 import random
-import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from ..errors import InvalidParameter, MalformedOutput
-from ..models.base import ASRResult, OCRLine
+from ..errors import InjectedFault, InvalidParameter
 from .keys import ModelKey
-from .ports import AsrOutput, DetectInput, MtInput, TranscribeInput
+from .ports import AsrOutput
 
 KINDS = ("delay", "error", "hang", "garbage")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+RunBatch = Callable[[list[object]], Sequence[object]]  # a key's runner (serving/runners.py Runner)
+# the model threads' launch of one batch on its key's thread: its future holds the checked results
+Launch = Callable[[ModelKey, RunBatch, list[object]], "asyncio.Future[list[object]]"]
 
 
 @dataclass
@@ -109,37 +111,58 @@ def garble(key: str, results: Sequence[object], rng: random.Random) -> list[obje
     return ["\x00\x01\ufffd" * 20] * len(results)
 
 
-def _text_ok(text: object, limit: int) -> bool:
-    return isinstance(text, str) and len(text) <= limit and not _CONTROL.search(text)
+def with_faults(launch: Launch, faults: dict[str, Fault], rng: random.Random) -> Launch:
+    """``launch`` with the faults in force: the fault that fires on a batch (``pick``) fails it at once, delays its
+    launch (no thread held meanwhile), or wraps its runner to hang or to return garbage."""
+
+    def start(key: ModelKey, runner: RunBatch, payloads: list[object]) -> asyncio.Future[list[object]]:
+        fault = pick(faults, str(key), rng)
+        if fault is None:
+            return launch(key, runner, payloads)
+        loop = asyncio.get_running_loop()
+        if fault.kind == "error":
+            failed: asyncio.Future[list[object]] = loop.create_future()
+            failed.set_exception(InjectedFault(f"chaos: injected failure of {key}"))
+            return failed
+        if fault.kind == "delay":  # a slow answer: the thread is not held meanwhile
+            out: asyncio.Future[list[object]] = loop.create_future()
+            loop.call_later(delay_of(fault, rng), _launch_into, out, launch, key, runner, payloads)
+            return out
+        if fault.kind == "hang":
+            return launch(key, functools.partial(_hung, runner, fault.delay_s), payloads)
+        return launch(key, functools.partial(_garbled, runner, str(key), rng), payloads)
+
+    return start
 
 
-def check_outputs(key: ModelKey, args: list[object], results: object) -> list[object]:
-    """Reject a batch whose outputs cannot be captions: raises MalformedOutput, returns the list otherwise."""
-    if not isinstance(results, list) or len(results) != len(args):
-        raise MalformedOutput(f"{key} returned {len(results) if isinstance(results, list) else type(results).__name__}"
-                              f" outputs for {len(args)} inputs")
-    for arg, r in zip(args, results, strict=True):
-        if key.task == "asr" and isinstance(arg, TranscribeInput):  # a file's piece: Whisper's segments
-            ok = isinstance(r, ASRResult) and _text_ok(r.text, 40 * len(arg.audio) // 16000 + 4000) and all(
-                _confidence_ok(s.confidence) and math.isfinite(s.start) and s.start <= s.end
-                and all(math.isfinite(w.start) and w.start <= w.end for w in s.words) for s in r.segments)
-        elif isinstance(arg, DetectInput):  # each candidate's probability, nothing else
-            ok = isinstance(r, dict) and set(r) == set(arg.candidates) and all(
-                isinstance(p, float) and 0.0 <= p <= 1.0 for p in r.values())
-        elif key.task == "asr":
-            ok = isinstance(r, AsrOutput) and _text_ok(r.text, 4000) and _confidence_ok(r.confidence)
-        elif key.task == "mt":
-            ok = isinstance(arg, MtInput) and _text_ok(r, 10 * len(arg.text) + 200)
-        elif key.task == "ocr":
-            ok = isinstance(r, list) and all(isinstance(x, OCRLine) and _text_ok(x.text, 4000) for x in r)
-        elif key.task == "tts":
-            ok = isinstance(r, (bytes, bytearray)) and r[:4] == b"RIFF"
+def _hung(runner: RunBatch, seconds: float, payloads: list[object]) -> Sequence[object]:
+    time.sleep(seconds)  # a wedged backend (on the model's thread: abandoned at its timeout, then it ends)
+    return runner(payloads)
+
+
+def _garbled(runner: RunBatch, key: str, rng: random.Random, payloads: list[object]) -> Sequence[object]:
+    return garble(key, runner(payloads), rng)
+
+
+def _launch_into(out: asyncio.Future[list[object]], launch: Launch, key: ModelKey, runner: RunBatch,
+                 payloads: list[object]) -> None:
+    """A delayed batch launched now, its outcome handed to ``out`` (unless the caller gave up on it meanwhile)."""
+    if out.done():
+        return
+    inner = launch(key, runner, payloads)
+
+    def settle(done: asyncio.Future[list[object]]) -> None:
+        if done.cancelled():
+            if not out.done():
+                out.cancel()
+            return
+        exc = done.exception()  # retrieved even when ``out`` is gone
+        if out.done():
+            return
+        if exc is not None:
+            out.set_exception(exc)
         else:
-            ok = isinstance(r, np.ndarray) and bool(np.all(np.isfinite(r)))
-        if not ok:
-            raise MalformedOutput(f"{key} returned malformed output ({str(r)[:60]!r})")
-    return results
+            out.set_result(done.result())
 
-
-def _confidence_ok(c: object) -> bool:
-    return isinstance(c, (int, float)) and math.isfinite(c) and -1e-6 <= c <= 1 + 1e-6
+    inner.add_done_callback(settle)
+    out.add_done_callback(lambda o: inner.cancel() if o.cancelled() else None)

@@ -4,24 +4,31 @@ A key has as many threads as it has lanes (batches that may run at once: ``lanes
 through CTranslate2 ``models.asr_parallel``).
 
 A backend that hangs past its timeout is abandoned with its thread (which ends on its own) instead of blocking the
-executor everything else uses; after ``MAX_HUNG`` stuck threads that model fails fast. Chaos faults (server started
-with ``--chaos``) are applied here, so everything above sees them exactly as it would see a real broken backend.
+executor everything else uses; after ``MAX_HUNG`` stuck threads that model fails fast. Every batch's results pass
+the output check (``check_outputs``): a backend that returns what cannot be a caption (a broken model directory, a
+library bug) fails its batch instead of reaching one. While chaos faults are set (server started with ``--chaos``)
+a batch is started through serving/faults.py ``with_faults``; otherwise it does not cross that module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import random
-import time
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..config import Settings
-from ..errors import BackendError, InjectedFault, LinguaFusionError, ModelTimeout
-from .faults import Fault, check_outputs, delay_of, garble, pick
+from ..errors import BackendError, LinguaFusionError, MalformedOutput, ModelTimeout
+from ..models.base import ASRResult, OCRLine
+from .faults import Fault, with_faults
 from .keys import ModelKey
+from .ports import AsrOutput, DetectInput, MtInput, TranscribeInput
 from .runners import Runner
 
 if TYPE_CHECKING:
@@ -29,6 +36,7 @@ if TYPE_CHECKING:
 
 MAX_HUNG = 2  # threads of one model stuck past their timeout before its calls fail fast
 COLD_TIMEOUT_S = 120.0  # a model's first batch may include loading it
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 
 class ModelThreads:
@@ -46,42 +54,29 @@ class ModelThreads:
     def start(self, key: ModelKey, runner: Runner, payloads: list[object]) -> asyncio.Future[list[object]]:
         """One batch started on ``key``'s thread now. Its future (settled on the loop, no task between) holds the
         results, or the BackendError (or a subclass) of a backend that failed, hung past its timeout or returned
-        output that cannot be a caption."""
+        output that cannot be a caption. Through the chaos faults while any is set (serving/faults.py)."""
+        if self.faults:
+            return with_faults(self.launch, self.faults, self._rng)(key, runner, payloads)
+        return self.launch(key, runner, payloads)
+
+    def launch(self, key: ModelKey, runner: Runner, payloads: list[object]) -> asyncio.Future[list[object]]:
+        """``start`` without chaos: the batch on ``key``'s pool, a timer for its timeout, its results checked."""
         loop = asyncio.get_running_loop()
         out: asyncio.Future[list[object]] = loop.create_future()
-        fault = pick(self.faults, str(key), self._rng) if self.faults else None
-        if fault is not None and fault.kind == "error":
-            out.set_exception(InjectedFault(f"chaos: injected failure of {key}"))
-        elif fault is not None and fault.kind == "delay":  # a slow answer: the thread is not held meanwhile
-            loop.call_later(delay_of(fault, self._rng), self._launch, key, runner, payloads, fault, out)
-        else:
-            self._launch(key, runner, payloads, fault, out)
-        return out
-
-    def _launch(self, key: ModelKey, runner: Runner, payloads: list[object], fault: Fault | None,
-                out: asyncio.Future[list[object]]) -> None:
-        if out.done():
-            return
         hung = self._hung.get(key, 0)
         if hung >= MAX_HUNG:
             out.set_exception(BackendError(f"{key} is not answering ({hung} calls stuck past their timeout); "
                                            "failing fast"))
-            return
-
-        def work() -> Sequence[object]:
-            if fault is not None and fault.kind == "hang":
-                time.sleep(fault.delay_s)  # chaos: a wedged backend (the thread is abandoned, then ends)
-            return runner(payloads)
-
+            return out
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = ThreadPoolExecutor(max_workers=max(1, self._lanes_for(key)),
                                                          thread_name_prefix=f"model-{key}")
-        loop = asyncio.get_running_loop()
-        running = loop.run_in_executor(pool, work)
+        running = loop.run_in_executor(pool, runner, payloads)
         timeout = self._timeout_for(key, payloads, key in self.warm)
         timer = loop.call_later(timeout, self._expired, key, pool, running, out, timeout, len(payloads))
-        running.add_done_callback(functools.partial(self._ran, key, payloads, fault, timer, out))
+        running.add_done_callback(functools.partial(self._ran, key, payloads, timer, out))
+        return out
 
     def _expired(self, key: ModelKey, pool: ThreadPoolExecutor, running: asyncio.Future[Sequence[object]],
                  out: asyncio.Future[list[object]], timeout: float, n: int) -> None:
@@ -91,7 +86,7 @@ class ModelThreads:
         self._abandon(key, pool, running)
         out.set_exception(ModelTimeout(f"{key} did not answer a batch of {n} in {timeout:.0f} s"))
 
-    def _ran(self, key: ModelKey, payloads: list[object], fault: Fault | None, timer: asyncio.TimerHandle,
+    def _ran(self, key: ModelKey, payloads: list[object], timer: asyncio.TimerHandle,
              out: asyncio.Future[list[object]], running: asyncio.Future[Sequence[object]]) -> None:
         """On the loop: a batch's thread returned; its results checked into ``out``."""
         timer.cancel()
@@ -108,11 +103,8 @@ class ModelThreads:
                 exc = failed
             out.set_exception(exc)
             return
-        results = running.result()
-        if fault is not None and fault.kind == "garbage":
-            results = garble(str(key), results, self._rng)
         try:
-            checked = check_outputs(key, payloads, results)
+            checked = check_outputs(key, payloads, running.result())
         except LinguaFusionError as bad:
             out.set_exception(bad)
             return
@@ -153,3 +145,40 @@ def lanes_of(key: ModelKey, settings: Settings) -> int:
     if key.task == "asr" and m.backend == "ctranslate2" and m.engine == "":
         return m.asr_lanes()
     return 1
+
+
+# ---- the output check --------------------------------------------------------------------------------------------
+def _text_ok(text: object, limit: int) -> bool:
+    return isinstance(text, str) and len(text) <= limit and not _CONTROL.search(text)
+
+
+def check_outputs(key: ModelKey, args: list[object], results: object) -> list[object]:
+    """Reject a batch whose outputs cannot be captions: raises MalformedOutput, returns the list otherwise."""
+    if not isinstance(results, list) or len(results) != len(args):
+        raise MalformedOutput(f"{key} returned {len(results) if isinstance(results, list) else type(results).__name__}"
+                              f" outputs for {len(args)} inputs")
+    for arg, r in zip(args, results, strict=True):
+        if key.task == "asr" and isinstance(arg, TranscribeInput):  # a file's piece: Whisper's segments
+            ok = isinstance(r, ASRResult) and _text_ok(r.text, 40 * len(arg.audio) // 16000 + 4000) and all(
+                _confidence_ok(s.confidence) and math.isfinite(s.start) and s.start <= s.end
+                and all(math.isfinite(w.start) and w.start <= w.end for w in s.words) for s in r.segments)
+        elif isinstance(arg, DetectInput):  # each candidate's probability, nothing else
+            ok = isinstance(r, dict) and set(r) == set(arg.candidates) and all(
+                isinstance(p, float) and 0.0 <= p <= 1.0 for p in r.values())
+        elif key.task == "asr":
+            ok = isinstance(r, AsrOutput) and _text_ok(r.text, 4000) and _confidence_ok(r.confidence)
+        elif key.task == "mt":
+            ok = isinstance(arg, MtInput) and _text_ok(r, 10 * len(arg.text) + 200)
+        elif key.task == "ocr":
+            ok = isinstance(r, list) and all(isinstance(x, OCRLine) and _text_ok(x.text, 4000) for x in r)
+        elif key.task == "tts":
+            ok = isinstance(r, (bytes, bytearray)) and r[:4] == b"RIFF"
+        else:
+            ok = isinstance(r, np.ndarray) and bool(np.all(np.isfinite(r)))
+        if not ok:
+            raise MalformedOutput(f"{key} returned malformed output ({str(r)[:60]!r})")
+    return results
+
+
+def _confidence_ok(c: object) -> bool:
+    return isinstance(c, (int, float)) and math.isfinite(c) and -1e-6 <= c <= 1 + 1e-6
