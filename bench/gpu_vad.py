@@ -1,4 +1,4 @@
-"""VAD across streams: Silero v6 on onnxruntime, one call per stream (the CPU server's VAD lane, serving/runners.py)
+"""VAD across streams: Silero v6 on onnxruntime, one call per stream (the CPU server's VAD lane, serving/threads.py)
 against the torch port batched across streams (serving/gpu/silero.py, ``MODELS__GPU_VAD=silero``), both on this CPU.
 
 Each stream brings ``--windows`` pending 32 ms windows of real speech (Piper reading the built-in sentences, 16 kHz;

@@ -113,7 +113,7 @@ def detect_all(registry: Any, items: list[Clip], candidates: tuple[str, ...], wi
     """Each clip's scores through the runner the executor uses (one clip a call), and the mean seconds a call."""
     from lingua_fusion.serving.keys import ModelKey
     from lingua_fusion.serving.ports import DetectInput
-    from lingua_fusion.serving.runners import build_runner
+    from lingua_fusion.serving.threads import build_runner
 
     if window_s is None:
         run = build_runner(ModelKey.detect(), registry)

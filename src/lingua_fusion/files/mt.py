@@ -1,6 +1,6 @@
 """Segments through an MT route, on the engine: each segment is a work item of the pair's model key, batched with
 other requests' and streams' items; the glossary's terms are protected across the whole route (a pivot included)
-and the translation memory is used, both by the engine's MT runner (serving/runners.py), as for a stream."""
+and the translation memory is used, both by the engine's MT runner (serving/threads.py), as for a stream."""
 
 from __future__ import annotations
 

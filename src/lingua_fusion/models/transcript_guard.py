@@ -1,7 +1,7 @@
 """What a transcript says about itself (pure): decoder loops, hallucination signs, and Mandarin's script.
 
 Applied where a transcript leaves ASR, whatever the backend (CTranslate2 or torch): ``guard_segments`` for a file's
-segments (files/speech.py), ``guard_text`` for a stream's utterance (serving/runners.py; no script there).
+segments (files/speech.py), ``guard_text`` for a stream's utterance (serving/threads.py; no script there).
 
 - ``check``: Whisper's own tests of a decoded window, applied to every path (files and streams): a compression
   ratio above 2.4 (zlib; the text repeats itself) or a run of the same short piece eight times or more ("天天天...")

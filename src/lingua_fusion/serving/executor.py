@@ -41,10 +41,9 @@ from .ports import (
     TypedPort,
     stage_deadline,
 )
-from .runners import ContinuousRunner, Runner, build_runner
 from .scheduler import CostModel, Demand, Scheduler, WorkItem, round_robin
 from .service_curve import ServiceCurve
-from .threads import COLD_TIMEOUT_S, ModelThreads, check_outputs, lanes_of
+from .threads import COLD_TIMEOUT_S, ContinuousRunner, ModelThreads, Runner, build_runner, check_outputs, lanes_of
 
 if TYPE_CHECKING:
     from ..observability import Metrics

@@ -30,7 +30,7 @@ from .keys import ModelKey
 from .ports import AsrOutput
 
 KINDS = ("delay", "error", "hang", "garbage")
-RunBatch = Callable[[list[object]], Sequence[object]]  # a key's runner (serving/runners.py Runner)
+RunBatch = Callable[[list[object]], Sequence[object]]  # a key's runner (serving/threads.py Runner)
 # the model threads' launch of one batch on its key's thread: its future holds the checked results
 Launch = Callable[[ModelKey, RunBatch, list[object]], "asyncio.Future[list[object]]"]
 

@@ -1,13 +1,18 @@
-"""Model threads: each model key runs its batches on threads of its own, with a timeout and an output check.
+"""Model calls off the event loop, below the executor's scheduling (serving/executor.py decides what runs when, and
+settles each item from the outcome: serving/pending.py): what a model key's batch runs and the threads it runs on.
 
-A key has as many threads as it has lanes (batches that may run at once: ``lanes_for``, 1 for most models; Whisper
-through CTranslate2 ``models.asr_parallel``).
+Runners: one function per model key that turns a list of typed payloads (the ports' table, serving/ports.py) into a
+list of typed results (``build_runner``); ``per_stream`` is the benchmark baseline: one item per call through
+faster-whisper's own 30 s-window decode, as whisper_streaming and WhisperLive do. A continuous runner (serving/gpu)
+batches on its own thread and is handed items as they are scheduled.
 
-A backend that hangs past its timeout is abandoned with its thread (which ends on its own) instead of blocking the
-executor everything else uses; after ``MAX_HUNG`` stuck threads that model fails fast. Every batch's results pass
-the output check (``check_outputs``): a backend that returns what cannot be a caption (a broken model directory, a
-library bug) fails its batch instead of reaching one. While chaos faults are set (server started with ``--chaos``)
-a batch is started through serving/faults.py ``with_faults``; otherwise it does not cross that module.
+Threads: each model key runs its batches on threads of its own, as many as it has lanes (batches that may run at
+once: ``lanes_of``, 1 for most models; Whisper through CTranslate2 ``models.asr_parallel``). A backend that hangs
+past its timeout is abandoned with its thread (which ends on its own) instead of blocking the executor everything
+else uses; after ``MAX_HUNG`` stuck threads that model fails fast. Every batch's results pass the output check
+(``check_outputs``): a backend that returns what cannot be a caption (a broken model directory, a library bug)
+fails its batch instead of reaching one. While chaos faults are set (server started with ``--chaos``) a batch is
+started through serving/faults.py ``with_faults``; otherwise it does not cross that module.
 """
 
 from __future__ import annotations
@@ -18,27 +23,169 @@ import math
 import random
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from ..config import Settings
 from ..errors import BackendError, LinguaFusionError, MalformedOutput, ModelTimeout
-from ..models.base import ASRResult, OCRLine
+from ..glossary import apply_mt_batch
+from ..models.base import ASRResult, OCRLine, among
+from ..models.registry import Registry
+from ..models.transcript_guard import guard_text
 from .faults import Fault, with_faults
 from .keys import ModelKey
-from .ports import AsrOutput, DetectInput, MtInput, TranscribeInput
-from .runners import Runner
+from .ports import AsrInput, AsrOutput, DetectInput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 
 if TYPE_CHECKING:
     from ..observability import Metrics
 
+T = TypeVar("T")
+U = TypeVar("U")
+# a batch of a key's payloads (the ports' types: serving/ports.py) -> their results, in order
+Runner = Callable[[list[object]], Sequence[object]]
 MAX_HUNG = 2  # threads of one model stuck past their timeout before its calls fail fast
 COLD_TIMEOUT_S = 120.0  # a model's first batch may include loading it
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 
+# ---- runners -----------------------------------------------------------------------------------------------------
+@runtime_checkable
+class ContinuousRunner(Protocol):
+    """A backend that batches on its own, continuously (serving/gpu: sequences join and leave its running batch at
+    every decoder step): the executor hands it work as it is scheduled and does not wait for a batch to end."""
+
+    def room(self) -> int:
+        """How many more items it takes now (its own waiting queue is bounded)."""
+        ...
+
+    def submit(self, payloads: list[object], tentative: list[bool]) -> list[Future[object]]:
+        """Queue ``payloads`` (tentative ones are preempted first under memory pressure); each future resolves (on
+        the runner's thread) to its result or exception."""
+        ...
+
+    def close(self) -> None:
+        """Stop its thread; items still queued fail (the executor is closing)."""
+        ...
+
+
+def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False) -> Runner:
+    if key == ModelKey.detect():
+        return lambda items: _detect(registry, payloads_of(items, DetectInput))
+    if key.task == "asr":
+        return _asr(registry, key.source, per_stream)
+    if key.task == "mt":
+        return _mt(registry, key.source, key.target)
+    if key.task == "ocr":
+        return lambda images: [_read(registry, img) for img in _either(images, np.ndarray, OcrInput)]
+    if key.task == "tts":
+        return lambda texts: [registry.speak_wav(text, key.source) for text in payloads_of(texts, str)]
+    if key.task == "spk":
+        return lambda stretches: _embed(registry, payloads_of(stretches, SpeakerInput))
+    return lambda windows: [registry.vad().probabilities(audio) for audio in payloads_of(windows, np.ndarray)]
+
+
+def _detect(registry: Registry, items: list[DetectInput]) -> list[dict[str, float]]:
+    """Every stream's utterance in one language identification call on the multilingual Whisper, scored over the
+    union of their candidates, then each over its own (renormalising a renormalised subset keeps its ratios)."""
+    union = sorted({c for it in items for c in it.candidates})
+    scored = registry.asr(None).detect_batch([it.audio for it in items], union) if items else []
+    return [among(probs, it.candidates) for it, probs in zip(items, scored, strict=True)]
+
+
+def _embed(registry: Registry, items: list[SpeakerInput]) -> list[np.ndarray]:
+    """Every window of every item in the batch through the voice encoder in one forward (models/speaker.py
+    bounds a forward's windows), split back per item."""
+    from ..models.speaker import windows_of
+
+    windows = [windows_of(it.audio, it.hop, it.most) for it in items]
+    embedded = registry.speaker().embed(np.concatenate(windows)) if windows else np.zeros((0, 0), np.float32)
+    bounds = np.cumsum([0, *(len(w) for w in windows)])
+    return [embedded[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _read(registry: Registry, item: np.ndarray | OcrInput) -> list[OCRLine]:
+    if isinstance(item, OcrInput):
+        return registry.ocr().recognize(item.image, language=item.language)
+    return registry.ocr().recognize(item)
+
+
+def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
+    def utterances(items: list[AsrInput]) -> list[AsrOutput]:
+        asr = registry.asr(lang)
+        if per_stream:
+            pairs = []
+            for it in items:
+                r = asr.transcribe(it.audio, language=lang, initial_prompt=it.prompt)
+                pairs.append((r.text, min((s.confidence for s in r.segments), default=0.0)))
+        else:
+            pairs = asr.transcribe_batch([it.audio for it in items], language=lang,
+                                         prompts=[it.prompt for it in items])
+        # loops cut; Mandarin as Whisper wrote it: the stream writes it in the script its tag asked for (jobs.py)
+        return [AsrOutput(*guard_text(text, conf, None)) for text, conf in pairs]
+
+    def piece(it: TranscribeInput) -> ASRResult:  # a file's piece: Whisper's own segments and timestamps
+        asr = registry.asr(None if it.multilingual else it.language, task=it.task)
+        result: ASRResult = asr.transcribe(it.audio, language=it.language, task=it.task, initial_prompt=it.prompt,
+                                           hotwords=it.hotwords, word_timestamps=it.word_timestamps)
+        return result
+
+    def run(batch: list[object]) -> list[AsrOutput | ASRResult]:
+        items = _either(batch, AsrInput, TranscribeInput)
+        # the scheduler gives a file's piece a batch of its own (serving/executor.py ASR_MAX_UNITS); a mixed batch
+        # (a test's) still answers every item in order
+        out: list[AsrOutput | ASRResult | None] = [None] * len(items)
+        streams = [(i, it) for i, it in enumerate(items) if isinstance(it, AsrInput)]
+        for (i, _it), res in zip(streams, utterances([it for _i, it in streams]) if streams else [], strict=True):
+            out[i] = res
+        for i, it in enumerate(items):
+            if isinstance(it, TranscribeInput):
+                out[i] = piece(it)
+        return [r for r in out if r is not None]
+
+    return run
+
+
+def _mt(registry: Registry, src: str, tgt: str) -> Runner:
+    def run(batch: list[object]) -> list[str]:
+        items = payloads_of(batch, MtInput)
+        route = registry.mt_route(src, tgt)
+        translate = registry.route_translator(route)
+        texts, terms, names = [it.text for it in items], [it.glossary for it in items], [it.names for it in items]
+        tm = registry.translation_memory()  # repeated phrases, the same deck in several rooms: MT once
+        if tm is not None:
+            return list(tm.translate(registry.route_key(route), texts, terms, translate, names=names,
+                                     scopes=[it.scope for it in items])[0])
+        outs, _ = apply_mt_batch(texts, terms, translate, names=names)
+        return outs
+
+    return run
+
+
+
+def payloads_of(items: list[object], kind: type[T]) -> list[T]:
+    """``items`` as the payloads of their key's task (the ports' table): a payload of another type is the caller's
+    bug, a TypeError (the batch fails as a BackendError) rather than an AttributeError deeper in the backend."""
+    out: list[T] = []
+    for it in items:
+        if not isinstance(it, kind):
+            raise TypeError(f"a {type(it).__name__} payload where a {kind.__name__} was due")
+        out.append(it)
+    return out
+
+
+def _either(items: list[object], one: type[T], other: type[U]) -> list[T | U]:
+    """``items`` as payloads of one of two types (``payloads_of``)."""
+    out: list[T | U] = []
+    for it in items:
+        if not isinstance(it, (one, other)):
+            raise TypeError(f"a {type(it).__name__} payload where a {one.__name__} or {other.__name__} was due")
+        out.append(it)
+    return out
+
+
+# ---- threads -----------------------------------------------------------------------------------------------------
 class ModelThreads:
     def __init__(self, timeout_for: Callable[[ModelKey, list[object], bool], float], metrics: Metrics | None = None,
                  lanes_for: Callable[[ModelKey], int] | None = None) -> None:

@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...errors import BackendError
-from ..runners import ContinuousRunner
+from ..threads import ContinuousRunner
 
 if TYPE_CHECKING:
     from .memory import MemoryReport

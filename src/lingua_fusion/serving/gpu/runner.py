@@ -1,4 +1,4 @@
-"""A continuous runner (serving/runners.py ContinuousRunner) for any encoder-decoder: its own thread runs the
+"""A continuous runner (serving/threads.py ContinuousRunner) for any encoder-decoder: its own thread runs the
 encoder on batches of new work and steps the DecodeEngine, so new items join the running batch at the next step.
 It alternates: one encoder batch (``encode_batch`` items at most) of what waits, then one step, so a burst of new
 work is encoded between the steps of what already runs instead of holding them all up.

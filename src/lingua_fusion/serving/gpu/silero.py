@@ -147,7 +147,7 @@ def _probabilities(model: SileroV6, batch: _Batch, windows: torch.Tensor, starts
 
 
 def silero_vad(device: torch.device | str, model: SileroV6 | None = None) -> Runner:
-    """A batch runner (serving/runners.py Runner) for the executor's VAD lane: each item is one stream's pending
+    """A batch runner (serving/threads.py Runner) for the executor's VAD lane: each item is one stream's pending
     audio at 16 kHz (a trailing partial window is left out), each result that audio's per-window probabilities.
     On CUDA the call runs on a stream of its own and waits for its result on an event (device_call.wait), so
     Python's lock is free during the wait (as energy_vad does)."""

@@ -6,7 +6,7 @@ to the runner and waits (on the caller's thread: the MT model thread of the exec
 thread, never the event loop) for every item, within ``timeout_s``. The registry serves it in place of the
 LocalDirMT (``Registry.decode_mt_with``), so everything around the model is unchanged and shared: routes and
 pivots, glossary placeholders and names (glossary.apply_mt_batch), the translation memory and its route keys
-(serving/runners.py ``_mt``, files/translator.py). Batches of different language pairs, streams and REST requests
+(serving/threads.py ``_mt``, files/translator.py). Batches of different language pairs, streams and REST requests
 join one running batch on the model's runner.
 
 Decoding is greedy, as ``generate(num_beams=1)`` with the model's generation config: its start token, stop

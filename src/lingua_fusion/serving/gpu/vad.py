@@ -2,7 +2,7 @@
 
 The Silero model the CPU server uses is an ONNX graph that runs on the CPU only where the GPU engine runs, so at
 thousands of streams speech is found by energy: a window's level in dB against a threshold, smoothed into a
-probability. It is a plain batch runner (serving/runners.py Runner) for the executor's VAD lane.
+probability. It is a plain batch runner (serving/threads.py Runner) for the executor's VAD lane.
 """
 
 from __future__ import annotations
