@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..errors import AuthenticationError, Draining, InvalidParameter, Overloaded
@@ -27,12 +27,13 @@ from ..serving.engine import Engine
 from ..tracing import Tracer
 from .capacity import KeyQuota, Principal, StreamCapacity
 from .contracts import Slots, Vocabularies
-from .events import Closed, Event, Ready
+from .events import Closed, Event
 from .journal import StreamLog
 from .per_key import KeyPixels, vocabulary_of
 from .protocol import ResumeRequest, parse_resume, parse_start
 from .quota import Quota
 from .resume import Takeovers
+from .room_host import RoomHost
 from .session import StreamSession
 from .supervisor import BreakerSupervisor
 from .tenant_breaker import TenantBreaker
@@ -42,21 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lingua_fusion.streams")
 DRAIN_POLL_S = 0.05
-
-
-class RoomHost(Protocol):
-    """Where a stream started with ``"room": true`` (or a room id made by REST) is published (rooms/service.py)."""
-
-    async def attach(self, session: StreamSession, room: object, key_id: str, ready: Ready,
-                     room_targets: object = None) -> None:
-        """Publish ``session`` as a room (a resumed stream re-attaches to its room); fills the ready event's
-        ``room_id``, ``listener_token`` and ``listener_token_id``. ``room`` and ``room_targets`` are the start
-        message's, unchecked: ``room`` is true or a room id, ``room_targets`` the languages the room's listeners may
-        add to the stream's own targets. Raises a client error for a value that is neither, or a room that is not
-        this key's."""
-        ...
-
-    async def close(self) -> None: ...
 
 
 @dataclass
