@@ -83,7 +83,7 @@ class Executor(TypedPort):
         self.scheduler.max_units = {"mt": MT_BATCH_CHARS, "asr": ASR_MAX_UNITS}
         self.scheduler.max_queue_per_key = max(1, max_queue // 2)  # one key never holds a whole model queue
         self.threads = ModelThreads(self._timeout, metrics, self.lanes)
-        self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: runners.py
+        self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: threads.py
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
         self._runners: dict[ModelKey, Runner | ContinuousRunner] = {}
         self._busy: dict[ModelKey, int] = {}  # batches running per key (at most its lanes)
@@ -198,7 +198,7 @@ class Executor(TypedPort):
     def _batch_runner(self, key: ModelKey) -> Runner:
         """``key``'s runner, which its worker runs one batch at a time (not a continuous runner)."""
         runner = self._runners[key]
-        assert not isinstance(runner, ContinuousRunner)  # the declared Protocol (serving/runners.py), at run time
+        assert not isinstance(runner, ContinuousRunner)  # the declared Protocol (serving/threads.py), at run time
         return runner
 
     def build_now(self, key: ModelKey) -> Runner | ContinuousRunner:
