@@ -341,7 +341,7 @@ class Executor(TypedPort):
             resolve(pending_of(w).future, result)
             now = self.clock()
             if served > SERVICE_WARMUP and w.slo != FILE_CLASS:
-                self.scheduler.observe_service(key, in_flight, now - handed)
+                self.scheduler.observe_service(key, in_flight, now - handed, now)
             self._observe(key, [w], w.enqueued, now, cold=True)
         self._soon(key)  # once per turn of the loop, however many of its items settled in it
 
@@ -414,8 +414,7 @@ class Executor(TypedPort):
         if self.mode == "per-stream":  # the baseline has no admission control (as WhisperLive / whisper_streaming)
             self.scheduler.admitted[demand.stream_id] = demand
             return
-        if (len(self.scheduler.admitted) >= self.settings.server.max_streams
-                or not self.scheduler.admit(demand, now=self.clock())):
+        if len(self.scheduler.admitted) >= self.settings.server.max_streams or not self.scheduler.admit(demand):
             if self.metrics is not None:
                 self.metrics.streams_rejected.inc()
             raise Overloaded("no capacity for another stream at this SLO; retry later or use a looser SLO class",

@@ -37,11 +37,6 @@ OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admiss
 SERVICE_GROWTH = 2.0
 SERVICE_MIN_IN_FLIGHT = 4
 SERVICE_MAX_IN_FLIGHT = 1024  # the GPU engine's largest decode batch (serving/gpu/runner.py max_batch)
-# admission counts a model at the most it measured in the last HOLD_S seconds: a burst of arrivals slows the items of
-# the streams it admitted first (handshakes, refusals and new streams' first windows share the cores), and a measure
-# that fell with it refused the rest of the burst below what the model serves a second later. A slowdown that lasts
-# is counted once it has for HOLD_S; until then the SLO breaker is the second line (stream/supervisor.py).
-HOLD_S = 10.0
 
 
 def family(model: Hashable) -> str:
@@ -215,7 +210,6 @@ class Scheduler(Generic[K]):
         self.service: dict[K, ServiceCurve] = {}
         self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
         self.admitted: dict[str, Demand[K]] = {}
-        self._measured: dict[tuple[K, str], deque[tuple[float, float]]] = {}  # (model, class) -> (when, items/s)
         self.stats = SchedulerStats()
 
     # ---- queueing -------------------------------------------------------------------------------------------
@@ -368,10 +362,10 @@ class Scheduler(Generic[K]):
                 self.overlap_costs[model] = CostModel(cm.c0, cm.c1)
             self.overlap_costs[model].observe(batch, seconds)
 
-    def observe_service(self, model: K, in_flight: int, seconds: float) -> None:
+    def observe_service(self, model: K, in_flight: int, seconds: float, now: float) -> None:
         """A continuous runner's item: handed over with ``in_flight`` items in flight (itself included), its result
-        ``seconds`` later. Admission counts the model by this (``capacity``) from then on."""
-        self.service.setdefault(model, ServiceCurve()).observe(in_flight, seconds)
+        ``seconds`` later, at ``now``. Admission counts the model by this (``capacity``) from then on."""
+        self.service.setdefault(model, ServiceCurve()).observe(in_flight, seconds, now)
 
     # ---- admission ------------------------------------------------------------------------------------------
     def capacity(self, model: K, slo: str) -> float:
@@ -408,20 +402,8 @@ class Scheduler(Generic[K]):
         tightest = min(slos, key=lambda s: SLO_CLASSES[s])
         return self._in_flight_within(model, svc, SLO_CLASSES[tightest] * STAGE_BUDGET.get(family(model), 0.5))
 
-    def held_capacity(self, model: K, slo: str, now: float) -> float:
-        """``capacity`` as admission counts it at ``now``: the most it measured in the last HOLD_S seconds."""
-        measured = self._measured.setdefault((model, slo), deque())
-        while measured and measured[0][0] < now - HOLD_S:
-            measured.popleft()
-        capacity = self.capacity(model, slo)
-        while measured and measured[-1][1] <= capacity:
-            measured.pop()  # kept in falling order (a monotonic queue): the first is the most
-        measured.append((now, capacity))
-        return measured[0][1]
-
-    def admit(self, demand: Demand[K], now: float | None = None) -> bool:
-        """Reserve ``demand`` if every model it uses can carry it beside the streams admitted, each counted at its
-        ``held_capacity`` (``now``: the caller's clock; None counts the capacity measured this moment). A model with
+    def admit(self, demand: Demand[K]) -> bool:
+        """Reserve ``demand`` if every model it uses can carry it beside the streams admitted. A model with
         no stream admitted on it takes one whatever its measure says: the measure learns only from work it serves,
         so refusing would keep a pessimistic one for ever (a continuous runner's curve taken while the cores were
         busy with other work; a batch runner's cost taken during a slow spell, such as a delay fault since
@@ -432,8 +414,7 @@ class Scheduler(Generic[K]):
                 continue
             load = sum(d.rate.get(model, 0.0) for d in streams)
             tightest = min((d.slo for d in streams if model in d.rate), key=lambda s: SLO_CLASSES[s])
-            capacity = self.capacity(model, tightest) if now is None else self.held_capacity(model, tightest, now)
-            if load > self.target_utilisation * capacity:
+            if load > self.target_utilisation * self.capacity(model, tightest):
                 return False
         self.admitted[demand.stream_id] = demand
         return True

@@ -6,8 +6,13 @@ and its place among the items in flight when it was handed over. By Little's law
 latency is L(n) serves n / L(n) items per second: admission counts it at the largest n whose latency fits the
 class's budget.
 
-The curve is kept per bucket of in-flight counts (1, 2-3, 4-7, 8-15, ...), each an exponentially weighted mean
-of its samples' in-flight count and latency, so what was learnt at a high load stays known while the load is low
+The curve is kept per bucket of in-flight counts (1, 2-3, 4-7, 8-15, ...), each a mean of its samples' in-flight
+count and latency that forgets with time (a sample's weight halves every HALF_LIFE_S seconds, the caller's clock
+passed in): every sample of the last seconds counts, however many items a second settle, so a second's slowdown (a
+burst of arrivals sharing the cores) moves the curve by a second's share, not by the last five items' (a weight per
+item was 0.2: on a busy runner the curve followed each moment and admission with it, refusing a burst's later
+streams below what the runner served a second after, or admitting on a quiet moment's promise). The buckets keep
+what was learnt at a high load while the load is low
 (a single fitted line would forget its slope in a quiet minute, and then promise the next burst far too much).
 A bucket not sampled in the last FORGET_AFTER items is dropped: a load the
 runner is no longer handed (its window, below, keeps it under what the curve allows) would otherwise hold its old
@@ -23,15 +28,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WEIGHT = 0.2  # a new sample's weight in its bucket's means
+HALF_LIFE_S = 3.0  # seconds in which a sample's weight in its bucket's means halves
 FORGET_AFTER = 200  # items: a bucket not sampled among the last this many is dropped
 
 
 @dataclass
 class _Point:
-    in_flight: float
-    latency: float
+    weight: float  # of the samples, decayed to ``at``
+    in_flight_sum: float
+    latency_sum: float
+    at: float  # the clock at its last sample
     last: int  # the observation that last updated it
+
+    def add(self, n: int, seconds: float, now: float) -> None:
+        decay = 0.5 ** (max(0.0, now - self.at) / HALF_LIFE_S)
+        self.weight = self.weight * decay + 1.0
+        self.in_flight_sum = self.in_flight_sum * decay + n
+        self.latency_sum = self.latency_sum * decay + seconds
+        self.at = max(self.at, now)
+
+    @property
+    def in_flight(self) -> float:
+        return self.in_flight_sum / self.weight
+
+    @property
+    def latency(self) -> float:
+        return self.latency_sum / self.weight
 
 
 class ServiceCurve:
@@ -41,17 +63,15 @@ class ServiceCurve:
         self.observations = 0
         self.most_in_flight = 0
 
-    def observe(self, in_flight: int, seconds: float) -> None:
+    def observe(self, in_flight: int, seconds: float, now: float) -> None:
+        """An item handed over with ``in_flight`` items in flight (itself included) took ``seconds``; ``now``: the
+        caller's clock."""
         n = max(1, in_flight)
         bucket = 1 << (n.bit_length() - 1)
         self.observations += 1
-        point = self._points.get(bucket)
-        if point is None:
-            self._points[bucket] = _Point(float(n), seconds, self.observations)
-        else:
-            point.in_flight += WEIGHT * (n - point.in_flight)
-            point.latency += WEIGHT * (seconds - point.latency)
-            point.last = self.observations
+        point = self._points.setdefault(bucket, _Point(0.0, 0.0, 0.0, now, self.observations))
+        point.add(n, seconds, now)
+        point.last = self.observations
         for b in [b for b, p in self._points.items() if self.observations - p.last > FORGET_AFTER]:
             del self._points[b]
         self.most_in_flight = max(self.most_in_flight, n)
