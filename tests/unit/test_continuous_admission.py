@@ -236,3 +236,49 @@ def test_a_moment_of_slowness_moves_the_curve_by_its_share_of_the_last_seconds()
     for i in range(60):  # three seconds of it
         s.observe_service(MODEL, 6 + i % 5, 3.0, now=10.0 + i * 0.05)
     assert s.capacity(MODEL, "standard") < 0.5 * before
+
+
+def test_an_idle_runner_keeps_what_the_last_load_taught() -> None:
+    # 5 s at 6-10 in flight, 1.3 s an item (past the standard budget's 0.9 s); the streams end; 20 s later the next
+    # load's first items come back fast on the quiet cores. Counted by their promise, the runner took 20 streams
+    # that all missed their target; the idle gap counts as MAX_GAP_S of use, so the load's lesson stays
+    s = Scheduler()
+    for i in range(100):
+        s.observe_service(MODEL, 6 + i % 5, 1.3, now=i * 0.05)
+    before = s.capacity(MODEL, "standard")
+    for i in range(4):
+        s.observe_service(MODEL, 4 + i % 2, 0.5, now=25.0 + i * 0.1)
+    assert s.capacity(MODEL, "standard") < 1.25 * before
+
+
+def test_a_load_carried_within_budget_is_never_refused_below() -> None:
+    # 8 streams of 0.55 items/s carried for 6 s, each item 1.1 s (within 0.8 of the standard ASR budget, 1.8 s);
+    # then the curve's promise falls for a moment (a burst's handshakes on the cores): the load that was carried
+    # is still admitted, and no more than the curve allows beyond it
+    s = Scheduler()
+    rate = {MODEL: 0.55}
+    s.admitted = {f"s{n}": Demand(f"s{n}", "standard", dict(rate)) for n in range(8)}
+    for i in range(130):
+        s.observe_service(MODEL, 5, 1.1, now=i * 0.05)
+    assert s.proven[MODEL].floor == pytest.approx(8 * 0.55)
+    for n in range(1, 13):
+        s.observe_service(MODEL, n, 3.0, now=6.6)  # a slow moment: the curve alone would take one stream
+    assert s.capacity(MODEL, "standard") * s.target_utilisation < 0.55
+    for n in range(8):
+        s.release(f"s{n}")
+    admitted = [s.admit(Demand(f"b{n}", "standard", dict(rate))) for n in range(12)]
+    assert sum(admitted) == 8
+
+
+def test_a_load_served_late_is_no_floor() -> None:
+    s = Scheduler()
+    s.admitted = {f"s{n}": Demand(f"s{n}", "standard", {MODEL: 0.55}) for n in range(8)}
+    for i in range(130):
+        s.observe_service(MODEL, 5, 1.6, now=i * 0.05)  # within the budget (1.8 s) but not healthy (> 0.8 of it)
+    assert s.proven[MODEL].floor == 0.0
+    for i in range(130):
+        s.observe_service(MODEL, 5, 1.0, now=7.0 + i * 0.05)
+    assert s.proven[MODEL].floor == pytest.approx(8 * 0.55)
+    for i in range(40):
+        s.observe_service(MODEL, 5, 4.0, now=14.0 + i * 0.05)  # over the budget: the floor goes
+    assert s.proven[MODEL].floor == 0.0

@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 
 from .cost_model import CostModel
 from .ports import SLO_CLASSES, STAGE_BUDGET  # the classes are the contract's
-from .service_curve import ServiceCurve
+from .service_curve import ProvenLoad, ServiceCurve
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)  # a model's key: the executor's ModelKey (its tests' plain names)
@@ -36,6 +36,7 @@ OVERLAP_MIN_OBSERVATIONS = 5  # batches run alongside another lane before admiss
 # grows with what the runner has shown, a factor at a time, and never from a flat fit's infinite promise
 SERVICE_GROWTH = 2.0
 SERVICE_MIN_IN_FLIGHT = 4
+LOAD_EVERY_S = 0.5  # how often a continuous runner's admitted load is summed for its ProvenLoad
 SERVICE_MAX_IN_FLIGHT = 1024  # the GPU engine's largest decode batch (serving/gpu/runner.py max_batch)
 
 
@@ -208,6 +209,8 @@ class Scheduler(Generic[K]):
         # latency against the items in flight (serving/service_curve.py); by Little's law it serves n / latency(n)
         # items/s with n in flight
         self.service: dict[K, ServiceCurve] = {}
+        self.proven: dict[K, ProvenLoad] = {}  # a continuous runner's load carried within its budget: a floor
+        self._load: dict[K, tuple[float, float, float]] = {}  # model -> (when, admitted items/s, stage budget)
         self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
         self.admitted: dict[str, Demand[K]] = {}
         self.stats = SchedulerStats()
@@ -364,8 +367,16 @@ class Scheduler(Generic[K]):
 
     def observe_service(self, model: K, in_flight: int, seconds: float, now: float) -> None:
         """A continuous runner's item: handed over with ``in_flight`` items in flight (itself included), its result
-        ``seconds`` later, at ``now``. Admission counts the model by this (``capacity``) from then on."""
+        ``seconds`` later, at ``now``. Admission counts the model by this (``capacity``, ``proven``) from then on."""
         self.service.setdefault(model, ServiceCurve()).observe(in_flight, seconds, now)
+        at, load, budget = self._load.get(model, (-1.0, 0.0, float("inf")))
+        if now - at >= LOAD_EVERY_S:  # the admitted streams summed twice a second, not per item
+            streams = [d for d in self.admitted.values() if model in d.rate]
+            load = sum(d.rate[model] for d in streams)
+            budget = min((SLO_CLASSES[d.slo] for d in streams), default=float("inf")) * STAGE_BUDGET.get(
+                family(model), 0.5)
+            self._load[model] = (now, load, budget)
+        self.proven.setdefault(model, ProvenLoad()).observe(seconds, load, budget, now)
 
     # ---- admission ------------------------------------------------------------------------------------------
     def capacity(self, model: K, slo: str) -> float:
@@ -403,7 +414,8 @@ class Scheduler(Generic[K]):
         return self._in_flight_within(model, svc, SLO_CLASSES[tightest] * STAGE_BUDGET.get(family(model), 0.5))
 
     def admit(self, demand: Demand[K]) -> bool:
-        """Reserve ``demand`` if every model it uses can carry it beside the streams admitted. A model with
+        """Reserve ``demand`` if every model it uses can carry it beside the streams admitted: within its
+        measured capacity, or within the load a continuous runner was seen to carry (``ProvenLoad``). A model with
         no stream admitted on it takes one whatever its measure says: the measure learns only from work it serves,
         so refusing would keep a pessimistic one for ever (a continuous runner's curve taken while the cores were
         busy with other work; a batch runner's cost taken during a slow spell, such as a delay fault since
@@ -414,7 +426,9 @@ class Scheduler(Generic[K]):
                 continue
             load = sum(d.rate.get(model, 0.0) for d in streams)
             tightest = min((d.slo for d in streams if model in d.rate), key=lambda s: SLO_CLASSES[s])
-            if load > self.target_utilisation * self.capacity(model, tightest):
+            proven = self.proven.get(model)
+            floor = proven.floor if proven is not None else 0.0  # a load it carried within budget: never refused
+            if load > max(floor, self.target_utilisation * self.capacity(model, tightest)):
                 return False
         self.admitted[demand.stream_id] = demand
         return True

@@ -21,14 +21,24 @@ fast under load and slowly when quiet, so a bucket outlives a quiet spell and is
 busy one. Between buckets the curve is interpolated; it never falls as more items are in flight (a noisy bucket does not
 promise that more is faster). Beyond the most items seen in flight it is extrapolated along its last slope (the
 prior's while one bucket is known), and the caller bounds how far (Scheduler: twice what was held). Until a first
-item is seen the prior line c0 + c1 * n stands in. Pure: no clock, no threads.
+item is seen the prior line c0 + c1 * n stands in.
+
+``ProvenLoad``, beside it: the admitted load (items/s of the streams' demand) a runner has carried for PROVEN_S
+seconds while its items' mean latency stayed within HEALTHY of the stage budget. Admission never refuses below it
+(Scheduler.admit): the curve's promise moves with every moment's noise (a burst of arrivals, a load's first items
+on quiet cores), but a load that was served is a fact, kept until the latency goes over the budget. Pure: the
+caller's clock is passed in, no threads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-HALF_LIFE_S = 3.0  # seconds in which a sample's weight in its bucket's means halves
+HALF_LIFE_S = 3.0  # seconds of use in which a sample's weight in its bucket's means halves
+# a gap between a bucket's samples counts at most this long: a runner left idle (between a load's streams and the
+# next's) keeps what the last load taught, and the next load's first items, served fast on quiet cores, do not
+# replace it (they did: 20 streams were admitted on their promise, and every one missed its target)
+MAX_GAP_S = 0.5
 FORGET_AFTER = 200  # items: a bucket not sampled among the last this many is dropped
 
 
@@ -41,7 +51,7 @@ class _Point:
     last: int  # the observation that last updated it
 
     def add(self, n: int, seconds: float, now: float) -> None:
-        decay = 0.5 ** (max(0.0, now - self.at) / HALF_LIFE_S)
+        decay = 0.5 ** (min(MAX_GAP_S, max(0.0, now - self.at)) / HALF_LIFE_S)
         self.weight = self.weight * decay + 1.0
         self.in_flight_sum = self.in_flight_sum * decay + n
         self.latency_sum = self.latency_sum * decay + seconds
@@ -110,3 +120,34 @@ class ServiceCurve:
             else:
                 hi = mid
         return lo
+
+
+PROVEN_S = 5.0  # seconds a load must have been carried, healthy, before it is a floor for admission
+HEALTHY = 0.8  # of the stage budget: an item's mean latency within it is healthy; over the budget, the floor goes
+
+
+@dataclass
+class ProvenLoad:
+    floor: float = 0.0  # items/s admission never refuses below
+    _weight: float = 0.0  # the items' latency, a mean whose samples' weight halves every HALF_LIFE_S of use
+    _latency_sum: float = 0.0
+    _at: float = 0.0
+    _loads: list[tuple[float, float]] = field(default_factory=list)  # (when, admitted load), oldest first
+
+    def observe(self, seconds: float, load: float, budget: float, now: float) -> None:
+        """An item took ``seconds`` while ``load`` was admitted on the runner, ``budget`` the tightest stage budget
+        admitted on it."""
+        decay = 0.5 ** (min(MAX_GAP_S, max(0.0, now - self._at)) / HALF_LIFE_S)
+        self._weight = self._weight * decay + 1.0
+        self._latency_sum = self._latency_sum * decay + seconds
+        self._at = max(self._at, now)
+        if not self._loads or self._loads[-1][1] != load:
+            self._loads.append((now, load))
+        while len(self._loads) > 1 and self._loads[1][0] <= now - PROVEN_S:
+            del self._loads[0]  # the first entry is the load in force PROVEN_S ago
+        mean = self._latency_sum / self._weight
+        if mean > budget:
+            self.floor = 0.0
+            self._loads = [(now, load)]
+        elif mean <= HEALTHY * budget and self._loads[0][0] <= now - PROVEN_S:
+            self.floor = max(self.floor, min(x for _, x in self._loads))  # carried the whole time
