@@ -282,3 +282,37 @@ def test_a_load_served_late_is_no_floor() -> None:
     for i in range(40):
         s.observe_service(MODEL, 5, 4.0, now=14.0 + i * 0.05)  # over the budget: the floor goes
     assert s.proven[MODEL].floor == 0.0
+
+
+async def test_items_that_waited_on_the_runners_build_do_not_teach_admission() -> None:
+    # a GPU engine builds an MT runner at its first call: every item handed over meanwhile waits for the build.
+    # Those items' seconds are not the runner's: admission counts it at what it serves once built
+    runner = Serial(per_item=0.02)  # 50 items/s once built
+    built = threading.Event()
+    serve = runner._loop
+
+    def build_then_serve() -> None:
+        time.sleep(4.0)  # the build
+        built.set()
+        serve()
+
+    runner._closed = True  # the serving thread Serial started ends; ours builds first, then serves
+    runner._thread.join(timeout=10)
+    runner._closed = False
+    runner._thread = threading.Thread(target=build_then_serve, daemon=True)
+    runner._thread.start()
+    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    try:
+        clip = AsrInput(np.zeros(1600, np.float32))
+        await asyncio.wait_for(asyncio.gather(*(
+            executor.run(KEY, clip, CallContext(stream_id=f"cold-{i}")) for i in range(12))), 30)
+        assert built.is_set()
+        for burst in (1, 2, 4, 8):
+            await asyncio.wait_for(asyncio.gather(*(
+                executor.run(KEY, clip, CallContext(stream_id=f"b{burst}-{i}")) for i in range(burst))), 30)
+        svc = executor.scheduler.service[KEY]
+        # the items that waited the build's 4 s are in no sample: 4 to 7 in flight take about 0.1 s (with the first
+        # item that waited counted, about 0.4 s)
+        assert svc._points[4].latency < 0.25, svc._points
+    finally:
+        await executor.close()

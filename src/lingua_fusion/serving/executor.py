@@ -93,6 +93,7 @@ class Executor(TypedPort):
         self._flights: dict[ModelKey, list[Flight]] = {}  # batches in flight per key (one per busy lane)
         self._in_flight: dict[ModelKey, int] = {}  # a continuous runner's items handed over and not yet settled
         self._served: dict[ModelKey, int] = {}  # ... and settled
+        self._warm: dict[ModelKey, float] = {}  # when its first item settled: items handed before waited on its build
         self._vad: list[Pending] = []
         self._closing = False
 
@@ -325,10 +326,13 @@ class Executor(TypedPort):
                 done: Future[object]) -> None:
         """On the loop: one item of a continuous runner finished, handed over at ``handed`` with ``in_flight``
         items in flight; a stream's item that succeeded is admission's measure of the runner (after its first
-        SERVICE_WARMUP items, which pay for its first calls: kernels chosen, buffers grown)."""
+        SERVICE_WARMUP items, which pay for its first calls: kernels chosen, buffers grown; and none handed over
+        before its first item settled, which all waited on the runner's build: a GPU engine's MT runner is built at
+        its first call, and those items' seconds taught admission a runner twenty times slower than it is)."""
         self._in_flight[key] -= 1
         served = self._served.get(key, 0) + 1
         self._served[key] = served
+        warm = self._warm.setdefault(key, self.clock())
         failure = failure_of(key, done)
         if failure is None:
             try:
@@ -340,7 +344,7 @@ class Executor(TypedPort):
         else:
             resolve(pending_of(w).future, result)
             now = self.clock()
-            if served > SERVICE_WARMUP and w.slo != FILE_CLASS:
+            if served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS:
                 self.scheduler.observe_service(key, in_flight, now - handed, now)
             self._observe(key, [w], w.enqueued, now, cold=True)
         self._soon(key)  # once per turn of the loop, however many of its items settled in it
