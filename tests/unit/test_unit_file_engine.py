@@ -22,7 +22,8 @@ from lingua_fusion.files.pieces import RATE, cuts
 from lingua_fusion.files.result import spoken_pieces
 from lingua_fusion.glossary import Term
 from lingua_fusion.models.base import ASRResult, ASRSegment
-from lingua_fusion.serving.executor import ASR_MAX_UNITS, Executor
+from lingua_fusion.serving.demand import ASR_MAX_UNITS
+from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import FILE_CLASS, AsrInput, AsrOutput, CallContext, MtInput, TranscribeInput
 

@@ -4,12 +4,13 @@ computes a stream's demand here without importing the executor (serving/shard/re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 
 from .cost_model import CostModel
 from .keys import ModelKey
 from .ports import MtInput, TranscribeInput
-from .scheduler import Demand
+from .scheduler import Demand, Scheduler
+from .service_curve import ServiceCurve
 
 # starting cost models (seconds, measured on 2 cores); refined online from every batch. Matched by prefix, in order:
 # language identification (asr:base:auto, one encoder pass and one decoder step) before base's transcriptions
@@ -18,6 +19,7 @@ PRIOR_COSTS = {"asr:tiny.en": (0.07, 0.08), "asr:base:auto": (0.08, 0.04), "asr:
 # an ASR batch's work units: a stream's utterance is 1, a file's piece (TranscribeInput) at least this, so a piece
 # runs in a batch of its own and no stream's utterance waits inside a batch for a file's 30 s of speech
 ASR_MAX_UNITS = 8.0
+MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 cores); one longer item runs alone
 
 
 def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
@@ -62,3 +64,30 @@ def prior_cost(key: str) -> CostModel:
         if key.startswith(prefix):
             return CostModel(c0, c1)
     return CostModel()
+
+
+def vad_seconds(audio: object) -> float:
+    """A VAD item's seconds of 16 kHz audio (its share of a VAD call)."""
+    return len(audio) / 16000 if isinstance(audio, Sized) else 0.0
+
+
+def model_scheduler(alpha: float, max_batch: int, max_queue: int) -> Scheduler[ModelKey]:
+    """The executor's scheduler, with the bounds of a batch: Apertium translates a batch in one pipeline run (up to
+    4 x ``max_batch`` items) of at most MT_BATCH_CHARS characters in all (one longer item runs alone), so a key's
+    20,000-character messages cannot fill a batch that another key's caption then waits behind; a file's speech
+    counts ASR_MAX_UNITS at least; one key never holds more than half a model's queue."""
+    scheduler: Scheduler[ModelKey] = Scheduler(alpha=alpha, max_batch=max_batch, max_queue=max_queue)
+    scheduler.batch_scale = {"mt": 4}
+    scheduler.max_units = {"mt": MT_BATCH_CHARS, "asr": ASR_MAX_UNITS}
+    scheduler.max_queue_per_key = max(1, max_queue // 2)
+    return scheduler
+
+
+def first_measures(scheduler: Scheduler[ModelKey], key: ModelKey, continuous: bool) -> None:
+    """A model's measures before its first batch: its prior cost line; a continuous runner (it batches on its own,
+    so it is handed everything scheduled at no modelled batch cost) is counted by admission from its items'
+    latency against the items in flight (``Scheduler.service``), the prior until its items are seen."""
+    prior = prior_cost(str(key))
+    scheduler.costs.setdefault(key, CostModel(0.0, 0.0) if continuous else prior)
+    if continuous:
+        scheduler.service.setdefault(key, ServiceCurve(prior.c0, prior.c1))

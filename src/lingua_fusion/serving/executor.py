@@ -27,10 +27,9 @@ from ..config import Settings
 from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeout, Overloaded
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
-from .demand import ASR_MAX_UNITS, prior_cost, stream_demand, work_units
+from .demand import first_measures, model_scheduler, stream_demand, vad_seconds, work_units
 from .faults import Fault
 from .keys import ModelKey
-from .pending import Flight, Pending, fail, failure_of, on_loop, pending_of, resolve, vad_seconds
 from .ports import (
     FILE_CLASS,
     SLO_CLASSES,
@@ -41,9 +40,23 @@ from .ports import (
     TypedPort,
     stage_deadline,
 )
-from .scheduler import CostModel, Demand, Scheduler, WorkItem, round_robin
-from .service_curve import ServiceCurve
-from .threads import COLD_TIMEOUT_S, ContinuousRunner, ModelThreads, Runner, build_runner, check_outputs, lanes_of
+from .scheduler import Demand, WorkItem, round_robin
+from .threads import (
+    COLD_TIMEOUT_S,
+    ContinuousRunner,
+    Flight,
+    ModelThreads,
+    Pending,
+    Runner,
+    build_runner,
+    check_outputs,
+    fail,
+    failure_of,
+    lanes_of,
+    on_loop,
+    pending_of,
+    resolve,
+)
 
 if TYPE_CHECKING:
     from ..observability import Metrics
@@ -53,7 +66,6 @@ log = logging.getLogger("lingua_fusion.serving")
 MODES = ("batched", "unbatched", "per-stream")
 VAD_BATCH = 256  # streams' windows per VAD call
 VAD_BATCH_S = 120.0  # seconds of audio per VAD call (a 4 MiB PCM message is 131 s: it goes alone)
-MT_BATCH_CHARS = 3000  # characters per MT batch (about 0.1 s of Apertium on 2 cores); one longer item runs alone
 VAD_KEY = ModelKey.vad()
 SERVICE_WARMUP = 3  # a continuous runner's first items settled: not admission's measure of it (warm-up)
 
@@ -75,13 +87,7 @@ class Executor(TypedPort):
         self.clock = clock
         self.mode = mode
         self.observer = observer
-        self.scheduler: Scheduler[ModelKey] = Scheduler(alpha=alpha, max_batch=max_batch if mode == "batched" else 1,
-                                   max_queue=max_queue)
-        self.scheduler.batch_scale = {"mt": 4}  # Apertium translates a batch in one pipeline run: up to 32 items
-        # ... of at most MT_BATCH_CHARS characters in all (one longer item runs alone): a key's 20,000-character
-        # messages cannot fill a batch that another key's caption then waits behind
-        self.scheduler.max_units = {"mt": MT_BATCH_CHARS, "asr": ASR_MAX_UNITS}
-        self.scheduler.max_queue_per_key = max(1, max_queue // 2)  # one key never holds a whole model queue
+        self.scheduler = model_scheduler(alpha, max_batch if mode == "batched" else 1, max_queue)
         self.threads = ModelThreads(self._timeout, metrics, self.lanes)
         self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: threads.py
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
@@ -183,14 +189,8 @@ class Executor(TypedPort):
             else:
                 runner = build_runner(key, self.registry, per_stream=self.mode == "per-stream")
             self._runners[key] = runner
-            # a continuous runner batches on its own: hand it everything scheduled, at no modelled batch cost;
-            # admission counts it by its items' latency against the items in flight (Scheduler.service), from the
-            # key's prior until its items are seen
             continuous = isinstance(runner, ContinuousRunner)
-            self.scheduler.costs.setdefault(key, CostModel(0.0, 0.0) if continuous else prior_cost(str(key)))
-            if continuous:
-                prior = prior_cost(str(key))
-                self.scheduler.service.setdefault(key, ServiceCurve(prior.c0, prior.c1))
+            first_measures(self.scheduler, key, continuous)
             lanes = 1 if continuous else lanes_of(key, self.settings)
             self._lanes[key] = lanes
             self.scheduler.lanes[key] = lanes  # admission: the key's capacity is per lane

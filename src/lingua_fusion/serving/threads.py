@@ -1,5 +1,6 @@
-"""Model calls off the event loop, below the executor's scheduling (serving/executor.py decides what runs when, and
-settles each item from the outcome: serving/pending.py): what a model key's batch runs and the threads it runs on.
+"""Model calls off the event loop and back, below the executor's scheduling (serving/executor.py decides what runs
+when): what a model key's batch runs, the threads it runs on, and what an item carries while it is away and how it
+settles on the loop when its call is done.
 
 Runners: one function per model key that turns a list of typed payloads (the ports' table, serving/ports.py) into a
 list of typed results (``build_runner``); ``per_stream`` is the benchmark baseline: one item per call through
@@ -13,17 +14,24 @@ else uses; after ``MAX_HUNG`` stuck threads that model fails fast. Every batch's
 (``check_outputs``): a backend that returns what cannot be a caption (a broken model directory, a library bug)
 fails its batch instead of reaching one. While chaos faults are set (server started with ``--chaos``) a batch is
 started through serving/faults.py ``with_faults``; otherwise it does not cross that module.
+
+Settling: every item the executor is handed carries a ``Pending`` (its payload, its caller's future, its trace); a
+runner's future is settled on the loop (``on_loop``); a finished call's failure is typed once (``failure_of``) and
+a failed batch's callers each get it (``fail``). Pure data and small functions, no scheduling.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import random
 import re
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
@@ -34,13 +42,16 @@ from ..glossary import apply_mt_batch
 from ..models.base import ASRResult, OCRLine, among
 from ..models.registry import Registry
 from ..models.transcript_guard import guard_text
+from ..tracing import TraceRef, record_batch
 from .faults import Fault, with_faults
 from .keys import ModelKey
 from .ports import AsrInput, AsrOutput, DetectInput, MtInput, OcrInput, SpeakerInput, TranscribeInput
+from .scheduler import WorkItem
 
 if TYPE_CHECKING:
     from ..observability import Metrics
 
+log = logging.getLogger("lingua_fusion.serving")
 T = TypeVar("T")
 U = TypeVar("U")
 # a batch of a key's payloads (the ports' types: serving/ports.py) -> their results, in order
@@ -133,7 +144,7 @@ def _asr(registry: Registry, lang: str, per_stream: bool) -> Runner:
 
     def run(batch: list[object]) -> list[AsrOutput | ASRResult]:
         items = _either(batch, AsrInput, TranscribeInput)
-        # the scheduler gives a file's piece a batch of its own (serving/executor.py ASR_MAX_UNITS); a mixed batch
+        # the scheduler gives a file's piece a batch of its own (serving/demand.py ASR_MAX_UNITS); a mixed batch
         # (a test's) still answers every item in order
         out: list[AsrOutput | ASRResult | None] = [None] * len(items)
         streams = [(i, it) for i, it in enumerate(items) if isinstance(it, AsrInput)]
@@ -329,3 +340,60 @@ def check_outputs(key: ModelKey, args: list[object], results: object) -> list[ob
 
 def _confidence_ok(c: object) -> bool:
     return isinstance(c, (int, float)) and math.isfinite(c) and -1e-6 <= c <= 1 + 1e-6
+
+
+# ---- settling ----------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Flight:
+    """One batch in flight on a lane; ``overlapped`` once another batch of its model ran during it."""
+
+    overlapped: bool = False
+
+
+@dataclass
+class Pending:
+    payload: object
+    future: asyncio.Future[object]
+    enqueued: float = field(default_factory=time.monotonic)
+    key_id: str = ""  # the VAD lane's unit of fairness
+    trace: TraceRef | None = None  # the caller's span (tracing on): this item's stage span is recorded under it
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, settle: Callable[[Future[object]], None]
+             ) -> Callable[[Future[object]], object]:
+    """A done-callback for a runner's future (called on the runner's thread) that runs ``settle`` on ``loop``."""
+    return lambda done: loop.call_soon_threadsafe(settle, done)
+
+
+def pending_of(w: WorkItem[ModelKey]) -> Pending:
+    """The executor's own part of a scheduled item (every item it submits carries one as its payload)."""
+    assert isinstance(w.payload, Pending)
+    return w.payload
+
+
+def resolve(fut: asyncio.Future[object], value: object) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def failure_of(key: ModelKey, done: asyncio.Future[T] | Future[T]) -> LinguaFusionError | None:
+    """What a finished model call (a batch's, or a continuous runner's item) failed with, typed; None when it
+    succeeded. The model threads type a backend's own errors already; a runner's item may raise anything."""
+    if done.cancelled():
+        return BackendError(f"{key} was cancelled")
+    exc = done.exception()
+    if exc is None or isinstance(exc, LinguaFusionError):
+        return exc
+    return BackendError(f"{key} failed: {exc}")
+
+
+def fail(key: ModelKey, items: list[Pending], exc: LinguaFusionError, t0: float | None, now: float,
+         metrics: Metrics | None) -> None:
+    """A batch failed (or one continuous item): each item's caller gets ``exc``; logged, traced, counted."""
+    log.warning("model %s failed on a batch of %d: %s", key, len(items), exc.message)
+    record_batch(key, key.stage, [(p.trace, p.enqueued, None) for p in items], t0, now, exc)
+    if metrics is not None:
+        metrics.model_failures.labels(model=str(key), code=exc.code).inc()
+    for p in items:
+        if not p.future.done():
+            p.future.set_exception(exc)
