@@ -7,21 +7,17 @@ latency is L(n) serves n / L(n) items per second: admission counts it at the lar
 class's budget.
 
 The curve is kept per bucket of in-flight counts (1, 2-3, 4-7, 8-15, ...), each a mean of its samples' in-flight
-count and latency that forgets with time (a sample's weight halves every HALF_LIFE_S seconds, the caller's clock
-passed in): every sample of the last seconds counts, however many items a second settle, so a second's slowdown (a
-burst of arrivals sharing the cores) moves the curve by a second's share, not by the last five items' (a weight per
-item was 0.2: on a busy runner the curve followed each moment and admission with it, refusing a burst's later
-streams below what the runner served a second after, or admitting on a quiet moment's promise). The buckets keep
-what was learnt at a high load while the load is low
-(a single fitted line would forget its slope in a quiet minute, and then promise the next burst far too much).
-A bucket not sampled in the last FORGET_AFTER items is dropped: a load the
-runner is no longer handed (its window, below, keeps it under what the curve allows) would otherwise hold its old
-latency for ever, and a runner that was slow once (another job on its cores) would stay counted slow. Items come
-fast under load and slowly when quiet, so a bucket outlives a quiet spell and is re-probed within seconds of a
-busy one. Between buckets the curve is interpolated; it never falls as more items are in flight (a noisy bucket does not
-promise that more is faster). Beyond the most items seen in flight it is extrapolated along its last slope (the
-prior's while one bucket is known), and the caller bounds how far (Scheduler: twice what was held). Until a first
-item is seen the prior line c0 + c1 * n stands in.
+count and latency whose samples' weight halves every HALF_LIFE_S seconds of use (the caller's clock passed in; an
+idle gap counts as MAX_GAP_S at most). Every sample of the last seconds counts, however many items a second settle,
+so a moment's slowdown (a burst of arrivals sharing the cores) moves the curve by its share of those seconds; with
+a weight per item (0.2) five slow items took it most of the way, and admission with it. Idle time does not age it,
+so what a load taught is still known when the next load's first items come back fast on quiet cores. A bucket not
+sampled in the last FORGET_AFTER items is dropped: a load the runner is no longer handed (its window keeps it under
+what the curve allows) would otherwise hold its old latency for ever. Between buckets the curve is interpolated; it
+never falls as more items are in flight (a noisy bucket does not promise that more is faster). Beyond the most
+items seen in flight it is extrapolated along its last slope (the prior's while one bucket is known), and the
+caller bounds how far (Scheduler: twice what was held). Until a first item is seen the prior line c0 + c1 * n
+stands in.
 
 ``ProvenLoad``, beside it: the admitted load (items/s of the streams' demand) a runner has carried for PROVEN_S
 seconds while its items' mean latency stayed within HEALTHY of the stage budget. Admission never refuses below it
