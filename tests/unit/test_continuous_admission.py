@@ -118,10 +118,13 @@ def test_a_tighter_class_is_counted_at_the_latency_its_budget_allows() -> None:
 
 
 class Serial:
-    """A ContinuousRunner that serves one item every ``per_item`` seconds on its own thread."""
+    """A ContinuousRunner that serves one item every ``per_item`` seconds on its own thread, after ``build_s``
+    seconds of building (set: ``built``)."""
 
-    def __init__(self, per_item: float) -> None:
+    def __init__(self, per_item: float, build_s: float = 0.0) -> None:
         self.per_item = per_item
+        self.build_s = build_s
+        self.built = threading.Event()
         self._queue: deque[tuple[Any, Future[Any]]] = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -148,6 +151,8 @@ class Serial:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
+        time.sleep(self.build_s)
+        self.built.set()
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
@@ -287,26 +292,13 @@ def test_a_load_served_late_is_no_floor() -> None:
 async def test_items_that_waited_on_the_runners_build_do_not_teach_admission() -> None:
     # a GPU engine builds an MT runner at its first call: every item handed over meanwhile waits for the build.
     # Those items' seconds are not the runner's: admission counts it at what it serves once built
-    runner = Serial(per_item=0.02)  # 50 items/s once built
-    built = threading.Event()
-    serve = runner._loop
-
-    def build_then_serve() -> None:
-        time.sleep(4.0)  # the build
-        built.set()
-        serve()
-
-    runner._closed = True  # the serving thread Serial started ends; ours builds first, then serves
-    runner._thread.join(timeout=10)
-    runner._closed = False
-    runner._thread = threading.Thread(target=build_then_serve, daemon=True)
-    runner._thread.start()
+    runner = Serial(per_item=0.02, build_s=4.0)  # 50 items/s once built
     executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
     try:
         clip = AsrInput(np.zeros(1600, np.float32))
         await asyncio.wait_for(asyncio.gather(*(
             executor.run(KEY, clip, CallContext(stream_id=f"cold-{i}")) for i in range(12))), 30)
-        assert built.is_set()
+        assert runner.built.is_set()
         for burst in (1, 2, 4, 8):
             await asyncio.wait_for(asyncio.gather(*(
                 executor.run(KEY, clip, CallContext(stream_id=f"b{burst}-{i}")) for i in range(burst))), 30)

@@ -332,7 +332,8 @@ class Executor(TypedPort):
         self._in_flight[key] -= 1
         served = self._served.get(key, 0) + 1
         self._served[key] = served
-        warm = self._warm.setdefault(key, self.clock())
+        now = self.clock()
+        warm = self._warm.setdefault(key, now)
         failure = failure_of(key, done)
         if failure is None:
             try:
@@ -343,7 +344,6 @@ class Executor(TypedPort):
             self._failed(key, [pending_of(w)], failure)
         else:
             resolve(pending_of(w).future, result)
-            now = self.clock()
             if served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS:
                 self.scheduler.observe_service(key, in_flight, now - handed, now)
             self._observe(key, [w], w.enqueued, now, cold=True)

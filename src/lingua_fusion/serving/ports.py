@@ -129,9 +129,14 @@ WORK_CLASSES: dict[str, float] = {**SLO_CLASSES, FILE_CLASS: 60.0}
 STAGE_BUDGET = {"asr": 0.6, "mt": 0.3, "tts": 0.5, "ocr": 0.5}
 
 
+def stage_budget(slo: str, stage: str) -> float:
+    """Seconds a stage's item of class ``slo`` may take (its share of the class's target)."""
+    return WORK_CLASSES[slo] * STAGE_BUDGET.get(stage, 0.5)
+
+
 def stage_deadline(slo: str, stage: str, start: float) -> float:
     """When a stage's item of class ``slo`` submitted at ``start`` is due."""
-    return start + WORK_CLASSES[slo] * STAGE_BUDGET.get(stage, 0.5)
+    return start + stage_budget(slo, stage)
 
 
 @dataclass(frozen=True)

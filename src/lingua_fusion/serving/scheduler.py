@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from .cost_model import CostModel
-from .ports import SLO_CLASSES, STAGE_BUDGET  # the classes are the contract's
+from .ports import SLO_CLASSES, stage_budget  # the classes are the contract's
 from .service_curve import ProvenLoad, ServiceCurve
 
 T = TypeVar("T")
@@ -373,8 +373,7 @@ class Scheduler(Generic[K]):
         if now - at >= LOAD_EVERY_S:  # the admitted streams summed twice a second, not per item
             streams = [d for d in self.admitted.values() if model in d.rate]
             load = sum(d.rate[model] for d in streams)
-            budget = min((SLO_CLASSES[d.slo] for d in streams), default=float("inf")) * STAGE_BUDGET.get(
-                family(model), 0.5)
+            budget = min((stage_budget(d.slo, family(model)) for d in streams), default=float("inf"))
             self._load[model] = (now, load, budget)
         self.proven.setdefault(model, ProvenLoad()).observe(seconds, load, budget, now)
 
@@ -385,7 +384,7 @@ class Scheduler(Generic[K]):
         such batches were seen; until then one lane's (capacity is proven, not assumed). A continuous runner's (its
         model in ``service``, from its prior until its items are seen): the items in flight whose latency fits half
         the stage budget, by Little's law, at most SERVICE_GROWTH times as many as it has held."""
-        budget = SLO_CLASSES[slo] * STAGE_BUDGET.get(family(model), 0.5)
+        budget = stage_budget(slo, family(model))
         svc = self.service.get(model)
         if svc is not None:
             n = self._in_flight_within(model, svc, budget)
@@ -411,7 +410,7 @@ class Scheduler(Generic[K]):
             return None
         slos = [d.slo for d in self.admitted.values() if model in d.rate] or ["standard"]
         tightest = min(slos, key=lambda s: SLO_CLASSES[s])
-        return self._in_flight_within(model, svc, SLO_CLASSES[tightest] * STAGE_BUDGET.get(family(model), 0.5))
+        return self._in_flight_within(model, svc, stage_budget(tightest, family(model)))
 
     def admit(self, demand: Demand[K]) -> bool:
         """Reserve ``demand`` if every model it uses can carry it beside the streams admitted: within its

@@ -38,6 +38,11 @@ MAX_GAP_S = 0.5
 FORGET_AFTER = 200  # items: a bucket not sampled among the last this many is dropped
 
 
+def _decay(last: float, now: float) -> float:
+    """What a mean's past samples, last added at ``last``, weigh at ``now``: half every HALF_LIFE_S of use."""
+    return float(0.5 ** (min(MAX_GAP_S, max(0.0, now - last)) / HALF_LIFE_S))
+
+
 @dataclass
 class _Point:
     weight: float  # of the samples, decayed to ``at``
@@ -47,7 +52,7 @@ class _Point:
     last: int  # the observation that last updated it
 
     def add(self, n: int, seconds: float, now: float) -> None:
-        decay = 0.5 ** (min(MAX_GAP_S, max(0.0, now - self.at)) / HALF_LIFE_S)
+        decay = _decay(self.at, now)
         self.weight = self.weight * decay + 1.0
         self.in_flight_sum = self.in_flight_sum * decay + n
         self.latency_sum = self.latency_sum * decay + seconds
@@ -133,7 +138,7 @@ class ProvenLoad:
     def observe(self, seconds: float, load: float, budget: float, now: float) -> None:
         """An item took ``seconds`` while ``load`` was admitted on the runner, ``budget`` the tightest stage budget
         admitted on it."""
-        decay = 0.5 ** (min(MAX_GAP_S, max(0.0, now - self._at)) / HALF_LIFE_S)
+        decay = _decay(self._at, now)
         self._weight = self._weight * decay + 1.0
         self._latency_sum = self._latency_sum * decay + seconds
         self._at = max(self._at, now)
