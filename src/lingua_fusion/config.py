@@ -52,8 +52,11 @@ class ServerSettings(BaseModel):
     replica: str = ""
     role: str = "server"
     metrics_publish_interval_s: float = Field(default=5.0, gt=0)
-    breaker_window_s: float = 5.0
-    breaker_k: int = 3
+    # partials spaced by load (stream/policy.py PartialPacer): a stream's next partial waits this many times its
+    # last partial's round trip, at least its class's step and at most its max utterance length; 0: every step
+    partial_pace: float = Field(default=2.5, ge=0)
+    breaker_window_s: float = 5.0  # the SLO breaker's latency windows (docs/reliability.md)
+    breaker_k: int = 3  # windows in a row over target that move a class one step down the ladder
     chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default
     max_ws_message_bytes: int = 4 * 1024 * 1024  # also the WebSocket frame limit given to uvicorn (ws_max_size)
     max_ws_messages_per_s: float = 50.0  # per stream, averaged over 2 s (real time is 4-8 audio messages/s)

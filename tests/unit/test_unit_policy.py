@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lingua_fusion.stream.policy import SR, WINDOW, CommitPolicy, Decision, PolicyConfig, agreed_prefix
+from lingua_fusion.stream.policy import (
+    SR,
+    WINDOW,
+    CommitPolicy,
+    Decision,
+    PartialPacer,
+    PolicyConfig,
+    agreed_prefix,
+)
 
 W = WINDOW / SR  # 0.032 s per VAD window
 EPS = 1e-6
@@ -293,3 +301,37 @@ def test_commit_resets_local_agreement() -> None:
     p.on_vad(np.r_[speech(50), silence(60)], 110 * W)  # commits
     assert p.prev_hyp == []
     assert p.stable(["hello", "world"]) == []
+
+
+# ---- PartialPacer: partials spaced by load -------------------------------------------------------------------
+
+def test_a_fast_engine_keeps_the_class_step_between_partials() -> None:
+    pacer = PartialPacer(step_s=0.5, max_hop_s=6.0)
+    starts = []
+    for k in range(1, 21):  # the policy offers a partial every 0.5 s; each comes back in 0.1 s
+        now = 0.5 * k
+        if pacer.due(now):
+            pacer.started(now)
+            starts.append(now)
+            pacer.done(0.1)
+    assert len(starts) == 20 and pacer.hop_s == 0.5
+
+
+def test_a_slow_round_trip_spaces_partials_and_a_fast_one_brings_them_back() -> None:
+    pacer = PartialPacer(step_s=0.5, max_hop_s=6.0)
+    pacer.started(0.0)
+    pacer.done(0.8)  # the engine is busy: 0.8 s for a partial
+    assert pacer.hop_s == pytest.approx(2.0)  # 2.5 x the round trip
+    assert not pacer.due(1.0) and pacer.due(2.0)  # the offer at 1.5 s is skipped: 2.0 - 0.25 s of slack
+    for t in (2.0, 4.0, 6.0):  # the load is gone
+        pacer.started(t)
+        pacer.done(0.05)
+    assert pacer.hop_s == 0.5
+
+
+def test_an_overloaded_engine_gets_about_one_partial_an_utterance_never_none() -> None:
+    pacer = PartialPacer(step_s=0.5, max_hop_s=6.0)
+    pacer.started(0.0)
+    pacer.done(30.0)  # shed at its deadline, or a queue far behind
+    assert pacer.hop_s == 6.0
+    assert not pacer.due(5.0) and pacer.due(6.0)  # the probe that will find the load gone

@@ -233,3 +233,62 @@ async def test_a_bug_in_a_captions_work_is_told_to_the_client_not_a_quiet_end(
     assert events[-1]["code"] == "internal" and "a bug" not in events[-1]["message"]  # the details stay in the log
     assert type(s.error) is LinguaFusionError and s.state == State.CLOSED
     assert any("its finals failed" in r.getMessage() for r in caplog.records)
+
+
+class _Clock:
+    """The test's clock: the audio feed moves it, a slow model call waits for it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._moved = asyncio.Event()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    async def until(self, t: float) -> None:
+        while self.now < t:
+            await self._moved.wait()
+
+
+class _SlowPartials(FakePort):
+    """Tentative ASR comes back ``latency`` seconds later on the test's clock."""
+
+    def __init__(self, clock: _Clock, latency: float) -> None:
+        super().__init__()
+        self.clock, self.latency = clock, latency
+
+    async def run_untyped(self, key: Any, payload: object, ctx: Any) -> object:
+        if key.task == "asr" and ctx.tentative:
+            await self.clock.until(self.clock() + self.latency)
+        return await super().run_untyped(key, payload, ctx)
+
+
+async def _partials_heard(latency: float) -> tuple[int, int]:
+    """5.5 s of speech fed in real time on the test's clock: (partial re-decodes started, finals)."""
+    clock = _Clock()
+    port = _SlowPartials(clock, latency)
+    s = session(port, spec=StreamSpec(source_lang="en", targets=["es"], slo="interactive"), clock=clock)
+    s.start()
+    speech = (np.full(1600, 0.5) * 32767).astype("<i2").tobytes()  # 0.1 s
+    for chunk in [speech] * 55 + [bytes(3200)] * 10:
+        clock.advance(0.1)
+        await s.feed_audio(chunk)
+        await asyncio.sleep(0.005)
+    await s.end()
+    finals = [e for e in await drain(s) if e["type"] == "final"]
+    return sum(1 for k, _, ctx in port.calls if k.task == "asr" and ctx.tentative), len(finals)
+
+
+async def test_partials_back_off_while_the_engine_is_slow_and_captions_do_not() -> None:
+    """Partials are the first work dropped under load: a stream whose partials take 1 s to come back asks for one
+    every 2.5 s instead of one each time the last is back (5 in 5.5 s); a fast engine still gets one every 0.5 s.
+    The committed caption is there either way."""
+    fast, fast_finals = await _partials_heard(0.02)
+    slow, slow_finals = await _partials_heard(1.0)
+    assert fast >= 9 and fast_finals == 1
+    assert slow <= 3 and slow_finals == 1

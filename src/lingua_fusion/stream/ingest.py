@@ -33,7 +33,7 @@ from .budget import AudioBudget, pay
 from .contracts import Alive, Degraded, Emit, Spawn
 from .events import Error, Final, Partial, Revision, error_event
 from .jobs import StreamJobs
-from .policy import WINDOW, CommitPolicy, Decision
+from .policy import WINDOW, CommitPolicy, Decision, PartialPacer
 from .protocol import StreamSpec
 
 
@@ -308,7 +308,8 @@ class AudioIngest:
 class Decisions:
     def __init__(self, spec: StreamSpec, timeline: AudioTimeline, policy: CommitPolicy, jobs: StreamJobs,
                  arrivals: Arrivals, queue: Callable[[Coroutine[object, object, Final | None]], None],
-                 degraded: Degraded, live: Alive, emit: Emit, spawn: Spawn) -> None:
+                 degraded: Degraded, live: Alive, emit: Emit, spawn: Spawn,
+                 clock: Callable[[], float] = time.monotonic, pace: float = 2.5) -> None:
         self.spec = spec
         self.timeline = timeline
         self.policy = policy
@@ -320,13 +321,16 @@ class Decisions:
         self._emit = emit
         self._spawn = spawn
         self._partial: asyncio.Task[None] | None = None
+        self._clock = clock
+        self.pacer = PartialPacer(policy.cfg.step_s, policy.cfg.max_utterance_s, pace)  # partials spaced by load
         self._utterance = 0
         self._last_partial = ""
         self._revision = 0
 
     def apply(self, d: Decision) -> None:
         if d.kind == "partial" and self.spec.partials and not self._degraded("drop_partials") \
-                and (self._partial is None or self._partial.done()):
+                and (self._partial is None or self._partial.done()) and self.pacer.due(self._clock()):
+            self.pacer.started(self._clock())
             audio = self.timeline.view(d.start, d.end).copy()
             self._partial = self._spawn(self._partial_job(audio, d, self._utterance), "partial")
         elif d.kind == "commit":
@@ -337,7 +341,9 @@ class Decisions:
             self.timeline.consume_s(d.end)
 
     async def _partial_job(self, audio: np.ndarray, d: Decision, utterance: int) -> None:
+        t0 = self._clock()
         res = await self.jobs.partial(audio, lambda: utterance == self._utterance and self._live())
+        self.pacer.done(self._clock() - t0)
         if res is None:
             return
         stable = self.policy.stable(res.text.split())

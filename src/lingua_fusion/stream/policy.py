@@ -1,4 +1,5 @@
-"""Simultaneous commit policy for one stream's speech (pure: no models, no clock).
+"""Simultaneous commit policy for one stream's speech, and the pace of its partials (pure: no models; the pacer is
+given the time).
 
 An utterance is the audio since the last commit. While it grows, it is re-decoded every ``step_s`` (tentative
 work the scheduler may shed); the words two successive hypotheses agree on (LocalAgreement-2) are shown as the
@@ -7,10 +8,19 @@ speech, or when it reaches ``max_utterance_s`` (cut at the quietest point of its
 is never shed and committed text is never retracted: later audio only ever adds new finals. A commit says why it
 was cut (``cut``): at a ``pause``, at the ``length`` limit (the speaker had not stopped: its sentence may go on in
 the next utterance, stream/finals.py), or at the ``end`` of the stream.
+
+``PartialPacer`` spaces a stream's partials by load: partials are the first work dropped when the engine is busy,
+committed captions never. The hop between two partials is the class's ``step_s`` while a partial's round trip (its
+re-decode and tentative translation, queue included) is short, and ``ratio`` times that round trip when it is not,
+up to the class's ``max_utterance_s`` (about one partial an utterance: each is also the probe that finds the
+load gone). Every stream backs off as the engine's queues grow, so
+the tentative work on the engine falls with its load (a partial waits behind committed work, so its round trip
+grows first), and comes back as they shrink.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -155,3 +165,30 @@ class CommitPolicy:
         if self.speech_start is not None and self.speech_s > 0:
             return Decision("commit", self.utt_start, t_end, "end")
         return Decision("wait")
+
+
+@dataclass
+class PartialPacer:
+    """When a stream's next partial may start. ``due(now)`` before a partial, ``started(now)`` when it is sent,
+    ``done(seconds)`` with its round trip when it came back (shown or not)."""
+
+    step_s: float
+    max_hop_s: float
+    ratio: float = 2.5
+    rtt_s: float = 0.0  # the round trip, a mean that halves its past at each new partial
+    last_start: float = -math.inf
+
+    @property
+    def hop_s(self) -> float:
+        return min(self.max_hop_s, max(self.step_s, self.ratio * self.rtt_s))
+
+    def due(self, now: float) -> bool:
+        # the policy offers partials every step_s of stream time: half a step of slack, so a hop of k steps is
+        # kept as k steps, not k + 1, when stream time runs a little ahead of the wall clock
+        return now - self.last_start >= self.hop_s - 0.5 * self.step_s
+
+    def started(self, now: float) -> None:
+        self.last_start = now
+
+    def done(self, seconds: float) -> None:
+        self.rtt_s = seconds if self.rtt_s == 0.0 else 0.5 * (self.rtt_s + seconds)

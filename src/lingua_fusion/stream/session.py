@@ -128,7 +128,7 @@ class StreamSession:
     def __init__(self, spec: StreamSpec, port: ModelPort, owner: StreamOwner, settings: Settings, *,
                  log: StreamLog | None = None, max_events: int = 256, resume: Mapping[str, object] | None = None,
                  image_slots: Slots | None = None, trace: TraceRef | None = None,
-                 pixels: PixelBudget | None = None) -> None:
+                 pixels: PixelBudget | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
         self.owner = owner
         self.settings = settings
@@ -158,7 +158,8 @@ class StreamSession:
         self._pending = self.finals.pending
         arrivals = Arrivals()
         self.decisions = Decisions(spec, self.timeline, self.policy, self.jobs, arrivals, self._queue,
-                                   self._degraded, lambda: self.state == State.LIVE, self._emit, self._spawn)
+                                   self._degraded, lambda: self.state == State.LIVE, self._emit, self._spawn,
+                                   clock, settings.server.partial_pace)
         self.budget = AudioBudget(settings.limits.max_audio_speed, settings.limits.max_audio_burst_s, time.monotonic)
         self.ingest = AudioIngest(spec, self.timeline, self.policy, self.jobs, arrivals, self.decisions.apply,
                                   lambda: self.state == State.CLOSED, self._emit, self._spawn, self.budget, trace)
