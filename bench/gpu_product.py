@@ -58,7 +58,8 @@ def summarize(run: dict[str, Any], gpu_time_s: float) -> dict[str, Any]:
                   "host_cpu_ms_per_stream_s": r.get("host_cpu_ms_per_stream_s"),
                   "gpu_ms_per_stream_s": r.get("gpu_ms_per_stream_s"), "gpu_busy": r.get("gpu_busy"),
                   "gpu_memory_mib": r.get("gpu_memory_max_mib"), "failed_captions": r["integrity"].get("failed"),
-                  "lost_captions": r["integrity"].get("lost"), "breaker_restored": r.get("breaker_restored")}
+                  "lost_captions": r["integrity"].get("lost"), "breaker_restored": r.get("breaker_restored"),
+                  "partials": r.get("partials"), "runners": r.get("runners")}
                  for r in rows],
         "host_cpu_ms_per_stream_s": {r["streams"]: r.get("host_cpu_ms_per_stream_s") for r in rows},
         "gpu_ms_per_stream_s": {r["streams"]: r.get("gpu_ms_per_stream_s") for r in rows},

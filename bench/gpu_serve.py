@@ -200,6 +200,40 @@ def metrics(url: str) -> dict[str, float]:
     return scrape(url)
 
 
+RUNNER_COUNTERS = {"linguafusion_gpu_runner_started_items_total": "started_items",
+                   "linguafusion_gpu_runner_steps_total": "steps",
+                   "linguafusion_gpu_runner_step_rows_total": "step_rows",
+                   "linguafusion_gpu_runner_busy_seconds_total": "busy_s"}
+
+
+def runner_load(url: str) -> dict[str, dict[str, float]]:
+    """The GPU runners' counters by model (observability.GpuLoad), summed over the model processes."""
+    out: dict[str, dict[str, float]] = {}
+    for line in get(url + "/metrics", timeout=10)[1].splitlines():
+        name = line.split("{", 1)[0]
+        if name not in RUNNER_COUNTERS or 'model="' not in line:
+            continue
+        model = line.split('model="', 1)[1].split('"', 1)[0]
+        field = RUNNER_COUNTERS[name]
+        row = out.setdefault(model, dict.fromkeys(RUNNER_COUNTERS.values(), 0.0))
+        row[field] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def runner_rows(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], wall_s: float,
+                processes: int) -> dict[str, dict[str, float]]:
+    """Per model over a row: decode steps, mean rows per step, and the share of the row's wall time its runner
+    threads were busy (1.0: each of the ``processes`` runners of the model never idle: that model is the limit)."""
+    out = {}
+    for model, a in after.items():
+        b = before.get(model, dict.fromkeys(a, 0.0))
+        d = {k: a[k] - b.get(k, 0.0) for k in a}
+        out[model] = {"started_items": int(d["started_items"]), "steps": int(d["steps"]),
+                      "mean_rows": round(d["step_rows"] / d["steps"], 1) if d["steps"] else 0.0,
+                      "busy_share": round(d["busy_s"] / (wall_s * processes), 3) if wall_s else 0.0}
+    return out
+
+
 def load_row(args: argparse.Namespace, url: str, n: int, duration: float, procs: int, tmp: Path,
              timeout_s: float) -> dict[str, Any]:
     """``n`` streams split over ``procs`` load processes started together; their caption latencies merged."""
@@ -310,7 +344,7 @@ def merge(n: int, procs: int, runs: list[dict[str, Any]], problems: list[str], w
         "rejected_codes": sorted({code for c in classes for code in c["rejected_codes"]}),
         "rejected_reasons": tally(c.get("rejected_reasons", {}) for c in classes),
         "errors": total("errors"), "error_reasons": tally(c.get("error_reasons", {}) for c in classes),
-        "goodput_streams": total("goodput_streams"), "finals": len(lat),
+        "goodput_streams": total("goodput_streams"), "finals": len(lat), "partials": total("partials"),
         "caption_latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "p999": pct(lat, 99.9),
                               "max": round(max(lat), 3) if lat else None},
         "meets_slo": bool(runs) and not problems and all(r["meets_slo"] for r in runs),
@@ -375,11 +409,13 @@ def run(args: argparse.Namespace) -> int:
 
             row_restored = asyncio.run(restore_breakers(url, None))
             before, cpu0, gpu = metrics(url), group_cpu_s(proc.pid), GpuSampler(args.device)
+            runners0, t_row = runner_load(url), time.monotonic()
             row = load_row(args, url, n, args.duration, procs, state,
                            min(args.duration + args.ramp_s + 240, budget.left() - args.stop_timeout_s))
             after = metrics(url)
             row["server_metrics"] = {"before": before, "after": after}
             row["breaker_restored"] = row_restored
+            row["runners"] = runner_rows(runners0, runner_load(url), time.monotonic() - t_row, args.model_processes)
             row |= costs(row["admitted"] * args.duration, group_cpu_s(proc.pid) - cpu0, gpu.stop())
             doc["rows"].append(row)
             write()
@@ -388,7 +424,7 @@ def run(args: argparse.Namespace) -> int:
                   f"admitted {row['admitted']}/{n}, rejected {row['rejected']} {row['rejected_codes']}, errors "
                   f"{row['errors']}, goodput {row['goodput_streams']}, meets {args.slo}: {row['meets_slo']}, "
                   f"wall {row['wall_s']} s {row.get('problems', '')}; refused {row['rejected_reasons']}; errors "
-                  f"{row['error_reasons']}", flush=True)
+                  f"{row['error_reasons']}; runners {row['runners']}", flush=True)
             if c["p99"] is not None and c["p99"] > args.stop_p99_s:
                 print(f"caption p99 over {args.stop_p99_s} s: no larger count", flush=True)
                 break

@@ -9,7 +9,7 @@ from hdrh.histogram import HdrHistogram
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .serving.gpu.memory import MemoryCollector
+from .serving.gpu.memory import MemoryCollector, RunnerLoad
 from .supervise import WorkerHealth
 
 
@@ -83,6 +83,9 @@ class Metrics:
         # executor's ``backends`` calls ``gpu_memory.watch(str(key), lambda: runner.memory)`` (serving/gpu/memory.py)
         self.gpu_memory = MemoryCollector()
         self.registry.register(self.gpu_memory)
+        # what each GPU runner's thread did (counters, so a model process's reach /metrics under --workers):
+        # whoever builds one sets ``runner.on_load = gpu_load.sink(str(key))``
+        self.gpu_load = GpuLoad(self.registry)
         # the supervised worker processes (supervise/), read at scrape time: ``workers.watch(registry.workers)``
         self.workers = WorkerCollector()
         self.registry.register(self.workers)
@@ -113,6 +116,40 @@ class Metrics:
 
             return render_all()
         return generate_latest(self.registry)
+
+
+class GpuLoad:
+    """Counters of the GPU runners' threads (serving/gpu/memory.py RunnerLoad), by model: started items, decode
+    steps and the rows they carried, and the seconds the thread was busy starting work or stepping."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.items = Counter("linguafusion_gpu_runner_started_items", "Items a GPU runner encoded and joined to its "
+                             "running batch", ["model"], registry=registry)
+        self.steps = Counter("linguafusion_gpu_runner_steps", "Decode steps of a GPU runner", ["model"],
+                             registry=registry)
+        self.rows = Counter("linguafusion_gpu_runner_step_rows", "Sequences the decode steps carried (over steps: the "
+                            "mean batch)", ["model"], registry=registry)
+        self.busy = Counter("linguafusion_gpu_runner_busy_seconds", "Wall seconds a GPU runner's thread spent "
+                            "starting work (phase=start) or stepping (phase=step)", ["model", "phase"],
+                            registry=registry)
+
+    def sink(self, model: str) -> Callable[[RunnerLoad], None]:
+        """What a runner calls with its load so far (from its own thread): the counters move by the difference."""
+        last = RunnerLoad()
+
+        def told(load: RunnerLoad) -> None:
+            nonlocal last
+            d, last = load.since(last), load
+            if d.started_items:
+                self.items.labels(model=model).inc(d.started_items)
+            if d.steps:
+                self.steps.labels(model=model).inc(d.steps)
+                self.rows.labels(model=model).inc(d.step_rows)
+            if d.start_s > 0:
+                self.busy.labels(model=model, phase="start").inc(d.start_s)
+            if d.step_s > 0:
+                self.busy.labels(model=model, phase="step").inc(d.step_s)
+        return told
 
 
 class WorkerCollector:

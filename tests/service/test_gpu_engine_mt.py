@@ -296,6 +296,7 @@ async def test_server_text_and_stream_through_the_engine(mt_server: str, terse_d
     assert metric(text, 'linguafusion_gpu_pool_blocks{model="mt:user:0",pool="self",state="free"}') > 0
     assert metric(text, 'linguafusion_gpu_pool_bytes{model="mt:user:0",pool="cross"}') > 0
     assert metric(text, 'linguafusion_batch_size_count{model="mt:en-zh"}') >= 1
+    assert metric(text, 'linguafusion_gpu_runner_steps_total{model="mt:user:0"}') >= 1  # its runner's own counters
 
 
 def _host_reads(fn: object) -> int:

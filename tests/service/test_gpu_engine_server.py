@@ -165,6 +165,12 @@ async def test_live_stream_through_the_engine(engine_server: str, tmp_path: Path
     assert metric(text, 'linguafusion_gpu_pool_bytes{model="asr:tiny.en",pool="cross"}') > 0
     assert re.search(r'linguafusion_gpu_encoder_cache_entries\{model="asr:tiny.en"\} \d', text)
     assert metric(text, 'linguafusion_batch_size_count{model="asr:tiny.en"}') >= len(SENTENCES)
+    # what the runner's thread did: a row of a benchmark reads its mean batch and busy share from these
+    steps = metric(text, 'linguafusion_gpu_runner_steps_total{model="asr:tiny.en"}')
+    rows = metric(text, 'linguafusion_gpu_runner_step_rows_total{model="asr:tiny.en"}')
+    assert steps >= len(SENTENCES) and rows >= steps
+    assert metric(text, 'linguafusion_gpu_runner_busy_seconds_total{model="asr:tiny.en",phase="step"}') > 0
+    assert metric(text, 'linguafusion_gpu_runner_started_items_total{model="asr:tiny.en"}') >= len(SENTENCES)
 
 
 async def test_a_timestamp_gap_is_not_captioned_as_an_utterance(engine_server: str) -> None:

@@ -56,6 +56,7 @@ def test_the_runner_publishes_its_pools_and_encoder_cache_as_gauges(monkeypatch:
                              dtype=torch.float32, memo=4)
     metrics = Metrics()  # the server's /metrics
     metrics.gpu_memory.watch("asr:test", lambda: runner.memory)
+    runner.on_load = metrics.gpu_load.sink("asr:test")
     clip = AsrInput(np.random.default_rng(0).normal(0, 0.1, 16000 * 2).astype(np.float32))
     try:
         assert runner.engine.pool.num_blocks == 256 and runner.engine.cross_pool.num_blocks == 128
@@ -78,3 +79,10 @@ def test_the_runner_publishes_its_pools_and_encoder_cache_as_gauges(monkeypatch:
     assert _value(text, 'linguafusion_gpu_pool_blocks{model="asr:test",pool="self",state="free"}') == 255
     assert _value(text, 'linguafusion_gpu_encoder_cache_bytes{model="asr:test"}') == report.encoder_cache_bytes
     assert 0.0 <= _value(text, 'linguafusion_gpu_pool_fragmentation{model="asr:test",pool="cross"}') < 1.0
+    # what the runner's thread did, as counters: what it was told last, to the item
+    load = runner.load
+    assert _value(text, 'linguafusion_gpu_runner_started_items_total{model="asr:test"}') == load.started_items == 2
+    assert _value(text, 'linguafusion_gpu_runner_steps_total{model="asr:test"}') == load.steps > 0
+    assert _value(text, 'linguafusion_gpu_runner_step_rows_total{model="asr:test"}') == load.step_rows >= load.steps
+    assert _value(text, 'linguafusion_gpu_runner_busy_seconds_total{model="asr:test",phase="step"}') == \
+        pytest.approx(load.step_s)

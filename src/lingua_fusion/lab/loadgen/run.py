@@ -40,6 +40,7 @@ class StreamResult:
     stream_id: str | None = None
     not_durable: int = 0  # finals sent while the stream log was down (written later, or lost with the server)
     failed: int = 0  # finals whose ASR or MT backend kept failing (numbered, texts empty)
+    partials: int = 0  # partial and revision events (tentative captions: fewer under load, stream/policy.py)
 
 
 _FRAMES: dict[int, bytes] = {}
@@ -129,6 +130,8 @@ async def one_stream(url: str, api_key: str | None, kind: StreamKind, mat: Mater
                         res.latencies.append(lat)
                         res.not_durable += data.get("durable") is False
                         res.failed += bool(data.get("failed"))
+                    elif ev.type in ("partial", "revision"):
+                        res.partials += 1
                     elif ev.type == "error" and not res.error:
                         res.error = (ev.model_extra or {}).get("code", "error")
 
@@ -230,7 +233,10 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
             "rejected_reasons": dict(Counter(r.rejected_message for r in rs if r.rejected_message).most_common()),
             "errors": sum(r.error is not None for r in rs), "goodput_streams": len(good),
             "error_reasons": dict(Counter(r.error for r in rs if r.error).most_common(8)),
-            "finals": len(lat), "caption_latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
+            "finals": len(lat), "partials": sum(r.partials for r in rs),
+            "partials_per_stream_s": round(sum(r.partials for r in rs) / sent, 3) if (
+                sent := sum(r.sent_s for r in rs if r.admitted)) else None,
+            "caption_latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
                                                       "p999": pct(lat, 99.9)},
             "AL_ms": _mean([s["AL_ca"] for s in simul]), "LAAL_ms": _mean([s["LAAL_ca"] for s in simul]),
             "EndOffset_ms": _mean([s["EndOffset_ca"] for s in simul]),

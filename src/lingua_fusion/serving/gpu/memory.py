@@ -1,4 +1,5 @@
-"""GPU memory accounting: what the paged pools hold, how much of it is waste, and how big to make them.
+"""GPU memory accounting: what the paged pools hold, how much of it is waste, and how big to make them; and what a
+runner's thread did (``RunnerLoad``), published beside its pools.
 
 - ``MemoryReport`` (pure, from the pools' stats): per pool (``self``: decoder self-attention, ``cross``: encoder
   outputs as cross-attention entries) blocks used and free, internal fragmentation (allocated slots that hold no
@@ -15,11 +16,30 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .blocks import PoolStats
+
+
+@dataclass
+class RunnerLoad:
+    """What a runner's thread did since it started: its batches of new work (encoded, then joined to the running
+    batch) and its decode steps, with the rows they carried and the thread's wall time in each (a step waits for
+    its tokens, so its time is the GPU's; a start's is mostly launching the encoder). On /metrics as
+    ``linguafusion_gpu_runner_*_total{model}`` (observability.py ``GpuLoad``): a row's steps, mean rows per step
+    and the share of its wall time the thread was busy say whether that model's runner is where the limit is."""
+
+    starts: int = 0
+    started_items: int = 0
+    start_s: float = 0.0
+    steps: int = 0
+    step_rows: int = 0
+    step_s: float = 0.0
+
+    def since(self, before: RunnerLoad) -> RunnerLoad:
+        return RunnerLoad(*(getattr(self, f.name) - getattr(before, f.name) for f in fields(self)))
 
 
 @dataclass(frozen=True)

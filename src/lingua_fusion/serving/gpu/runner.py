@@ -10,6 +10,7 @@ read again by a commit after its partials) while the cross-attention pool has ro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -17,7 +18,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Protocol, TypedDict
 
 import torch
@@ -26,7 +26,7 @@ from ...errors import BackendError, CapacityExhausted
 from .decoder import DecodeEngine
 from .decoder_model import Decoded, DecoderModel
 from .graphs import own_stream
-from .memory import MemoryReport, PoolMemory, budget_bytes, pool_blocks
+from .memory import MemoryReport, PoolMemory, RunnerLoad, budget_bytes, pool_blocks
 from .paged import PagedKV
 
 log = logging.getLogger("lingua_fusion.gpu")
@@ -63,20 +63,6 @@ class CpuPools(TypedDict):
     cross_blocks: int
 
 
-@dataclass
-class RunnerLoad:
-    """What a runner's thread did since it started: its batches of new work (encoded, then joined to the running
-    batch) and its decode steps, with the rows they carried and the thread's wall time in each (a step waits for
-    its tokens, so its time is the GPU's; a start's is mostly launching the encoder)."""
-
-    starts: int = 0
-    started_items: int = 0
-    start_s: float = 0.0
-    steps: int = 0
-    step_rows: int = 0
-    step_s: float = 0.0
-
-
 class GpuRunner:
     def __init__(self, recipe: Recipe, *, blocks: int, cross_blocks: int, block_size: int = 16,
                  cross_block_size: int = 64, max_batch: int = 1024, max_pending: int = 8192,
@@ -111,6 +97,8 @@ class GpuRunner:
         self._closed = False
         self.encoded = self.reused = 0
         self.load = RunnerLoad()
+        # told the load with each memory report (a copy, on this runner's thread): /metrics (observability.GpuLoad)
+        self.on_load: Callable[[RunnerLoad], None] | None = None
         self._labels = (f"gpu.{name}.start", f"gpu.{name}.step")  # ranges a torch.profiler trace shows
         d = recipe.decoder
         self._token_bytes = PagedKV.bytes_per_token(d.n_layer, d.n_head, d.head_dim, dtype)
@@ -155,6 +143,8 @@ class GpuRunner:
         self.memory = MemoryReport({"self": PoolMemory.of(e.pool.stats(), self._token_bytes),
                                     "cross": PoolMemory.of(e.cross_pool.stats(), self._token_bytes)},
                                    encoder_cache_entries=len(self._memo))
+        if self.on_load is not None:
+            self.on_load(dataclasses.replace(self.load))
 
     # ---- ContinuousRunner ---------------------------------------------------------------------------------
     def room(self) -> int:

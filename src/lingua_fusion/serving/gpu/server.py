@@ -68,7 +68,13 @@ def engine_backends(registry: Registry, settings: Settings, metrics: Metrics | N
 
         # built on a thread of its own (torch imported, weights, pools, graphs): the event loop asking for it does
         # not wait
-        runner = DeferredRunner(lambda: build_asr(registry, key, settings), str(key))
+        def build() -> GpuRunner:
+            built = build_asr(registry, key, settings)
+            if metrics is not None:
+                built.on_load = metrics.gpu_load.sink(str(key))
+            return built
+
+        runner = DeferredRunner(build, str(key))
         if metrics is not None:
             metrics.gpu_memory.watch(str(key), lambda: runner.memory)
         log.info("%s on the continuous engine (%s), starting", key, device)
@@ -132,6 +138,7 @@ def mt_on_engine(settings: Settings, metrics: Metrics | None = None
         mt = engine_mt(local, settings, name)
         if mt is not None and metrics is not None:
             metrics.gpu_memory.watch(name, lambda: mt.runner.memory)
+            mt.runner.on_load = metrics.gpu_load.sink(name)
         return mt
 
     return serve
