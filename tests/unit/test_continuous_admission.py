@@ -92,7 +92,7 @@ def test_what_a_high_load_taught_is_not_forgotten_in_a_quiet_spell() -> None:
 
 def test_a_load_no_longer_seen_is_forgotten_and_probed_again() -> None:
     # slow once at 8-12 in flight (another job on the cores), then busy at 1-3 in flight and fast: past
-    # FORGET_AFTER items the old bucket goes, and the curve's own slope lets the window grow to probe it again
+    # FORGET_AFTER samples the old bucket goes, and the curve's own slope lets the window grow to probe it again
     from lingua_fusion.serving.service_curve import FORGET_AFTER
 
     s = fitted(0.0, 0.3, up_to=12)
@@ -164,6 +164,44 @@ class Serial:
             with self._cv:
                 self.held -= 1
             future.set_result(AsrOutput(f"{len(payload.audio)} samples", 0.9))
+
+
+class Batching(Serial):
+    """A ContinuousRunner that decodes everything it holds together: a batch of n takes 0.05 + 0.02 * n seconds
+    (50 items/s at most, with batches as large as you like), every item of it answered at its end."""
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait(timeout=0.5)
+                if self._closed:
+                    return
+                batch = list(self._queue)
+                self._queue.clear()
+            time.sleep(0.05 + 0.02 * len(batch))
+            with self._cv:
+                self.held -= len(batch)
+            for payload, future in batch:
+                future.set_result(AsrOutput(f"{len(payload.audio)} samples", 0.9))
+
+
+async def test_a_batching_runner_handed_bursts_is_counted_at_what_it_serves() -> None:
+    """Handed a burst at once, a batching runner answers every item of it together. Measured by each item's place
+    among those in flight at its hand-over, the last of a burst of 16 read "16 in flight take what 1 takes", and
+    admission counted the runner at about 1.3x what it serves (on a live server: 35 items/s where it served 10).
+    Measured in windows of the items in flight (Little's law), it is counted at no more than it serves."""
+    runner = Batching(per_item=0.0)
+    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    try:
+        clip = AsrInput(np.zeros(1600, np.float32))
+        for burst in (4, 8, 16) * 5:
+            await asyncio.wait_for(asyncio.gather(*(
+                executor.run(KEY, clip, CallContext(stream_id=f"b{burst}-{i}")) for i in range(burst))), 30)
+        capacity = executor.scheduler.capacity(KEY, "standard")
+        assert 10 < capacity <= 52, capacity  # at most 50 items/s, whatever the batch
+    finally:
+        await executor.close()
 
 
 async def test_the_executor_measures_a_continuous_runner_and_refuses_streams_beyond_it() -> None:
@@ -299,12 +337,12 @@ async def test_items_that_waited_on_the_runners_build_do_not_teach_admission() -
         await asyncio.wait_for(asyncio.gather(*(
             executor.run(KEY, clip, CallContext(stream_id=f"cold-{i}")) for i in range(12))), 30)
         assert runner.built.is_set()
-        for burst in (1, 2, 4, 8):
+        for burst in (1, 2, 4, 8) * 6:  # 1.8 s of work: a window or more of samples
             await asyncio.wait_for(asyncio.gather(*(
                 executor.run(KEY, clip, CallContext(stream_id=f"b{burst}-{i}")) for i in range(burst))), 30)
         svc = executor.scheduler.service[KEY]
-        # the items that waited the build's 4 s are in no sample: 4 to 7 in flight take about 0.1 s (with the first
-        # item that waited counted, about 0.4 s)
-        assert svc._points[4].latency < 0.25, svc._points
+        # the items that waited the build's 4 s are in no sample: a few in flight take about 0.1 s (with the items
+        # that waited counted, a window of them took 4 s)
+        assert svc._points and max(p.latency for p in svc._points.values()) < 0.25, svc._points
     finally:
         await executor.close()

@@ -41,6 +41,7 @@ from .ports import (
     stage_deadline,
 )
 from .scheduler import Demand, WorkItem, round_robin
+from .service_curve import InFlight
 from .threads import (
     COLD_TIMEOUT_S,
     ContinuousRunner,
@@ -97,7 +98,7 @@ class Executor(TypedPort):
         self._kicking: set[ModelKey] = set()  # keys whose step runs at the end of this turn of the loop
         self._lanes: dict[ModelKey, int] = {}
         self._flights: dict[ModelKey, list[Flight]] = {}  # batches in flight per key (one per busy lane)
-        self._in_flight: dict[ModelKey, int] = {}  # a continuous runner's items handed over and not yet settled
+        self._in_flight: dict[ModelKey, InFlight] = {}  # a continuous runner's items handed over, not yet settled
         self._served: dict[ModelKey, int] = {}  # ... and settled
         self._warm: dict[ModelKey, float] = {}  # when its first item settled: items handed before waited on its build
         self._vad: list[Pending] = []
@@ -301,7 +302,7 @@ class Executor(TypedPort):
         room = runner.room()
         window = self.scheduler.service_window(key)
         if window is not None:  # no more in flight than admission counts the runner at
-            room = min(room, window - self._in_flight.get(key, 0))
+            room = min(room, window - self._flying(key).count)
         if room <= 0:  # looked at again when one of its items settles (or, for a runner still starting, in 0.5 s)
             for w in self.scheduler.shed(key, self.clock()):  # meanwhile partials past their deadline go
                 resolve(pending_of(w).future, None)
@@ -314,25 +315,23 @@ class Executor(TypedPort):
         loop = asyncio.get_running_loop()
         futures = runner.submit([pending_of(w).payload for w in batch], [w.tentative for w in batch])
         handed = self.clock()
-        before = self._in_flight.get(key, 0)
-        self._in_flight[key] = before + len(batch)
-        # each item's place among the items in flight (those before it, itself): a runner that serves one at a
-        # time answers the n-th after n items' time, one that decodes them together answers all alike
-        for i, (w, fut) in enumerate(zip(batch, futures, strict=True)):
-            fut.add_done_callback(on_loop(loop, functools.partial(self._settle, key, w, handed, before + i + 1)))
+        self._flying(key).hand(len(batch), handed)
+        for w, fut in zip(batch, futures, strict=True):
+            fut.add_done_callback(on_loop(loop, functools.partial(self._settle, key, w, handed)))
         return True
 
-    def _settle(self, key: ModelKey, w: WorkItem[ModelKey], handed: float, in_flight: int,
-                done: Future[object]) -> None:
-        """On the loop: one item of a continuous runner finished, handed over at ``handed`` with ``in_flight``
-        items in flight; a stream's item that succeeded is admission's measure of the runner (after its first
-        SERVICE_WARMUP items, which pay for its first calls: kernels chosen, buffers grown; and none handed over
-        before its first item settled, which all waited on the runner's build: a GPU engine's MT runner is built at
-        its first call, and those items' seconds taught admission a runner twenty times slower than it is)."""
-        self._in_flight[key] -= 1
+    def _flying(self, key: ModelKey) -> InFlight:
+        return self._in_flight.setdefault(key, InFlight())
+
+    def _settle(self, key: ModelKey, w: WorkItem[ModelKey], handed: float, done: Future[object]) -> None:
+        """On the loop: one item of a continuous runner finished, handed over at ``handed``. A stream's item that
+        succeeded is admission's measure of the runner, in windows of its items in flight (service_curve.InFlight);
+        not its first SERVICE_WARMUP items (they pay for its first calls: kernels chosen, buffers grown), nor those
+        handed over before its first item settled (they all waited on its build: a GPU engine's MT runner is built
+        at its first call, and those items taught admission a runner twenty times slower than it is)."""
+        now = self.clock()
         served = self._served.get(key, 0) + 1
         self._served[key] = served
-        now = self.clock()
         warm = self._warm.setdefault(key, now)
         failure = failure_of(key, done)
         if failure is None:
@@ -340,12 +339,14 @@ class Executor(TypedPort):
                 result = check_outputs(key, [pending_of(w).payload], [done.result()])[0]
             except LinguaFusionError as bad:
                 failure = bad
+        measured = failure is None and served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS
+        sample = self._flying(key).settle(now - handed if measured else None, now)
+        if sample is not None:
+            self.scheduler.observe_service(key, *sample, now)
         if failure is not None:
             self._failed(key, [pending_of(w)], failure)
         else:
             resolve(pending_of(w).future, result)
-            if served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS:
-                self.scheduler.observe_service(key, in_flight, now - handed, now)
             self._observe(key, [w], w.enqueued, now, cold=True)
         self._soon(key)  # once per turn of the loop, however many of its items settled in it
 

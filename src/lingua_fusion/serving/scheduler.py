@@ -365,9 +365,10 @@ class Scheduler(Generic[K]):
                 self.overlap_costs[model] = CostModel(cm.c0, cm.c1)
             self.overlap_costs[model].observe(batch, seconds)
 
-    def observe_service(self, model: K, in_flight: int, seconds: float, now: float) -> None:
-        """A continuous runner's item: handed over with ``in_flight`` items in flight (itself included), its result
-        ``seconds`` later, at ``now``. Admission counts the model by this (``capacity``, ``proven``) from then on."""
+    def observe_service(self, model: K, in_flight: float, seconds: float, now: float) -> None:
+        """A continuous runner's window (service_curve.InFlight): ``in_flight`` items in flight on average, their
+        latency ``seconds`` on average, ending at ``now``. Admission counts the model by this (``capacity``,
+        ``proven``) from then on."""
         self.service.setdefault(model, ServiceCurve()).observe(in_flight, seconds, now)
         at, load, budget = self._load.get(model, (-1.0, 0.0, float("inf")))
         if now - at >= LOAD_EVERY_S:  # the admitted streams summed twice a second, not per item

@@ -1,10 +1,10 @@
 """A continuous runner's latency curve: how long an item takes with n items in flight, learnt online.
 
 A continuous runner (the GPU engine, serving/gpu) batches on its own, so there is no batch latency to fit as for
-the batch runners (scheduler.CostModel). What the executor can see is each item's time from hand-over to result
-and its place among the items in flight when it was handed over. By Little's law a runner holding n items whose
-latency is L(n) serves n / L(n) items per second: admission counts it at the largest n whose latency fits the
-class's budget.
+the batch runners (scheduler.CostModel). What the executor can see is how many items are in flight over time and
+each item's time from hand-over to result; ``InFlight`` turns them into samples, a window's mean count in flight
+and its settled items' mean latency. By Little's law a runner holding n items whose latency is L(n) serves
+n / L(n) items per second: admission counts it at the largest n whose latency fits the class's budget.
 
 The curve is kept per bucket of in-flight counts (1, 2-3, 4-7, 8-15, ...), each a mean of its samples' in-flight
 count and latency whose samples' weight halves every HALF_LIFE_S seconds of use (the caller's clock passed in; an
@@ -12,7 +12,7 @@ idle gap counts as MAX_GAP_S at most). Every sample of the last seconds counts, 
 so a moment's slowdown (a burst of arrivals sharing the cores) moves the curve by its share of those seconds; with
 a weight per item (0.2) five slow items took it most of the way, and admission with it. Idle time does not age it,
 so what a load taught is still known when the next load's first items come back fast on quiet cores. A bucket not
-sampled in the last FORGET_AFTER items is dropped: a load the runner is no longer handed (its window keeps it under
+sampled in the last FORGET_AFTER samples is dropped: a load the runner is no longer handed (its window keeps it under
 what the curve allows) would otherwise hold its old latency for ever. Between buckets the curve is interpolated; it
 never falls as more items are in flight (a noisy bucket does not promise that more is faster). Beyond the most
 items seen in flight it is extrapolated along its last slope (the prior's while one bucket is known), and the
@@ -35,7 +35,7 @@ HALF_LIFE_S = 3.0  # seconds of use in which a sample's weight in its bucket's m
 # next's) keeps what the last load taught, and the next load's first items, served fast on quiet cores, do not
 # replace it (they did: 20 streams were admitted on their promise, and every one missed its target)
 MAX_GAP_S = 0.5
-FORGET_AFTER = 200  # items: a bucket not sampled among the last this many is dropped
+FORGET_AFTER = 200  # samples: a bucket not sampled among the last this many is dropped (one sample a WINDOW_S of use)
 
 
 def _decay(last: float, now: float) -> float:
@@ -51,7 +51,7 @@ class _Point:
     at: float  # the clock at its last sample
     last: int  # the observation that last updated it
 
-    def add(self, n: int, seconds: float, now: float) -> None:
+    def add(self, n: float, seconds: float, now: float) -> None:
         decay = _decay(self.at, now)
         self.weight = self.weight * decay + 1.0
         self.in_flight_sum = self.in_flight_sum * decay + n
@@ -72,13 +72,13 @@ class ServiceCurve:
         self.c0, self.c1 = c0, c1  # the prior line, until items are seen (and its slope while one bucket is)
         self._points: dict[int, _Point] = {}
         self.observations = 0
-        self.most_in_flight = 0
+        self.most_in_flight = 0.0
 
-    def observe(self, in_flight: int, seconds: float, now: float) -> None:
-        """An item handed over with ``in_flight`` items in flight (itself included) took ``seconds``; ``now``: the
-        caller's clock."""
-        n = max(1, in_flight)
-        bucket = 1 << (n.bit_length() - 1)
+    def observe(self, in_flight: float, seconds: float, now: float) -> None:
+        """An item served with ``in_flight`` items in flight (itself included; the mean over its life,
+        ``InFlight.lived``) took ``seconds``; ``now``: the caller's clock."""
+        n = max(1.0, in_flight)
+        bucket = 1 << (int(n).bit_length() - 1)
         self.observations += 1
         point = self._points.setdefault(bucket, _Point(0.0, 0.0, 0.0, now, self.observations))
         point.add(n, seconds, now)
@@ -121,6 +121,54 @@ class ServiceCurve:
             else:
                 hi = mid
         return lo
+
+
+WINDOW_S = 1.0  # the curve's samples: the items in flight and their latency, over windows of this long
+
+
+@dataclass
+class InFlight:
+    """A continuous runner's items in flight, and the curve's samples from them (pure: the clock is passed in).
+
+    Each sample is a window of WINDOW_S: the mean count in flight over it (the count's integral over the window's
+    length) and the mean latency of the items settled in it. By Little's law the two go together in any window, for
+    a runner that serves one item at a time as for one that decodes them together. An item's own place at its
+    hand-over does not: a batch handed at once put its last items at the top of the curve with the batch's latency
+    (a batching runner answers them all alike), the curve read "16 in flight is as fast as 1", and at the next
+    burst of opens it promised 35 items/s where the runner served 10: every stream admitted on it was late."""
+
+    count: int = 0
+    _area: float = 0.0  # the count's integral since the window began
+    _at: float = 0.0  # the clock when the count last changed
+    _since: float = 0.0  # the window's start
+    _latency: float = 0.0  # of the items measured in the window
+    _measured: int = 0
+
+    def _tally(self, now: float) -> None:
+        self._area += self.count * max(0.0, now - self._at)
+        self._at = max(self._at, now)
+
+    def hand(self, n: int, now: float) -> None:
+        """``n`` items handed over at ``now``. After an idle spell a new window begins (idle time is no load)."""
+        if self.count == 0 and now - self._at > WINDOW_S:
+            self._since, self._area, self._latency, self._measured = now, 0.0, 0.0, 0
+        self._tally(now)
+        self.count += n
+
+    def settle(self, seconds: float | None, now: float) -> tuple[float, float] | None:
+        """One item settled at ``now``, after ``seconds`` (None: not a measure: it failed, or waited on a build).
+        At a window's end, the sample: (mean count in flight, mean latency)."""
+        self._tally(now)
+        self.count -= 1
+        if seconds is not None:
+            self._latency += seconds
+            self._measured += 1
+        span = now - self._since
+        if span < WINDOW_S or not self._measured:
+            return None
+        sample = (max(1.0, self._area / span), self._latency / self._measured)
+        self._since, self._area, self._latency, self._measured = now, 0.0, 0.0, 0
+        return sample
 
 
 PROVEN_S = 5.0  # seconds a load must have been carried, healthy, before it is a floor for admission
