@@ -64,7 +64,8 @@ def test_the_runner_publishes_its_pools_and_encoder_cache_as_gauges(monkeypatch:
         runner.submit([clip], [False])[0].result(timeout=60)  # the same window: its encoder output is reused
         for _ in range(200):  # the runner's thread publishes a report every 0.25 s while busy, 0.5 s while idle
             report = runner.memory
-            if report is not None and report.encoder_cache_entries == 1 and report.pools["self"].used == 0:
+            told = 'linguafusion_gpu_runner_started_items_total{model="asr:test"} 2.0' in metrics.render().decode()
+            if report is not None and report.encoder_cache_entries == 1 and report.pools["self"].used == 0 and told:
                 break
             time.sleep(0.05)
     finally:
