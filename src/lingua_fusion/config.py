@@ -53,7 +53,8 @@ class ServerSettings(BaseModel):
     role: str = "server"
     metrics_publish_interval_s: float = Field(default=5.0, gt=0)
     # partials spaced by load (stream/policy.py PartialPacer): a stream's next partial waits this many times its
-    # last partial's round trip, at least its class's step and at most its max utterance length; 0: every step
+    # partials' round trip (a mean of the last few; doubled at each one shed), at least its class's step and at
+    # most its max utterance length; 0: every step
     partial_pace: float = Field(default=2.5, ge=0)
     breaker_window_s: float = 5.0  # the SLO breaker's latency windows (docs/reliability.md)
     breaker_k: int = 3  # windows in a row over target that move a class one step down the ladder

@@ -29,7 +29,7 @@ from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext
 from lingua_fusion.serving.scheduler import SERVICE_MIN_IN_FLIGHT, CostModel, Demand, Scheduler
-from lingua_fusion.serving.service_curve import ServiceCurve
+from lingua_fusion.serving.service_curve import InFlight, ServiceCurve
 
 KEY = ModelKey.asr("en")
 MODEL = str(KEY)
@@ -39,8 +39,9 @@ def fitted(c0: float, c1: float, up_to: int) -> Scheduler:
     """A scheduler whose continuous model was seen serving items with latency c0 + c1 * n, n from 1 to ``up_to``."""
     s = Scheduler()
     s.service[MODEL] = ServiceCurve(0.2, 0.1)  # the prior a runner starts from
+    sizes = sorted({*(1 << k for k in range(up_to.bit_length()) if 1 << k <= up_to), up_to})  # a sample a bucket
     for _ in range(5):
-        for n in range(1, up_to + 1):
+        for n in sizes:
             s.observe_service(MODEL, n, c0 + c1 * n, now=0.0)
     return s
 
@@ -84,8 +85,8 @@ def test_what_a_high_load_taught_is_not_forgotten_in_a_quiet_spell() -> None:
     # load. (A line fitted to the quiet spell alone has a slope near 0, and promised seven times as much.)
     s = fitted(0.0, 0.1, up_to=12)
     before = s.capacity(MODEL, "standard")
-    for i in range(150):  # a quiet spell brings a few items a second
-        s.observe_service(MODEL, 1 + i % 2, 0.1 + 0.01 * (i % 2), now=i * 0.3)
+    for i in range(25):  # a quiet spell: 25 windows (seconds) at one or two in flight
+        s.observe_service(MODEL, 1 + i % 2, 0.1 + 0.01 * (i % 2), now=float(i))
     assert s.capacity(MODEL, "standard") == pytest.approx(before, rel=0.05)
     assert before == pytest.approx(10.0, rel=0.05)  # 1 / 0.1 s: the rate a serial runner serves
 
@@ -346,3 +347,29 @@ async def test_items_that_waited_on_the_runners_build_do_not_teach_admission() -
         assert svc._points and max(p.latency for p in svc._points.values()) < 0.25, svc._points
     finally:
         await executor.close()
+
+
+def test_a_runner_busy_in_short_spells_still_gives_samples() -> None:
+    """One batch-class stream: 0.3 s of work every 1.5 s. Its idle time is no part of a window, so windows fill
+    with its busy time (before: a window reset at each idle spell, and no sample came at all)."""
+    flight, samples = InFlight(), []
+    for k in range(10):
+        t = 100.0 + 1.5 * k
+        flight.hand(3, t)  # three items decoded together, answered 0.3 s later
+        for _ in range(3):
+            sample = flight.settle(0.3, t + 0.3)
+            if sample is not None:
+                samples.append(sample)
+    assert len(samples) >= 2
+    assert all(n == pytest.approx(3.0, rel=0.05) and latency == pytest.approx(0.3) for n, latency in samples)
+
+
+def test_a_window_of_failures_gives_no_sample_and_is_not_carried() -> None:
+    flight = InFlight()
+    for k in range(50):  # 50 s of items that all fail
+        flight.hand(1, float(k))
+        assert flight.settle(None, k + 0.5) is None
+    flight.hand(2, 50.0)  # then the runner serves again: two items, answered 0.2 and 1.2 s later
+    assert flight.settle(0.2, 50.2) is None
+    # this window's own: 2 in flight for 0.2 s and 1 for 1 s over its 1.2 s, not a mean over the failures' 50 s
+    assert flight.settle(1.2, 51.2) == pytest.approx(((2 * 0.2 + 1.0) / 1.2, 0.7))

@@ -335,3 +335,19 @@ def test_an_overloaded_engine_gets_about_one_partial_an_utterance_never_none() -
     pacer.done(30.0)  # shed at its deadline, or a queue far behind
     assert pacer.hop_s == 6.0
     assert not pacer.due(5.0) and pacer.due(6.0)  # the probe that will find the load gone
+
+
+def test_a_partial_the_engine_refused_at_once_doubles_the_hop() -> None:
+    """A full queue refuses a partial in a millisecond: that is load, not a fast engine."""
+    pacer = PartialPacer(step_s=0.5, max_hop_s=6.0)
+    pacer.started(0.0)
+    pacer.done(0.1)
+    assert pacer.hop_s == 0.5
+    hops = []
+    for _ in range(4):
+        pacer.shed(0.001)
+        hops.append(pacer.hop_s)
+    assert hops == [pytest.approx(1.0), pytest.approx(2.0), pytest.approx(4.0), 6.0]
+    off = PartialPacer(step_s=0.5, max_hop_s=6.0, ratio=0.0)  # LINGUAFUSION_SERVER__PARTIAL_PACE=0
+    off.shed(0.001)
+    assert off.hop_s == 0.5

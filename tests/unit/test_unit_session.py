@@ -168,7 +168,7 @@ async def test_a_resumed_stream_drops_text_it_had_already_logged() -> None:
 async def test_a_partial_whose_model_work_is_refused_is_dropped_not_raised(error: Exception) -> None:
     """A tentative re-decode that the engine refuses (queue or GPU pool full) shows no partial; nothing escapes
     into the stream's tasks."""
-    from lingua_fusion.stream.jobs import StreamJobs
+    from lingua_fusion.stream.jobs import Shed, StreamJobs
 
     class Refusing:
         async def run(self, key: Any, payload: Any, ctx: Any) -> Any:
@@ -176,7 +176,7 @@ async def test_a_partial_whose_model_work_is_refused_is_dropped_not_raised(error
             raise error
 
     jobs = StreamJobs(StreamSpec(source_lang="en", targets=["es"]), Refusing())  # type: ignore[arg-type]
-    assert await jobs.partial(np.zeros(16000, dtype=np.float32), lambda: True) is None
+    assert isinstance(await jobs.partial(np.zeros(16000, dtype=np.float32), lambda: True), Shed)  # the pacer backs off
 
 
 async def test_a_cancelled_reader_of_the_outbox_leaves_no_task_behind() -> None:
@@ -256,22 +256,25 @@ class _Clock:
 
 
 class _SlowPartials(FakePort):
-    """Tentative ASR comes back ``latency`` seconds later on the test's clock."""
+    """Tentative ASR comes back ``latency`` seconds later on the test's clock; ``shed``: at once, shed (None)."""
 
-    def __init__(self, clock: _Clock, latency: float) -> None:
+    def __init__(self, clock: _Clock, latency: float, shed: bool = False) -> None:
         super().__init__()
-        self.clock, self.latency = clock, latency
+        self.clock, self.latency, self.shed = clock, latency, shed
 
     async def run_untyped(self, key: Any, payload: object, ctx: Any) -> object:
         if key.task == "asr" and ctx.tentative:
+            if self.shed:
+                self.calls.append((key, payload, ctx))
+                return None
             await self.clock.until(self.clock() + self.latency)
         return await super().run_untyped(key, payload, ctx)
 
 
-async def _partials_heard(latency: float) -> tuple[int, int]:
+async def _partials_heard(latency: float, shed: bool = False) -> tuple[int, int]:
     """5.5 s of speech fed in real time on the test's clock: (partial re-decodes started, finals)."""
     clock = _Clock()
-    port = _SlowPartials(clock, latency)
+    port = _SlowPartials(clock, latency, shed)
     s = session(port, spec=StreamSpec(source_lang="en", targets=["es"], slo="interactive"), clock=clock)
     s.start()
     speech = (np.full(1600, 0.5) * 32767).astype("<i2").tobytes()  # 0.1 s
@@ -292,3 +295,10 @@ async def test_partials_back_off_while_the_engine_is_slow_and_captions_do_not() 
     slow, slow_finals = await _partials_heard(1.0)
     assert fast >= 9 and fast_finals == 1
     assert slow <= 3 and slow_finals == 1
+
+
+async def test_partials_the_engine_sheds_at_once_are_asked_for_less_not_more() -> None:
+    """A full queue answers a partial in no time with nothing: the stream backs off (hops of 1, 2, 4 s), where a
+    fast round trip would have had it ask every step (11 in 5.5 s)."""
+    shed, finals = await _partials_heard(0.0, shed=True)
+    assert shed <= 4 and finals == 1

@@ -334,15 +334,16 @@ class Executor(TypedPort):
         self._served[key] = served
         warm = self._warm.setdefault(key, now)
         failure = failure_of(key, done)
+        # settled in the count first, whatever the output check says (an answer checked bad was still served)
+        measured = failure is None and served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS
+        sample = self._flying(key).settle(now - handed if measured else None, now)
+        if sample is not None:
+            self.scheduler.observe_service(key, *sample, now)
         if failure is None:
             try:
                 result = check_outputs(key, [pending_of(w).payload], [done.result()])[0]
             except LinguaFusionError as bad:
                 failure = bad
-        measured = failure is None and served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS
-        sample = self._flying(key).settle(now - handed if measured else None, now)
-        if sample is not None:
-            self.scheduler.observe_service(key, *sample, now)
         if failure is not None:
             self._failed(key, [pending_of(w)], failure)
         else:

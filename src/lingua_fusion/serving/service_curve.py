@@ -34,8 +34,8 @@ HALF_LIFE_S = 3.0  # seconds of use in which a sample's weight in its bucket's m
 # a gap between a bucket's samples counts at most this long: a runner left idle (between a load's streams and the
 # next's) keeps what the last load taught, and the next load's first items, served fast on quiet cores, do not
 # replace it (they did: 20 streams were admitted on their promise, and every one missed its target)
-MAX_GAP_S = 0.5
-FORGET_AFTER = 200  # samples: a bucket not sampled among the last this many is dropped (one sample a WINDOW_S of use)
+MAX_GAP_S = 1.0  # one sample a WINDOW_S: the gap between a busy runner's samples counts whole, an idle one no more
+FORGET_AFTER = 30  # samples: a bucket not sampled among the last this many (about 30 s of use) is dropped
 
 
 def _decay(last: float, now: float) -> float:
@@ -76,7 +76,7 @@ class ServiceCurve:
 
     def observe(self, in_flight: float, seconds: float, now: float) -> None:
         """An item served with ``in_flight`` items in flight (itself included; the mean over its life,
-        ``InFlight.lived``) took ``seconds``; ``now``: the caller's clock."""
+        a window's, ``InFlight``) took ``seconds``; ``now``: the caller's clock."""
         n = max(1.0, in_flight)
         bucket = 1 << (int(n).bit_length() - 1)
         self.observations += 1
@@ -149,24 +149,26 @@ class InFlight:
         self._at = max(self._at, now)
 
     def hand(self, n: int, now: float) -> None:
-        """``n`` items handed over at ``now``. After an idle spell a new window begins (idle time is no load)."""
-        if self.count == 0 and now - self._at > WINDOW_S:
-            self._since, self._area, self._latency, self._measured = now, 0.0, 0.0, 0
+        """``n`` items handed over at ``now``. Time the runner sat idle is no part of the window: a runner busy in
+        short spells still fills windows, with the load of its busy time."""
+        if self.count == 0:
+            self._since += max(0.0, now - self._at)
         self._tally(now)
         self.count += n
 
     def settle(self, seconds: float | None, now: float) -> tuple[float, float] | None:
         """One item settled at ``now``, after ``seconds`` (None: not a measure: it failed, or waited on a build).
-        At a window's end, the sample: (mean count in flight, mean latency)."""
+        At a window's end, the sample: (mean count in flight, mean latency); a window with nothing measured (every
+        item failed) gives none and is not carried into the next."""
         self._tally(now)
         self.count -= 1
         if seconds is not None:
             self._latency += seconds
             self._measured += 1
         span = now - self._since
-        if span < WINDOW_S or not self._measured:
+        if span < WINDOW_S:
             return None
-        sample = (max(1.0, self._area / span), self._latency / self._measured)
+        sample = (max(1.0, self._area / span), self._latency / self._measured) if self._measured else None
         self._since, self._area, self._latency, self._measured = now, 0.0, 0.0, 0
         return sample
 

@@ -32,7 +32,7 @@ from ..types import SR
 from .budget import AudioBudget, pay
 from .contracts import Alive, Degraded, Emit, Spawn
 from .events import Error, Final, Partial, Revision, error_event
-from .jobs import StreamJobs
+from .jobs import Shed, StreamJobs
 from .policy import WINDOW, CommitPolicy, Decision, PartialPacer
 from .protocol import StreamSpec
 
@@ -343,6 +343,9 @@ class Decisions:
     async def _partial_job(self, audio: np.ndarray, d: Decision, utterance: int) -> None:
         t0 = self._clock()
         res = await self.jobs.partial(audio, lambda: utterance == self._utterance and self._live())
+        if isinstance(res, Shed):  # refused at once, or shed at its deadline: either way, the engine is full
+            self.pacer.shed(self._clock() - t0)
+            return
         self.pacer.done(self._clock() - t0)
         if res is None:
             return

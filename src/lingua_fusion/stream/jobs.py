@@ -45,6 +45,12 @@ class Tentative:
     translation: str
 
 
+@dataclass(frozen=True)
+class Shed:
+    """A partial the engine shed or refused (past its deadline, its queue or pool full, its backend failing):
+    nothing to show, and a sign of load the stream's pacer backs off on (stream/policy.py ``PartialPacer``)."""
+
+
 class Fused(Protocol):
     """An utterance's caption fused from speech and lips (vision/fusion.py ``FusedCaption``)."""
 
@@ -118,15 +124,18 @@ class StreamJobs:
         probabilities: np.ndarray = await self.port.run(ModelKey.vad(), np.ascontiguousarray(audio), self._ctx(False))
         return probabilities
 
-    async def partial(self, audio: np.ndarray, current: Callable[[], bool]) -> Tentative | None:
-        """Re-decode the utterance so far. None when shed, failed (a partial not shown) or no longer ``current``, and
-        when it heard no words or its confidence is under the stream's ``min_confidence``: what the final's gate
-        would withhold is not shown tentatively either (music, applause: Whisper's guesses at them stay unsaid)."""
+    async def partial(self, audio: np.ndarray, current: Callable[[], bool]) -> Tentative | Shed | None:
+        """Re-decode the utterance so far. ``Shed`` when the engine shed, refused or failed it; None when no longer
+        ``current``, and when it heard no words or its confidence is under the stream's ``min_confidence``: what
+        the final's gate would withhold is not shown tentatively either (music, applause: Whisper's guesses at them
+        stay unsaid)."""
         src = self.lang
         try:
             res: AsrOutput | None = await self.port.run(ModelKey.asr(src), AsrInput(audio, self._prompt()),
                                                         self._ctx(True))
-            if res is None or not current() or not res.text.strip() or res.confidence < self.spec.min_confidence:
+            if res is None:
+                return Shed()
+            if not current() or not res.text.strip() or res.confidence < self.spec.min_confidence:
                 return None
             text, target = self.heard(res.text, src), self.spec.targets[0]
             translation = text
@@ -135,10 +144,10 @@ class StreamJobs:
                 out = await self.port.run(ModelKey.mt(src, target),
                                           MtInput(text, self.glossary), self._ctx(True))
                 if out is None or not current():
-                    return None
+                    return Shed() if out is None else None
                 translation = str(out)
         except (BackendError, Overloaded):  # tentative: never retried, never an error the stream sees
-            return None
+            return Shed()
         return Tentative(text, res.confidence, self.written(translation, target))
 
     async def commit(self, audio: np.ndarray, start: float, end: float, wall_ref: float,

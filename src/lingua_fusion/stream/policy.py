@@ -11,11 +11,11 @@ the next utterance, stream/finals.py), or at the ``end`` of the stream.
 
 ``PartialPacer`` spaces a stream's partials by load: partials are the first work dropped when the engine is busy,
 committed captions never. The hop between two partials is the class's ``step_s`` while a partial's round trip (its
-re-decode and tentative translation, queue included) is short, and ``ratio`` times that round trip when it is not,
-up to the class's ``max_utterance_s`` (about one partial an utterance: each is also the probe that finds the
-load gone). Every stream backs off as the engine's queues grow, so
-the tentative work on the engine falls with its load (a partial waits behind committed work, so its round trip
-grows first), and comes back as they shrink.
+re-decode and tentative translation, queue included; a mean of the last few) is short, and ``ratio`` times that
+round trip when it is not (a partial shed or refused doubles it), up to the class's ``max_utterance_s`` (about one
+partial an utterance: each is also the probe that finds the load gone). Every stream backs off as the engine's
+queues grow, so the tentative work on the engine falls with its load (a partial waits behind committed work, so its
+round trip grows first), and comes back as they shrink.
 """
 
 from __future__ import annotations
@@ -170,12 +170,13 @@ class CommitPolicy:
 @dataclass
 class PartialPacer:
     """When a stream's next partial may start. ``due(now)`` before a partial, ``started(now)`` when it is sent,
-    ``done(seconds)`` with its round trip when it came back (shown or not)."""
+    ``done(seconds)`` with its round trip when it came back (shown or not), ``shed(seconds)`` when the engine shed
+    or refused it."""
 
     step_s: float
     max_hop_s: float
     ratio: float = 2.5
-    rtt_s: float = 0.0  # the round trip, a mean that halves its past at each new partial
+    rtt_s: float = 0.0  # the round trip: a mean that halves its past at each partial (doubled at each one shed)
     last_start: float = -math.inf
 
     @property
@@ -192,3 +193,8 @@ class PartialPacer:
 
     def done(self, seconds: float) -> None:
         self.rtt_s = seconds if self.rtt_s == 0.0 else 0.5 * (self.rtt_s + seconds)
+
+    def shed(self, seconds: float) -> None:
+        """The partial was shed or refused: however quickly that was said, the hop doubles (up to the most)."""
+        if self.ratio > 0:
+            self.rtt_s = max(seconds, 2.0 * max(self.rtt_s, self.step_s / self.ratio))

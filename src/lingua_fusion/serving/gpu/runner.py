@@ -144,7 +144,10 @@ class GpuRunner:
                                     "cross": PoolMemory.of(e.cross_pool.stats(), self._token_bytes)},
                                    encoder_cache_entries=len(self._memo))
         if self.on_load is not None:
-            self.on_load(dataclasses.replace(self.load))
+            try:  # /metrics' counters: never the runner's thread's end
+                self.on_load(dataclasses.replace(self.load))
+            except Exception:  # noqa: BLE001 - logged; the runner goes on serving
+                log.exception("GPU runner %s: its load could not be counted", self._labels[1])
 
     # ---- ContinuousRunner ---------------------------------------------------------------------------------
     def room(self) -> int:
