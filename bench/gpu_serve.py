@@ -141,6 +141,8 @@ def start_server(args: argparse.Namespace, state: Path) -> tuple[subprocess.Pope
             "LINGUAFUSION_SERVER__MAX_CONNECTIONS": str(args.max_streams + 256)}
     if args.mt_dir:  # MT on the GPU the way a user's model gets there (bench/gpu_mt_dir.py)
         env["LINGUAFUSION_MODELS__USER_MT_DIRS"] = json.dumps([str(args.mt_dir.resolve())])
+    if not args.tm:  # the clips repeat a few sentences: with the translation memory on, MT is mostly its hits
+        env["LINGUAFUSION_TM__ENABLED"] = "false"
     paths = [str((args.folder / "site").resolve()), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)),
              str(ROOT / "src")]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -368,6 +370,7 @@ def run(args: argparse.Namespace) -> int:
         "python": platform.python_version(), "device": args.device, "workers": args.workers,
         "model_processes": args.model_processes, "streams": counts, "duration_s": args.duration, "slo": args.slo,
         "arrival": args.arrival, "ramp_s": args.ramp_s, "budget_s": args.budget_s, "nofile": [soft, hard],
+        "translation_memory": args.tm,
         "command": " ".join(sys.argv), "rows": []}
     doc |= gpu_info(args.device)
     doc["mt_dir"] = str(args.mt_dir) if args.mt_dir else None
@@ -496,6 +499,8 @@ def main() -> int:
     ap.add_argument("--url", default="", help="load: the server")
     ap.add_argument("--mt-dir", type=Path, help="a user's MT directory (bench/gpu_mt_dir.py) the server loads")
     ap.add_argument("--to", default="en", help="the streams' target language (es with --mt-dir)")
+    ap.add_argument("--tm", action="store_true", help="keep the translation memory on (off by default: the clips "
+                    "repeat their sentences, so MT would be served from it; runs before 2026-12-07 had it on)")
     args = ap.parse_args()
     if str(ROOT / "src") not in sys.path:
         sys.path.insert(1, str(ROOT / "src"))
