@@ -231,7 +231,11 @@ def test_a_listener_on_one_gateway_hears_a_room_published_on_the_other_through_i
     for _ in range(6):  # Serve's proxy picks the gateway; a listener that lands on the publisher's is tried again
         listener = subprocess.Popen([str(BIN), "listen", room, "--token", token, "--to", "es", "--json", "--url",
                                      cluster.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        where = _wait(lambda: [b for b in cluster.beats() if b.listeners], 30, "the listener's gateway")
+        # a gateway's beat names its listeners: the CLI's start and a beat's interval, on 2 busy cores (a CI run
+        # once took over 30 s); a listener that ended says why
+        where = _wait(lambda p=listener: [b for b in cluster.beats() if b.listeners] or p.poll() is not None, 60,
+                      "the listener's gateway")
+        assert listener.poll() is None, listener.communicate(timeout=10)
         if where[0].pid != publisher.pid:
             break
         listener.kill()
