@@ -151,6 +151,13 @@ class Serial:
             self._cv.notify()
         self._thread.join(timeout=10)
 
+    def _take(self) -> list[tuple[Any, Future[Any]]]:
+        """What the next call serves (under the lock): one item."""
+        return [self._queue.popleft()]
+
+    def _seconds(self, n: int) -> float:
+        return self.per_item
+
     def _loop(self) -> None:
         time.sleep(self.build_s)
         self.built.set()
@@ -160,31 +167,25 @@ class Serial:
                     self._cv.wait(timeout=0.5)
                 if self._closed:
                     return
-                payload, future = self._queue.popleft()
-            time.sleep(self.per_item)
+                batch = self._take()
+            time.sleep(self._seconds(len(batch)))
             with self._cv:
-                self.held -= 1
-            future.set_result(AsrOutput(f"{len(payload.audio)} samples", 0.9))
+                self.held -= len(batch)
+            for payload, future in batch:
+                future.set_result(AsrOutput(f"{len(payload.audio)} samples", 0.9))
 
 
 class Batching(Serial):
     """A ContinuousRunner that decodes everything it holds together: a batch of n takes 0.05 + 0.02 * n seconds
     (50 items/s at most, with batches as large as you like), every item of it answered at its end."""
 
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait(timeout=0.5)
-                if self._closed:
-                    return
-                batch = list(self._queue)
-                self._queue.clear()
-            time.sleep(0.05 + 0.02 * len(batch))
-            with self._cv:
-                self.held -= len(batch)
-            for payload, future in batch:
-                future.set_result(AsrOutput(f"{len(payload.audio)} samples", 0.9))
+    def _take(self) -> list[tuple[Any, Future[Any]]]:
+        batch = list(self._queue)
+        self._queue.clear()
+        return batch
+
+    def _seconds(self, n: int) -> float:
+        return 0.05 + 0.02 * n
 
 
 async def test_a_batching_runner_handed_bursts_is_counted_at_what_it_serves() -> None:

@@ -328,9 +328,10 @@ class Decisions:
         self._revision = 0
 
     def apply(self, d: Decision) -> None:
+        now = self._clock()
         if d.kind == "partial" and self.spec.partials and not self._degraded("drop_partials") \
-                and (self._partial is None or self._partial.done()) and self.pacer.due(self._clock()):
-            self.pacer.started(self._clock())
+                and (self._partial is None or self._partial.done()) and self.pacer.due(now):
+            self.pacer.started(now)
             audio = self.timeline.view(d.start, d.end).copy()
             self._partial = self._spawn(self._partial_job(audio, d, self._utterance), "partial")
         elif d.kind == "commit":

@@ -143,8 +143,10 @@ class StreamJobs:
                 # a tentative translation of the tentative text: shed first under load, like the re-decode itself
                 out = await self.port.run(ModelKey.mt(src, target),
                                           MtInput(text, self.glossary), self._ctx(True))
-                if out is None or not current():
-                    return Shed() if out is None else None
+                if out is None:
+                    return Shed()
+                if not current():
+                    return None
                 translation = str(out)
         except (BackendError, Overloaded):  # tentative: never retried, never an error the stream sees
             return Shed()

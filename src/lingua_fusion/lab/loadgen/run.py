@@ -226,6 +226,7 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
                 and not r.error]
         simul = [summarize(r.finals, r.sent_s) for r in rs if r.finals and r.sent_s]
         windows = _windows(rs, duration)
+        partials, sent = sum(r.partials for r in rs), sum(r.sent_s for r in rs if r.admitted)
         per_class[slo] = {
             "target_p99_s": target, "streams": len(rs), "admitted": sum(r.admitted for r in rs),
             "rejected": sum(r.rejected_code is not None for r in rs),
@@ -233,9 +234,8 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
             "rejected_reasons": dict(Counter(r.rejected_message for r in rs if r.rejected_message).most_common()),
             "errors": sum(r.error is not None for r in rs), "goodput_streams": len(good),
             "error_reasons": dict(Counter(r.error for r in rs if r.error).most_common(8)),
-            "finals": len(lat), "partials": sum(r.partials for r in rs),
-            "partials_per_stream_s": round(sum(r.partials for r in rs) / sent, 3) if (
-                sent := sum(r.sent_s for r in rs if r.admitted)) else None,
+            "finals": len(lat), "partials": partials,
+            "partials_per_stream_s": round(partials / sent, 3) if sent else None,
             "caption_latency_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99),
                                                       "p999": pct(lat, 99.9)},
             "AL_ms": _mean([s["AL_ca"] for s in simul]), "LAAL_ms": _mean([s["LAAL_ca"] for s in simul]),
