@@ -217,22 +217,30 @@ def runner_load(url: str) -> dict[str, dict[str, float]]:
             continue
         model = line.split('model="', 1)[1].split('"', 1)[0]
         field = RUNNER_COUNTERS[name]
-        row = out.setdefault(model, dict.fromkeys(RUNNER_COUNTERS.values(), 0.0))
-        row[field] += float(line.rsplit(" ", 1)[1])
+        if 'phase="' in line:  # busy seconds by phase (start: encoder batches; step: decode steps)
+            field += "_" + line.split('phase="', 1)[1].split('"', 1)[0]
+        row = out.setdefault(model, {})
+        row[field] = row.get(field, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
 def runner_rows(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], wall_s: float,
                 processes: int) -> dict[str, dict[str, float]]:
-    """Per model over a row: decode steps, mean rows per step, and the share of the row's wall time its runner
-    threads were busy (1.0: each of the ``processes`` runners of the model never idle: that model is the limit)."""
+    """Per model over a row: decode steps, mean rows per step, the share of the row's wall time its runner
+    threads were busy (1.0: each of the ``processes`` runners of the model never idle: that model is the limit),
+    and how that time split: milliseconds a decode step, milliseconds an encoded item."""
     out = {}
     for model, a in after.items():
-        b = before.get(model, dict.fromkeys(a, 0.0))
+        b = before.get(model, {})
         d = {k: a[k] - b.get(k, 0.0) for k in a}
-        out[model] = {"started_items": int(d["started_items"]), "steps": int(d["steps"]),
-                      "mean_rows": round(d["step_rows"] / d["steps"], 1) if d["steps"] else 0.0,
-                      "busy_share": round(d["busy_s"] / (wall_s * processes), 3) if wall_s else 0.0}
+        start_s, step_s = d.get("busy_s_start", 0.0), d.get("busy_s_step", 0.0)
+        steps, items = d.get("steps", 0.0), d.get("started_items", 0.0)
+        out[model] = {"started_items": int(items), "steps": int(steps),
+                      "mean_rows": round(d.get("step_rows", 0.0) / steps, 1) if steps else 0.0,
+                      "busy_share": round((start_s + step_s) / (wall_s * processes), 3) if wall_s else 0.0,
+                      "start_share": round(start_s / (start_s + step_s), 3) if start_s + step_s else 0.0,
+                      "ms_per_step": round(1000 * step_s / steps, 2) if steps else 0.0,
+                      "ms_per_started_item": round(1000 * start_s / items, 2) if items else 0.0}
     return out
 
 
