@@ -379,7 +379,9 @@ def run(args: argparse.Namespace) -> int:
         "model_processes": args.model_processes, "streams": counts, "duration_s": args.duration, "slo": args.slo,
         "arrival": args.arrival, "ramp_s": args.ramp_s, "budget_s": args.budget_s, "nofile": [soft, hard],
         "translation_memory": args.tm,
-        "command": " ".join(sys.argv), "rows": []}
+        "command": " ".join(sys.argv), "rows": [],
+        # the settings this run's environment gave the server (LINGUAFUSION_SERVER__PARTIAL_PACE, ..._STEP_GRAPHS)
+        "settings_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("LINGUAFUSION_")}}
     doc |= gpu_info(args.device)
     doc["mt_dir"] = str(args.mt_dir) if args.mt_dir else None
     doc["target"] = args.to

@@ -128,6 +128,11 @@ class ModelSettings(BaseModel):
     # (bench/results/gpu_server_path.json), and the benchmark's encoder graphs took four model processes from 600 to
     # 900 streams at caption p99 <= 1 s
     encoder_graphs: bool = True
+    # the engine's decode steps on CUDA replayed from CUDA graphs (serving/gpu/graphs.py), one per batch bucket up to
+    # 1,024 rows, captured on each runner's thread when it is built (Whisper's and a user MT directory's); applies on
+    # CUDA with the Triton paged attention alone (else the steps run eagerly, with a warning). A step of tiny.en
+    # eagerly is about a hundred kernel launches from the runner's thread, a graph is one
+    step_graphs: bool = True
     # languages whose engine ASR runner is built when the server (or each model process) starts, not at the
     # language's first stream, whose first captions would wait for it (10-25 s on an H200: weights, pools, graph
     # captures); None: English on a CUDA device, none on the CPU. /readyz answers 503 until they are built

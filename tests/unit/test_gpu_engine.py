@@ -276,6 +276,32 @@ def test_the_runner_encodes_an_audio_window_once_for_its_partial_and_its_commit(
     assert other.text and runner.room() == runner.max_pending  # every item accounted for
 
 
+def test_a_runner_asked_for_step_graphs_it_cannot_capture_says_so_and_decodes_eagerly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The server asks every CUDA runner for the decode step's graphs (``models.step_graphs``); where the paged
+    attention is not Triton's (no graph can replay it) the runner warns and decodes as it does without them,
+    instead of failing its build and every stream of its language."""
+    import numpy as np
+
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    clip = AsrInput(np.random.default_rng(3).normal(0, 0.1, 16000 * 2).astype(np.float32))
+    outs = []
+    for graphs in (False, True):
+        runner = GpuRunner(tiny_whisper_recipe(), blocks=128, cross_blocks=32, block_size=8, cross_block_size=16,
+                           dtype=torch.float32, device="cpu", kernel="torch", graphs=graphs, name=f"asr-{graphs}")
+        try:
+            outs.append(runner.submit([clip], [False])[0].result(timeout=60))
+        finally:
+            runner.close()
+        assert runner.engine.graphs is None
+    assert outs[0] == outs[1] and outs[0].text
+    assert [r.getMessage() for r in caplog.records if "decode step" in r.getMessage()] == \
+        ["asr-True: no CUDA graphs of the decode step without the Triton paged attention (kernel torch); it steps "
+         "eagerly"]
+
+
 def test_a_burst_of_new_work_is_encoded_between_steps_of_what_runs() -> None:
     """Six clips arrive at once, two per encoder batch: the running decodes step between the batches (not after
     all six are encoded), and every clip decodes as it does alone."""

@@ -25,7 +25,7 @@ import torch
 from ...errors import BackendError, CapacityExhausted
 from .decoder import DecodeEngine
 from .decoder_model import Decoded, DecoderModel
-from .graphs import own_stream
+from .graphs import buckets_up_to, own_stream
 from .memory import MemoryReport, PoolMemory, RunnerLoad, budget_bytes, pool_blocks
 from .paged import PagedKV
 
@@ -79,9 +79,7 @@ class GpuRunner:
                                    device=device, kernel=kernel, prefix_cache=prefix_cache)
         steps: list[Callable[[], None]] = list(prepare)
         if graphs:
-            from .graphs import buckets_up_to
-
-            steps.append(lambda: self.engine.use_graphs(buckets_up_to(max_batch)))
+            steps.append(functools.partial(self._step_graphs, name, max_batch))
         self.max_pending = max_pending
         self.encode_batch = encode_batch
         self._memo_size = memo
@@ -132,6 +130,21 @@ class GpuRunner:
                  (blocks * block_size + cross * cross_block_size) * token_bytes / 2**30)
         return cls(recipe, blocks=blocks, cross_blocks=cross, block_size=block_size,
                    cross_block_size=cross_block_size, dtype=dtype, device=device, **kwargs)
+
+    def _step_graphs(self, name: str, max_batch: int) -> None:
+        """The decode step replayed from CUDA graphs (serving/gpu/graphs.py), captured on the runner's thread; where
+        they cannot be (no Triton attention, a driver or build that refuses a capture) the runner steps eagerly,
+        one launch per operator, and says so once."""
+        if self.engine.kv.kernel != "triton":
+            log.warning("%s: no CUDA graphs of the decode step without the Triton paged attention (kernel %s); it "
+                        "steps eagerly", name, self.engine.kv.kernel)
+            return
+        try:
+            self.engine.use_graphs(buckets_up_to(max_batch))
+        except RuntimeError as exc:
+            log.warning("%s: CUDA graphs of the decode step failed (%s); it steps eagerly", name, exc)
+            self.engine.graphs = None  # what was captured before the failure goes with them
+            torch.cuda.empty_cache()
 
     def _publish(self, every_s: float = 0.0) -> None:
         """A fresh MemoryReport (on the runner's thread, which owns the pools), at most every ``every_s``."""

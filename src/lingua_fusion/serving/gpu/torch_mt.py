@@ -165,7 +165,8 @@ def mt_runner(model: Any, decoder: DecoderModel, plan: GreedyPlan, settings: Set
     dtype = next(model.parameters()).dtype
     if device.startswith("cuda"):
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
-                               share=settings.models.gpu_memory_share * MT_POOL_SHARE, name=name)
+                               share=settings.models.gpu_memory_share * MT_POOL_SHARE, name=name,
+                               graphs=settings.models.step_graphs)
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=16,
                      memo=64, **CPU_POOLS)
 

@@ -120,6 +120,6 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
 
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
                                share=settings.models.gpu_memory_share * ASR_POOL_SHARE, name=name,
-                               encode_batch=ENCODE_BATCH, prepare=[capture])
+                               encode_batch=ENCODE_BATCH, prepare=[capture], graphs=settings.models.step_graphs)
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=8,
                      memo=64, **CPU_POOLS)
