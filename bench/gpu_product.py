@@ -1,11 +1,13 @@
 """``bench/results/gpu_product.json`` (issue 30's figures) from the JSON of a ``bench/gpu_serve.py run`` with
 ``--mt-dir``: the product server, ASR and MT (en -> es) on the GPU, one row per offered load.
 
-    .venv/bin/python bench/gpu_product.py RUN.json --gpu-time-s 914 [--capped CAPPED_RUN.json]
+    .venv/bin/python bench/gpu_product.py RUN.json --gpu-time-s 914 [--baseline BASE.json] [--capped CAPPED.json]
 
 A row's streams within the SLO are the load generator's goodput (each stream's own caption p99 within the class
 target); ``streams_p99_1s`` / ``_3s`` is the most streams admitted in a row whose caption p99 over all its streams
 was within 1 s / 3 s (None: no row was); ``overload`` is the largest row offered at >= 3x the best goodput.
+``--baseline``: a run of the same server serving one item at a time (``LINGUAFUSION_MODELS__ENGINE_MAX_BATCH=1``,
+one model process): its ``streams_p99_1s`` is ``baseline_streams_p99_1s``.
 """
 
 from __future__ import annotations
@@ -17,17 +19,15 @@ from pathlib import Path
 from typing import Any
 
 
+def held(rows: list[dict[str, Any]], limit: float) -> int | None:
+    """The most streams admitted in a row with no error whose caption p99 was within ``limit`` seconds."""
+    ok = [r["admitted"] for r in rows if r["caption_latency_s"]["p99"] is not None
+          and r["caption_latency_s"]["p99"] <= limit and r["errors"] == 0]
+    return max(ok) if ok else None
+
+
 def summarize(run: dict[str, Any], gpu_time_s: float) -> dict[str, Any]:
     rows = [r for r in run["rows"] if "skipped" not in r]
-
-    def p99(r: dict[str, Any]) -> float:
-        v = r["caption_latency_s"]["p99"]
-        return float("inf") if v is None else float(v)
-
-    def held(limit: float) -> int | None:
-        ok = [r["admitted"] for r in rows if p99(r) <= limit and r["errors"] == 0]
-        return max(ok) if ok else None
-
     capacity = max((r["goodput_streams"] for r in rows), default=0)
     over = [r for r in rows if capacity and r["streams"] >= 3 * capacity]
     worst = max(over, key=lambda r: r["streams"]) if over else None
@@ -45,8 +45,8 @@ def summarize(run: dict[str, Any], gpu_time_s: float) -> dict[str, Any]:
         # the only en -> es route there (no Apertium on the GPU machine); with the engine on, the registry decodes
         # a Marian directory on it (Registry.decode_mt_with); the run's log level hid the engine's own line
         "mt_on_gpu": True,
-        "streams_p99_1s": held(1.0), "streams_p99_3s": held(3.0),
-        "baseline_streams_p99_1s": None,  # not run: no per-stream layout of the product server exists yet
+        "streams_p99_1s": held(rows, 1.0), "streams_p99_3s": held(rows, 3.0),
+        "baseline_streams_p99_1s": None,  # --baseline: the same server serving one item at a time
         "capacity_goodput_streams": capacity,
         "overload": None if worst is None else {
             "offered": worst["streams"], "capacity": capacity, "admitted": worst["admitted"],
@@ -74,10 +74,20 @@ def main() -> int:
     ap.add_argument("run", type=Path)
     ap.add_argument("--gpu-time-s", type=float, required=True, help="the device time the figures cost")
     ap.add_argument("--json", type=Path, default=Path("bench/results/gpu_product.json"))
+    ap.add_argument("--baseline", type=Path, help="a run of the same server with LINGUAFUSION_MODELS__ENGINE_MAX_BATCH"
+                    "=1 (one item at a time, one model process): baseline_streams_p99_1s")
     ap.add_argument("--capped", type=Path, help="a run of the same server with --max-streams: its rows go under "
                     "'capped_run' (does a stream cap hold overload where admission alone did not?)")
     args = ap.parse_args()
     doc = summarize(json.loads(args.run.read_text()), args.gpu_time_s)
+    if args.baseline:
+        base = json.loads(args.baseline.read_text())
+        rows = [r for r in base["rows"] if "skipped" not in r]
+        doc["baseline_streams_p99_1s"] = held(rows, 1.0)
+        doc["baseline"] = {"command": base["command"], "settings_env": base.get("settings_env"),
+                           "model_processes": base["model_processes"], "rows": summarize(base, 0.0)["rows"]}
+        if doc["baseline_streams_p99_1s"] and doc["streams_p99_1s"]:
+            doc["ratio_to_baseline_p99_1s"] = round(doc["streams_p99_1s"] / doc["baseline_streams_p99_1s"], 1)
     if args.capped:
         capped = json.loads(args.capped.read_text())
         doc["capped_run"] = {"command": capped["command"], "rows": summarize(capped, 0.0)["rows"]}

@@ -133,6 +133,9 @@ class ModelSettings(BaseModel):
     # CUDA with the Triton paged attention alone (else the steps run eagerly, with a warning). A step of tiny.en
     # eagerly is about a hundred kernel launches from the runner's thread, a graph is one
     step_graphs: bool = True
+    # the most rows a decode step and windows an encoder batch of the engine's CUDA runners take (1,024 / 128 at
+    # most); 1 serves one item at a time, unbatched: the per-stream baseline its benchmark compares against
+    engine_max_batch: int = Field(default=1024, ge=1, le=1024)
     # languages whose engine ASR runner is built when the server (or each model process) starts, not at the
     # language's first stream, whose first captions would wait for it (10-25 s on an H200: weights, pools, graph
     # captures); None: English on a CUDA device, none on the CPU. /readyz answers 503 until they are built

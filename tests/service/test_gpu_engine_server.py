@@ -51,7 +51,10 @@ async def _transcripts(executor: Executor, clips: list[tuple[np.ndarray, str | N
     return [(o.text, o.confidence) for o in outs]
 
 
-async def test_engine_transcripts_equal_the_torch_backend() -> None:
+@pytest.mark.parametrize("max_batch", [1024, 1])
+async def test_engine_transcripts_equal_the_torch_backend(max_batch: int) -> None:
+    """The engine's transcripts are the torch backend's, batched or one item at a time (``engine_max_batch=1``:
+    the per-stream baseline of bench/gpu_product.py)."""
     clips: list[tuple[np.ndarray, str | None]] = [(pcm(piper_wav(s)), None) for s in SENTENCES]
     clips.append((clips[1][0], "the quarterly report"))  # a prompt (a slide's words) before the start token
     clips.append((pcm(talk_wav(SENTENCES[:2])), None))  # two sentences in one clip (a longer window)
@@ -59,7 +62,8 @@ async def test_engine_transcripts_equal_the_torch_backend() -> None:
     torch_settings = Settings(models={"backend": "torch"})  # type: ignore[arg-type]
     expected = await _transcripts(Executor(Registry(torch_settings), torch_settings), clips)
 
-    settings = Settings(models={"engine": "continuous", "device": "cpu"})  # type: ignore[arg-type]
+    settings = Settings(models={"engine": "continuous", "device": "cpu",  # type: ignore[arg-type]
+                                "engine_max_batch": max_batch})
     metrics = Metrics()
     registry = Registry(settings)
     executor = build_executor(registry, settings, metrics)
@@ -71,6 +75,8 @@ async def test_engine_transcripts_equal_the_torch_backend() -> None:
     assert isinstance(runner, GpuRunner)
 
     assert [t for t, _ in got] == [t for t, _ in expected], (got, expected)
+    if max_batch == 1:  # every decode step carried one sequence
+        assert runner.engine.max_batch == 1 and runner.load.step_rows == runner.load.steps > 0
     for (_, c_engine), (text, c_torch) in zip(got, expected, strict=True):
         assert text and 0.3 < c_engine <= 1.0 and abs(c_engine - c_torch) < 0.25
     # each clip encoded once, or its encoder output reused (the same audio handed over after the first was

@@ -103,8 +103,9 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
     from CUDA graphs when ``models.encoder_graphs`` is set."""
     device = settings.models.device
     graphs = None
+    encode_batch = min(ENCODE_BATCH, settings.models.engine_max_batch)
     if device.startswith("cuda") and settings.models.encoder_graphs:
-        graphs = encoder_graphs(asr, buckets_up_to(ENCODE_BATCH, smallest=1))
+        graphs = encoder_graphs(asr, buckets_up_to(encode_batch, smallest=1))
     recipe = TorchWhisperRecipe(asr, language, encoder=graphs)
     dtype = asr.model.decoder.token_embedding.weight.dtype
     if device.startswith("cuda"):
@@ -120,6 +121,7 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
 
         return GpuRunner.sized(recipe, fraction=settings.models.gpu_memory_fraction, device=device, dtype=dtype,
                                share=settings.models.gpu_memory_share * ASR_POOL_SHARE, name=name,
-                               encode_batch=ENCODE_BATCH, prepare=[capture], graphs=settings.models.step_graphs)
-    return GpuRunner(recipe, dtype=dtype, device=device, name=name, max_batch=CPU_MAX_BATCH, encode_batch=8,
-                     memo=64, **CPU_POOLS)
+                               encode_batch=encode_batch, max_batch=settings.models.engine_max_batch,
+                               prepare=[capture], graphs=settings.models.step_graphs)
+    return GpuRunner(recipe, dtype=dtype, device=device, name=name, encode_batch=min(8, encode_batch),
+                     max_batch=min(CPU_MAX_BATCH, settings.models.engine_max_batch), memo=64, **CPU_POOLS)
