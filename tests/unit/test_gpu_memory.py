@@ -44,6 +44,10 @@ def test_pools_are_sized_from_a_byte_budget() -> None:
     assert blocks * 10 * 100 + cross * 20 * 50 <= 1_000_000
     with pytest.raises(ValueError):
         pool_blocks(1000, 100, 100, block_size=16, cross_block_size=64)  # not one usable block
+    # no more self blocks than the largest batch of the longest sequences fills; the bytes left over stay free
+    # (for the CUDA graphs and activations: taken by the pool, a process of several runners ran out of memory)
+    capped = pool_blocks(1_000_000, 100, 50, block_size=10, cross_block_size=20, cross_share=0.25, max_self_blocks=300)
+    assert capped == (300, 250)
 
 
 def test_the_runner_publishes_its_pools_and_encoder_cache_as_gauges(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,12 +75,16 @@ class MemoryReport:
 
 
 def pool_blocks(budget: int, self_token_bytes: int, cross_token_bytes: int, *, block_size: int,
-                cross_block_size: int, cross_share: float = 0.5) -> tuple[int, int]:
-    """(self blocks, cross blocks) that fit in ``budget`` bytes, ``cross_share`` of it for the cross pool. Raises
-    ValueError when not even two blocks of each fit (one is the reserved scratch block)."""
+                cross_block_size: int, cross_share: float = 0.5, max_self_blocks: int | None = None) -> tuple[int, int]:
+    """(self blocks, cross blocks) that fit in ``budget`` bytes, ``cross_share`` of it for the cross pool; at most
+    ``max_self_blocks`` self blocks (what the largest batch of the longest sequences can fill: more would never be
+    written, and their memory is left to the CUDA graphs and activations). Raises ValueError when not even two
+    blocks of each fit (one is the reserved scratch block)."""
     if not 0.0 < cross_share < 1.0:
         raise ValueError("cross_share must be between 0 and 1")
     self_blocks = int(budget * (1.0 - cross_share)) // (self_token_bytes * block_size)
+    if max_self_blocks is not None:
+        self_blocks = min(self_blocks, max_self_blocks)
     cross_blocks = int(budget * cross_share) // (cross_token_bytes * cross_block_size)
     if self_blocks < 2 or cross_blocks < 2:
         raise ValueError(f"{budget} bytes of GPU memory hold no usable KV pool")

@@ -31,6 +31,7 @@ from .paged import PagedKV
 
 log = logging.getLogger("lingua_fusion.gpu")
 PREPARE_TIMEOUT_S = 900.0  # a runner's graph captures (hundreds on CUDA) must be done by then
+MAX_BATCH = 1024  # rows a decode step takes at most (the largest CUDA graph bucket)
 PUBLISH_S = 0.25  # the memory report is refreshed at most this often (and when the runner goes idle)
 
 
@@ -65,7 +66,7 @@ class CpuPools(TypedDict):
 
 class GpuRunner:
     def __init__(self, recipe: Recipe, *, blocks: int, cross_blocks: int, block_size: int = 16,
-                 cross_block_size: int = 64, max_batch: int = 1024, max_pending: int = 8192,
+                 cross_block_size: int = 64, max_batch: int = MAX_BATCH, max_pending: int = 8192,
                  encode_batch: int = 128, memo: int = 2048, dtype: torch.dtype = torch.float16,
                  device: str | torch.device = "cuda", name: str = "gpu", kernel: str = "auto",
                  graphs: bool = False, prefix_cache: bool = True, prepare: Sequence[Callable[[], None]] = ()) -> None:
@@ -123,8 +124,10 @@ class GpuRunner:
         ``cross_share`` of it for encoder outputs."""
         d = recipe.decoder
         token_bytes = PagedKV.bytes_per_token(d.n_layer, d.n_head, d.head_dim, dtype)
+        most = int(kwargs.get("max_batch", MAX_BATCH)) * -(-d.max_positions // block_size) + 1  # + the scratch one
         blocks, cross = pool_blocks(budget_bytes(device, fraction, share), token_bytes, token_bytes,
-                                    block_size=block_size, cross_block_size=cross_block_size, cross_share=cross_share)
+                                    block_size=block_size, cross_block_size=cross_block_size, cross_share=cross_share,
+                                    max_self_blocks=most)
         log.info("GPU pools: %d self blocks of %d tokens, %d cross blocks of %d frames (%.1f GiB)", blocks,
                  block_size, cross, cross_block_size,
                  (blocks * block_size + cross * cross_block_size) * token_bytes / 2**30)
