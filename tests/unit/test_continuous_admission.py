@@ -79,6 +79,48 @@ def test_capacity_grows_only_as_far_as_the_runner_has_shown() -> None:
     assert proven.capacity(MODEL, "standard") == pytest.approx(200 / 0.05, rel=0.05)
 
 
+def test_a_runner_whose_thread_idles_is_counted_past_twice_what_it_held() -> None:
+    """A fast ramp of opens: a GPU runner seen with at most 4 items in flight, each 0.1 s, flat (the warm-up's load),
+    is counted at 8 in flight (80 items/s) by the growth bound alone. Its thread was busy 1 s of every 10 while it
+    settled 40 items a second: 400 items a busy second, so it is counted at what the curve allows within the budget
+    (the engine's largest batch, 1,024 / 0.1 s) but no more than that pace. A thread busy all the time at the
+    same rate (40 items a busy second) lifts nothing."""
+    idle, busy = fitted(0.1, 0.0, up_to=4), fitted(0.1, 0.0, up_to=4)
+    grown = idle.capacity(MODEL, "standard")
+    assert grown == pytest.approx(8 / 0.1, rel=0.05)
+    for i in range(10):
+        idle.observe_service(MODEL, 4, 0.1, now=float(i), busy=(40, 0.1))
+        busy.observe_service(MODEL, 4, 0.1, now=float(i), busy=(40, 1.0))
+    assert idle.capacity(MODEL, "standard") == pytest.approx(400, rel=0.05)
+    assert busy.capacity(MODEL, "standard") == pytest.approx(grown, rel=0.05)
+    assert idle.service_window(MODEL) == 360  # 400 items/s x half the 1.8 s ASR budget, by Little's law
+    assert busy.service_window(MODEL) == 8
+
+
+def test_the_pace_never_lifts_a_runner_past_its_latency_budget() -> None:
+    """A slow runner (0.65 s an item alone, 0.2 s more per item in flight: the CPU engine) whose thread idles: its
+    pace says 400 items a second, but the curve puts no more than 2 in flight within half the budget (0.9 s), so
+    it is counted at those 2 (2.4 items/s), as without the pace."""
+    s = fitted(0.45, 0.2, up_to=2)
+    before = s.capacity(MODEL, "standard")
+    for i in range(10):
+        s.observe_service(MODEL, 2, 0.85, now=float(i), busy=(40, 0.1))
+    assert s.capacity(MODEL, "standard") == pytest.approx(before, rel=0.05)
+    assert before == pytest.approx(2 / 0.85, rel=0.05) and s.service_window(MODEL) == 2
+
+
+def test_a_window_reports_the_runners_busy_seconds_in_it() -> None:
+    """InFlight's windows carry the items settled and the busy seconds the runner counted in them; a window
+    without a reading before it (the first) carries none, and neither does a runner that counts none."""
+    flight = InFlight()
+    flight.hand(6, 0.0)
+    assert flight.settle(0.5, 0.5, busy=10.0) is None
+    assert flight.settle(0.5, 1.0, busy=10.2) is not None and flight.busy_sample is None  # no reading before it
+    assert flight.settle(0.5, 1.5, busy=10.4) is None
+    assert flight.settle(0.5, 2.0, busy=10.5) is not None and flight.busy_sample == (2, pytest.approx(0.3))
+    assert flight.settle(0.5, 3.0, busy=None) is not None and flight.busy_sample is None
+
+
 def test_what_a_high_load_taught_is_not_forgotten_in_a_quiet_spell() -> None:
     # a runner (0.1 s an item alone) seen at up to 12 in flight, then a long quiet spell of one or two items at a
     # time, which it answers almost as fast as one: the next burst is admitted at what it was seen to do under

@@ -228,7 +228,7 @@ def test_a_fit_through_the_origin_is_a_fit() -> None:
 
 
 def test_round_robin_fills_its_units_exactly() -> None:
-    from lingua_fusion.serving.scheduler import round_robin
+    from lingua_fusion.serving.fair import round_robin
 
     items = [("A", 5.0, "a1"), ("B", 5.0, "b1"), ("A", 5.0, "a2")]
     taken, left = round_robin(items, key=lambda it: it[0], units=lambda it: it[1], max_items=10, max_units=10.0)

@@ -14,9 +14,10 @@ from lingua_fusion.api.admission import FairQueue
 from lingua_fusion.config import Settings
 from lingua_fusion.serving.demand import MT_BATCH_CHARS
 from lingua_fusion.serving.executor import VAD_BATCH_S, Executor
+from lingua_fusion.serving.fair import round_robin
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import CallContext, MtInput
-from lingua_fusion.serving.scheduler import CostModel, Scheduler, WorkItem, round_robin
+from lingua_fusion.serving.scheduler import CostModel, Scheduler, WorkItem
 
 
 def mt(key: str, units: float, *, deadline: float = 100.0, enqueued: float = 0.0, payload: Any = None,

@@ -28,6 +28,7 @@ from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeou
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
 from .demand import first_measures, model_scheduler, stream_demand, vad_seconds, work_units
+from .fair import round_robin
 from .faults import Fault
 from .keys import ModelKey
 from .ports import (
@@ -40,7 +41,7 @@ from .ports import (
     TypedPort,
     stage_deadline,
 )
-from .scheduler import Demand, WorkItem, round_robin
+from .scheduler import Demand, WorkItem
 from .service_curve import InFlight
 from .threads import (
     COLD_TIMEOUT_S,
@@ -50,6 +51,7 @@ from .threads import (
     Pending,
     Runner,
     build_runner,
+    busy_seconds,
     check_outputs,
     fail,
     failure_of,
@@ -330,20 +332,18 @@ class Executor(TypedPort):
         handed over before its first item settled (they all waited on its build: a GPU engine's MT runner is built
         at its first call, and those items taught admission a runner twenty times slower than it is)."""
         now = self.clock()
-        served = self._served.get(key, 0) + 1
-        self._served[key] = served
+        served = self._served[key] = self._served.get(key, 0) + 1
         warm = self._warm.setdefault(key, now)
         failure = failure_of(key, done)
         # settled in the count first, whatever the output check says (an answer checked bad was still served)
         measured = failure is None and served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS
-        sample = self._flying(key).settle(now - handed if measured else None, now)
-        if sample is not None:
-            self.scheduler.observe_service(key, *sample, now)
-        if failure is None:
-            try:
-                result = check_outputs(key, [pending_of(w).payload], [done.result()])[0]
-            except LinguaFusionError as bad:
-                failure = bad
+        flight = self._flying(key)
+        if (sample := flight.settle(now - handed if measured else None, now, busy_seconds(self._runners[key]))):
+            self.scheduler.observe_service(key, *sample, now, busy=flight.busy_sample)
+        try:
+            result = None if failure else check_outputs(key, [pending_of(w).payload], [done.result()])[0]
+        except LinguaFusionError as bad:
+            failure = bad
         if failure is not None:
             self._failed(key, [pending_of(w)], failure)
         else:

@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 
 from .cost_model import CostModel
 from .ports import SLO_CLASSES, stage_budget  # the classes are the contract's
-from .service_curve import ProvenLoad, ServiceCurve
+from .service_curve import BusyPace, ProvenLoad, ServiceCurve
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)  # a model's key: the executor's ModelKey (its tests' plain names)
@@ -43,31 +43,6 @@ SERVICE_MAX_IN_FLIGHT = 1024  # the GPU engine's largest decode batch (serving/g
 def family(model: Hashable) -> str:
     """A model's family ("asr", "mt", ...): its task, the first part of its name (serving/keys.py)."""
     return str(model).split(":")[0]
-
-def round_robin(items: list[T], key: Callable[[T], str], units: Callable[[T], float], *, max_items: int,
-                max_units: float) -> tuple[list[T], list[T]]:
-    """(taken, left): ``items`` taken one key at a time in turn (each key's in their order) until ``max_items`` or
-    ``max_units`` (one item always fits). The VAD lane's fair share: a key with many streams of long audio cannot
-    fill one VAD call that everybody else's windows then wait behind."""
-    queues: dict[str, deque[T]] = {}
-    for it in items:
-        queues.setdefault(key(it), deque()).append(it)
-    taken: list[T] = []
-    total = 0.0
-    while queues and len(taken) < max_items:
-        for k in list(queues):
-            it = queues[k][0]
-            if taken and total + units(it) > max_units:
-                queues.clear()
-                break
-            taken.append(queues[k].popleft())
-            total += units(it)
-            if not queues[k]:
-                del queues[k]
-            if len(taken) >= max_items:
-                break
-    chosen = {id(it) for it in taken}
-    return taken, [it for it in items if id(it) not in chosen]
 
 
 @dataclass
@@ -210,6 +185,7 @@ class Scheduler(Generic[K]):
         # items/s with n in flight
         self.service: dict[K, ServiceCurve] = {}
         self.proven: dict[K, ProvenLoad] = {}  # a continuous runner's load carried within its budget: a floor
+        self.pace: dict[K, BusyPace] = {}  # a continuous runner's items per busy second of its thread
         self._load: dict[K, tuple[float, float, float]] = {}  # model -> (when, admitted items/s, stage budget)
         self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
         self.admitted: dict[str, Demand[K]] = {}
@@ -365,11 +341,15 @@ class Scheduler(Generic[K]):
                 self.overlap_costs[model] = CostModel(cm.c0, cm.c1)
             self.overlap_costs[model].observe(batch, seconds)
 
-    def observe_service(self, model: K, in_flight: float, seconds: float, now: float) -> None:
+    def observe_service(self, model: K, in_flight: float, seconds: float, now: float,
+                        busy: tuple[int, float] | None = None) -> None:
         """A continuous runner's window (service_curve.InFlight): ``in_flight`` items in flight on average, their
-        latency ``seconds`` on average, ending at ``now``. Admission counts the model by this (``capacity``,
+        latency ``seconds`` on average, ending at ``now``; ``busy``: the items settled in it and the seconds the
+        runner's thread was busy (``InFlight.busy_sample``). Admission counts the model by these (``capacity``,
         ``proven``) from then on."""
         self.service.setdefault(model, ServiceCurve()).observe(in_flight, seconds, now)
+        if busy is not None:
+            self.pace.setdefault(model, BusyPace()).observe(*busy, now)
         at, load, budget = self._load.get(model, (-1.0, 0.0, float("inf")))
         if now - at >= LOAD_EVERY_S:  # the admitted streams summed twice a second, not per item
             streams = [d for d in self.admitted.values() if model in d.rate]
@@ -384,12 +364,18 @@ class Scheduler(Generic[K]):
         lanes: each lane's at the latency its batches have while other lanes run, once OVERLAP_MIN_OBSERVATIONS
         such batches were seen; until then one lane's (capacity is proven, not assumed). A continuous runner's (its
         model in ``service``, from its prior until its items are seen): the items in flight whose latency fits half
-        the stage budget, by Little's law, at most SERVICE_GROWTH times as many as it has held."""
+        the stage budget, by Little's law, at most SERVICE_GROWTH times as many as it has held, or as many as its
+        thread's pace (``BusyPace``) says it carries: no more items a second than that pace."""
         budget = stage_budget(slo, family(model))
         svc = self.service.get(model)
         if svc is not None:
             n = self._in_flight_within(model, svc, budget)
-            return n / max(1e-6, svc.predict(n))
+            served = n / max(1e-6, svc.predict(n))
+            pace = self._pace(model)
+            if pace is not None and pace > served:  # bounded by the latency the curve predicts as ever
+                m = svc.within(budget / 2, SERVICE_MAX_IN_FLIGHT)
+                served = max(served, min(pace, m / max(1e-6, svc.predict(m))))
+            return served
         cm, lanes = self.cost(model), 1
         overlap = self.overlap_costs.get(model)
         if self.lanes.get(model, 1) > 1 and overlap is not None and overlap.observations >= OVERLAP_MIN_OBSERVATIONS:
@@ -401,6 +387,10 @@ class Scheduler(Generic[K]):
         held = max(SERVICE_MIN_IN_FLIGHT, int(SERVICE_GROWTH * svc.most_in_flight))
         return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
 
+    def _pace(self, model: K) -> float | None:
+        pace = self.pace.get(model)
+        return pace.rate() if pace is not None else None
+
     def service_window(self, model: K) -> int | None:
         """How many items a continuous runner may hold in flight (None: ``model`` is not one): as many as admission
         counts it at, for the tightest class admitted on it. The rest wait here, where committed work goes first
@@ -411,7 +401,13 @@ class Scheduler(Generic[K]):
             return None
         slos = [d.slo for d in self.admitted.values() if model in d.rate] or ["standard"]
         tightest = min(slos, key=lambda s: SLO_CLASSES[s])
-        return self._in_flight_within(model, svc, stage_budget(tightest, family(model)))
+        budget = stage_budget(tightest, family(model))
+        n = self._in_flight_within(model, svc, budget)
+        pace = self._pace(model)
+        if pace is not None and pace > n / max(1e-6, svc.predict(n)):  # as capacity counts it: as many as that
+            # pace serves within half the budget (Little's law), where the curve agrees
+            n = max(n, min(svc.within(budget / 2, SERVICE_MAX_IN_FLIGHT), int(pace * budget / 2)))
+        return n
 
     def admit(self, demand: Demand[K]) -> bool:
         """Reserve ``demand`` if every model it uses can carry it beside the streams admitted: within its

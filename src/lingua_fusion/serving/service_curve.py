@@ -143,6 +143,11 @@ class InFlight:
     _since: float = 0.0  # the window's start
     _latency: float = 0.0  # of the items measured in the window
     _measured: int = 0
+    _settled: int = 0  # items settled in the window, measured or not
+    _busy_at: float | None = None  # the runner's busy seconds when the window began (``settle``'s ``busy``)
+    # the window just ended: (items settled in it, seconds the runner's thread was busy in it); None when the runner
+    # does not count its busy time or was not busy
+    busy_sample: tuple[int, float] | None = None
 
     def _tally(self, now: float) -> None:
         self._area += self.count * max(0.0, now - self._at)
@@ -156,12 +161,14 @@ class InFlight:
         self._tally(now)
         self.count += n
 
-    def settle(self, seconds: float | None, now: float) -> tuple[float, float] | None:
-        """One item settled at ``now``, after ``seconds`` (None: not a measure: it failed, or waited on a build).
-        At a window's end, the sample: (mean count in flight, mean latency); a window with nothing measured (every
+    def settle(self, seconds: float | None, now: float, busy: float | None = None) -> tuple[float, float] | None:
+        """One item settled at ``now``, after ``seconds`` (None: not a measure: it failed, or waited on a build);
+        ``busy``: the seconds the runner's thread has been busy so far, where it counts them. At a window's end,
+        the sample: (mean count in flight, mean latency), and ``busy_sample``; a window with nothing measured (every
         item failed) gives none and is not carried into the next."""
         self._tally(now)
         self.count -= 1
+        self._settled += 1
         if seconds is not None:
             self._latency += seconds
             self._measured += 1
@@ -169,8 +176,37 @@ class InFlight:
         if span < WINDOW_S:
             return None
         sample = (max(1.0, self._area / span), self._latency / self._measured) if self._measured else None
-        self._since, self._area, self._latency, self._measured = now, 0.0, 0.0, 0
+        was, self._busy_at = self._busy_at, busy
+        self.busy_sample = (self._settled, busy - was) if sample and busy is not None and was is not None \
+            and busy > was else None
+        self._since, self._area, self._latency, self._measured, self._settled = now, 0.0, 0.0, 0, 0
         return sample
+
+
+BUSY_MIN_ITEMS = 20  # items settled (decayed) a runner's pace needs behind it before admission counts it
+
+
+@dataclass
+class BusyPace:
+    """Items a continuous runner settles per second of its thread's busy time (decayed like the curve's means: half
+    every HALF_LIFE_S of use). Its thread can give no more than one busy second a second, so at the batches it ran
+    it carries at least this many items a second; batching only makes an item cheaper as more run together.
+    Admission lets it lift the curve's growth bound (Scheduler.capacity): a fast ramp of opens is not held to twice
+    what the runner carried a moment ago when its thread says it idles most of the time."""
+
+    _items: float = 0.0
+    _busy: float = 0.0
+    _at: float = 0.0
+
+    def observe(self, items: int, busy_s: float, now: float) -> None:
+        decay = _decay(self._at, now)
+        self._items = self._items * decay + items
+        self._busy = self._busy * decay + busy_s
+        self._at = max(self._at, now)
+
+    def rate(self) -> float | None:
+        """Items per busy second; None until BUSY_MIN_ITEMS items are behind it."""
+        return self._items / self._busy if self._items >= BUSY_MIN_ITEMS and self._busy > 0 else None
 
 
 PROVEN_S = 5.0  # seconds a load must have been carried, healthy, before it is a floor for admission

@@ -81,6 +81,18 @@ class ContinuousRunner(Protocol):
         ...
 
 
+@runtime_checkable
+class BusyCounted(Protocol):
+    """A continuous runner that counts the seconds its thread has been busy (serving/gpu/runner.py GpuRunner)."""
+
+    def busy_s(self) -> float: ...
+
+
+def busy_seconds(runner: object) -> float | None:
+    """``runner``'s busy seconds so far; None where it does not count them (admission's BusyPace then waits)."""
+    return runner.busy_s() if isinstance(runner, BusyCounted) else None
+
+
 def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False) -> Runner:
     if key == ModelKey.detect():
         return lambda items: _detect(registry, payloads_of(items, DetectInput))

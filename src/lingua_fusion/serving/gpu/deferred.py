@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...errors import BackendError
-from ..threads import ContinuousRunner
+from ..threads import ContinuousRunner, busy_seconds
 
 if TYPE_CHECKING:
     from .memory import MemoryReport
@@ -131,6 +131,11 @@ class DeferredRunner:
             failed.set_exception(error)
             futures.append(failed)
         return futures
+
+    def busy_s(self) -> float:
+        """The built runner's busy seconds (serving/threads.py BusyCounted); 0 before it is built."""
+        seconds = busy_seconds(self._runner)
+        return 0.0 if seconds is None else seconds
 
     @property
     def memory(self) -> MemoryReport | None:

@@ -170,6 +170,11 @@ class GpuRunner:
         with self._cv:
             return self.max_pending - len(self._live)
 
+    def busy_s(self) -> float:
+        """Seconds its thread has spent starting work and stepping (serving/threads.py BusyCounted: admission's
+        pace of it); read from another thread, a float at a time."""
+        return self.load.start_s + self.load.step_s
+
     def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
         futures: list[Future[Any]] = [Future() for _ in payloads]
         with self._cv:
