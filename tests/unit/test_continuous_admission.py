@@ -28,7 +28,7 @@ from lingua_fusion.errors import Overloaded
 from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext
-from lingua_fusion.serving.scheduler import SERVICE_MIN_IN_FLIGHT, CostModel, Demand, Scheduler
+from lingua_fusion.serving.scheduler import PACE_BUSY, SERVICE_MIN_IN_FLIGHT, CostModel, Demand, Scheduler
 from lingua_fusion.serving.service_curve import InFlight, ServiceCurve
 
 KEY = ModelKey.asr("en")
@@ -83,17 +83,17 @@ def test_a_runner_whose_thread_idles_is_counted_past_twice_what_it_held() -> Non
     """A fast ramp of opens: a GPU runner seen with at most 4 items in flight, each 0.1 s, flat (the warm-up's load),
     is counted at 8 in flight (80 items/s) by the growth bound alone. Its thread was busy 1 s of every 10 while it
     settled 40 items a second: 400 items a busy second, so it is counted at what the curve allows within the budget
-    (the engine's largest batch, 1,024 / 0.1 s) but no more than that pace. A thread busy all the time at the
-    same rate (40 items a busy second) lifts nothing."""
+    (the engine's largest batch, 1,024 / 0.1 s) but no more than that pace with its thread busy PACE_BUSY of the
+    time. A thread busy all the time at the same rate (40 items a busy second) lifts nothing."""
     idle, busy = fitted(0.1, 0.0, up_to=4), fitted(0.1, 0.0, up_to=4)
     grown = idle.capacity(MODEL, "standard")
     assert grown == pytest.approx(8 / 0.1, rel=0.05)
     for i in range(10):
         idle.observe_service(MODEL, 4, 0.1, now=float(i), busy=(40, 0.1))
         busy.observe_service(MODEL, 4, 0.1, now=float(i), busy=(40, 1.0))
-    assert idle.capacity(MODEL, "standard") == pytest.approx(400, rel=0.05)
+    assert idle.capacity(MODEL, "standard") == pytest.approx(400 * PACE_BUSY, rel=0.05)
     assert busy.capacity(MODEL, "standard") == pytest.approx(grown, rel=0.05)
-    assert idle.service_window(MODEL) == 360  # 400 items/s x half the 1.8 s ASR budget, by Little's law
+    assert idle.service_window(MODEL) == 270  # 300 items/s x half the 1.8 s ASR budget, by Little's law
     assert busy.service_window(MODEL) == 8
 
 
