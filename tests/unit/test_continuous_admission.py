@@ -82,9 +82,9 @@ def test_capacity_grows_only_as_far_as_the_runner_has_shown() -> None:
 def test_a_runner_whose_thread_idles_is_counted_past_twice_what_it_held() -> None:
     """A fast ramp of opens: a GPU runner seen with at most 4 items in flight, each 0.1 s, flat (the warm-up's load),
     is counted at 8 in flight (80 items/s) by the growth bound alone. Its thread was busy 1 s of every 10 while it
-    settled 40 items a second: 400 items a busy second, so it is counted at what the curve allows within the budget
-    (the engine's largest batch, 1,024 / 0.1 s) but no more than that pace with its thread busy PACE_BUSY of the
-    time. A thread busy all the time at the same rate (40 items a busy second) lifts nothing."""
+    settled 40 items a second: 400 items a busy second, so it is counted at that pace with its thread busy
+    PACE_BUSY of the time (300 items/s), which the curve allows within the budget at up to PACE_GROWTH times the 4
+    it held (32 / 0.1 s). A thread busy all the time at the same rate (40 items a busy second) lifts nothing."""
     idle, busy = fitted(0.1, 0.0, up_to=4), fitted(0.1, 0.0, up_to=4)
     grown = idle.capacity(MODEL, "standard")
     assert grown == pytest.approx(8 / 0.1, rel=0.05)
@@ -93,7 +93,7 @@ def test_a_runner_whose_thread_idles_is_counted_past_twice_what_it_held() -> Non
         busy.observe_service(MODEL, 4, 0.1, now=float(i), busy=(40, 1.0))
     assert idle.capacity(MODEL, "standard") == pytest.approx(400 * PACE_BUSY, rel=0.05)
     assert busy.capacity(MODEL, "standard") == pytest.approx(grown, rel=0.05)
-    assert idle.service_window(MODEL) == 270  # 300 items/s x half the 1.8 s ASR budget, by Little's law
+    assert idle.service_window(MODEL) == pytest.approx(30, abs=1)  # 300 items/s x the 0.1 s an item takes (Little)
     assert busy.service_window(MODEL) == 8
 
 
@@ -119,6 +119,58 @@ def test_a_window_reports_the_runners_busy_seconds_in_it() -> None:
     assert flight.settle(0.5, 1.5, busy=10.4) is None
     assert flight.settle(0.5, 2.0, busy=10.5) is not None and flight.busy_sample == (2, pytest.approx(0.3))
     assert flight.settle(0.5, 3.0, busy=None) is not None and flight.busy_sample is None
+    flight.hand(3, 3.0)  # a failed item is no measure of the pace: a refusal is answered at once
+    assert flight.settle(None, 3.5, busy=11.0, served=False) is None
+    assert flight.settle(0.5, 4.0, busy=11.1) is not None and flight.busy_sample is None  # no reading before it
+    assert flight.settle(None, 4.6, busy=11.2, served=False) is None
+    assert flight.settle(0.5, 5.0, busy=11.3) is not None and flight.busy_sample == (1, pytest.approx(0.2))
+
+
+class Timed:
+    """Counts a runner's busy seconds as GpuRunner.busy_s does (serving/threads.py BusyCounted)."""
+
+    def __init__(self, runner: Serial) -> None:
+        self.runner, self.busy = runner, 0.0
+        seconds = runner._seconds
+
+        def timed(n: int) -> float:
+            took = seconds(n)
+            self.busy += took
+            return took
+        runner._seconds = timed  # type: ignore[method-assign]
+
+    def busy_s(self) -> float:
+        return self.busy
+
+    def room(self) -> int:
+        return self.runner.room()
+
+    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
+        return self.runner.submit(payloads, tentative)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+async def test_the_executor_measures_a_runners_pace_from_the_busy_seconds_it_counts() -> None:
+    """Through the executor: a batching runner (a batch of n takes 0.05 + 0.02 n s) that counts its busy seconds is
+    measured at the items it serves per busy second (between 20 and 50: its batches here are 1 to 16), and one that
+    does not count them has no pace."""
+    timed = Timed(Batching(per_item=0.0))
+    executors = [Executor(None, Settings(), backends={"asr": lambda _key, r=r: r})  # type: ignore[arg-type]
+                 for r in (timed, Batching(per_item=0.0))]
+    try:
+        clip = AsrInput(np.zeros(1600, np.float32))
+        for burst in (1, 4, 8, 16) * 3:
+            for ex in executors:
+                await asyncio.wait_for(asyncio.gather(*(
+                    ex.run(KEY, clip, CallContext(stream_id=f"b{burst}-{i}")) for i in range(burst))), 30)
+        rate = executors[0].scheduler.pace[KEY].rate()
+        assert rate is not None and 20 <= rate <= 52, rate
+        assert KEY not in executors[1].scheduler.pace
+    finally:
+        for ex in executors:
+            await ex.close()
 
 
 def test_what_a_high_load_taught_is_not_forgotten_in_a_quiet_spell() -> None:

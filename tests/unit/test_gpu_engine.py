@@ -298,8 +298,41 @@ def test_a_runner_asked_for_step_graphs_it_cannot_capture_says_so_and_decodes_ea
         assert runner.engine.graphs is None
     assert outs[0] == outs[1] and outs[0].text
     assert [r.getMessage() for r in caplog.records if "decode step" in r.getMessage()] == \
-        ["asr-True: no CUDA graphs of the decode step without the Triton paged attention (kernel torch); it steps "
+        ["asr-True: no CUDA graphs of the decode step (they need the Triton paged attention, not 'torch'); it steps "
          "eagerly"]
+
+
+def test_a_step_graph_capture_that_fails_part_way_leaves_an_eager_runner(monkeypatch: pytest.MonkeyPatch,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A capture that raises after some buckets were captured (out of GPU memory, a driver that refuses): the
+    runner drops what was captured, warns, and decodes as it does without graphs."""
+    import numpy as np
+
+    from lingua_fusion.serving.gpu.decoder import DecodeEngine
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+    from lingua_fusion.serving.ports import AsrInput
+
+    def half_captured(engine: DecodeEngine, buckets: list[int]) -> None:
+        engine.graphs = object()  # type: ignore[assignment]  # some buckets captured, then:
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(DecodeEngine, "use_graphs", half_captured)
+    clip = AsrInput(np.random.default_rng(3).normal(0, 0.1, 16000 * 2).astype(np.float32))
+    plain = GpuRunner(tiny_whisper_recipe(), blocks=128, cross_blocks=32, block_size=8, cross_block_size=16,
+                      dtype=torch.float32, device="cpu", kernel="torch")
+    try:
+        want = plain.submit([clip], [False])[0].result(timeout=60)
+    finally:
+        plain.close()
+    runner = GpuRunner(tiny_whisper_recipe(), blocks=128, cross_blocks=32, block_size=8, cross_block_size=16,
+                       dtype=torch.float32, device="cpu", kernel="torch", graphs=True, name="asr")
+    try:
+        assert runner.engine.graphs is None
+        assert runner.submit([clip], [False])[0].result(timeout=60) == want
+    finally:
+        runner.close()
+    assert any("CUDA graphs of the decode step failed (RuntimeError: CUDA out of memory); it steps eagerly"
+               in r.getMessage() for r in caplog.records)
 
 
 def test_a_burst_of_new_work_is_encoded_between_steps_of_what_runs() -> None:

@@ -19,6 +19,7 @@ by being idle. ``max_queue_per_key`` bounds what one key may hold of a model's q
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ LOAD_EVERY_S = 0.5  # how often a continuous runner's admitted load is summed fo
 # target_utilisation: on an H100 the ASR runner threads busy 65 % held caption p99 0.92 s against a 1 s target, so
 # 0.75 x 0.8 = 60 % busy at most, and the other model processes' kernels slow a step as they too fill the GPU
 PACE_BUSY = 0.75
+# ... and no further than this many times the most it has held in flight: the pace is one runner's thread's, and
+# the runners of other model processes on the same GPU, each idle when it was measured, fill it together
+PACE_GROWTH = 8.0
 SERVICE_MAX_IN_FLIGHT = 1024  # the GPU engine's largest decode batch (serving/gpu/runner.py max_batch)
 
 
@@ -368,8 +372,9 @@ class Scheduler(Generic[K]):
         lanes: each lane's at the latency its batches have while other lanes run, once OVERLAP_MIN_OBSERVATIONS
         such batches were seen; until then one lane's (capacity is proven, not assumed). A continuous runner's (its
         model in ``service``, from its prior until its items are seen): the items in flight whose latency fits half
-        the stage budget, by Little's law, at most SERVICE_GROWTH times as many as it has held, or as many as its
-        thread's pace (``BusyPace``) says it carries: no more items a second than that pace."""
+        the stage budget, by Little's law, at most SERVICE_GROWTH times as many as it has held; where its thread's
+        pace (``BusyPace``) says it carries more than that, up to that pace (at most PACE_GROWTH times as many in
+        flight as it has held). The pace lifts the count, never lowers it."""
         budget = stage_budget(slo, family(model))
         svc = self.service.get(model)
         if svc is not None:
@@ -377,7 +382,7 @@ class Scheduler(Generic[K]):
             served = n / max(1e-6, svc.predict(n))
             pace = self._pace(model)
             if pace is not None and pace > served:  # bounded by the latency the curve predicts as ever
-                m = svc.within(budget / 2, SERVICE_MAX_IN_FLIGHT)
+                m = self._paced_in_flight(svc, budget)
                 served = max(served, min(pace, m / max(1e-6, svc.predict(m))))
             return served
         cm, lanes = self.cost(model), 1
@@ -390,6 +395,11 @@ class Scheduler(Generic[K]):
     def _in_flight_within(self, model: K, svc: ServiceCurve, budget: float) -> int:
         held = max(SERVICE_MIN_IN_FLIGHT, int(SERVICE_GROWTH * svc.most_in_flight))
         return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
+
+    def _paced_in_flight(self, svc: ServiceCurve, budget: float) -> int:
+        """The most items in flight the curve keeps within half the budget, up to PACE_GROWTH x what it held."""
+        return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, max(SERVICE_MIN_IN_FLIGHT,
+                                                                     int(PACE_GROWTH * svc.most_in_flight))))
 
     def _pace(self, model: K) -> float | None:
         """Items a second the runner's thread carries busy PACE_BUSY of the time (None: not measured)."""
@@ -411,8 +421,9 @@ class Scheduler(Generic[K]):
         n = self._in_flight_within(model, svc, budget)
         pace = self._pace(model)
         if pace is not None and pace > n / max(1e-6, svc.predict(n)):  # as capacity counts it: as many as that
-            # pace serves within half the budget (Little's law), where the curve agrees
-            n = max(n, min(svc.within(budget / 2, SERVICE_MAX_IN_FLIGHT), int(pace * budget / 2)))
+            # pace keeps in flight at the latency the curve predicts there (Little's law)
+            m = self._paced_in_flight(svc, budget)
+            n = max(n, min(m, math.ceil(pace * svc.predict(m))))
         return n
 
     def admit(self, demand: Demand[K]) -> bool:

@@ -143,7 +143,7 @@ class InFlight:
     _since: float = 0.0  # the window's start
     _latency: float = 0.0  # of the items measured in the window
     _measured: int = 0
-    _settled: int = 0  # items settled in the window, measured or not
+    _settled: int = 0  # items served in the window, measured or not
     _busy_at: float | None = None  # the runner's busy seconds when the window began (``settle``'s ``busy``)
     # the window just ended: (items settled in it, seconds the runner's thread was busy in it); None when the runner
     # does not count its busy time or was not busy
@@ -161,14 +161,16 @@ class InFlight:
         self._tally(now)
         self.count += n
 
-    def settle(self, seconds: float | None, now: float, busy: float | None = None) -> tuple[float, float] | None:
+    def settle(self, seconds: float | None, now: float, busy: float | None = None,
+               served: bool = True) -> tuple[float, float] | None:
         """One item settled at ``now``, after ``seconds`` (None: not a measure: it failed, or waited on a build);
-        ``busy``: the seconds the runner's thread has been busy so far, where it counts them. At a window's end,
+        ``busy``: the seconds the runner's thread has been busy so far, where it counts them; ``served``: False for
+        an item that failed (a refusal answered at once is no measure of the runner's pace). At a window's end,
         the sample: (mean count in flight, mean latency), and ``busy_sample``; a window with nothing measured (every
         item failed) gives none and is not carried into the next."""
         self._tally(now)
         self.count -= 1
-        self._settled += 1
+        self._settled += served
         if seconds is not None:
             self._latency += seconds
             self._measured += 1

@@ -363,7 +363,7 @@ class DecodeEngine:
         from .graphs import StepGraphs, StepShape
 
         if self.kv.kernel != "triton":
-            raise ValueError("CUDA graphs need the Triton paged attention")
+            raise ValueError(f"they need the Triton paged attention, not {self.kv.kernel!r}")
         shape = StepShape(self.device, self._table.shape[1], self._cross_table.shape[1], self.pool.block_size,
                           self.cross_pool.block_size)
         self.graphs = StepGraphs(self.forward, shape, sorted(b for b in buckets if b <= self.max_batch))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import logging
 import threading
 import time
@@ -138,16 +139,24 @@ class GpuRunner:
         """The decode step replayed from CUDA graphs (serving/gpu/graphs.py), captured on the runner's thread; where
         they cannot be (no Triton attention, a driver or build that refuses a capture) the runner steps eagerly,
         one launch per operator, and says so once."""
-        if self.engine.kv.kernel != "triton":
-            log.warning("%s: no CUDA graphs of the decode step without the Triton paged attention (kernel %s); it "
-                        "steps eagerly", name, self.engine.kv.kernel)
-            return
+        cuda = self.engine.device.type == "cuda"
+        stream = torch.cuda.current_stream(self.engine.device) if cuda else None  # the runner's own (``_loop``)
         try:
             self.engine.use_graphs(buckets_up_to(max_batch))
+            return
+        except ValueError as exc:  # the engine's own refusal (no Triton attention): nothing was captured
+            self.engine.graphs = None
+            log.warning("%s: no CUDA graphs of the decode step (%s); it steps eagerly", name, exc)
+            return
         except RuntimeError as exc:
-            log.warning("%s: CUDA graphs of the decode step failed (%s); it steps eagerly", name, exc)
-            self.engine.graphs = None  # what was captured before the failure goes with them
+            failure = f"{type(exc).__name__}: {exc}"
+        self.engine.graphs = None  # what was captured before the failure goes with them (the traceback too)
+        gc.collect()
+        if stream is not None:
+            torch.cuda.set_stream(stream)  # a capture that failed inside may have left its own stream current
+            torch.cuda.synchronize(self.engine.device)  # a fault of the device itself raises here: the build fails
             torch.cuda.empty_cache()
+        log.warning("%s: CUDA graphs of the decode step failed (%s); it steps eagerly", name, failure)
 
     def _publish(self, every_s: float = 0.0) -> None:
         """A fresh MemoryReport (on the runner's thread, which owns the pools), at most every ``every_s``."""
@@ -245,19 +254,23 @@ class GpuRunner:
 
     def _timed_start(self, new: list[tuple[Any, bool, Future[Any]]]) -> None:
         t = time.perf_counter()
-        with torch.profiler.record_function(self._labels[0]):
-            self._start(new)
+        try:  # busy time counts whether it raised or not (admission's pace: serving/service_curve.py BusyPace)
+            with torch.profiler.record_function(self._labels[0]):
+                self._start(new)
+        finally:
+            self.load.start_s += time.perf_counter() - t
         self.load.starts += 1
         self.load.started_items += len(new)
-        self.load.start_s += time.perf_counter() - t
 
     def _timed_step(self) -> None:
         t = time.perf_counter()
-        with torch.profiler.record_function(self._labels[1]):
-            rows = self.engine.step()
+        try:
+            with torch.profiler.record_function(self._labels[1]):
+                rows = self.engine.step()
+        finally:
+            self.load.step_s += time.perf_counter() - t
         self.load.steps += 1
         self.load.step_rows += rows
-        self.load.step_s += time.perf_counter() - t
 
     def _done(self, fut: Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
         with self._cv:
