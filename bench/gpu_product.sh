@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 30's figures in one device call: the product server (`linguafusion serve`, ASR on the engine with the shipped
+# tiny.en, MT on it from a random-weight Marian directory loaded as a user's, en -> es) over real WebSockets, then the
+# same server serving one item at a time (`MODELS__ENGINE_MAX_BATCH=1`, one model process): the per-stream baseline.
+# Run from the .gpurun bundle made here (docs/benchmarks.md, "Issue 30's figures in one call"), on the GPU machine:
+#
+#   bash bench/gpu_product.sh OUTDIR            # then, here:
+#   .venv/bin/python bench/gpu_product.py OUTDIR/run.json --baseline OUTDIR/base.json --gpu-time-s N
+#
+# Model processes: 6 on an H200 (141 GB), 3 on an H100 (80 GB: 6 ran it out of memory). STREAMS, BASE_STREAMS and
+# BUDGET_S (the main run's seconds; the baseline gets 150 more) override the defaults. Writes OUTDIR/run.json and
+# OUTDIR/base.json (each saved after every row) and prints the warnings and errors of each server's log.
+set -u
+out=${1:?output directory}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 LINGUAFUSION_SERVER__PARTIAL_PACE=${PACE:-2.5}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$gpu" in
+  *H200*) m=6; streams=${STREAMS:-800,1600,3200} ;;
+  *) m=3; streams=${STREAMS:-400,1200,2400} ;;
+esac
+echo "$gpu: $m model processes, streams $streams"
+python3 bench/gpu_mt_dir.py model mt-en-es | tail -1
+logs() {  # the newest server log's warnings and errors, counted
+  grep -v "Loading weights" "$(ls -t /tmp/lf-gpuserve-*/server.log | head -1)" | grep "WARNING\|ERROR\|illegal" \
+    | cut -c1-200 | sort | uniq -c | sort -rn | head -8
+}
+budget=${BUDGET_S:-330}
+timeout $((budget + 20)) python3 bench/gpu_serve.py run serve --mt-dir mt-en-es --to es --workers 12 \
+  --model-processes "$m" --warmup-s 20 --streams "$streams" --duration 20 --budget-s "$budget" --stop-p99-s 60 \
+  --json "$out/run.json" 2>&1 | grep -v Warning | grep -v "^n=" | tail -8
+logs
+LINGUAFUSION_MODELS__ENGINE_MAX_BATCH=1 timeout 170 python3 bench/gpu_serve.py run serve --mt-dir mt-en-es --to es \
+  --workers 2 --model-processes 1 --warmup-s 10 --streams "${BASE_STREAMS:-2,4,8}" --duration 20 --budget-s 150 \
+  --stop-p99-s 10 --port 18700 --json "$out/base.json" 2>&1 | grep -v Warning | grep -v "^n=" | tail -6
+logs
