@@ -114,16 +114,18 @@ def test_a_window_reports_the_runners_busy_seconds_in_it() -> None:
     without a reading before it (the first) carries none, and neither does a runner that counts none."""
     flight = InFlight()
     flight.hand(6, 0.0)
-    assert flight.settle(0.5, 0.5, busy=10.0) is None
-    assert flight.settle(0.5, 1.0, busy=10.2) is not None and flight.busy_sample is None  # no reading before it
-    assert flight.settle(0.5, 1.5, busy=10.4) is None
-    assert flight.settle(0.5, 2.0, busy=10.5) is not None and flight.busy_sample == (2, pytest.approx(0.3))
-    assert flight.settle(0.5, 3.0, busy=None) is not None and flight.busy_sample is None
+    assert flight.settle(0.5, 0.5, busy=lambda: 10.0) is None
+    assert flight.settle(0.5, 1.0, busy=lambda: 10.2) is not None
+    assert flight.busy_sample is None  # no reading before it
+    assert flight.settle(0.5, 1.5, busy=lambda: 10.4) is None
+    assert flight.settle(0.5, 2.0, busy=lambda: 10.5) is not None and flight.busy_sample == (2, pytest.approx(0.3))
+    assert flight.settle(0.5, 3.0, busy=lambda: None) is not None and flight.busy_sample is None
     flight.hand(3, 3.0)  # a failed item is no measure of the pace: a refusal is answered at once
-    assert flight.settle(None, 3.5, busy=11.0, served=False) is None
-    assert flight.settle(0.5, 4.0, busy=11.1) is not None and flight.busy_sample is None  # no reading before it
-    assert flight.settle(None, 4.6, busy=11.2, served=False) is None
-    assert flight.settle(0.5, 5.0, busy=11.3) is not None and flight.busy_sample == (1, pytest.approx(0.2))
+    assert flight.settle(None, 3.5, busy=lambda: 11.0, served=False) is None
+    assert flight.settle(0.5, 4.0, busy=lambda: 11.1) is not None
+    assert flight.busy_sample is None  # no reading before it
+    assert flight.settle(None, 4.6, busy=lambda: 11.2, served=False) is None
+    assert flight.settle(0.5, 5.0, busy=lambda: 11.3) is not None and flight.busy_sample == (1, pytest.approx(0.2))
 
 
 class Timed:

@@ -337,7 +337,7 @@ class Executor(TypedPort):
         failure = failure_of(key, done)
         # settled in the count first, whatever the output check says (an answer checked bad was still served)
         measured = failure is None and served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS
-        flight, busy = self._flying(key), busy_seconds(self._runners[key])
+        flight, busy = self._flying(key), functools.partial(busy_seconds, self._runners[key])  # read once a window
         if (sample := flight.settle(now - handed if measured else None, now, busy, served=failure is None)):
             self.scheduler.observe_service(key, *sample, now, busy=flight.busy_sample)
         try:

@@ -378,13 +378,7 @@ class Scheduler(Generic[K]):
         budget = stage_budget(slo, family(model))
         svc = self.service.get(model)
         if svc is not None:
-            n = self._in_flight_within(model, svc, budget)
-            served = n / max(1e-6, svc.predict(n))
-            pace = self._pace(model)
-            if pace is not None and pace > served:  # bounded by the latency the curve predicts as ever
-                m = self._paced_in_flight(svc, budget)
-                served = max(served, min(pace, m / max(1e-6, svc.predict(m))))
-            return served
+            return self._counted(model, svc, budget)[1]
         cm, lanes = self.cost(model), 1
         overlap = self.overlap_costs.get(model)
         if self.lanes.get(model, 1) > 1 and overlap is not None and overlap.observations >= OVERLAP_MIN_OBSERVATIONS:
@@ -396,16 +390,19 @@ class Scheduler(Generic[K]):
         held = max(SERVICE_MIN_IN_FLIGHT, int(SERVICE_GROWTH * svc.most_in_flight))
         return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
 
-    def _paced_in_flight(self, svc: ServiceCurve, budget: float) -> int:
-        """The most items in flight the curve keeps within half the budget, up to PACE_GROWTH x what it held."""
-        return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, max(SERVICE_MIN_IN_FLIGHT,
-                                                                     int(PACE_GROWTH * svc.most_in_flight))))
-
-    def _pace(self, model: K) -> float | None:
-        """Items a second the runner's thread carries busy PACE_BUSY of the time (None: not measured)."""
-        pace = self.pace.get(model)
-        rate = pace.rate() if pace is not None else None
-        return None if rate is None else rate * PACE_BUSY
+    def _counted(self, model: K, svc: ServiceCurve, budget: float) -> tuple[int, float]:
+        """(items in flight, items/s) a continuous runner is counted at for a stage ``budget``: the curve's, within
+        its growth bound; lifted where its thread's pace says more, to that pace at most, with the items in flight
+        that pace keeps at the latency the curve predicts (Little's law), up to PACE_GROWTH x what it held."""
+        n = self._in_flight_within(model, svc, budget)
+        served = n / max(1e-6, svc.predict(n))
+        rate = self.pace[model].rate() if model in self.pace else None
+        if rate is None or rate * PACE_BUSY <= served:
+            return n, served
+        pace = rate * PACE_BUSY
+        m = svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, max(SERVICE_MIN_IN_FLIGHT,
+                                                                  int(PACE_GROWTH * svc.most_in_flight))))
+        return max(n, min(m, math.ceil(pace * svc.predict(m)))), max(served, min(pace, m / max(1e-6, svc.predict(m))))
 
     def service_window(self, model: K) -> int | None:
         """How many items a continuous runner may hold in flight (None: ``model`` is not one): as many as admission
@@ -417,14 +414,7 @@ class Scheduler(Generic[K]):
             return None
         slos = [d.slo for d in self.admitted.values() if model in d.rate] or ["standard"]
         tightest = min(slos, key=lambda s: SLO_CLASSES[s])
-        budget = stage_budget(tightest, family(model))
-        n = self._in_flight_within(model, svc, budget)
-        pace = self._pace(model)
-        if pace is not None and pace > n / max(1e-6, svc.predict(n)):  # as capacity counts it: as many as that
-            # pace keeps in flight at the latency the curve predicts there (Little's law)
-            m = self._paced_in_flight(svc, budget)
-            n = max(n, min(m, math.ceil(pace * svc.predict(m))))
-        return n
+        return self._counted(model, svc, stage_budget(tightest, family(model)))[0]
 
     def admit(self, demand: Demand[K]) -> bool:
         """Reserve ``demand`` if every model it uses can carry it beside the streams admitted: within its

@@ -28,6 +28,7 @@ caller's clock is passed in, no threads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 HALF_LIFE_S = 3.0  # seconds of use in which a sample's weight in its bucket's means halves
@@ -161,10 +162,11 @@ class InFlight:
         self._tally(now)
         self.count += n
 
-    def settle(self, seconds: float | None, now: float, busy: float | None = None,
+    def settle(self, seconds: float | None, now: float, busy: Callable[[], float | None] | None = None,
                served: bool = True) -> tuple[float, float] | None:
         """One item settled at ``now``, after ``seconds`` (None: not a measure: it failed, or waited on a build);
-        ``busy``: the seconds the runner's thread has been busy so far, where it counts them; ``served``: False for
+        ``busy``: reads the seconds the runner's thread has been busy so far (None where it does not count them),
+        read only when a window ends; ``served``: False for
         an item that failed (a refusal answered at once is no measure of the runner's pace). At a window's end,
         the sample: (mean count in flight, mean latency), and ``busy_sample``; a window with nothing measured (every
         item failed) gives none and is not carried into the next."""
@@ -178,9 +180,10 @@ class InFlight:
         if span < WINDOW_S:
             return None
         sample = (max(1.0, self._area / span), self._latency / self._measured) if self._measured else None
-        was, self._busy_at = self._busy_at, busy
-        self.busy_sample = (self._settled, busy - was) if sample and busy is not None and was is not None \
-            and busy > was else None
+        now_busy = busy() if busy is not None else None
+        was, self._busy_at = self._busy_at, now_busy
+        self.busy_sample = (self._settled, now_busy - was) if sample and now_busy is not None and was is not None \
+            and now_busy > was else None
         self._since, self._area, self._latency, self._measured, self._settled = now, 0.0, 0.0, 0, 0
         return sample
 
