@@ -56,6 +56,7 @@ def summarize(run: dict[str, Any], gpu_time_s: float) -> dict[str, Any]:
                   "goodput": r["goodput_streams"], "errors": r["errors"], "finals": r["finals"],
                   "caption_p50_s": r["caption_latency_s"]["p50"], "caption_p99_s": r["caption_latency_s"]["p99"],
                   "host_cpu_ms_per_stream_s": r.get("host_cpu_ms_per_stream_s"),
+                  "host_cpu_ms_per_stream_s_by_role": r.get("host_cpu_ms_per_stream_s_by_role"),
                   "gpu_ms_per_stream_s": r.get("gpu_ms_per_stream_s"), "gpu_busy": r.get("gpu_busy"),
                   "gpu_memory_mib": r.get("gpu_memory_max_mib"), "failed_captions": r["integrity"].get("failed"),
                   "lost_captions": r["integrity"].get("lost"), "breaker_restored": r.get("breaker_restored"),
@@ -95,7 +96,7 @@ def main() -> int:
     for r in doc["rows"]:
         print(f"offered {r['offered']:>5}  admitted {r['admitted']:>4}  good {r['goodput']:>4}  p99 "
               f"{r['caption_p99_s']} s  errors {r['errors']}  host {r['host_cpu_ms_per_stream_s']} ms/stream-s  "
-              f"gpu {r['gpu_ms_per_stream_s']} ms/stream-s")
+              f"gpu {r['gpu_ms_per_stream_s']} ms/stream-s  host by role {r['host_cpu_ms_per_stream_s_by_role']}")
     print({k: doc[k] for k in ("streams_p99_1s", "streams_p99_3s", "overload", "failed_captions")})
     return 0
 

@@ -273,18 +273,22 @@ def load_row(args: argparse.Namespace, url: str, n: int, duration: float, procs:
     return merge(n, procs, reports, problems, time.monotonic() - t0)
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) of every live process in the server's process group: the front process, its
-    workers and its model processes (a process that exited meanwhile is not counted)."""
+def group_cpu_s(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of every live process in the server's process group, by role: ``model`` (the
+    model processes, named ``lf-model-N``), ``worker`` (``lf-worker``) and ``front`` (the supervising process and
+    anything else); a process that exited meanwhile is not counted."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    total = {"front": 0.0, "worker": 0.0, "model": 0.0}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            name, rest = stat.read_text().rsplit(")", 1)
+        except (OSError, ValueError):
             continue
+        fields = rest.split()
         if int(fields[2]) == pgid:  # after the command: state, ppid, pgrp, ...; utime and stime are the 12th, 13th
-            total += (int(fields[11]) + int(fields[12])) / tick
+            comm = name.split("(", 1)[-1]
+            role = "model" if comm.startswith("lf-model") else "worker" if comm == "lf-worker" else "front"
+            total[role] += (int(fields[11]) + int(fields[12])) / tick
     return total
 
 
@@ -316,11 +320,15 @@ class GpuSampler:
         return samples
 
 
-def costs(stream_s: float, cpu_s: float, gpu: list[tuple[float, float]]) -> dict[str, Any]:
-    """Host CPU and GPU time per second of stream audio served. GPU time is NVML's busy share (the share of
-    sampling periods in which a kernel ran, an upper bound on the arithmetic's own time) times the row's wall."""
+def costs(stream_s: float, cpu: dict[str, float], gpu: list[tuple[float, float]]) -> dict[str, Any]:
+    """Host CPU and GPU time per second of stream audio served; the host's also by role (``group_cpu_s``). GPU time
+    is NVML's busy share (the share of sampling periods in which a kernel ran, an upper bound on the arithmetic's
+    own time) times the row's wall."""
+    cpu_s = sum(cpu.values())
     out: dict[str, Any] = {"host_cpu_s": round(cpu_s, 1),
-                           "host_cpu_ms_per_stream_s": round(1000 * cpu_s / stream_s, 3) if stream_s else None}
+                           "host_cpu_ms_per_stream_s": round(1000 * cpu_s / stream_s, 3) if stream_s else None,
+                           "host_cpu_ms_per_stream_s_by_role": {
+                               role: round(1000 * s / stream_s, 3) for role, s in cpu.items()} if stream_s else None}
     if gpu:
         busy = float(np.mean([b for b, _m in gpu])) / 100
         wall = len(gpu) * 0.2
@@ -429,7 +437,8 @@ def run(args: argparse.Namespace) -> int:
             row["server_metrics"] = {"before": before, "after": after}
             row["breaker_restored"] = row_restored
             row["runners"] = runner_rows(runners0, runner_load(url), time.monotonic() - t_row, args.model_processes)
-            row |= costs(row["admitted"] * args.duration, group_cpu_s(proc.pid) - cpu0, gpu.stop())
+            cpu1 = group_cpu_s(proc.pid)
+            row |= costs(row["admitted"] * args.duration, {r: cpu1[r] - cpu0[r] for r in cpu1}, gpu.stop())
             doc["rows"].append(row)
             write()
             c = row["caption_latency_s"]

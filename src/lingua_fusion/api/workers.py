@@ -63,19 +63,22 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _die_with_parent() -> None:
-    """A child ends (SIGTERM) when the supervisor dies, even by SIGKILL: no orphan keeps serving the port."""
+def _die_with_parent(name: str) -> None:
+    """A child ends (SIGTERM) when the supervisor dies, even by SIGKILL: no orphan keeps serving the port. It is
+    named ``name`` (at most 15 bytes) in ps, top and /proc/PID/stat: ``lf-worker``, ``lf-model-N``."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
 
 
 def model_main(settings: Settings, path: str, log_level: str, index: int = 0, ledger_path: str | None = None) -> None:
     """Model process ``index``; ``ledger_path``: the admitted streams shared with the others (several)."""
     import asyncio
 
-    _die_with_parent()
+    _die_with_parent(f"lf-model-{index}")
     from ..observability import Metrics
     from ..serving.shard.ledger import SharedLedger
     from ..serving.shard.model_process import serve
@@ -100,7 +103,7 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     from .server import build_server, install_logging
     from .shared_tickets import SharedTicketBook
 
-    _die_with_parent()
+    _die_with_parent("lf-worker")
     install_logging(log_level)
     link = ModelLink(path, max_in_flight=link_in_flight(settings))
 
