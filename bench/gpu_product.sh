@@ -18,7 +18,7 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 LINGUAFUSION_SERVER__PAR
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$gpu" in
   *H200*) m=6; streams=${STREAMS:-800,1600,3200} ;;
-  *) m=3; streams=${STREAMS:-400,1200,2400} ;;
+  *) m=3; streams=${STREAMS:-500,900,2700} ;;
 esac
 echo "$gpu: $m model processes, streams $streams"
 python3 bench/gpu_mt_dir.py model mt-en-es | tail -1
