@@ -22,6 +22,7 @@ import torch
 from ..errors import BackendError, NotConfigured
 from .asr_whisper import ZH_PROMPT, caption_text, decode_length, window_samples
 from .base import ASRResult, ASRSegment, BackendInfo, among
+from .host_copy import queued_copy
 from .transcript_guard import heard_nothing, mean_logprob
 from .whisper_decode import Decoded, DecodeOptions, SpecialTokens, greedy_decode
 from .whisper_torch import LogMel, WhisperTorch, load_whisper
@@ -107,10 +108,12 @@ class WhisperTorchASR:
         mel = torch.zeros(len(windows), self.model.dims.n_mels, max(lengths), device=self.device)
         for n in sorted({len(w) for w in windows}):
             idx = [i for i, w in enumerate(windows) if len(w) == n]
-            batch = torch.from_numpy(np.stack([windows[i] for i in idx])).to(self.device)
-            mel[idx, :, : n // 160] = self.mel(batch)[:, :, : n // 160]  # one STFT per window length
+            batch = queued_copy(torch.from_numpy(np.stack([windows[i] for i in idx])), self.device)
+            # (rows as a list would be copied to the device the waiting way)
+            rows = slice(None) if len(idx) == len(windows) else queued_copy(torch.tensor(idx), self.device)
+            mel[rows, :, : n // 160] = self.mel(batch)[:, :, : n // 160]  # one STFT per window length
         return (mel.to(self.model.decoder.token_embedding.weight.dtype),
-                torch.tensor(lengths, dtype=torch.long, device=self.device))
+                queued_copy(torch.tensor(lengths, dtype=torch.long), self.device))
 
     # ---- streaming clips -------------------------------------------------------------------------------------
     def transcribe_batch(self, audios: list[np.ndarray], *, language: str | None,

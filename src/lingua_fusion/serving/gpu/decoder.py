@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ...errors import CapacityExhausted
+from ...models.host_copy import queued_copy
 from .blocks import BlockPool
 from .decoder_model import Decoded, DecoderModel
 from .device_call import wait
@@ -151,7 +152,7 @@ class DecodeEngine:
             slots.append(slots_of(self.cross_pool, cid, 0, memory.shape[0]))
             rows.append(memory)
         if rows:
-            slot_t = torch.from_numpy(np.concatenate(slots)).to(self.device)
+            slot_t = queued_copy(torch.from_numpy(np.concatenate(slots)), self.device)  # the encoder may still run
             flat = torch.cat(rows)
             with torch.inference_mode():
                 for i in range(self.model.n_layer):

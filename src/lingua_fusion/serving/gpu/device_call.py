@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ...models.host_copy import queued_copy
 from .graphs import own_stream
 
 
@@ -39,7 +40,7 @@ class DeviceCall:
         if self.stream is None:
             return fn(*(t.to(self.device) for t in host)).cpu().numpy()
         with torch.cuda.stream(self.stream):
-            result = fn(*(t.pin_memory().to(self.device, non_blocking=True) for t in host))
+            result = fn(*(queued_copy(t, self.device) for t in host))
             out = torch.empty(result.shape, dtype=torch.float32, pin_memory=True)
             out.copy_(result, non_blocking=True)
         wait(self.stream)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...models.host_copy import queued_copy
 from ...types import SR
 from ..ports import AsrInput, AsrOutput, MtInput
 from .decoder_model import Decoded, DecoderModel
@@ -52,9 +53,9 @@ def encoder_outputs(encoder: Any, ids: list[list[int]], pad: int, device: torch.
     batch, mask = padded_ids(ids, pad)
     width = batch.shape[1]
     # no padding: no mask (what the encoder would decide itself, after reading the mask back from the device)
-    padded = mask.to(device) if any(len(seq) < width for seq in ids) else None
+    padded = queued_copy(mask, device) if any(len(seq) < width for seq in ids) else None
     with torch.inference_mode():
-        hidden = device_only(encoder)(input_ids=batch.to(device), attention_mask=padded).last_hidden_state
+        hidden = device_only(encoder)(input_ids=queued_copy(batch, device), attention_mask=padded).last_hidden_state
     return [hidden[i, : len(seq)] for i, seq in enumerate(ids)]
 
 
@@ -159,7 +160,7 @@ class Seq2SeqTextRecipe:
             return encoder_outputs(self.model.model.encoder, ids, self._pad, self.device)
         batch, mask = padded_ids(ids, self._pad, self._width_multiple)
         with torch.inference_mode():
-            hidden = self._padded_encode(batch.to(self.device), mask.to(self.device))
+            hidden = self._padded_encode(queued_copy(batch, self.device), queued_copy(mask, self.device))
         return [hidden[i, : len(seq)] for i, seq in enumerate(ids)]
 
     def prompt(self, payload: MtInput) -> list[int]:
