@@ -59,6 +59,8 @@ class _Seq:
     pos: int = 0  # tokens fed so far
     preempted: int = 0
     row: int = -1  # its row in the engine's block-table mirror while it runs
+    cross_row: int = -1  # its cross-attention entry's row in the mirror, and the entry's frames (while it runs)
+    cross_len: int = 0
     keys: list[tuple[int, tuple[int, ...]]] | None = None  # prefix-cache keys of its prompt's full blocks
 
     @property
@@ -206,6 +208,7 @@ class DecodeEngine:
                 continue
             self.pool.allocate(seq.id, 0)
             seq.row = self._free_rows.pop()
+            seq.cross_row, seq.cross_len = self._cross_row[seq.cross], self._cross_len[seq.cross]
             self.running.append(seq)
 
     def _keys(self, seq: _Seq) -> list[tuple[int, tuple[int, ...]]]:
@@ -221,9 +224,10 @@ class DecodeEngine:
         step out: the block they would feed next is being written by another decode of their window (at most
         ``block_size`` - 1 steps ahead, or starting it in this step), which they take once it is full."""
         bs = self.pool.block_size
-        writing = {self._keys(s)[s.pos // bs] for s in self.running if s.pos % bs and s.pos // bs < len(self._keys(s))}
+        reading = [s for s in self.running if s.pos < len(s.prompt)]  # (the rest generate: nothing to share)
+        writing = {self._keys(s)[s.pos // bs] for s in reading if s.pos % bs and s.pos // bs < len(self._keys(s))}
         parked: set[int] = set()
-        for seq in self.running:
+        for seq in reading:
             if seq.pos % bs or seq.pos + bs >= len(seq.prompt):  # its last prompt token is always fed (first output)
                 continue
             keys = self._keys(seq)
@@ -303,14 +307,14 @@ class DecodeEngine:
             return 0
         n = len(batch)
         rows = np.fromiter((s.row for s in batch), dtype=np.int64, count=n)
-        crows = np.fromiter((self._cross_row[s.cross] for s in batch), dtype=np.int64, count=n)
+        crows = np.fromiter((s.cross_row for s in batch), dtype=np.int64, count=n)
         inputs = StepInputs(
             tokens=np.fromiter((s.next_input() for s in batch), dtype=np.int64, count=n),
             positions=np.fromiter((s.pos for s in batch), dtype=np.int64, count=n),
             slots=np.asarray(slots, dtype=np.int64),
             self_tables=self._table[rows], self_lens=np.fromiter((s.pos + 1 for s in batch), dtype=np.int64, count=n),
             cross_tables=self._cross_table[crows],
-            cross_lens=np.fromiter((self._cross_len[s.cross] for s in batch), dtype=np.int64, count=n),
+            cross_lens=np.fromiter((s.cross_len for s in batch), dtype=np.int64, count=n),
             first=np.fromiter((s.pos + 1 == len(s.prompt) for s in batch), dtype=np.int64, count=n))
         try:
             if self.graphs is not None and self.graphs.fits(n):
@@ -325,16 +329,18 @@ class DecodeEngine:
         self.steps += 1
         self.tokens += len(batch)
         keep: list[_Seq] = []
+        max_positions = self.model.max_positions
         for seq, tok, lp in zip(batch, best_l, best_lp_l, strict=True):
             seq.pos += 1
-            self._publish(seq)
+            if seq.pos <= len(seq.prompt):
+                self._publish(seq)
             if seq.pos >= len(seq.prompt):  # this step's output is a generated token
                 if tok in seq.stop:
                     self._end(seq)
                     continue
                 seq.out.append(tok)
                 seq.logprobs.append(lp)
-                if len(seq.out) >= seq.max_new or seq.pos + 1 >= self.model.max_positions:
+                if len(seq.out) >= seq.max_new or seq.pos + 1 >= max_positions:
                     self._end(seq)
                     continue
             keep.append(seq)
