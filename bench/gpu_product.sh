@@ -30,6 +30,9 @@ logs() {  # the newest server log's warnings and errors, counted
     | cut -c1-200 | sort | uniq -c | sort -rn | head -8
 }
 parts=${PARTS:-run,base}
+for part in ${parts//,/ }; do
+  case $part in check|run|base) ;; *) echo "PARTS: $part is none of check, run, base" >&2; exit 2 ;; esac
+done
 if [[ $parts == *check* ]]; then
   timeout 150 python3 bench/gpu_server_path.py run serve --parts transcripts --json "$out/transcripts.json" 2>&1 \
     | grep "SUMMARY\|Error\|error" | tail -4

@@ -273,12 +273,12 @@ def load_row(args: argparse.Namespace, url: str, n: int, duration: float, procs:
     return merge(n, procs, reports, problems, time.monotonic() - t0)
 
 
-def group_cpu_s(pgid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of every live process in the server's process group, by role: ``model`` (the
-    model processes, named ``lf-model-N``), ``worker`` (``lf-worker``) and ``front`` (the supervising process and
-    anything else); a process that exited meanwhile is not counted."""
+def group_cpu_s(pgid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every live process in the server's process group, by pid, with its role:
+    ``model`` (the model processes, named ``lf-model-N``), ``worker`` (``lf-worker``) or ``front`` (the supervising
+    process and anything else)."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = {"front": 0.0, "worker": 0.0, "model": 0.0}
+    out: dict[int, tuple[str, float]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             name, rest = stat.read_text().rsplit(")", 1)
@@ -288,7 +288,16 @@ def group_cpu_s(pgid: int) -> dict[str, float]:
         if int(fields[2]) == pgid:  # after the command: state, ppid, pgrp, ...; utime and stime are the 12th, 13th
             comm = name.split("(", 1)[-1]
             role = "model" if comm.startswith("lf-model") else "worker" if comm == "lf-worker" else "front"
-            total[role] += (int(fields[11]) + int(fields[12])) / tick
+            out[int(stat.parent.name)] = (role, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_between(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds by role between two ``group_cpu_s`` readings: a process started meanwhile counts from zero, one
+    that exited meanwhile (a killed model process) is not counted for the row."""
+    total = {"front": 0.0, "worker": 0.0, "model": 0.0}
+    for pid, (role, cpu) in after.items():
+        total[role] += cpu - before.get(pid, (role, 0.0))[1]
     return total
 
 
@@ -437,8 +446,7 @@ def run(args: argparse.Namespace) -> int:
             row["server_metrics"] = {"before": before, "after": after}
             row["breaker_restored"] = row_restored
             row["runners"] = runner_rows(runners0, runner_load(url), time.monotonic() - t_row, args.model_processes)
-            cpu1 = group_cpu_s(proc.pid)
-            row |= costs(row["admitted"] * args.duration, {r: cpu1[r] - cpu0[r] for r in cpu1}, gpu.stop())
+            row |= costs(row["admitted"] * args.duration, cpu_between(cpu0, group_cpu_s(proc.pid)), gpu.stop())
             doc["rows"].append(row)
             write()
             c = row["caption_latency_s"]

@@ -108,7 +108,9 @@ class WhisperTorchASR:
         mel = torch.zeros(len(windows), self.model.dims.n_mels, max(lengths), device=self.device)
         for n in sorted({len(w) for w in windows}):
             idx = [i for i, w in enumerate(windows) if len(w) == n]
-            batch = queued_copy(torch.from_numpy(np.stack([windows[i] for i in idx])), self.device)
+            # (the audio itself the plain way: its copy comes first, nothing queued to wait for, and a batch's
+            # hundreds of MB would stay page-locked in the pinned-memory cache)
+            batch = torch.from_numpy(np.stack([windows[i] for i in idx])).to(self.device)
             # (rows as a list would be copied to the device the waiting way)
             rows = slice(None) if len(idx) == len(windows) else queued_copy(torch.tensor(idx), self.device)
             mel[rows, :, : n // 160] = self.mel(batch)[:, :, : n // 160]  # one STFT per window length

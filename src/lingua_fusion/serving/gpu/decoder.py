@@ -206,9 +206,9 @@ class DecodeEngine:
             if seq.future.cancelled():
                 self.release(seq.cross)
                 continue
+            seq.cross_row, seq.cross_len = self._cross_row[seq.cross], self._cross_len[seq.cross]
             self.pool.allocate(seq.id, 0)
             seq.row = self._free_rows.pop()
-            seq.cross_row, seq.cross_len = self._cross_row[seq.cross], self._cross_len[seq.cross]
             self.running.append(seq)
 
     def _keys(self, seq: _Seq) -> list[tuple[int, tuple[int, ...]]]:
