@@ -461,11 +461,15 @@ async def test_two_model_processes_serve_streams_and_one_recovers_from_a_kill(ta
         pids = _pids(tmp_path)
         assert len(pids["models"]) == 2 and len(set(pids["models"])) == 2
         assert pids["restarts"] == 0  # a fresh state directory: no worker tripped over another opening it
-        # ps and top (and bench/gpu_serve.py's CPU by role) tell the processes apart by name
-        names = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids["models"]]  # type: ignore[attr-defined]
-        assert names == ["lf-model-0", "lf-model-1"]
-        workers = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in pids["workers"]]  # type: ignore[attr-defined]
-        assert workers == ["lf-worker", "lf-worker"]
+        # ps and top (and bench/gpu_serve.py's CPU by role) tell the processes apart by name, once each has started
+        # (a worker spawned a moment ago may still be importing)
+        procs = [*pids["models"], *pids["workers"]]  # type: ignore[misc]
+        for _ in range(150):
+            names = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in procs]
+            if all(n.startswith("lf-") for n in names):
+                break
+            await asyncio.sleep(0.2)
+        assert names == ["lf-model-0", "lf-model-1", "lf-worker", "lf-worker"]
         finals = await asyncio.gather(*(_finals(url, talks[i % 2]) for i in range(3)))
         for i, f in enumerate(finals):
             script = SENTENCES if i % 2 == 0 else OTHER
