@@ -8,7 +8,7 @@
 #   .venv/bin/python bench/gpu_product.py OUTDIR/run.json --baseline OUTDIR/base.json --gpu-time-s N
 #
 # Model processes: 6 on an H200 (141 GB), 3 on an H100 (80 GB: 6 ran it out of memory). STREAMS, BASE_STREAMS and
-# BUDGET_S (the main run's seconds; the baseline gets 150 more) override the defaults. PARTS (default run,base) picks
+# BUDGET_S (the main run's seconds; the baseline gets 210 more) override the defaults. PARTS (default run,base) picks
 # what runs: ``check`` first compares the engine's transcripts on this GPU with the CPU's (bench/gpu_server_path.py,
 # about 90 s; OUTDIR/transcripts.json), ``run`` the product server, ``base`` the baseline; a device call is 10
 # minutes at most, so PARTS=check,run in one call and PARTS=base in the next. Writes OUTDIR/run.json and
@@ -42,8 +42,8 @@ budget=${BUDGET_S:-330}
   --model-processes "$m" --warmup-s 20 --streams "$streams" --duration 20 --budget-s "$budget" --stop-p99-s 60 \
   --json "$out/run.json" 2>&1 | grep -v Warning | grep -v "^n=" | tail -8
 [[ $parts == *run* ]] && logs
-[[ $parts == *base* ]] && LINGUAFUSION_MODELS__ENGINE_MAX_BATCH=1 timeout 170 python3 bench/gpu_serve.py run serve --mt-dir mt-en-es --to es \
-  --workers 2 --model-processes 1 --warmup-s 10 --streams "${BASE_STREAMS:-2,4,8}" --duration 20 --budget-s 150 \
+[[ $parts == *base* ]] && LINGUAFUSION_MODELS__ENGINE_MAX_BATCH=1 timeout 230 python3 bench/gpu_serve.py run serve --mt-dir mt-en-es --to es \
+  --workers 2 --model-processes 1 --warmup-s 10 --streams "${BASE_STREAMS:-2,4,8}" --duration 20 --budget-s 210 \
   --stop-p99-s 10 --port 18700 --json "$out/base.json" 2>&1 | grep -v Warning | grep -v "^n=" | tail -6
 [[ $parts == *base* ]] && logs
 true
