@@ -249,9 +249,10 @@ class DecodeEngine:
         return parked
 
     def _publish(self, seq: _Seq) -> None:
-        """``seq`` has just filled a block with prompt tokens only: offer it to later decodes of its window."""
+        """``seq``, still within its prompt (the step calls it for those rows only), may have just filled a block
+        with prompt tokens: offer it to later decodes of its window."""
         bs = self.pool.block_size
-        if self.prefix_cache and seq.pos <= len(seq.prompt) and seq.pos % bs == 0:
+        if self.prefix_cache and seq.pos % bs == 0:
             self.pool.publish(seq.id, seq.pos // bs - 1, seq.cross, self._keys(seq)[seq.pos // bs - 1])
 
     def _preempt(self) -> None:
@@ -332,7 +333,7 @@ class DecodeEngine:
         max_positions = self.model.max_positions
         for seq, tok, lp in zip(batch, best_l, best_lp_l, strict=True):
             seq.pos += 1
-            if seq.pos <= len(seq.prompt):
+            if seq.pos <= len(seq.prompt):  # a row past its prompt has nothing to offer
                 self._publish(seq)
             if seq.pos >= len(seq.prompt):  # this step's output is a generated token
                 if tok in seq.stop:
