@@ -52,6 +52,7 @@ class Cluster:
     state: Path  # the driver's --state-dir
     talk: Path
     long_talk: Path  # the same sentences with short pauses: utterances up to 10 s, so a batch runs long enough
+    slow_talk: Path  # the short talk with long pauses (about a minute): a room that outlasts placing its listener
     driver: subprocess.Popen[bytes]  # to be killed in the middle of it
 
     def beats(self) -> list[Beat]:
@@ -75,6 +76,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     talk.write_bytes(talk_wav(SHORT))
     long_talk = tmp / "long_talk.wav"
     long_talk.write_bytes(talk_wav(SENTENCES, pause_s=0.15))
+    slow_talk = tmp / "slow_talk.wav"
+    slow_talk.write_bytes(talk_wav(SHORT, pause_s=12))
     ray = LocalRay(nodes=2, cpus_per_node=1)
     ray.stop()  # a cluster left by an interrupted run holds the ports
     ray.start()
@@ -86,7 +89,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     driver = subprocess.Popen([str(BIN), "serve", "--cluster", "--ray-address", ray.address, "--port",
                                str(SERVE_PORT), "--state-dir", str(state), "--gateways", "2",
                                "--model-replicas", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
-    c = Cluster(f"http://127.0.0.1:{SERVE_PORT}", "", state, talk, long_talk, driver)
+    c = Cluster(f"http://127.0.0.1:{SERVE_PORT}", "", state, talk, long_talk, slow_talk, driver)
     try:
         def ready() -> bool:
             assert driver.poll() is None, (tmp / "driver.log").read_text()
@@ -115,9 +118,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 class Stream:
     """`linguafusion stream FILE --to es --realtime --json` against the cluster, read as it goes."""
 
-    def __init__(self, c: Cluster, *extra: str, long: bool = False) -> None:
+    def __init__(self, c: Cluster, *extra: str, long: bool = False, slow: bool = False) -> None:
         self.sentences = SENTENCES if long else SHORT
-        talk = c.long_talk if long else c.talk
+        talk = c.long_talk if long else c.slow_talk if slow else c.talk
         self.proc = subprocess.Popen([str(BIN), "stream", str(talk), "--to", "es", "--realtime", "--json",
                                       "--url", c.url, "--api-key", c.key, "--no-partials", *extra],
                                      stdout=subprocess.PIPE,
@@ -223,7 +226,9 @@ def test_the_model_replica_killed_mid_stream_is_restarted_and_nothing_is_lost(cl
 
 def test_a_listener_on_one_gateway_hears_a_room_published_on_the_other_through_its_gateways_death(
         cluster: Cluster) -> None:
-    pub = Stream(cluster, "--room")
+    # the slow talk: a listener's CLI may take half a minute to start on 2 busy cores, and one that lands on the
+    # publisher's gateway starts again; the 14 s talk once ended the room before a listener was placed (CI)
+    pub = Stream(cluster, "--room", slow=True)
     ready = _wait(lambda: next((e for e in pub.events if e.get("type") == "ready"), None), 60, "the room's ready")
     room, token = ready["room_id"], ready["listener_token"]
     publisher = _holder(cluster)
