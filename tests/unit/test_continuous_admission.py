@@ -28,8 +28,16 @@ from lingua_fusion.errors import Overloaded
 from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext
-from lingua_fusion.serving.scheduler import PACE_BUSY, SERVICE_MIN_IN_FLIGHT, CostModel, Demand, Scheduler
-from lingua_fusion.serving.service_curve import InFlight, ServiceCurve
+from lingua_fusion.serving.scheduler import (
+    PACE_BUSY,
+    SERVICE_MAX_IN_FLIGHT,
+    SERVICE_MIN_IN_FLIGHT,
+    SHAPE_GROWTH,
+    CostModel,
+    Demand,
+    Scheduler,
+)
+from lingua_fusion.serving.service_curve import InFlight, ServiceCurve, step_at
 
 KEY = ModelKey.asr("en")
 MODEL = str(KEY)
@@ -470,3 +478,105 @@ def test_a_window_of_failures_gives_no_sample_and_is_not_carried() -> None:
     assert flight.settle(0.2, 50.2) is None
     # this window's own: 2 in flight for 0.2 s and 1 for 1 s over its 1.2 s, not a mean over the failures' 50 s
     assert flight.settle(1.2, 51.2) == pytest.approx(((2 * 0.2 + 1.0) / 1.2, 0.7))
+
+
+# ---- a runner that timed its own step at each batch size (the GPU engine's CUDA graphs) ----------------------
+GPU_STEP = ((8, 0.0012), (16, 0.0012), (32, 0.0013), (64, 0.0014), (128, 0.0016), (256, 0.0021), (512, 0.0035),
+            (1024, 0.006))  # seconds a decode step of each batch size (the H100's order of size)
+
+
+def test_a_step_of_n_rows_costs_what_the_smallest_bucket_holding_them_costs() -> None:
+    assert step_at(GPU_STEP, 1) == step_at(GPU_STEP, 8) == 0.0012  # fewer rows than the smallest graph: its cost
+    assert step_at(GPU_STEP, 100) == 0.0016  # 100 rows replay the graph of 128
+    assert step_at(GPU_STEP, 2048) == pytest.approx(0.012)  # twice the largest batch: two steps' worth
+    assert step_at(((8, 0.002), (16, 0.001)), 12) == 0.002  # a noisy timing never makes more rows faster
+
+
+def light_load(shape: tuple[tuple[int, float], ...] = ()) -> Scheduler:
+    """A GPU runner under a light load of the interactive class, as on the H100: one to three items in flight, 30
+    and 45 ms (arrivals bunching), its step's timings ``shape``."""
+    s = Scheduler()
+    s.service[MODEL] = ServiceCurve(0.07, 0.08)  # tiny.en's prior (serving/demand.py)
+    for i in range(10):
+        s.observe_service(MODEL, 1 + (i % 2) * 2, 0.03 + (i % 2) * 0.015, now=float(i), shape=shape)
+    assert s.admit(Demand("first", "interactive", {MODEL: 1.0}))  # its window is the class's: ASR's 0.3 s to serve
+    return s
+
+
+def test_a_light_load_on_a_runner_with_its_step_timed_is_counted_at_what_its_batches_carry() -> None:
+    """The slope through 1 and 3 items in flight (7.5 ms an item) held an H100's runners to a few items in flight
+    while their threads idled. With the step's own timings the curve is extrapolated as a batcher's: a step of 24
+    rows costs 1.3 ms where one of 3 costs 1.2, so SHAPE_GROWTH x 3 = 24 items in flight at 45 ms x 13/12."""
+    slope, timed = light_load(), light_load(GPU_STEP)
+    before, after = slope.capacity(MODEL, "interactive"), timed.capacity(MODEL, "interactive")
+    assert before == pytest.approx(6 / (0.045 + 3 * 0.0075), rel=0.01)  # twice the 3 held, along the slope
+    assert after == pytest.approx(24 / (0.045 * 13 / 12), rel=0.01)
+    assert timed.service_window(MODEL) == int(SHAPE_GROWTH * 3)
+
+
+def test_a_runner_whose_step_grows_with_its_rows_is_held_to_its_latency_budget() -> None:
+    """A step timed at 4 ms a row (a decoder on the CPU, or past the GPU's knee): the timings lift nothing
+    beyond what fits half the stage budget (the interactive class's ASR: 0.3 s)."""
+    linear = tuple((b, 0.004 * b) for b in (1, 2, 4, 8, 16, 32))
+    s = light_load(linear)
+    n = s.service_window(MODEL)
+    assert n is not None and n < SHAPE_GROWTH * 3
+    assert s.service[MODEL].predict(n) <= 0.3 < s.service[MODEL].predict(n + 1)
+    assert s.capacity(MODEL, "interactive") == pytest.approx(n / s.service[MODEL].predict(n))
+
+
+def test_what_the_timings_promise_is_grown_into_a_factor_at_a_time() -> None:
+    """Each window the runner holds more, the count it is allowed grows with it, to the budget and no further."""
+    s = light_load(GPU_STEP)
+    allowed = []
+    for i in range(5):
+        n = s.service_window(MODEL)
+        assert n is not None
+        allowed.append(n)
+        for _ in range(3):  # the runner holds what it is allowed, each item at 45 ms x its step's growth
+            s.observe_service(MODEL, n, 0.045 * step_at(GPU_STEP, n) / 0.0012, now=10.0 + i, shape=GPU_STEP)
+    assert allowed[:3] == [24, 192, SERVICE_MAX_IN_FLIGHT]  # 1,024 rows: 0.225 s, within 0.3
+    assert allowed[-1] == SERVICE_MAX_IN_FLIGHT
+
+
+class Profiled(Batching):
+    """A batching runner that says what its step takes at each batch size (GpuRunner.step_profile)."""
+
+    def step_profile(self) -> tuple[tuple[int, float], ...]:
+        return ((8, 0.05), (16, 0.06))
+
+
+async def test_the_executor_extrapolates_a_runner_by_the_step_timings_it_reports() -> None:
+    runner, plain = Profiled(per_item=0.0), Batching(per_item=0.0)
+    executors = [Executor(None, Settings(), backends={"asr": lambda _key, r=r: r})  # type: ignore[arg-type]
+                 for r in (runner, plain)]
+    try:
+        clip = AsrInput(np.zeros(1600, np.float32))
+        for burst in (4, 8) * 8:  # a few seconds: windows of the items in flight are 1 s (service_curve.WINDOW_S)
+            for ex in executors:
+                await asyncio.wait_for(asyncio.gather(*(
+                    ex.run(KEY, clip, CallContext(stream_id=f"b{burst}-{i}")) for i in range(burst))), 30)
+        assert executors[0].scheduler.service[KEY].shape == ((8, 0.05), (16, 0.06))
+        assert executors[1].scheduler.service[KEY].shape == ()
+    finally:
+        for ex in executors:
+            await ex.close()
+
+
+def test_each_batch_size_is_timed_at_its_fastest_after_a_warm_run() -> None:
+    """A step's timing (serving/gpu/graphs.py time_each): one untimed run (kernels chosen), then the least of the
+    timed runs, each ended by the device's sync: another process's kernels on the GPU only ever add to it."""
+    from lingua_fusion.serving.gpu.graphs import time_each
+
+    now = [0.0]
+    took = {8: [9.0, 0.002, 0.003, 0.0025], 16: [9.0, 0.004, 0.0035, 0.005]}  # the first: the warm run
+    ran: list[int] = []
+
+    def run(size: int) -> None:
+        ran.append(size)
+        now[0] += took[size].pop(0)
+
+    synced: list[int] = []
+    timed = time_each([8, 16], run, lambda: synced.append(len(ran)), repeats=3, clock=lambda: now[0])
+    assert timed == ((8, pytest.approx(0.002)), (16, pytest.approx(0.0035)))
+    assert ran == [8] * 4 + [16] * 4 and synced == list(range(1, 9))  # each run ended by a sync before its time

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from typing import Any
 
@@ -296,10 +297,38 @@ def test_a_runner_asked_for_step_graphs_it_cannot_capture_says_so_and_decodes_ea
         finally:
             runner.close()
         assert runner.engine.graphs is None
+        assert runner.step_profile() == ()  # nothing timed: admission extrapolates it by its measured slope
     assert outs[0] == outs[1] and outs[0].text
     assert [r.getMessage() for r in caplog.records if "decode step" in r.getMessage()] == \
         ["asr-True: no CUDA graphs of the decode step (they need the Triton paged attention, not 'torch'); it steps "
          "eagerly"]
+
+
+def test_a_runner_with_step_graphs_times_them_for_admission(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once its step's graphs are captured, the runner times each (StepGraphs.profile, on its own thread) and
+    reports them (``step_profile``: admission's shape of it, serving/service_curve.py)."""
+    from lingua_fusion.serving.gpu.decoder import DecodeEngine
+    from lingua_fusion.serving.gpu.runner import GpuRunner
+
+    class Timed:
+        def __init__(self) -> None:
+            self.on = threading.current_thread().name
+
+        def profile(self) -> tuple[tuple[int, float], ...]:
+            assert threading.current_thread().name == self.on  # where they were captured: the runner's thread
+            return ((8, 0.0012), (16, 0.0013))
+
+        def fits(self, n: int) -> bool:
+            return False  # every step eager
+
+    monkeypatch.setattr(DecodeEngine, "use_graphs", lambda engine, buckets: setattr(engine, "graphs", Timed()))
+    runner = GpuRunner(tiny_whisper_recipe(), blocks=128, cross_blocks=32, block_size=8, cross_block_size=16,
+                       dtype=torch.float32, device="cpu", kernel="torch", graphs=True, name="asr")
+    try:
+        assert runner.step_profile() == ((8, 0.0012), (16, 0.0013))
+        assert runner.engine.graphs is not None and runner.engine.graphs.on == "gpu-asr"  # type: ignore[attr-defined]
+    finally:
+        runner.close()
 
 
 def test_a_step_graph_capture_that_fails_part_way_leaves_an_eager_runner(monkeypatch: pytest.MonkeyPatch,

@@ -59,6 +59,7 @@ from .threads import (
     on_loop,
     pending_of,
     resolve,
+    step_profile,
 )
 
 if TYPE_CHECKING:
@@ -194,9 +195,8 @@ class Executor(TypedPort):
             self._runners[key] = runner
             continuous = isinstance(runner, ContinuousRunner)
             first_measures(self.scheduler, key, continuous)
-            lanes = 1 if continuous else lanes_of(key, self.settings)
-            self._lanes[key] = lanes
-            self.scheduler.lanes[key] = lanes  # admission: the key's capacity is per lane
+            # admission counts a key's capacity per lane
+            self._lanes[key] = self.scheduler.lanes[key] = 1 if continuous else lanes_of(key, self.settings)
         return runner
 
     def _batch_runner(self, key: ModelKey) -> Runner:
@@ -339,7 +339,7 @@ class Executor(TypedPort):
         measured = failure is None and served > SERVICE_WARMUP and handed >= warm and w.slo != FILE_CLASS
         flight, busy = self._flying(key), functools.partial(busy_seconds, self._runners[key])  # read once a window
         if (sample := flight.settle(now - handed if measured else None, now, busy, served=failure is None)):
-            self.scheduler.observe_service(key, *sample, now, busy=flight.busy_sample)
+            self.scheduler.observe_service(key, *sample, now, flight.busy_sample, step_profile(self._runners[key]))
         try:
             result = None if failure else check_outputs(key, [pending_of(w).payload], [done.result()])[0]
         except LinguaFusionError as bad:

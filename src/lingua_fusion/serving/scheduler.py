@@ -45,6 +45,10 @@ PACE_BUSY = 0.75
 # ... and no further than this many times the most it has held in flight: the pace is one runner's thread's, and
 # the runners of other model processes on the same GPU, each idle when it was measured, fill it together
 PACE_GROWTH = 8.0
+# ... and this many times, for a runner whose curve is extrapolated by its own step's timings at each batch size
+# (service_curve.ServiceCurve.shape): what those do not time (its encoder's starts, the host's work per row) is
+# then measured a factor at a time
+SHAPE_GROWTH = 8.0
 SERVICE_MAX_IN_FLIGHT = 1024  # the GPU engine's largest decode batch (serving/gpu/runner.py max_batch)
 
 
@@ -350,12 +354,15 @@ class Scheduler(Generic[K]):
             self.overlap_costs[model].observe(batch, seconds)
 
     def observe_service(self, model: K, in_flight: float, seconds: float, now: float,
-                        busy: tuple[int, float] | None = None) -> None:
+                        busy: tuple[int, float] | None = None, shape: tuple[tuple[int, float], ...] = ()) -> None:
         """A continuous runner's window (service_curve.InFlight): ``in_flight`` items in flight on average, their
         latency ``seconds`` on average, ending at ``now``; ``busy``: the items settled in it and the seconds the
-        runner's thread was busy (``InFlight.busy_sample``). Admission counts the model by these (``capacity``,
-        ``proven``) from then on."""
-        self.service.setdefault(model, ServiceCurve()).observe(in_flight, seconds, now)
+        runner's thread was busy (``InFlight.busy_sample``); ``shape``: its step's seconds per batch size, where it
+        timed them (``ServiceCurve.shape``). Admission counts the model by these (``capacity``, ``proven``) from
+        then on."""
+        svc = self.service.setdefault(model, ServiceCurve())
+        svc.observe(in_flight, seconds, now)
+        svc.shape = shape or svc.shape
         if busy is not None:
             self.pace.setdefault(model, BusyPace()).observe(*busy, now)
         at, load, budget = self._load.get(model, (-1.0, 0.0, float("inf")))
@@ -372,9 +379,9 @@ class Scheduler(Generic[K]):
         lanes: each lane's at the latency its batches have while other lanes run, once OVERLAP_MIN_OBSERVATIONS
         such batches were seen; until then one lane's (capacity is proven, not assumed). A continuous runner's (its
         model in ``service``, from its prior until its items are seen): the items in flight whose latency fits half
-        the stage budget, by Little's law, at most SERVICE_GROWTH times as many as it has held; where its thread's
-        pace (``BusyPace``) says it carries more than that, up to that pace (at most PACE_GROWTH times as many in
-        flight as it has held). The pace lifts the count, never lowers it."""
+        the stage budget, by Little's law, at most SERVICE_GROWTH (SHAPE_GROWTH) times as many as it held; where its
+        thread's pace (``BusyPace``) says it carries more, up to that pace (at most PACE_GROWTH times as many in
+        flight as it held). The pace lifts the count, never lowers it."""
         budget = stage_budget(slo, family(model))
         svc = self.service.get(model)
         if svc is not None:
@@ -387,7 +394,8 @@ class Scheduler(Generic[K]):
         return lanes * b / max(1e-6, cm.predict(b))
 
     def _in_flight_within(self, model: K, svc: ServiceCurve, budget: float) -> int:
-        held = max(SERVICE_MIN_IN_FLIGHT, int(SERVICE_GROWTH * svc.most_in_flight))
+        growth = SHAPE_GROWTH if svc.shape else SERVICE_GROWTH
+        held = max(SERVICE_MIN_IN_FLIGHT, int(growth * svc.most_in_flight))
         return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
 
     def _counted(self, model: K, svc: ServiceCurve, budget: float) -> tuple[int, float]:

@@ -19,6 +19,14 @@ items seen in flight it is extrapolated along its last slope (the prior's while 
 caller bounds how far (Scheduler: twice what was held). Until a first item is seen the prior line c0 + c1 * n
 stands in.
 
+A runner that timed its own decode step at each batch size on its device (``shape``: the GPU engine's CUDA graphs,
+serving/gpu/graphs.py StepGraphs.profile) is extrapolated by that instead: its latency at the top of the curve,
+scaled by how much longer a step of n rows takes than one of the top's. An item's latency in a continuous batcher
+is its steps times the step's time, and the step's time grows with the rows it carries, not with the items; on a
+GPU a step of 8 rows costs what one of 1 does. A slope drawn through the few items a light load holds in flight
+(1 and 1.5: arrivals bunching, not the batch) said each more item costs 30 ms, held admission on an H100 to 47
+streams while its runners idled 75 % of the time, and the items it held never grew the curve.
+
 ``ProvenLoad``, beside it: the admitted load (items/s of the streams' demand) a runner has carried for PROVEN_S
 seconds while its items' mean latency stayed within HEALTHY of the stage budget. Admission never refuses below it
 (Scheduler.admit): the curve's promise moves with every moment's noise (a burst of arrivals, a load's first items
@@ -68,12 +76,27 @@ class _Point:
         return self.latency_sum / self.weight
 
 
+def step_at(shape: tuple[tuple[int, float], ...], n: float) -> float:
+    """Seconds a step of ``n`` rows takes by ``shape`` ((rows, seconds), rows ascending): the smallest batch size
+    that holds ``n`` (a step replays the graph of the bucket it fits); past the largest, that one's per row (rows
+    beyond the engine's batch wait for another step). Never less than a smaller batch's (a noisy timing does not
+    promise that more rows are faster)."""
+    top = 0.0
+    for rows, seconds in shape:
+        top = max(top, seconds)
+        if n <= rows:
+            return top
+    rows, _ = shape[-1]
+    return top * n / rows
+
+
 class ServiceCurve:
     def __init__(self, c0: float = 0.2, c1: float = 0.1) -> None:
         self.c0, self.c1 = c0, c1  # the prior line, until items are seen (and its slope while one bucket is)
         self._points: dict[int, _Point] = {}
         self.observations = 0
         self.most_in_flight = 0.0
+        self.shape: tuple[tuple[int, float], ...] = ()  # the runner's step seconds per batch size (``step_at``)
 
     def observe(self, in_flight: float, seconds: float, now: float) -> None:
         """An item served with ``in_flight`` items in flight (itself included; the mean over its life,
@@ -107,6 +130,8 @@ class ServiceCurve:
             if n <= x1:
                 return y1 if x1 - x0 < 1e-9 else y0 + (y1 - y0) * (n - x0) / (x1 - x0)
         (x0, y0), (x1, y1) = (curve[-2], curve[-1]) if len(curve) > 1 else ((0.0, 0.0), curve[-1])
+        if self.shape:
+            return y1 * step_at(self.shape, n) / max(1e-9, step_at(self.shape, x1))
         slope = self.c1 if len(curve) == 1 or x1 - x0 < 1e-9 else (y1 - y0) / (x1 - x0)
         return y1 + max(0.0, slope) * (n - x1)
 

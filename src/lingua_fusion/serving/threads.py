@@ -93,6 +93,19 @@ def busy_seconds(runner: object) -> float | None:
     return runner.busy_s() if isinstance(runner, BusyCounted) else None
 
 
+@runtime_checkable
+class StepProfiled(Protocol):
+    """A continuous runner that timed its decode step at each batch size on its device (serving/gpu/runner.py
+    GpuRunner, from its CUDA graphs): admission extrapolates its latency by them (service_curve.ServiceCurve.shape)."""
+
+    def step_profile(self) -> tuple[tuple[int, float], ...]: ...
+
+
+def step_profile(runner: object) -> tuple[tuple[int, float], ...]:
+    """``runner``'s (batch size, step seconds), ascending; empty where it timed none (no graphs, not built yet)."""
+    return runner.step_profile() if isinstance(runner, StepProfiled) else ()
+
+
 def build_runner(key: ModelKey, registry: Registry, *, per_stream: bool = False) -> Runner:
     if key == ModelKey.detect():
         return lambda items: _detect(registry, payloads_of(items, DetectInput))

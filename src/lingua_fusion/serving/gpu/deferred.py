@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ...errors import BackendError
-from ..threads import ContinuousRunner, busy_seconds
+from ..threads import ContinuousRunner, busy_seconds, step_profile
 
 if TYPE_CHECKING:
     from .memory import MemoryReport
@@ -136,6 +136,10 @@ class DeferredRunner:
         """The built runner's busy seconds (serving/threads.py BusyCounted); 0 before it is built."""
         seconds = busy_seconds(self._runner)
         return 0.0 if seconds is None else seconds
+
+    def step_profile(self) -> tuple[tuple[int, float], ...]:
+        """The built runner's step seconds per batch size (serving/threads.py StepProfiled); none before."""
+        return step_profile(self._runner)
 
     @property
     def memory(self) -> MemoryReport | None:

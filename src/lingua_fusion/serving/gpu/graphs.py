@@ -10,6 +10,7 @@ write block 0 of each pool, which the pools never hand out.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -144,6 +145,23 @@ class StepGraphs:
         assert bucket.out is not None
         return bucket.out
 
+    def profile(self, repeats: int = 5) -> tuple[tuple[int, float], ...]:
+        """(batch size, seconds) a replay of each captured bucket takes on the device, every row padding: the
+        step's kernels at that batch, on this set's stream. Admission scales a runner's measured latency by them
+        beyond what it has held (service_curve.ServiceCurve.shape). What they leave out (attention over a real
+        context, the host's work per row, the encoder's starts) the runner's measured latency shows as it grows."""
+        captured = [b for b in self.buckets if b.out is not None]
+        with torch.cuda.stream(self._stream):
+            for bucket in captured:
+                bucket.blank()
+
+            def replay(size: int) -> None:
+                next(b for b in captured if b.size == size).graph.replay()
+
+            timed = time_each([b.size for b in captured], replay, lambda: torch.cuda.synchronize(self._stream.device),
+                              repeats=repeats)
+        return timed
+
     def _capture(self, bucket: _Bucket) -> None:
         bucket.out = capture(bucket.graph, self._pool, self._stream, lambda: self.forward(bucket.inputs))
         self.captured += 1
@@ -155,3 +173,21 @@ def buckets_up_to(max_batch: int, smallest: int = 8) -> list[int]:
         out.append(b)
         b *= 2
     return [*out, max_batch]
+
+
+def time_each(sizes: list[int], run: Callable[[int], object], sync: Callable[[], object], *, repeats: int = 5,
+              clock: Callable[[], float] = time.perf_counter) -> tuple[tuple[int, float], ...]:
+    """(size, seconds) per ``run(size)``: once to warm, then the least of ``repeats`` timed runs, each ended by
+    ``sync`` (the device's work done). The least: another process's kernels on the same GPU only ever add."""
+    out = []
+    for size in sizes:
+        run(size)
+        sync()
+        best = float("inf")
+        for _ in range(repeats):
+            t = clock()
+            run(size)
+            sync()
+            best = min(best, clock() - t)
+        out.append((size, best))
+    return tuple(out)

@@ -105,6 +105,7 @@ class GpuRunner:
         self.memory: MemoryReport | None = None  # published by the runner's thread (serving/gpu/memory.py)
         self._published = 0.0
         self._publish()
+        self._profile: tuple[tuple[int, float], ...] = ()  # the step's seconds per batch size (``step_profile``)
         self._prepared = threading.Event()
         self._prepare_error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, args=(steps,), name=f"gpu-{name}", daemon=True)
@@ -143,6 +144,10 @@ class GpuRunner:
         stream = torch.cuda.current_stream(self.engine.device) if cuda else None  # the runner's own (``_loop``)
         try:
             self.engine.use_graphs(buckets_up_to(max_batch))
+            assert self.engine.graphs is not None
+            self._profile = self.engine.graphs.profile()
+            log.info("%s: decode step ms by batch size: %s", name,
+                     ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in self._profile))
             return
         except ValueError as exc:  # the engine's own refusal (no Triton attention): nothing was captured
             self.engine.graphs = None
@@ -183,6 +188,11 @@ class GpuRunner:
         """Seconds its thread has spent starting work and stepping (serving/threads.py BusyCounted: admission's
         pace of it); read from another thread, a float at a time."""
         return self.load.start_s + self.load.step_s
+
+    def step_profile(self) -> tuple[tuple[int, float], ...]:
+        """(batch size, seconds) of a decode step replayed from its CUDA graph, timed once they were captured
+        (serving/threads.py StepProfiled: admission's shape of this runner); none where it steps eagerly."""
+        return self._profile
 
     def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
         futures: list[Future[Any]] = [Future() for _ in payloads]
