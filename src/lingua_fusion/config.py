@@ -39,6 +39,9 @@ class ServerSettings(BaseModel):
     # streams get the CPU first (Linux: per thread, inherited by the decoder's own threads); 0: the same priority
     file_nice: int = Field(default=10, ge=0, le=19)
     max_streams: int = 256  # live streams admitted at once, all keys together
+    # `serve --workers`: a worker's large arrays (a partial's audio window, a picture) reach its model process
+    # through a shared-memory ring both map (serving/shard/shm.py) instead of the socket; false: always the socket
+    shm_ring: bool = True
     max_streams_per_key: int = 32  # live streams one key may hold at once
     stream_idle_timeout_s: float = 60.0  # a stream that sends nothing this long is closed (4408)
     drain_timeout_s: float = 10.0  # on SIGTERM, how long live streams get to finish

@@ -308,6 +308,29 @@ async def test_requests_of_one_loop_turn_cross_in_one_frame_each_way(tmp_path: P
         await server.close()
 
 
+async def test_a_partials_audio_crosses_through_the_workers_shared_ring_not_the_socket(tmp_path: Path,
+                                                                                      talks: list[bytes]) -> None:
+    """A partial's window is up to seconds of float32 audio, sent again with every partial: it crosses through the
+    worker's ring (serving/shard/shm.py), which the model process mapped at the handshake, and is transcribed as
+    the same audio inline is; its span is free again once the call has ended."""
+    server, listener, link, port = await _one_worker(tmp_path)
+    try:
+        await link.wait_up(5)
+        assert link.ring is not None and link._outbox is not None and link._outbox.ring is link.ring  # mapped
+        audio = np.frombuffer(talks[0], np.int16)[:16000 * 4].astype(np.float32) / 32768  # the first sentence
+        through_ring = await port.run(ModelKey.asr("en"), AsrInput(audio), _ctx("s1"))
+        assert link.ring.bytes_in == audio.nbytes and link.ring.live() == 0
+        link._outbox.ring = None  # the same call inline, as to a model process that could not map the ring
+        inline = await port.run(ModelKey.asr("en"), AsrInput(audio), _ctx("s1"))
+        assert link.ring.bytes_in == audio.nbytes  # nothing more went through it
+        assert through_ring is not None and inline is not None
+        assert through_ring.text == inline.text and "good morning" in through_ring.text.lower()
+    finally:
+        await link.close()
+        listener.close()
+        await server.close()
+
+
 async def test_in_flight_work_fails_typed_when_the_model_process_is_gone(tmp_path: Path) -> None:
     settings = Settings()
     settings.state_dir = tmp_path
@@ -749,6 +772,9 @@ async def test_a_payload_the_wire_cannot_carry_fails_that_call_typed_and_the_lin
     server, listener, link, port = await _one_worker(tmp_path)
     monkeypatch.setattr(codec, "MAX_FRAME", 1024 * 1024)
     try:
+        await link.wait_up(5)
+        assert link._outbox is not None
+        link._outbox.ring = None  # inline, as to a model process that could not map the worker's ring (shm.py)
         with pytest.raises(BackendError) as big:
             await port.run(ModelKey.ocr(), np.zeros((1000, 1000, 3), dtype=np.uint8), _ctx("s1"))
         assert not isinstance(big.value, ModelProcessLost)

@@ -105,7 +105,7 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
 
     _die_with_parent("lf-worker")
     install_logging(log_level)
-    link = ModelLink(path, max_in_flight=link_in_flight(settings))
+    link = ModelLink(path, max_in_flight=link_in_flight(settings), ring=settings.server.shm_ring)
 
     def port(registry: Registry, s: Settings, _metrics: Metrics, /, *, observer: StageObserver) -> Engine:
         return RemotePort(link, registry, s, observer=observer)  # this worker's SLO breakers hear its streams

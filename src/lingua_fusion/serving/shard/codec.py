@@ -5,7 +5,8 @@ wrote in one turn of its event loop, sent as one frame in one write: ``Outbox``;
 sends thousands of small requests a second, and a frame, a read and a write each is what the model process's one
 event loop would otherwise spend its time on). Only a closed set of types crosses it (no pickle: the
 model process never runs code it was sent): msgpack's own types, ``np.ndarray`` as dtype, shape and its raw bytes
-(audio travels as float32 bytes, images as uint8), the ports' payloads and results (``AsrInput``, ``AsrOutput``,
+(audio travels as float32 bytes, images as uint8; from a worker whose ring the model process mapped, one of 64 KB
+or more travels as its place in that ring: shm.py), the ports' payloads and results (``AsrInput``, ``AsrOutput``,
 ``MtInput``, ``Term``, ``OCRLine``; a file's ``TranscribeInput``, ``ASRResult``, ``ASRSegment``, ``ASRWord``,
 ``OcrInput``, ``SpeakerInput``; a stream's ``DetectInput``), ``Demand``, and ``LinguaFusionError`` by class name,
 message, details and retry_after (``error_of``). Anything else is a ``TypeError`` at the sender.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import struct
 
 import msgpack
@@ -31,6 +33,7 @@ from ...models.base import ASRResult, ASRSegment, ASRWord, OCRLine
 from ..keys import ModelKey
 from ..ports import AsrInput, AsrOutput, DetectInput, MtInput, OcrInput, SpeakerInput, TranscribeInput
 from ..scheduler import Demand
+from . import shm
 
 # the largest image a client may send (limits.max_image_pixels, 40 MP) is 120 MB as RGB pixels for OCR; a 4 MiB
 # PCM16 message is 131 s, 8 MiB as float32. Over this, a call fails typed (BackendError), the link goes on
@@ -45,9 +48,14 @@ Message = dict[str, object]
 _TUPLES = {"glossary", "names", "box", "candidates"}
 
 
-def _default(obj: object) -> object:
+def _default(obj: object, ring: shm.Ring | None = None, spans: list[int] | None = None) -> object:
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
+        if ring is not None and spans is not None and arr.nbytes >= shm.MIN_BYTES and not arr.dtype.hasobject:
+            at = ring.put(arr)
+            if at is not None:  # in the worker's shared ring (shm.py): its place crosses, not its bytes
+                spans.append(at)
+                return {"__shm": at, "n": arr.nbytes, "dtype": arr.dtype.str, "shape": list(arr.shape)}
         return {"__nd": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}
     if isinstance(obj, np.generic):
         return obj.item()
@@ -62,7 +70,11 @@ def _default(obj: object) -> object:
     raise TypeError(f"{type(obj).__name__} cannot cross to the model process")
 
 
-def _hook(m: dict[str, object]) -> object:
+def _hook(m: dict[str, object], view: shm.View | None = None) -> object:
+    if "__shm" in m:
+        if view is None:
+            raise ValueError("a shared array on a connection whose ring is not mapped")
+        return view.read(m["__shm"], m.get("n"), m.get("dtype"), m.get("shape"))
     if "__nd" in m:
         # a copy: backends may write into their input (the wire buffer is read-only)
         data, dtype, shape = m["data"], m["__nd"], m["shape"]
@@ -98,9 +110,10 @@ def decode(body: bytes) -> Message:
     return msgs[0]
 
 
-def decode_many(body: bytes) -> list[Message]:
-    """The messages of one frame: a map, or an array of maps."""
-    msg: object = msgpack.unpackb(body, object_hook=_hook, raw=False, strict_map_key=False)  # msgpack is untyped
+def decode_many(body: bytes, view: shm.View | None = None) -> list[Message]:
+    """The messages of one frame: a map, or an array of maps; ``view``: the sender's ring, where it has one."""
+    hook = _hook if view is None else functools.partial(_hook, view=view)
+    msg: object = msgpack.unpackb(body, object_hook=hook, raw=False, strict_map_key=False)  # msgpack is untyped
     msgs = msg if isinstance(msg, list) else [msg]
     maps = [m for m in msgs if isinstance(m, dict)]
     if not msgs or len(maps) != len(msgs):
@@ -117,31 +130,41 @@ async def read_frame(reader: asyncio.StreamReader) -> Message:
     return msgs[0]
 
 
-async def read_frames(reader: asyncio.StreamReader) -> list[Message]:
+async def read_frames(reader: asyncio.StreamReader, view: shm.View | None = None) -> list[Message]:
     """The messages of the next frame (one, or the batch an ``Outbox`` sent)."""
     (n,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
     if n > MAX_FRAME:
         raise ValueError(f"a model frame of {n} bytes is over {MAX_FRAME}")
-    return decode_many(await reader.readexactly(n))
+    return decode_many(await reader.readexactly(n), view)
 
 
 class Outbox:
     """Messages written during one turn of the event loop leave together, at the end of it: as one frame (an array
     of the messages' maps) and one write. Each message is encoded when it is put, so a payload that cannot cross
-    raises at the caller. A frame holds at most ``batch_bytes`` (then the next one starts)."""
+    raises at the caller. A frame holds at most ``batch_bytes`` (then the next one starts). With a ``ring`` (a
+    worker's, once the model process has mapped it: shm.py), large arrays cross through it."""
 
     def __init__(self, writer: asyncio.StreamWriter, *, batch_bytes: int = 4 * 1024 * 1024) -> None:
         self.writer = writer
         self.batch_bytes = batch_bytes
+        self.ring: shm.Ring | None = None
         self.frames = self.messages = 0  # what was sent (the tests and the benchmark read them)
         self._bodies: list[bytes] = []
         self._size = 0
         self._scheduled = False
 
-    def put(self, msg: Message) -> None:
-        body = msgpack.packb(msg, default=_default, use_bin_type=True)
-        if len(body) > MAX_FRAME - 16:
-            raise ValueError(f"a model message of {len(body)} bytes is over {MAX_FRAME}")
+    def put(self, msg: Message) -> list[int]:
+        """Queue ``msg``; the ring spans it holds (the caller releases them when its call ends)."""
+        spans: list[int] = []
+        default = _default if self.ring is None else functools.partial(_default, ring=self.ring, spans=spans)
+        try:
+            body = msgpack.packb(msg, default=default, use_bin_type=True)
+            if len(body) > MAX_FRAME - 16:
+                raise ValueError(f"a model message of {len(body)} bytes is over {MAX_FRAME}")
+        except BaseException:
+            for at in spans:  # nothing is sent: nobody will read them
+                self.ring.release(at)  # type: ignore[union-attr]  # spans only where there is a ring
+            raise
         if self._size + len(body) > self.batch_bytes:
             self.flush()
         self._bodies.append(body)
@@ -149,6 +172,7 @@ class Outbox:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
+        return spans
 
     def flush(self) -> None:
         self._scheduled = False

@@ -38,7 +38,7 @@ from ..gpu.server import engine_backends, warm_engine
 from ..keys import ModelKey
 from ..ports import CallContext
 from ..scheduler import Demand
-from . import codec
+from . import codec, shm
 from .ledger import KeyCounts, Ledger
 from .remote import link_in_flight
 
@@ -99,13 +99,18 @@ class ModelServer:
         self._none_live.clear()
         out = codec.Outbox(writer)  # the replies of one turn of the loop leave in one frame
         tasks: set[asyncio.Task[None]] = set()
+        view: shm.View | None = None  # the worker's ring, mapped at its handshake (shm.py)
         try:
             while True:
                 try:
-                    msgs = await codec.read_frames(reader)
+                    msgs = await codec.read_frames(reader, view)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 for msg in msgs:
+                    if msg.get("op") == "ping" and "ring" in msg and view is None:  # a worker's handshake
+                        view = shm.View.open(msg["ring"])
+                        out.put({"op": "ok", "id": msg.get("id"), "value": os.getpid(), "ring": view is not None})
+                        continue
                     # admission is answered here, in the order it came: a release sent right behind its admit
                     # (in the same frame, or the next one already read) frees what that admit reserved
                     if msg.get("op") == "release":
@@ -135,6 +140,8 @@ class ModelServer:
             del self._live[conn]
             if not self._live:
                 self._none_live.set()
+            if view is not None:
+                view.close()
 
     async def drain(self, timeout_s: float) -> int:
         """Serve the workers still connected until they hang up (they are draining their own streams, which may

@@ -39,7 +39,7 @@ from ..faults import Fault
 from ..keys import ModelKey
 from ..ports import FILE_CLASS, CallContext, StageObserver, TypedPort
 from ..scheduler import Demand
-from . import codec, pictures
+from . import codec, pictures, shm
 
 log = logging.getLogger("lingua_fusion.serving.shard")
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
@@ -58,7 +58,8 @@ class ModelProcessLost(BackendError):
 
 
 class ModelLink:
-    def __init__(self, path: str, *, max_in_flight: int = 1024, connect_wait_s: float = 5.0) -> None:
+    def __init__(self, path: str, *, max_in_flight: int = 1024, connect_wait_s: float = 5.0,
+                 ring: bool = True) -> None:
         self.path = path
         self.connect_wait_s = connect_wait_s
         self.max_in_flight = max_in_flight
@@ -68,6 +69,8 @@ class ModelLink:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[codec.Message]] = {}
         self._outbox: codec.Outbox | None = None  # this connection's: a turn of the loop's requests in one frame
+        # large arrays cross through it once the model process has mapped it (shm.py; ``server.shm_ring``)
+        self.ring = shm.new_ring() if ring else None
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -83,9 +86,10 @@ class ModelLink:
         ident = next(self._ids)
         fut: asyncio.Future[codec.Message] = asyncio.get_running_loop().create_future()
         self._pending[ident] = fut
+        spans: list[int] = []
         try:
             try:
-                self._send({**msg, "id": ident})
+                spans = self._send({**msg, "id": ident})
             except (TypeError, ValueError) as exc:  # a payload the wire cannot carry (over MAX_FRAME, a str that
                 # is not Unicode): this request fails typed, as a backend failure; the link and its other requests go on
                 raise BackendError(f"this request cannot cross to the model process: {exc}") from exc
@@ -94,6 +98,10 @@ class ModelLink:
             raise ModelTimeout(f"the model process gave no answer in {timeout_s:.0f} s") from None
         finally:
             self._pending.pop(ident, None)
+            ring = self.ring  # the model process has read the spans, or never will: the ring may reuse them
+            if ring is not None:
+                for at in spans:
+                    ring.release(at)
         if reply["op"] == "err":
             raise codec.error_of(reply["error"])
         return reply
@@ -116,10 +124,10 @@ class ModelLink:
         except TimeoutError:
             raise ModelProcessLost("the model process is not reachable (restarting?)") from None
 
-    def _send(self, msg: codec.Message) -> None:
+    def _send(self, msg: codec.Message) -> list[int]:
         if self._outbox is None or self._outbox.writer.is_closing():
             raise ModelProcessLost("the model process connection is down")
-        self._outbox.put(msg)  # TypeError / ValueError at the caller: a payload that cannot cross
+        return self._outbox.put(msg)  # TypeError / ValueError at the caller: a payload that cannot cross
 
     # ---- the connection ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -142,10 +150,12 @@ class ModelLink:
             try:
                 # a handshake first: a socket that accepts but does not answer (a wedged or dying process, a
                 # connection left in a closed listener's backlog) is not a model process
-                self._send({"op": "ping", "id": 0})
+                self._send({"op": "ping", "id": 0, **({"ring": self.ring.handle()} if self.ring else {})})
                 hello = await asyncio.wait_for(codec.read_frame(reader), timeout=self.connect_wait_s)
                 if hello.get("op") != "ok":
                     raise ModelProcessLost("the model process did not answer its handshake")
+                if hello.get("ring") is True:  # it mapped our ring: large arrays go through it
+                    self._outbox.ring = self.ring
                 self.model_pid, served, tries = codec.integer(hello.get("value")), True, 0
                 for (mode, _sid), (demand, key_id) in list(self.admitted.items()):  # a successor: tell it ours
                     self._send({"op": "admit", "id": 0, "mode": mode, "demand": demand, "key_id": key_id,
@@ -193,6 +203,9 @@ class ModelLink:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         self._fail_pending()
+        if self.ring is not None:
+            ring, self.ring = self.ring, None
+            ring.close()
 
 
 class RemotePort(TypedPort):
