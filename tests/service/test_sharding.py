@@ -331,6 +331,26 @@ async def test_a_partials_audio_crosses_through_the_workers_shared_ring_not_the_
         await server.close()
 
 
+async def test_a_worker_whose_ring_the_model_process_cannot_map_sends_its_arrays_inline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model process that cannot map the worker's ring (/proc hidden, another user) says so at the handshake; the
+    worker then sends every array through the socket, and its calls are served as before."""
+    from lingua_fusion.serving.shard import shm
+
+    monkeypatch.setattr(shm.View, "open", classmethod(lambda cls, handle: None))
+    server, listener, link, port = await _one_worker(tmp_path)
+    try:
+        await link.wait_up(5)
+        assert link.ring is not None and link._outbox is not None and link._outbox.ring is None
+        audio = np.zeros(16000 * 2, np.float32)  # 128 KB: through the ring, had it been mapped
+        assert await port.run(ModelKey.vad(), audio, _ctx("s1")) is not None
+        assert link.ring.bytes_in == 0
+    finally:
+        await link.close()
+        listener.close()
+        await server.close()
+
+
 async def test_in_flight_work_fails_typed_when_the_model_process_is_gone(tmp_path: Path) -> None:
     settings = Settings()
     settings.state_dir = tmp_path
