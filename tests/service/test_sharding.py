@@ -331,13 +331,57 @@ async def test_a_partials_audio_crosses_through_the_workers_shared_ring_not_the_
         await server.close()
 
 
+async def test_a_span_whose_call_gave_up_is_not_written_again_until_the_model_process_has_read_it(
+        tmp_path: Path) -> None:
+    """A call that timed out may still sit unread in the model process's socket (its loop busy): its span is not
+    handed to the next call until a reply to a later call says its frame was decoded, so the model process never
+    reads another call's audio in its place."""
+    from lingua_fusion.serving.shard import shm
+
+    seen: list[tuple[str, float]] = []
+
+    async def busy_model(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        out, view = codec.Outbox(writer), None
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                for m in await codec.read_frames(reader, view):
+                    if m.get("op") == "ping":
+                        view = shm.View.open(m["ring"], shm.peer_pid(writer.get_extra_info("socket")))
+                        out.put({"op": "ok", "id": m["id"], "value": os.getpid(), "ring": view is not None})
+                        continue
+                    payload = m["payload"]
+                    assert isinstance(payload, np.ndarray)
+                    seen.append((str(m["tag"]), float(payload[0])))
+                    await asyncio.sleep(0.5 if m["tag"] == "first" else 0.01)  # its loop busy: frames wait
+                    out.put({"op": "ok", "id": m["id"], "value": None})
+
+    path = str(tmp_path / "m.sock")
+    listener = await asyncio.start_unix_server(busy_model, path=path)
+    link = ModelLink(path)
+    try:
+        await link.wait_up(5)
+        assert link.ring is not None
+        first = asyncio.create_task(link.call({"op": "run", "tag": "first", "payload": np.zeros(16)}, 5))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ModelTimeout):
+            await link.call({"op": "run", "tag": "gave up", "payload": np.full(32768, 1.0, np.float32)}, 0.1)
+        assert link.ring.live() == 1  # held: the model process has not read it yet
+        await link.call({"op": "run", "tag": "next", "payload": np.full(32768, 2.0, np.float32)}, 5)
+        await first
+        assert seen == [("first", 0.0), ("gave up", 1.0), ("next", 2.0)]  # each read its own audio
+        assert link.ring.live() == 0  # the replies after it freed it
+    finally:
+        await link.close()
+        listener.close()
+
+
 async def test_a_worker_whose_ring_the_model_process_cannot_map_sends_its_arrays_inline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model process that cannot map the worker's ring (/proc hidden, another user) says so at the handshake; the
     worker then sends every array through the socket, and its calls are served as before."""
     from lingua_fusion.serving.shard import shm
 
-    monkeypatch.setattr(shm.View, "open", classmethod(lambda cls, handle: None))
+    monkeypatch.setattr(shm.View, "open", classmethod(lambda cls, handle, peer: None))
     server, listener, link, port = await _one_worker(tmp_path)
     try:
         await link.wait_up(5)

@@ -580,3 +580,21 @@ def test_each_batch_size_is_timed_at_its_fastest_after_a_warm_run() -> None:
     timed = time_each([8, 16], run, lambda: synced.append(len(ran)), repeats=3, clock=lambda: now[0])
     assert timed == ((8, pytest.approx(0.002)), (16, pytest.approx(0.0035)))
     assert ran == [8] * 4 + [16] * 4 and synced == list(range(1, 9))  # each run ended by a sync before its time
+
+
+def test_a_load_whose_measure_was_forgotten_is_probed_again_from_what_the_curve_still_knows() -> None:
+    """Seen at 128 in flight taking 0.25 s, then a long light spell at 2 (45 ms): past FORGET_AFTER windows the
+    128 bucket goes. The step timings would stretch the light spell's 45 ms to 128 rows as 60 ms (they leave out
+    attention over a real context); so growth starts again from the 2 the curve still knows, 8x a measure, not from
+    the 128 it once held."""
+    from lingua_fusion.serving.service_curve import FORGET_AFTER
+
+    s = Scheduler()
+    s.service[MODEL] = ServiceCurve(0.07, 0.08)
+    for i in range(20):
+        s.observe_service(MODEL, 128, 0.25, now=float(i), shape=GPU_STEP)
+    for i in range(FORGET_AFTER + 10):
+        s.observe_service(MODEL, 2, 0.045, now=20.0 + i, shape=GPU_STEP)
+    assert s.admit(Demand("first", "interactive", {MODEL: 1.0}))
+    assert s.service_window(MODEL) == int(SHAPE_GROWTH * 2)
+    assert s.capacity(MODEL, "interactive") == pytest.approx(16 / 0.045, rel=0.01)

@@ -7,10 +7,17 @@ copies an array out; the codec sends an array of MIN_BYTES or more as its place 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lingua_fusion.serving.shard import codec, shm
+
+ME = os.getpid()  # the model process's peer in these tests: this very process
 
 
 def test_spans_wrap_around_and_never_overlap_one_in_use() -> None:
@@ -34,7 +41,7 @@ def test_spans_wrap_around_and_never_overlap_one_in_use() -> None:
 
 def test_an_array_crosses_as_its_place_and_comes_out_equal() -> None:
     ring = shm.Ring(size=1 << 20)
-    view = shm.View.open(ring.handle())
+    view = shm.View.open(ring.handle(), ME)
     assert view is not None
     try:
         out = codec.Outbox.__new__(codec.Outbox)  # only its encoder: no connection here
@@ -61,7 +68,7 @@ def test_an_array_crosses_as_its_place_and_comes_out_equal() -> None:
 
 def test_a_place_outside_the_ring_is_refused() -> None:
     ring = shm.Ring(size=4096)
-    view = shm.View.open(ring.handle())
+    view = shm.View.open(ring.handle(), ME)
     assert view is not None
     try:
         with pytest.raises(ValueError, match="outside"):
@@ -75,6 +82,67 @@ def test_a_place_outside_the_ring_is_refused() -> None:
         ring.close()
 
 
-def test_a_ring_the_model_process_cannot_map_is_not_used() -> None:
-    assert shm.View.open({"pid": 1 << 30, "fd": 3, "size": 4096}) is None  # no such process
-    assert shm.View.open("not a handle") is None
+def test_a_ring_the_model_process_cannot_map_or_must_not_trust_is_not_used(tmp_path: Path) -> None:
+    """The model process maps only its peer's own sealed ring: a handle naming another process's file (a
+    compromised worker reading other workers' audio back through ASR), a FIFO (the model process's loop would block
+    on it), or a file whose size may change (its reads would fault) is refused, and the worker sends inline."""
+    import fcntl
+
+    ring = shm.Ring(size=4096)
+    try:
+        assert shm.View.open(ring.handle(), ME + 1) is None  # not the connection's peer
+        assert shm.View.open(ring.handle(), None) is None
+        assert shm.View.open({**ring.handle(), "size": 8192}, ME) is None  # not the size it says
+        unsealed = os.memfd_create("plain")
+        os.ftruncate(unsealed, 4096)
+        assert shm.View.open({"pid": ME, "fd": unsealed, "size": 4096}, ME) is None
+        os.close(unsealed)
+        fifo = os.path.join(str(tmp_path), "fifo")
+        os.mkfifo(fifo)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        assert shm.View.open({"pid": ME, "fd": reader, "size": 4096}, ME) is None  # at once, no hang
+        os.close(reader)
+        assert fcntl.fcntl(ring.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+        with pytest.raises(PermissionError):
+            os.ftruncate(ring.fd, 1024)  # sealed: the worker itself cannot shrink it under the model process
+    finally:
+        ring.close()
+    assert shm.View.open({"pid": 1 << 30, "fd": 3, "size": 4096}, 1 << 30) is None  # no such process
+    assert shm.View.open("not a handle", ME) is None
+
+
+def test_a_message_that_cannot_cross_holds_no_span() -> None:
+    ring = shm.Ring(size=1 << 20)
+    try:
+        out = codec.Outbox.__new__(codec.Outbox)
+        out.ring, out._bodies, out._size, out._scheduled, out.batch_bytes = ring, [], 0, True, 1 << 22
+        with pytest.raises(UnicodeEncodeError):  # the array went into the ring before the text failed
+            out.put({"payload": np.zeros(32768, np.float32), "text": "a lone \ud800"})
+        assert ring.live() == 0 and not out._bodies
+        assert out.put({"payload": np.zeros(32768, np.float32)}, shared=False) == []  # inline when told so
+    finally:
+        ring.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 40)), max_size=60))
+def test_live_spans_never_overlap_and_stay_in_the_ring(ops: list[tuple[bool, int]]) -> None:
+    """Any order of puts and releases (a release takes the oldest or the newest live span, as calls end in any
+    order): the live spans are inside the ring and never overlap."""
+    ring = shm.Ring(size=100)
+    live: list[tuple[int, int]] = []
+    try:
+        for put, n in ops:
+            if put or not live:
+                at = ring.put(np.zeros(n, np.uint8))
+                if at is not None:
+                    live.append((at, at + n))
+            else:
+                at, _ = live.pop(0 if n % 2 else -1)
+                ring.release(at)
+            spans = sorted(live)
+            assert all(0 <= a < b <= 100 for a, b in spans)
+            assert all(b1 <= a2 for (_, b1), (a2, _) in zip(spans, spans[1:], strict=False))
+            assert ring.live() == len(live)
+    finally:
+        ring.close()

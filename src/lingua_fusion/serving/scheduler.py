@@ -362,7 +362,7 @@ class Scheduler(Generic[K]):
         then on."""
         svc = self.service.setdefault(model, ServiceCurve())
         svc.observe(in_flight, seconds, now)
-        svc.shape = shape or svc.shape
+        svc.shape = shape  # a runner rebuilt without its graphs times none
         if busy is not None:
             self.pace.setdefault(model, BusyPace()).observe(*busy, now)
         at, load, budget = self._load.get(model, (-1.0, 0.0, float("inf")))
@@ -394,8 +394,7 @@ class Scheduler(Generic[K]):
         return lanes * b / max(1e-6, cm.predict(b))
 
     def _in_flight_within(self, model: K, svc: ServiceCurve, budget: float) -> int:
-        growth = SHAPE_GROWTH if svc.shape else SERVICE_GROWTH
-        held = max(SERVICE_MIN_IN_FLIGHT, int(growth * svc.most_in_flight))
+        held = max(SERVICE_MIN_IN_FLIGHT, int((SHAPE_GROWTH if svc.shape else SERVICE_GROWTH) * svc.held()))
         return svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, held))
 
     def _counted(self, model: K, svc: ServiceCurve, budget: float) -> tuple[int, float]:
@@ -409,7 +408,7 @@ class Scheduler(Generic[K]):
             return n, served
         pace = rate * PACE_BUSY
         m = svc.within(budget / 2, min(SERVICE_MAX_IN_FLIGHT, max(SERVICE_MIN_IN_FLIGHT,
-                                                                  int(PACE_GROWTH * svc.most_in_flight))))
+                                                                  int(PACE_GROWTH * svc.held()))))
         return max(n, min(m, math.ceil(pace * svc.predict(m)))), max(served, min(pace, m / max(1e-6, svc.predict(m))))
 
     def service_window(self, model: K) -> int | None:

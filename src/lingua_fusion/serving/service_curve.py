@@ -111,6 +111,15 @@ class ServiceCurve:
             del self._points[b]
         self.most_in_flight = max(self.most_in_flight, n)
 
+    def held(self) -> float:
+        """The most items in flight it is known to have held, which admission's growth bounds start from: by step
+        timings (``shape``), the most among the buckets it still knows, since the timings stretch a light load's
+        latency 8x past a load whose own measure was forgotten; otherwise the most ever (its slope beyond is the
+        last buckets' own)."""
+        if not self.shape:
+            return self.most_in_flight
+        return max((p.in_flight for p in self._points.values()), default=0.0)
+
     def _curve(self) -> list[tuple[float, float]]:
         curve: list[tuple[float, float]] = []
         top = 0.0

@@ -151,16 +151,16 @@ class StepGraphs:
         beyond what it has held (service_curve.ServiceCurve.shape). What they leave out (attention over a real
         context, the host's work per row, the encoder's starts) the runner's measured latency shows as it grows."""
         captured = [b for b in self.buckets if b.out is not None]
-        with torch.cuda.stream(self._stream):
+        # one at a time in the process, like captures: another runner's capture or timing on the device would be
+        # timed with these; the set's own stream is waited on, not the device (other runners' work on it)
+        with _CAPTURE, torch.cuda.stream(self._stream):
             for bucket in captured:
                 bucket.blank()
 
             def replay(size: int) -> None:
                 next(b for b in captured if b.size == size).graph.replay()
 
-            timed = time_each([b.size for b in captured], replay, lambda: torch.cuda.synchronize(self._stream.device),
-                              repeats=repeats)
-        return timed
+            return time_each([b.size for b in captured], replay, self._stream.synchronize, repeats=repeats)
 
     def _capture(self, bucket: _Bucket) -> None:
         bucket.out = capture(bucket.graph, self._pool, self._stream, lambda: self.forward(bucket.inputs))

@@ -144,10 +144,7 @@ class GpuRunner:
         stream = torch.cuda.current_stream(self.engine.device) if cuda else None  # the runner's own (``_loop``)
         try:
             self.engine.use_graphs(buckets_up_to(max_batch))
-            assert self.engine.graphs is not None
-            self._profile = self.engine.graphs.profile()
-            log.info("%s: decode step ms by batch size: %s", name,
-                     ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in self._profile))
+            self._time_graphs(name)
             return
         except ValueError as exc:  # the engine's own refusal (no Triton attention): nothing was captured
             self.engine.graphs = None
@@ -162,6 +159,19 @@ class GpuRunner:
             torch.cuda.synchronize(self.engine.device)  # a fault of the device itself raises here: the build fails
             torch.cuda.empty_cache()
         log.warning("%s: CUDA graphs of the decode step failed (%s); it steps eagerly", name, failure)
+
+    def _time_graphs(self, name: str) -> None:
+        """Time the captured step graphs (admission's shape of this runner); a failure leaves it without one (the
+        graphs serve on: admission then extrapolates by its measured slope)."""
+        assert self.engine.graphs is not None
+        try:
+            self._profile = self.engine.graphs.profile()
+        except RuntimeError as exc:
+            log.warning("%s: the decode step's graphs could not be timed (%s); admission goes by its slope", name,
+                        exc)
+            return
+        log.info("%s: decode step ms by batch size: %s", name,
+                 ", ".join(f"{b}: {s * 1e3:.2f}" for b, s in self._profile))
 
     def _publish(self, every_s: float = 0.0) -> None:
         """A fresh MemoryReport (on the runner's thread, which owns the pools), at most every ``every_s``."""

@@ -153,20 +153,22 @@ class Outbox:
         self._size = 0
         self._scheduled = False
 
-    def put(self, msg: Message) -> list[int]:
-        """Queue ``msg``; the ring spans it holds (the caller releases them when its call ends)."""
+    def put(self, msg: Message, *, shared: bool = True) -> list[int]:
+        """Queue ``msg``; the ring spans it holds (the caller releases them when the model process has read them:
+        remote.py ModelLink). ``shared`` False: every array inline (a message with no reply to release them at)."""
         spans: list[int] = []
-        default = _default if self.ring is None else functools.partial(_default, ring=self.ring, spans=spans)
+        ring = self.ring if shared else None
+        default = _default if ring is None else functools.partial(_default, ring=ring, spans=spans)
         try:
             body = msgpack.packb(msg, default=default, use_bin_type=True)
             if len(body) > MAX_FRAME - 16:
                 raise ValueError(f"a model message of {len(body)} bytes is over {MAX_FRAME}")
+            if self._size + len(body) > self.batch_bytes:
+                self.flush()
         except BaseException:
             for at in spans:  # nothing is sent: nobody will read them
-                self.ring.release(at)  # type: ignore[union-attr]  # spans only where there is a ring
+                ring.release(at)  # type: ignore[union-attr]  # spans only where there is a ring
             raise
-        if self._size + len(body) > self.batch_bytes:
-            self.flush()
         self._bodies.append(body)
         self._size += len(body)
         if not self._scheduled:

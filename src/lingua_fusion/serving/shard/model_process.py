@@ -108,7 +108,7 @@ class ModelServer:
                     return
                 for msg in msgs:
                     if msg.get("op") == "ping" and "ring" in msg and view is None:  # a worker's handshake
-                        view = shm.View.open(msg["ring"])
+                        view = shm.View.open(msg["ring"], shm.peer_pid(writer.get_extra_info("socket")))
                         out.put({"op": "ok", "id": msg.get("id"), "value": os.getpid(), "ring": view is not None})
                         continue
                     # admission is answered here, in the order it came: a release sent right behind its admit

@@ -71,6 +71,10 @@ class ModelLink:
         self._outbox: codec.Outbox | None = None  # this connection's: a turn of the loop's requests in one frame
         # large arrays cross through it once the model process has mapped it (shm.py; ``server.shm_ring``)
         self.ring = shm.new_ring() if ring else None
+        self._ring_on = ring
+        # calls that ended with no reply (timed out, cancelled): their spans wait for a reply to them or to a later
+        # call, which says the model process has decoded their frame (it decodes a connection's frames in order)
+        self._abandoned: list[tuple[int, shm.Ring, list[int]]] = []
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -86,10 +90,11 @@ class ModelLink:
         ident = next(self._ids)
         fut: asyncio.Future[codec.Message] = asyncio.get_running_loop().create_future()
         self._pending[ident] = fut
-        spans: list[int] = []
+        held: tuple[shm.Ring | None, list[int]] = (None, [])
+        reply: codec.Message | None = None
         try:
             try:
-                spans = self._send({**msg, "id": ident})
+                held = self._send({**msg, "id": ident})
             except (TypeError, ValueError) as exc:  # a payload the wire cannot carry (over MAX_FRAME, a str that
                 # is not Unicode): this request fails typed, as a backend failure; the link and its other requests go on
                 raise BackendError(f"this request cannot cross to the model process: {exc}") from exc
@@ -98,10 +103,7 @@ class ModelLink:
             raise ModelTimeout(f"the model process gave no answer in {timeout_s:.0f} s") from None
         finally:
             self._pending.pop(ident, None)
-            ring = self.ring  # the model process has read the spans, or never will: the ring may reuse them
-            if ring is not None:
-                for at in spans:
-                    ring.release(at)
+            self._free(ident, *held, read=reply is not None)
         if reply["op"] == "err":
             raise codec.error_of(reply["error"])
         return reply
@@ -113,9 +115,10 @@ class ModelLink:
 
     def tell(self, msg: codec.Message) -> None:
         """A message with no reply (``release``); dropped while the link is down (the successor does not know the
-        stream either: it is re-registered from ``admitted`` only if still there)."""
+        stream either: it is re-registered from ``admitted`` only if still there). Its arrays go inline: no reply
+        would free their spans."""
         if self._up.is_set():
-            self._send(msg)
+            self._send(msg, shared=False)
 
     async def wait_up(self, timeout_s: float) -> None:
         self.start()
@@ -124,10 +127,34 @@ class ModelLink:
         except TimeoutError:
             raise ModelProcessLost("the model process is not reachable (restarting?)") from None
 
-    def _send(self, msg: codec.Message) -> list[int]:
+    def _send(self, msg: codec.Message, shared: bool = True) -> tuple[shm.Ring | None, list[int]]:
+        """Queue ``msg``; the ring its large arrays went into and their spans."""
         if self._outbox is None or self._outbox.writer.is_closing():
             raise ModelProcessLost("the model process connection is down")
-        return self._outbox.put(msg)  # TypeError / ValueError at the caller: a payload that cannot cross
+        # TypeError / ValueError at the caller: a payload that cannot cross
+        return self._outbox.ring, self._outbox.put(msg, shared=shared)
+
+    def _free(self, ident: int, ring: shm.Ring | None, spans: list[int], read: bool) -> None:
+        """A call ended: its spans are free once the model process has decoded its frame (``read``: its reply
+        came), else when a reply to it or to a later call comes (``_decoded``)."""
+        if ring is None or not spans:
+            return
+        if not read:
+            self._abandoned.append((ident, ring, spans))
+            return
+        for at in spans:
+            ring.release(at)
+
+    def _decoded(self, ident: int) -> None:
+        """The model process answered ``ident``: every frame up to its was decoded, their spans may be reused."""
+        keep = []
+        for held in self._abandoned:
+            if held[0] <= ident:
+                for at in held[2]:
+                    held[1].release(at)
+            else:
+                keep.append(held)
+        self._abandoned = keep
 
     # ---- the connection ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -150,7 +177,8 @@ class ModelLink:
             try:
                 # a handshake first: a socket that accepts but does not answer (a wedged or dying process, a
                 # connection left in a closed listener's backlog) is not a model process
-                self._send({"op": "ping", "id": 0, **({"ring": self.ring.handle()} if self.ring else {})})
+                self._send({"op": "ping", "id": 0, **({"ring": self.ring.handle()} if self.ring else {})},
+                           shared=False)
                 hello = await asyncio.wait_for(codec.read_frame(reader), timeout=self.connect_wait_s)
                 if hello.get("op") != "ok":
                     raise ModelProcessLost("the model process did not answer its handshake")
@@ -169,6 +197,7 @@ class ModelLink:
                 self._outbox = None
                 writer.close()
                 failed = self._fail_pending()
+                self._new_ring()
             if served:
                 self.losses += 1
                 if not self._closed:
@@ -176,6 +205,15 @@ class ModelLink:
             else:
                 await asyncio.sleep(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)])
                 tries += 1
+
+    def _new_ring(self) -> None:
+        """A connection ended with spans still held: the model process may yet decode frames it had buffered, so
+        the next connection gets a ring of its own (this one is unmapped here; the model process unmaps its own
+        when it is done with that connection)."""
+        if self.ring is None or (not self.ring.live() and not self._abandoned):
+            return
+        old, self.ring, self._abandoned = self.ring, shm.new_ring() if self._ring_on and not self._closed else None, []
+        old.close()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while True:
@@ -187,6 +225,8 @@ class ModelLink:
                 fut = self._pending.get(codec.integer(msg.get("id")))
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
+            if self._abandoned:
+                self._decoded(max(codec.integer(m.get("id")) for m in msgs))
 
     def _fail_pending(self) -> int:
         failed = 0
@@ -204,7 +244,7 @@ class ModelLink:
                 await self._task
         self._fail_pending()
         if self.ring is not None:
-            ring, self.ring = self.ring, None
+            ring, self.ring, self._abandoned = self.ring, None, []
             ring.close()
 
 

@@ -7,23 +7,33 @@ stream-second where the audio itself is 64 KB (float32), and socket writes were 
 array). Now a worker keeps a ``Ring`` in an anonymous shared file (``memfd_create``: nothing on disk to clean up,
 nothing left behind by a SIGKILL), which the model process maps at the connection's handshake through
 ``/proc/<pid>/fd/<fd>`` (``View.open``). An array of MIN_BYTES or more is copied into the ring and crosses as its
-place; the model process copies it out as it decodes the message. A span stays the caller's until its call ends
-(reply, failure or timeout), so it is not written again while the model process may still read it. No room (calls
-held long), no ring (the model process could not map it: it says so in the handshake's reply) or a small array:
-the array crosses inline, as before.
+place; the model process copies it out as it decodes the message. The model process decodes a connection's frames
+in order, so a span is free again once a reply has come for its call or for a later one (a call that timed out or
+was cancelled keeps its span until then: remote.py ModelLink), and a connection that ended with spans held leaves
+its ring behind (the next one gets a new ring). No room (calls held long), no ring (the model process could not map
+it: it says so in the handshake's reply) or a small array: the array crosses inline, as before.
+
+The model process maps only what it can trust: the handshake's pid must be the socket's peer (SO_PEERCRED), the
+file a regular one opened without blocking, sealed against shrinking and growing (a worker that shrank it would
+make the model process's reads fault). A ring's pages stay resident once touched: up to RING_BYTES a worker.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import mmap
 import os
+import socket
+import stat
+import struct
 from collections import deque
 
 import numpy as np
 
 log = logging.getLogger("lingua_fusion.serving.shard")
 RING_BYTES = 64 << 20  # a worker's ring: about 100 s of float32 audio in flight at once (pages taken as touched)
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW  # what a ring must be sealed against before it is mapped
 MIN_BYTES = 64 << 10  # smaller arrays (a VAD window of 0.25 s is 16 KB) cross inline: a copy costs less there
 
 
@@ -33,8 +43,9 @@ class Ring:
 
     def __init__(self, size: int = RING_BYTES) -> None:
         self.size = size
-        self.fd = os.memfd_create("lf-ring", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("lf-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, size)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)  # its size is fixed for good
         self._map = mmap.mmap(self.fd, size)
         self._head = 0
         self._live: deque[list[int]] = deque()  # [start, end, released (0/1)], in allocation order
@@ -64,7 +75,7 @@ class Ring:
         if not self._live or self._head > tail:  # free: [head, size), then [0, tail)
             if self._head + n <= self.size:
                 at = self._head
-            elif n < tail:  # strictly: head meeting tail would read as empty
+            elif n < tail:  # the span ends before the oldest live one starts
                 at = 0
             else:
                 return None
@@ -93,6 +104,17 @@ class Ring:
         os.close(self.fd)
 
 
+def peer_pid(sock: socket.socket | None) -> int | None:
+    """The pid at the other end of a Unix socket (SO_PEERCRED), None where it cannot be read."""
+    try:
+        if sock is None:
+            return None
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return int(struct.unpack("3i", creds)[0])
+    except (AttributeError, OSError, struct.error):
+        return None
+
+
 def new_ring() -> Ring | None:
     """A worker's ring, or None where shared memory cannot be made (arrays then cross inline)."""
     try:
@@ -110,16 +132,25 @@ class View:
         self.size = size
 
     @classmethod
-    def open(cls, handle: object) -> View | None:
-        """Map the ring a worker's handshake names; None (the worker then sends arrays inline) when it cannot."""
+    def open(cls, handle: object, peer: int | None) -> View | None:
+        """Map the ring a worker's handshake names, ``peer`` the pid at the socket's other end (``peer_pid``); None
+        (the worker then sends arrays inline) when it cannot, or when the ring is not what it must be."""
         try:
             if not isinstance(handle, dict):
                 raise TypeError("a ring handle is a map")
             pid, fd, size = int(handle["pid"]), int(handle["fd"]), int(handle["size"])
-            with open(f"/proc/{pid}/fd/{fd}", "rb") as f:
-                if os.fstat(f.fileno()).st_size < size or size <= 0:
-                    raise ValueError("the ring is smaller than it says")
-                mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+            if peer is None or pid != peer:
+                raise ValueError(f"the ring's pid {pid} is not the connection's peer {peer}")
+            f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(f)
+                if not stat.S_ISREG(st.st_mode) or size <= 0 or st.st_size != size:
+                    raise ValueError("the ring is not a regular file of the size it says")
+                if fcntl.fcntl(f, fcntl.F_GET_SEALS) & SEALS != SEALS:
+                    raise ValueError("the ring is not sealed against a change of size")
+                mapped = mmap.mmap(f, size, access=mmap.ACCESS_READ)
+            finally:
+                os.close(f)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("a worker's shared memory could not be mapped (%s); its arrays cross the socket", exc)
             return None
