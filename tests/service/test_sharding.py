@@ -335,10 +335,11 @@ async def test_a_span_whose_call_gave_up_is_not_written_again_until_the_model_pr
         tmp_path: Path) -> None:
     """A call that timed out may still sit unread in the model process's socket (its loop busy): its span is not
     handed to the next call until a reply to a later call says its frame was decoded, so the model process never
-    reads another call's audio in its place."""
+    reads another call's audio in its place. A long call's span is free as soon as a later call is answered."""
     from lingua_fusion.serving.shard import shm
 
     seen: list[tuple[str, float]] = []
+    later: list[asyncio.TimerHandle] = []
 
     async def busy_model(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         out, view = codec.Outbox(writer), None
@@ -352,6 +353,10 @@ async def test_a_span_whose_call_gave_up_is_not_written_again_until_the_model_pr
                     payload = m["payload"]
                     assert isinstance(payload, np.ndarray)
                     seen.append((str(m["tag"]), float(payload[0])))
+                    if m["tag"] == "long":  # a file's piece: answered a second later, the loop serving on
+                        later.append(asyncio.get_running_loop().call_later(
+                            1.0, out.put, {"op": "ok", "id": m["id"], "value": None}))
+                        continue
                     await asyncio.sleep(0.5 if m["tag"] == "first" else 0.01)  # its loop busy: frames wait
                     out.put({"op": "ok", "id": m["id"], "value": None})
 
@@ -370,7 +375,16 @@ async def test_a_span_whose_call_gave_up_is_not_written_again_until_the_model_pr
         await first
         assert seen == [("first", 0.0), ("gave up", 1.0), ("next", 2.0)]  # each read its own audio
         assert link.ring.live() == 0  # the replies after it freed it
+        # a long call's span is free once any later call is answered: its frame was read long before its reply
+        long = asyncio.create_task(link.call({"op": "run", "tag": "long", "payload": np.ones(32768, np.float32)}, 5))
+        await asyncio.sleep(0.05)
+        assert link.ring.live() == 1
+        await link.call({"op": "run", "tag": "short", "payload": np.zeros(16)}, 5)
+        assert link.ring.live() == 0 and not long.done()
+        await long
     finally:
+        for handle in later:
+            handle.cancel()
         await link.close()
         listener.close()
 

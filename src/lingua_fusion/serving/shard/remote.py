@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -72,9 +73,11 @@ class ModelLink:
         # large arrays cross through it once the model process has mapped it (shm.py; ``server.shm_ring``)
         self.ring = shm.new_ring() if ring else None
         self._ring_on = ring
-        # calls that ended with no reply (timed out, cancelled): their spans wait for a reply to them or to a later
-        # call, which says the model process has decoded their frame (it decodes a connection's frames in order)
-        self._abandoned: list[tuple[int, shm.Ring, list[int]]] = []
+        # the ring spans of calls sent, in the order sent: a reply to a call, or to any later one, says the model
+        # process has decoded (copied out) its frame, since it decodes a connection's frames in order; then they may
+        # be written again. A call that gave up keeps its spans until then; a long one (a file's piece) frees its
+        # own as soon as any later call is answered
+        self._held: deque[tuple[int, shm.Ring, list[int]]] = deque()
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -90,11 +93,11 @@ class ModelLink:
         ident = next(self._ids)
         fut: asyncio.Future[codec.Message] = asyncio.get_running_loop().create_future()
         self._pending[ident] = fut
-        held: tuple[shm.Ring | None, list[int]] = (None, [])
-        reply: codec.Message | None = None
         try:
             try:
-                held = self._send({**msg, "id": ident})
+                ring, spans = self._send({**msg, "id": ident})
+                if ring is not None and spans:
+                    self._held.append((ident, ring, spans))
             except (TypeError, ValueError) as exc:  # a payload the wire cannot carry (over MAX_FRAME, a str that
                 # is not Unicode): this request fails typed, as a backend failure; the link and its other requests go on
                 raise BackendError(f"this request cannot cross to the model process: {exc}") from exc
@@ -103,7 +106,6 @@ class ModelLink:
             raise ModelTimeout(f"the model process gave no answer in {timeout_s:.0f} s") from None
         finally:
             self._pending.pop(ident, None)
-            self._free(ident, *held, read=reply is not None)
         if reply["op"] == "err":
             raise codec.error_of(reply["error"])
         return reply
@@ -134,27 +136,12 @@ class ModelLink:
         # TypeError / ValueError at the caller: a payload that cannot cross
         return self._outbox.ring, self._outbox.put(msg, shared=shared)
 
-    def _free(self, ident: int, ring: shm.Ring | None, spans: list[int], read: bool) -> None:
-        """A call ended: its spans are free once the model process has decoded its frame (``read``: its reply
-        came), else when a reply to it or to a later call comes (``_decoded``)."""
-        if ring is None or not spans:
-            return
-        if not read:
-            self._abandoned.append((ident, ring, spans))
-            return
-        for at in spans:
-            ring.release(at)
-
     def _decoded(self, ident: int) -> None:
         """The model process answered ``ident``: every frame up to its was decoded, their spans may be reused."""
-        keep = []
-        for held in self._abandoned:
-            if held[0] <= ident:
-                for at in held[2]:
-                    held[1].release(at)
-            else:
-                keep.append(held)
-        self._abandoned = keep
+        while self._held and self._held[0][0] <= ident:
+            _, ring, spans = self._held.popleft()
+            for at in spans:
+                ring.release(at)
 
     # ---- the connection ----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -210,9 +197,10 @@ class ModelLink:
         """A connection ended with spans still held: the model process may yet decode frames it had buffered, so
         the next connection gets a ring of its own (this one is unmapped here; the model process unmaps its own
         when it is done with that connection)."""
-        if self.ring is None or (not self.ring.live() and not self._abandoned):
+        held, self._held = self._held, deque()
+        if self.ring is None or not held:
             return
-        old, self.ring, self._abandoned = self.ring, shm.new_ring() if self._ring_on and not self._closed else None, []
+        old, self.ring = self.ring, shm.new_ring() if self._ring_on and not self._closed else None
         old.close()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
@@ -225,7 +213,7 @@ class ModelLink:
                 fut = self._pending.get(codec.integer(msg.get("id")))
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
-            if self._abandoned:
+            if self._held:
                 self._decoded(max(codec.integer(m.get("id")) for m in msgs))
 
     def _fail_pending(self) -> int:
@@ -244,7 +232,7 @@ class ModelLink:
                 await self._task
         self._fail_pending()
         if self.ring is not None:
-            ring, self.ring, self._abandoned = self.ring, None, []
+            ring, self.ring, self._held = self.ring, None, deque()
             ring.close()
 
 
