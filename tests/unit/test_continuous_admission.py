@@ -322,12 +322,14 @@ async def test_the_executor_measures_a_continuous_runner_and_refuses_streams_bey
         capacity = executor.scheduler.capacity(KEY, "standard")
         assert 10 < capacity <= 55, capacity  # about 50 items/s, less on a loaded machine, never more
         streams = 0
-        with pytest.raises(Overloaded):
+        with pytest.raises(Overloaded) as refused:
             while True:  # streams of 2.5 items/s: about 16 fit in 0.8 x 50
                 executor.admit(Demand(f"stream-{streams}", "standard", {KEY: 2.5}))
                 streams += 1
                 assert streams < 100, "admission never refused"
         assert 3 <= streams <= 17, streams
+        # the refusal names what is full: the client, the load generator's rejected_reasons and an operator see it
+        assert refused.value.details["full"] == str(KEY) and f"({KEY} is full)" in refused.value.message
     finally:
         await executor.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Sized
 
+from ..errors import Overloaded
 from .cost_model import CostModel
 from .keys import ModelKey
 from .ports import MtInput, TranscribeInput
@@ -47,6 +48,17 @@ def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], par
             if t != lang:
                 rate[ModelKey.mt(lang, t)] = 0.3
     return Demand(stream_id, slo, rate)
+
+
+def no_capacity(full: str, active_streams: int, slo: str | None = None) -> Overloaded:
+    """Admission's refusal (429 / 4429): ``full``, what is at its limit (a model's key such as ``asr:tiny.en``, or
+    ``server.max_streams``), in the message and its details, so a client, the load generator's
+    ``rejected_reasons`` and an operator see which part of the server is full."""
+    details: dict[str, object] = {"full": full, "active_streams": active_streams}
+    if slo is not None:
+        details["slo"] = slo
+    return Overloaded(f"no capacity for another stream at this SLO ({full} is full); retry later or use a looser SLO "
+                      "class", retry_after=5.0, details=details)
 
 
 def work_units(payload: object) -> float:

@@ -27,7 +27,7 @@ from ..config import Settings
 from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeout, Overloaded
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
-from .demand import first_measures, model_scheduler, stream_demand, vad_seconds, work_units
+from .demand import first_measures, model_scheduler, no_capacity, stream_demand, vad_seconds, work_units
 from .fair import round_robin
 from .faults import Fault
 from .keys import ModelKey
@@ -420,12 +420,12 @@ class Executor(TypedPort):
         if self.mode == "per-stream":  # the baseline has no admission control (as WhisperLive / whisper_streaming)
             self.scheduler.admitted[demand.stream_id] = demand
             return
-        if len(self.scheduler.admitted) >= self.settings.server.max_streams or not self.scheduler.admit(demand):
+        at_cap = len(self.scheduler.admitted) >= self.settings.server.max_streams
+        if at_cap or not self.scheduler.admit(demand):
             if self.metrics is not None:
                 self.metrics.streams_rejected.inc()
-            raise Overloaded("no capacity for another stream at this SLO; retry later or use a looser SLO class",
-                             retry_after=5.0, details={"slo": demand.slo,
-                                                       "active_streams": len(self.scheduler.admitted)})
+            full = "server.max_streams" if at_cap else str(self.scheduler.refused_by)
+            raise no_capacity(full, len(self.scheduler.admitted), demand.slo)
         if self.metrics is not None:
             self.metrics.streams_admitted.inc()
             self.metrics.active_streams.set(len(self.scheduler.admitted))

@@ -201,6 +201,7 @@ class Scheduler(Generic[K]):
         self._load: dict[K, tuple[float, float, float]] = {}  # model -> (when, admitted items/s, stage budget)
         self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
         self.admitted: dict[str, Demand[K]] = {}
+        self.refused_by: K | None = None  # the model whose capacity refused the last stream ``admit`` refused
         self.stats = SchedulerStats()
 
     # ---- queueing -------------------------------------------------------------------------------------------
@@ -439,6 +440,7 @@ class Scheduler(Generic[K]):
             proven = self.proven.get(model)
             floor = proven.floor if proven is not None else 0.0  # a load it carried within budget: never refused
             if load > max(floor, self.target_utilisation * self.capacity(model, tightest)):
+                self.refused_by = model
                 return False
         self.admitted[demand.stream_id] = demand
         return True

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from ...errors import Overloaded
 from ...state.sqlite_tx import write_transaction
+from ..demand import no_capacity
 
 log = logging.getLogger("lingua_fusion.serving.shard")
 Ident = tuple[str, str]  # (engine mode, stream id)
@@ -37,8 +38,7 @@ def _key_full() -> Overloaded:
 
 
 def _server_full(n: int) -> Overloaded:
-    return Overloaded("no capacity for another stream at this SLO; retry later or use a looser SLO class",
-                      retry_after=5.0, details={"active_streams": n})
+    return no_capacity("server.max_streams", n)
 
 
 def _busy(exc: sqlite3.OperationalError) -> Overloaded:
