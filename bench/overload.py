@@ -46,6 +46,15 @@ def checkout(rev: str) -> Iterator[Path]:
 @contextlib.contextmanager
 def server(src: Path, serve_args: list[str], engine: str) -> Iterator[str]:
     """``linguafusion serve`` from the package in ``src`` on a free port; its URL once /readyz answers 200."""
+    env = {"PYTHONPATH": str(src / "src"), "LINGUAFUSION_MODELS__ENGINE": engine}
+    with serving(serve_args, env, "lf-overload-") as (url, _pid):
+        yield url
+
+
+@contextlib.contextmanager
+def serving(serve_args: list[str], env: dict[str, str], prefix: str) -> Iterator[tuple[str, int]]:
+    """``linguafusion serve --no-auth`` with ``serve_args`` and ``env`` over this one's, on a free port, its state
+    directory (and log) a new ``prefix`` one; its URL and pid once /readyz answers 200 (bench/shard_wire.py too)."""
     import socket
 
     import httpx
@@ -53,13 +62,12 @@ def server(src: Path, serve_args: list[str], engine: str) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    state = Path(tempfile.mkdtemp(prefix="lf-overload-"))
+    state = Path(tempfile.mkdtemp(prefix=prefix))
     print(f"server state and log: {state}", flush=True)
-    env = {**os.environ, "PYTHONPATH": str(src / "src"), "LINGUAFUSION_MODELS__ENGINE": engine}
     log = open(state / "server.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([str(BIN), "serve", "--host", "127.0.0.1", "--port", str(port), "--no-auth",
                              "--state-dir", str(state), "--log-level", "warning", *serve_args],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -72,7 +80,7 @@ def server(src: Path, serve_args: list[str], engine: str) -> Iterator[str]:
             time.sleep(0.5)
         else:
             raise RuntimeError("the server was not ready in 180 s")
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:

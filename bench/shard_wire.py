@@ -19,82 +19,29 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-BIN = Path(sys.executable).with_name("linguafusion")
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+from gpu_serve import cpu_between, group_cpu_s
+from overload import BIN, serving
 
 
-def _role(pid: int) -> str | None:
-    with contextlib.suppress(OSError):
-        name = Path(f"/proc/{pid}/comm").read_text().strip()
-        return {"lf-worker": "worker", "lf-model-0": "model"}.get(name)
-    return None
-
-
-def _reading(pid: int) -> tuple[float, int]:
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), int(io["wchar"])
-
-
-def readings(supervisor: int) -> dict[int, tuple[str, float, int]]:
+def written(cpu: dict[int, tuple[str, float]]) -> dict[int, int]:
+    """Bytes each worker of a ``group_cpu_s`` reading has written so far (/proc/PID/io wchar)."""
     out = {}
-    for pid in _children(supervisor):
-        role = _role(pid)
-        if role is not None:
-            with contextlib.suppress(OSError):
-                out[pid] = (role, *_reading(pid))
+    for pid, (role, _cpu) in cpu.items():
+        with contextlib.suppress(OSError):
+            if role == "worker":
+                io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+                out[pid] = int(io["wchar"])
     return out
 
 
-@contextlib.contextmanager
-def server(ring: bool) -> Iterator[tuple[str, int]]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    state = Path(tempfile.mkdtemp(prefix="lf-shard-wire-"))
-    env = {**os.environ, "LINGUAFUSION_SERVER__SHM_RING": "true" if ring else "false"}
-    log = open(state / "server.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([str(BIN), "serve", "--host", "127.0.0.1", "--port", str(port), "--no-auth",
-                             "--state-dir", str(state), "--log-level", "warning", "--workers", "2",
-                             "--model-processes", "1"], stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError((state / "server.log").read_text())
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("the server was not ready in 180 s")
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+def server(ring: bool) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    return serving(["--workers", "2", "--model-processes", "1"],
+                   {"LINGUAFUSION_SERVER__SHM_RING": "true" if ring else "false"}, "lf-shard-wire-")
 
 
 def load(url: str, streams: int, duration: float, out: Path) -> subprocess.Popen[bytes]:
@@ -108,22 +55,19 @@ def run(ring: bool, streams: int, duration: float) -> dict[str, Any]:
         proc = load(url, streams, duration, Path(tmp) / "load.json")
         time.sleep(8.0)  # the streams open (Poisson over 5 s) and reach their first partials
         window = max(5.0, duration - 12.0)
-        before = readings(pid)
-        done = threading.Event()
-        done.wait(window)
-        after = readings(pid)
+        before = group_cpu_s(os.getpgid(pid))  # the server's processes by role (bench/gpu_serve.py)
+        wrote = written(before)
+        time.sleep(window)
+        after = group_cpu_s(os.getpgid(pid))
+        wrote = {p: n - wrote[p] for p, n in written(after).items() if p in wrote}
         proc.wait(timeout=duration + 300)
         report = json.loads((Path(tmp) / "load.json").read_text())["runs"][0]
     stream_s = streams * window
-    by_role: dict[str, list[float]] = {"worker": [0.0, 0.0], "model": [0.0, 0.0]}
-    for p, (role, cpu, wchar) in after.items():
-        if p in before:  # a process that was replaced mid-window is left out, not counted negative
-            by_role[role][0] += cpu - before[p][1]
-            by_role[role][1] += wchar - before[p][2]
+    cpu = cpu_between(before, after)
     classes = report["classes"].values()
     return {"arm": "ring" if ring else "socket", "streams": streams, "window_s": window,
-            "cpu_ms_per_stream_s": {r: round(1e3 * v[0] / stream_s, 2) for r, v in by_role.items()},
-            "worker_kb_written_per_stream_s": round(by_role["worker"][1] / 1024 / stream_s, 1),
+            "cpu_ms_per_stream_s": {r: round(1e3 * cpu[r] / stream_s, 2) for r in ("worker", "model")},
+            "worker_kb_written_per_stream_s": round(sum(wrote.values()) / 1024 / stream_s, 1),
             "admitted": sum(c["admitted"] for c in classes), "within_slo": report["goodput_streams"],
             "caption_p99_s": max((c["caption_latency_s"]["p99"] or 0.0) for c in classes)}
 
