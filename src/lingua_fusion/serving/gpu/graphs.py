@@ -156,11 +156,9 @@ class StepGraphs:
         with _CAPTURE, torch.cuda.stream(self._stream):
             for bucket in captured:
                 bucket.blank()
-
-            def replay(size: int) -> None:
-                next(b for b in captured if b.size == size).graph.replay()
-
-            return time_each([b.size for b in captured], replay, self._stream.synchronize, repeats=repeats)
+            graphs = {b.size: b.graph for b in captured}
+            return time_each(list(graphs), lambda size: graphs[size].replay(), self._stream.synchronize,
+                             repeats=repeats)
 
     def _capture(self, bucket: _Bucket) -> None:
         bucket.out = capture(bucket.graph, self._pool, self._stream, lambda: self.forward(bucket.inputs))

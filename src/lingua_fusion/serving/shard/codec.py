@@ -166,8 +166,9 @@ class Outbox:
             if self._size + len(body) > self.batch_bytes:
                 self.flush()
         except BaseException:
-            for at in spans:  # nothing is sent: nobody will read them
-                ring.release(at)  # type: ignore[union-attr]  # spans only where there is a ring
+            if ring is not None:  # nothing is sent: nobody will read its spans
+                for at in spans:
+                    ring.release(at)
             raise
         self._bodies.append(body)
         self._size += len(body)

@@ -72,12 +72,11 @@ class ModelLink:
         self._outbox: codec.Outbox | None = None  # this connection's: a turn of the loop's requests in one frame
         # large arrays cross through it once the model process has mapped it (shm.py; ``server.shm_ring``)
         self.ring = shm.new_ring() if ring else None
-        self._ring_on = ring
         # the ring spans of calls sent, in the order sent: a reply to a call, or to any later one, says the model
         # process has decoded (copied out) its frame, since it decodes a connection's frames in order; then they may
         # be written again. A call that gave up keeps its spans until then; a long one (a file's piece) frees its
-        # own as soon as any later call is answered
-        self._held: deque[tuple[int, shm.Ring, list[int]]] = deque()
+        # own as soon as any later call is answered. All in ``ring``: a new ring starts with none held
+        self._held: deque[tuple[int, list[int]]] = deque()
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -95,9 +94,9 @@ class ModelLink:
         self._pending[ident] = fut
         try:
             try:
-                ring, spans = self._send({**msg, "id": ident})
-                if ring is not None and spans:
-                    self._held.append((ident, ring, spans))
+                spans = self._send({**msg, "id": ident})
+                if spans:
+                    self._held.append((ident, spans))
             except (TypeError, ValueError) as exc:  # a payload the wire cannot carry (over MAX_FRAME, a str that
                 # is not Unicode): this request fails typed, as a backend failure; the link and its other requests go on
                 raise BackendError(f"this request cannot cross to the model process: {exc}") from exc
@@ -129,18 +128,18 @@ class ModelLink:
         except TimeoutError:
             raise ModelProcessLost("the model process is not reachable (restarting?)") from None
 
-    def _send(self, msg: codec.Message, shared: bool = True) -> tuple[shm.Ring | None, list[int]]:
-        """Queue ``msg``; the ring its large arrays went into and their spans."""
+    def _send(self, msg: codec.Message, shared: bool = True) -> list[int]:
+        """Queue ``msg``; the spans its large arrays took in ``ring``."""
         if self._outbox is None or self._outbox.writer.is_closing():
             raise ModelProcessLost("the model process connection is down")
         # TypeError / ValueError at the caller: a payload that cannot cross
-        return self._outbox.ring, self._outbox.put(msg, shared=shared)
+        return self._outbox.put(msg, shared=shared)
 
     def _decoded(self, ident: int) -> None:
         """The model process answered ``ident``: every frame up to its was decoded, their spans may be reused."""
-        while self._held and self._held[0][0] <= ident:
-            _, ring, spans = self._held.popleft()
-            for at in spans:
+        ring = self.ring  # (spans are held only while there is one)
+        while ring is not None and self._held and self._held[0][0] <= ident:
+            for at in self._held.popleft()[1]:
                 ring.release(at)
 
     # ---- the connection ----------------------------------------------------------------------------------------
@@ -200,7 +199,7 @@ class ModelLink:
         held, self._held = self._held, deque()
         if self.ring is None or not held:
             return
-        old, self.ring = self.ring, shm.new_ring() if self._ring_on and not self._closed else None
+        old, self.ring = self.ring, None if self._closed else shm.new_ring()
         old.close()
 
     async def _read(self, reader: asyncio.StreamReader) -> None:

@@ -49,7 +49,7 @@ class Ring:
         self._map = mmap.mmap(self.fd, size)
         self._head = 0
         self._live: deque[list[int]] = deque()  # [start, end, released (0/1)], in allocation order
-        self.bytes_in = self.full = 0  # bytes that crossed here; arrays that found no room (the benchmark reads)
+        self.bytes_in = self.full = 0  # bytes that crossed here; arrays that found no room (counters)
 
     def handle(self) -> dict[str, int]:
         """What the model process maps it by (``View.open``)."""
