@@ -205,7 +205,9 @@ def metrics(url: str) -> dict[str, float]:
 RUNNER_COUNTERS = {"linguafusion_gpu_runner_started_items_total": "started_items",
                    "linguafusion_gpu_runner_steps_total": "steps",
                    "linguafusion_gpu_runner_step_rows_total": "step_rows",
-                   "linguafusion_gpu_runner_busy_seconds_total": "busy_s"}
+                   "linguafusion_gpu_runner_busy_seconds_total": "busy_s",
+                   "linguafusion_gpu_runner_starts_total": "starts",
+                   "linguafusion_gpu_runner_encode_seconds_total": "encode_s"}
 
 
 def runner_load(url: str) -> dict[str, dict[str, float]]:
@@ -240,7 +242,9 @@ def runner_rows(before: dict[str, dict[str, float]], after: dict[str, dict[str, 
                       "busy_share": round((start_s + step_s) / (wall_s * processes), 3) if wall_s else 0.0,
                       "start_share": round(start_s / (start_s + step_s), 3) if start_s + step_s else 0.0,
                       "ms_per_step": round(1000 * step_s / steps, 2) if steps else 0.0,
-                      "ms_per_started_item": round(1000 * start_s / items, 2) if items else 0.0}
+                      "ms_per_started_item": round(1000 * start_s / items, 2) if items else 0.0,
+                      "items_per_start": round(items / d["starts"], 1) if d.get("starts") else 0.0,
+                      "encode_share_of_start": round(d.get("encode_s", 0.0) / start_s, 3) if start_s else 0.0}
     return out
 
 

@@ -129,6 +129,10 @@ class GpuLoad:
                              registry=registry)
         self.rows = Counter("linguafusion_gpu_runner_step_rows", "Sequences the decode steps carried (over steps: the "
                             "mean batch)", ["model"], registry=registry)
+        self.starts = Counter("linguafusion_gpu_runner_starts", "Encoder batches a GPU runner started (over them: "
+                              "started items per batch)", ["model"], registry=registry)
+        self.encode = Counter("linguafusion_gpu_runner_encode_seconds", "Of the start phase's seconds, those in the "
+                              "model's encoder call (log-mel, encoder, its outputs)", ["model"], registry=registry)
         self.busy = Counter("linguafusion_gpu_runner_busy_seconds", "Wall seconds a GPU runner's thread spent "
                             "starting work (phase=start) or stepping (phase=step)", ["model", "phase"],
                             registry=registry)
@@ -142,6 +146,9 @@ class GpuLoad:
             d, last = load.since(last), load
             if d.started_items:
                 self.items.labels(model=model).inc(d.started_items)
+                self.starts.labels(model=model).inc(d.starts)
+            if d.encode_s > 0:
+                self.encode.labels(model=model).inc(d.encode_s)
             if d.steps:
                 self.steps.labels(model=model).inc(d.steps)
                 self.rows.labels(model=model).inc(d.step_rows)

@@ -91,3 +91,7 @@ def test_the_runner_publishes_its_pools_and_encoder_cache_as_gauges(monkeypatch:
     assert _value(text, 'linguafusion_gpu_runner_step_rows_total{model="asr:test"}') == load.step_rows >= load.steps
     assert _value(text, 'linguafusion_gpu_runner_busy_seconds_total{model="asr:test",phase="step"}') == \
         pytest.approx(load.step_s)
+    # its encoder batches: two (the second window came from the memo, so no encoder time in that one)
+    assert _value(text, 'linguafusion_gpu_runner_starts_total{model="asr:test"}') == load.starts == 2
+    encode_s = _value(text, 'linguafusion_gpu_runner_encode_seconds_total{model="asr:test"}')
+    assert encode_s == pytest.approx(load.encode_s) and 0 < load.encode_s <= load.start_s

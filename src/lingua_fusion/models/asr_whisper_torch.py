@@ -105,17 +105,13 @@ class WhisperTorchASR:
         """The encoder's input for zero-padded windows: log-mel [batch, n_mels, longest] in the model's dtype (zeros
         past each window) and each window's length in mel frames [batch], both on the device."""
         lengths = [len(w) // 160 for w in windows]
-        mel = torch.zeros(len(windows), self.model.dims.n_mels, max(lengths), device=self.device)
-        for n in sorted({len(w) for w in windows}):
-            idx = [i for i, w in enumerate(windows) if len(w) == n]
-            # (the audio itself the plain way: its copy comes first, nothing queued to wait for, and a batch's
-            # hundreds of MB would stay page-locked in the pinned-memory cache)
-            batch = torch.from_numpy(np.stack([windows[i] for i in idx])).to(self.device)
-            # (rows as a list would be copied to the device the waiting way)
-            rows = slice(None) if len(idx) == len(windows) else queued_copy(torch.tensor(idx), self.device)
-            mel[rows, :, : n // 160] = self.mel(batch)[:, :, : n // 160]  # one STFT per window length
-        return (mel.to(self.model.decoder.token_embedding.weight.dtype),
-                queued_copy(torch.tensor(lengths, dtype=torch.long), self.device))
+        # one copy and one STFT for the batch (LogMel.ragged: each row its own window's, zeros past its frames,
+        # of which it has one more than the encoder takes: cut here)
+        mel, _ = self.mel.ragged(windows)
+        frames = queued_copy(torch.tensor(lengths, dtype=torch.long), self.device)
+        mel = mel[:, :, : max(lengths)]
+        mel = mel.masked_fill(torch.arange(mel.shape[-1], device=self.device) >= frames[:, None, None], 0.0)
+        return mel.to(self.model.decoder.token_embedding.weight.dtype), frames
 
     # ---- streaming clips -------------------------------------------------------------------------------------
     def transcribe_batch(self, audios: list[np.ndarray], *, language: str | None,

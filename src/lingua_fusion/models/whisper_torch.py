@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .host_copy import queued_copy
 from .whisper_ct2 import WhisperDims, WhisperGenConfig, read_ct2, read_gen_config, state_dict, whisper_dims
 
 __all__ = ["KVCache", "LogMel", "WhisperDims", "WhisperTorch", "load_whisper", "mel_filters"]
@@ -284,11 +285,17 @@ class LogMel(nn.Module):
         frames = [(len(c) + HOP) // HOP for c in clips]  # forward's frame count: (n + HOP) / HOP + 1, less the last
         host = np.zeros((len(clips), max(len(c) for c in clips) + HOP + N_FFT), dtype=np.float32)
         for row, c in zip(host, clips, strict=True):
-            clip = np.pad(np.asarray(c, dtype=np.float32), (0, HOP))
-            row[: len(clip) + N_FFT] = np.pad(clip, half, mode="reflect")
+            padded = len(c) + HOP  # the clip and its HOP appended zeros, at row[half:], reflected at both ends
+            if padded <= half + 1:  # shorter than the reflection: numpy's repeated reflection
+                row[: padded + N_FFT] = np.pad(np.pad(np.asarray(c, dtype=np.float32), (0, HOP)), half, "reflect")
+                continue
+            row[half: half + len(c)] = c  # one copy of the clip; the rest is slices of the row itself
+            row[:half] = row[2 * half: half: -1]
+            row[half + padded: padded + N_FFT] = row[half + padded - 2: padded - 2: -1]
         x = torch.from_numpy(host).to(self.window.device, non_blocking=True)
         spec = torch.stft(x, N_FFT, HOP, window=self.window, center=False, return_complex=True)[..., : max(frames)]
         log_spec = torch.log10(torch.clamp(self.filters @ (spec.abs() ** 2), min=1e-10))
-        valid = torch.arange(max(frames), device=x.device) < torch.tensor(frames, device=x.device)[:, None]
+        counts = queued_copy(torch.tensor(frames), x.device)  # (a list as such is copied the waiting way)
+        valid = torch.arange(max(frames), device=x.device) < counts[:, None]
         peak = log_spec.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=(-2, -1), keepdim=True)
         return ((torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0).masked_fill(~valid[:, None, :], 0.0), frames

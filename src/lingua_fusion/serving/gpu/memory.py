@@ -34,6 +34,7 @@ class RunnerLoad:
     starts: int = 0
     started_items: int = 0
     start_s: float = 0.0
+    encode_s: float = 0.0  # of start_s: the recipe's encoder call (log-mel, encoder, outputs), the rest the pools'
     steps: int = 0
     step_rows: int = 0
     step_s: float = 0.0

@@ -317,7 +317,9 @@ class GpuRunner:
         fresh = [i for i, k in enumerate(keys) if k is None or k not in self._memo]
         memories: dict[int, torch.Tensor] = {}
         if fresh:
+            t = time.perf_counter()
             memories = dict(zip(fresh, self.recipe.encode([items[i][0] for i in fresh]), strict=True))
+            self.load.encode_s += time.perf_counter() - t
         self.encoded += len(fresh)
         added = dict(zip(memories, self._add([memories[i] for i in memories], [keys[i] for i in memories]),
                          strict=True))
