@@ -139,6 +139,9 @@ class ModelSettings(BaseModel):
     # the most rows a decode step and windows an encoder batch of the engine's CUDA runners take (1,024 / 128 at
     # most); 1 serves one item at a time, unbatched: the per-stream baseline its benchmark compares against
     engine_max_batch: int = Field(default=1024, ge=1, le=1024)
+    # while a CUDA runner has sequences decoding, new items wait up to this many milliseconds for 8 to share one
+    # encoder batch (its host cost is per batch more than per item); 0: each turn of the runner starts what has come
+    engine_gather_ms: float = Field(default=0.0, ge=0.0, le=100.0)
     # languages whose engine ASR runner is built when the server (or each model process) starts, not at the
     # language's first stream, whose first captions would wait for it (10-25 s on an H200: weights, pools, graph
     # captures); None: English on a CUDA device, none on the CPU. /readyz answers 503 until they are built

@@ -70,11 +70,14 @@ class GpuRunner:
                  cross_block_size: int = 64, max_batch: int = MAX_BATCH, max_pending: int = 8192,
                  encode_batch: int = 128, memo: int = 2048, dtype: torch.dtype = torch.float16,
                  device: str | torch.device = "cuda", name: str = "gpu", kernel: str = "auto",
-                 graphs: bool = False, prefix_cache: bool = True, prepare: Sequence[Callable[[], None]] = ()) -> None:
+                 graphs: bool = False, prefix_cache: bool = True, prepare: Sequence[Callable[[], None]] = (),
+                 gather_s: float = 0.0, gather_items: int = 8) -> None:
         """``prepare``: calls made on the runner's own thread before it takes any work (and before this returns),
         such as capturing the recipe's encoder graphs (``EncoderGraphs.capture_ahead``); ``graphs``: the decode
         step's CUDA graphs, captured there too. A graph is captured on the thread that replays it: with that
-        thread's cuBLAS handle, never one another runner's graphs replay with at the same time."""
+        thread's cuBLAS handle, never one another runner's graphs replay with at the same time. ``gather_s``: while
+        sequences are decoding, new items wait up to this long for ``gather_items`` to start together (an encoder
+        batch costs the thread about as much for one item as for several; 0: each turn starts what has come)."""
         self.recipe = recipe
         self.engine = DecodeEngine(recipe.decoder, blocks=blocks, block_size=block_size, cross_blocks=cross_blocks,
                                    cross_block_size=cross_block_size, max_batch=max_batch, dtype=dtype,
@@ -87,6 +90,8 @@ class GpuRunner:
         self._memo_size = memo
         self._memo: OrderedDict[bytes, int] = OrderedDict()  # payload key -> cross entry (holds one reference)
         self._inbox: deque[tuple[Any, bool, Future[Any]]] = deque()
+        self._arrived: deque[float] = deque()  # when each inbox item came (perf_counter), for ``gather_s``
+        self.gather_s, self.gather_items = gather_s, gather_items
         # items whose encoder output found the cross-attention pool full while sequences were running: started
         # again (first, in order) once one of those has finished and freed its entry (``_freed``); on the runner's
         # thread only. They stay pending, so ``room`` holds the executor's work back meanwhile
@@ -210,6 +215,7 @@ class GpuRunner:
             if self._closed:
                 raise BackendError("the GPU runner is closed")
             self._inbox.extend(zip(payloads, tentative, futures, strict=True))
+            self._arrived.extend([time.perf_counter()] * len(payloads))
             self._live.update(futures)
             self._cv.notify()
         return futures
@@ -257,6 +263,7 @@ class GpuRunner:
         with self._cv:
             left = [*self._parked, *self._inbox]
             self._inbox.clear()
+            self._arrived.clear()
         self._parked.clear()
         self._fail_all(left, BackendError("the GPU runner closed"))
 
@@ -270,7 +277,14 @@ class GpuRunner:
             n = min(len(self._parked), self.encode_batch, max(1, self._freed))  # about as many as may fit now
             self._freed = 0
             return [self._parked.popleft() for _ in range(n)]
-        return [self._inbox.popleft() for _ in range(min(len(self._inbox), self.encode_batch))]
+        if self.gather_s > 0 and len(self._inbox) < min(self.gather_items, self.encode_batch) \
+                and not self.engine.idle() and self._arrived and \
+                time.perf_counter() - self._arrived[0] < self.gather_s:
+            return []  # a step first: more may come to share this encoder batch
+        n = min(len(self._inbox), self.encode_batch)
+        for _ in range(n):
+            self._arrived.popleft()
+        return [self._inbox.popleft() for _ in range(n)]
 
     def _timed_start(self, new: list[tuple[Any, bool, Future[Any]]]) -> None:
         t = time.perf_counter()
