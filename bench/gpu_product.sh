@@ -43,7 +43,7 @@ budget=${BUDGET_S:-330}
   --json "$out/run.json" 2>&1 | grep -v Warning | grep -v "^n=" | tail -8
 [[ $parts == *run* ]] && logs
 [[ $parts == *base* ]] && LINGUAFUSION_MODELS__ENGINE_MAX_BATCH=1 timeout 230 python3 bench/gpu_serve.py run serve --mt-dir mt-en-es --to es \
-  --workers 2 --model-processes 1 --warmup-s 10 --streams "${BASE_STREAMS:-2,4,8}" --duration 20 --budget-s 210 \
+  --workers 2 --model-processes 1 --warmup-s 10 --streams "${BASE_STREAMS:-16,32,64}" --duration 20 --budget-s 210 \
   --stop-p99-s 10 --port 18700 --json "$out/base.json" 2>&1 | grep -v Warning | grep -v "^n=" | tail -6
 [[ $parts == *base* ]] && logs
 true
