@@ -388,7 +388,9 @@ def test_a_burst_of_new_work_is_encoded_between_steps_of_what_runs() -> None:
     burst = steps_at_encode[:3]
     assert len(burst) == 3 and burst[0] < burst[1] < burst[2], steps_at_encode
     assert [o.text for o in together] == [o.text for o in alone] and runner.load.started_items == 12
-    assert [o.confidence for o in together] == pytest.approx([o.confidence for o in alone], rel=1e-5)
+    # (a committed window no partial read is encoded again, not taken from the memo (serving/gpu/memo.py), so the
+    # encoder's batch of six against its batch of one differs in the last bits of the matrix sums)
+    assert [o.confidence for o in together] == pytest.approx([o.confidence for o in alone], rel=1e-4)
 
 
 def test_work_still_queued_when_the_runner_closes_fails_instead_of_hanging() -> None:

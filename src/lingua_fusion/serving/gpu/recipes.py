@@ -22,6 +22,7 @@ from ...types import SR
 from ..ports import AsrInput, AsrOutput, MtInput
 from .decoder_model import Decoded, DecoderModel
 from .hf_encoders import device_only
+from .memo import audio_prefilter
 
 MEL_FRAMES_PER_S = 100
 Mels = Callable[[list[np.ndarray]], tuple[torch.Tensor, list[int]]]  # clips -> ([B, n_mels, frames], frames each)
@@ -132,6 +133,10 @@ class WhisperRecipe:
 
     def key(self, payload: AsrInput) -> bytes:
         return hashlib.blake2b(np.ascontiguousarray(payload.audio).tobytes(), digest_size=16).digest()
+
+    def prefilter(self, payload: AsrInput) -> bytes:
+        """Its window's length and 64 of its samples: a commit is hashed in full only where a partial's matched."""
+        return audio_prefilter(np.asarray(payload.audio))
 
     def result(self, payload: AsrInput, decoded: Decoded) -> AsrOutput:
         return AsrOutput(self._text(decoded.tokens).strip(), min(1.0, confidence(decoded.logprobs)))

@@ -16,7 +16,7 @@ import gc
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypedDict
@@ -27,6 +27,7 @@ from ...errors import BackendError, CapacityExhausted
 from .decoder import DecodeEngine
 from .decoder_model import Decoded, DecoderModel
 from .graphs import buckets_up_to, own_stream
+from .memo import EncoderMemo
 from .memory import MemoryReport, PoolMemory, RunnerLoad, budget_bytes, pool_blocks
 from .paged import PagedKV
 
@@ -87,8 +88,7 @@ class GpuRunner:
             steps.append(functools.partial(self._step_graphs, name, max_batch))
         self.max_pending = max_pending
         self.encode_batch = encode_batch
-        self._memo_size = memo
-        self._memo: OrderedDict[bytes, int] = OrderedDict()  # payload key -> cross entry (holds one reference)
+        self.memo = EncoderMemo(recipe, memo)  # payload key -> cross entry (holds one reference): serving/gpu/memo.py
         self._inbox: deque[tuple[Any, bool, Future[Any]]] = deque()
         self._arrived: deque[float] = deque()  # when each inbox item came (perf_counter), for ``gather_s``
         self.gather_s, self.gather_items = gather_s, gather_items
@@ -187,7 +187,7 @@ class GpuRunner:
         e = self.engine
         self.memory = MemoryReport({"self": PoolMemory.of(e.pool.stats(), self._token_bytes),
                                     "cross": PoolMemory.of(e.cross_pool.stats(), self._token_bytes)},
-                                   encoder_cache_entries=len(self._memo))
+                                   encoder_cache_entries=len(self.memo))
         if self.on_load is not None:
             try:  # /metrics' counters: never the runner's thread's end
                 self.on_load(dataclasses.replace(self.load))
@@ -327,20 +327,20 @@ class GpuRunner:
                 items.append(it)
         if not items:
             return
-        keys = [self.recipe.key(p) for p, _, _ in items]
-        fresh = [i for i, k in enumerate(keys) if k is None or k not in self._memo]
+        keys, filters = self.memo.keys([p for p, _, _ in items], [t for _, t, _ in items])
+        fresh = [i for i, k in enumerate(keys) if self.memo.get(k) is None]
         memories: dict[int, torch.Tensor] = {}
         if fresh:
             t = time.perf_counter()
             memories = dict(zip(fresh, self.recipe.encode([items[i][0] for i in fresh]), strict=True))
             self.load.encode_s += time.perf_counter() - t
         self.encoded += len(fresh)
-        added = dict(zip(memories, self._add([memories[i] for i in memories], [keys[i] for i in memories]),
-                         strict=True))
+        added = dict(zip(memories, self._add([memories[i] for i in memories], [keys[i] for i in memories],
+                                             [filters[i] for i in memories]), strict=True))
         full: list[tuple[Any, bool, Future[Any]]] = []
         for i, (payload, tentative, fut) in enumerate(items):
             key = keys[i]
-            cid = added[i] if i in added else self._memo.get(key) if key is not None else None
+            cid = added[i] if i in added else self.memo.get(key)
             if cid is None:
                 if tentative or (i in memories and not self.engine.fits_ever(memories[i].shape[0])):
                     # a partial is not held back (a newer one replaces it; the executor sheds late ones), and a
@@ -350,15 +350,15 @@ class GpuRunner:
                     full.append((payload, tentative, fut))
                 continue
             if i not in added and key is not None:  # its memory came from the memo (so it has a key)
-                self._memo.move_to_end(key)
+                self.memo.use(key)
                 self.reused += 1
             inner = self.engine.submit(self.recipe.prompt(payload), cid, max_new=self.recipe.max_new(payload),
                                        stop=self.recipe.stop, tentative=tentative)
-            if key is None or self._memo.get(key) != cid:
+            if self.memo.get(key) != cid:
                 self.engine.release(cid)  # the sequence holds its own reference; the memo holds none to this one
             inner.add_done_callback(functools.partial(self._finished, payload, fut))
-        while len(self._memo) > self._memo_size:
-            self.engine.release(self._memo.popitem(last=False)[1])
+        while len(self.memo) > self.memo.size:
+            self.engine.release(self.memo.forget_oldest())
         if self.engine.idle():  # nothing running holds an entry: nothing will make room for these
             for _, _, fut in full:
                 self._done(fut, exc=CapacityExhausted("the GPU cross-attention pool is full"))
@@ -366,17 +366,18 @@ class GpuRunner:
             self._parked.extendleft(reversed(full))
             self._freed = 0  # what finished before they were parked freed nothing they can use
 
-    def _add(self, memories: list[torch.Tensor], keys: list[bytes | None]) -> list[int | None]:
+    def _add(self, memories: list[torch.Tensor], keys: list[bytes | None], filters: list[bytes | None]
+             ) -> list[int | None]:
         cids = self.engine.add_memories(memories)
-        while any(c is None for c in cids) and self._memo:  # make room: forget the least recently used outputs
-            for _ in range(min(len(self._memo), 64)):
-                self.engine.release(self._memo.popitem(last=False)[1])
+        while any(c is None for c in cids) and self.memo:  # make room: forget the least recently used outputs
+            for _ in range(min(len(self.memo), 64)):
+                self.engine.release(self.memo.forget_oldest())
             missing = [i for i, c in enumerate(cids) if c is None]
             for i, c in zip(missing, self.engine.add_memories([memories[i] for i in missing]), strict=True):
                 cids[i] = c
-        for cid, key in zip(cids, keys, strict=True):
-            if cid is not None and key is not None and key not in self._memo:  # the same window twice: one entry
-                self._memo[key] = cid
+        for cid, key, near in zip(cids, keys, filters, strict=True):
+            if cid is not None and key is not None:
+                self.memo.keep(key, cid, near)  # the same window twice in one batch: one entry
         return cids
 
     def _finished(self, payload: Any, fut: Future[Any], decoded: Future[Decoded]) -> None:

@@ -25,6 +25,7 @@ from ..ports import AsrInput, AsrOutput
 from .decoder_model import Decoded
 from .encoder_graphs import EncoderGraphs
 from .graphs import buckets_up_to
+from .memo import audio_prefilter
 from .models import WhisperDecoder
 from .recipes import confidence
 from .runner import CpuPools, GpuRunner
@@ -81,6 +82,10 @@ class TorchWhisperRecipe:
 
     def key(self, payload: AsrInput) -> bytes:
         return hashlib.blake2b(np.ascontiguousarray(payload.audio).tobytes(), digest_size=16).digest()
+
+    def prefilter(self, payload: AsrInput) -> bytes:
+        """Its window's length and 64 of its samples: a commit is hashed in full only where a partial's matched."""
+        return audio_prefilter(np.asarray(payload.audio))
 
     def result(self, payload: AsrInput, decoded: Decoded) -> AsrOutput:
         text = caption_text(self.tok.decode(decoded.tokens))
