@@ -142,6 +142,10 @@ class ModelSettings(BaseModel):
     # while a CUDA runner has sequences decoding, new items wait up to this many milliseconds for 8 to share one
     # encoder batch (its host cost is per batch more than per item); 0: each turn of the runner starts what has come
     engine_gather_ms: float = Field(default=0.0, ge=0.0, le=100.0)
+    # Python's switch interval in each model process (``serve --model-processes``), in ms (None: Python's 5 ms): how
+    # long a GPU runner thread back from waiting for its step may wait for the lock while another thread (the other
+    # runner, the VAD, the event loop) holds it. For a benchmark's A/B; unmeasured in the product server
+    switch_interval_ms: float | None = Field(default=None, gt=0.0, le=100.0)
     # languages whose engine ASR runner is built when the server (or each model process) starts, not at the
     # language's first stream, whose first captions would wait for it (10-25 s on an H200: weights, pools, graph
     # captures); None: English on a CUDA device, none on the CPU. /readyz answers 503 until they are built

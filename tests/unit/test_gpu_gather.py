@@ -86,3 +86,17 @@ def test_a_lone_item_waits_no_longer_than_the_gather_time() -> None:
     finally:
         runner.close()
     assert sizes == [1, 1] and waited >= 0.2
+
+
+def test_a_model_process_takes_its_switch_interval_from_the_settings() -> None:
+    import sys
+
+    from lingua_fusion.api.workers import switch_interval
+    from lingua_fusion.config import Settings
+
+    before = sys.getswitchinterval()
+    try:
+        assert switch_interval(Settings()) == before  # unset: Python's own, untouched
+        assert switch_interval(Settings(models={"switch_interval_ms": 0.5})) == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)

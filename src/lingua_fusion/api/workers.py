@@ -36,6 +36,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from multiprocessing.process import BaseProcess
@@ -85,10 +86,19 @@ def model_main(settings: Settings, path: str, log_level: str, index: int = 0, le
     from .server import install_logging
 
     install_logging(log_level)
+    switch_interval(settings)
     s = settings.server
     ledger = None if ledger_path is None else \
         SharedLedger(Path(ledger_path), index, key_limit=s.max_streams_per_key, total_limit=s.max_streams)
     asyncio.run(serve(path, settings, Metrics(), ledger=ledger))
+
+
+def switch_interval(settings: Settings) -> float:
+    """``models.switch_interval_ms`` as this process's switch interval (its GPU runner threads and event loop share
+    Python's lock); the interval in force, in seconds."""
+    if settings.models.switch_interval_ms is not None:
+        sys.setswitchinterval(settings.models.switch_interval_ms / 1000)
+    return sys.getswitchinterval()
 
 
 def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: str) -> None:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The product server's runner settings A/B in one device call (docs/benchmarks.md, "The product server on an H100
+# with admission by step timings"): each arm a fresh `linguafusion serve` (bench/gpu_serve.py, ASR and MT on the
+# GPU, en -> es) at the same offered loads, with its settings as environment variables. From the .gpurun bundle:
+#
+#   bash bench/gpu_arms.sh OUTDIR                        # then, here, for each OUTDIR/arm_*.json:
+#   .venv/bin/python bench/gpu_product.py OUTDIR/arm_gather10.json --gpu-time-s N --json /tmp/x.json
+#
+# ARMS: space-separated NAME=VAR:VALUE,VAR:VALUE ("-" for none); STREAMS overrides the loads (default 900,2700 on
+# an H100 with 3 model processes, 1600,3200 on an H200 with 6). About 150 s an arm.
+set -u
+out=${1:?output directory}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 LINGUAFUSION_SERVER__PARTIAL_PACE=${PACE:-2.5}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$gpu" in
+  *H200*) m=6; streams=${STREAMS:-1600,3200} ;;
+  *) m=3; streams=${STREAMS:-900,2700} ;;
+esac
+arms=${ARMS:-"plain=- gather10=MODELS__ENGINE_GATHER_MS:10 gather10_switch05=MODELS__ENGINE_GATHER_MS:10,MODELS__SWITCH_INTERVAL_MS:0.5"}
+echo "$gpu: $m model processes, streams $streams, arms: $arms"
+python3 bench/gpu_mt_dir.py model mt-en-es | tail -1
+for arm in $arms; do
+  name=${arm%%=*}
+  envs=()
+  if [[ ${arm#*=} != "-" ]]; then
+    IFS=, read -ra pairs <<< "${arm#*=}"
+    for pair in "${pairs[@]}"; do envs+=("LINGUAFUSION_${pair%%:*}=${pair#*:}"); done
+  fi
+  echo "arm $name: ${envs[*]:-defaults}"
+  env "${envs[@]}" timeout 175 python3 bench/gpu_serve.py run serve --mt-dir mt-en-es --to es --workers 12 \
+    --model-processes "$m" --warmup-s 15 --streams "$streams" --duration 20 --budget-s 160 --stop-p99-s 60 \
+    --json "$out/arm_$name.json" 2>&1 | grep -v Warning | grep -v "^n=" | tail -4
+done
+true
