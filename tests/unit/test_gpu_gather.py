@@ -18,13 +18,20 @@ from lingua_fusion.serving.ports import AsrInput
 pytestmark = pytest.mark.timeout(120)
 
 
-def _runner(gather_s: float, gather_items: int = 3) -> tuple[GpuRunner, list[int]]:
-    """A runner whose encoder calls' sizes are recorded, and whose every step takes 20 ms (a long decode runs for
-    about a second: 48 positions)."""
+def _runner(gather_s: float, gather_items: int = 3, when: list[float] | None = None) -> tuple[GpuRunner, list[int]]:
+    """A runner whose encoder calls' sizes (and times, into ``when``) are recorded, and whose every step takes 20 ms
+    (a long decode runs for about a second: 48 positions)."""
     recipe = tiny_whisper_recipe(tokens_per_s=40.0, max_tokens=64)
     sizes: list[int] = []
     encode = recipe.encode
-    recipe.encode = lambda payloads: sizes.append(len(payloads)) or encode(payloads)  # type: ignore[method-assign]
+
+    def recorded(payloads: list[AsrInput]) -> list[torch.Tensor]:
+        sizes.append(len(payloads))
+        if when is not None:
+            when.append(time.monotonic())
+        return encode(payloads)
+
+    recipe.encode = recorded  # type: ignore[method-assign]
     runner = GpuRunner(recipe, blocks=256, cross_blocks=64, block_size=8, cross_block_size=16, dtype=torch.float32,
                        device="cpu", gather_s=gather_s, gather_items=gather_items)
     step = runner.engine.step
@@ -73,19 +80,22 @@ def test_items_that_come_while_sequences_decode_share_one_encoder_batch() -> Non
 
 
 def test_a_lone_item_waits_no_longer_than_the_gather_time() -> None:
-    runner, sizes = _runner(gather_s=0.2, gather_items=8)
+    started: list[float] = []
+    runner, sizes = _runner(gather_s=0.2, gather_items=8, when=started)
     try:
         long = runner.submit([_clip(2.0, 0)], [False])[0]
-        while runner.engine.steps == 0:
+        deadline = time.monotonic() + 30
+        while runner.engine.steps == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         t = time.monotonic()
         runner.submit([_clip(0.5, 1)], [False])[0].result(timeout=60)
-        waited = time.monotonic() - t
+        waited = started[-1] - t  # from its submit to its encoder batch
         assert not long.done()  # it came back while the long decode still ran: not held until the runner idled
         long.result(timeout=60)
     finally:
         runner.close()
-    assert sizes == [1, 1] and waited >= 0.2
+    # held for the gather time, then started on the runner's next turn (after a step of 20 ms)
+    assert sizes == [1, 1] and 0.2 <= waited < 0.2 + 0.15
 
 
 def test_a_model_process_takes_its_switch_interval_from_the_settings() -> None:

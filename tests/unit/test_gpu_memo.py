@@ -80,3 +80,39 @@ def test_a_window_that_only_looks_like_a_partials_is_encoded_for_itself() -> Non
     assert looked_alike.text == expected.text
     assert runner.encoded == 3 and runner.reused == 1 and same.text  # the partial's own commit reused it
     assert runner.memo.hashed == 3 and fresh.text  # the partial, its look-alike, its commit; not the fresh commit
+
+
+def test_an_item_that_fails_to_start_leaves_no_encoder_output_behind() -> None:
+    """A batch of commits (no key: none follows a partial) whose second item's prompt raises: the batch fails, and
+    every encoder output it added is given back, so the next windows still find room (they did not: two such
+    batches filled the pool for good)."""
+    def prompt(text: str | None) -> list[int]:
+        if text == "boom":
+            raise ValueError("a prompt that cannot be built")
+        return [2]
+
+    runner = GpuRunner(tiny_whisper_recipe(prompt=prompt), blocks=128, cross_blocks=32, block_size=8,
+                       cross_block_size=16, dtype=torch.float32, device="cpu", memo=4)
+    try:
+        for k in range(3):
+            batch = [AsrInput(_window(10 + 4 * k + j), prompt="boom" if j == 1 else None) for j in range(4)]
+            for f in runner.submit(batch, [False] * 4):
+                with pytest.raises(Exception):  # noqa: B017 (the batch fails as a whole: BackendError)
+                    f.result(timeout=60)
+        assert runner.engine.idle() and runner.engine.cross_pool.stats().used == 0
+        assert runner.submit([AsrInput(_window(99))], [False])[0].result(timeout=60).text
+    finally:
+        runner.close()
+
+
+def test_a_prefilter_shared_by_two_kept_partials_still_finds_the_older_one() -> None:
+    memo = EncoderMemo(_Recipe(), size=4)
+    a = _window(7)
+    b = a.copy()
+    b[1::2] = 0.0  # the same prefilter, other audio
+    for entry, w in enumerate((a, b)):
+        memo.keep(w.tobytes(), entry, audio_prefilter(w))
+    memo.use(a.tobytes())  # b is now the least recently used
+    assert memo.forget_oldest() == 1
+    keys, _ = memo.keys([a], [False])  # a's commit is still looked up
+    assert keys == [a.tobytes()] and memo.get(keys[0]) == 0

@@ -40,7 +40,7 @@ class EncoderMemo:
         self._key = recipe.key
         self._prefilter: Callable[[Any], bytes] | None = recipe.prefilter if isinstance(recipe, Prefiltered) else None
         self._entries: OrderedDict[bytes, int] = OrderedDict()  # key -> entry id, least recently used first
-        self._near: dict[bytes, bytes] = {}  # prefilter -> the key of the latest kept entry with it
+        self._near: dict[bytes, int] = {}  # prefilter -> how many kept entries have it
         self._filters: dict[bytes, bytes] = {}  # key -> its prefilter, for the entries that have one
         self.hashed = 0  # full keys computed (what the prefilter saves shows against the items started)
 
@@ -55,7 +55,9 @@ class EncoderMemo:
         for payload, maybe in zip(payloads, tentative, strict=True):
             near = self._prefilter(payload) if self._prefilter is not None else None
             filters.append(near)
-            if near is None or maybe or near in self._near:
+            if self.size == 0:  # nothing is kept: nothing to find
+                keys.append(None)
+            elif near is None or maybe or near in self._near:
                 self.hashed += 1
                 keys.append(self._key(payload))
             else:
@@ -76,15 +78,17 @@ class EncoderMemo:
         self._entries[key] = entry
         if prefilter is not None:
             self._filters[key] = prefilter
-            self._near[prefilter] = key
+            self._near[prefilter] = self._near.get(prefilter, 0) + 1
         return True
 
     def forget_oldest(self) -> int:
         """Forget the least recently used entry; its id (the caller releases it)."""
         key, entry = self._entries.popitem(last=False)
         near = self._filters.pop(key, None)
-        if near is not None and self._near.get(near) == key:
-            del self._near[near]
+        if near is not None:
+            self._near[near] -= 1
+            if not self._near[near]:
+                del self._near[near]
         return entry
 
 

@@ -338,6 +338,29 @@ class GpuRunner:
         added = dict(zip(memories, self._add([memories[i] for i in memories], [keys[i] for i in memories],
                                              [filters[i] for i in memories]), strict=True))
         full: list[tuple[Any, bool, Future[Any]]] = []
+        # fresh entries whose reference is still the caller's: released below once their sequence holds its own, or
+        # in ``finally`` if an item raises first (a prompt, a submit): else no one would (a commit has no key)
+        owed = {i: c for i, c in added.items() if c is not None and self.memo.get(keys[i]) != c}
+        try:
+            self._submit_started(items, keys, memories, added, full, owed)
+        finally:
+            for cid in owed.values():
+                self.engine.release(cid)
+        while len(self.memo) > self.memo.size:
+            self.engine.release(self.memo.forget_oldest())
+        if self.engine.idle():  # nothing running holds an entry: nothing will make room for these
+            for _, _, fut in full:
+                self._done(fut, exc=CapacityExhausted("the GPU cross-attention pool is full"))
+        elif full:  # encoded again when they start (a parked output would hold memory the pool is short of)
+            self._parked.extendleft(reversed(full))
+            self._freed = 0  # what finished before they were parked freed nothing they can use
+
+    def _submit_started(self, items: list[tuple[Any, bool, Future[Any]]], keys: list[bytes | None],
+                        memories: dict[int, torch.Tensor], added: dict[int, int | None],
+                        full: list[tuple[Any, bool, Future[Any]]], owed: dict[int, int]) -> None:
+        """Each encoded (or memo-found) item's sequence into the engine; ``full`` gets the committed ones the
+        cross-attention pool had no room for; an entry of ``owed`` is released (and dropped) once its sequence
+        holds its own reference."""
         for i, (payload, tentative, fut) in enumerate(items):
             key = keys[i]
             cid = added[i] if i in added else self.memo.get(key)
@@ -354,17 +377,9 @@ class GpuRunner:
                 self.reused += 1
             inner = self.engine.submit(self.recipe.prompt(payload), cid, max_new=self.recipe.max_new(payload),
                                        stop=self.recipe.stop, tentative=tentative)
-            if self.memo.get(key) != cid:
+            if owed.pop(i, None) is not None:
                 self.engine.release(cid)  # the sequence holds its own reference; the memo holds none to this one
             inner.add_done_callback(functools.partial(self._finished, payload, fut))
-        while len(self.memo) > self.memo.size:
-            self.engine.release(self.memo.forget_oldest())
-        if self.engine.idle():  # nothing running holds an entry: nothing will make room for these
-            for _, _, fut in full:
-                self._done(fut, exc=CapacityExhausted("the GPU cross-attention pool is full"))
-        elif full:  # encoded again when they start (a parked output would hold memory the pool is short of)
-            self._parked.extendleft(reversed(full))
-            self._freed = 0  # what finished before they were parked freed nothing they can use
 
     def _add(self, memories: list[torch.Tensor], keys: list[bytes | None], filters: list[bytes | None]
              ) -> list[int | None]:
