@@ -8,19 +8,9 @@
 #
 # ARMS: space-separated NAME=VAR:VALUE,VAR:VALUE ("-" for none); STREAMS overrides the loads (default 900,2700 on
 # an H100 with 3 model processes, 1600,3200 on an H200 with 6). About 150 s an arm.
-set -u
-out=${1:?output directory}
-mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 LINGUAFUSION_SERVER__PARTIAL_PACE=${PACE:-2.5}
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-case "$gpu" in
-  *H200*) m=6; streams=${STREAMS:-1600,3200} ;;
-  *) m=3; streams=${STREAMS:-900,2700} ;;
-esac
+source bench/gpu_setup.sh "${1:?output directory}" 1600,3200 900,2700
 arms=${ARMS:-"plain=- gather10=MODELS__ENGINE_GATHER_MS:10 gather10_switch05=MODELS__ENGINE_GATHER_MS:10,MODELS__SWITCH_INTERVAL_MS:0.5"}
 echo "$gpu: $m model processes, streams $streams, arms: $arms"
-python3 bench/gpu_mt_dir.py model mt-en-es | tail -1
 for arm in $arms; do
   name=${arm%%=*}
   envs=()

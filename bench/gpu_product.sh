@@ -13,18 +13,8 @@
 # about 90 s; OUTDIR/transcripts.json), ``run`` the product server, ``base`` the baseline; a device call is 10
 # minutes at most, so PARTS=check,run in one call and PARTS=base in the next. Writes OUTDIR/run.json and
 # OUTDIR/base.json (each saved after every row) and prints the warnings and errors of each server's log.
-set -u
-out=${1:?output directory}
-mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 LINGUAFUSION_SERVER__PARTIAL_PACE=${PACE:-2.5}
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-case "$gpu" in
-  *H200*) m=6; streams=${STREAMS:-800,1600,3200} ;;
-  *) m=3; streams=${STREAMS:-500,900,2700} ;;
-esac
+source bench/gpu_setup.sh "${1:?output directory}" 800,1600,3200 500,900,2700
 echo "$gpu: $m model processes, streams $streams"
-python3 bench/gpu_mt_dir.py model mt-en-es | tail -1
 logs() {  # the newest server log's warnings and errors, counted
   grep -v "Loading weights" "$(ls -t /tmp/lf-gpuserve-*/server.log | head -1)" | grep "WARNING\|ERROR\|illegal" \
     | cut -c1-200 | sort | uniq -c | sort -rn | head -8
