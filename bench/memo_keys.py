@@ -11,19 +11,18 @@ keys the same items, ABAB, the least of 5 rounds; the figure is the thread's mil
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from lingua_fusion.serving.gpu.memo import EncoderMemo, audio_prefilter
+from lingua_fusion.serving.gpu.memo import EncoderMemo, audio_key, audio_prefilter
 
 
 class Audio:
     def key(self, payload: np.ndarray) -> bytes:
-        return hashlib.blake2b(np.ascontiguousarray(payload).tobytes(), digest_size=16).digest()
+        return audio_key(payload)
 
 
 class Prefiltered(Audio):

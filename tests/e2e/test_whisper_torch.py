@@ -199,6 +199,11 @@ def test_torch_log_mel_equals_faster_whisper(speech: list[np.ndarray], n_mels: i
         assert frames[i] == alone.shape[-1]
         assert torch.abs(batch[i, :, : frames[i]] - alone).max() < 1e-4
         assert not batch[i, :, frames[i]:].any()
+    # a clip given with its window's width is the clip zero-padded to it, bit for bit (no padded copy made)
+    widths = [len(c) + 16000 * (i % 3) + 37 for i, c in enumerate(clips)]
+    padded = [np.concatenate([c, np.zeros(n - len(c), np.float32)]) for c, n in zip(clips, widths, strict=True)]
+    wide, wide_frames = mel.ragged(clips, widths)
+    assert wide_frames == mel.ragged(padded)[1] and torch.equal(wide, mel.ragged(padded)[0])
 
 
 def test_encoder_equals_ctranslate2_float32_on_a_trimmed_window(tiny: dict[str, Any], speech: list[np.ndarray]

@@ -94,20 +94,22 @@ class WhisperTorchASR:
         x = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)).to(self.device)
         return self.mel(x[None])[0]
 
-    def _encode(self, windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode(self, windows: list[np.ndarray], widths: list[int] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode zero-padded windows (lengths multiples of 2 s): each row as if alone. -> (xa, frames)."""
-        mel, frames = self.mels(windows)
+        mel, frames = self.mels(windows, widths)
         with torch.no_grad():
             xa = self.model.embed_audio(mel, frames)
         return xa, frames
 
-    def mels(self, windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The encoder's input for zero-padded windows: log-mel [batch, n_mels, longest] in the model's dtype (zeros
-        past each window) and each window's length in mel frames [batch], both on the device."""
-        lengths = [len(w) // 160 for w in windows]
+    def mels(self, windows: list[np.ndarray], widths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's input for zero-padded windows (``widths``: each window's samples, its audio the first of
+        them and zeros after; None: the arrays are the windows): log-mel [batch, n_mels, longest] in the model's
+        dtype (zeros past each window) and each window's length in mel frames [batch], both on the device."""
+        lengths = [n // 160 for n in (widths if widths is not None else [len(w) for w in windows])]
         # one copy and one STFT for the batch (LogMel.ragged: each row its own window's, zeros past its frames,
         # of which it has one more than the encoder takes: cut here)
-        mel, _ = self.mel.ragged(windows)
+        mel, _ = self.mel.ragged(windows, widths)
         frames = queued_copy(torch.tensor(lengths, dtype=torch.long), self.device)
         mel = mel[:, :, : max(lengths)]
         mel = mel.masked_fill(torch.arange(mel.shape[-1], device=self.device) >= frames[:, None, None], 0.0)
@@ -129,12 +131,8 @@ class WhisperTorchASR:
             return []
         lang = "en" if not self.multilingual else (language or "en")
         tok = self.tokenizer(lang)
-        windows = []
-        for a in audios:
-            n = window_samples(len(a), min_window_s, pad_s)
-            w = np.zeros(n, dtype=np.float32)
-            w[: min(n, len(a))] = a[-n:] if len(a) > n else a
-            windows.append(w)
+        widths = [window_samples(len(a), min_window_s, pad_s) for a in audios]
+        clips = window_tails(audios, widths)
         token_prompts, budgets = [], []
         for i, a in enumerate(audios):
             text = (prompts[i] if prompts else None) or (ZH_PROMPT if lang == "zh" else None)
@@ -145,7 +143,7 @@ class WhisperTorchASR:
         opts = DecodeOptions(suppress=self.model.gen.suppress_ids, suppress_begin=self.model.gen.suppress_ids_begin,
                              no_repeat_ngram=4)
         with self._lock:
-            xa, frames = self._encode(windows)
+            xa, frames = self._encode(clips, widths)
             results = greedy_decode(self.model, xa, frames, token_prompts, budgets, self.special, opts)
         # Whisper's own no-speech rule, as WhisperASR.transcribe_batch (models/transcript_guard.py)
         return [("" if heard_nothing(r.no_speech_prob, mean_logprob(r.score, len(r.tokens)))
@@ -278,3 +276,13 @@ def _split_by_timestamps(tokens: list[int], ts_begin: int, seek: int, size: int
     if single_end:
         return pieces, seek + size
     return pieces, seek + (tokens[last - 1] - ts_begin) * 2
+
+
+def window_tails(audios: Sequence[np.ndarray], widths: list[int]) -> list[np.ndarray]:
+    """Each clip's audio in its window of ``widths[i]`` samples: its last that many (float32, no copy where it is
+    already), zeros after it left to ``mels``."""
+    out = []
+    for a, n in zip(audios, widths, strict=True):
+        a = np.asarray(a, dtype=np.float32)
+        out.append(a[-n:] if len(a) > n else a)
+    return out

@@ -277,17 +277,20 @@ class LogMel(nn.Module):
         peak = log_spec.amax(dim=(-2, -1), keepdim=True)
         return (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0
 
-    def ragged(self, clips: list[np.ndarray]) -> tuple[Tensor, list[int]]:
+    def ragged(self, clips: list[np.ndarray], widths: list[int] | None = None) -> tuple[Tensor, list[int]]:
         """Clips of any lengths in one call: ([B, n_mels, most frames], each clip's frames). Row ``i`` is
         ``forward`` of clip ``i`` alone (its own peak and floor), zeros past its frames. The centring reflection is
-        done per clip on the host, so the device sees one copy and one STFT for the batch, not one per clip."""
+        done per clip on the host, so the device sees one copy and one STFT for the batch, not one per clip.
+        ``widths``: each clip zero-padded to that many samples first (at least its length), without a copy of it."""
         half = N_FFT // 2
-        frames = [(len(c) + HOP) // HOP for c in clips]  # forward's frame count: (n + HOP) / HOP + 1, less the last
-        host = np.zeros((len(clips), max(len(c) for c in clips) + HOP + N_FFT), dtype=np.float32)
-        for row, c in zip(host, clips, strict=True):
-            padded = len(c) + HOP  # the clip and its HOP appended zeros, at row[half:], reflected at both ends
+        sizes = widths if widths is not None else [len(c) for c in clips]
+        frames = [(n + HOP) // HOP for n in sizes]  # forward's frame count: (n + HOP) / HOP + 1, less the last
+        host = np.zeros((len(clips), max(sizes) + HOP + N_FFT), dtype=np.float32)
+        for row, c, n in zip(host, clips, sizes, strict=True):
+            padded = n + HOP  # the clip, its zeros to n and HOP more, at row[half:], reflected at both ends
             if padded <= half + 1:  # shorter than the reflection: numpy's repeated reflection
-                row[: padded + N_FFT] = np.pad(np.pad(np.asarray(c, dtype=np.float32), (0, HOP)), half, "reflect")
+                row[: padded + N_FFT] = np.pad(np.pad(np.asarray(c, dtype=np.float32), (0, padded - len(c))), half,
+                                               "reflect")
                 continue
             row[half: half + len(c)] = c  # one copy of the clip; the rest is slices of the row itself
             row[:half] = row[2 * half: half: -1]

@@ -14,6 +14,7 @@ Pure bookkeeping of (key -> entry id); the runner releases an entry's reference 
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -90,6 +91,11 @@ class EncoderMemo:
             if not self._near[near]:
                 del self._near[near]
         return entry
+
+
+def audio_key(audio: np.ndarray) -> bytes:
+    """A window's exact key: blake2b of its samples (``Keyed.key`` of an audio recipe)."""
+    return hashlib.blake2b(np.ascontiguousarray(audio).tobytes(), digest_size=16).digest()
 
 
 def audio_prefilter(audio: np.ndarray) -> bytes:

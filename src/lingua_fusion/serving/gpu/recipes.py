@@ -8,7 +8,6 @@ recipe is serving/gpu/torch_mt.py's; both run the encoder through ``encoder_outp
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,7 @@ from ...types import SR
 from ..ports import AsrInput, AsrOutput, MtInput
 from .decoder_model import Decoded, DecoderModel
 from .hf_encoders import device_only
-from .memo import audio_prefilter
+from .memo import audio_key, audio_prefilter
 
 MEL_FRAMES_PER_S = 100
 Mels = Callable[[list[np.ndarray]], tuple[torch.Tensor, list[int]]]  # clips -> ([B, n_mels, frames], frames each)
@@ -132,7 +131,7 @@ class WhisperRecipe:
         return min(self.max_tokens, int(len(payload.audio) / SR * self.tokens_per_s) + 4)
 
     def key(self, payload: AsrInput) -> bytes:
-        return hashlib.blake2b(np.ascontiguousarray(payload.audio).tobytes(), digest_size=16).digest()
+        return audio_key(np.asarray(payload.audio))
 
     def prefilter(self, payload: AsrInput) -> bytes:
         """Its window's length and 64 of its samples: a commit is hashed in full only where a partial's matched."""

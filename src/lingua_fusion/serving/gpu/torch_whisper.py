@@ -10,7 +10,6 @@ attention and matrix kernels for the masked, bucket-padded batch), so transcript
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +24,7 @@ from ..ports import AsrInput, AsrOutput
 from .decoder_model import Decoded
 from .encoder_graphs import EncoderGraphs
 from .graphs import buckets_up_to
-from .memo import audio_prefilter
+from .memo import audio_key, audio_prefilter
 from .models import WhisperDecoder
 from .recipes import confidence
 from .runner import CpuPools, GpuRunner
@@ -43,7 +42,7 @@ class TorchWhisperRecipe:
 
     def __init__(self, asr: Any, language: str, max_new_tokens: int = 160,
                  encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
-        from ...models.asr_whisper_torch import build_prompt
+        from ...models.asr_whisper_torch import build_prompt, window_tails
 
         self.asr = asr
         self.encoder = encoder  # (mel, frames) -> encoder output: CUDA graphs of it (``encoder_graphs``), or None
@@ -54,21 +53,17 @@ class TorchWhisperRecipe:
         self.stop = frozenset({self.tok.eot})
         self.max_new_tokens = max_new_tokens
         self._build_prompt = build_prompt
+        self._tails = window_tails
 
     def encode(self, payloads: list[AsrInput]) -> list[torch.Tensor]:
-        windows = []
-        for p in payloads:
-            a = np.asarray(p.audio, dtype=np.float32)
-            n = window_samples(len(a))
-            w = np.zeros(n, dtype=np.float32)
-            w[: min(n, len(a))] = a[-n:] if len(a) > n else a
-            windows.append(w)
+        widths = [window_samples(len(p.audio)) for p in payloads]
+        clips = self._tails([p.audio for p in payloads], widths)
         with self.asr._lock, torch.inference_mode():  # the torch backend's own encoder call (masked, trimmed)
             if self.encoder is None:
-                xa, _frames = self.asr._encode(windows)
+                xa, _frames = self.asr._encode(clips, widths)
             else:
-                xa = self.encoder(*self.asr.mels(windows))
-        return [xa[i, : (len(w) // 160) // 2] for i, w in enumerate(windows)]  # 160 samples a mel frame, 2 a row
+                xa = self.encoder(*self.asr.mels(clips, widths))
+        return [xa[i, : (n // 160) // 2] for i, n in enumerate(widths)]  # 160 samples a mel frame, 2 a row
 
     def prompt(self, payload: AsrInput) -> list[int]:
         text = payload.prompt or (ZH_PROMPT if self.lang == "zh" else None)
@@ -81,7 +76,7 @@ class TorchWhisperRecipe:
         return max(1, min(budget // 2, budget - (len(self.prompt(payload)) - 1)))
 
     def key(self, payload: AsrInput) -> bytes:
-        return hashlib.blake2b(np.ascontiguousarray(payload.audio).tobytes(), digest_size=16).digest()
+        return audio_key(np.asarray(payload.audio))
 
     def prefilter(self, payload: AsrInput) -> bytes:
         """Its window's length and 64 of its samples: a commit is hashed in full only where a partial's matched."""
