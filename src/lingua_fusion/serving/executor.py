@@ -31,25 +31,17 @@ from .demand import first_measures, model_scheduler, no_capacity, stream_demand,
 from .fair import round_robin
 from .faults import Fault
 from .keys import ModelKey
-from .ports import (
-    FILE_CLASS,
-    SLO_CLASSES,
-    CallContext,
-    MtInput,
-    StageObserver,
-    TranscribeInput,
-    TypedPort,
-    stage_deadline,
-)
+from .late import Owed
+from .ports import FILE_CLASS, SLO_CLASSES, CallContext, MtInput, StageObserver, TypedPort, stage_deadline
 from .scheduler import Demand, WorkItem
 from .service_curve import InFlight
 from .threads import (
-    COLD_TIMEOUT_S,
     ContinuousRunner,
     Flight,
     ModelThreads,
     Pending,
     Runner,
+    batch_timeout,
     build_runner,
     busy_seconds,
     check_outputs,
@@ -104,6 +96,7 @@ class Executor(TypedPort):
         self._in_flight: dict[ModelKey, InFlight] = {}  # a continuous runner's items handed over, not yet settled
         self._served: dict[ModelKey, int] = {}  # ... and settled
         self._warm: dict[ModelKey, float] = {}  # when its first item settled: items handed before waited on its build
+        self.owed: Owed[ModelKey] = Owed()  # a warm continuous runner's captions not yet answered
         self._vad: list[Pending] = []
         self._closing = False
 
@@ -152,6 +145,8 @@ class Executor(TypedPort):
             if ctx.tentative:
                 return None
             raise Overloaded(f"the {key} queue is full", retry_after=1.0)
+        if not ctx.tentative and key in self._warm:  # a continuous runner's caption: admission's late signal
+            self.owed.add(key, item.seq, item.deadline)
         self._soon(key)
         if self.metrics is not None:
             self.metrics.depth(str(key), self.scheduler.depth(key))
@@ -173,6 +168,9 @@ class Executor(TypedPort):
                 if self.metrics is not None:
                     self.metrics.depth(str(key), self.scheduler.depth(key))
             raise
+        finally:
+            if item is not None:
+                self.owed.settle(key, item.seq)
 
     async def _submit_vad(self, audio: object, key_id: str = "", trace: TraceRef | None = None) -> object:
         if len(self._vad) >= self.scheduler.max_queue * 4:
@@ -219,13 +217,7 @@ class Executor(TypedPort):
         return self._lanes.get(key, 1)
 
     def _timeout(self, key: ModelKey, payloads: list[object], warm: bool) -> float:
-        base = self.settings.server.model_timeout_s
-        # a file's piece of speech may take up to its own length on a loaded CPU (it has no cost model)
-        speech = sum(len(p.audio) / 16000 for p in payloads if isinstance(p, TranscribeInput))
-        if not warm:
-            return max(base, COLD_TIMEOUT_S, speech)
-        predicted = self.settings.server.model_timeout_factor * self.scheduler.cost(key).predict(len(payloads))
-        return max(base, predicted, speech)
+        return batch_timeout(self.settings, self.scheduler.cost(key).predict(len(payloads)), payloads, warm)
 
     def _soon(self, key: ModelKey) -> None:
         """``_kick`` at the end of this turn of the loop (a callback, once per key): the items submitted in the
@@ -421,10 +413,12 @@ class Executor(TypedPort):
             self.scheduler.admitted[demand.stream_id] = demand
             return
         at_cap = len(self.scheduler.admitted) >= self.settings.server.max_streams
-        if at_cap or not self.scheduler.admit(demand):
+        # a model with a caption past its deadline is behind now, whatever its measures promise (serving/late.py)
+        late = next((m for m in demand.rate if self.owed.late(m, self.clock()) > 0), None)
+        if at_cap or late is not None or not self.scheduler.admit(demand):
             if self.metrics is not None:
                 self.metrics.streams_rejected.inc()
-            full = "server.max_streams" if at_cap else str(self.scheduler.refused_by)
+            full = "server.max_streams" if at_cap else str(late if late is not None else self.scheduler.refused_by)
             raise no_capacity(full, len(self.scheduler.admitted), demand.slo)
         if self.metrics is not None:
             self.metrics.streams_admitted.inc()

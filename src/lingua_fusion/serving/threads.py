@@ -58,6 +58,16 @@ U = TypeVar("U")
 Runner = Callable[[list[object]], Sequence[object]]
 MAX_HUNG = 2  # threads of one model stuck past their timeout before its calls fail fast
 COLD_TIMEOUT_S = 120.0  # a model's first batch may include loading it
+
+
+def batch_timeout(settings: Settings, predicted: float, payloads: Sequence[object], warm: bool) -> float:
+    """Seconds a batch of ``payloads`` may run before it is abandoned, ``predicted``: its cost model's latency."""
+    base = settings.server.model_timeout_s
+    # a file's piece of speech may take up to its own length on a loaded CPU (it has no cost model)
+    speech = sum(len(p.audio) / 16000 for p in payloads if isinstance(p, TranscribeInput))
+    if not warm:
+        return max(base, COLD_TIMEOUT_S, speech)
+    return max(base, settings.server.model_timeout_factor * predicted, speech)
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 

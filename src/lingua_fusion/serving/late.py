@@ -1,0 +1,51 @@
+"""Committed work a continuous runner owes, and how late the most overdue of it is: admission's signal that a model
+is behind now, before its measures say so (pure: the clock is passed in, no threads).
+
+Admission counts a continuous runner by its latency curve, which learns from items as they settle: in windows of a
+second, decayed over seconds. A ramp of opens (900 streams in 5 s on an H100) outruns it. The runner's items were
+already late while the curve still promised room, and 755 streams were admitted where 333 met their target. An item
+past its deadline and still unanswered is known at once: while one is owed, the model takes no more streams.
+
+``Owed`` keeps each model's committed items from submission to settling (queued in the scheduler or handed to the
+runner alike) in a heap by deadline; a settled item leaves it lazily, when it reaches the top or the heap is
+compacted, so each item costs O(log n) whatever order they settle in.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Owed(Generic[K]):
+    def __init__(self) -> None:
+        self._heaps: dict[K, list[tuple[float, int]]] = {}  # (deadline, item's seq), settled ones among them
+        self._open: dict[K, set[int]] = {}  # seqs still owed
+
+    def add(self, model: K, seq: int, deadline: float) -> None:
+        heapq.heappush(self._heaps.setdefault(model, []), (deadline, seq))
+        self._open.setdefault(model, set()).add(seq)
+
+    def settle(self, model: K, seq: int) -> None:
+        """The item ``seq`` was answered, failed, shed or withdrawn (once or more: the second time is nothing)."""
+        open_ = self._open.get(model)
+        if open_ is None or seq not in open_:
+            return
+        open_.discard(seq)
+        heap = self._heaps[model]
+        if len(heap) > 2 * len(open_) + 64:  # settled items deep in the heap: dropped, so it stays O(owed)
+            self._heaps[model] = [e for e in heap if e[1] in open_]
+            heapq.heapify(self._heaps[model])
+
+    def owed(self, model: K) -> int:
+        return len(self._open.get(model, ()))
+
+    def late(self, model: K, now: float) -> float:
+        """Seconds the most overdue item ``model`` still owes is past its deadline at ``now`` (0: none is)."""
+        heap, open_ = self._heaps.get(model), self._open.get(model, set())
+        while heap and heap[0][1] not in open_:
+            heapq.heappop(heap)
+        return max(0.0, now - heap[0][0]) if heap else 0.0
