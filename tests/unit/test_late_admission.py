@@ -1,4 +1,5 @@
-"""A model with a caption past its deadline takes no more streams (serving/late.py), whatever its measures promise.
+"""A model owing a caption past its stage's budget takes no more streams (serving/late.py), whatever its measures
+promise.
 
 On an H100 a ramp of 900 opens in 5 s was admitted up to 755 streams while the runners' items were already late
 (333 met their target): the latency curve learns from items as they settle, a second or more behind. An item still
@@ -120,6 +121,25 @@ async def test_a_model_owing_a_late_caption_refuses_the_next_stream_and_takes_it
         assert all(o.text == "ok" for o in outs)  # the admitted work was served, late or not
         assert executor.owed.owed(KEY) == 0
         executor.admit(Demand("second", "interactive", {KEY: 0.1}))  # caught up: taken
+    finally:
+        await executor.close()
+
+
+async def test_a_caption_whose_clock_ran_out_upstream_is_not_held_against_the_model() -> None:
+    # MT is asked after ASR has used some of the caption's time: what counts is the item's own time at the model
+    runner = Slow(per_item=0.05)
+    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    clip = AsrInput(np.zeros(1600, np.float32))
+    try:
+        for i in range(4):
+            await asyncio.wait_for(executor.run(KEY, clip, CallContext(stream_id=f"w{i}")), 10)
+        old = executor.clock() - 5.0  # its words arrived 5 s ago: past any interactive deadline
+        calls = asyncio.gather(*(executor.run(KEY, clip, CallContext(stream_id=f"o{i}", slo="interactive",
+                                                                     start=old)) for i in range(4)))
+        await asyncio.sleep(0.05)
+        assert executor.owed.owed(KEY) > 0  # still being served, well within 0.6 s of their own
+        executor.admit(Demand("s", "interactive", {KEY: 0.1}))
+        await asyncio.wait_for(calls, 10)
     finally:
         await executor.close()
 

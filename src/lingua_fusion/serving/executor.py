@@ -145,8 +145,8 @@ class Executor(TypedPort):
             if ctx.tentative:
                 return None
             raise Overloaded(f"the {key} queue is full", retry_after=1.0)
-        if not ctx.tentative and key in self._warm:  # a continuous runner's caption: admission's late signal
-            self.owed.add(key, item.seq, item.deadline)
+        if not ctx.tentative and key in self._warm:  # a continuous runner's caption: late past its stage's budget
+            self.owed.add(key, item.seq, stage_deadline(ctx.slo, key.stage, now))  # of its own time here
         self._soon(key)
         if self.metrics is not None:
             self.metrics.depth(str(key), self.scheduler.depth(key))

@@ -1,10 +1,16 @@
-"""Committed work a continuous runner owes, and how late the most overdue of it is: admission's signal that a model
-is behind now, before its measures say so (pure: the clock is passed in, no threads).
+"""Committed work a continuous runner owes, and how far the most overdue of it is past its budget: admission's signal
+that a model is behind now, before its measures say so (pure: the clock is passed in, no threads).
 
 Admission counts a continuous runner by its latency curve, which learns from items as they settle: in windows of a
 second, decayed over seconds. A ramp of opens (900 streams in 5 s on an H100) outruns it. The runner's items were
 already late while the curve still promised room, and 755 streams were admitted where 333 met their target. An item
-past its deadline and still unanswered is known at once: while one is owed, the model takes no more streams.
+still unanswered past its stage's whole budget is known at once: while one is owed, the model takes no more streams.
+
+The budget counts from the item's submission to this model (``Executor._submit``: ``stage_deadline`` of then), not
+from its caption's start: the caption's clock starts when its words arrived, and by the time MT is asked, ASR has
+used some of it, so on a healthy server a tenth of the MT items were past their caption deadline (p90 0.39 s
+against MT's 0.3 s at interactive) and would have refused every stream. An item over its whole budget at the model
+is twice what admission's curve plans for (half the budget).
 
 ``Owed`` keeps each model's committed items from submission to settling (queued in the scheduler or handed to the
 runner alike) in a heap by deadline; a settled item leaves it lazily, when it reaches the top or the heap is
