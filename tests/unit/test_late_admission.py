@@ -115,7 +115,8 @@ async def test_a_model_owing_a_late_caption_refuses_the_next_stream_and_takes_it
             await asyncio.sleep(0.02)
         with pytest.raises(Overloaded) as refused:
             executor.admit(Demand("second", "interactive", {KEY: 0.1}))
-        assert refused.value.details["full"] == str(KEY)
+        assert refused.value.details["full"] == str(KEY) and refused.value.details["late_s"] > 0
+        assert f"({KEY} is behind" in refused.value.message  # told apart from a curve's "is full"
         assert refused.value.retry_after and refused.value.retry_after > 0
         outs = await asyncio.wait_for(burst, 20)
         assert all(o.text == "ok" for o in outs)  # the admitted work was served, late or not

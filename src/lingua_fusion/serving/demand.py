@@ -50,14 +50,19 @@ def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], par
     return Demand(stream_id, slo, rate)
 
 
-def no_capacity(full: str, active_streams: int, slo: str | None = None) -> Overloaded:
+def no_capacity(full: str, active_streams: int, slo: str | None = None, late_s: float = 0.0) -> Overloaded:
     """Admission's refusal (429 / 4429): ``full``, what is at its limit (a model's key such as ``asr:tiny.en``, or
     ``server.max_streams``), in the message and its details, so a client, the load generator's
-    ``rejected_reasons`` and an operator see which part of the server is full."""
+    ``rejected_reasons`` and an operator see which part of the server is full; ``late_s``: the model owes a caption
+    that far past its budget (serving/late.py), said as "behind" instead of "full"."""
     details: dict[str, object] = {"full": full, "active_streams": active_streams}
     if slo is not None:
         details["slo"] = slo
-    return Overloaded(f"no capacity for another stream at this SLO ({full} is full); retry later or use a looser SLO "
+    state = "is full"
+    if late_s > 0:
+        details["late_s"] = round(late_s, 3)
+        state = "is behind: a caption is late there"
+    return Overloaded(f"no capacity for another stream at this SLO ({full} {state}); retry later or use a looser SLO "
                       "class", retry_after=5.0, details=details)
 
 

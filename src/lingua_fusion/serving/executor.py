@@ -414,12 +414,13 @@ class Executor(TypedPort):
             return
         at_cap = len(self.scheduler.admitted) >= self.settings.server.max_streams
         # a model with a caption past its deadline is behind now, whatever its measures promise (serving/late.py)
-        late = next((m for m in demand.rate if self.owed.late(m, self.clock()) > 0), None)
-        if at_cap or late is not None or not self.scheduler.admit(demand):
+        late = max(((self.owed.late(m, self.clock()), m) for m in demand.rate), key=lambda lm: lm[0],
+                   default=(0.0, None))
+        if at_cap or late[0] > 0 or not self.scheduler.admit(demand):
             if self.metrics is not None:
                 self.metrics.streams_rejected.inc()
-            full = "server.max_streams" if at_cap else str(late if late is not None else self.scheduler.refused_by)
-            raise no_capacity(full, len(self.scheduler.admitted), demand.slo)
+            full = "server.max_streams" if at_cap else str(late[1] if late[0] > 0 else self.scheduler.refused_by)
+            raise no_capacity(full, len(self.scheduler.admitted), demand.slo, 0.0 if at_cap else late[0])
         if self.metrics is not None:
             self.metrics.streams_admitted.inc()
             self.metrics.active_streams.set(len(self.scheduler.admitted))
