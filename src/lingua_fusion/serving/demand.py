@@ -58,11 +58,11 @@ def no_capacity(full: str, active_streams: int, slo: str | None = None, late_s: 
     details: dict[str, object] = {"full": full, "active_streams": active_streams}
     if slo is not None:
         details["slo"] = slo
-    state = "is full"
-    if late_s > 0:
+    if late_s > 0:  # behind for every class: a looser one would add to it too
         details["late_s"] = round(late_s, 3)
-        state = "is behind: a caption is late there"
-    return Overloaded(f"no capacity for another stream at this SLO ({full} {state}); retry later or use a looser SLO "
+        return Overloaded(f"no capacity for another stream now ({full} is behind: a caption is late there); retry "
+                          "later", retry_after=5.0, details=details)
+    return Overloaded(f"no capacity for another stream at this SLO ({full} is full); retry later or use a looser SLO "
                       "class", retry_after=5.0, details=details)
 
 

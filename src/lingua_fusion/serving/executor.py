@@ -145,8 +145,8 @@ class Executor(TypedPort):
             if ctx.tentative:
                 return None
             raise Overloaded(f"the {key} queue is full", retry_after=1.0)
-        if not ctx.tentative and key in self._warm:  # a continuous runner's caption: late past its stage's budget
-            self.owed.add(key, item.seq, stage_deadline(ctx.slo, key.stage, now))  # of its own time here
+        if not ctx.tentative and ctx.slo != FILE_CLASS and key in self._warm:  # a continuous runner's caption:
+            self.owed.add(key, item.seq, stage_deadline(ctx.slo, key.stage, now))  # late past its stage's budget
         self._soon(key)
         if self.metrics is not None:
             self.metrics.depth(str(key), self.scheduler.depth(key))
@@ -414,7 +414,8 @@ class Executor(TypedPort):
             return
         at_cap = len(self.scheduler.admitted) >= self.settings.server.max_streams
         # a model with a caption past its deadline is behind now, whatever its measures promise (serving/late.py)
-        late = max(((self.owed.late(m, self.clock()), m) for m in demand.rate), key=lambda lm: lm[0],
+        forget = self.settings.server.model_timeout_s  # a wedged item is the runner's timeouts' to fail
+        late = max(((self.owed.late(m, self.clock(), forget), m) for m in demand.rate), key=lambda lm: lm[0],
                    default=(0.0, None))
         if at_cap or late[0] > 0 or not self.scheduler.admit(demand):
             if self.metrics is not None:

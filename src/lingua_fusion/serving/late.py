@@ -49,9 +49,11 @@ class Owed(Generic[K]):
     def owed(self, model: K) -> int:
         return len(self._open.get(model, ()))
 
-    def late(self, model: K, now: float) -> float:
-        """Seconds the most overdue item ``model`` still owes is past its deadline at ``now`` (0: none is)."""
+    def late(self, model: K, now: float, forget_after: float = float("inf")) -> float:
+        """Seconds the most overdue item ``model`` still owes is past its deadline at ``now`` (0: none is). An item
+        more than ``forget_after`` past it is no longer counted: one wedged item (its wait is bounded only by the
+        request timeout, and retries) does not shut the model to new streams for minutes."""
         heap, open_ = self._heaps.get(model), self._open.get(model, set())
-        while heap and heap[0][1] not in open_:
-            heapq.heappop(heap)
+        while heap and (heap[0][1] not in open_ or now - heap[0][0] > forget_after):
+            open_.discard(heapq.heappop(heap)[1])
         return max(0.0, now - heap[0][0]) if heap else 0.0

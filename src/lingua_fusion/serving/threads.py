@@ -68,6 +68,8 @@ def batch_timeout(settings: Settings, predicted: float, payloads: Sequence[objec
     if not warm:
         return max(base, COLD_TIMEOUT_S, speech)
     return max(base, settings.server.model_timeout_factor * predicted, speech)
+
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 
