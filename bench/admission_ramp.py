@@ -1,7 +1,14 @@
 """Admission of a fast ramp of streams onto a modelled GPU runner, through the real Executor: with and without the
-runner's step timings (issue 30).
+runner's step timings, and with and without the late signal (issue 30).
 
     .venv/bin/python bench/admission_ramp.py --json bench/results/admission_ramp.json [--streams 100,300,900]
+    .venv/bin/python bench/admission_ramp.py --arms timings,late --encode-ms 4,4 --streams 300,600 \
+        --json bench/results/admission_ramp_late.json
+
+Arms: ``slope`` (no step timings: the curve's slope), ``timings`` (step timings, the late signal off) and ``late``
+(step timings and the late signal, serving/late.py: the product's default). ``--encode-ms FIXED,PER_ITEM``: an
+encoder start's cost; the H100 product measured 3-5 ms of its runner thread per started item (docs/benchmarks.md,
+"The product server on an H100 with admission by step timings"), where the default model has 0.8.
 
 On an H100 the product admitted 32 of 600 and 47 of 1,200 streams ramped over 5 s, all within their SLO, while its
 runner threads idled most of the time: admission drew the runner's latency curve past the few items a light load
@@ -136,11 +143,16 @@ async def stream(ex: Executor, name: str, seconds: float, out: dict[str, Any]) -
             i += 1
             committed = i % COMMIT_EVERY == 0
             t = time.monotonic()
-            got = await ex.run(KEY, clip, CallContext(stream_id=name, slo="interactive", tentative=not committed))
-            if committed:
-                latencies.append(time.monotonic() - t)
-            elif got is None:
-                out["shed"] += 1
+            try:
+                got = await ex.run(KEY, clip, CallContext(stream_id=name, slo="interactive", tentative=not committed))
+            except Overloaded:  # the model's queue is full: a caption lost, its stream not served in time
+                out["failed"] += 1
+                latencies.append(float("inf"))
+            else:
+                if committed:
+                    latencies.append(time.monotonic() - t)
+                elif got is None:
+                    out["shed"] += 1
             await asyncio.sleep(max(0.0, PARTIAL_S - (time.monotonic() - t)))
     finally:
         ex.release(name)
@@ -149,15 +161,17 @@ async def stream(ex: Executor, name: str, seconds: float, out: dict[str, Any]) -
     out["good"] += bool(latencies) and max(latencies) <= budget
 
 
-async def row(n: int, profiled: bool) -> dict[str, Any]:
-    runner = Batcher(profiled)
+async def row(n: int, arm: str) -> dict[str, Any]:
+    runner = Batcher(arm != "slope")
     settings = Settings()
     settings.server.max_streams = 100_000  # admission by cost alone (bench/gpu_serve.py lifts it the same way)
     ex = Executor(None, settings, backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    if arm != "late":  # the executor as it was before serving/late.py: nothing owed is ever late
+        ex.owed.behind = lambda *_args, **_kw: 0.0  # type: ignore[method-assign]
     try:
-        warm = {"admitted": 0, "refused": 0, "shed": 0, "good": 0, "latencies": []}
+        warm = {"admitted": 0, "refused": 0, "shed": 0, "good": 0, "failed": 0, "latencies": []}
         await asyncio.gather(*(stream(ex, f"warm-{i}", WARM_S, warm) for i in range(WARM)))
-        out: dict[str, Any] = {"admitted": 0, "refused": 0, "shed": 0, "good": 0, "latencies": []}
+        out: dict[str, Any] = {"admitted": 0, "refused": 0, "shed": 0, "good": 0, "failed": 0, "latencies": []}
 
         async def opened(i: int) -> None:
             await asyncio.sleep(RAMP_S * i / n)
@@ -165,7 +179,7 @@ async def row(n: int, profiled: bool) -> dict[str, Any]:
         await asyncio.gather(*(opened(i) for i in range(n)))
         lat = sorted(out.pop("latencies"))
         return {"offered": n, **out, "committed_items": len(lat),
-                "committed_p99_s": round(lat[int(0.99 * (len(lat) - 1))], 3) if lat else None,
+                "committed_p99_s": round(lat[int(0.99 * (len(lat) - 1))], 3) if lat and lat[-1] < 1e9 else None,
                 "widest_batch": runner.widest, "runner_busy_s": round(runner.busy, 1)}
     finally:
         await ex.close()
@@ -173,15 +187,22 @@ async def row(n: int, profiled: bool) -> dict[str, Any]:
 
 
 def main() -> None:
+    global ENCODE_S
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", default="100,300,900")
+    ap.add_argument("--arms", default="slope,timings")
+    ap.add_argument("--encode-ms", default=",".join(f"{1000 * x:g}" for x in ENCODE_S))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    fixed, per_item = (float(x) / 1000 for x in args.encode_ms.split(","))
+    ENCODE_S = (fixed, per_item)
     random.seed(0)
     rows = []
     for n in map(int, args.streams.split(",")):
-        for profiled in (False, True):
-            r = {"arm": "step timings" if profiled else "slope", **asyncio.run(row(n, profiled))}
+        for arm in args.arms.split(","):
+            if arm not in ("slope", "timings", "late"):
+                raise SystemExit(f"--arms: {arm} is none of slope, timings, late")
+            r = {"arm": arm, **asyncio.run(row(n, arm))}
             print(json.dumps(r), flush=True)
             rows.append(r)
     report = {"bench": "admission_ramp", "model": {"gpu_step_s": GPU_STEP, "host_row_s": HOST_ROW_S,
