@@ -167,7 +167,7 @@ async def row(n: int, arm: str) -> dict[str, Any]:
     settings.server.max_streams = 100_000  # admission by cost alone (bench/gpu_serve.py lifts it the same way)
     ex = Executor(None, settings, backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
     if arm != "late":  # the executor as it was before serving/late.py: nothing owed is ever late
-        ex.owed.behind = lambda *_args, **_kw: 0.0  # type: ignore[method-assign]
+        ex.owed.late = lambda *_args, **_kw: 0.0  # type: ignore[method-assign]
     try:
         warm = {"admitted": 0, "refused": 0, "shed": 0, "good": 0, "failed": 0, "latencies": []}
         await asyncio.gather(*(stream(ex, f"warm-{i}", WARM_S, warm) for i in range(WARM)))

@@ -415,7 +415,7 @@ class Executor(TypedPort):
         at_cap = len(self.scheduler.admitted) >= self.settings.server.max_streams
         # a model with a caption past its deadline is behind now, whatever its measures promise (serving/late.py)
         forget = self.settings.server.model_timeout_s  # a wedged item is the runner's timeouts' to fail
-        late = max(((self.owed.behind(m, self.clock(), forget), m) for m in demand.rate), key=lambda lm: lm[0],
+        late = max(((self.owed.late(m, self.clock(), forget), m) for m in demand.rate), key=lambda lm: lm[0],
                    default=(0.0, None))
         if at_cap or late[0] > 0 or not self.scheduler.admit(demand):
             if self.metrics is not None:

@@ -12,10 +12,6 @@ used some of it, so on a healthy server a tenth of the MT items were past their 
 against MT's 0.3 s at interactive) and would have refused every stream. An item over its whole budget at the model
 is twice what admission's curve plans for (half the budget).
 
-Once behind, a model stays so for HOLD_S after its last late item: the streams it took just before are not yet on
-it (a stream's first caption comes seconds after it opens), and a gate that opened the moment the backlog cleared let
-the curve's promise flood it again (bench/admission_ramp.py: 371 of 900 admitted, 165 served in time).
-
 ``Owed`` keeps each model's committed items from submission to settling (queued in the scheduler or handed to the
 runner alike) in a heap by deadline; a settled item leaves it lazily, when it reaches the top or the heap is
 compacted, so each item costs O(log n) whatever order they settle in.
@@ -28,14 +24,12 @@ from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
-HOLD_S = 2.0  # seconds a model stays behind after its last late item: about a new stream's first caption's wait
 
 
 class Owed(Generic[K]):
     def __init__(self) -> None:
         self._heaps: dict[K, list[tuple[float, int]]] = {}  # (deadline, item's seq), settled ones among them
         self._open: dict[K, set[int]] = {}  # seqs still owed
-        self._behind: dict[K, tuple[float, float]] = {}  # when it was last seen late, and by how much
 
     def add(self, model: K, seq: int, deadline: float) -> None:
         heapq.heappush(self._heaps.setdefault(model, []), (deadline, seq))
@@ -63,13 +57,3 @@ class Owed(Generic[K]):
         while heap and (heap[0][1] not in open_ or now - heap[0][0] > forget_after):
             open_.discard(heapq.heappop(heap)[1])
         return max(0.0, now - heap[0][0]) if heap else 0.0
-
-    def behind(self, model: K, now: float, forget_after: float = float("inf")) -> float:
-        """``late``, or while HOLD_S have not passed since ``model`` was last seen late here, how late it was then
-        (0: not behind)."""
-        late = self.late(model, now, forget_after)
-        if late > 0:
-            self._behind[model] = (now, late)
-            return late
-        at, was = self._behind.get(model, (-float("inf"), 0.0))
-        return was if now - at < HOLD_S else 0.0
