@@ -413,7 +413,7 @@ class Executor(TypedPort):
             self.scheduler.admitted[demand.stream_id] = demand
             return
         at_cap = len(self.scheduler.admitted) >= self.settings.server.max_streams
-        # a model with a caption past its deadline is behind now, whatever its measures promise (serving/late.py)
+        # a model owing a caption past its stage budget is behind now, whatever its measures say (serving/late.py)
         forget = self.settings.server.model_timeout_s  # a wedged item is the runner's timeouts' to fail
         late = max(((self.owed.late(m, self.clock(), forget), m) for m in demand.rate), key=lambda lm: lm[0],
                    default=(0.0, None))
