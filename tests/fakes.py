@@ -1,12 +1,17 @@
 """Fakes of the stream wing's ports (serving/ports.py ModelPort, stream/session.py StreamOwner): what unit tests
-of a session use instead of models. Nothing else of the engine is faked. `make test` runs mypy on this module, so a
+of a session use instead of models; and a continuous runner (serving/threads.py ContinuousRunner) that the
+executor's admission tests drive. Nothing else of the engine is faked. `make test` runs mypy on this module, so a
 fake that drifts from its port (a method renamed, an attribute added to the Protocol) fails before any test runs:
 see `_fakes_are_their_ports`."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -14,6 +19,7 @@ import numpy as np
 from lingua_fusion.config import Settings
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext, ModelPort, MtInput, TypedPort
+from lingua_fusion.serving.threads import ContinuousRunner
 from lingua_fusion.stream.contracts import Vocabularies
 from lingua_fusion.stream.journal import StreamLog
 from lingua_fusion.stream.protocol import StreamSpec
@@ -84,9 +90,68 @@ class FakeOwner:
         self.released_ids.append(session.spec.stream_id)
 
 
-def _fakes_are_their_ports(port: FakePort, owner: FakeOwner) -> tuple[ModelPort, StreamOwner]:
+class SerialRunner:
+    """A ContinuousRunner (serving/threads.py) that serves one item every ``per_item`` seconds (read at each item:
+    a test may change it) on its own thread, after ``build_s`` seconds of building (set: ``built``); an ASR item's
+    text is "<samples> samples"."""
+
+    def __init__(self, per_item: float, build_s: float = 0.0) -> None:
+        self.per_item = per_item
+        self.build_s = build_s
+        self.built = threading.Event()
+        self._queue: deque[tuple[Any, Future[Any]]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self.held = self.most_held = 0  # items submitted and not yet answered; the most at once
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def room(self) -> int:
+        return 256
+
+    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
+        futures: list[Future[Any]] = [Future() for _ in payloads]
+        with self._cv:
+            self._queue.extend(zip(payloads, futures, strict=True))
+            self.held += len(payloads)
+            self.most_held = max(self.most_held, self.held)
+            self._cv.notify()
+        return futures
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    def _take(self) -> list[tuple[Any, Future[Any]]]:
+        """What the next call serves (under the lock): one item."""
+        return [self._queue.popleft()]
+
+    def _seconds(self, n: int) -> float:
+        return self.per_item
+
+    def _loop(self) -> None:
+        time.sleep(self.build_s)
+        self.built.set()
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait(timeout=0.5)
+                if self._closed:
+                    return
+                batch = self._take()
+            time.sleep(self._seconds(len(batch)))
+            with self._cv:
+                self.held -= len(batch)
+            for payload, future in batch:
+                future.set_result(AsrOutput(f"{len(payload.audio)} samples", 0.9))
+
+
+def _fakes_are_their_ports(port: FakePort, owner: FakeOwner, runner: SerialRunner
+                           ) -> tuple[ModelPort, StreamOwner, ContinuousRunner]:
     """Checked by mypy, never called: each fake is assignable to the Protocol it stands in for."""
-    return port, owner
+    return port, owner, runner
 
 
 def session(port: FakePort | None = None, owner: FakeOwner | None = None, *, store: Any = None,

@@ -14,20 +14,18 @@ tests/service/test_gpu_engine_server.py, and ``bench/overload.py`` loads a live 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import pytest
+from fakes import SerialRunner
 
 from lingua_fusion.config import Settings
 from lingua_fusion.errors import Overloaded
 from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
-from lingua_fusion.serving.ports import AsrInput, AsrOutput, CallContext
+from lingua_fusion.serving.ports import AsrInput, CallContext
 from lingua_fusion.serving.scheduler import (
     PACE_BUSY,
     SERVICE_MAX_IN_FLIGHT,
@@ -139,7 +137,7 @@ def test_a_window_reports_the_runners_busy_seconds_in_it() -> None:
 class Timed:
     """Counts a runner's busy seconds as GpuRunner.busy_s does (serving/threads.py BusyCounted)."""
 
-    def __init__(self, runner: Serial) -> None:
+    def __init__(self, runner: SerialRunner) -> None:
         self.runner, self.busy = runner, 0.0
         seconds = runner._seconds
 
@@ -222,64 +220,7 @@ def test_a_tighter_class_is_counted_at_the_latency_its_budget_allows() -> None:
     assert s.capacity(MODEL, "interactive") < s.capacity(MODEL, "standard")
 
 
-class Serial:
-    """A ContinuousRunner that serves one item every ``per_item`` seconds on its own thread, after ``build_s``
-    seconds of building (set: ``built``)."""
-
-    def __init__(self, per_item: float, build_s: float = 0.0) -> None:
-        self.per_item = per_item
-        self.build_s = build_s
-        self.built = threading.Event()
-        self._queue: deque[tuple[Any, Future[Any]]] = deque()
-        self._cv = threading.Condition()
-        self._closed = False
-        self.held = self.most_held = 0  # items submitted and not yet answered; the most at once
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def room(self) -> int:
-        return 256
-
-    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
-        futures: list[Future[Any]] = [Future() for _ in payloads]
-        with self._cv:
-            self._queue.extend(zip(payloads, futures, strict=True))
-            self.held += len(payloads)
-            self.most_held = max(self.most_held, self.held)
-            self._cv.notify()
-        return futures
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout=10)
-
-    def _take(self) -> list[tuple[Any, Future[Any]]]:
-        """What the next call serves (under the lock): one item."""
-        return [self._queue.popleft()]
-
-    def _seconds(self, n: int) -> float:
-        return self.per_item
-
-    def _loop(self) -> None:
-        time.sleep(self.build_s)
-        self.built.set()
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait(timeout=0.5)
-                if self._closed:
-                    return
-                batch = self._take()
-            time.sleep(self._seconds(len(batch)))
-            with self._cv:
-                self.held -= len(batch)
-            for payload, future in batch:
-                future.set_result(AsrOutput(f"{len(payload.audio)} samples", 0.9))
-
-
-class Batching(Serial):
+class Batching(SerialRunner):
     """A ContinuousRunner that decodes everything it holds together: a batch of n takes 0.05 + 0.02 * n seconds
     (50 items/s at most, with batches as large as you like), every item of it answered at its end."""
 
@@ -311,7 +252,7 @@ async def test_a_batching_runner_handed_bursts_is_counted_at_what_it_serves() ->
 
 
 async def test_the_executor_measures_a_continuous_runner_and_refuses_streams_beyond_it() -> None:
-    runner = Serial(per_item=0.02)  # 50 items/s at most
+    runner = SerialRunner(per_item=0.02)  # 50 items/s at most
     executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
     try:
         clip = AsrInput(np.zeros(1600, np.float32))
@@ -338,7 +279,7 @@ async def test_a_continuous_runner_holds_no_more_than_admission_counts_it_at() -
     """Handed everything at once, a runner queues it inside, in arrival order, and every item is late. It is
     handed only as many as its window (Scheduler.service_window); the rest wait in the scheduler, where committed
     work goes first and partials past their deadline are shed."""
-    runner = Serial(per_item=0.05)  # 20 items/s: 1.8 s of ASR budget at standard, half of it 18 items
+    runner = SerialRunner(per_item=0.05)  # 20 items/s: 1.8 s of ASR budget at standard, half of it 18 items
     executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
     try:
         clip = AsrInput(np.zeros(1600, np.float32))
@@ -438,7 +379,7 @@ def test_a_load_served_late_is_no_floor() -> None:
 async def test_items_that_waited_on_the_runners_build_do_not_teach_admission() -> None:
     # a GPU engine builds an MT runner at its first call: every item handed over meanwhile waits for the build.
     # Those items' seconds are not the runner's: admission counts it at what it serves once built
-    runner = Serial(per_item=0.02, build_s=4.0)  # 50 items/s once built
+    runner = SerialRunner(per_item=0.02, build_s=4.0)  # 50 items/s once built
     executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
     try:
         clip = AsrInput(np.zeros(1600, np.float32))

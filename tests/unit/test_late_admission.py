@@ -9,20 +9,20 @@ owed past its deadline is known at once.
 from __future__ import annotations
 
 import asyncio
-import threading
+import contextlib
 import time
-from concurrent.futures import Future
-from typing import Any
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from fakes import SerialRunner
 
 from lingua_fusion.config import Settings
 from lingua_fusion.errors import Overloaded
 from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
 from lingua_fusion.serving.late import Owed
-from lingua_fusion.serving.ports import FILE_CLASS, AsrInput, AsrOutput, CallContext
+from lingua_fusion.serving.ports import FILE_CLASS, AsrInput, CallContext
 from lingua_fusion.serving.scheduler import Demand
 from lingua_fusion.serving.service_curve import ProvenLoad
 
@@ -67,51 +67,20 @@ def test_items_answered_out_of_order_do_not_pile_up() -> None:
     assert owed.late("asr", now=3.0) == pytest.approx(3.0)
 
 
-class Slow:
-    """A ContinuousRunner serving one item every ``per_item`` seconds on its own thread."""
-
-    def __init__(self, per_item: float, build_s: float = 0.0) -> None:
-        self.per_item, self.build_s = per_item, build_s
-        self._queue: list[tuple[Any, Future[Any]]] = []
-        self._cv = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def room(self) -> int:
-        return 256
-
-    def submit(self, payloads: list[Any], tentative: list[bool]) -> list[Future[Any]]:
-        futures: list[Future[Any]] = [Future() for _ in payloads]
-        with self._cv:
-            self._queue.extend(zip(payloads, futures, strict=True))
-            self._cv.notify()
-        return futures
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        time.sleep(self.build_s)
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait(timeout=0.5)
-                if self._closed:
-                    return
-                _, future = self._queue.pop(0)
-            time.sleep(self.per_item)
-            future.set_result(AsrOutput("ok", 0.9))
+@contextlib.asynccontextmanager
+async def executor_on(runner: SerialRunner) -> AsyncIterator[Executor]:
+    """The product's executor with ``runner`` as its ASR engine, closed at the end."""
+    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    try:
+        yield executor
+    finally:
+        await executor.close()
 
 
 async def test_a_model_owing_a_late_caption_refuses_the_next_stream_and_takes_it_once_caught_up() -> None:
-    runner = Slow(per_item=0.05)  # 20 items/s
-    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    runner = SerialRunner(per_item=0.05)  # 20 items/s
     clip = AsrInput(np.zeros(1600, np.float32))
-    try:
+    async with executor_on(runner) as executor:
         for i in range(6):  # warm: its first items waited on nothing, and it has served some
             await asyncio.wait_for(executor.run(KEY, clip, CallContext(stream_id=f"w{i}")), 10)
         executor.admit(Demand("first", "interactive", {KEY: 0.1}))
@@ -130,19 +99,16 @@ async def test_a_model_owing_a_late_caption_refuses_the_next_stream_and_takes_it
         assert f"({KEY} is behind" in refused.value.message  # told apart from a curve's "is full"
         assert refused.value.retry_after and refused.value.retry_after > 0
         outs = await asyncio.wait_for(burst, 20)
-        assert all(o.text == "ok" for o in outs)  # the admitted work was served, late or not
+        assert all(o.text == "1600 samples" for o in outs)  # the admitted work was served, late or not
         assert executor.owed.owed(KEY) == 0
         executor.admit(Demand("second", "interactive", {KEY: 0.1}))  # caught up: taken
-    finally:
-        await executor.close()
 
 
 async def test_a_caption_whose_clock_ran_out_upstream_is_not_held_against_the_model() -> None:
     # MT is asked after ASR has used some of the caption's time: what counts is the item's own time at the model
-    runner = Slow(per_item=0.01)
-    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    runner = SerialRunner(per_item=0.01)
     clip = AsrInput(np.zeros(1600, np.float32))
-    try:
+    async with executor_on(runner) as executor:
         for i in range(4):
             await asyncio.wait_for(executor.run(KEY, clip, CallContext(stream_id=f"w{i}")), 10)
         runner.per_item = 0.2  # the next ones are still being served when admission asks
@@ -153,33 +119,27 @@ async def test_a_caption_whose_clock_ran_out_upstream_is_not_held_against_the_mo
         assert executor.owed.owed(KEY) > 0  # being served, within 0.6 s of their own
         executor.admit(Demand("s", "interactive", {KEY: 0.1}))
         await asyncio.wait_for(calls, 10)
-    finally:
-        await executor.close()
 
 
 async def test_captions_waiting_on_a_runners_build_do_not_refuse_streams() -> None:
     # its first items wait on the model's build (a GPU engine's MT runner is built at its first call): late, but
     # the runner is not behind; only items submitted once it has served one count
-    runner = Slow(per_item=0.01, build_s=1.0)
-    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    runner = SerialRunner(per_item=0.01, build_s=1.0)
     clip = AsrInput(np.zeros(1600, np.float32))
-    try:
+    async with executor_on(runner) as executor:
         first = asyncio.gather(*(executor.run(KEY, clip, CallContext(stream_id=f"c{i}", slo="interactive"))
                                  for i in range(3)))
         await asyncio.sleep(0.8)  # past their 0.6 s, still waiting on the build
         assert executor.owed.owed(KEY) == 0
         executor.admit(Demand("s", "interactive", {KEY: 0.1}))
         await asyncio.wait_for(first, 20)
-    finally:
-        await executor.close()
 
 
 async def test_a_files_pieces_behind_the_captions_do_not_refuse_streams() -> None:
     # a file's piece waits behind every stream's captions by design (its class's 36 s of ASR): not a late caption
-    runner = Slow(per_item=0.01)
-    executor = Executor(None, Settings(), backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
+    runner = SerialRunner(per_item=0.01)
     clip = AsrInput(np.zeros(1600, np.float32))
-    try:
+    async with executor_on(runner) as executor:
         await asyncio.wait_for(executor.run(KEY, clip, CallContext(stream_id="w")), 10)
         runner.per_item = 0.2
         piece = asyncio.ensure_future(executor.run(KEY, clip, CallContext(stream_id="f", slo=FILE_CLASS)))
@@ -187,5 +147,3 @@ async def test_a_files_pieces_behind_the_captions_do_not_refuse_streams() -> Non
         await asyncio.sleep(0.05)
         assert executor.owed.owed(KEY) == 1  # the caption only
         await asyncio.wait_for(asyncio.gather(piece, caption), 10)
-    finally:
-        await executor.close()
