@@ -4,9 +4,14 @@ runner's step timings, and with and without the late signal (issue 30).
     .venv/bin/python bench/admission_ramp.py --json bench/results/admission_ramp.json [--streams 100,300,900]
     .venv/bin/python bench/admission_ramp.py --arms timings,late --encode-ms 4,4 --streams 300,600 \
         --json bench/results/admission_ramp_late.json
+    .venv/bin/python bench/admission_ramp.py --arms late,measured --encode-ms 4,4 --streams 900,900,900,450,450 \
+        --json bench/results/admission_ramp_measured.json
 
-Arms: ``slope`` (no step timings: the curve's slope), ``timings`` (step timings, the late signal off) and ``late``
-(step timings and the late signal, serving/late.py: the product's default). ``--encode-ms FIXED,PER_ITEM``: an
+Arms: ``slope`` (no step timings: the curve's slope), ``timings`` (step timings, the late signal off), ``late``
+(step timings and the late signal, serving/late.py; streams counted at their declared rates) and ``measured`` (all
+that, with streams counted at the committed work they were measured to ask, serving/rates.py: the product's
+default). The modelled streams commit every third of their requests, 0.44 a second, where 0.3 is declared, as the
+H100 product's streams committed 0.42. ``--encode-ms FIXED,PER_ITEM``: an
 encoder start's cost; the H100 product measured 3-5 ms of its runner thread per started item (docs/benchmarks.md,
 "The product server on an H100 with admission by step timings"), where the default model has 0.8.
 
@@ -166,8 +171,10 @@ async def row(n: int, arm: str) -> dict[str, Any]:
     settings = Settings()
     settings.server.max_streams = 100_000  # admission by cost alone (bench/gpu_serve.py lifts it the same way)
     ex = Executor(None, settings, backends={"asr": lambda _key: runner})  # type: ignore[arg-type]
-    if arm != "late":  # the executor as it was before serving/late.py: nothing owed is ever late
+    if arm not in ("late", "measured"):  # the executor as it was before serving/late.py: nothing owed is ever late
         ex.owed.late = lambda *_args, **_kw: 0.0  # type: ignore[method-assign]
+    if arm != "measured":  # ... and before serving/rates.py: streams counted at their declared rates
+        ex.meter.submitted = lambda *_args, **_kw: None  # type: ignore[method-assign]
     try:
         warm = {"admitted": 0, "refused": 0, "shed": 0, "good": 0, "failed": 0, "latencies": []}
         await asyncio.gather(*(stream(ex, f"warm-{i}", WARM_S, warm) for i in range(WARM)))
@@ -200,8 +207,8 @@ def main() -> None:
     rows = []
     for n in map(int, args.streams.split(",")):
         for arm in args.arms.split(","):
-            if arm not in ("slope", "timings", "late"):
-                raise SystemExit(f"--arms: {arm} is none of slope, timings, late")
+            if arm not in ("slope", "timings", "late", "measured"):
+                raise SystemExit(f"--arms: {arm} is none of slope, timings, late, measured")
             r = {"arm": arm, **asyncio.run(row(n, arm))}
             print(json.dumps(r), flush=True)
             rows.append(r)

@@ -10,6 +10,7 @@ from ..errors import Overloaded
 from .cost_model import CostModel
 from .keys import ModelKey
 from .ports import MtInput, TranscribeInput
+from .rates import COMMITTED_RATE
 from .scheduler import Demand, Scheduler
 from .service_curve import ServiceCurve
 
@@ -38,15 +39,15 @@ def stream_demand(stream_id: str, slo: str, source: str, targets: list[str], par
         # admission reserves capacity for committed work (~1 utterance per 3.3 s); tentative re-decodes use
         # what is left and are shed first, so they count at a quarter of their rate
         for lang in spoken:
-            rate[ModelKey.asr(lang)] = 0.3 + (0.25 / step_s if partials else 0.0)
+            rate[ModelKey.asr(lang)] = COMMITTED_RATE + (0.25 / step_s if partials else 0.0)
         if detect:
-            rate[ModelKey.detect()] = 0.3
+            rate[ModelKey.detect()] = COMMITTED_RATE
         if diarize:
-            rate[ModelKey.spk()] = 0.3
+            rate[ModelKey.spk()] = COMMITTED_RATE
     for lang in spoken:
         for t in targets:
             if t != lang:
-                rate[ModelKey.mt(lang, t)] = 0.3
+                rate[ModelKey.mt(lang, t)] = COMMITTED_RATE
     return Demand(stream_id, slo, rate)
 
 

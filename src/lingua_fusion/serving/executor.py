@@ -33,6 +33,7 @@ from .faults import Fault
 from .keys import ModelKey
 from .late import Owed
 from .ports import FILE_CLASS, SLO_CLASSES, CallContext, MtInput, StageObserver, TypedPort, stage_deadline
+from .rates import DemandMeter
 from .scheduler import Demand, WorkItem
 from .service_curve import InFlight
 from .threads import (
@@ -97,6 +98,7 @@ class Executor(TypedPort):
         self._served: dict[ModelKey, int] = {}  # ... and settled
         self._warm: dict[ModelKey, float] = {}  # when its first item settled: items handed before waited on its build
         self.owed: Owed[ModelKey] = Owed()  # a warm continuous runner's captions not yet answered
+        self.meter: DemandMeter[ModelKey] = DemandMeter(clock())  # the streams' committed work, measured
         self._vad: list[Pending] = []
         self._closing = False
 
@@ -145,8 +147,11 @@ class Executor(TypedPort):
             if ctx.tentative:
                 return None
             raise Overloaded(f"the {key} queue is full", retry_after=1.0)
-        if not ctx.tentative and ctx.slo != FILE_CLASS and key in self._warm:  # a continuous runner's caption:
-            self.owed.add(key, item.seq, stage_deadline(ctx.slo, key.stage, now))  # late past its stage's budget
+        if not ctx.tentative and ctx.slo != FILE_CLASS:  # a stream's caption: admission counts it (rates.py)
+            if (scales := self.meter.submitted(key, ctx.stream_id, now)) is not None:
+                self.scheduler.demand_scale.update(scales)
+            if key in self._warm:  # a continuous runner's: late past its stage's budget
+                self.owed.add(key, item.seq, stage_deadline(ctx.slo, key.stage, now))
         self._soon(key)
         if self.metrics is not None:
             self.metrics.depth(str(key), self.scheduler.depth(key))
@@ -186,14 +191,11 @@ class Executor(TypedPort):
         runner = self._runners.get(key)
         if runner is None:
             factory = self.backends.get(key.task)
-            if factory is not None:
-                runner = factory(key)
-            else:
-                runner = build_runner(key, self.registry, per_stream=self.mode == "per-stream")
+            runner = factory(key) if factory is not None else build_runner(key, self.registry,
+                                                                           per_stream=self.mode == "per-stream")
             self._runners[key] = runner
             continuous = isinstance(runner, ContinuousRunner)
-            first_measures(self.scheduler, key, continuous)
-            # admission counts a key's capacity per lane
+            first_measures(self.scheduler, key, continuous)  # and admission counts a key's capacity per lane:
             self._lanes[key] = self.scheduler.lanes[key] = 1 if continuous else lanes_of(key, self.settings)
         return runner
 
@@ -204,8 +206,7 @@ class Executor(TypedPort):
         return runner
 
     def build_now(self, key: ModelKey) -> Runner | ContinuousRunner:
-        """``key``'s runner made now rather than at its first call (a GPU engine runner starts building on its own
-        thread: ``models.engine_warm``)."""
+        """``key``'s runner made now, not at its first call (a GPU runner builds on its own: ``engine_warm``)."""
         return self._runner(key)
 
     def stuck(self) -> dict[str, int]:
@@ -422,12 +423,14 @@ class Executor(TypedPort):
                 self.metrics.streams_rejected.inc()
             full = "server.max_streams" if at_cap else str(late[1] if late[0] > 0 else self.scheduler.refused_by)
             raise no_capacity(full, len(self.scheduler.admitted), demand.slo, 0.0 if at_cap else late[0])
+        self.meter.admitted(demand.stream_id, demand.rate, self.clock())
         if self.metrics is not None:
             self.metrics.streams_admitted.inc()
             self.metrics.active_streams.set(len(self.scheduler.admitted))
 
     def release(self, stream_id: str) -> None:
         """A stream ended: its queued work resolves to None and its reservation is freed."""
+        self.meter.released(stream_id, self.clock())
         for w in self.scheduler.drop_stream(stream_id):
             resolve(pending_of(w).future, None)
         if self.metrics is not None:

@@ -198,6 +198,7 @@ class Scheduler(Generic[K]):
         self.service: dict[K, ServiceCurve] = {}
         self.proven: dict[K, ProvenLoad] = {}  # a continuous runner's load carried within its budget: a floor
         self.pace: dict[K, BusyPace] = {}  # a continuous runner's items per busy second of its thread
+        self.demand_scale: dict[K, float] = {}  # a stream's measured work over its declared rate (serving/rates.py)
         self._load: dict[K, tuple[float, float, float]] = {}  # model -> (when, admitted items/s, stage budget)
         self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
         self.admitted: dict[str, Demand[K]] = {}
@@ -369,7 +370,7 @@ class Scheduler(Generic[K]):
         at, load, budget = self._load.get(model, (-1.0, 0.0, float("inf")))
         if now - at >= LOAD_EVERY_S:  # the admitted streams summed twice a second, not per item
             streams = [d for d in self.admitted.values() if model in d.rate]
-            load = sum(d.rate[model] for d in streams)
+            load = self.demand_scale.get(model, 1.0) * sum(d.rate[model] for d in streams)
             budget = min((stage_budget(d.slo, family(model)) for d in streams), default=float("inf"))
             self._load[model] = (now, load, budget)
         self.proven.setdefault(model, ProvenLoad()).observe(seconds, load, budget, now)
@@ -425,17 +426,17 @@ class Scheduler(Generic[K]):
         return self._counted(model, svc, stage_budget(tightest, family(model)))[0]
 
     def admit(self, demand: Demand[K]) -> bool:
-        """Reserve ``demand`` if every model it uses can carry it beside the streams admitted: within its
-        measured capacity, or within the load a continuous runner was seen to carry (``ProvenLoad``). A model with
-        no stream admitted on it takes one whatever its measure says: the measure learns only from work it serves,
-        so refusing would keep a pessimistic one for ever (a continuous runner's curve taken while the cores were
-        busy with other work; a batch runner's cost taken during a slow spell, such as a delay fault since
+        """Reserve ``demand`` if every model it uses can carry it beside the streams admitted (their declared load
+        x ``demand_scale``): within its measured capacity, or the load a continuous runner carried (``ProvenLoad``).
+        A model with no stream admitted on it takes one whatever its measure says: the measure learns only from
+        work it serves, so refusing would keep a pessimistic one for ever (a continuous runner's curve taken while
+        the cores were busy with other work; a batch runner's cost in a slow spell, such as a delay fault since
         cleared). If the model is that slow, that one stream's captions show it and the SLO breaker acts."""
         streams = [*self.admitted.values(), demand]
         for model in {m for d in streams for m in d.rate}:
             if not any(model in d.rate for d in self.admitted.values()):
                 continue
-            load = sum(d.rate.get(model, 0.0) for d in streams)
+            load = self.demand_scale.get(model, 1.0) * sum(d.rate.get(model, 0.0) for d in streams)
             tightest = min((d.slo for d in streams if model in d.rate), key=lambda s: SLO_CLASSES[s])
             proven = self.proven.get(model)
             floor = proven.floor if proven is not None else 0.0  # a load it carried within budget: never refused
