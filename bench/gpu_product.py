@@ -6,7 +6,8 @@
 A row's streams within the SLO are the load generator's goodput (each stream's own caption p99 within the class
 target); ``streams_p99_1s`` / ``_3s`` is the most streams admitted in a row whose caption p99 over all its streams
 was within 1 s / 3 s (None: no row was); ``overload`` is the largest row offered at >= 3x the capacity: the most
-streams within SLO in a row that held p99 <= 1 s (the best goodput of any row where none did).
+streams within SLO in a row that held p99 <= 1 s, the largest row itself left out (the best goodput of any other
+row where none did).
 ``--baseline``: a run of the same server serving one item at a time (``LINGUAFUSION_MODELS__ENGINE_MAX_BATCH=1``,
 one model process): its ``streams_p99_1s`` is ``baseline_streams_p99_1s``.
 """
@@ -29,11 +30,14 @@ def held(rows: list[dict[str, Any]], limit: float) -> int | None:
 
 def summarize(run: dict[str, Any], gpu_time_s: float) -> dict[str, Any]:
     rows = [r for r in run["rows"] if "skipped" not in r]
-    # capacity: the most streams served within SLO by a row that held p99 <= 1 s as a whole (so not itself an
-    # overload row, whose goodput would make the ratio 1 by definition); the best goodput of any row if none did
-    within = [r["goodput_streams"] for r in rows if r["caption_latency_s"]["p99"] is not None
+    # capacity: the most streams served within SLO by a row that held p99 <= 1 s as a whole, the largest offered
+    # row left out (the overload row: held within the SLO, its own goodput would make the ratio 1 by definition);
+    # the best goodput of any other row if none did
+    largest = max(rows, key=lambda r: r["streams"]) if len(rows) > 1 else None
+    others = [r for r in rows if r is not largest]
+    within = [r["goodput_streams"] for r in others if r["caption_latency_s"]["p99"] is not None
               and r["caption_latency_s"]["p99"] <= 1.0 and r["errors"] == 0]
-    capacity = max(within) if within else max((r["goodput_streams"] for r in rows), default=0)
+    capacity = max(within) if within else max((r["goodput_streams"] for r in others), default=0)
     over = [r for r in rows if capacity and r["streams"] >= 3 * capacity]
     worst = max(over, key=lambda r: r["streams"]) if over else None
     mt = next((m["name"] for m in run.get("models", {}).get("models", []) if m["task"] == "mt"
