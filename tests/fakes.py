@@ -77,7 +77,6 @@ class FakeOwner:
 
     def __init__(self) -> None:
         self.steps: set[str] = set()
-        self.pace = 2.5  # the partial pacer's ratio
         self.captions: list[float] = []
         self.released_ids: list[str] = []
 
@@ -86,9 +85,6 @@ class FakeOwner:
 
     def caption_done(self, slo: str, seconds: float, key_id: str = "") -> None:
         self.captions.append(seconds)
-
-    def partial_pace(self) -> float:
-        return self.pace
 
     def released(self, session: StreamSession) -> None:
         self.released_ids.append(session.spec.stream_id)

@@ -59,9 +59,6 @@ class ServerSettings(BaseModel):
     # partials' round trip (a mean of the last few; doubled at each one shed), at least its class's step and at
     # most its max utterance length; 0: every step
     partial_pace: float = Field(default=2.5, ge=0)
-    # while admission turns streams away for room (one refused in the last 30 s, stream/capacity.py), partials pace
-    # at this many times partial_pace: the first thing dropped, so the captions of more streams fit
-    partial_pace_when_full: float = Field(default=4.0, ge=1)
     breaker_window_s: float = 5.0  # the SLO breaker's latency windows (docs/reliability.md)
     breaker_k: int = 3  # windows in a row over target that move a class one step down the ladder
     chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default

@@ -271,11 +271,11 @@ class _SlowPartials(FakePort):
         return await super().run_untyped(key, payload, ctx)
 
 
-async def _partials_heard(latency: float, shed: bool = False, owner: FakeOwner | None = None) -> tuple[int, int]:
+async def _partials_heard(latency: float, shed: bool = False) -> tuple[int, int]:
     """5.5 s of speech fed in real time on the test's clock: (partial re-decodes started, finals)."""
     clock = _Clock()
     port = _SlowPartials(clock, latency, shed)
-    s = session(port, owner, spec=StreamSpec(source_lang="en", targets=["es"], slo="interactive"), clock=clock)
+    s = session(port, spec=StreamSpec(source_lang="en", targets=["es"], slo="interactive"), clock=clock)
     s.start()
     speech = (np.full(1600, 0.5) * 32767).astype("<i2").tobytes()  # 0.1 s
     for chunk in [speech] * 55 + [bytes(3200)] * 10:
@@ -302,56 +302,3 @@ async def test_partials_the_engine_sheds_at_once_are_asked_for_less_not_more() -
     fast round trip would have had it ask every step (11 in 5.5 s)."""
     shed, finals = await _partials_heard(0.0, shed=True)
     assert shed <= 4 and finals == 1
-
-
-async def test_partials_pace_wider_while_the_server_turns_streams_away_and_captions_do_not() -> None:
-    """Admission keeps the round trip short, so the pace by round trip alone hardly thins partials under load (on an
-    H100 at 3x capacity streams still asked 0.6 a second, more than their captions). While the server is full its
-    owner gives a 4x wider pace (StreamService.partial_pace): the stream asks for fewer, and still gets its caption."""
-    normal, normal_finals = await _partials_heard(0.2)
-    thinned, thinned_finals = await _partials_heard(0.2, owner=_FullOnceOpen())
-    assert normal >= 6 and normal_finals == 1
-    assert thinned <= normal / 2 and thinned_finals == 1
-
-
-class _FullOnceOpen(FakeOwner):
-    """The server turned a stream away just after this one opened: the pace it read at its open no longer holds."""
-
-    def partial_pace(self) -> float:
-        self.pace, pace = 10.0, self.pace
-        return pace
-
-
-class _Admission:
-    """An engine's admission face that refuses every stream with ``error``."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-    def demand(self, stream_id: str, *_args: object) -> str:
-        return stream_id
-
-    async def reserve(self, demand: str, key_id: str = "") -> None:
-        raise self.error
-
-    def release(self, stream_id: str) -> None:
-        pass
-
-
-@pytest.mark.parametrize(("error", "full"), [
-    (Overloaded("no capacity for another stream at this SLO (asr:tiny.en is full)", details={"full": "asr"}), True),
-    (Overloaded("the model process is restarting; retry shortly", not_serving=True), False),  # no room is not why
-])
-async def test_a_refusal_for_room_makes_the_server_full_for_a_while(error: Overloaded, full: bool) -> None:
-    from lingua_fusion.stream.capacity import FULL_HOLD_S, StreamCapacity
-    from lingua_fusion.stream.quota import KeyQuota
-
-    now = [100.0]
-    settings = Settings()
-    capacity = StreamCapacity(_Admission(error), settings, KeyQuota(10), clock=lambda: now[0])  # type: ignore[arg-type]
-    assert not capacity.full()
-    with pytest.raises(Overloaded):
-        await capacity.hold(StreamSpec(source_lang="en", targets=["es"]), "key")
-    assert capacity.full() is full and capacity.holds == {}
-    now[0] += FULL_HOLD_S
-    assert not capacity.full()  # 30 s without a refusal: partials pace as before

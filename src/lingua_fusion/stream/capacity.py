@@ -6,8 +6,6 @@ knows of sessions."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,8 +19,6 @@ if TYPE_CHECKING:
     from ..observability import Metrics
 
 __all__ = ["Hold", "KeyQuota", "Principal", "StreamCapacity"]
-
-FULL_HOLD_S = 30.0  # a refusal for room keeps the server "full" (``full``) this long
 
 
 @dataclass(frozen=True)
@@ -45,15 +41,12 @@ class Hold:
 
 
 class StreamCapacity:
-    def __init__(self, engine: Engine, settings: Settings, quota: Quota, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, engine: Engine, settings: Settings, quota: Quota, metrics: Metrics | None = None) -> None:
         self.engine = engine
         self.settings = settings
         self.quota = quota
         self.metrics = metrics  # observability.Metrics, or None
-        self.clock = clock
         self.holds: dict[str, Hold] = {}  # stream id -> its reservation
-        self._refused_at = -float("inf")  # admission's last refusal of a stream for room
 
     async def hold(self, spec: StreamSpec, owner: str) -> Hold:
         """Capacity for ``spec``'s stream, or ``Overloaded`` (4429) with nothing else changed. A stream that holds
@@ -92,8 +85,6 @@ class StreamCapacity:
         except BaseException as exc:
             if isinstance(exc, Overloaded) and exc.not_serving:  # its model process restarting or silent
                 self.unavailable()
-            elif isinstance(exc, Overloaded):  # no room for it: the streams here back off their partials
-                self._refused_at = self.clock()
             del self.holds[sid]
             self.quota.give(owner, sid)
             held.admitted.set_result(False)
@@ -116,11 +107,6 @@ class StreamCapacity:
         held = self.holds.get(stream_id)
         if held is not None:
             self.unhold(stream_id, held)
-
-    def full(self) -> bool:
-        """Has admission turned a stream away for room in the last FULL_HOLD_S? (Not for a key's own cap, nor
-        while a model process restarts.) Partials are then paced wider (``server.partial_pace_when_full``)."""
-        return self.clock() - self._refused_at < FULL_HOLD_S
 
     def refused(self) -> None:
         """A refusal decided by the service (the key's cap, a class whose breaker is down) counts with admission's

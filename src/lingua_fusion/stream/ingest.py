@@ -309,7 +309,7 @@ class Decisions:
     def __init__(self, spec: StreamSpec, timeline: AudioTimeline, policy: CommitPolicy, jobs: StreamJobs,
                  arrivals: Arrivals, queue: Callable[[Coroutine[object, object, Final | None]], None],
                  degraded: Degraded, live: Alive, emit: Emit, spawn: Spawn,
-                 clock: Callable[[], float] = time.monotonic, pace: Callable[[], float] = lambda: 2.5) -> None:
+                 clock: Callable[[], float] = time.monotonic, pace: float = 2.5) -> None:
         self.spec = spec
         self.timeline = timeline
         self.policy = policy
@@ -322,16 +322,13 @@ class Decisions:
         self._spawn = spawn
         self._partial: asyncio.Task[None] | None = None
         self._clock = clock
-        self._pace = pace  # the pacer's ratio, read at each partial: wider while the server is full
-        self.pacer = PartialPacer(policy.cfg.step_s, policy.cfg.max_utterance_s, pace())  # partials spaced by load
+        self.pacer = PartialPacer(policy.cfg.step_s, policy.cfg.max_utterance_s, pace)  # partials spaced by load
         self._utterance = 0
         self._last_partial = ""
         self._revision = 0
 
     def apply(self, d: Decision) -> None:
         now = self._clock()
-        if d.kind == "partial":
-            self.pacer.ratio = self._pace()
         if d.kind == "partial" and self.spec.partials and not self._degraded("drop_partials") \
                 and (self._partial is None or self._partial.done()) and self.pacer.due(now):
             self.pacer.started(now)

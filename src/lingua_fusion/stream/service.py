@@ -171,10 +171,6 @@ class StreamService:
     def degraded(self, slo: str, step: str, key_id: str = "") -> bool:
         return self.supervisor.degraded(slo, step, key_id)
 
-    def partial_pace(self) -> float:
-        server = self.settings.server
-        return server.partial_pace * (server.partial_pace_when_full if self.capacity.full() else 1.0)
-
     def caption_done(self, slo: str, seconds: float, key_id: str = "") -> None:
         if self.metrics is not None:
             self.metrics.caption(slo, seconds)

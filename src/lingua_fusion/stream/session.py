@@ -119,10 +119,6 @@ class StreamOwner(Protocol):
         """A final of ``key_id``'s stream went out ``seconds`` after its words arrived."""
         ...
 
-    def partial_pace(self) -> float:
-        """The partial pacer's ratio now (``server.partial_pace``; wider while admission turns streams away)."""
-        ...
-
     def released(self, session: StreamSession) -> None:
         """The session closed: free what it held."""
         ...
@@ -163,7 +159,7 @@ class StreamSession:
         arrivals = Arrivals()
         self.decisions = Decisions(spec, self.timeline, self.policy, self.jobs, arrivals, self._queue,
                                    self._degraded, lambda: self.state == State.LIVE, self._emit, self._spawn,
-                                   clock, owner.partial_pace)
+                                   clock, settings.server.partial_pace)
         self.budget = AudioBudget(settings.limits.max_audio_speed, settings.limits.max_audio_burst_s, time.monotonic)
         self.ingest = AudioIngest(spec, self.timeline, self.policy, self.jobs, arrivals, self.decisions.apply,
                                   lambda: self.state == State.CLOSED, self._emit, self._spawn, self.budget, trace)
