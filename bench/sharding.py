@@ -15,7 +15,9 @@ the sharded server, each run also records the cores its model process and each w
 ``--servers`` names the servers compared, each ``name=WORKERS[xMODELS][/ASR_PARALLEL]``: ``--workers`` of ``serve``
 (1: one process), ``--model-processes`` (default 1) and, when given, ``LINGUAFUSION_MODELS__ASR_PARALLEL`` (Whisper
 batches run at once). For example ``--servers p1=1/1,p2=1/2,sharded-p2=2/2`` (load_knee_parallel.json) or
-``--servers single=1,m2=2x2`` (two workers feeding two model processes: load_knee_model_processes.json). Every run
+``--servers single=1,m2=2x2`` (two workers feeding two model processes: load_knee_model_processes.json); ``+VAR=VAL``
+settings after a server's spec, for example ``--servers workers=2,model=2+MODELS__VAD_IN_WORKERS=false``
+(vad_in_workers.json: where the streams' VAD runs). Every run
 records the cores each server process used (``/proc``: the serving process, or the model processes and each worker,
 and their child processes).
 
@@ -179,28 +181,31 @@ def fresh(args: argparse.Namespace, tmp: str, n: int, order: tuple[str, ...],
     servers: dict[str, dict[str, Any]] = {}
     try:
         for k, name in enumerate(order):
-            workers, models, parallel = args.configs[name]
+            workers, models, parallel, sets = args.configs[name]
             state = Path(tempfile.mkdtemp(dir=tmp))
             extra = ("--workers", str(workers), "--model-processes", str(models)) if workers > 1 else ()
-            env = {"LINGUAFUSION_MODELS__ASR_PARALLEL": str(parallel)} if parallel else {}
+            env = {**({"LINGUAFUSION_MODELS__ASR_PARALLEL": str(parallel)} if parallel else {}), **sets}
             proc = start(args.port + k, state, *extra, env_extra=env)
             servers[name] = {"proc": proc, "state": state, "url": f"http://127.0.0.1:{args.port + k}",
-                             "config": {"workers": workers, "model_processes": models, "asr_parallel": parallel}}
+                             "config": {"workers": workers, "model_processes": models, "asr_parallel": parallel,
+                                        "env": sets}}
         return asyncio.run(level(servers, n, order, args, baseline))
     finally:
         for srv in servers.values():
             stop(srv["proc"])
 
 
-def parse_servers(text: str) -> dict[str, tuple[int, int, int | None]]:
-    """``single=1,sharded=2``, ``p1=1/1,p2=1/2`` or ``m2=2x2``: name -> (workers, model processes, asr_parallel or
-    None for the default)."""
-    out: dict[str, tuple[int, int, int | None]] = {}
+def parse_servers(text: str) -> dict[str, tuple[int, int, int | None, dict[str, str]]]:
+    """``single=1,sharded=2``, ``p1=1/1,p2=1/2``, ``m2=2x2`` or ``mp=2+MODELS__VAD_IN_WORKERS=false``: name ->
+    (workers, model processes, asr_parallel or None for the default, settings as LINGUAFUSION_ variables)."""
+    out: dict[str, tuple[int, int, int | None, dict[str, str]]] = {}
     for part in text.split(","):
         name, _, spec = part.partition("=")
+        spec, *sets = spec.split("+")
         procs, _, parallel = spec.partition("/")
         workers, _, models = procs.partition("x")
-        out[name.strip()] = (int(workers or 1), int(models or 1), int(parallel) if parallel else None)
+        env = {f"LINGUAFUSION_{k}": v for k, _, v in (s.partition("=") for s in sets)}
+        out[name.strip()] = (int(workers or 1), int(models or 1), int(parallel) if parallel else None, env)
     return out
 
 
@@ -225,8 +230,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
            "note": "servers interleaved at each N (order rotated), fresh servers per N; load generator on the same "
                    "cores (loadgen_cores per run); load_average (1 min) at the start and end of each run",
            "config": {"streams": args.grid, "baseline": args.base_grid, "duration_s": args.duration,
-                      "seed": args.seed, "servers": {k: {"workers": w, "model_processes": m, "asr_parallel": p}
-                                                     for k, (w, m, p) in args.configs.items()},
+                      "seed": args.seed, "servers": {k: {"workers": w, "model_processes": m, "asr_parallel": p,
+                                                         "env": e} for k, (w, m, p, e) in args.configs.items()},
                       "mix": "default (en speech -> es, standard, partials, Poisson 5 s)"},
            "load_average_range": [min(loads), max(loads)] if loads else None,
            "knee_streams": {name: knee(rs) for name, rs in runs.items() if rs}, "runs": runs}

@@ -146,6 +146,11 @@ class ModelSettings(BaseModel):
     # long a GPU runner thread back from waiting for its step may wait for the lock while another thread (the other
     # runner, the VAD, the event loop) holds it. For a benchmark's A/B; unmeasured in the product server
     switch_interval_ms: float | None = Field(default=None, gt=0.0, le=100.0)
+    # serve --workers: each stream worker runs its own streams' VAD (Silero, a few MB, on a thread of its own), as a
+    # cluster gateway does, instead of a round trip to the model process per audio message: those were most of the
+    # messages the model processes decoded, on the event loop and lock their GPU runner threads share. False: the
+    # model process runs it (the layout before 2026-12-07)
+    vad_in_workers: bool = True
     # languages whose engine ASR runner is built when the server (or each model process) starts, not at the
     # language's first stream, whose first captions would wait for it (10-25 s on an H200: weights, pools, graph
     # captures); None: English on a CUDA device, none on the CPU. /readyz answers 503 until they are built

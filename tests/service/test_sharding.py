@@ -308,6 +308,33 @@ async def test_requests_of_one_loop_turn_cross_in_one_frame_each_way(tmp_path: P
         await server.close()
 
 
+async def test_a_workers_vad_runs_in_the_worker_and_no_message_crosses_for_it(tmp_path: Path,
+                                                                              talks: list[bytes]) -> None:
+    """Every audio message asks for VAD: with ``models.vad_in_workers`` (the default) the worker answers it on its
+    own engine, and the model process, whose event loop and lock its GPU runners share, never hears of it. The
+    speech probabilities are the model process's own."""
+    from lingua_fusion.serving.engine import in_process
+
+    server, listener, link, remote = await _one_worker(tmp_path)
+    local = RemotePort(link, remote.registry, remote.settings, vad=in_process(remote.registry, remote.settings))
+    try:
+        await link.wait_up(5)
+        assert link._outbox is not None
+        audio = np.frombuffer(talks[0], np.int16)[:16000 * 2].astype(np.float32) / 32768
+        sent = link._outbox.messages
+        here = await local.run(ModelKey.vad(), audio, _ctx("s1"))
+        assert link._outbox.messages == sent  # nothing crossed
+        there = await remote.run(ModelKey.vad(), audio, _ctx("s1"))
+        assert link._outbox.messages == sent + 1  # vad_in_workers off: one round trip per call
+        assert isinstance(here, np.ndarray) and isinstance(there, np.ndarray)
+        assert len(here) == 62 and here.max() > 0.5 and np.allclose(here, there, atol=1e-5)  # speech, heard alike
+        assert local.depth(ModelKey.vad()) == 0
+    finally:
+        await local.close()  # closes the worker's own engine, and the link
+        listener.close()
+        await server.close()
+
+
 async def test_a_partials_audio_crosses_through_the_workers_shared_ring_not_the_socket(tmp_path: Path,
                                                                                       talks: list[bytes]) -> None:
     """A partial's window is up to seconds of float32 audio, sent again with every partial: it crosses through the

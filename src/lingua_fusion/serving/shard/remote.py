@@ -6,7 +6,9 @@ request's future from its reply, and when the connection ends fails every reques
 worker's admitted streams. ``RemotePort`` is one engine's view of it ("batched", or the admin-only "per-stream"
 baseline), with the face the StreamService uses (``run``, ``depth``, ``demand``, ``reserve``, ``release``,
 ``close``):
-- ``run``: a picture for OCR crosses at the size OCR reads it (pictures.py). Tentative work fails at once when
+- ``run``: VAD runs here, on this worker's own engine (``vad``, ``models.vad_in_workers``): every audio message asks
+  for it, and a round trip per message cost the model process more than the model. A picture for OCR crosses at
+  the size OCR reads it (pictures.py). Tentative work fails at once when
   the model process is lost (the contract: never retried); committed work is retried (``retries`` times) once the
   link is back, so a caption in flight when the model process dies is transcribed by its successor, or its final
   says ``failed``. Every call ends within ``server.request_timeout_s`` (``ModelTimeout``), like the in-process
@@ -36,6 +38,7 @@ from ...config import Settings
 from ...errors import BackendError, ModelTimeout, Overloaded
 from ...models.registry import Registry
 from ..demand import stream_demand
+from ..engine import Engine
 from ..faults import Fault
 from ..keys import ModelKey
 from ..ports import FILE_CLASS, CallContext, StageObserver, TypedPort
@@ -239,9 +242,12 @@ class RemotePort(TypedPort):
     """One engine of the model process ("batched" or "per-stream") as this worker's ModelPort and admission."""
 
     def __init__(self, link: ModelLink, registry: Registry, settings: Settings, *, mode: str = "batched",
-                 clock: Callable[[], float] = time.monotonic, observer: StageObserver | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, observer: StageObserver | None = None,
+                 vad: Engine | None = None) -> None:
         self.link = link
-        self.registry = registry  # routes only (StreamService.open parses a start message): no model loads here
+        # routes (StreamService.open parses a start message), and the VAD where ``vad`` runs it: no other model here
+        self.registry = registry
+        self.vad = vad  # this worker's own engine for its streams' VAD (``models.vad_in_workers``), closed with it
         self.settings = settings
         self.mode = mode
         self.clock = clock
@@ -251,6 +257,8 @@ class RemotePort(TypedPort):
         self._depth: dict[ModelKey, int] = {}
 
     async def run_untyped(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
+        if key.task == "vad" and self.vad is not None:  # here: a hop per audio message costs more than the model
+            return await self.vad.run(key, payload, ctx)
         # a picture at the size OCR reads it (pictures.py)
         if key.task == "ocr" and isinstance(payload, np.ndarray) and pictures.shrinks(self.settings, payload):
             small, scale = await pictures.as_read_off_loop(payload)
@@ -293,7 +301,7 @@ class RemotePort(TypedPort):
             return reply.get("value")
 
     def depth(self, key: ModelKey) -> int:
-        return self._depth.get(key, 0)
+        return self.vad.depth(key) if key.task == "vad" and self.vad is not None else self._depth.get(key, 0)
 
     def stuck(self) -> dict[str, int]:
         """The model threads are in the model process: none is stuck here (its own log and metrics say)."""
@@ -328,6 +336,8 @@ class RemotePort(TypedPort):
             self.link.tell({"op": "release", "mode": self.mode, "stream_id": stream_id})
 
     async def close(self) -> None:
+        if self.vad is not None:
+            await self.vad.close()
         await self.link.close()
 
 
