@@ -123,7 +123,8 @@ class ModelSettings(BaseModel):
     # from the same Whisper weights in torch; "" (the default): the ``backend`` runners
     engine: str = ""
     # VAD with the engine on a CUDA device: "energy" (a level threshold) or "silero" (Silero v6 in torch, every
-    # stream's windows in one batched call: serving/gpu/silero.py); on the CPU the engine keeps Silero on onnxruntime
+    # stream's windows in one batched call: serving/gpu/silero.py); on the CPU the engine keeps Silero on onnxruntime.
+    # Under serve --workers with vad_in_workers each worker runs it: "energy" in numpy, "silero" on onnxruntime
     gpu_vad: Literal["energy", "silero"] = "energy"
     # the engine's Whisper encoder on CUDA replayed from CUDA graphs (serving/gpu/encoder_graphs.py), captured on the
     # ASR runner's thread when it is built (at start for ``engine_warm``); applies on CUDA alone. On the H200 this
@@ -146,10 +147,10 @@ class ModelSettings(BaseModel):
     # long a GPU runner thread back from waiting for its step may wait for the lock while another thread (the other
     # runner, the VAD, the event loop) holds it. For a benchmark's A/B; unmeasured in the product server
     switch_interval_ms: float | None = Field(default=None, gt=0.0, le=100.0)
-    # serve --workers: each stream worker runs its own streams' VAD (Silero, a few MB, on a thread of its own), as a
-    # cluster gateway does, instead of a round trip to the model process per audio message: those were most of the
-    # messages the model processes decoded, on the event loop and lock their GPU runner threads share. False: the
-    # model process runs it (the layout before 2026-12-07)
+    # serve --workers: each stream worker runs its own streams' VAD (the one its model process would run:
+    # serving/shard/worker_vad.py; Silero adds ~55 MiB a worker) on a thread of its own, as a cluster gateway does,
+    # instead of a round trip to the model process per audio message: those were most of the messages the model
+    # processes decoded, on the event loop and lock their GPU runner threads share. False: the model process runs it
     vad_in_workers: bool = True
     # languages whose engine ASR runner is built when the server (or each model process) starts, not at the
     # language's first stream, whose first captions would wait for it (10-25 s on an H200: weights, pools, graph

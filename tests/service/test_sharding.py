@@ -313,10 +313,10 @@ async def test_a_workers_vad_runs_in_the_worker_and_no_message_crosses_for_it(tm
     """Every audio message asks for VAD: with ``models.vad_in_workers`` (the default) the worker answers it on its
     own engine, and the model process, whose event loop and lock its GPU runners share, never hears of it. The
     speech probabilities are the model process's own."""
-    from lingua_fusion.serving.engine import in_process
+    from lingua_fusion.serving.shard.worker_vad import worker_vad
 
     server, listener, link, remote = await _one_worker(tmp_path)
-    local = RemotePort(link, remote.registry, remote.settings, vad=in_process(remote.registry, remote.settings))
+    local = RemotePort(link, remote.registry, remote.settings, vad=worker_vad(remote.registry, remote.settings))
     try:
         await link.wait_up(5)
         assert link._outbox is not None

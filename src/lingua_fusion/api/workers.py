@@ -105,9 +105,10 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     """One stream worker: the app, serving on the shared socket, its streams' models in the model process."""
     from ..models.registry import Registry
     from ..observability import Metrics
-    from ..serving.engine import Engine, in_process
+    from ..serving.engine import Engine
     from ..serving.ports import StageObserver
     from ..serving.shard.remote import ModelLink, RemotePort, link_in_flight
+    from ..serving.shard.worker_vad import worker_vad
     from .app import create_app
     from .deps import app_state
     from .server import build_server, install_logging
@@ -119,7 +120,7 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
 
     def port(registry: Registry, s: Settings, metrics: Metrics, /, *, observer: StageObserver) -> Engine:
         # this worker's SLO breakers hear its streams; its streams' VAD runs here (models.vad_in_workers)
-        vad = in_process(registry, s, metrics=metrics) if s.models.vad_in_workers else None
+        vad = worker_vad(registry, s, metrics) if s.models.vad_in_workers else None
         return RemotePort(link, registry, s, observer=observer, vad=vad)
 
     # nothing to warm here: streams' and files' model work alike runs in the model process, which warms its own

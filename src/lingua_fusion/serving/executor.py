@@ -9,8 +9,8 @@ it has more lanes: Whisper through CTranslate2 runs ``models.asr_parallel`` batc
 them in parallel); a batch that ran while another lane's did is an "overlapped" cost sample, and admission counts
 the lanes at that cost once it has seen some (scheduler.capacity). A continuous runner (serving/gpu) is handed
 what it has room for and settles item by item. VAD needs no scheduling (it is cheap and every caption waits on
-it): every stream's pending windows run in one call on the VAD thread. Admission refuses a stream whose load would
-break admitted streams' SLOs."""
+it): every stream's pending windows run in one call on the VAD thread. Admission (gate.py) refuses a stream whose
+load would break admitted streams' SLOs."""
 
 from __future__ import annotations
 
@@ -27,13 +27,12 @@ from ..config import Settings
 from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeout, Overloaded
 from ..models.registry import Registry
 from ..tracing import TraceRef, record_batch
-from .demand import first_measures, model_scheduler, no_capacity, stream_demand, vad_seconds, work_units
+from .demand import first_measures, model_scheduler, stream_demand, vad_seconds, work_units
 from .fair import round_robin
 from .faults import Fault
+from .gate import Gate
 from .keys import ModelKey
-from .late import Owed
-from .ports import FILE_CLASS, SLO_CLASSES, CallContext, MtInput, StageObserver, TypedPort, stage_deadline
-from .rates import DemandMeter
+from .ports import FILE_CLASS, CallContext, MtInput, StageObserver, TypedPort, stage_deadline
 from .scheduler import Demand, WorkItem
 from .service_curve import InFlight
 from .threads import (
@@ -97,8 +96,8 @@ class Executor(TypedPort):
         self._in_flight: dict[ModelKey, InFlight] = {}  # a continuous runner's items handed over, not yet settled
         self._served: dict[ModelKey, int] = {}  # ... and settled
         self._warm: dict[ModelKey, float] = {}  # when its first item settled: items handed before waited on its build
-        self.owed: Owed[ModelKey] = Owed()  # a warm continuous runner's captions not yet answered
-        self.meter: DemandMeter[ModelKey] = DemandMeter(clock())  # the streams' committed work, measured
+        self.gate = Gate(self.scheduler, settings, metrics, clock, control=mode != "per-stream")  # admission
+        self.owed, self.meter = self.gate.owed, self.gate.meter  # what it is told (late.py, rates.py)
         self._vad: list[Pending] = []
         self._closing = False
 
@@ -111,6 +110,8 @@ class Executor(TypedPort):
     async def run_untyped(self, key: ModelKey, payload: object, ctx: CallContext) -> object:
         if isinstance(payload, MtInput) and not payload.scope and ctx.key_id:
             payload = replace(payload, scope=ctx.key_id)  # the translation memory is per key (tm/key.py)
+        if not ctx.tentative and ctx.slo != FILE_CLASS and key.task != "vad":  # a caption: admission counts it
+            self.gate.submitted(key, ctx.stream_id)  # once, not per retry (rates.py)
         attempt = 0
         while True:
             try:
@@ -147,11 +148,8 @@ class Executor(TypedPort):
             if ctx.tentative:
                 return None
             raise Overloaded(f"the {key} queue is full", retry_after=1.0)
-        if not ctx.tentative and ctx.slo != FILE_CLASS:  # a stream's caption: admission counts it (rates.py)
-            if (scales := self.meter.submitted(key, ctx.stream_id, now)) is not None:
-                self.scheduler.demand_scale.update(scales)
-            if key in self._warm:  # a continuous runner's: late past its stage's budget
-                self.owed.add(key, item.seq, stage_deadline(ctx.slo, key.stage, now))
+        if not ctx.tentative and ctx.slo != FILE_CLASS and key in self._warm:  # a continuous runner's caption:
+            self.owed.add(key, item.seq, stage_deadline(ctx.slo, key.stage, now))  # late past its stage's budget
         self._soon(key)
         if self.metrics is not None:
             self.metrics.depth(str(key), self.scheduler.depth(key))
@@ -406,31 +404,16 @@ class Executor(TypedPort):
         self.admit(demand)
 
     def admit(self, demand: Demand[ModelKey]) -> None:
-        """Reserve capacity for a stream, or raise Overloaded (429) when admitting it would break the SLOs of the
-        streams already admitted."""
-        if demand.slo not in SLO_CLASSES:
-            raise ValueError(demand.slo)
-        if self.mode == "per-stream":  # the baseline has no admission control (as WhisperLive / whisper_streaming)
-            self.scheduler.admitted[demand.stream_id] = demand
-            return
-        at_cap = len(self.scheduler.admitted) >= self.settings.server.max_streams
-        # a model owing a caption past its stage budget is behind now, whatever its measures say (serving/late.py)
-        forget = self.settings.server.model_timeout_s  # a wedged item is the runner's timeouts' to fail
-        late = max(((self.owed.late(m, self.clock(), forget), m) for m in demand.rate), key=lambda lm: lm[0],
-                   default=(0.0, None))
-        if at_cap or late[0] > 0 or not self.scheduler.admit(demand):
-            if self.metrics is not None:
-                self.metrics.streams_rejected.inc()
-            full = "server.max_streams" if at_cap else str(late[1] if late[0] > 0 else self.scheduler.refused_by)
-            raise no_capacity(full, len(self.scheduler.admitted), demand.slo, 0.0 if at_cap else late[0])
-        self.meter.admitted(demand.stream_id, demand.rate, self.clock())
-        if self.metrics is not None:
-            self.metrics.streams_admitted.inc()
-            self.metrics.active_streams.set(len(self.scheduler.admitted))
+        """Reserve capacity for a stream, or raise Overloaded (429) (serving/gate.py)."""
+        self.gate.admit(demand)
+
+    def readmit(self, demand: Demand[ModelKey]) -> None:
+        """A stream admitted before this process started (its worker re-registers it)."""
+        self.gate.readmit(demand)
 
     def release(self, stream_id: str) -> None:
         """A stream ended: its queued work resolves to None and its reservation is freed."""
-        self.meter.released(stream_id, self.clock())
+        self.gate.released(stream_id)
         for w in self.scheduler.drop_stream(stream_id):
             resolve(pending_of(w).future, None)
         if self.metrics is not None:

@@ -198,7 +198,7 @@ class Scheduler(Generic[K]):
         self.service: dict[K, ServiceCurve] = {}
         self.proven: dict[K, ProvenLoad] = {}  # a continuous runner's load carried within its budget: a floor
         self.pace: dict[K, BusyPace] = {}  # a continuous runner's items per busy second of its thread
-        self.demand_scale: dict[K, float] = {}  # a stream's measured work over its declared rate (serving/rates.py)
+        self.demand_extra: dict[K, float] = {}  # items/s a stream was measured to ask beyond its rate (rates.py)
         self._load: dict[K, tuple[float, float, float]] = {}  # model -> (when, admitted items/s, stage budget)
         self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
         self.admitted: dict[str, Demand[K]] = {}
@@ -212,8 +212,7 @@ class Scheduler(Generic[K]):
         return self.costs[model]
 
     def submit(self, item: WorkItem[K]) -> bool:
-        """Queue an item. False when the model's queue, or this key's half of it, is at its bound (the caller
-        sheds or refuses)."""
+        """Queue an item. False when the model's queue, or this key's half of it, is full (the caller sheds)."""
         return self.submit_or_shed(item)[0]
 
     def submit_or_shed(self, item: WorkItem[K]) -> tuple[bool, WorkItem[K] | None]:
@@ -370,7 +369,7 @@ class Scheduler(Generic[K]):
         at, load, budget = self._load.get(model, (-1.0, 0.0, float("inf")))
         if now - at >= LOAD_EVERY_S:  # the admitted streams summed twice a second, not per item
             streams = [d for d in self.admitted.values() if model in d.rate]
-            load = self.demand_scale.get(model, 1.0) * sum(d.rate[model] for d in streams)
+            load = sum(d.rate[model] for d in streams) + self.demand_extra.get(model, 0.0) * len(streams)
             budget = min((stage_budget(d.slo, family(model)) for d in streams), default=float("inf"))
             self._load[model] = (now, load, budget)
         self.proven.setdefault(model, ProvenLoad()).observe(seconds, load, budget, now)
@@ -427,7 +426,7 @@ class Scheduler(Generic[K]):
 
     def admit(self, demand: Demand[K]) -> bool:
         """Reserve ``demand`` if every model it uses can carry it beside the streams admitted (their declared load
-        x ``demand_scale``): within its measured capacity, or the load a continuous runner carried (``ProvenLoad``).
+        + ``demand_extra``): within its measured capacity, or the load a continuous runner carried (``ProvenLoad``).
         A model with no stream admitted on it takes one whatever its measure says: the measure learns only from
         work it serves, so refusing would keep a pessimistic one for ever (a continuous runner's curve taken while
         the cores were busy with other work; a batch runner's cost in a slow spell, such as a delay fault since
@@ -436,8 +435,9 @@ class Scheduler(Generic[K]):
         for model in {m for d in streams for m in d.rate}:
             if not any(model in d.rate for d in self.admitted.values()):
                 continue
-            load = self.demand_scale.get(model, 1.0) * sum(d.rate.get(model, 0.0) for d in streams)
-            tightest = min((d.slo for d in streams if model in d.rate), key=lambda s: SLO_CLASSES[s])
+            on = [d for d in streams if model in d.rate]
+            load = sum(d.rate[model] for d in on) + self.demand_extra.get(model, 0.0) * len(on)
+            tightest = min((d.slo for d in on), key=lambda s: SLO_CLASSES[s])
             proven = self.proven.get(model)
             floor = proven.floor if proven is not None else 0.0  # a load it carried within budget: never refused
             if load > max(floor, self.target_utilisation * self.capacity(model, tightest)):

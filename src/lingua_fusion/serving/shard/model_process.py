@@ -216,7 +216,7 @@ class ModelServer:
             raise
         try:
             if force:  # re-registered after this process restarted: it was admitted before
-                engine.scheduler.admitted[demand.stream_id] = demand
+                engine.readmit(demand)
             else:
                 engine.admit(demand)
         except BaseException:

@@ -304,8 +304,9 @@ class RemotePort(TypedPort):
         return self.vad.depth(key) if key.task == "vad" and self.vad is not None else self._depth.get(key, 0)
 
     def stuck(self) -> dict[str, int]:
-        """The model threads are in the model process: none is stuck here (its own log and metrics say)."""
-        return {}
+        """This worker's VAD calls past their timeout; the other model threads are in the model process (its own
+        log and metrics say)."""
+        return self.vad.stuck() if self.vad is not None else {}
 
     # ---- admission (decided in the model process, across every worker) -------------------------------------
     def demand(self, stream_id: str, slo: str, source: str, targets: list[str], partials: bool, step_s: float,
@@ -336,9 +337,11 @@ class RemotePort(TypedPort):
             self.link.tell({"op": "release", "mode": self.mode, "stream_id": stream_id})
 
     async def close(self) -> None:
-        if self.vad is not None:
-            await self.vad.close()
-        await self.link.close()
+        try:
+            if self.vad is not None:
+                await self.vad.close()
+        finally:
+            await self.link.close()
 
 
 def _ctx_wire(ctx: CallContext) -> codec.Message:
