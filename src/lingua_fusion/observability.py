@@ -58,6 +58,9 @@ class Metrics:
                                            "Stream opens refused (4429) while the server drains or its model process "
                                            "restarts or does not answer", registry=self.registry)
         self.active_streams = gauge("linguafusion_active_streams", "Live streams", registry=self.registry)
+        self.demand_scale = gauge("linguafusion_demand_scale", "Committed items a stream asks of a model over its "
+                                  "declared rate, as admission counts it (serving/rates.py; 1 until measured)",
+                                  ["model"], registry=self.registry)
         self.caption_latency = Histogram("linguafusion_caption_latency_seconds",
                                          "Audio end received -> committed caption sent", ["slo"], buckets=BUCKETS,
                                          registry=self.registry)

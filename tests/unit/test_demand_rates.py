@@ -16,6 +16,7 @@ import pytest
 from fakes import SerialRunner
 
 from lingua_fusion.config import Settings
+from lingua_fusion.observability import Metrics
 from lingua_fusion.serving.cost_model import CostModel
 from lingua_fusion.serving.executor import Executor
 from lingua_fusion.serving.keys import ModelKey
@@ -142,8 +143,8 @@ def test_a_loud_spell_does_not_outlive_its_streams() -> None:
 
 
 @contextlib.asynccontextmanager
-async def executor_at(clock: list[float]) -> AsyncIterator[Executor]:
-    executor = Executor(None, Settings(), clock=lambda: clock[0],  # type: ignore[arg-type]
+async def executor_at(clock: list[float], metrics: Metrics | None = None) -> AsyncIterator[Executor]:
+    executor = Executor(None, Settings(), metrics, clock=lambda: clock[0],  # type: ignore[arg-type]
                         backends={"asr": lambda _key: SerialRunner(per_item=0.001)})
     try:
         yield executor
@@ -154,7 +155,8 @@ async def executor_at(clock: list[float]) -> AsyncIterator[Executor]:
 async def test_the_executor_measures_what_admitted_streams_commit_and_admission_counts_it() -> None:
     clock = [100.0]
     clip = AsrInput(np.zeros(1600, np.float32))
-    async with executor_at(clock) as executor:
+    metrics = Metrics()
+    async with executor_at(clock, metrics) as executor:
         streams = [f"s{i}" for i in range(10)]
         executor.scheduler.proven[KEY] = ProvenLoad(floor=1_000.0)  # admitted whatever the runner's prior says
         for s in streams:
@@ -170,6 +172,8 @@ async def test_the_executor_measures_what_admitted_streams_commit_and_admission_
         executor.admit(Demand("late", "interactive", {KEY: COMMITTED_RATE}))  # an admission closes the window too
         # (the windows close where items and admissions fall, so a window's edge moves an item or two)
         assert executor.scheduler.demand_extra[KEY] == pytest.approx(1.0 - COMMITTED_RATE, rel=0.05)
+        shown = metrics.registry.get_sample_value("linguafusion_demand_scale", {"model": str(KEY)})
+        assert shown == pytest.approx(1.0 / COMMITTED_RATE, rel=0.05)  # on /metrics, for an operator
         executor.release("s0")  # its seconds to its end still count; after, it is no stream
         assert "s0" not in executor.meter._streams
 

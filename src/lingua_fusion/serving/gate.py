@@ -72,8 +72,12 @@ class Gate:
         self.measured(self.meter.submitted(key, stream_id, self.clock()))
 
     def measured(self, extra: dict[ModelKey, float] | None) -> None:
-        if extra is not None:  # a window of the streams' committed work ended (rates.py)
-            self.scheduler.demand_extra.update(extra)
+        if extra is None:
+            return
+        self.scheduler.demand_extra.update(extra)  # a window of the streams' committed work ended (rates.py)
+        if self.metrics is not None:
+            for model in extra:
+                self.metrics.demand_scale.labels(model=str(model)).set(round(self.meter.scale(model), 3))
 
     def released(self, stream_id: str) -> None:
         self.meter.released(stream_id, self.clock())

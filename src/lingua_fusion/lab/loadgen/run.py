@@ -155,7 +155,7 @@ def scrape(url: str, key: str | None = None) -> dict[str, float]:
     want = ("process_resident_memory_bytes", "process_cpu_seconds_total", "linguafusion_shed_total",
             "linguafusion_streams_rejected_total", "linguafusion_streams_admitted_total",
             "linguafusion_caption_latency_seconds_count", "linguafusion_batch_size_sum",
-            "linguafusion_batch_size_count", "linguafusion_queue_depth_max")
+            "linguafusion_batch_size_count", "linguafusion_queue_depth_max", "linguafusion_demand_scale")
     out = dict.fromkeys(want, 0.0)
     try:
         r = httpx.get(url.rstrip("/") + "/metrics", timeout=10,
@@ -169,7 +169,7 @@ def scrape(url: str, key: str | None = None) -> dict[str, float]:
         if line.startswith("#"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name == "linguafusion_queue_depth_max":  # a maximum over models, not a sum
+        if name in ("linguafusion_queue_depth_max", "linguafusion_demand_scale"):  # maxima over models, not sums
             out[name] = max(out[name], float(line.rsplit(" ", 1)[1]))
         elif name in out:
             out[name] += float(line.rsplit(" ", 1)[1])
@@ -259,7 +259,9 @@ def summarize_run(results: list[StreamResult], n: int, duration: float, wall: fl
                    - before["linguafusion_caption_latency_seconds_count"],
                    "mean_batch": round((after["linguafusion_batch_size_sum"] - before["linguafusion_batch_size_sum"])
                                        / batches, 2) if batches else None,
-                   "max_queue_depth": after.get("linguafusion_queue_depth_max")},
+                   "max_queue_depth": after.get("linguafusion_queue_depth_max"),
+                   # the largest of admission's measured demand over declared (serving/rates.py; 0: not measured)
+                   "demand_scale": after.get("linguafusion_demand_scale")},
         "client_captions": sum(len(r.finals) for r in results),
         "integrity": integrity(results),
         "streams_seen": [{"stream_id": r.stream_id, "seqs": sorted({int(f["seq"]) for f in r.finals if "seq" in f}),
