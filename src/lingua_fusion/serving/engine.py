@@ -26,7 +26,7 @@ Contract, beside ``ModelPort.run`` and ``depth`` (serving/ports.py):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..config import Settings
 from ..models.registry import Registry
@@ -34,9 +34,6 @@ from .faults import Fault
 from .keys import ModelKey
 from .ports import ModelPort, StageObserver
 from .scheduler import Demand
-
-if TYPE_CHECKING:
-    from ..observability import Metrics
 
 
 class Engine(ModelPort, Protocol):
@@ -58,11 +55,10 @@ class Engine(ModelPort, Protocol):
     async def close(self) -> None: ...
 
 
-def in_process(registry: Registry, settings: Settings, *, observer: StageObserver | None = None,
-               metrics: Metrics | None = None) -> Engine:
+def in_process(registry: Registry, settings: Settings, *, observer: StageObserver | None = None) -> Engine:
     """The face's in-process implementation (serving/executor.py ``Executor``), for a caller with no server: the
     SDK's local translator (``observer``: its streams' breaker supervisor) and the lab's file engine
     (files/engine.py ``OwnEngine``: none, file work reports nothing)."""
     from .executor import Executor
 
-    return Executor(registry, settings, metrics, observer=observer)
+    return Executor(registry, settings, observer=observer)
