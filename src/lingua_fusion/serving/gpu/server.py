@@ -49,6 +49,13 @@ def enabled(settings: Settings) -> bool:
     return settings.models.engine == ENGINE
 
 
+def engine_vad(settings: Settings) -> str | None:
+    """The VAD the engine's VAD lane runs (``models.gpu_vad``: "energy" or "silero"), or None where it runs none and
+    the registry's Silero on onnxruntime serves (the engine off, or on the CPU). A stream worker that runs its own
+    streams' VAD asks this too (serving/shard/worker_vad.py), so it runs the same one."""
+    return settings.models.gpu_vad if enabled(settings) and settings.models.device.startswith("cuda") else None
+
+
 def engine_backends(registry: Registry, settings: Settings, metrics: Metrics | None = None
                     ) -> dict[str, Callable[[ModelKey], Runner | ContinuousRunner]]:
     """The Executor's ``backends`` for ``models.engine`` ({} when the engine is off); with the engine on, the
@@ -81,8 +88,8 @@ def engine_backends(registry: Registry, settings: Settings, metrics: Metrics | N
         return runner
 
     backends: dict[str, Callable[[ModelKey], Runner | ContinuousRunner]] = {"asr": asr}
-    if device.startswith("cuda"):  # built at its first call, on the VAD lane's thread (``LazyRunner``)
-        backends["vad"] = lambda _k: LazyRunner(lambda: gpu_vad(settings.models.gpu_vad, device))
+    if (kind := engine_vad(settings)) is not None:  # built at its first call, on the VAD lane's thread (``LazyRunner``)
+        backends["vad"] = lambda _k: LazyRunner(lambda: gpu_vad(kind, device))
     return backends
 
 

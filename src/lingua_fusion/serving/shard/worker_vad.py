@@ -17,7 +17,7 @@ import numpy as np
 from ...config import Settings
 from ...models.registry import Registry
 from ..executor import Executor
-from ..gpu.server import enabled
+from ..gpu.server import engine_vad
 from ..keys import ModelKey
 from ..threads import Runner, payloads_of
 
@@ -41,8 +41,7 @@ def energy(windows: list[np.ndarray]) -> list[np.ndarray]:
 def worker_vad_backends(settings: Settings) -> dict[str, Callable[[ModelKey], Runner]]:
     """The worker's Executor ``backends``: the energy VAD where its model process would run it, else none (the
     registry's Silero, as the model process's)."""
-    engine_vad = enabled(settings) and settings.models.device.startswith("cuda")
-    if engine_vad and settings.models.gpu_vad == "energy":
+    if engine_vad(settings) == "energy":
         return {"vad": lambda _key: lambda batch: energy(payloads_of(batch, np.ndarray))}
     return {}
 
