@@ -41,11 +41,18 @@ def talk(meter: DemandMeter[str], streams: list[str], per_s: float, start: float
     return {**scales, **meter.tick(end)}
 
 
-def test_streams_louder_than_declared_are_counted_as_loud_as_they_are() -> None:
+def admitted_at_zero(n: int, models: tuple[str, ...] = ("asr",), prefix: str = "s"
+                     ) -> tuple[DemandMeter[str], list[str]]:
+    """A meter with ``n`` streams on ``models`` admitted at 0 (settled from SETTLE_S)."""
     meter: DemandMeter[str] = DemandMeter(now=0.0)
-    streams = [f"s{i}" for i in range(10)]
+    streams = [f"{prefix}{i}" for i in range(n)]
     for s in streams:
-        meter.admitted(s, ["asr", "mt"], 0.0)
+        meter.admitted(s, models, 0.0)
+    return meter, streams
+
+
+def test_streams_louder_than_declared_are_counted_as_loud_as_they_are() -> None:
+    meter, streams = admitted_at_zero(10, ("asr", "mt"))
     assert meter.scale("asr") == 1.0  # nothing measured yet: as declared
     talk(meter, streams, 0.6, start=0.0, end=SETTLE_S)  # their first seconds are not counted
     assert meter.scale("asr") == 1.0
@@ -56,15 +63,10 @@ def test_streams_louder_than_declared_are_counted_as_loud_as_they_are() -> None:
 
 
 def test_a_quiet_stream_keeps_its_reservation_and_a_runaway_one_is_capped() -> None:
-    meter: DemandMeter[str] = DemandMeter(now=0.0)
-    quiet = [f"q{i}" for i in range(10)]
-    for s in quiet:
-        meter.admitted(s, ["asr"], 0.0)
+    meter, quiet = admitted_at_zero(10, prefix="q")
     talk(meter, quiet, 0.1, start=SETTLE_S, end=SETTLE_S + 10 * WINDOW_S)
     assert meter.scale("asr") == 1.0  # it may start talking
-    loud: DemandMeter[str] = DemandMeter(now=0.0)
-    for s in quiet:
-        loud.admitted(s, ["asr"], 0.0)
+    loud, _ = admitted_at_zero(10, prefix="q")
     talk(loud, quiet, 5.0, start=SETTLE_S, end=SETTLE_S + 10 * WINDOW_S)
     assert loud.scale("asr") == MAX_SCALE
 
@@ -72,10 +74,7 @@ def test_a_quiet_stream_keeps_its_reservation_and_a_runaway_one_is_capped() -> N
 def test_a_ramp_of_new_streams_does_not_dilute_the_rate() -> None:
     # a new stream asks nothing for its first seconds: counted from its open, a ramp would halve the measure just
     # when admission needs it
-    meter: DemandMeter[str] = DemandMeter(now=0.0)
-    settled = [f"s{i}" for i in range(10)]
-    for s in settled:
-        meter.admitted(s, ["asr"], 0.0)
+    meter, settled = admitted_at_zero(10)
     talk(meter, settled, 0.6, start=SETTLE_S, end=SETTLE_S + 4 * WINDOW_S)
     before = meter.scale("asr")
     at = SETTLE_S + 4 * WINDOW_S
@@ -99,16 +98,20 @@ def test_a_stream_released_in_a_window_still_counts_its_seconds() -> None:
     assert meter.scale("asr") == pytest.approx((20 / 30) / COMMITTED_RATE)
 
 
+def taken(declared: float, extra: float) -> int:
+    """Streams declaring ``declared`` items/s of "asr" a scheduler admits, each charged ``extra`` more."""
+    scheduler: Scheduler[str] = Scheduler(max_batch=8)
+    scheduler.costs["asr"] = CostModel(0.05, 0.01)  # measured: a batch of 8 in 0.13 s, about 60 items/s
+    scheduler.demand_extra["asr"] = extra
+    n = 0
+    while scheduler.admit(Demand(f"s{n}", "standard", {"asr": declared})):
+        n += 1
+    return n
+
+
 def test_admission_adds_what_each_stream_was_measured_to_ask_beyond_its_declared_rate() -> None:
-    def admitted(extra: float) -> int:
-        scheduler: Scheduler[str] = Scheduler(max_batch=8)
-        scheduler.costs["asr"] = CostModel(0.05, 0.01)  # measured: a batch of 8 in 0.13 s, about 60 items/s
-        scheduler.demand_extra["asr"] = extra
-        n = 0
-        while scheduler.admit(Demand(f"s{n}", "standard", {"asr": COMMITTED_RATE})):
-            n += 1
-        return n
-    declared, measured = admitted(0.0), admitted(COMMITTED_RATE)  # each stream commits twice what it declared
+    # each stream commits twice what it declared
+    declared, measured = taken(COMMITTED_RATE, 0.0), taken(COMMITTED_RATE, COMMITTED_RATE)
     assert declared > 20
     assert measured == pytest.approx(declared / 2, abs=1)
 
@@ -116,22 +119,19 @@ def test_admission_adds_what_each_stream_was_measured_to_ask_beyond_its_declared
 def test_only_the_committed_part_is_scaled_not_the_partials() -> None:
     # partials follow speech time and the partial pace, and are shed first: a stream declaring 0.3 committed and
     # 0.5 tentative items a second that commits twice as often asks 0.3 more, not 0.8 more
-    meter: DemandMeter[str] = DemandMeter(now=0.0)
-    streams = [f"s{i}" for i in range(10)]
-    for s in streams:
-        meter.admitted(s, ["asr"], 0.0)
+    meter, streams = admitted_at_zero(10)
     talk(meter, streams, 2 * COMMITTED_RATE, start=SETTLE_S, end=SETTLE_S + 10 * WINDOW_S)
     assert meter.scale("asr") == pytest.approx(2.0, rel=0.1)
     assert meter.extra("asr") == pytest.approx(COMMITTED_RATE, rel=0.1)
+    with_partials = taken(COMMITTED_RATE + 0.5, meter.extra("asr"))
+    assert with_partials == taken(COMMITTED_RATE + 0.5 + meter.extra("asr"), 0.0)  # 1.1 a stream ...
+    assert with_partials > taken(2 * (COMMITTED_RATE + 0.5), 0.0)  # ... not the whole rate doubled, 1.6
 
 
 def test_a_loud_spell_does_not_outlive_its_streams() -> None:
     # without a sample (fewer than MIN_STREAM_S settled stream-seconds in a window) the measure goes back towards
     # the declared rate: a loud spell's 4x must not hold a small server to a quarter of its streams for ever
-    meter: DemandMeter[str] = DemandMeter(now=0.0)
-    loud = [f"s{i}" for i in range(10)]
-    for s in loud:
-        meter.admitted(s, ["asr"], 0.0)
+    meter, loud = admitted_at_zero(10)
     talk(meter, loud, 5.0, start=SETTLE_S, end=SETTLE_S + 4 * WINDOW_S)
     assert meter.scale("asr") == MAX_SCALE
     at = SETTLE_S + 4 * WINDOW_S
