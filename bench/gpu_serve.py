@@ -296,6 +296,25 @@ def group_cpu_s(pgid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
+def profile_row(args: argparse.Namespace, pgid: int, n: int) -> list[subprocess.Popen[bytes]]:
+    """``--profile-s``: py-spy samples one model process and one worker for that many seconds, from 5 s after the
+    row's ramp (its load at full), into ``STEM_prof_N_ROLE.txt`` beside the JSON (collapsed stacks by thread; busy
+    samples only, so a runner thread's share of them is where its time goes)."""
+    if not args.profile_s:
+        return []
+    firsts: dict[str, int] = {}
+    for pid, (role, _) in sorted(group_cpu_s(pgid).items()):
+        firsts.setdefault(role, pid)
+    jobs = []
+    for role in ("model", "worker") if "model" in firsts else ("front",):  # unsharded: the one process
+        if role in firsts:
+            out = args.json.parent / f"{args.json.stem}_prof_{n}_{role}.txt"
+            cmd = (f"sleep {args.ramp_s + 5}; exec {args.py_spy} record --pid {firsts[role]} -d {args.profile_s} "
+                   f"-r 100 --threads --nonblocking --format raw -o {out} > {out.with_suffix('.log')} 2>&1")
+            jobs.append(subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return jobs
+
+
 def cpu_between(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
     """CPU seconds by role between two ``group_cpu_s`` readings: a process started meanwhile counts from zero, one
     that exited meanwhile (a killed model process) is not counted for the row."""
@@ -444,9 +463,16 @@ def run(args: argparse.Namespace) -> int:
             row_restored = asyncio.run(restore_breakers(url, None))
             before, cpu0, gpu = metrics(url), group_cpu_s(proc.pid), GpuSampler(args.device)
             runners0, t_row = runner_load(url), time.monotonic()
+            profiles = profile_row(args, proc.pid, n)
             row = load_row(args, url, n, args.duration, procs, state,
                            min(args.duration + args.ramp_s + 240, budget.left() - args.stop_timeout_s))
             after = metrics(url)
+            for job in profiles:  # done by now unless the row was shorter than the ramp and the profile
+                try:
+                    job.wait(timeout=args.profile_s + 10)
+                except subprocess.TimeoutExpired:
+                    job.kill()
+                    job.wait(timeout=10)
             row["server_metrics"] = {"before": before, "after": after}
             row["breaker_restored"] = row_restored
             row["runners"] = runner_rows(runners0, runner_load(url), time.monotonic() - t_row, args.model_processes)
@@ -532,6 +558,9 @@ def main() -> int:
     ap.add_argument("--to", default="en", help="the streams' target language (es with --mt-dir)")
     ap.add_argument("--tm", action="store_true", help="keep the translation memory on (off by default: the clips "
                     "repeat their sentences, so MT would be served from it; runs before 2026-12-07 had it on)")
+    ap.add_argument("--profile-s", type=int, default=0, help="py-spy a model process and a worker this long "
+                    "in each row (STEM_prof_N_ROLE.txt beside --json)")
+    ap.add_argument("--py-spy", default="tools/py-spy", help="the py-spy binary --profile-s runs")
     args = ap.parse_args()
     if str(ROOT / "src") not in sys.path:
         sys.path.insert(1, str(ROOT / "src"))
