@@ -59,6 +59,10 @@ class ServerSettings(BaseModel):
     # partials' round trip (a mean of the last few; doubled at each one shed), at least its class's step and at
     # most its max utterance length; 0: every step
     partial_pace: float = Field(default=2.5, ge=0)
+    # the pace grows with the round trip up to partial_pace_full, reached at partial_pace_full_rtt of the stream's
+    # SLO target (a round trip of 0.4 s at interactive's 1 s); at or under partial_pace: a constant pace
+    partial_pace_full: float = Field(default=0.0, ge=0)
+    partial_pace_full_rtt: float = Field(default=0.4, gt=0)
     breaker_window_s: float = 5.0  # the SLO breaker's latency windows (docs/reliability.md)
     breaker_k: int = 3  # windows in a row over target that move a class one step down the ladder
     chaos: bool = False  # fault injection at /v1/admin/faults (admin key); never on by default

@@ -351,3 +351,33 @@ def test_a_partial_the_engine_refused_at_once_doubles_the_hop() -> None:
     off = PartialPacer(step_s=0.5, max_hop_s=6.0, ratio=0.0)  # LINGUAFUSION_SERVER__PARTIAL_PACE=0
     off.shed(0.001)
     assert off.hop_s == 0.5
+
+
+def test_partials_thin_faster_than_the_round_trip_grows_once_it_nears_the_target() -> None:
+    """server.partial_pace_full: 2.5x the round trip while it is short, 10x once it is 0.4 s (interactive's target
+    is 1 s): a busy engine spends its time on committed captions; an idle one's partials keep the class step."""
+    pacer = PartialPacer(step_s=0.5, max_hop_s=6.0, ratio=2.5, full_ratio=10.0, full_rtt_s=0.4)
+    plain = PartialPacer(step_s=0.5, max_hop_s=6.0, ratio=2.5)
+    hops = []
+    for rtt in (0.05, 0.2, 0.4, 0.8):
+        pacer.rtt_s = plain.rtt_s = rtt
+        hops.append((pacer.hop_s, plain.hop_s))
+    assert hops[0] == (0.5, 0.5)  # fast: every step either way
+    assert hops[1] == (pytest.approx(1.25), 0.5)  # halfway to full: 6.25 x 0.2 s
+    assert hops[2] == (pytest.approx(4.0), pytest.approx(1.0))  # at full: 10 x 0.4 s against 2.5 x
+    assert hops[3] == (6.0, pytest.approx(2.0))  # capped at the class's longest utterance
+
+
+def test_a_session_paces_its_partials_from_the_settings_and_its_slo_class() -> None:
+    from fakes import session
+
+    from lingua_fusion.config import Settings
+    from lingua_fusion.stream.protocol import StreamSpec
+
+    settings = Settings()
+    settings.server.partial_pace_full = 10.0
+    fast = session(settings=settings, spec=StreamSpec(source_lang="en", targets=["es"], slo="interactive"))
+    loose = session(settings=settings, spec=StreamSpec(source_lang="en", targets=["es"], slo="standard"))
+    assert (fast.decisions.pacer.full_ratio, fast.decisions.pacer.full_rtt_s) == (10.0, pytest.approx(0.4))
+    assert loose.decisions.pacer.full_rtt_s == pytest.approx(1.2)  # 0.4 of its 3 s target
+    assert session().decisions.pacer.full_ratio == 0.0  # the default: a constant pace

@@ -309,7 +309,7 @@ class Decisions:
     def __init__(self, spec: StreamSpec, timeline: AudioTimeline, policy: CommitPolicy, jobs: StreamJobs,
                  arrivals: Arrivals, queue: Callable[[Coroutine[object, object, Final | None]], None],
                  degraded: Degraded, live: Alive, emit: Emit, spawn: Spawn,
-                 clock: Callable[[], float] = time.monotonic, pace: float = 2.5) -> None:
+                 clock: Callable[[], float] = time.monotonic, pacer: PartialPacer | None = None) -> None:
         self.spec = spec
         self.timeline = timeline
         self.policy = policy
@@ -322,7 +322,7 @@ class Decisions:
         self._spawn = spawn
         self._partial: asyncio.Task[None] | None = None
         self._clock = clock
-        self.pacer = PartialPacer(policy.cfg.step_s, policy.cfg.max_utterance_s, pace)  # partials spaced by load
+        self.pacer = pacer or PartialPacer(policy.cfg.step_s, policy.cfg.max_utterance_s)  # partials spaced by load
         self._utterance = 0
         self._last_partial = ""
         self._revision = 0

@@ -178,10 +178,17 @@ class PartialPacer:
     ratio: float = 2.5
     rtt_s: float = 0.0  # the round trip: a mean that halves its past at each partial (doubled at each one shed)
     last_start: float = -math.inf
+    # the ratio grows with the round trip, from ``ratio`` to ``full_ratio`` once it is ``full_rtt_s`` (0: never):
+    # a slow round trip is the engine's queue, and partials are the first work to give up to committed captions
+    full_ratio: float = 0.0
+    full_rtt_s: float = 0.0
 
     @property
     def hop_s(self) -> float:
-        return min(self.max_hop_s, max(self.step_s, self.ratio * self.rtt_s))
+        ratio = self.ratio
+        if self.full_ratio > ratio > 0 and self.full_rtt_s > 0:
+            ratio += (self.full_ratio - ratio) * min(1.0, self.rtt_s / self.full_rtt_s)
+        return min(self.max_hop_s, max(self.step_s, ratio * self.rtt_s))
 
     def due(self, now: float) -> bool:
         # the policy offers partials every step_s of stream time: half a step of slack, so a hop of k steps is

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..config import Settings
 from ..errors import BackendError, InvalidParameter, LinguaFusionError, SlowConsumer, TakenOver, TooLarge
-from ..serving.ports import ModelPort
+from ..serving.ports import SLO_CLASSES, ModelPort
 from ..tracing import TraceRef
 from ..types import SR
 from .budget import AudioBudget, PixelBudget, pixel_budget
@@ -42,7 +42,7 @@ from .images import LOW_FRAME_INTERVAL_S, MAX_IMAGES_IN_FLIGHT, Images
 from .ingest import Arrivals, AudioIngest, AudioTimeline, Decisions
 from .jobs import StreamJobs
 from .journal import Journal, StreamLog
-from .policy import CommitPolicy
+from .policy import CommitPolicy, PartialPacer
 from .protocol import AUTO, StreamSpec, check_ts
 from .resume import ResumePoint
 from .speakers import StreamSpeakers
@@ -56,6 +56,12 @@ log = logging.getLogger("lingua_fusion.streams")
 
 __all__ = ["LOW_FRAME_INTERVAL_S", "MAX_IMAGES_IN_FLIGHT", "Outbox", "Slots", "State", "StreamOwner", "StreamSession"]
 
+
+def partial_pacer(settings: Settings, spec: StreamSpec, policy: CommitPolicy) -> PartialPacer:
+    """A stream's partials spaced by load (``server.partial_pace``; wider as the round trip nears its SLO target)."""
+    s = settings.server
+    return PartialPacer(policy.cfg.step_s, policy.cfg.max_utterance_s, s.partial_pace, full_ratio=s.partial_pace_full,
+                        full_rtt_s=s.partial_pace_full_rtt * SLO_CLASSES.get(spec.slo, 3.0))
 
 class Outbox:
     def __init__(self, max_events: int, full: Callable[[], None]) -> None:
@@ -159,7 +165,7 @@ class StreamSession:
         arrivals = Arrivals()
         self.decisions = Decisions(spec, self.timeline, self.policy, self.jobs, arrivals, self._queue,
                                    self._degraded, lambda: self.state == State.LIVE, self._emit, self._spawn,
-                                   clock, settings.server.partial_pace)
+                                   clock, partial_pacer(settings, spec, self.policy))
         self.budget = AudioBudget(settings.limits.max_audio_speed, settings.limits.max_audio_burst_s, time.monotonic)
         self.ingest = AudioIngest(spec, self.timeline, self.policy, self.jobs, arrivals, self.decisions.apply,
                                   lambda: self.state == State.CLOSED, self._emit, self._spawn, self.budget, trace)
