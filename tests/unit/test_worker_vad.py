@@ -49,3 +49,26 @@ def test_a_worker_runs_the_vad_its_model_process_would(engine: str, device: str,
         run = backends["vad"](ModelKey.vad())
         out = run([np.zeros(1024, np.float32)])  # type: ignore[arg-type]
         assert len(out) == 1 and len(out[0]) == 2 and out[0].max() < 0.01
+
+
+def test_a_model_process_warms_the_vad_only_where_it_runs_the_streams_vad() -> None:
+    """With models.vad_in_workers each worker loads its own; the model process's copy would be memory never used."""
+    from lingua_fusion.serving.shard.model_process import _warm
+
+    class Loads:
+        def __init__(self) -> None:
+            self.loaded: list[str] = []
+
+        def asr(self, lang: str) -> None:
+            self.loaded.append(f"asr:{lang}")
+
+        def vad(self) -> None:
+            self.loaded.append("vad")
+
+        def warm_apertium(self, src: str, tgt: str) -> None:
+            self.loaded.append(f"mt:{src}-{tgt}")
+
+    for vad, want in ((False, ["asr:en", "mt:en-es"]), (True, ["asr:en", "vad", "mt:en-es"])):
+        registry = Loads()
+        _warm(registry, vad)  # type: ignore[arg-type]  # the three loads _warm asks of a Registry
+        assert registry.loaded == want

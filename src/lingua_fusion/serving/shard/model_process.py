@@ -268,7 +268,8 @@ async def serve(path: str, settings: Settings, metrics: Metrics | None = None, *
     loop.add_signal_handler(signal.SIGTERM, stop.set)  # from the supervisor, once the workers have drained
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the workers drain first
     log.info("model process %d serving on %s", os.getpid(), path)
-    warming = asyncio.create_task(asyncio.to_thread(_warm, server.registry), name="warm")
+    warming = asyncio.create_task(asyncio.to_thread(_warm, server.registry, not settings.models.vad_in_workers),
+                                  name="warm")
     server.engine_state = warm_engine(server.engine("batched"), settings) or dict  # built on threads of their own
     if ready is not None:
         ready.set()
@@ -289,11 +290,13 @@ async def serve(path: str, settings: Settings, metrics: Metrics | None = None, *
             await asyncio.wait_for(warming, timeout=60)
 
 
-def _warm(registry: Registry) -> None:
-    """The default stream models loaded before the first stream asks (what the server's own warm-up loads)."""
+def _warm(registry: Registry, vad: bool) -> None:
+    """The default stream models loaded before the first stream asks (what the server's own warm-up loads); the
+    VAD only where the streams' VAD runs here (not ``models.vad_in_workers``: each worker warms its own)."""
     try:
         registry.asr("en")
-        registry.vad()
+        if vad:
+            registry.vad()
         registry.warm_apertium("en", "es")
     except LinguaFusionError as exc:
         log.error("model warm-up failed: %s", exc.message)
