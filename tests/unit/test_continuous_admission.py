@@ -362,6 +362,25 @@ def test_a_load_carried_within_budget_is_never_refused_below() -> None:
     assert sum(admitted) == 8
 
 
+def test_a_floor_learnt_under_a_larger_charge_per_stream_admits_no_more_streams_than_were_carried() -> None:
+    # 8 streams carried while each was charged 0.5 items/s beyond its declared 0.55 (serving/rates.py); then the
+    # meter's charge falls to nothing: the floor is those 8 streams, not 8.4 items/s worth of 0.55-streams (15)
+    s = Scheduler()
+    rate = {MODEL: 0.55}
+    s.admitted = {f"s{n}": Demand(f"s{n}", "standard", dict(rate)) for n in range(8)}
+    s.demand_extra[MODEL] = 0.5
+    for i in range(130):
+        s.observe_service(MODEL, 5, 1.1, now=i * 0.05)
+    assert s.proven[MODEL].at(0.5) == pytest.approx(8 * 1.05)
+    for n in range(1, 13):
+        s.observe_service(MODEL, n, 3.0, now=6.6)  # the curve alone would take one stream
+    s.demand_extra[MODEL] = 0.0
+    for n in range(8):
+        s.release(f"s{n}")
+    admitted = [s.admit(Demand(f"b{n}", "standard", dict(rate))) for n in range(16)]
+    assert sum(admitted) == 8
+
+
 def test_a_load_served_late_is_no_floor() -> None:
     s = Scheduler()
     s.admitted = {f"s{n}": Demand(f"s{n}", "standard", {MODEL: 0.55}) for n in range(8)}

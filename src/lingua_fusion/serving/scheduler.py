@@ -199,7 +199,7 @@ class Scheduler(Generic[K]):
         self.proven: dict[K, ProvenLoad] = {}  # a continuous runner's load carried within its budget: a floor
         self.pace: dict[K, BusyPace] = {}  # a continuous runner's items per busy second of its thread
         self.demand_extra: dict[K, float] = {}  # items/s a stream was measured to ask beyond its rate (rates.py)
-        self._load: dict[K, tuple[float, float, float]] = {}  # model -> (when, admitted items/s, stage budget)
+        self._load: dict[K, tuple[float, float, int, float]] = {}  # model -> (when, declared items/s, streams, budget)
         self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
         self.admitted: dict[str, Demand[K]] = {}
         self.refused_by: K | None = None  # the model whose capacity refused the last stream ``admit`` refused
@@ -366,13 +366,14 @@ class Scheduler(Generic[K]):
         svc.shape = shape  # a runner rebuilt without its graphs times none
         if busy is not None:
             self.pace.setdefault(model, BusyPace()).observe(*busy, now)
-        at, load, budget = self._load.get(model, (-1.0, 0.0, float("inf")))
+        at, load, n, budget = self._load.get(model, (-1.0, 0.0, 0, float("inf")))
         if now - at >= LOAD_EVERY_S:  # the admitted streams summed twice a second, not per item
             streams = [d for d in self.admitted.values() if model in d.rate]
-            load = sum(d.rate[model] for d in streams) + self.demand_extra.get(model, 0.0) * len(streams)
+            load, n = sum(d.rate[model] for d in streams), len(streams)
             budget = min((stage_budget(d.slo, family(model)) for d in streams), default=float("inf"))
-            self._load[model] = (now, load, budget)
-        self.proven.setdefault(model, ProvenLoad()).observe(seconds, load, budget, now)
+            self._load[model] = (now, load, n, budget)
+        self.proven.setdefault(model, ProvenLoad()).observe(seconds, load, budget, now, n,
+                                                            self.demand_extra.get(model, 0.0))
 
     # ---- admission ------------------------------------------------------------------------------------------
     def capacity(self, model: K, slo: str) -> float:
@@ -428,18 +429,17 @@ class Scheduler(Generic[K]):
         """Reserve ``demand`` if every model it uses can carry it beside the streams admitted (their declared load
         + ``demand_extra``): within its measured capacity, or the load a continuous runner carried (``ProvenLoad``).
         A model with no stream admitted on it takes one whatever its measure says: the measure learns only from
-        work it serves, so refusing would keep a pessimistic one for ever (a continuous runner's curve taken while
-        the cores were busy with other work; a batch runner's cost in a slow spell, such as a delay fault since
-        cleared). If the model is that slow, that one stream's captions show it and the SLO breaker acts."""
+        work it serves, so refusing would keep a pessimistic one for ever (a curve taken while the cores were busy
+        elsewhere, a cost from a slow spell). If it is that slow, that stream's captions show it; the breaker acts."""
         streams = [*self.admitted.values(), demand]
         for model in {m for d in streams for m in d.rate}:
             if not any(model in d.rate for d in self.admitted.values()):
                 continue
-            on = [d for d in streams if model in d.rate]
-            load = sum(d.rate[model] for d in on) + self.demand_extra.get(model, 0.0) * len(on)
+            on, extra = [d for d in streams if model in d.rate], self.demand_extra.get(model, 0.0)
+            load = sum(d.rate[model] for d in on) + extra * len(on)
             tightest = min((d.slo for d in on), key=lambda s: SLO_CLASSES[s])
-            proven = self.proven.get(model)
-            floor = proven.floor if proven is not None else 0.0  # a load it carried within budget: never refused
+            proven = self.proven.get(model)  # the load it carried within budget, at today's charge: never refused
+            floor = proven.at(extra) if proven is not None else 0.0
             if load > max(floor, self.target_utilisation * self.capacity(model, tightest)):
                 self.refused_by = model
                 return False

@@ -254,26 +254,39 @@ HEALTHY = 0.8  # of the stage budget: an item's mean latency within it is health
 
 @dataclass
 class ProvenLoad:
-    floor: float = 0.0  # items/s admission never refuses below
+    """The floor is kept as what was carried, the streams' declared items/s and how many streams, not as a load in
+    the units of that moment: admission charges each stream an ``extra`` beyond its declared rate (serving/rates.py)
+    that moves, and a floor learnt while each stream was charged more would, read under a smaller charge, let in
+    more streams than were ever carried (``at``)."""
+
+    floor: float = 0.0  # the declared items/s carried, healthy, for PROVEN_S
+    streams: int = 0  # how many streams carried it
     _weight: float = 0.0  # the items' latency, a mean whose samples' weight halves every HALF_LIFE_S of use
     _latency_sum: float = 0.0
     _at: float = 0.0
-    _loads: list[tuple[float, float]] = field(default_factory=list)  # (when, admitted load), oldest first
+    _loads: list[tuple[float, float, int]] = field(default_factory=list)  # (when, declared, streams), oldest first
 
-    def observe(self, seconds: float, load: float, budget: float, now: float) -> None:
-        """An item took ``seconds`` while ``load`` was admitted on the runner, ``budget`` the tightest stage budget
-        admitted on it."""
+    def at(self, extra: float) -> float:
+        """The floor's load with each stream charged ``extra`` beyond its declared rate, as admission sums it."""
+        return self.floor + extra * self.streams
+
+    def observe(self, seconds: float, load: float, budget: float, now: float, streams: int = 0,
+                extra: float = 0.0) -> None:
+        """An item took ``seconds`` while ``streams`` streams declaring ``load`` items/s in all were admitted on the
+        runner, each charged ``extra`` more, ``budget`` the tightest stage budget admitted on it."""
         decay = _decay(self._at, now)
         self._weight = self._weight * decay + 1.0
         self._latency_sum = self._latency_sum * decay + seconds
         self._at = max(self._at, now)
-        if not self._loads or self._loads[-1][1] != load:
-            self._loads.append((now, load))
+        if not self._loads or self._loads[-1][1:] != (load, streams):
+            self._loads.append((now, load, streams))
         while len(self._loads) > 1 and self._loads[1][0] <= now - PROVEN_S:
             del self._loads[0]  # the first entry is the load in force PROVEN_S ago
         mean = self._latency_sum / self._weight
         if mean > budget:
-            self.floor = 0.0
-            self._loads = [(now, load)]
+            self.floor, self.streams = 0.0, 0
+            self._loads = [(now, load, streams)]
         elif mean <= HEALTHY * budget and self._loads[0][0] <= now - PROVEN_S:
-            self.floor = max(self.floor, min(x for _, x in self._loads))  # carried the whole time
+            _, least, n = min(self._loads, key=lambda e: e[1] + extra * e[2])  # carried the whole time
+            if least + extra * n > self.at(extra):
+                self.floor, self.streams = least, n
