@@ -147,6 +147,9 @@ class ModelSettings(BaseModel):
     # while a CUDA runner has sequences decoding, new items wait up to this many milliseconds for 8 to share one
     # encoder batch (its host cost is per batch more than per item); 0: each turn of the runner starts what has come
     engine_gather_ms: float = Field(default=0.0, ge=0.0, le=100.0)
+    # a CUDA runner's turn that starts new items launches its decode step first and does the items' encoder batch
+    # (its host work) while the step runs, then takes the step's tokens: the thread's wait for the GPU overlaps work
+    step_overlap: bool = False
     # Python's switch interval in each model process (``serve --model-processes``), in ms (None: Python's 5 ms): how
     # long a GPU runner thread back from waiting for its step may wait for the lock while another thread (the other
     # runner, the VAD, the event loop) holds it. For a benchmark's A/B; unmeasured in the product server

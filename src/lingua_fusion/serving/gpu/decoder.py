@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ...errors import CapacityExhausted
-from ...models.host_copy import queued_copy
+from ...models.host_copy import Readback, queued_copy
 from .blocks import BlockPool
 from .decoder_model import Decoded, DecoderModel
 from .device_call import wait
@@ -91,6 +91,18 @@ class EngineStats:
     self_blocks_cached: int = 0  # free blocks still holding a reusable prefix
 
 
+@dataclass
+class Launched:
+    """A step between ``DecodeEngine.launch`` and ``finish``: its rows, those parked beside it, its outputs (host
+    tensors once ``done`` has passed; None off CUDA, where they are ready)."""
+
+    batch: list[_Seq]
+    waiting: list[_Seq]
+    best: torch.Tensor
+    best_lp: torch.Tensor
+    done: torch.cuda.Event | None
+
+
 class DecodeEngine:
     def __init__(self, model: DecoderModel, *, blocks: int, block_size: int = 16, cross_blocks: int,
                  cross_block_size: int = 64, max_batch: int = 256, dtype: torch.dtype = torch.float32,
@@ -119,6 +131,7 @@ class DecodeEngine:
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
         self.graphs: StepGraphs | None = None  # once use_graphs() was called
+        self._readback = Readback()  # a step's outputs to the host (CUDA only)
         self.steps = self.tokens = self.preemptions = 0
         self.prefix_tokens = self.prefix_hits = self.prefix_waits = 0
 
@@ -297,15 +310,22 @@ class DecodeEngine:
     @torch.inference_mode()
     def step(self) -> int:
         """Feed one token to every running sequence; finish those that stop. Returns how many were running."""
+        launched = self.launch()
+        return self.finish(launched) if launched is not None else 0
+
+    def launch(self) -> Launched | None:
+        """A step's first half: its rows' next tokens queued on the device, their copy to the host after them
+        (None: nothing to run). Until ``finish`` the host is free for other work on the runner's thread (an encoder
+        batch queued behind the step); nothing may change ``running`` meanwhile but ``finish`` (or ``fail_all``)."""
         self._admit()
         if not self.running:
-            return 0
+            return None
         parked = self._share_prefixes() if self.prefix_cache else set()
         slots = self._slots(parked)
         batch = [s for s in self.running if s.id not in parked] if parked else self.running
         waiting = [s for s in self.running if s.id in parked] if parked else []
         if not batch:
-            return 0
+            return None
         n = len(batch)
         rows = np.fromiter((s.row for s in batch), dtype=np.int64, count=n)
         crows = np.fromiter((s.cross_row for s in batch), dtype=np.int64, count=n)
@@ -323,10 +343,23 @@ class DecodeEngine:
             else:
                 best, best_lp = self.forward(inputs.to_device(self.device, self.pool.block_size,
                                                               self.cross_pool.block_size))
-        finally:  # also when the step raised: the next step's inputs go into the same pinned buffer, which must
-            if self.device.type == "cuda":  # not be rewritten while this step's copy from it may still be queued
-                wait()  # without holding Python's lock (a bare .tolist() holds it while the step runs)
-        best_l, best_lp_l = best.tolist()[:n], best_lp.tolist()[:n]
+            done = None
+            if self.device.type == "cuda":  # read back through pinned buffers, copied as the step ends: work queued
+                best, best_lp = self._readback.copy(best, best_lp)  # after it (an encoder batch) is not waited for
+                done = torch.cuda.Event(blocking=True)  # cudaEventBlockingSync: its synchronize sleeps
+                done.record()
+        except BaseException:  # the next step's inputs go into the same pinned buffer, which must not be rewritten
+            if self.device.type == "cuda":  # while this step's copy from it may still be queued
+                wait()
+            raise
+        return Launched(batch, waiting, best, best_lp, done)
+
+    def finish(self, launched: Launched) -> int:
+        """A launched step's second half: wait for its tokens (without Python's lock), then append or end."""
+        if launched.done is not None:
+            launched.done.synchronize()  # Python's lock is released for the wait (torch's binding)
+        batch, n = launched.batch, len(launched.batch)
+        best_l, best_lp_l = launched.best.tolist()[:n], launched.best_lp.tolist()[:n]
         self.steps += 1
         self.tokens += len(batch)
         keep: list[_Seq] = []
@@ -345,7 +378,7 @@ class DecodeEngine:
                     self._end(seq)
                     continue
             keep.append(seq)
-        self.running = keep + waiting
+        self.running = keep + launched.waiting
         return len(batch)
 
     def forward(self, x: DeviceInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ read again by a commit after its partials) while the cross-attention pool has ro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -19,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict, TypeVar, cast
 
 import torch
 
@@ -30,6 +31,8 @@ from .graphs import buckets_up_to, own_stream
 from .memo import EncoderMemo
 from .memory import MemoryReport, PoolMemory, RunnerLoad, budget_bytes, pool_blocks
 from .paged import PagedKV
+
+T = TypeVar("T")
 
 log = logging.getLogger("lingua_fusion.gpu")
 PREPARE_TIMEOUT_S = 900.0  # a runner's graph captures (hundreds on CUDA) must be done by then
@@ -72,13 +75,15 @@ class GpuRunner:
                  encode_batch: int = 128, memo: int = 2048, dtype: torch.dtype = torch.float16,
                  device: str | torch.device = "cuda", name: str = "gpu", kernel: str = "auto",
                  graphs: bool = False, prefix_cache: bool = True, prepare: Sequence[Callable[[], None]] = (),
-                 gather_s: float = 0.0, gather_items: int = 8) -> None:
+                 gather_s: float = 0.0, gather_items: int = 8, overlap: bool = False) -> None:
         """``prepare``: calls made on the runner's own thread before it takes any work (and before this returns),
         such as capturing the recipe's encoder graphs (``EncoderGraphs.capture_ahead``); ``graphs``: the decode
         step's CUDA graphs, captured there too. A graph is captured on the thread that replays it: with that
         thread's cuBLAS handle, never one another runner's graphs replay with at the same time. ``gather_s``: while
         sequences are decoding, new items wait up to this long for ``gather_items`` to start together (an encoder
-        batch costs the thread about as much for one item as for several; 0: each turn starts what has come)."""
+        batch costs the thread about as much for one item as for several; 0: each turn starts what has come).
+        ``overlap`` (CUDA): a turn that starts new items launches its step first and starts them while the step
+        runs, then takes the step's tokens; off, it starts them, then steps and waits."""
         self.recipe = recipe
         self.engine = DecodeEngine(recipe.decoder, blocks=blocks, block_size=block_size, cross_blocks=cross_blocks,
                                    cross_block_size=cross_block_size, max_batch=max_batch, dtype=dtype,
@@ -92,6 +97,7 @@ class GpuRunner:
         self._inbox: deque[tuple[Any, bool, Future[Any]]] = deque()
         self._arrived: deque[float] = deque()  # when each inbox item came (perf_counter), for ``gather_s``
         self.gather_s, self.gather_items = gather_s, gather_items
+        self.overlap = overlap and self.engine.device.type == "cuda"
         # items whose encoder output found the cross-attention pool full while sequences were running: started
         # again (first, in order) once one of those has finished and freed its entry (``_freed``); on the runner's
         # thread only. They stay pending, so ``room`` holds the executor's work back meanwhile
@@ -250,13 +256,21 @@ class GpuRunner:
                     break
                 # one encoder batch at most, then a step: running decodes never wait behind a long queue of starts
                 new = self._next_starts()
+            launched = None
             try:
+                if new and self.overlap and not self.engine.idle():
+                    launched = self._timed_step(self.engine.launch)  # (None: every sequence parked)
                 if new:
                     self._timed_start(new)
-                if not self.engine.idle():
-                    self._timed_step()
+                if launched is not None:
+                    self._timed_step(functools.partial(self.engine.finish, launched), count=True)
+                elif not self.engine.idle():
+                    self._timed_step(self.engine.step, count=True)
             except Exception as exc:  # a CUDA error, out of memory: fail what is in flight, keep serving
                 log.exception("GPU runner step failed")
+                if launched is not None and launched.done is not None:  # its copies done before the next step's
+                    with contextlib.suppress(Exception):
+                        launched.done.synchronize()
                 self._fail_all(new, BackendError(f"the GPU engine failed: {type(exc).__name__}: {exc}"))
                 self._parked = deque(p for p in self._parked if not p[2].done())  # those failed just now
             self._publish(PUBLISH_S)
@@ -296,15 +310,18 @@ class GpuRunner:
         self.load.starts += 1
         self.load.started_items += len(new)
 
-    def _timed_step(self) -> None:
+    def _timed_step(self, part: Callable[[], T], count: bool = False) -> T:
+        """A step, or either half of one (``count``: the half that ends it, returning its rows)."""
         t = time.perf_counter()
         try:
             with torch.profiler.record_function(self._labels[1]):
-                rows = self.engine.step()
+                out = part()
         finally:
             self.load.step_s += time.perf_counter() - t
-        self.load.steps += 1
-        self.load.step_rows += rows
+        if count:
+            self.load.steps += 1
+            self.load.step_rows += cast(int, out)
+        return out
 
     def _done(self, fut: Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
         with self._cv:

@@ -168,7 +168,8 @@ def mt_runner(model: Any, decoder: DecoderModel, plan: GreedyPlan, settings: Set
                                share=settings.models.gpu_memory_share * MT_POOL_SHARE, name=name,
                                graphs=settings.models.step_graphs, max_batch=settings.models.engine_max_batch,
                                encode_batch=min(128, settings.models.engine_max_batch),
-                               gather_s=settings.models.engine_gather_ms / 1000)
+                               gather_s=settings.models.engine_gather_ms / 1000,
+                               overlap=settings.models.step_overlap)
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, memo=64, **CPU_POOLS,
                      max_batch=min(CPU_MAX_BATCH, settings.models.engine_max_batch),
                      encode_batch=min(16, settings.models.engine_max_batch))

@@ -123,6 +123,7 @@ def asr_runner(asr: Any, language: str, settings: Settings, name: str) -> GpuRun
                                share=settings.models.gpu_memory_share * ASR_POOL_SHARE, name=name,
                                encode_batch=encode_batch, max_batch=settings.models.engine_max_batch,
                                prepare=[capture], graphs=settings.models.step_graphs,
-                               gather_s=settings.models.engine_gather_ms / 1000)
+                               gather_s=settings.models.engine_gather_ms / 1000,
+                               overlap=settings.models.step_overlap)
     return GpuRunner(recipe, dtype=dtype, device=device, name=name, encode_batch=min(8, encode_batch),
                      max_batch=min(CPU_MAX_BATCH, settings.models.engine_max_batch), memo=64, **CPU_POOLS)
