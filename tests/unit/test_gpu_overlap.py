@@ -117,3 +117,23 @@ def test_a_launched_step_then_finished_is_a_step() -> None:
                 engine.step()
         outs.append(fut.result(timeout=10).tokens)
     assert outs[0] == outs[1] and len(outs[0]) > 0
+
+
+def test_a_launch_alone_records_no_autograd_history() -> None:
+    """The runner calls launch outside step (the overlap): the step's writes into the KV pool must not carry
+    autograd history (a graph that grows with every step), and its outputs need no gradient."""
+    recipe = tiny_whisper_recipe(tokens_per_s=40.0, max_tokens=16)
+    runner = GpuRunner(recipe, blocks=256, cross_blocks=64, block_size=8, cross_block_size=16, dtype=torch.float32,
+                       device="cpu")
+    runner.close()
+    engine = runner.engine
+    cid = engine.add_memory(recipe.encode([_clip(1.0, 6)])[0])
+    assert cid is not None
+    engine.submit(recipe.prompt(_clip(1.0, 6)), cid, max_new=4, stop=recipe.stop)
+    engine.release(cid)
+    for _ in range(3):
+        launched = engine.launch()
+        assert launched is not None
+        assert not launched.best_lp.requires_grad
+        engine.finish(launched)
+    assert not engine.kv.k.requires_grad and engine.kv.k.grad_fn is None

@@ -307,13 +307,13 @@ class DecodeEngine:
         return [slots[s.id] for s in self.running if s.id not in parked]
 
     # ---- one step -------------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> int:
         """Feed one token to every running sequence; finish those that stop. Returns how many were running."""
         launched = self.launch()
         return self.finish(launched) if launched is not None else 0
 
-    def launch(self) -> Launched | None:
+    @torch.inference_mode()  # also when the runner calls it alone (step overlap): no autograd history, and the
+    def launch(self) -> Launched | None:  # pinned read-back buffers, made in inference mode, written in it
         """A step's first half: its rows' next tokens queued on the device, their copy to the host after them
         (None: nothing to run). Until ``finish`` the host is free for other work on the runner's thread (an encoder
         batch queued behind the step); nothing may change ``running`` meanwhile but ``finish`` (or ``fail_all``)."""
@@ -354,6 +354,7 @@ class DecodeEngine:
             raise
         return Launched(batch, waiting, best, best_lp, done)
 
+    @torch.inference_mode()
     def finish(self, launched: Launched) -> int:
         """A launched step's second half: wait for its tokens (without Python's lock), then append or end."""
         if launched.done is not None:

@@ -256,15 +256,15 @@ class GpuRunner:
                     break
                 # one encoder batch at most, then a step: running decodes never wait behind a long queue of starts
                 new = self._next_starts()
-            launched = None
+            launched, overlap = None, bool(new) and self.overlap and not self.engine.idle()
             try:
-                if new and self.overlap and not self.engine.idle():
+                if overlap:
                     launched = self._timed_step(self.engine.launch)  # (None: every sequence parked)
                 if new:
                     self._timed_start(new)
                 if launched is not None:
                     self._timed_step(functools.partial(self.engine.finish, launched), count=True)
-                elif not self.engine.idle():
+                elif not overlap and not self.engine.idle():
                     self._timed_step(self.engine.step, count=True)
             except Exception as exc:  # a CUDA error, out of memory: fail what is in flight, keep serving
                 log.exception("GPU runner step failed")

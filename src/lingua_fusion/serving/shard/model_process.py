@@ -292,7 +292,8 @@ async def serve(path: str, settings: Settings, metrics: Metrics | None = None, *
 
 def _warm(registry: Registry, vad: bool) -> None:
     """The default stream models loaded before the first stream asks (what the server's own warm-up loads); the
-    VAD only where the streams' VAD runs here (not ``models.vad_in_workers``: each worker warms its own)."""
+    VAD only where the streams' VAD runs here (not ``models.vad_in_workers``: each worker loads its own at its first
+    stream's first audio)."""
     try:
         registry.asr("en")
         if vad:
