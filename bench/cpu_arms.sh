@@ -14,14 +14,10 @@ streams=${STREAMS:-2,12,36}
 rounds=${ROUNDS:-2}
 port=${PORT:-18777}
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/bench/arms.sh"
 for round in $(seq "$rounds"); do
   for arm in $arms; do
-    name=${arm%%=*}
-    envs=()
-    if [[ ${arm#*=} != "-" ]]; then
-      IFS=, read -ra pairs <<< "${arm#*=}"
-      for pair in "${pairs[@]}"; do envs+=("LINGUAFUSION_${pair%%:*}=${pair#*:}"); done
-    fi
+    arm_env "$arm"
     env "${envs[@]}" "$root/.venv/bin/linguafusion" serve --no-auth --port "$port" > "$out/serve_${name}_$round.log" 2>&1 &
     pid=$!
     for _ in $(seq 120); do curl -sf "http://127.0.0.1:$port/readyz" > /dev/null && break; sleep 1; done

@@ -70,24 +70,24 @@ def _transcripts(runner: GpuRunner) -> list[str]:
     return [f.result(timeout=60).text for f in [long, *futures]]
 
 
-def test_new_items_start_while_the_step_runs_and_decode_as_they_would_have() -> None:
+def _run(overlap: bool) -> tuple[list[str], list[str]]:
+    """``_transcripts`` on a fresh runner: the transcripts and the runner's order of work."""
     log: list[str] = []
-    runner = _runner(True, log)
+    runner = _runner(overlap, log)
     try:
-        overlapped = _transcripts(runner)
+        return _transcripts(runner), log
     finally:
         runner.close()
+
+
+def test_new_items_start_while_the_step_runs_and_decode_as_they_would_have() -> None:
+    overlapped, log = _run(True)
     starts = [i for i, e in enumerate(log) if e.startswith("encode")]
     assert len(starts) == 4
     for i in starts[1:]:  # each item that came while one decoded: between a launch and its finish
         assert log[i - 1] == "launch" and log[i + 1] == "finish"
     assert "step" in log  # turns with nothing to start step whole (a step is a launch and its finish)
-    plain_log: list[str] = []
-    plain = _runner(False, plain_log)
-    try:
-        each = _transcripts(plain)
-    finally:
-        plain.close()
+    each, plain_log = _run(False)
     plain_starts = [i for i, e in enumerate(plain_log) if e.startswith("encode")]
     assert len(plain_starts) == 4 and all(plain_log[i - 1] != "launch" for i in plain_starts[1:])  # between steps
     assert overlapped == each

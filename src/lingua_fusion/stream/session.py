@@ -63,6 +63,7 @@ def partial_pacer(settings: Settings, spec: StreamSpec, policy: CommitPolicy) ->
     return PartialPacer(policy.cfg.step_s, policy.cfg.max_utterance_s, s.partial_pace, full_ratio=s.partial_pace_full,
                         full_rtt_s=s.partial_pace_full_rtt * SLO_CLASSES.get(spec.slo, 3.0))
 
+
 class Outbox:
     def __init__(self, max_events: int, full: Callable[[], None]) -> None:
         self.events: asyncio.Queue[Event] = asyncio.Queue(maxsize=max_events)
