@@ -42,6 +42,9 @@ class ServerSettings(BaseModel):
     # `serve --workers`: a worker's large arrays (a partial's audio window, a picture) reach its model process
     # through a shared-memory ring both map (serving/shard/shm.py) instead of the socket; false: always the socket
     shm_ring: bool = True
+    # `serve --workers`: each worker listens on its own socket of the port (SO_REUSEPORT), and the kernel spreads
+    # connections evenly over them; false: one socket all workers accept on, where the first awake takes the most
+    reuse_port: bool = True
     max_streams_per_key: int = 32  # live streams one key may hold at once
     stream_idle_timeout_s: float = 60.0  # a stream that sends nothing this long is closed (4408)
     drain_timeout_s: float = 10.0  # on SIGTERM, how long live streams get to finish

@@ -1,10 +1,13 @@
 """``linguafusion serve --workers N [--model-processes M]``: N stream worker processes and M model processes (one by
 default), supervised.
 
-- The supervisor (this process) binds the listening socket once and hands it to every worker, as uvicorn's own
-  ``--workers`` does: each worker accepts on it (the kernel gives a new connection to one waiting worker; a busy
-  worker reaches ``accept`` later, so new streams tend to land on the less busy one). A live stream stays on the
-  worker that accepted its WebSocket.
+- The supervisor (this process) binds one listening socket per worker, all on the port with ``SO_REUSEPORT``
+  (``server.reuse_port``), and hands worker ``i`` socket ``i``: the kernel spreads new connections over them by a
+  hash of their addresses, so each worker gets about 1/N of the streams. One socket that every worker accepts on
+  (uvicorn's ``--workers``; ``reuse_port`` false) gave the worker that woke first most of them: 32, 18, 10 and 4 of
+  64 streams on 4 workers (bench/accept_balance.py). The supervisor keeps every socket open, so a dead worker's
+  connections wait in its backlog for the worker started in its place, and another server on the port is refused
+  (a plain bind is tried first). A live stream stays on the worker that accepted its WebSocket.
 - Each worker runs the whole app (routes, auth, the StreamService: sessions, VAD bookkeeping, policies, journal,
   event encoding, WebSocket I/O, file requests) with its live streams' ModelPort pointing at the model process
   (serving/shard/remote.py).
@@ -54,14 +57,41 @@ READY_PING_S = 2.0  # /readyz: a model process that does not answer a ping this 
 STOP_GRACE_S = 15.0  # past the drain deadline, before a worker is killed
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        if listen:
+            sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
     sock.set_inheritable(True)
     return sock
+
+
+def listeners(host: str, port: int, n: int, reuse_port: bool) -> list[socket.socket]:
+    """Worker ``i``'s listening socket at ``i``: one shared by all, or one each on the port with ``SO_REUSEPORT``.
+    The port is first bound plainly and let go, so that a port already served, by anyone (another LinguaFusion
+    server listening with ``SO_REUSEPORT`` included), fails here as it would without it, instead of sharing its
+    connections; port 0 picks one free port for all."""
+    if not (reuse_port and n > 1 and hasattr(socket, "SO_REUSEPORT")):
+        return [bind(host, port)] * n
+    with bind(host, port, listen=False) as probe:
+        port = probe.getsockname()[1]
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            socks.append(bind(host, port, reuse_port=True))
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def _die_with_parent(name: str) -> None:
@@ -102,7 +132,7 @@ def switch_interval(settings: Settings) -> float:
 
 
 def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: str) -> None:
-    """One stream worker: the app, serving on the shared socket, its streams' models in the model process."""
+    """One stream worker: the app, serving on its listening socket, its streams' models in the model process."""
     from ..models.registry import Registry
     from ..observability import Metrics
     from ..serving.engine import Engine
@@ -208,6 +238,7 @@ class Supervisor:
         self.models: list[BaseProcess | None] = [None] * model_processes
         self.workers: list[BaseProcess | None] = [None] * workers
         self.restarts = 0
+        self.socks: list[socket.socket] = []  # worker i's listening socket at i (``listeners``)
         self._recorded = ""
 
     def run(self) -> None:
@@ -215,7 +246,8 @@ class Supervisor:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(self.run_dir, "metrics")
         os.environ["LINGUAFUSION_SUPERVISOR_PID"] = str(os.getpid())
         try:
-            sock = bind(self.settings.server.host, self.settings.server.port)
+            s = self.settings.server
+            self.socks = listeners(s.host, s.port, self.n, s.reuse_port)
         except OSError:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
@@ -226,16 +258,17 @@ class Supervisor:
             for j in range(len(self.models)):
                 self.models[j] = self._start_model(j)
             for i in range(self.n):
-                self.workers[i] = self._start_worker(sock, i)
+                self.workers[i] = self._start_worker(i)
             log.info("serving with %d stream workers and %d model process(es) (%s)", self.n, len(self.models),
                      self.run_dir)
             self._record()
             while not self.stopping:
-                self._watch(sock)
+                self._watch()
                 self._record()
         finally:
             self._shutdown()
-            sock.close()
+            for sock in set(self.socks):
+                sock.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
             if self._recorded:  # its pids are gone: an operator (or a test) must not signal whoever gets them next
                 with contextlib.suppress(OSError):
@@ -255,9 +288,9 @@ class Supervisor:
         p.start()
         return p
 
-    def _start_worker(self, sock: socket.socket, i: int) -> BaseProcess:
+    def _start_worker(self, i: int) -> BaseProcess:
         path = self.paths[i % len(self.paths)]
-        p = self.ctx.Process(target=worker_main, args=(self.settings, sock, path, self.log_level),
+        p = self.ctx.Process(target=worker_main, args=(self.settings, self.socks[i], path, self.log_level),
                              name="lf-worker")
         p.start()
         return p
@@ -278,7 +311,7 @@ class Supervisor:
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
 
-    def _watch(self, sock: socket.socket) -> None:
+    def _watch(self) -> None:
         live = [p for p in [*self.models, *self.workers] if p is not None]
         multiprocessing.connection.wait([p.sentinel for p in live], timeout=1.0)
         if self.stopping:
@@ -304,7 +337,7 @@ class Supervisor:
                 p.join()
                 time.sleep(RESTART_BACKOFF_S)
                 self.restarts += 1
-                self.workers[i] = self._start_worker(sock, i)
+                self.workers[i] = self._start_worker(i)
 
     def _stop(self, signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
