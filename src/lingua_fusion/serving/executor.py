@@ -88,6 +88,10 @@ class Executor(TypedPort):
         self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: threads.py
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
         self._runners: dict[ModelKey, Runner | ContinuousRunner] = {}
+        # each runner again by its kind, told once when it is made: a Protocol's isinstance costs microseconds, and
+        # the calls below ask per item (a worker's loop spent 9 % of its time there on its streams' VAD calls)
+        self._batch: dict[ModelKey, Runner] = {}
+        self._continuous: dict[ModelKey, ContinuousRunner] = {}
         self._busy: dict[ModelKey, int] = {}  # batches running per key (at most its lanes)
         self._ticks: dict[ModelKey, asyncio.TimerHandle] = {}  # a key's next look while its work waits
         self._kicking: set[ModelKey] = set()  # keys whose step runs at the end of this turn of the loop
@@ -115,7 +119,7 @@ class Executor(TypedPort):
         attempt = 0
         while True:
             try:
-                if key.task == "vad" and not isinstance(self._runner(key), ContinuousRunner):
+                if key.task == "vad" and key not in self._continuous_made(key):
                     return await self._submit_vad(payload, ctx.key_id, ctx.trace)
                 return await self._submit(key, payload, ctx)
             except BackendError as exc:
@@ -192,16 +196,23 @@ class Executor(TypedPort):
             runner = factory(key) if factory is not None else build_runner(key, self.registry,
                                                                            per_stream=self.mode == "per-stream")
             self._runners[key] = runner
-            continuous = isinstance(runner, ContinuousRunner)
+            if isinstance(runner, ContinuousRunner):
+                self._continuous[key] = runner
+            else:
+                self._batch[key] = runner
+            continuous = key in self._continuous
             first_measures(self.scheduler, key, continuous)  # and admission counts a key's capacity per lane:
             self._lanes[key] = self.scheduler.lanes[key] = 1 if continuous else lanes_of(key, self.settings)
         return runner
 
+    def _continuous_made(self, key: ModelKey) -> Mapping[ModelKey, ContinuousRunner]:
+        """The continuous runners, ``key``'s made first if it was not yet."""
+        self._runner(key)
+        return self._continuous
+
     def _batch_runner(self, key: ModelKey) -> Runner:
         """``key``'s runner, which its worker runs one batch at a time (not a continuous runner)."""
-        runner = self._runners[key]
-        assert not isinstance(runner, ContinuousRunner)  # the declared Protocol (serving/threads.py), at run time
-        return runner
+        return self._batch[key]
 
     def build_now(self, key: ModelKey) -> Runner | ContinuousRunner:
         """``key``'s runner made now, not at its first call (a GPU runner builds on its own: ``engine_warm``)."""
@@ -235,7 +246,7 @@ class Executor(TypedPort):
         starts batches while it has a free lane; a continuous runner is handed what it has room for."""
         if self._closing:
             return
-        if isinstance(self._runners[key], ContinuousRunner):
+        if key in self._continuous:
             while self._hand_over(key):
                 pass
         else:
@@ -290,8 +301,7 @@ class Executor(TypedPort):
 
     def _hand_over(self, key: ModelKey) -> bool:
         """A continuous runner's step: hand it as much scheduled work as it has room for, without waiting."""
-        runner = self._runners[key]
-        assert isinstance(runner, ContinuousRunner)
+        runner = self._continuous[key]
         room = runner.room()
         window = self.scheduler.service_window(key)
         if window is not None:  # no more in flight than admission counts the runner at
@@ -426,7 +436,6 @@ class Executor(TypedPort):
         self._ticks.clear()
         for p in self._vad:
             p.future.cancel()
-        for runner in self._runners.values():  # a continuous runner's own thread (serving/gpu)
-            if isinstance(runner, ContinuousRunner):
-                await asyncio.to_thread(runner.close)
+        for runner in self._continuous.values():  # a continuous runner's own thread (serving/gpu)
+            await asyncio.to_thread(runner.close)
         self.threads.close()
