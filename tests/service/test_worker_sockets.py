@@ -6,9 +6,14 @@ server on the same port is still refused, as it was when the port had one socket
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import BIN
@@ -53,3 +58,32 @@ def test_a_second_server_on_the_port_is_refused_and_the_first_keeps_serving(two_
             await ws.close()
 
     asyncio.run(still_serving())
+
+
+def test_a_worker_whose_loop_stops_is_replaced_and_new_streams_open(tmp_path: Path) -> None:
+    """SIGSTOP one worker (as a wedged loop looks from outside): with a socket per worker, its share of new
+    connections would wait on it for ever; its silent heartbeat gets it killed and started again, and every stream
+    opened after that is served."""
+    env = {"LINGUAFUSION_SERVER__WORKER_STALL_S": "3"}
+    with auth_server(tmp_path, "--workers", "2", env=env) as srv:
+        first = json.loads((srv.state / "serve.json").read_text())
+        stopped = first["workers"][0]
+        os.kill(stopped, signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        now = first
+        while time.monotonic() < deadline:
+            now = json.loads((srv.state / "serve.json").read_text())
+            if stopped not in now["workers"] and len(now["workers"]) == 2:
+                break
+            time.sleep(0.5)
+        assert stopped not in now["workers"] and now["restarts"] >= 1, now
+        assert "has not run its event loop" in srv.log(), srv.log()[-2000:]
+
+        async def opens() -> None:
+            key, _ = srv.new_key("after-stall")
+            for _ in range(8):  # both workers' sockets, by chance; each must answer
+                ws, ready = await opened(srv.ws, key, start(["text"]))
+                assert ready["type"] == "ready"
+                await ws.close()
+
+        asyncio.run(opens())

@@ -29,7 +29,7 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import uvicorn
@@ -50,6 +50,7 @@ log = logging.getLogger("lingua_fusion.api")
 KEEP_ALIVE_S = 15
 LINGER_S = 2.0  # after answering a request whose body was refused part-way
 GRACEFUL_S = 10  # uvicorn's wait for open requests at shutdown, after the streams' drain; then it cancels them
+NOTIFY_S = 0  # uvicorn looks once a second whether more than this has passed since its last ``callback_notify``
 FILE_ANSWER_MARGIN_S = 2.0  # a file request still running this long before that gets 503 draining, not a 500
 
 
@@ -188,9 +189,12 @@ class _LingerOnClose(asyncio.Transport):
             self._transport.close()
 
 
-def build_server(app: Starlette, settings: Settings, *, log_level: str = "info") -> uvicorn.Server:
-    """The configured server for ``app`` (run it with ``.run()``)."""
+def build_server(app: Starlette, settings: Settings, *, log_level: str = "info",
+                 notify: Callable[[], Awaitable[None]] | None = None) -> uvicorn.Server:
+    """The configured server for ``app`` (run it with ``.run()``); ``notify``: awaited on its loop about once a
+    second while it serves (a ``serve --workers`` worker's heartbeat)."""
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level=log_level,
+                            callback_notify=notify, timeout_notify=NOTIFY_S,
                             http=guarded_http(settings), ws_max_size=settings.server.max_ws_message_bytes,
                             ws_per_message_deflate=False,
                             timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S,

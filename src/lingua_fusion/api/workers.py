@@ -7,7 +7,10 @@ default), supervised.
   (uvicorn's ``--workers``; ``reuse_port`` false) gave the worker that woke first most of them: 32, 18, 10 and 4 of
   64 streams on 4 workers (bench/accept_balance.py). The supervisor keeps every socket open, so a dead worker's
   connections wait in its backlog for the worker started in its place, and another server on the port is refused
-  (a plain bind is tried first). A live stream stays on the worker that accepted its WebSocket.
+  (a plain bind is tried first). A live stream stays on the worker that accepted its WebSocket. Each worker's event
+  loop beats once a second into shared memory (uvicorn's ``callback_notify``); one silent for
+  ``server.worker_stall_s`` (wedged, or stopped) is killed and started again, so no share of the connections waits
+  on a loop that never accepts.
 - Each worker runs the whole app (routes, auth, the StreamService: sessions, VAD bookkeeping, policies, journal,
   event encoding, WebSocket I/O, file requests) with its live streams' ModelPort pointing at the model process
   (serving/shard/remote.py).
@@ -42,6 +45,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import MutableSequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
@@ -55,6 +59,7 @@ RUN_DIR_PREFIX = "linguafusion-"
 OWNER_FILE = "supervisor.pid"
 READY_PING_S = 2.0  # /readyz: a model process that does not answer a ping this fast is not serving
 STOP_GRACE_S = 15.0  # past the drain deadline, before a worker is killed
+START_GRACE_S = 120.0  # a worker's first beat may come this much later than worker_stall_s (imports, app start)
 
 
 def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
@@ -131,7 +136,8 @@ def switch_interval(settings: Settings) -> float:
     return sys.getswitchinterval()
 
 
-def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: str) -> None:
+def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: str,
+                beats: MutableSequence[float] | None = None, index: int = 0) -> None:
     """One stream worker: the app, serving on its listening socket, its streams' models in the model process."""
     from ..models.registry import Registry
     from ..observability import Metrics
@@ -180,7 +186,11 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     if not settings.state.redis_url:  # in-process rooms would be one worker's: a listener on another finds none
         state.rooms.unavailable = ("rooms need a shared Redis when the server runs several worker processes: "
                                        "set LINGUAFUSION_STATE__REDIS_URL, or serve without --workers")
-    build_server(app, settings, log_level=log_level).run(sockets=[sock])
+    async def beat() -> None:  # the supervisor reads it (Supervisor._stalled): this loop runs
+        if beats is not None:
+            beats[index] = time.monotonic()  # a shared array of doubles (Supervisor.beats)
+
+    build_server(app, settings, log_level=log_level, notify=beat).run(sockets=[sock])
 
 
 def sweep_stale_run_dirs() -> list[str]:
@@ -239,6 +249,9 @@ class Supervisor:
         self.workers: list[BaseProcess | None] = [None] * workers
         self.restarts = 0
         self.socks: list[socket.socket] = []  # worker i's listening socket at i (``listeners``)
+        # worker i's last beat at i (time.monotonic(), the same clock in every process), and when it started
+        self.beats = self.ctx.RawArray("d", workers)
+        self.started = [0.0] * workers
         self._recorded = ""
 
     def run(self) -> None:
@@ -290,8 +303,9 @@ class Supervisor:
 
     def _start_worker(self, i: int) -> BaseProcess:
         path = self.paths[i % len(self.paths)]
-        p = self.ctx.Process(target=worker_main, args=(self.settings, self.socks[i], path, self.log_level),
-                             name="lf-worker")
+        p = self.ctx.Process(target=worker_main, name="lf-worker",
+                             args=(self.settings, self.socks[i], path, self.log_level, self.beats, i))
+        self.started[i] = self.beats[i] = time.monotonic()
         p.start()
         return p
 
@@ -331,6 +345,10 @@ class Supervisor:
                 self.restarts += 1
                 self.models[j] = self._start_model(j)
         for i, p in enumerate(self.workers):
+            if p is not None and p.is_alive() and (silent := self._stalled(i)):
+                log.error("stream worker %s has not run its event loop for %.0f s; killing it", p.pid, silent)
+                p.kill()
+                p.join(10)
             if p is not None and not p.is_alive():
                 log.error("stream worker %s ended (exit %s); starting another", p.pid, p.exitcode)
                 multiprocess.mark_process_dead(p.pid)
@@ -338,6 +356,16 @@ class Supervisor:
                 time.sleep(RESTART_BACKOFF_S)
                 self.restarts += 1
                 self.workers[i] = self._start_worker(i)
+
+    def _stalled(self, i: int, now: float | None = None) -> float:
+        """Seconds worker ``i``'s loop has been silent past ``server.worker_stall_s`` (0: it beats, or is still
+        starting within ``START_GRACE_S`` more)."""
+        stall = self.settings.server.worker_stall_s
+        now = time.monotonic() if now is None else now
+        silent = now - self.beats[i]
+        first = self.beats[i] == self.started[i]  # no beat yet
+        limit = stall + (START_GRACE_S if first else 0.0)
+        return silent if stall > 0 and silent > limit else 0.0
 
     def _stop(self, signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
