@@ -46,8 +46,8 @@ class ServerSettings(BaseModel):
     # connections evenly over them; false: one socket all workers accept on, where the first awake takes the most
     reuse_port: bool = True
     # `serve --workers`: a worker whose event loop has not run for this long (wedged, stopped) is killed and started
-    # again; with a socket per worker, its share of new connections would otherwise wait on it. 0: never
-    worker_stall_s: float = Field(default=30.0, ge=0)
+    # again; with a socket per worker, its share of new connections waits on it meanwhile. 0: never
+    worker_stall_s: float = Field(default=10.0, ge=0)
     max_streams_per_key: int = 32  # live streams one key may hold at once
     stream_idle_timeout_s: float = 60.0  # a stream that sends nothing this long is closed (4408)
     drain_timeout_s: float = 10.0  # on SIGTERM, how long live streams get to finish

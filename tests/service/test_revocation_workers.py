@@ -18,9 +18,9 @@ from test_security import Srv, auth_server, connect, ending, event, opened, star
 from lingua_fusion.api.revocation import RevocationWatch
 from lingua_fusion.state.sqlite import SQLiteStore
 
-# Streams are opened in bursts until both workers hold one. The kernel hands each connection to whichever worker
-# accepts first, and one at a time an idle pair can favour one worker for a long run (CI once saw 16 in a row);
-# a burst makes both race. Six bursts of four stay under the key's 32 live streams.
+# Streams are opened in bursts until both workers hold one. Each worker has its own socket (server.reuse_port) and
+# the kernel picks one by a hash of the connection; with one shared socket (reuse_port false) the first worker awake
+# took them, and CI once saw 16 in a row on one. Six bursts of four stay under the key's 32 live streams.
 BURST, MAX_BURSTS = 4, 6
 
 

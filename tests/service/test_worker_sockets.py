@@ -1,7 +1,8 @@
 """``serve --workers N`` listens on one socket per worker (``server.reuse_port``, api/workers.py ``listeners``): the
 kernel spreads streams over the workers, and so over the model processes they feed, instead of the first worker
-awake taking most of them (32, 18, 10 and 4 of 64 on 4 workers, one at a time 16 of 16 on one of 2); and a second
-server on the same port is still refused, as it was when the port had one socket."""
+awake taking most of them (58 of 200 on one of 12 workers; one at a time, 16 of 16 on one of 2); a second server on
+the same port is still refused, as it was when the port had one socket; and a worker whose loop stops is replaced
+(``server.worker_stall_s``), so its share of new connections does not wait on it for ever."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN
-from test_revocation_workers import _worker_of
+from test_revocation_workers import _one_per_worker, _worker_of
 from test_security import Srv, auth_server, opened, start
 
 pytestmark = pytest.mark.timeout(240)
@@ -66,6 +67,13 @@ def test_a_worker_whose_loop_stops_is_replaced_and_new_streams_open(tmp_path: Pa
     opened after that is served."""
     env = {"LINGUAFUSION_SERVER__WORKER_STALL_S": "3"}
     with auth_server(tmp_path, "--workers", "2", env=env) as srv:
+        key, _ = srv.new_key("stall")
+
+        async def both_serving() -> None:  # /readyz answered from one worker; the other may still be starting
+            for streams in (await _one_per_worker(srv, key)).values():
+                await asyncio.gather(*(ws.close() for ws in streams))
+
+        asyncio.run(both_serving())
         first = json.loads((srv.state / "serve.json").read_text())
         stopped = first["workers"][0]
         os.kill(stopped, signal.SIGSTOP)
@@ -80,7 +88,6 @@ def test_a_worker_whose_loop_stops_is_replaced_and_new_streams_open(tmp_path: Pa
         assert "has not run its event loop" in srv.log(), srv.log()[-2000:]
 
         async def opens() -> None:
-            key, _ = srv.new_key("after-stall")
             for _ in range(8):  # both workers' sockets, by chance; each must answer
                 ws, ready = await opened(srv.ws, key, start(["text"]))
                 assert ready["type"] == "ready"

@@ -195,8 +195,8 @@ async def test_a_retried_caption_counts_once_and_a_readmitted_stream_at_once() -
             if calls % 4 == 1:
                 raise RuntimeError("transient")
             return [AsrOutput("words", 0.9)] * len(payloads)
+        assert KEY not in executor._runners  # made at its first call below, from this backend
         executor.backends["asr"] = lambda _key: flaky
-        executor._runners.pop(KEY, None)
         for _ in range(3):  # each stream commits 2 a window, at once (their retries wait together)
             calls = 0
             await asyncio.wait_for(asyncio.gather(*(executor.run(KEY, clip, CallContext(stream_id=s, slo="interactive"))

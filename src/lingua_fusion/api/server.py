@@ -29,8 +29,8 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import uvicorn
 from starlette.applications import Starlette
@@ -50,7 +50,7 @@ log = logging.getLogger("lingua_fusion.api")
 KEEP_ALIVE_S = 15
 LINGER_S = 2.0  # after answering a request whose body was refused part-way
 GRACEFUL_S = 10  # uvicorn's wait for open requests at shutdown, after the streams' drain; then it cancels them
-NOTIFY_S = 0  # uvicorn looks once a second whether more than this has passed since its last ``callback_notify``
+BEAT_TICKS = 10  # a heartbeat every this many of uvicorn's 0.1 s ticks
 FILE_ANSWER_MARGIN_S = 2.0  # a file request still running this long before that gets 503 draining, not a 500
 
 
@@ -189,12 +189,18 @@ class _LingerOnClose(asyncio.Transport):
             self._transport.close()
 
 
+class Heartbeat(Protocol):
+    """A ``serve --workers`` worker's sign of life to its supervisor (api/workers.py ``SharedBeat``)."""
+
+    def beat(self) -> None: ...  # the loop ran just now (called on it about once a second while serving)
+
+    def draining(self) -> None: ...  # from now on it drains and then ends: no more beats, and none are owed
+
+
 def build_server(app: Starlette, settings: Settings, *, log_level: str = "info",
-                 notify: Callable[[], Awaitable[None]] | None = None) -> uvicorn.Server:
-    """The configured server for ``app`` (run it with ``.run()``); ``notify``: awaited on its loop about once a
-    second while it serves (a ``serve --workers`` worker's heartbeat)."""
+                 heartbeat: Heartbeat | None = None) -> uvicorn.Server:
+    """The configured server for ``app`` (run it with ``.run()``), telling ``heartbeat`` that its loop runs."""
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port, log_level=log_level,
-                            callback_notify=notify, timeout_notify=NOTIFY_S,
                             http=guarded_http(settings), ws_max_size=settings.server.max_ws_message_bytes,
                             ws_per_message_deflate=False,
                             timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACEFUL_S,
@@ -205,7 +211,14 @@ def build_server(app: Starlette, settings: Settings, *, log_level: str = "info",
         """On SIGTERM / SIGINT: drain live streams (queued captions logged and sent, clients told to reconnect)
         before uvicorn closes the connections."""
 
+        async def on_tick(self, counter: int) -> bool:
+            if heartbeat is not None and counter % BEAT_TICKS == 0:  # uvicorn ticks every 0.1 s while it serves
+                heartbeat.beat()
+            return await super().on_tick(counter)
+
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if heartbeat is not None:  # the drain below runs past the ticks: the supervisor must not take it for a hang
+                heartbeat.draining()
             state = app_state(app)
             await state.drain(settings.server.drain_timeout_s)
             await state.rooms.drain()  # room listeners: told to listen again elsewhere (SSE would hold the shutdown)

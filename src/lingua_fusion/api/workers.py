@@ -4,13 +4,16 @@ default), supervised.
 - The supervisor (this process) binds one listening socket per worker, all on the port with ``SO_REUSEPORT``
   (``server.reuse_port``), and hands worker ``i`` socket ``i``: the kernel spreads new connections over them by a
   hash of their addresses, so each worker gets about 1/N of the streams. One socket that every worker accepts on
-  (uvicorn's ``--workers``; ``reuse_port`` false) gave the worker that woke first most of them: 32, 18, 10 and 4 of
-  64 streams on 4 workers (bench/accept_balance.py). The supervisor keeps every socket open, so a dead worker's
-  connections wait in its backlog for the worker started in its place, and another server on the port is refused
-  (a plain bind is tried first). A live stream stays on the worker that accepted its WebSocket. Each worker's event
-  loop beats once a second into shared memory (uvicorn's ``callback_notify``); one silent for
-  ``server.worker_stall_s`` (wedged, or stopped) is killed and started again, so no share of the connections waits
-  on a loop that never accepts.
+  (uvicorn's ``--workers``; ``reuse_port`` false) gave the worker that woke first most of them: 58 of 200 streams
+  on one of 12 workers, none on another (bench/accept_balance.py). A live stream stays on the worker that accepted
+  its WebSocket. The supervisor keeps every socket open, so a dead worker's connections wait in its backlog for
+  the worker started in its place. A port already in use is refused (a plain bind is tried first); that guards
+  against a server already on the port, not one that binds it later with ``SO_REUSEPORT`` as the same user (the
+  kernel lets that one join and share the connections).
+- Each worker's event loop beats once a second into shared memory (``SharedBeat``, from uvicorn's ticks; infinity
+  once it drains). One silent for ``server.worker_stall_s`` (wedged, or stopped alone) is killed and started
+  again, so its share of new connections waits at most that long plus a restart. A gap in the supervisor's own
+  looks (the whole group stopped, the machine asleep) restarts the count.
 - Each worker runs the whole app (routes, auth, the StreamService: sessions, VAD bookkeeping, policies, journal,
   event encoding, WebSocket I/O, file requests) with its live streams' ModelPort pointing at the model process
   (serving/shard/remote.py).
@@ -36,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -60,6 +64,7 @@ OWNER_FILE = "supervisor.pid"
 READY_PING_S = 2.0  # /readyz: a model process that does not answer a ping this fast is not serving
 STOP_GRACE_S = 15.0  # past the drain deadline, before a worker is killed
 START_GRACE_S = 120.0  # a worker's first beat may come this much later than worker_stall_s (imports, app start)
+WATCH_GAP_S = 5.0  # the supervisor looks every second; a longer gap means it was not running either
 
 
 def bind(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
@@ -186,11 +191,22 @@ def worker_main(settings: Settings, sock: socket.socket, path: str, log_level: s
     if not settings.state.redis_url:  # in-process rooms would be one worker's: a listener on another finds none
         state.rooms.unavailable = ("rooms need a shared Redis when the server runs several worker processes: "
                                        "set LINGUAFUSION_STATE__REDIS_URL, or serve without --workers")
-    async def beat() -> None:  # the supervisor reads it (Supervisor._stalled): this loop runs
-        if beats is not None:
-            beats[index] = time.monotonic()  # a shared array of doubles (Supervisor.beats)
+    heartbeat = SharedBeat(beats, index) if beats is not None else None
+    build_server(app, settings, log_level=log_level, heartbeat=heartbeat).run(sockets=[sock])
 
-    build_server(app, settings, log_level=log_level, notify=beat).run(sockets=[sock])
+
+class SharedBeat:
+    """A worker's heartbeat (api/server.py ``Heartbeat``) in the supervisor's shared array: the last beat's
+    ``time.monotonic()`` (one clock in every process), or infinity once it drains (never stalled)."""
+
+    def __init__(self, beats: MutableSequence[float], index: int) -> None:
+        self.beats, self.index = beats, index
+
+    def beat(self) -> None:
+        self.beats[self.index] = time.monotonic()
+
+    def draining(self) -> None:
+        self.beats[self.index] = math.inf
 
 
 def sweep_stale_run_dirs() -> list[str]:
@@ -252,6 +268,7 @@ class Supervisor:
         # worker i's last beat at i (time.monotonic(), the same clock in every process), and when it started
         self.beats = self.ctx.RawArray("d", workers)
         self.started = [0.0] * workers
+        self._watched = time.monotonic()  # the last look at the beats
         self._recorded = ""
 
     def run(self) -> None:
@@ -344,11 +361,13 @@ class Supervisor:
                 time.sleep(RESTART_BACKOFF_S)
                 self.restarts += 1
                 self.models[j] = self._start_model(j)
+        now = time.monotonic()
+        self._looked(now)
         for i, p in enumerate(self.workers):
-            if p is not None and p.is_alive() and (silent := self._stalled(i)):
+            if p is not None and p.is_alive() and (silent := self._stalled(i, now)):
                 log.error("stream worker %s has not run its event loop for %.0f s; killing it", p.pid, silent)
                 p.kill()
-                p.join(10)
+                p.join(1)  # (a process in an uninterruptible wait ends later: killed again and joined next turn)
             if p is not None and not p.is_alive():
                 log.error("stream worker %s ended (exit %s); starting another", p.pid, p.exitcode)
                 multiprocess.mark_process_dead(p.pid)
@@ -357,11 +376,21 @@ class Supervisor:
                 self.restarts += 1
                 self.workers[i] = self._start_worker(i)
 
-    def _stalled(self, i: int, now: float | None = None) -> float:
-        """Seconds worker ``i``'s loop has been silent past ``server.worker_stall_s`` (0: it beats, or is still
-        starting within ``START_GRACE_S`` more)."""
+    def _looked(self, now: float) -> None:
+        """A look at the beats at ``now``. After a gap in the looks this process did not run either (the group
+        stopped, the machine slept), and the workers' silence is no sign of a hang: their counts start again."""
+        if now - self._watched > WATCH_GAP_S:
+            for i, started in enumerate(self.started):
+                if self.beats[i] == started:  # not beaten yet: its start's grace counts from now
+                    self.started[i] = self.beats[i] = now
+                elif math.isfinite(self.beats[i]):  # (infinite: draining)
+                    self.beats[i] = now
+        self._watched = now
+
+    def _stalled(self, i: int, now: float) -> float:
+        """Seconds worker ``i``'s loop has been silent, if past ``server.worker_stall_s`` (0: it beats, drains, or
+        is still starting within ``START_GRACE_S`` more)."""
         stall = self.settings.server.worker_stall_s
-        now = time.monotonic() if now is None else now
         silent = now - self.beats[i]
         first = self.beats[i] == self.started[i]  # no beat yet
         limit = stall + (START_GRACE_S if first else 0.0)
