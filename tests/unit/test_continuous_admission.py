@@ -349,7 +349,7 @@ def test_a_load_carried_within_budget_is_never_refused_below() -> None:
     # is still admitted, and no more than the curve allows beyond it
     s = Scheduler()
     rate = {MODEL: 0.55}
-    s.admitted = {f"s{n}": Demand(f"s{n}", "standard", dict(rate)) for n in range(8)}
+    s.admitted.update({f"s{n}": Demand(f"s{n}", "standard", dict(rate)) for n in range(8)})
     for i in range(130):
         s.observe_service(MODEL, 5, 1.1, now=i * 0.05)
     assert s.proven[MODEL].floor == pytest.approx(8 * 0.55)
@@ -367,7 +367,7 @@ def test_a_floor_learnt_under_a_larger_charge_per_stream_admits_no_more_streams_
     # meter's charge falls to nothing: the floor is those 8 streams, not 8.4 items/s worth of 0.55-streams (15)
     s = Scheduler()
     rate = {MODEL: 0.55}
-    s.admitted = {f"s{n}": Demand(f"s{n}", "standard", dict(rate)) for n in range(8)}
+    s.admitted.update({f"s{n}": Demand(f"s{n}", "standard", dict(rate)) for n in range(8)})
     s.demand_extra[MODEL] = 0.5
     for i in range(130):
         s.observe_service(MODEL, 5, 1.1, now=i * 0.05)
@@ -383,7 +383,7 @@ def test_a_floor_learnt_under_a_larger_charge_per_stream_admits_no_more_streams_
 
 def test_a_load_served_late_is_no_floor() -> None:
     s = Scheduler()
-    s.admitted = {f"s{n}": Demand(f"s{n}", "standard", {MODEL: 0.55}) for n in range(8)}
+    s.admitted.update({f"s{n}": Demand(f"s{n}", "standard", {MODEL: 0.55}) for n in range(8)})
     for i in range(130):
         s.observe_service(MODEL, 5, 1.6, now=i * 0.05)  # within the budget (1.8 s) but not healthy (> 0.8 of it)
     assert s.proven[MODEL].floor == 0.0

@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from .admitted import Admitted, Demand
 from .cost_model import CostModel
 from .ports import SLO_CLASSES, stage_budget  # the classes are the contract's
 from .service_curve import BusyPace, ProvenLoad, ServiceCurve
@@ -152,15 +153,6 @@ class ModelQueue(Generic[K]):
 
 
 @dataclass
-class Demand(Generic[K]):
-    """What one stream asks of each model: items per second, and the tightest stage budget it needs."""
-
-    stream_id: str
-    slo: str
-    rate: dict[K, float]  # model -> items/s
-
-
-@dataclass
 class SchedulerStats:
     submitted: int = 0
     rejected_full: int = 0
@@ -201,7 +193,7 @@ class Scheduler(Generic[K]):
         self.demand_extra: dict[K, float] = {}  # items/s a stream was measured to ask beyond its rate (rates.py)
         self._load: dict[K, tuple[float, float, int, float]] = {}  # model -> (when, declared items/s, streams, budget)
         self.queues: dict[K, ModelQueue[K]] = defaultdict(ModelQueue[K])
-        self.admitted: dict[str, Demand[K]] = {}
+        self.admitted: Admitted[K] = Admitted()
         self.refused_by: K | None = None  # the model whose capacity refused the last stream ``admit`` refused
         self.stats = SchedulerStats()
 
@@ -421,8 +413,7 @@ class Scheduler(Generic[K]):
         svc = self.service.get(model)
         if svc is None:
             return None
-        slos = [d.slo for d in self.admitted.values() if model in d.rate] or ["standard"]
-        tightest = min(slos, key=lambda s: SLO_CLASSES[s])
+        tightest = self.admitted.tightest(model) or "standard"
         return self._counted(model, svc, stage_budget(tightest, family(model)))[0]
 
     def admit(self, demand: Demand[K]) -> bool:
