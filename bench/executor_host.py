@@ -1,7 +1,7 @@
 """The event loop's CPU per model item in a model process: the executor's path for a stream's ASR item on a
 continuous runner (the GPU engine's), with the runner's own work taken away.
 
-    .venv/bin/python bench/executor_host.py [--streams 100 --items 40 --rounds 5] [--json bench/results/executor_host.json]
+    .venv/bin/python bench/executor_host.py [--streams 100 --items 40 --rounds 5] [--json OUT.json]
 
 On a GPU the model processes' host CPU is the limit (5.7 ms a stream-second on an H100 at 744 streams), and their
 event loop shares Python's lock with the GPU runner threads: every microsecond the loop spends on an item is one a
