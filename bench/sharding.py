@@ -101,8 +101,14 @@ def line(name: str, r: dict[str, Any]) -> str:
 
 def _cpu(pid: int) -> float:
     """CPU seconds (user + system) of one live process, 0 when it is gone."""
+    return stat_cpu(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu(stat: Path) -> float:
+    """CPU seconds (user + system) in a /proc ``stat`` file, a process's or a thread's (``/proc/PID/task/TID``);
+    0 when it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -27,22 +25,16 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from overload import checkout  # noqa: E402
-from sharding import start, stop  # noqa: E402
+from sharding import start, stat_cpu, stop  # noqa: E402
 from vad_messages import load  # noqa: E402
 
 from lingua_fusion.lab.fixtures import git_commit, machine  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
-
 
 def thread_cpu(pid: int) -> dict[int, tuple[bool, float]]:
-    """Each thread of ``pid``: (whether it is the main thread, its CPU seconds)."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread that ended while we looked
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            out[int(task.name)] = (int(task.name) == pid, (int(fields[11]) + int(fields[12])) / TICK)
-    return out
+    """Each thread of ``pid``: (whether it is the main thread, its CPU seconds; 0 for one that ended meanwhile)."""
+    return {int(task.name): (int(task.name) == pid, stat_cpu(task / "stat"))
+            for task in Path(f"/proc/{pid}/task").iterdir()}
 
 
 def measure(name: str, src: Path, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
@@ -61,7 +53,7 @@ def measure(name: str, src: Path, args: argparse.Namespace, tmp: str) -> dict[st
     main = rest = 0.0
     for w in workers:
         for tid, (is_main, cpu) in after[w].items():
-            spent = cpu - before[w].get(tid, (is_main, 0.0))[1]
+            spent = max(0.0, cpu - before[w].get(tid, (is_main, 0.0))[1])  # (0 read: it ended as we looked)
             main, rest = (main + spent, rest) if is_main else (main, rest + spent)
     stream_s = ok * args.duration
     row = {"server": name, "streams": args.streams, "ended_cleanly": ok,

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..config import Settings
 from ..errors import BackendError, BackendFailed, LinguaFusionError, ModelTimeout, Overloaded
@@ -88,9 +88,8 @@ class Executor(TypedPort):
         self.backends = dict(backends or {})  # task -> factory of its runner (the GPU engine); default: threads.py
         self.retries = 2  # committed work retried after a backend failure (tentative work is not)
         self._runners: dict[ModelKey, Runner | ContinuousRunner] = {}
-        # each runner again by its kind, told once when it is made: a Protocol's isinstance costs microseconds, and
-        # the calls below ask per item (a worker's loop spent 9 % of its time there on its streams' VAD calls)
-        self._batch: dict[ModelKey, Runner] = {}
+        # the continuous ones again, told once when each is made: a Protocol's isinstance costs microseconds, and the
+        # calls below ask per item (a worker's loop spent 9 % of its time there on its streams' VAD calls)
         self._continuous: dict[ModelKey, ContinuousRunner] = {}
         self._busy: dict[ModelKey, int] = {}  # batches running per key (at most its lanes)
         self._ticks: dict[ModelKey, asyncio.TimerHandle] = {}  # a key's next look while its work waits
@@ -119,7 +118,7 @@ class Executor(TypedPort):
         attempt = 0
         while True:
             try:
-                if key.task == "vad" and key not in self._continuous_made(key):
+                if key.task == "vad" and not self._is_continuous(key):
                     return await self._submit_vad(payload, ctx.key_id, ctx.trace)
                 return await self._submit(key, payload, ctx)
             except BackendError as exc:
@@ -198,21 +197,20 @@ class Executor(TypedPort):
             self._runners[key] = runner
             if isinstance(runner, ContinuousRunner):
                 self._continuous[key] = runner
-            else:
-                self._batch[key] = runner
             continuous = key in self._continuous
             first_measures(self.scheduler, key, continuous)  # and admission counts a key's capacity per lane:
             self._lanes[key] = self.scheduler.lanes[key] = 1 if continuous else lanes_of(key, self.settings)
         return runner
 
-    def _continuous_made(self, key: ModelKey) -> Mapping[ModelKey, ContinuousRunner]:
-        """The continuous runners, ``key``'s made first if it was not yet."""
+    def _is_continuous(self, key: ModelKey) -> bool:
+        """Whether ``key``'s runner (made now if it was not yet) is a continuous one."""
         self._runner(key)
-        return self._continuous
+        return key in self._continuous
 
     def _batch_runner(self, key: ModelKey) -> Runner:
         """``key``'s runner, which its worker runs one batch at a time (not a continuous runner)."""
-        return self._batch[key]
+        assert key not in self._continuous  # (told when it was made: serving/threads.py's Protocols)
+        return cast(Runner, self._runners[key])
 
     def build_now(self, key: ModelKey) -> Runner | ContinuousRunner:
         """``key``'s runner made now, not at its first call (a GPU runner builds on its own: ``engine_warm``)."""
